@@ -1,0 +1,44 @@
+"""fusedattn-select: which fused attention backend runs this problem on this GPU, and if none, why.
+
+Answers come from building the real cuDNN graphs for the problem (or from a snapshot recorded on
+a real device), never from hand-written support tables.
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+from .backend import Backend, Selection, Verdict
+from .config import AttnConfig, load_config_file
+from .errors import ConfigError, FusedAttnSelectError
+from .selector import cache_info, clear_cache, get_backend, select
+
+__all__ = [
+    "AttnConfig",
+    "Backend",
+    "ConfigError",
+    "FusedAttnSelectError",
+    "Selection",
+    "Verdict",
+    "__version__",
+    "attention",
+    "cache_info",
+    "clear_cache",
+    "get_backend",
+    "load_config_file",
+    "select",
+    "warmup",
+]
+
+
+def __getattr__(name: str):
+    # attention() needs torch and warmup() may need cuDNN: import them only when asked for, so
+    # importing the package works on a machine with neither.
+    if name == "attention":
+        from .dispatch import attention
+
+        return attention
+    if name == "warmup":
+        from .warmup import warmup
+
+        return warmup
+    raise AttributeError(f"module 'fusedattn_select' has no attribute {name!r}")

@@ -1,0 +1,180 @@
+"""Result types: the backend enum, per-graph verdicts and the selection returned to callers."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import AttnConfig
+
+
+class Backend(str, enum.Enum):
+    """A fused attention backend (TransformerEngine's F16_arbitrary_seqlen, FP8, No_Backend)."""
+
+    F16 = "F16"
+    FP8 = "FP8"
+    NONE = "NONE"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Phase(str, enum.Enum):
+    """Which graph of a backend a verdict is about."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Outcome(str, enum.Enum):
+    """What a probe found.
+
+    SUPPORTED and UNSUPPORTED are verdicts about the problem and are cached; FAILED is an incident
+    (out of memory, CUDA error, timeout) that says nothing about support and is never cached.
+    """
+
+    SUPPORTED = "supported"
+    UNSUPPORTED = "unsupported"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Provenance(str, enum.Enum):
+    """Where an answer came from."""
+
+    RULE = "rule"
+    MEMORY_CACHE = "memory_cache"
+    PERSISTENT_CACHE = "persistent_cache"
+    LIVE_PROBE = "live_probe"
+    SNAPSHOT = "snapshot"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ProbeDepth(str, enum.Enum):
+    """How far a probe goes: `fast` stops after cuDNN's check_support, `full` also builds plans."""
+
+    FAST = "fast"
+    FULL = "full"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer for one backend and one phase (forward or backward) of one problem.
+
+    `stage` names where the answer was decided: a rule's name, or the cuDNN step (validate,
+    build_operation_graph, create_execution_plans, check_support, build_plans). `message` is one
+    cleaned line; `detail` keeps the full original text.
+    """
+
+    backend: Backend
+    phase: Phase
+    outcome: Outcome
+    stage: str
+    message: str = ""
+    detail: str = ""
+    provenance: Provenance = Provenance.LIVE_PROBE
+    depth: ProbeDepth = ProbeDepth.FAST
+    timings_ms: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def supported(self) -> bool:
+        return self.outcome is Outcome.SUPPORTED
+
+    @property
+    def total_ms(self) -> float:
+        return sum(ms for _, ms in self.timings_ms)
+
+    def reason(self) -> str:
+        """One line naming backend, phase, stage and the message (empty when supported)."""
+        if self.supported:
+            return ""
+        kind = "probe failed" if self.outcome is Outcome.FAILED else "not supported"
+        return f"{self.backend.value} {self.phase.value} {kind} at {self.stage}: {self.message}"
+
+    def with_provenance(self, provenance: Provenance) -> "Verdict":
+        return Verdict(
+            self.backend, self.phase, self.outcome, self.stage, self.message, self.detail,
+            provenance, self.depth, self.timings_ms,
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "backend": self.backend.value,
+            "phase": self.phase.value,
+            "outcome": self.outcome.value,
+            "stage": self.stage,
+            "message": self.message,
+            "detail": self.detail,
+            "provenance": self.provenance.value,
+            "depth": self.depth.value,
+            "timings_ms": {name: round(ms, 4) for name, ms in self.timings_ms},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Verdict":
+        return cls(
+            backend=Backend(data["backend"]),
+            phase=Phase(data["phase"]),
+            outcome=Outcome(data["outcome"]),
+            stage=str(data["stage"]),
+            message=str(data.get("message", "")),
+            detail=str(data.get("detail", "")),
+            provenance=Provenance(data.get("provenance", Provenance.LIVE_PROBE.value)),
+            depth=ProbeDepth(data.get("depth", ProbeDepth.FAST.value)),
+            timings_ms=tuple((str(k), float(v)) for k, v in dict(data.get("timings_ms", {})).items()),
+        )
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The selector's answer for one problem.
+
+    `backend` is the chosen backend (or NONE), `message` is "" when one is selected and otherwise
+    the reasons joined by "; ". `reasons` holds one line per rejected graph or rule; `verdicts`
+    holds every per-phase answer with its provenance.
+    """
+
+    backend: Backend
+    message: str
+    reasons: tuple[str, ...] = ()
+    verdicts: tuple[Verdict, ...] = ()
+    candidate: Backend = Backend.NONE
+    from_cache: bool = False
+    probe_ms: float = 0.0
+    config: "AttnConfig | None" = field(default=None, compare=False)
+    cache_key: str = ""
+    engine: str = ""
+
+    @property
+    def selected(self) -> bool:
+        return self.backend is not Backend.NONE
+
+    @property
+    def provenance(self) -> tuple[Provenance, ...]:
+        return tuple(dict.fromkeys(v.provenance for v in self.verdicts))
+
+    def to_dict(self) -> dict:
+        return {
+            "backend": self.backend.value,
+            "candidate": self.candidate.value,
+            "message": self.message,
+            "reasons": list(self.reasons),
+            "verdicts": [v.to_dict() for v in self.verdicts],
+            "from_cache": self.from_cache,
+            "probe_ms": round(self.probe_ms, 4),
+            "cache_key": self.cache_key,
+            "engine": self.engine,
+            "config": self.config.to_dict() if self.config is not None else None,
+        }

@@ -1,0 +1,505 @@
+"""AttnConfig: one attention problem, its derived values, validation and YAML loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .backend import Backend
+from .errors import ConfigError
+
+F16_DTYPES = ("fp16", "bf16")
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+DTYPES = F16_DTYPES + FP8_DTYPES
+FORMATS = ("bshd", "sbhd", "bhsd", "thd")
+MASKS = (
+    "no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
+    "padding_causal_bottom_right",
+)
+PADDING_MASKS = ("padding", "padding_causal", "padding_causal_bottom_right")
+CAUSAL_MASKS = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
+BOTTOM_RIGHT_MASKS = ("causal_bottom_right", "padding_causal_bottom_right")
+BIASES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
+BIAS_SHAPES = ("1hss", "b1ss", "bhss", "11ss")
+SOFTMAXES = ("vanilla", "off_by_one", "learnable")
+SCALING_MODES = ("delayed", "current", "mxfp8")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a TransformerEngine QKV layout name means physically.
+
+    `packing` is how tensors share one allocation: "3hd"/"h3d" (Q, K, V interleaved), "2hd"/"h2d"
+    (K and V interleaved), or None (separate tensors).
+    """
+
+    name: str
+    q_format: str
+    kv_format: str
+    packing: str | None = None
+    paged: bool = False
+
+    @property
+    def ragged(self) -> bool:
+        return "thd" in (self.q_format, self.kv_format)
+
+
+def _layouts() -> dict[str, Layout]:
+    table = [
+        Layout("bshd_bshd_bshd", "bshd", "bshd"),
+        Layout("sbhd_sbhd_sbhd", "sbhd", "sbhd"),
+        Layout("bhsd_bhsd_bhsd", "bhsd", "bhsd"),
+        Layout("thd_thd_thd", "thd", "thd"),
+        Layout("bs3hd", "bshd", "bshd", "3hd"),
+        Layout("sb3hd", "sbhd", "sbhd", "3hd"),
+        Layout("t3hd", "thd", "thd", "3hd"),
+        Layout("bsh3d", "bshd", "bshd", "h3d"),
+        Layout("sbh3d", "sbhd", "sbhd", "h3d"),
+        Layout("th3d", "thd", "thd", "h3d"),
+        Layout("bshd_bs2hd", "bshd", "bshd", "2hd"),
+        Layout("sbhd_sb2hd", "sbhd", "sbhd", "2hd"),
+        Layout("thd_t2hd", "thd", "thd", "2hd"),
+        Layout("bshd_bsh2d", "bshd", "bshd", "h2d"),
+        Layout("sbhd_sbh2d", "sbhd", "sbhd", "h2d"),
+        Layout("thd_th2d", "thd", "thd", "h2d"),
+        Layout("sbhd_bshd_bshd", "sbhd", "bshd"),
+        Layout("bshd_sbhd_sbhd", "bshd", "sbhd"),
+        Layout("thd_bshd_bshd", "thd", "bshd"),
+        Layout("thd_sbhd_sbhd", "thd", "sbhd"),
+        Layout("paged_kv_bshd_bshd_bshd", "bshd", "bshd", paged=True),
+        Layout("paged_kv_bshd_sbhd_sbhd", "bshd", "sbhd", paged=True),
+        Layout("paged_kv_sbhd_bshd_bshd", "sbhd", "bshd", paged=True),
+        Layout("paged_kv_sbhd_sbhd_sbhd", "sbhd", "sbhd", paged=True),
+        Layout("paged_kv_thd_bshd_bshd", "thd", "bshd", paged=True),
+        Layout("paged_kv_thd_sbhd_sbhd", "thd", "sbhd", paged=True),
+    ]
+    return {layout.name: layout for layout in table}
+
+
+LAYOUTS: dict[str, Layout] = _layouts()
+
+
+def _allowed(values: Iterable[str]) -> str:
+    return "must be one of " + ", ".join(repr(v) for v in values)
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """One attention problem, as a framework would run it.
+
+    Fields left as None are derived (see the `resolved_*` properties); every field that changes
+    the cuDNN graph reaches the probe as given. Construction validates and raises ConfigError.
+    """
+
+    batch_size: int
+    num_heads_q: int
+    num_heads_kv: int
+    seqlen_q: int
+    seqlen_kv: int
+    head_dim_qk: int
+    head_dim_v: int | None = None
+    qkv_dtype: str = "bf16"
+    o_dtype: str | None = None
+    do_dtype: str | None = None
+    dqkv_dtype: str | None = None
+    qkv_layout: str = "bshd_bshd_bshd"
+    o_format: str | None = None
+    do_format: str | None = None
+    dqkv_layout: str | None = None
+    mask: str = "no_mask"
+    bias: str = "no_bias"
+    bias_shape: str | None = None
+    softmax: str = "vanilla"
+    window_size: tuple[int, int] = (-1, -1)
+    bottom_right_diagonal: bool | None = None
+    dropout: float = 0.0
+    attn_scale: float | None = None
+    is_training: bool = True
+    deterministic: bool = False
+    cuda_graph: bool = False
+    return_max_logit: bool = False
+    scaling_mode: str | None = None
+    page_size: int | None = None
+    num_pages: int | None = None
+
+    def __post_init__(self) -> None:
+        # Accept lists from YAML/JSON for window_size; keep the frozen value a tuple.
+        if isinstance(self.window_size, list):
+            object.__setattr__(self, "window_size", tuple(self.window_size))
+        if isinstance(self.attn_scale, int) and not isinstance(self.attn_scale, bool):
+            object.__setattr__(self, "attn_scale", float(self.attn_scale))
+        if isinstance(self.dropout, int) and not isinstance(self.dropout, bool):
+            object.__setattr__(self, "dropout", float(self.dropout))
+        _validate(self)
+
+    # ----- derived values -------------------------------------------------------------------
+    @property
+    def layout(self) -> Layout:
+        return LAYOUTS[self.qkv_layout]
+
+    @property
+    def candidate(self) -> Backend:
+        """The backend this problem's dtype asks for: F16 for fp16/bf16, FP8 for fp8."""
+        return Backend.FP8 if self.qkv_dtype in FP8_DTYPES else Backend.F16
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.candidate is Backend.FP8
+
+    @property
+    def q_format(self) -> str:
+        return self.layout.q_format
+
+    @property
+    def kv_format(self) -> str:
+        return self.layout.kv_format
+
+    @property
+    def resolved_head_dim_v(self) -> int:
+        return self.head_dim_qk if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def resolved_o_format(self) -> str:
+        return self.q_format if self.o_format is None else self.o_format
+
+    @property
+    def resolved_do_format(self) -> str:
+        return self.resolved_o_format if self.do_format is None else self.do_format
+
+    @property
+    def resolved_dqkv_layout(self) -> str:
+        return self.qkv_layout if self.dqkv_layout is None else self.dqkv_layout
+
+    @property
+    def resolved_bottom_right_diagonal(self) -> bool:
+        if self.bottom_right_diagonal is not None:
+            return self.bottom_right_diagonal
+        return self.mask in BOTTOM_RIGHT_MASKS
+
+    @property
+    def resolved_attn_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim_qk) if self.attn_scale is None else self.attn_scale
+
+    @property
+    def resolved_scaling_mode(self) -> str | None:
+        if not self.is_fp8:
+            return None
+        return "delayed" if self.scaling_mode is None else self.scaling_mode
+
+    @property
+    def resolved_o_dtype(self) -> str:
+        """F16: qkv_dtype. FP8 delayed scaling: qkv_dtype (FP8 output); current/mxfp8: bf16."""
+        if self.o_dtype is not None:
+            return self.o_dtype
+        if not self.is_fp8 or self.resolved_scaling_mode == "delayed":
+            return self.qkv_dtype
+        return "bf16"
+
+    @property
+    def resolved_do_dtype(self) -> str:
+        """F16: qkv_dtype. FP8: fp8_e5m2 (TransformerEngine's HYBRID recipe for gradients)."""
+        if self.do_dtype is not None:
+            return self.do_dtype
+        return "fp8_e5m2" if self.is_fp8 else self.qkv_dtype
+
+    @property
+    def resolved_dqkv_dtype(self) -> str:
+        """F16: qkv_dtype. FP8: the resolved output dtype of the forward pass."""
+        if self.dqkv_dtype is not None:
+            return self.dqkv_dtype
+        return self.resolved_o_dtype if self.is_fp8 else self.qkv_dtype
+
+    @property
+    def has_padding(self) -> bool:
+        return self.mask in PADDING_MASKS
+
+    @property
+    def is_causal(self) -> bool:
+        return self.mask in CAUSAL_MASKS
+
+    def resolved(self) -> dict[str, Any]:
+        """Every field with derived values filled in: what the probe is built from."""
+        data = self.to_dict(include_defaults=True)
+        data.update(
+            head_dim_v=self.resolved_head_dim_v,
+            o_dtype=self.resolved_o_dtype,
+            do_dtype=self.resolved_do_dtype if self.is_training else None,
+            dqkv_dtype=self.resolved_dqkv_dtype if self.is_training else None,
+            o_format=self.resolved_o_format,
+            do_format=self.resolved_do_format if self.is_training else None,
+            dqkv_layout=self.resolved_dqkv_layout if self.is_training else None,
+            bottom_right_diagonal=self.resolved_bottom_right_diagonal,
+            attn_scale=self.resolved_attn_scale,
+            scaling_mode=self.resolved_scaling_mode,
+        )
+        return data
+
+    def cache_key(self) -> str:
+        """A stable digest of the resolved problem: equal keys mean the same cuDNN graphs.
+
+        Every graph-changing field is part of it, batch size and sequence lengths included, so a
+        decision is never reused for another shape; the probe for a new shape is warm (kernels
+        compiled for the same problem class are reused by cuDNN), not cold.
+        """
+        text = json.dumps(self.resolved(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def shape_class_key(self) -> str:
+        """The cache key without batch size and sequence lengths (what a kernel is compiled for)."""
+        data = self.resolved()
+        for name in ("batch_size", "seqlen_q", "seqlen_kv", "num_pages"):
+            data.pop(name, None)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def replace(self, **changes: Any) -> "AttnConfig":
+        return dataclasses.replace(self, **changes)
+
+    # ----- (de)serialisation ----------------------------------------------------------------
+    def to_dict(self, include_defaults: bool = False) -> dict[str, Any]:
+        """The fields as plain data; by default only those that differ from their defaults."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            if include_defaults or f.default is dataclasses.MISSING:
+                out[f.name] = value
+                continue
+            default = list(f.default) if isinstance(f.default, tuple) else f.default
+            if value != default:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AttnConfig":
+        """Build from a mapping of field names; unknown or missing keys raise ConfigError."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("config", data, "must be a mapping of AttnConfig fields")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ConfigError(unknown[0], data[unknown[0]], "unknown field; " + _allowed(names))
+        missing = [
+            f.name for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.name not in data
+        ]
+        if missing:
+            raise ConfigError(missing[0], None, "required field is missing")
+        return cls(**dict(data))
+
+
+# ----- validation ---------------------------------------------------------------------------
+def _check_int(cfg: AttnConfig, name: str, optional: bool = False) -> None:
+    value = getattr(cfg, name)
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(name, value, "must be a positive integer")
+
+
+def _check_choice(cfg: AttnConfig, name: str, choices: tuple[str, ...], optional: bool = False) -> None:
+    value = getattr(cfg, name)
+    if value is None and optional:
+        return
+    if value not in choices:
+        raise ConfigError(name, value, _allowed(choices))
+
+
+def _check_bool(cfg: AttnConfig, name: str, optional: bool = False) -> None:
+    value = getattr(cfg, name)
+    if value is None and optional:
+        return
+    if not isinstance(value, bool):
+        raise ConfigError(name, value, "must be true or false")
+
+
+def _validate(cfg: AttnConfig) -> None:
+    for name in ("batch_size", "num_heads_q", "num_heads_kv", "seqlen_q", "seqlen_kv", "head_dim_qk"):
+        _check_int(cfg, name)
+    _check_int(cfg, "head_dim_v", optional=True)
+    if cfg.num_heads_q % cfg.num_heads_kv:
+        raise ConfigError(
+            "num_heads_kv", cfg.num_heads_kv,
+            f"must divide num_heads_q={cfg.num_heads_q} (grouped-query attention)",
+        )
+    _check_choice(cfg, "qkv_dtype", DTYPES)
+    for name in ("o_dtype", "do_dtype", "dqkv_dtype"):
+        _check_choice(cfg, name, DTYPES, optional=True)
+    _check_choice(cfg, "qkv_layout", tuple(LAYOUTS))
+    _check_choice(cfg, "o_format", FORMATS, optional=True)
+    _check_choice(cfg, "do_format", FORMATS, optional=True)
+    _check_choice(cfg, "dqkv_layout", tuple(n for n, l in LAYOUTS.items() if not l.paged), optional=True)
+    _check_choice(cfg, "mask", MASKS)
+    _check_choice(cfg, "bias", BIASES)
+    _check_choice(cfg, "bias_shape", BIAS_SHAPES, optional=True)
+    _check_choice(cfg, "softmax", SOFTMAXES)
+    _check_choice(cfg, "scaling_mode", SCALING_MODES, optional=True)
+    for name in ("is_training", "deterministic", "cuda_graph", "return_max_logit"):
+        _check_bool(cfg, name)
+    _check_bool(cfg, "bottom_right_diagonal", optional=True)
+    _check_int(cfg, "page_size", optional=True)
+    _check_int(cfg, "num_pages", optional=True)
+
+    window = cfg.window_size
+    if (
+        not isinstance(window, tuple) or len(window) != 2
+        or any(isinstance(w, bool) or not isinstance(w, int) or w < -1 for w in window)
+    ):
+        raise ConfigError("window_size", window, "must be (left, right) integers >= -1; -1 = unbounded")
+    if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, float) or not 0.0 <= cfg.dropout < 1.0:
+        raise ConfigError("dropout", cfg.dropout, "must be a float in [0, 1)")
+    if cfg.attn_scale is not None and (
+        isinstance(cfg.attn_scale, bool) or not isinstance(cfg.attn_scale, float)
+        or not math.isfinite(cfg.attn_scale) or cfg.attn_scale <= 0
+    ):
+        raise ConfigError("attn_scale", cfg.attn_scale, "must be a positive finite float, or null for 1/sqrt(head_dim_qk)")
+    _validate_cross_fields(cfg)
+
+
+def _validate_cross_fields(cfg: AttnConfig) -> None:
+    layout = cfg.layout
+    if layout.ragged and not cfg.has_padding:
+        raise ConfigError(
+            "mask", cfg.mask,
+            f"qkv_layout={cfg.qkv_layout!r} is ragged (THD) and needs a padding mask: " + _allowed(PADDING_MASKS),
+        )
+    if layout.packing in ("3hd", "h3d") and (
+        cfg.seqlen_q != cfg.seqlen_kv or cfg.num_heads_q != cfg.num_heads_kv
+        or cfg.resolved_head_dim_v != cfg.head_dim_qk
+    ):
+        raise ConfigError(
+            "qkv_layout", cfg.qkv_layout,
+            "interleaved QKV needs seqlen_q == seqlen_kv, num_heads_q == num_heads_kv and head_dim_v == head_dim_qk",
+        )
+    if layout.packing in ("2hd", "h2d") and cfg.resolved_head_dim_v != cfg.head_dim_qk:
+        raise ConfigError("qkv_layout", cfg.qkv_layout, "interleaved KV needs head_dim_v == head_dim_qk")
+    if layout.paged:
+        if cfg.page_size is None or cfg.num_pages is None:
+            raise ConfigError("page_size", cfg.page_size, f"qkv_layout={cfg.qkv_layout!r} (paged KV) needs page_size and num_pages")
+        if cfg.is_training:
+            raise ConfigError("is_training", True, "paged KV caches are for inference only; set is_training: false")
+        if not cfg.has_padding:
+            raise ConfigError("mask", cfg.mask, "paged KV needs a padding mask (sequence lengths): " + _allowed(PADDING_MASKS))
+    elif cfg.page_size is not None or cfg.num_pages is not None:
+        field_name = "page_size" if cfg.page_size is not None else "num_pages"
+        raise ConfigError(field_name, getattr(cfg, field_name), "only allowed with a paged_kv_* qkv_layout")
+    if cfg.o_format == "thd" and cfg.q_format != "thd" or cfg.o_format not in (None, "thd") and cfg.q_format == "thd":
+        raise ConfigError("o_format", cfg.o_format, f"must be 'thd' exactly when Q is THD (q format {cfg.q_format!r})")
+    if cfg.dqkv_layout is not None and LAYOUTS[cfg.dqkv_layout].ragged != layout.ragged:
+        raise ConfigError("dqkv_layout", cfg.dqkv_layout, f"must be ragged (THD) exactly when qkv_layout={cfg.qkv_layout!r} is")
+    left, right = cfg.window_size
+    if cfg.is_causal and right not in (-1, 0):
+        raise ConfigError("window_size", cfg.window_size, f"mask={cfg.mask!r} is causal: the right bound must be 0 or -1")
+    if cfg.bottom_right_diagonal is False and cfg.mask in BOTTOM_RIGHT_MASKS:
+        raise ConfigError("bottom_right_diagonal", False, f"contradicts mask={cfg.mask!r}; leave it null or true")
+    if cfg.bias == "post_scale_bias" and cfg.bias_shape is None:
+        raise ConfigError("bias_shape", None, "post_scale_bias needs a bias_shape: " + _allowed(BIAS_SHAPES))
+    if cfg.bias != "post_scale_bias" and cfg.bias_shape is not None:
+        raise ConfigError("bias_shape", cfg.bias_shape, f"only allowed with bias='post_scale_bias' (bias={cfg.bias!r})")
+    if not cfg.is_fp8:
+        if cfg.scaling_mode is not None:
+            raise ConfigError("scaling_mode", cfg.scaling_mode, f"only for FP8 qkv_dtype ({_allowed(FP8_DTYPES)}); qkv_dtype={cfg.qkv_dtype!r}")
+        for name in ("o_dtype", "do_dtype", "dqkv_dtype"):
+            value = getattr(cfg, name)
+            if value is not None and value not in F16_DTYPES:
+                raise ConfigError(name, value, f"qkv_dtype={cfg.qkv_dtype!r} is not FP8: {_allowed(F16_DTYPES)}")
+    if cfg.is_fp8 and cfg.o_dtype is not None and cfg.o_dtype not in FP8_DTYPES + ("bf16", "fp16"):
+        raise ConfigError("o_dtype", cfg.o_dtype, _allowed(DTYPES))
+    if not cfg.is_training:
+        for name in ("do_dtype", "dqkv_dtype", "do_format", "dqkv_layout"):
+            if getattr(cfg, name) is not None:
+                raise ConfigError(name, getattr(cfg, name), "describes the backward pass; only allowed with is_training: true")
+
+
+# ----- YAML files ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NamedConfig:
+    """One entry of a config file: the problem plus where it came from."""
+
+    name: str
+    config: AttnConfig
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A YAML file describing one model: a name, shared defaults and named problems."""
+
+    name: str
+    entries: tuple[NamedConfig, ...]
+    description: str = ""
+    source: str = ""
+    path: str = ""
+
+    def get(self, name: str) -> NamedConfig:
+        for entry in self.entries:
+            if entry.name == name:
+                return entry
+        raise ConfigError("name", name, _allowed([e.name for e in self.entries]))
+
+
+_FILE_KEYS = ("name", "description", "source", "defaults", "configs")
+
+
+def parse_config_file(data: Any, path: str = "<memory>") -> ConfigFile:
+    """Build a ConfigFile from parsed YAML; errors name the entry and the field."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(path, type(data).__name__, "a config file must be a mapping with keys " + ", ".join(_FILE_KEYS))
+    unknown = sorted(set(data) - set(_FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]}", data[unknown[0]], "unknown key; " + _allowed(_FILE_KEYS))
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, Mapping):
+        raise ConfigError(f"{path}: defaults", defaults, "must be a mapping of AttnConfig fields")
+    raw_entries = data.get("configs")
+    if not isinstance(raw_entries, list) or not raw_entries:
+        raise ConfigError(f"{path}: configs", raw_entries, "must be a non-empty list of named entries")
+    entries: list[NamedConfig] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_entries):
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{path}: configs[{index}]", raw, "must be a mapping with a 'name'")
+        raw = dict(raw)
+        name = raw.pop("name", None)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{path}: configs[{index}].name", name, "must be a non-empty string")
+        if name in seen:
+            raise ConfigError(f"{path}: configs[{index}].name", name, "must be unique in the file")
+        seen.add(name)
+        merged = {**defaults, **raw}
+        try:
+            cfg = AttnConfig.from_dict(merged)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {name}: {err.field}", err.value, err.allowed) from None
+        except TypeError as err:  # pragma: no cover - from_dict checks names first
+            raise ConfigError(f"{path}: {name}", merged, str(err)) from None
+        entries.append(NamedConfig(name, cfg, str(data.get("source", ""))))
+    return ConfigFile(
+        name=str(data.get("name") or Path(path).stem),
+        entries=tuple(entries),
+        description=str(data.get("description", "")),
+        source=str(data.get("source", "")),
+        path=path,
+    )
+
+
+def load_config_file(path: str | Path) -> ConfigFile:
+    """Read a YAML config file (see README 'Config format')."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError("config file", str(path), f"cannot be read ({err.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError("config file", str(path), f"is not valid YAML ({str(err).splitlines()[0]})") from None
+    return parse_config_file(data, str(path))

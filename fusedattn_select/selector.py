@@ -1,0 +1,294 @@
+"""select(): rules, then the decision cache, then the platform's probing engine."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .backend import Backend, Outcome, Phase, ProbeDepth, Provenance, Selection, Verdict
+from .config import AttnConfig
+from .errors import ConfigError
+from .probing import discover_engine
+from .probing.base import Fingerprint, ProbeEngine
+from .rules import apply_rules, no_platform_verdict, phases_for
+
+log = logging.getLogger("fusedattn_select")
+
+NO_PLATFORM = Fingerprint(platform="none")
+
+
+@dataclass
+class _Stats:
+    hits: int = 0
+    misses: int = 0
+    probes: int = 0
+    probe_failures: int = 0
+    rule_rejections: int = 0
+    persistent_hits: int = 0
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """Cached verdicts of one problem on one fingerprint, probed to `depth`."""
+
+    verdicts: tuple[Verdict, ...]
+    depth: ProbeDepth
+
+
+def _depth(value: str | ProbeDepth) -> ProbeDepth:
+    try:
+        return ProbeDepth(value)
+    except ValueError:
+        raise ConfigError("probe_depth", value, "must be 'fast' or 'full'") from None
+
+
+def _satisfies(entry: _Entry, depth: ProbeDepth) -> bool:
+    """A full probe answers a fast question; a fast 'yes' does not answer a full one."""
+    if entry.depth is ProbeDepth.FULL or depth is ProbeDepth.FAST:
+        return True
+    return any(not v.supported for v in entry.verdicts)
+
+
+def _selection(cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bool,
+               probe_ms: float, key: str, engine: str) -> Selection:
+    reasons = tuple(v.reason() for v in verdicts if not v.supported)
+    backend = cfg.candidate if not reasons else Backend.NONE
+    return Selection(
+        backend=backend,
+        message="; ".join(reasons),
+        reasons=reasons,
+        verdicts=verdicts,
+        candidate=cfg.candidate,
+        from_cache=from_cache,
+        probe_ms=probe_ms,
+        config=cfg,
+        cache_key=key,
+        engine=engine,
+    )
+
+
+class Selector:
+    """Answers select() for one engine, with a thread-safe, single-flight decision cache.
+
+    `store` is an optional persistent store (see cache.py) consulted after memory and written
+    after each cacheable probe.
+    """
+
+    def __init__(self, engine: ProbeEngine | None = None, *, unavailable_reason: str = "",
+                 store: object | None = None) -> None:
+        self.engine = engine
+        self.unavailable_reason = unavailable_reason or "no probing engine"
+        self.store = store
+        self._fingerprint = engine.fingerprint() if engine is not None else NO_PLATFORM
+        self._fingerprint_key = self._fingerprint.key()
+        self._lock = threading.Lock()
+        self._memory: dict[str, _Entry] = {}
+        self._in_flight: dict[str, Future] = {}
+        self._stats = _Stats()
+
+    # ----- public ----------------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return self._fingerprint
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine.name if self.engine is not None else "none"
+
+    def select(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
+        if not isinstance(cfg, AttnConfig):
+            raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
+        depth = _depth(probe_depth)
+        key = cfg.cache_key()
+
+        ruled = self._rule_verdicts(cfg)
+        if ruled is not None:
+            with self._lock:
+                self._stats.rule_rejections += 1
+            return _selection(cfg, ruled, from_cache=False, probe_ms=0.0, key=key, engine=self.engine_name)
+
+        while True:
+            with self._lock:
+                entry = self._memory.get(key)
+                if entry is not None and _satisfies(entry, depth):
+                    self._stats.hits += 1
+                    verdicts = tuple(v.with_provenance(Provenance.MEMORY_CACHE) for v in entry.verdicts)
+                    return _selection(cfg, verdicts, from_cache=True, probe_ms=0.0, key=key, engine=self.engine_name)
+                flight_key = f"{key}:{depth.value}"
+                future = self._in_flight.get(flight_key)
+                leader = future is None
+                if leader:
+                    future = Future()
+                    self._in_flight[flight_key] = future
+                    self._stats.misses += 1
+            if not leader:
+                # Another thread is probing this problem: wait for its answer, then read the cache.
+                result = future.result()
+                if result is not None:
+                    return result
+                continue
+            try:
+                selection = self._resolve(cfg, key, depth)
+            except BaseException as err:
+                with self._lock:
+                    del self._in_flight[flight_key]
+                future.set_exception(err)
+                raise
+            with self._lock:
+                del self._in_flight[flight_key]
+            future.set_result(selection)
+            return selection
+
+    def record_build_failure(self, cfg: AttnConfig, failed: Verdict) -> None:
+        """A graph that passed a fast probe failed to build: flip the cached answer to NONE."""
+        key = cfg.cache_key()
+        with self._lock:
+            entry = self._memory.get(key)
+            if entry is None:
+                return
+            verdicts = tuple(
+                failed if (v.backend, v.phase) == (failed.backend, failed.phase) else v
+                for v in entry.verdicts
+            )
+            self._memory[key] = _Entry(verdicts, ProbeDepth.FULL)
+        if self.store is not None:
+            self.store.put(self._fingerprint, key, verdicts, ProbeDepth.FULL)
+        log.warning("fusedattn_select: %s; cached answer flipped to NONE", failed.reason())
+
+    def cache_info(self) -> dict[str, object]:
+        with self._lock:
+            info = {
+                "hits": self._stats.hits,
+                "misses": self._stats.misses,
+                "probes": self._stats.probes,
+                "probe_failures": self._stats.probe_failures,
+                "rule_rejections": self._stats.rule_rejections,
+                "persistent_hits": self._stats.persistent_hits,
+                "entries": len(self._memory),
+                "engine": self.engine_name,
+                "fingerprint": self._fingerprint.key(),
+            }
+        if self.store is not None:
+            info["store"] = self.store.info()
+        return info
+
+    def clear(self, persistent: bool = False) -> None:
+        with self._lock:
+            self._memory.clear()
+            self._stats = _Stats()
+        if persistent and self.store is not None:
+            self.store.clear()
+
+    def cached_entries(self) -> Iterator[tuple[str, tuple[Verdict, ...]]]:
+        with self._lock:
+            items = list(self._memory.items())
+        for key, entry in items:
+            yield key, entry.verdicts
+
+    # ----- internals -------------------------------------------------------------------------
+    def _rule_verdicts(self, cfg: AttnConfig) -> tuple[Verdict, ...] | None:
+        phases = phases_for(cfg)
+        if self.engine is None:
+            return tuple(no_platform_verdict(cfg, p, self.unavailable_reason) for p in phases)
+        verdicts = tuple(v for v in (apply_rules(cfg, self._fingerprint, p) for p in phases) if v is not None)
+        # Rules are cheap and final: a problem a rule rejects is answered without any probe.
+        return verdicts or None
+
+    def _resolve(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
+        if self.store is not None:
+            stored = self.store.get(self._fingerprint, key)
+            if stored is not None:
+                verdicts, stored_depth = stored
+                entry = _Entry(tuple(verdicts), stored_depth)
+                if _satisfies(entry, depth):
+                    with self._lock:
+                        self._memory[key] = entry
+                        self._stats.persistent_hits += 1
+                    verdicts = tuple(v.with_provenance(Provenance.PERSISTENT_CACHE) for v in entry.verdicts)
+                    return _selection(cfg, verdicts, from_cache=True, probe_ms=0.0, key=key, engine=self.engine_name)
+
+        started = time.perf_counter()
+        verdicts = tuple(self._probe_one(cfg, phase, depth) for phase in phases_for(cfg))
+        probe_ms = (time.perf_counter() - started) * 1e3
+        failed = [v for v in verdicts if v.outcome is Outcome.FAILED]
+        if failed:
+            for v in failed:
+                log.warning("fusedattn_select: %s (not cached)", v.reason())
+        else:
+            with self._lock:
+                self._memory[key] = _Entry(verdicts, depth)
+            if self.store is not None:
+                self.store.put(self._fingerprint, key, verdicts, depth)
+        selection = _selection(cfg, verdicts, from_cache=False, probe_ms=probe_ms, key=key, engine=self.engine_name)
+        log.info(
+            "fusedattn_select: probed %s in %.1f ms -> %s%s", key, probe_ms, selection.backend.value,
+            f" ({selection.message})" if selection.message else "",
+        )
+        return selection
+
+    def _probe_one(self, cfg: AttnConfig, phase: Phase, depth: ProbeDepth) -> Verdict:
+        assert self.engine is not None
+        verdict = self.engine.probe(cfg, cfg.candidate, phase, depth)
+        with self._lock:
+            self._stats.probes += 1
+            if verdict.outcome is Outcome.FAILED:
+                self._stats.probe_failures += 1
+        return verdict
+
+
+# ----- the process-wide selector ---------------------------------------------------------------
+_default: Selector | None = None
+_default_lock = threading.Lock()
+
+
+def default_selector() -> Selector:
+    """The process-wide selector, created on first use from the discovered engine and store."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            engine, reason = discover_engine()
+            store = None
+            if engine is not None:
+                from .cache import open_default_store
+
+                store = open_default_store()
+            _default = Selector(engine, unavailable_reason=reason, store=store)
+        return _default
+
+
+def set_default_selector(selector: Selector | None) -> Selector | None:
+    """Replace the process-wide selector (None: rediscover on next use); returns the old one."""
+    global _default
+    with _default_lock:
+        old, _default = _default, selector
+    return old
+
+
+def select(cfg: AttnConfig, probe_depth: str = "fast") -> Selection:
+    """Which fused backend runs `cfg` on this platform, and if none, every reason why.
+
+    The first answer for a problem probes cuDNN (a few ms per graph with probe_depth="fast",
+    hundreds of ms with "full", which also compiles the kernels); later answers come from the
+    decision cache in about a microsecond.
+    """
+    return default_selector().select(cfg, probe_depth)
+
+
+def get_backend(cfg: AttnConfig) -> tuple[Backend, str]:
+    """(backend, message): Backend.F16, Backend.FP8 or Backend.NONE, and "" when one is selected."""
+    selection = select(cfg)
+    return selection.backend, selection.message
+
+
+def cache_info() -> dict[str, object]:
+    """Counters of the process-wide decision cache: hits, misses, probes, probe_failures, entries."""
+    return default_selector().cache_info()
+
+
+def clear_cache(persistent: bool = False) -> None:
+    """Empty the in-memory decision cache (and the persistent store with persistent=True)."""
+    default_selector().clear(persistent=persistent)
