@@ -1,0 +1,190 @@
+"""SnapshotEngine: answers recorded on a real device, replayed where there is no device.
+
+A snapshot is the JSON written by `fusedattn_select.recorder.record_snapshot` (schema
+"fusedattn-select-snapshot/1"): the device fingerprint plus, for every probed problem, the full
+verdicts of each phase. Replaying never guesses: a problem that was not recorded is answered
+UNSUPPORTED at stage "snapshot" with the file it was looked up in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from ..backend import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
+from ..config import AttnConfig
+from ..errors import ConfigError, SnapshotError
+from .base import Fingerprint
+
+log = logging.getLogger("fusedattn_select")
+
+SCHEMA = "fusedattn-select-snapshot/1"
+
+# Fingerprint fields that must agree for two snapshots to be merged into one engine: the answers
+# depend on them. library_version may differ (the recorder changed, not the device).
+_MERGE_FIELDS = (
+    "platform", "device_name", "compute_capability", "sm_count", "cudnn_backend_version",
+    "cudnn_frontend_version", "driver_version",
+)
+
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    """The header of one snapshot file: where and when it was recorded, from which suites."""
+
+    path: str
+    fingerprint: Fingerprint
+    recorded_at: str
+    recorder_version: str
+    suites: tuple[str, ...]
+    entry_count: int
+
+    @property
+    def file_name(self) -> str:
+        return Path(self.path).name
+
+    @property
+    def recorded_on(self) -> str:
+        """The date part of `recorded_at` (ISO 8601)."""
+        return self.recorded_at[:10]
+
+
+def _read_json(path: Path) -> Mapping[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SnapshotError(f"snapshot {path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SnapshotError(f"snapshot {path}: cannot be read ({err})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SnapshotError(f"snapshot {path}: not valid JSON ({err})") from None
+    if not isinstance(data, Mapping):
+        raise SnapshotError(f"snapshot {path}: expected a JSON object with schema {SCHEMA!r}")
+    if data.get("schema") != SCHEMA:
+        raise SnapshotError(
+            f"snapshot {path}: schema {data.get('schema')!r} is not {SCHEMA!r}; "
+            "re-record it with `fusedattn-select snapshot record`"
+        )
+    return data
+
+
+def _header(path: Path, data: Mapping[str, Any]) -> SnapshotFile:
+    try:
+        fingerprint = Fingerprint.from_dict(data["fingerprint"])
+        entries = data["entries"]
+        if not isinstance(entries, list):
+            raise TypeError("'entries' must be a list")
+        suites = tuple(str(s) for s in data.get("suites", ()))
+        return SnapshotFile(
+            path=str(path),
+            fingerprint=fingerprint,
+            recorded_at=str(data.get("recorded_at", "")),
+            recorder_version=str(data.get("recorder_version", "")),
+            suites=suites,
+            entry_count=len(entries),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise SnapshotError(f"snapshot {path}: malformed header ({type(err).__name__}: {err})") from None
+
+
+def read_header(path: str | Path) -> SnapshotFile:
+    """Read only what a snapshot says about itself (device, date, suites); validates the schema."""
+    path = Path(path)
+    return _header(path, _read_json(path))
+
+
+def _entries(path: Path, data: Mapping[str, Any]) -> dict[tuple[str, Phase], Verdict]:
+    answers: dict[tuple[str, Phase], Verdict] = {}
+    for index, raw in enumerate(data["entries"]):
+        where = f"snapshot {path}: entries[{index}]"
+        if not isinstance(raw, Mapping):
+            raise SnapshotError(f"{where}: must be an object")
+        try:
+            cfg = AttnConfig.from_dict(raw["config"])
+            verdicts = [Verdict.from_dict(v) for v in raw["verdicts"]]
+        except ConfigError as err:
+            raise SnapshotError(f"{where} ({raw.get('name', '?')}): config is not valid here: {err}") from None
+        except (KeyError, TypeError, ValueError) as err:
+            raise SnapshotError(f"{where}: malformed entry ({type(err).__name__}: {err})") from None
+        # Index by the key this library computes for the recorded config, so a change in how keys
+        # are derived can never make a recorded answer apply to a different problem.
+        key = cfg.cache_key()
+        if raw.get("cache_key") not in (None, key):
+            log.debug("%s: recorded cache_key %s re-derived as %s", where, raw.get("cache_key"), key)
+        for verdict in verdicts:
+            answers.setdefault((key, verdict.phase), verdict.with_provenance(Provenance.SNAPSHOT))
+    return answers
+
+
+class SnapshotEngine:
+    """A ProbeEngine that answers from one or more snapshot files recorded on one device."""
+
+    provenance = Provenance.SNAPSHOT
+
+    def __init__(self, files: Iterable[SnapshotFile], answers: Mapping[tuple[str, Phase], Verdict]) -> None:
+        self.files = tuple(files)
+        if not self.files:
+            raise SnapshotError("a snapshot engine needs at least one snapshot file")
+        self._answers = dict(answers)
+        self._fingerprint = self.files[0].fingerprint
+        self.file_names = "+".join(f.file_name for f in self.files)
+        self.name = f"snapshot:{self.file_names}"
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SnapshotEngine":
+        """Load one snapshot file; SnapshotError names the file when it is missing or malformed."""
+        return cls.load_many([path])
+
+    @classmethod
+    def load_many(cls, paths: Iterable[str | Path]) -> "SnapshotEngine":
+        """Merge snapshot files recorded on the same device and cuDNN into one engine.
+
+        The first file that records a problem answers it. Files from different fingerprints
+        (device, cuDNN, driver) cannot be merged: their answers are about different platforms.
+        """
+        files: list[SnapshotFile] = []
+        answers: dict[tuple[str, Phase], Verdict] = {}
+        for path in (Path(p) for p in paths):
+            data = _read_json(path)
+            header = _header(path, data)
+            if files:
+                first = files[0]
+                for name in _MERGE_FIELDS:
+                    if getattr(header.fingerprint, name) != getattr(first.fingerprint, name):
+                        raise SnapshotError(
+                            f"snapshot {path}: recorded with {name}={getattr(header.fingerprint, name)!r}, "
+                            f"but {first.path} with {getattr(first.fingerprint, name)!r}; "
+                            "only snapshots of one platform can be merged"
+                        )
+            for key, verdict in _entries(path, data).items():
+                answers.setdefault(key, verdict)
+            files.append(header)
+        return cls(files, answers)
+
+    def fingerprint(self) -> Fingerprint:
+        return self._fingerprint
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def probe(self, cfg: AttnConfig, backend: Backend, phase: Phase, depth: ProbeDepth) -> Verdict:
+        """The recorded verdict for this problem and phase.
+
+        The verdict keeps the depth it was recorded at: a snapshot recorded with depth "fast"
+        cannot say whether kernels build, and its verdicts say so.
+        """
+        verdict = self._answers.get((cfg.cache_key(), phase))
+        if verdict is not None and verdict.backend is backend:
+            return verdict
+        message = f"not recorded in {self.file_names}"
+        return Verdict(
+            backend=backend, phase=phase, outcome=Outcome.UNSUPPORTED, stage="snapshot",
+            message=message,
+            detail=f"{message}: no {backend.value} {phase.value} verdict for cache key {cfg.cache_key()}",
+            provenance=Provenance.SNAPSHOT, depth=depth,
+        )
