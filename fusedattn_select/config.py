@@ -495,9 +495,11 @@ def load_config_file(path: str | Path) -> ConfigFile:
 
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError("config file", str(path), f"cannot be read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError("config file", str(path), f"cannot be read (not UTF-8 text: {err.reason} at byte {err.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
