@@ -1,0 +1,283 @@
+"""The selector: rules, then the decision cache, then the engine; single-flight; depth semantics.
+
+These tests drive the selector with ScriptedTestEngine, a TEST DOUBLE defined here: it probes
+nothing, it returns verdicts scripted by each test and counts how often it was asked. Whether
+cuDNN really supports a problem is tested on the GPU (tests marked `gpu`) and through snapshots
+recorded on real devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Callable
+
+import pytest
+
+import fusedattn_select
+from fusedattn_select import AttnConfig, Backend, Selection, get_backend, select
+from fusedattn_select.backend import Outcome, Phase, ProbeDepth, Provenance, Verdict
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.probing.base import Fingerprint, ProbeEngine
+from fusedattn_select.selector import Selector, set_default_selector
+
+BASE = dict(batch_size=2, num_heads_q=16, num_heads_kv=4, seqlen_q=1024, seqlen_kv=1024, head_dim_qk=128)
+Script = Callable[[AttnConfig, Backend, Phase, ProbeDepth], Verdict]
+
+
+def answer(outcome: Outcome, stage: str = "check_support", message: str = "") -> Script:
+    def script(cfg, backend, phase, probe_depth):
+        return Verdict(backend, phase, outcome, stage, message, message, Provenance.LIVE_PROBE, probe_depth,
+                       (("check_support", 1.5),))
+    return script
+
+
+SUPPORTED = answer(Outcome.SUPPORTED)
+
+
+class ScriptedTestEngine:
+    """TEST DOUBLE, not a probe: returns what `script` says and records every call."""
+
+    name = "scripted-test-engine"
+    provenance = Provenance.LIVE_PROBE
+
+    def __init__(self, script: Script = SUPPORTED, delay_s: float = 0.0,
+                 fingerprint: Fingerprint | None = None) -> None:
+        self.script = script
+        self.delay_s = delay_s
+        self.calls: list[tuple[str, Phase, ProbeDepth]] = []
+        self._lock = threading.Lock()
+        self._fingerprint = fingerprint or Fingerprint(
+            "test-double", "Scripted GPU", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
+
+    def fingerprint(self) -> Fingerprint:
+        return self._fingerprint
+
+    def probe(self, cfg, backend, phase, depth) -> Verdict:
+        with self._lock:
+            self.calls.append((cfg.cache_key(), phase, depth))
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.script(cfg, backend, phase, depth)
+
+
+def config(**changes) -> AttnConfig:
+    return AttnConfig(**{**BASE, **changes})
+
+
+def test_scripted_engine_satisfies_the_engine_protocol():
+    assert isinstance(ScriptedTestEngine(), ProbeEngine)
+
+
+# ----- cache counting --------------------------------------------------------------------------
+def test_training_probes_forward_and_backward_once_then_hits():
+    engine = ScriptedTestEngine()
+    selector = Selector(engine)
+    first = selector.select(config())
+    second = selector.select(config())
+    assert [phase for _, phase, _ in engine.calls] == [Phase.FORWARD, Phase.BACKWARD]
+    assert first.backend is Backend.F16 and not first.from_cache
+    assert second.backend is Backend.F16 and second.from_cache
+    assert {v.provenance for v in second.verdicts} == {Provenance.MEMORY_CACHE}
+    info = selector.cache_info()
+    assert (info["hits"], info["misses"], info["probes"], info["entries"]) == (1, 1, 2, 1)
+
+
+def test_inference_probes_the_forward_graph_only():
+    engine = ScriptedTestEngine()
+    Selector(engine).select(config(is_training=False))
+    assert [phase for _, phase, _ in engine.calls] == [Phase.FORWARD]
+
+
+def test_a_new_batch_size_is_a_new_problem():
+    engine = ScriptedTestEngine()
+    selector = Selector(engine)
+    selector.select(config(is_training=False))
+    selector.select(config(is_training=False, batch_size=3))
+    assert selector.cache_info()["probes"] == 2 and selector.cache_info()["entries"] == 2
+
+
+def test_fp8_problem_probes_the_fp8_backend():
+    engine = ScriptedTestEngine()
+    selection = Selector(engine).select(config(qkv_dtype="fp8_e4m3"))
+    assert selection.backend is Backend.FP8 and selection.candidate is Backend.FP8
+    assert {v.backend for v in selection.verdicts} == {Backend.FP8}
+
+
+# ----- single flight ---------------------------------------------------------------------------
+def test_sixteen_threads_asking_one_new_problem_share_one_probe_per_graph():
+    engine = ScriptedTestEngine(delay_s=0.05)
+    selector = Selector(engine)
+    barrier = threading.Barrier(16)
+    results: list[Selection] = []
+    lock = threading.Lock()
+
+    def ask():
+        barrier.wait()
+        selection = selector.select(config())
+        with lock:
+            results.append(selection)
+
+    threads = [threading.Thread(target=ask) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(engine.calls) == 2
+    assert len(results) == 16
+    assert {(s.backend, s.message, s.cache_key) for s in results} == {(Backend.F16, "", config().cache_key())}
+    assert selector.cache_info()["misses"] == 1
+
+
+# ----- failures, depth, build failures ---------------------------------------------------------
+def test_failed_probe_is_reported_counted_and_not_cached():
+    engine = ScriptedTestEngine(answer(Outcome.FAILED, "build_plans", "CUDA out of memory"))
+    selector = Selector(engine)
+    first = selector.select(config(is_training=False))
+    assert first.backend is Backend.NONE
+    assert first.message == "F16 forward probe failed at build_plans: CUDA out of memory"
+    assert selector.cache_info()["probe_failures"] == 1 and selector.cache_info()["entries"] == 0
+    engine.script = SUPPORTED
+    second = selector.select(config(is_training=False))
+    assert second.backend is Backend.F16 and not second.from_cache
+    assert len(engine.calls) == 2
+
+
+def test_full_answer_serves_a_fast_question():
+    engine = ScriptedTestEngine()
+    selector = Selector(engine)
+    selector.select(config(), probe_depth="full")
+    assert selector.select(config(), probe_depth="fast").from_cache
+    assert len(engine.calls) == 2
+
+
+def test_fast_yes_does_not_answer_a_full_question():
+    engine = ScriptedTestEngine()
+    selector = Selector(engine)
+    selector.select(config(), probe_depth="fast")
+    full = selector.select(config(), probe_depth="full")
+    assert not full.from_cache
+    assert [depth for _, _, depth in engine.calls] == [ProbeDepth.FAST] * 2 + [ProbeDepth.FULL] * 2
+    # ... and the full answer now serves both depths.
+    assert selector.select(config(), probe_depth="fast").from_cache
+    assert selector.select(config(), probe_depth="full").from_cache
+
+
+def test_fast_no_answers_a_full_question():
+    engine = ScriptedTestEngine(answer(Outcome.UNSUPPORTED, "check_support", "hidden_dim should be multiple of 8"))
+    selector = Selector(engine)
+    selector.select(config(head_dim_qk=60), probe_depth="fast")
+    full = selector.select(config(head_dim_qk=60), probe_depth="full")
+    assert full.from_cache and full.backend is Backend.NONE
+    assert len(engine.calls) == 2
+
+
+def test_unknown_probe_depth_is_a_config_error():
+    with pytest.raises(ConfigError, match="probe_depth='deep'"):
+        Selector(ScriptedTestEngine()).select(config(), probe_depth="deep")
+
+
+def test_select_rejects_a_non_config():
+    with pytest.raises(ConfigError, match="must be an AttnConfig"):
+        Selector(ScriptedTestEngine()).select(dict(BASE))  # type: ignore[arg-type]
+
+
+def test_build_failure_after_a_fast_yes_flips_the_cached_answer_to_none():
+    engine = ScriptedTestEngine()
+    selector = Selector(engine)
+    cfg = config()
+    assert selector.select(cfg).backend is Backend.F16
+    failed = Verdict(Backend.F16, Phase.BACKWARD, Outcome.UNSUPPORTED, "build_plans",
+                     "no kernel for this configuration", depth=ProbeDepth.FULL)
+    selector.record_build_failure(cfg, failed)
+    for depth in ("fast", "full"):
+        flipped = selector.select(cfg, probe_depth=depth)
+        assert flipped.backend is Backend.NONE and flipped.from_cache
+        assert flipped.message == "F16 backward not supported at build_plans: no kernel for this configuration"
+    assert len(engine.calls) == 2
+
+
+# ----- rules and messages ----------------------------------------------------------------------
+def test_rule_rejection_answers_without_a_probe():
+    engine = ScriptedTestEngine()
+    selector = Selector(engine)
+    selection = selector.select(config(bias="pre_scale_bias"))
+    assert selection.backend is Backend.NONE
+    assert engine.calls == []
+    assert {v.provenance for v in selection.verdicts} == {Provenance.RULE}
+    assert selector.cache_info()["rule_rejections"] == 1
+
+
+def test_none_message_names_backend_phase_stage_and_joins_every_reason():
+    def script(cfg, backend, phase, depth):
+        if phase is Phase.FORWARD:
+            return Verdict(backend, phase, Outcome.UNSUPPORTED, "check_support", "forward says no")
+        return Verdict(backend, phase, Outcome.UNSUPPORTED, "validate", "backward says no")
+
+    selection = Selector(ScriptedTestEngine(script)).select(config())
+    assert selection.reasons == (
+        "F16 forward not supported at check_support: forward says no",
+        "F16 backward not supported at validate: backward says no",
+    )
+    assert selection.message == "; ".join(selection.reasons)
+
+
+def test_selected_answer_has_empty_message_and_no_reasons():
+    selection = Selector(ScriptedTestEngine()).select(config())
+    assert selection.selected and selection.message == "" and selection.reasons == ()
+    assert selection.probe_ms >= 0 and selection.engine == "scripted-test-engine"
+
+
+def test_selection_is_immutable():
+    selection = Selector(ScriptedTestEngine()).select(config())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        selection.backend = Backend.NONE  # type: ignore[misc]
+    assert isinstance(selection.reasons, tuple) and isinstance(selection.verdicts, tuple)
+
+
+def test_earlier_message_is_not_changed_by_a_later_answer():
+    engine = ScriptedTestEngine(answer(Outcome.UNSUPPORTED, message="first reason"))
+    selector = Selector(engine)
+    first = selector.select(config(is_training=False))
+    engine.script = answer(Outcome.UNSUPPORTED, message="second reason")
+    selector.select(config(is_training=False, batch_size=5))
+    assert first.message == "F16 forward not supported at check_support: first reason"
+
+
+def test_no_engine_answers_none_with_the_platform_rule():
+    selection = Selector(None, unavailable_reason="no NVIDIA driver").select(config())
+    assert selection.backend is Backend.NONE
+    assert {v.stage for v in selection.verdicts} == {"rule:platform"}
+    assert "no NVIDIA driver" in selection.message and "--snapshot" in selection.message
+
+
+# ----- the process-wide API --------------------------------------------------------------------
+def test_get_backend_returns_empty_message_when_selected():
+    set_default_selector(Selector(ScriptedTestEngine()))
+    assert get_backend(config()) == (Backend.F16, "")
+
+
+def test_get_backend_returns_none_and_the_reasons():
+    set_default_selector(Selector(ScriptedTestEngine(answer(Outcome.UNSUPPORTED, message="nope"))))
+    backend, message = get_backend(config(is_training=False))
+    assert backend is Backend.NONE
+    assert message == "F16 forward not supported at check_support: nope"
+
+
+def test_clear_cache_forgets_decisions_and_counters():
+    engine = ScriptedTestEngine()
+    set_default_selector(Selector(engine))
+    select(config())
+    select(config())
+    assert fusedattn_select.cache_info()["hits"] == 1
+    fusedattn_select.clear_cache()
+    assert fusedattn_select.cache_info()["entries"] == 0 and fusedattn_select.cache_info()["hits"] == 0
+    select(config())
+    assert len(engine.calls) == 4
+
+
+def test_set_default_selector_returns_the_previous_one():
+    mine = Selector(ScriptedTestEngine())
+    set_default_selector(mine)
+    assert set_default_selector(None) is mine
