@@ -66,6 +66,7 @@ configs:
   - {name: pre-scale-bias, bias: pre_scale_bias}
   - {name: out-of-memory, seqlen_q: 999, is_training: false}
   - {name: fp8, qkv_dtype: fp8_e4m3, mask: causal}
+  - {name: train}
 """
 
 

@@ -64,7 +64,7 @@ def test_recorder_probes_training_problems_in_both_phases(recorded_snapshot):
 
 def test_summary_counts_selected_none_and_failed(recorded_snapshot):
     counts = summarize(json.loads(recorded_snapshot.read_text()))
-    assert counts == {"entries": 6, "selected": 3, "none": 2, "failed": 1}
+    assert counts == {"entries": 7, "selected": 4, "none": 2, "failed": 1}
 
 
 def test_recorder_refuses_a_snapshot_engine(recorded_snapshot, suite_file):
@@ -78,7 +78,7 @@ def test_recorder_with_jobs_keeps_file_order_and_reports_progress(suite_file, re
                            progress=lambda done, total, entry: seen.append((done, total, entry["name"])))
     serial = record_snapshot([suite_file], recording_engine)
     assert [e["name"] for e in data["entries"]] == [e["name"] for e in serial["entries"]]
-    assert [(done, total) for done, total, _ in seen] == [(i, 6) for i in range(1, 7)]
+    assert [(done, total) for done, total, _ in seen] == [(i, 7) for i in range(1, 8)]
 
 
 def test_recorder_full_depth_is_written_into_each_verdict(suite_file, recording_engine):
@@ -146,16 +146,17 @@ def test_problem_not_in_the_snapshot_is_unsupported_not_recorded(recorded_snapsh
     assert selection.backend is Backend.NONE and "not recorded in test-gpu.json" in selection.message
 
 
-def test_recorded_inference_problem_does_not_answer_its_training_twin(recorded_snapshot, suite_file):
+def test_recorded_training_problem_does_not_answer_its_inference_twin(recorded_snapshot, suite_file):
     engine = SnapshotEngine.load(recorded_snapshot)
-    cfg = load_config_file(suite_file).get("infer").config.replace(is_training=True)
-    assert Selector(engine).select(cfg).backend is Backend.NONE
+    cfg = load_config_file(suite_file).get("train-causal").config.replace(is_training=False)
+    selection = Selector(engine).select(cfg)
+    assert selection.backend is Backend.NONE and "not recorded in" in selection.message
 
 
 def test_read_header_reports_device_date_and_count(recorded_snapshot):
     header = read_header(recorded_snapshot)
     assert header.fingerprint.device_name == "Test GPU H100"
-    assert header.entry_count == 6 and len(header.recorded_on) == 10
+    assert header.entry_count == 7 and len(header.recorded_on) == 10
 
 
 def test_load_many_merges_snapshots_of_one_device(tmp_path, recorded_snapshot, recording_engine):
@@ -233,4 +234,4 @@ def test_write_snapshot_leaves_no_temporary_files(tmp_path, suite_file, recordin
     out = tmp_path / "nested" / "snap.json"
     write_snapshot(record_snapshot([suite_file], recording_engine), out)
     assert [p.name for p in out.parent.iterdir()] == ["snap.json"]
-    assert read_header(out).entry_count == 6
+    assert read_header(out).entry_count == 7
