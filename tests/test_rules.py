@@ -1,0 +1,163 @@
+"""Static rules: each fires on the problem it targets, on its backend, phase and cuDNN versions only."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fusedattn_select import AttnConfig
+from fusedattn_select.backend import Backend, Outcome, Phase, Provenance
+from fusedattn_select.probing.base import Fingerprint
+from fusedattn_select.rules import RULES, apply_rules, no_platform_verdict, rules_by_name
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = dict(batch_size=2, num_heads_q=16, num_heads_kv=16, seqlen_q=2048, seqlen_kv=2048, head_dim_qk=128)
+FP8 = dict(qkv_dtype="fp8_e4m3")
+
+
+def hopper(version: int = 91900, cc: str = "9.0") -> Fingerprint:
+    return Fingerprint("cuda", "NVIDIA H100 80GB HBM3", cc, 132, version, "1.32.0", "580.00", "0.1.0")
+
+
+def cfg(**changes) -> AttnConfig:
+    return AttnConfig(**{**BASE, **changes})
+
+
+CUDA_GRAPH = dict(cuda_graph=True, seqlen_kv=1000, seqlen_q=1000)
+WINDOW = dict(window_size=(128, 128), seqlen_kv=2048)
+MLA = dict(head_dim_qk=256, head_dim_v=128)
+
+# (rule, config changes, cuDNN version, compute capability, phase): the rule rejects this problem.
+FIRES = [
+    ("pre-scale-bias", dict(bias="pre_scale_bias"), 91900, "9.0", Phase.FORWARD),
+    ("pre-scale-bias", dict(FP8, bias="pre_scale_bias"), 91900, "9.0", Phase.BACKWARD),
+    ("fp8-bias", dict(FP8, bias="alibi"), 91900, "9.0", Phase.FORWARD),
+    ("fp8-bias", dict(FP8, bias="post_scale_bias", bias_shape="1hss"), 91900, "9.0", Phase.BACKWARD),
+    ("fp8-max-logit", dict(FP8, return_max_logit=True), 91900, "9.0", Phase.FORWARD),
+    ("fp8-layout", dict(FP8, qkv_layout="thd_thd_thd", mask="padding"), 91900, "9.0", Phase.FORWARD),
+    ("fp8-layout", dict(FP8, qkv_layout="paged_kv_bshd_bshd_bshd", mask="padding", page_size=16, num_pages=64,
+                        is_training=False), 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.10.0-fp8", dict(FP8), 91000, "9.0", Phase.FORWARD),
+    ("cudnn-9.10.0-9.10.1-f16", {}, 91000, "9.0", Phase.BACKWARD),
+    ("cudnn-9.10.0-9.10.1-f16", {}, 91001, "9.0", Phase.FORWARD),
+    ("cudnn-9.14.0-window-non-causal", WINDOW, 91400, "9.0", Phase.FORWARD),
+    ("cudnn-9.14.0-window-non-causal", dict(WINDOW, mask="padding", window_size=(128, 0)), 91400, "9.0",
+     Phase.BACKWARD),
+    ("cudnn-le-9.15.0-cuda-graph-training", CUDA_GRAPH, 91500, "9.0", Phase.BACKWARD),
+    ("cudnn-le-9.15.0-cuda-graph-training", dict(CUDA_GRAPH, qkv_layout="sbhd_sbhd_sbhd"), 90100, "9.0",
+     Phase.BACKWARD),
+    ("cudnn-9.11-hopper-mla-backward", MLA, 91100, "9.0", Phase.BACKWARD),
+    ("cudnn-9.11-hopper-mla-backward", dict(head_dim_qk=128, head_dim_v=256), 91900, "9.0", Phase.BACKWARD),
+]
+
+# Near misses: one condition (backend, phase, version bound, shape) away from a rule; it must not fire.
+NEAR_MISSES = [
+    ("pre-scale-bias", dict(bias="post_scale_bias", bias_shape="1hss"), 91900, "9.0", Phase.FORWARD),
+    ("fp8-bias", dict(bias="alibi"), 91900, "9.0", Phase.FORWARD),
+    ("fp8-bias", dict(FP8), 91900, "9.0", Phase.FORWARD),
+    ("fp8-max-logit", dict(return_max_logit=True), 91900, "9.0", Phase.FORWARD),
+    ("fp8-max-logit", dict(FP8, return_max_logit=True), 91900, "9.0", Phase.BACKWARD),
+    ("fp8-layout", dict(qkv_layout="thd_thd_thd", mask="padding"), 91900, "9.0", Phase.FORWARD),
+    ("fp8-layout", dict(FP8, qkv_layout="bhsd_bhsd_bhsd"), 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.10.0-fp8", dict(FP8), 91002, "9.0", Phase.FORWARD),
+    ("cudnn-9.10.0-fp8", dict(FP8), 90900, "9.0", Phase.FORWARD),
+    ("cudnn-9.10.0-fp8", {}, 91000, "9.0", Phase.FORWARD),
+    ("cudnn-9.10.0-9.10.1-f16", {}, 91002, "9.0", Phase.FORWARD),
+    ("cudnn-9.10.0-9.10.1-f16", {}, 90999, "9.0", Phase.FORWARD),
+    ("cudnn-9.10.0-9.10.1-f16", dict(FP8), 91001, "9.0", Phase.FORWARD),
+    ("cudnn-9.14.0-window-non-causal", WINDOW, 91401, "9.0", Phase.FORWARD),
+    ("cudnn-9.14.0-window-non-causal", WINDOW, 91300, "9.0", Phase.FORWARD),
+    ("cudnn-9.14.0-window-non-causal", dict(WINDOW, seqlen_kv=1024, seqlen_q=1024), 91400, "9.0", Phase.FORWARD),
+    ("cudnn-9.14.0-window-non-causal", dict(WINDOW, mask="causal", window_size=(128, 0)), 91400, "9.0",
+     Phase.FORWARD),
+    ("cudnn-9.14.0-window-non-causal", dict(seqlen_kv=2048), 91400, "9.0", Phase.FORWARD),
+    ("cudnn-9.14.0-window-non-causal", dict(WINDOW, **FP8), 91400, "9.0", Phase.FORWARD),
+    ("cudnn-le-9.15.0-cuda-graph-training", CUDA_GRAPH, 91501, "9.0", Phase.BACKWARD),
+    ("cudnn-le-9.15.0-cuda-graph-training", dict(CUDA_GRAPH, seqlen_kv=1024, seqlen_q=1024), 91500, "9.0",
+     Phase.BACKWARD),
+    ("cudnn-le-9.15.0-cuda-graph-training", dict(CUDA_GRAPH, mask="padding"), 91500, "9.0", Phase.BACKWARD),
+    ("cudnn-le-9.15.0-cuda-graph-training", dict(CUDA_GRAPH, cuda_graph=False), 91500, "9.0", Phase.BACKWARD),
+    ("cudnn-le-9.15.0-cuda-graph-training", dict(CUDA_GRAPH, qkv_layout="bhsd_bhsd_bhsd"), 91500, "9.0",
+     Phase.BACKWARD),
+    ("cudnn-le-9.15.0-cuda-graph-training", CUDA_GRAPH, 91500, "9.0", Phase.FORWARD),
+    # The widened CUDA-graph guard of the reference implementation: FP8 is not affected.
+    ("cudnn-le-9.15.0-cuda-graph-training", dict(CUDA_GRAPH, **FP8), 91500, "9.0", Phase.BACKWARD),
+    ("cudnn-9.11-hopper-mla-backward", MLA, 91000, "9.0", Phase.BACKWARD),
+    ("cudnn-9.11-hopper-mla-backward", MLA, 91900, "10.0", Phase.BACKWARD),
+    ("cudnn-9.11-hopper-mla-backward", MLA, 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.11-hopper-mla-backward", dict(head_dim_qk=192, head_dim_v=128), 91900, "9.0", Phase.BACKWARD),
+    ("cudnn-9.11-hopper-mla-backward", dict(head_dim_qk=128, head_dim_v=128), 91900, "9.0", Phase.BACKWARD),
+    ("cudnn-9.11-hopper-mla-backward", dict(head_dim_qk=96, head_dim_v=128), 91900, "9.0", Phase.BACKWARD),
+]
+
+
+def _fires(name: str, changes: dict, version: int, cc: str, phase: Phase) -> bool:
+    rule = rules_by_name()[name]
+    return phase in rule.phases and rule.applies(cfg(**changes), hopper(version, cc))
+
+
+@pytest.mark.parametrize("name, changes, version, cc, phase", FIRES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(FIRES)])
+def test_rule_fires_on_the_problem_it_targets(name, changes, version, cc, phase):
+    assert _fires(name, changes, version, cc, phase)
+    verdict = apply_rules(cfg(**changes), hopper(version, cc), phase)
+    assert verdict is not None and verdict.stage.startswith("rule:")
+
+
+@pytest.mark.parametrize("name, changes, version, cc, phase", NEAR_MISSES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(NEAR_MISSES)])
+def test_rule_does_not_fire_on_a_near_miss(name, changes, version, cc, phase):
+    assert not _fires(name, changes, version, cc, phase)
+
+
+def test_every_rule_has_a_firing_case_and_a_near_miss():
+    names = {rule.name for rule in RULES}
+    assert {case[0] for case in FIRES} == names
+    assert {case[0] for case in NEAR_MISSES} == names
+
+
+def test_version_scoped_rule_does_not_fire_when_the_cudnn_version_is_unknown():
+    assert not rules_by_name()["cudnn-le-9.15.0-cuda-graph-training"].applies(cfg(**CUDA_GRAPH), hopper(0))
+
+
+def test_known_bug_rules_state_their_cudnn_versions():
+    for rule in RULES:
+        if rule.known_bug:
+            assert rule.cudnn_versions != (None, None), rule.name
+
+
+def test_every_rule_has_a_reason_and_a_source_link():
+    for rule in RULES:
+        assert rule.reason and rule.source.startswith("https://"), rule.name
+        assert rule.backends and rule.phases, rule.name
+
+
+def test_rule_verdict_names_the_rule_and_keeps_the_source():
+    rule = rules_by_name()["fp8-bias"]
+    verdict = rule.verdict(cfg(**FP8, bias="alibi"), Phase.FORWARD)
+    assert (verdict.backend, verdict.outcome, verdict.provenance) == (Backend.FP8, Outcome.UNSUPPORTED, Provenance.RULE)
+    assert verdict.stage == "rule:fp8-bias"
+    assert verdict.message == rule.reason and rule.source in verdict.detail
+    assert verdict.reason() == f"FP8 forward not supported at rule:fp8-bias: {rule.reason}"
+
+
+def test_apply_rules_returns_none_when_no_rule_rejects():
+    for phase in Phase:
+        assert apply_rules(cfg(mask="causal"), hopper(), phase) is None
+
+
+def test_platform_rule_message_says_how_to_get_an_answer():
+    verdict = no_platform_verdict(cfg(), Phase.FORWARD, "no NVIDIA driver")
+    assert verdict.stage == "rule:platform" and verdict.outcome is Outcome.UNSUPPORTED
+    for hint in ("no NVIDIA driver", "fusedattn-select[cuda]", "--snapshot", "FUSEDATTN_SELECT_SNAPSHOT", "--target"):
+        assert hint in verdict.message
+
+
+def test_readme_rules_table_lists_every_rule_with_its_reason():
+    readme = (ROOT / "README.md").read_text()
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([^`]+)` \|.*$", readme, re.MULTILINE)}
+    for rule in RULES:
+        assert rule.name in rows, f"README rules table misses {rule.name}"
+        assert rule.reason in rows[rule.name], f"README reason for {rule.name} is stale"
