@@ -1,0 +1,125 @@
+"""cuDNN error text: one clean line for a verdict, and whether the text describes an incident.
+
+cuDNN and cudnn-frontend report a rejection as free text: a `[cudnn_frontend] Error:` prefix,
+source-file/line prefixes, engine-config JSON dumps, multi-line plan-walk listings and (frontend
+1.27+) a wrapper sentence around the backend's own reason. A verdict keeps that full text in
+`Verdict.detail` and shows one line, the sentence a user can act on ("hidden_dim should be multiple
+of 8"), in `Verdict.message`.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_MESSAGE_CHARS = 300
+
+# Text that describes an incident (device, memory, driver or environment), not the problem. The
+# frontend (1.27+) reports a failed backend lowering -- which can be a CUDA error or a missing
+# module -- as a "decline" inside a cudnnGraphNotSupportedError, so the exception type alone cannot
+# tell a verdict from an incident.
+_INCIDENT_MARKERS = (
+    "out of memory",
+    "cuda_error",
+    "cudaerror",
+    "cuda error",
+    "cudnn_status_alloc_failed",
+    "cudnn_status_execution_failed",
+    "cudnn_status_internal_error",
+    "cudnn_status_not_initialized",
+    "cudnn_status_arch_mismatch",
+    "cudnn_status_runtime_",
+    "cudnn_status_license_error",
+    "cudnn_status_sublibrary_loading_failed",
+    "illegal memory access",
+    "illegal address",
+    "unspecified launch failure",
+    "no cuda-capable device",
+    "driver version is insufficient",
+    "initialization error",
+    "no module named",
+    "cannot open shared object",
+    "failed to load",
+    "unable to load",
+    "unable to find symbol",
+)
+
+_PREFIXES = (
+    re.compile(r"\[cudnn_frontend\]\s*(error|warning)?\s*:?\s*", re.IGNORECASE),
+    re.compile(r"\bcudnnGraphNotSupportedError\s*:\s*"),
+    re.compile(r"\bcudnnGraphNotSupportedException\s*:\s*"),
+    re.compile(r"\bRuntimeError\s*:\s*"),
+)
+# "/path/to/sdpa_node.h:123", "file.cpp(45)", " at line 12 of x.h", "in function foo()"
+_FILE_LINE = re.compile(
+    r"(?:\b(?:at|in)\s+)?(?:\S*/)?[\w.-]+\.(?:h|hpp|cpp|cu|cc|py)(?::\d+|\(\d+\))(?::\d+)?:?"
+    r"|\bat line \d+(?: (?:of|in) \S+)?|\bin function [\w:~<>]+(?:\(\))?",
+)
+_WRAPPER_DECLINED = re.compile(r"the backend declined:\s*(.+?)(?:;\s*python engines (?:declined|that accepted)|\)?\s*$)", re.DOTALL)
+_WRAPPER_PLAN_LIST = re.compile(r"no plan in the list could be built:\s*(.+)", re.DOTALL)
+_PLAN_ENTRY = re.compile(r"^\s*\[\d+\]\s*[^:]*:\s*")
+_SPACES = re.compile(r"\s+")
+
+
+def is_incident(text: str) -> bool:
+    """True when cuDNN's text describes a device/memory/driver/environment problem."""
+    lowered = text.lower()
+    return any(marker in lowered for marker in _INCIDENT_MARKERS)
+
+
+def _strip_json(text: str) -> str:
+    """Remove balanced {...} and [...] blocks that look like JSON dumps (they contain quotes)."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char in "{[":
+            close = "}" if char == "{" else "]"
+            depth, j = 0, i
+            while j < len(text):
+                if text[j] == char:
+                    depth += 1
+                elif text[j] == close:
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+            block = text[i:j + 1]
+            if j < len(text) and '"' in block:
+                i = j + 1
+                continue
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def _unwrap(text: str) -> str:
+    """The backend's own reason inside the frontend's plan-walk wrapper sentences."""
+    match = _WRAPPER_DECLINED.search(text)
+    if match:
+        return match.group(1)
+    match = _WRAPPER_PLAN_LIST.search(text)
+    if match:
+        return match.group(1)
+    return text
+
+
+def clean_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """One line from cuDNN's text: prefixes, file/line markers and JSON dumps removed.
+
+    Distinct sentences are kept in order and joined with "; "; the result is cut at `limit`.
+    """
+    text = _unwrap(str(text))
+    text = _strip_json(text)
+    parts: list[str] = []
+    for raw in re.split(r"[\r\n]+", text):
+        line = _PLAN_ENTRY.sub("", raw)
+        for prefix in _PREFIXES:
+            line = prefix.sub("", line)
+        line = _FILE_LINE.sub(" ", line)
+        line = _SPACES.sub(" ", line).strip(" \t:;,-")
+        if line and line.lower() not in (p.lower() for p in parts):
+            parts.append(line)
+    message = "; ".join(parts) or _SPACES.sub(" ", str(text)).strip()
+    if len(message) > limit:
+        message = message[: limit - 3].rstrip() + "..."
+    return message

@@ -1,0 +1,51 @@
+"""GPU test setup: one live cuDNN engine per session; GPU tests skip cleanly where there is none.
+
+A test here is marked `gpu` (module-level `pytestmark`). Where cudnn-frontend or cuda-python cannot
+be imported, no CUDA device exists or libcudnn cannot be loaded, every such test is skipped with
+the engine's own reason instead of failing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+_state: dict[str, object] = {}
+
+
+def _engine_or_reason() -> tuple[object | None, str]:
+    if "engine" not in _state:
+        try:
+            from fusedattn_select.errors import PlatformError
+            from fusedattn_select.probing.cudnn import CudnnEngine
+        except ImportError as err:
+            _state.update(engine=None, reason=f"cannot import the cuDNN engine: {err}")
+        else:
+            try:
+                _state.update(engine=CudnnEngine(), reason="")
+            except PlatformError as err:
+                _state.update(engine=None, reason=str(err))
+    return _state["engine"], str(_state["reason"])
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` deselection: a CPU-only run never touches CUDA
+def pytest_collection_modifyitems(config, items):
+    ours = [item for item in items if item.get_closest_marker("gpu") and _HERE in Path(str(item.fspath)).resolve().parents]
+    if not ours:
+        return
+    engine, reason = _engine_or_reason()
+    if engine is None:
+        skip = pytest.mark.skip(reason=f"no GPU platform for cuDNN probing: {reason}")
+        for item in ours:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cudnn_engine():
+    """The session's live CudnnEngine (device 0 or the current device)."""
+    engine, reason = _engine_or_reason()
+    if engine is None:
+        pytest.skip(f"no GPU platform for cuDNN probing: {reason}")
+    return engine
