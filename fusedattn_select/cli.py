@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ._version import __version__
-from .backend import ProbeDepth, Provenance, Selection, Verdict
+from .backend import Backend, ProbeDepth, Provenance, Selection, Verdict
 from .config import AttnConfig, NamedConfig, load_config_file
 from .errors import ConfigError, FusedAttnSelectError, PlatformError, SnapshotError
 from .probing import SNAPSHOT_ENV, TARGETS, bundled_snapshot, discover_engine, format_cudnn_version
@@ -427,50 +427,95 @@ def register_snapshot(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 
 # ----- warmup, cache ---------------------------------------------------------------------------
+# Both commands call into modules that own the work (warmup.py, cache.py); they are looked up when
+# the command runs, so the CLI keeps working in an installation that lacks them.
 def _cmd_warmup(args: argparse.Namespace) -> int:
     try:
         from .warmup import warmup
     except ImportError as err:
         raise PlatformError(f"warmup is not available in this installation ({err})") from None
-    configs = [entry.config for path in args.configs for entry in load_config_file(path).entries]
-    result = warmup(configs, probe_depth=args.depth, jobs=args.jobs)
-    print(result if isinstance(result, str) else json.dumps(result, indent=2, default=str))
-    return EXIT_SELECTED
+    from .selector import default_selector
+
+    problems = []
+    for path in args.configs:
+        config_file = load_config_file(path)
+        problems += [(f"{config_file.name}/{entry.name}", entry.config) for entry in config_file.entries]
+    selector = default_selector()
+    if selector.engine is None:
+        raise PlatformError(
+            f"warmup needs a CUDA device with cuDNN (or {SNAPSHOT_ENV}=FILE): {selector.unavailable_reason}"
+        )
+    report = warmup(problems, jobs=args.jobs, depth=args.depth, selector=selector)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(report.format_table())
+    return EXIT_NONE if any(row.backend is Backend.NONE for row in report.rows) else EXIT_SELECTED
 
 
 def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "warmup", parents=[common], help="probe every entry of config files now, into the persistent cache",
+        "warmup", parents=[common],
+        help="answer (and with --depth full, build) every entry of config files now, into the cache",
     )
     parser.add_argument("configs", nargs="+", metavar="CONFIG.yaml")
-    parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N")
+    parser.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+                        help="problems probed at once (default: min(8, CPUs))")
     parser.add_argument("--depth", choices=[d.value for d in ProbeDepth], default=ProbeDepth.FULL.value)
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.set_defaults(func=_cmd_warmup)
 
 
-def _cmd_cache(args: argparse.Namespace) -> int:
-    store = _open_store()
+def _cache_store() -> Any:
+    from . import cache
+
+    opener = getattr(cache, "open_default_store", None)
+    store = opener() if opener is not None else None
     if store is None:
         raise PlatformError("no persistent cache is available in this installation")
-    action = getattr(store, {"import": "import_"}.get(args.action, args.action), None)
-    if action is None:
-        raise PlatformError(f"the persistent cache does not support '{args.action}'")
-    result = action(args.file) if args.action in ("export", "import") else action()
-    if result is not None:
-        print(json.dumps(result, indent=2, default=str))
+    return store
+
+
+def _store_call(store: Any, method: str, *args: Any) -> Any:
+    function = getattr(store, method, None)
+    if function is None:
+        raise PlatformError(f"the cache store {type(store).__name__} has no '{method}'")
+    return function(*args)
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    store = _cache_store()
+    if args.action == "info":
+        info = _store_call(store, "info")
+        if args.json:
+            print(json.dumps(info, indent=2, default=str))
+        else:
+            width = max(len(str(k)) for k in info)
+            print("\n".join(f"{str(k).ljust(width)}  {v}" for k, v in info.items()))
+    elif args.action == "clear":
+        before = _store_call(store, "info")
+        _store_call(store, "clear")
+        print(f"cleared {before.get('entries', '?')} decisions and {before.get('plans', '?')} plans "
+              f"from {before.get('path') or 'the memory store'}")
+    elif args.action == "export":
+        print(json.dumps(_store_call(store, "export", args.file), indent=2, default=str))
+    else:
+        report = _store_call(store, "import_", args.file)
+        print(json.dumps(report.to_dict() if hasattr(report, "to_dict") else report, indent=2, default=str))
     return EXIT_SELECTED
 
 
 def register_cache(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser("cache", parents=[common], help="inspect or manage the persistent cache")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for action, text in (("info", "where it is and what it holds"), ("clear", "remove every entry")):
-        sub = actions.add_parser(action, parents=[common], help=text)
-        sub.set_defaults(func=_cmd_cache, file=None)
-    for action, text in (("export", "write the entries to FILE"), ("import", "read entries from FILE")):
-        sub = actions.add_parser(action, parents=[common], help=text)
-        sub.add_argument("file", metavar="FILE")
-        sub.set_defaults(func=_cmd_cache)
+    info = actions.add_parser("info", parents=[common], help="where the cache is and what it holds")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    actions.add_parser("clear", parents=[common], help="remove every decision and plan")
+    export = actions.add_parser("export", parents=[common], help="write the cached decisions and plans to FILE")
+    export.add_argument("file", metavar="FILE")
+    load = actions.add_parser("import", parents=[common], help="add decisions and plans from an exported FILE")
+    load.add_argument("file", metavar="FILE")
+    parser.set_defaults(func=_cmd_cache)
 
 
 # ----- main ------------------------------------------------------------------------------------

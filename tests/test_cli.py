@@ -309,3 +309,52 @@ def test_program_help_lists_the_commands():
     assert result.returncode == 0
     for command in ("why", "info", "snapshot", "warmup", "cache"):
         assert command in result.stdout
+
+
+# ----- warmup and cache ------------------------------------------------------------------------
+def _needs(module: str, name: str):
+    imported = pytest.importorskip(module)
+    if not hasattr(imported, name):
+        pytest.skip(f"{module}.{name} is not in this checkout yet")
+
+
+def test_warmup_answers_every_entry_with_the_process_selector(capsys, suite_file, recording_engine):
+    _needs("fusedattn_select.warmup", "warmup")
+    from fusedattn_select.selector import Selector, set_default_selector
+
+    set_default_selector(Selector(recording_engine))
+    code, out, _ = run(capsys, "warmup", str(suite_file), "--depth", "fast", "--jobs", "2", "--json")
+    report = json.loads(out)
+    assert code == 1  # head-dim-512, pre-scale-bias and out-of-memory have no backend
+    assert [row["name"] for row in report["rows"]][:2] == ["test-suite/train-causal", "test-suite/infer"]
+    # every probed answer is cached, except the failed probe (rule answers need no cache)
+    assert default_selector().cache_info()["entries"] == 5
+
+
+def test_warmup_without_an_engine_exits_2(capsys, suite_file):
+    _needs("fusedattn_select.warmup", "warmup")
+    from fusedattn_select.selector import Selector, set_default_selector
+
+    set_default_selector(Selector(None, unavailable_reason=NO_DEVICE))
+    code, _, err = run(capsys, "warmup", str(suite_file))
+    assert code == 2
+    assert err.strip() == f"error: warmup needs a CUDA device with cuDNN (or FUSEDATTN_SELECT_SNAPSHOT=FILE): {NO_DEVICE}"
+
+
+def test_cache_info_export_import_clear(capsys, tmp_path):
+    _needs("fusedattn_select.cache", "PersistentStore")
+    code, out, _ = run(capsys, "cache", "info", "--json")
+    info = json.loads(out)
+    assert code == 0 and info["path"].startswith(str(tmp_path / "cache"))
+    export = tmp_path / "export.json"
+    assert run(capsys, "cache", "export", str(export))[0] == 0 and export.is_file()
+    code, out, _ = run(capsys, "cache", "import", str(export))
+    assert code == 0 and json.loads(out)["skipped"] == []
+    code, out, _ = run(capsys, "cache", "clear")
+    assert code == 0 and out.startswith("cleared 0 decisions and 0 plans from ")
+
+
+def test_cache_import_of_a_missing_file_is_bad_input(capsys, tmp_path):
+    _needs("fusedattn_select.cache", "PersistentStore")
+    code, _, err = run(capsys, "cache", "import", str(tmp_path / "missing.json"))
+    assert code == 2 and err.startswith("error: ") and "missing.json" in err
