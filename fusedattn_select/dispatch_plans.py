@@ -1,0 +1,298 @@
+"""Built cuDNN plans for dispatch: one per (problem, phase), found by dict lookup, run on the caller's stream.
+
+A `Plan` wraps one graph that `probing.cudnn.build_graph` built to `ProbeDepth.FULL`. It knows, for
+every named tensor of the graph, the dims, strides and dtype it was declared with, so binding a
+caller tensor is a stride comparison (and a free `as_strided` view when only size-1 dims differ),
+and allocating an output is one `torch.empty_strided`. Constant scalars (zero sink, FP8 unit
+scales, the dropout RNG counter) are allocated once per plan, so the hot path allocates nothing but
+its outputs and never synchronises with the host: forward and backward can be captured in a CUDA
+graph.
+
+Building is the only slow step (hundreds of ms cold; a few ms for a new batch or sequence length
+of a problem class already built in this process, because every plan of one class shares one
+cuDNN kernel cache). `plan_stats()` counts builds so tests can assert the hot path builds nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from .backend import Backend, Outcome, Phase, ProbeDepth, Verdict
+from .config import AttnConfig
+
+# Tensors a graph writes; every other named tensor is an input the caller or the plan provides.
+OUTPUT_NAMES = frozenset({
+    "o", "stats", "amax_s", "amax_o",
+    "dQ", "dK", "dV", "dBias", "dSink_token", "amax_dP", "amax_dQ", "amax_dK", "amax_dV",
+})
+# Outputs whose padded rows cuDNN leaves unwritten: allocated zeroed under a padding mask so the
+# result matches reference.py (padded query rows and padded keys get 0).
+ZEROED_WITH_PADDING = frozenset({"o", "dQ", "dK", "dV"})
+
+
+def _torch_dtype(cudnn_dtype: Any) -> torch.dtype:
+    import cudnn
+
+    table = {
+        cudnn.data_type.HALF: torch.float16,
+        cudnn.data_type.BFLOAT16: torch.bfloat16,
+        cudnn.data_type.FLOAT: torch.float32,
+        cudnn.data_type.DOUBLE: torch.float64,
+        cudnn.data_type.INT32: torch.int32,
+        cudnn.data_type.INT64: torch.int64,
+        cudnn.data_type.INT8: torch.int8,
+        cudnn.data_type.UINT8: torch.uint8,
+        cudnn.data_type.BOOLEAN: torch.bool,
+        cudnn.data_type.FP8_E4M3: torch.float8_e4m3fn,
+        cudnn.data_type.FP8_E5M2: torch.float8_e5m2,
+    }
+    try:
+        return table[cudnn_dtype]
+    except KeyError:
+        raise TypeError(f"cuDNN data type {cudnn_dtype} has no torch equivalent") from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """How the graph declared one named tensor (logical dims, element strides, dtype)."""
+
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class _Stats:
+    builds: int = 0
+    build_ms: float = 0.0
+    build_failures: int = 0
+    executes: int = 0
+
+
+_stats = _Stats()
+_stats_lock = threading.Lock()
+
+
+def plan_stats() -> dict[str, float]:
+    """Counters: plan builds (graph builds done by dispatch), their total ms, failures, executes."""
+    with _stats_lock:
+        return {
+            "builds": _stats.builds,
+            "build_ms": round(_stats.build_ms, 3),
+            "build_failures": _stats.build_failures,
+            "executes": _stats.executes,
+        }
+
+
+class PlanBuildError(Exception):
+    """A graph that the selector accepted did not build; `verdict` is what to record."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        super().__init__(verdict.reason())
+
+
+class Plan:
+    """One built graph, ready to execute: named inputs in, freshly allocated named outputs back."""
+
+    def __init__(self, build: Any, phase: Phase, device: torch.device, cfg: AttnConfig) -> None:
+        self.phase = phase
+        self.device = device
+        self.graph = build.graph
+        self.workspace_size = int(build.workspace_size)
+        self.cudnn_tensors: dict[str, Any] = dict(build.tensors)
+        dims_strides: Mapping[str, Any] = build.dims_strides
+        data_types: Mapping[str, Any] = build.data_types
+        self.specs: dict[str, TensorSpec] = {}
+        for name in self.cudnn_tensors:
+            dims, strides = dims_strides[name]
+            self.specs[name] = TensorSpec(tuple(dims), tuple(strides), _torch_dtype(data_types[name]))
+        self.outputs = tuple(n for n in self.cudnn_tensors if n in OUTPUT_NAMES)
+        self.inputs = tuple(n for n in self.cudnn_tensors if n not in OUTPUT_NAMES)
+        self.zeroed = frozenset(ZEROED_WITH_PADDING & set(self.outputs)) if cfg.has_padding else frozenset()
+        self.constants: dict[str, torch.Tensor] = {}
+
+    # ----- binding ----------------------------------------------------------------------------
+    def has(self, name: str) -> bool:
+        return name in self.cudnn_tensors
+
+    def constant(self, name: str, value: float) -> torch.Tensor:
+        """A per-plan tensor filled with `value` in the declared shape and dtype (made once)."""
+        tensor = self.constants.get(name)
+        if tensor is None:
+            spec = self.specs[name]
+            tensor = torch.empty_strided(spec.dims, spec.strides, dtype=spec.dtype, device=self.device)
+            tensor.fill_(value)
+            self.constants[name] = tensor
+        return tensor
+
+    def conform(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """`value` as the graph declared `name`: the same memory re-described, or a copy if it must be.
+
+        Strides of size-1 dims do not address memory, so a tensor whose other strides match is
+        re-described with `as_strided` (no copy); anything else is copied into the declared
+        layout (one allocation, only for callers whose tensors are not in a supported layout).
+        """
+        spec = self.specs[name]
+        if value.dtype != spec.dtype:
+            value = value.to(spec.dtype)
+        if tuple(value.shape) != spec.dims:
+            # (B,) seqlens as (B, 1, 1, 1), a (1,) scale as (1, 1, 1, 1), or a broadcast bias.
+            value = value.reshape(spec.dims) if value.numel() == math.prod(spec.dims) else value.expand(spec.dims)
+        strides = value.stride()
+        if strides == spec.strides:
+            return value
+        if all(n == 1 or a == b for n, a, b in zip(spec.dims, strides, spec.strides)):
+            return value.as_strided(spec.dims, spec.strides)
+        out = torch.empty_strided(spec.dims, spec.strides, dtype=spec.dtype, device=value.device)
+        out.copy_(value)
+        return out
+
+    def allocate(self, name: str) -> torch.Tensor:
+        spec = self.specs[name]
+        tensor = torch.empty_strided(spec.dims, spec.strides, dtype=spec.dtype, device=self.device)
+        return tensor.zero_() if name in self.zeroed else tensor
+
+    # ----- execution --------------------------------------------------------------------------
+    def execute(self, feeds: Mapping[str, torch.Tensor], outputs: dict[str, torch.Tensor] | None = None
+                ) -> dict[str, torch.Tensor]:
+        """Run the graph on the current stream. `feeds` must hold every input (already conformed);
+        outputs not given in `outputs` are allocated here. Returns all outputs by name."""
+        outs = {} if outputs is None else outputs
+        pack = {}
+        tensors = self.cudnn_tensors
+        for name in self.inputs:
+            pack[tensors[name]] = feeds[name]
+        for name in self.outputs:
+            tensor = outs.get(name)
+            if tensor is None:
+                tensor = outs[name] = self.allocate(name)
+            pack[tensors[name]] = tensor
+        handle = _prepare_handle(self.device)
+        workspace = workspace_for(self.device, self.workspace_size)
+        self.graph.execute(pack, workspace, handle=handle)
+        _stats.executes += 1  # a benign race under threads: the counter is for tests and logs
+        return outs
+
+
+# ----- handles and streams ----------------------------------------------------------------------
+_local = threading.local()
+
+
+def _current_stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _prepare_handle(device: torch.device) -> Any:
+    """The cuDNN handle of this thread and device, pointed at the current torch stream.
+
+    Handles come from probing.cudnn.handle_for (one per thread and device, as cuDNN requires) and
+    are remembered here per thread, so the hot path makes no driver calls to find them.
+    `cudnn.set_stream` costs several driver queries, so it is called only when the stream changed
+    since the last call on this handle.
+    """
+    handles = getattr(_local, "handles", None)
+    if handles is None:
+        handles = _local.handles = {}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    slot = handles.get(index)
+    if slot is None:
+        from .probing import cudnn as cudnn_probe
+
+        slot = handles[index] = [cudnn_probe.handle_for(index), None]
+    stream = _current_stream(device)
+    if slot[1] != stream:
+        import cudnn
+
+        cudnn.set_stream(handle=slot[0], stream=stream)
+        slot[1] = stream
+    return slot[0]
+
+
+# ----- workspace --------------------------------------------------------------------------------
+_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+_workspace_lock = threading.Lock()
+
+
+def workspace_for(device: torch.device, size: int) -> torch.Tensor | None:
+    """The workspace of (device, current stream), grown to at least `size` bytes.
+
+    One buffer per stream: kernels on one stream run in order, so reuse is safe; a buffer is never
+    shared across streams. Growth replaces the buffer (the caching allocator keeps the old one
+    alive until the stream is done with it). Under CUDA-graph capture a buffer is allocated for
+    the captured call from the graph's private pool instead, so a graph never bakes in the
+    address of a buffer that later eager calls or other graphs reuse.
+    """
+    if size <= 0:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(size, dtype=torch.uint8, device=device)
+    key = (device.index if device.index is not None else torch.cuda.current_device(), _current_stream(device))
+    buffer = _workspaces.get(key)
+    if buffer is None or buffer.numel() < size:
+        with _workspace_lock:
+            buffer = _workspaces.get(key)
+            if buffer is None or buffer.numel() < size:
+                buffer = torch.empty(size, dtype=torch.uint8, device=device)
+                _workspaces[key] = buffer
+    return buffer
+
+
+def workspace_bytes() -> int:
+    return sum(buffer.numel() for buffer in _workspaces.values())
+
+
+# ----- building ---------------------------------------------------------------------------------
+def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device) -> Plan:
+    """Build `phase` of `cfg` for `backend` on `device` (FULL depth: kernels compiled).
+
+    The graph is built with dynamic shapes and this thread's kernel cache for the problem class
+    (probing.cudnn.kernel_cache_for), so a new batch size or sequence length of a class built
+    before takes milliseconds; if cuDNN rejects the dynamic-shape graph, the static graph is built
+    (as the probing engine does for its FULL verdicts).
+
+    Raises PlanBuildError carrying the verdict to record: UNSUPPORTED when cuDNN rejects the graph,
+    FAILED for incidents (out of memory, CUDA errors) that say nothing about support.
+    """
+    from .probing import cudnn as cudnn_probe
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    started = time.perf_counter()
+    try:
+        with torch.cuda.device(index), cudnn_probe.device_context(index):
+            handle = cudnn_probe.handle_for(index)
+            cache = cudnn_probe.kernel_cache_for(cfg, backend, phase, index)
+            try:
+                build = cudnn_probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL,
+                                                kernel_cache=cache)
+            except cudnn_probe.CudnnUnsupported as dynamic_rejection:
+                if cache is None or dynamic_rejection.stage == "graph_api":
+                    raise
+                build = cudnn_probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL)
+        plan = Plan(build, phase, device, cfg)
+    except Exception as err:  # noqa: BLE001 - every failure becomes a recorded verdict
+        unsupported = isinstance(err, cudnn_probe.CudnnUnsupported)
+        verdict = Verdict(
+            backend=backend, phase=phase,
+            outcome=Outcome.UNSUPPORTED if unsupported else Outcome.FAILED,
+            stage=str(getattr(err, "stage", "") or "build_plans"),
+            message=_one_line(getattr(err, "message", "") or str(err) or type(err).__name__),
+            detail=str(getattr(err, "detail", "") or err), depth=ProbeDepth.FULL,
+        )
+        with _stats_lock:
+            _stats.build_failures += 1
+        raise PlanBuildError(verdict) from err
+    with _stats_lock:
+        _stats.builds += 1
+        _stats.build_ms += (time.perf_counter() - started) * 1e3
+    return plan
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())[:500]
