@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -75,8 +76,10 @@ class Selector:
     """Answers select() for one engine, with a thread-safe, single-flight decision cache.
 
     `store` is an optional persistent store (see cache.py) consulted after memory and written
-    after each cacheable probe.
+    after each cacheable probe; its `key_lock` (when present) makes one process build each key.
     """
+
+    takes_key_locks = True
 
     def __init__(self, engine: ProbeEngine | None = None, *, unavailable_reason: str = "",
                  store: object | None = None) -> None:
@@ -198,19 +201,34 @@ class Selector:
         # Rules are cheap and final: a problem a rule rejects is answered without any probe.
         return verdicts or None
 
-    def _resolve(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
-        if self.store is not None:
-            stored = self.store.get(self._fingerprint, key)
-            if stored is not None:
-                verdicts, stored_depth = stored
-                entry = _Entry(tuple(verdicts), stored_depth)
-                if _satisfies(entry, depth):
-                    with self._lock:
-                        self._memory[key] = entry
-                        self._stats.persistent_hits += 1
-                    verdicts = tuple(v.with_provenance(Provenance.PERSISTENT_CACHE) for v in entry.verdicts)
-                    return _selection(cfg, verdicts, from_cache=True, probe_ms=0.0, key=key, engine=self.engine_name)
+    def _stored(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection | None:
+        """The persistent store's answer when it covers `depth`, promoted into memory."""
+        stored = self.store.get(self._fingerprint, key) if self.store is not None else None
+        if stored is None:
+            return None
+        entry = _Entry(tuple(stored[0]), stored[1])
+        if not _satisfies(entry, depth):
+            return None
+        with self._lock:
+            self._memory[key] = entry
+            self._stats.persistent_hits += 1
+        verdicts = tuple(v.with_provenance(Provenance.PERSISTENT_CACHE) for v in entry.verdicts)
+        return _selection(cfg, verdicts, from_cache=True, probe_ms=0.0, key=key, engine=self.engine_name)
 
+    def _resolve(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
+        selection = self._stored(cfg, key, depth)
+        if selection is not None:
+            return selection
+        # One builder per key across processes (8 ranks warming one store): wait for the lock,
+        # then look again, since the holder has probably written the answer meanwhile.
+        key_lock = getattr(self.store, "key_lock", None)
+        with key_lock(self._fingerprint, key) if key_lock is not None else contextlib.nullcontext():
+            selection = self._stored(cfg, key, depth)
+            if selection is not None:
+                return selection
+            return self._probe(cfg, key, depth)
+
+    def _probe(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         started = time.perf_counter()
         verdicts = tuple(self._probe_one(cfg, phase, depth) for phase in phases_for(cfg))
         probe_ms = (time.perf_counter() - started) * 1e3
