@@ -180,6 +180,7 @@ def test_verbose_logs_probes_to_stderr(capsys, recorded_snapshot):
     (["why", *PROBLEM, "--set", "mask=sliding"], "error: mask='sliding': must be one of"),
     (["why", *PROBLEM, "--set", "head_dim=64"], "error: head_dim=64: unknown field"),
     (["why", *PROBLEM, "--set", "head_dim_qk"], "error: --set='head_dim_qk': must be key=value"),
+    (["why", *PROBLEM, "--set", "window_size=[1,"], "error: window_size='[1,': is not a YAML value"),
     (["why", "--set", "batch_size=2"], "error: num_heads_q=None: required field is missing"),
     (["why"], "error: why=None: give a CONFIG.yaml file or --set key=value pairs"),
     (["why", "--name", "x", *PROBLEM], "error: --name='x': selects an entry of a CONFIG file"),

@@ -235,3 +235,18 @@ def test_write_snapshot_leaves_no_temporary_files(tmp_path, suite_file, recordin
     write_snapshot(record_snapshot([suite_file], recording_engine), out)
     assert [p.name for p in out.parent.iterdir()] == ["snap.json"]
     assert read_header(out).entry_count == 7
+
+
+def test_snapshot_path_that_is_a_directory_raises_snapshot_error(tmp_path):
+    with pytest.raises(SnapshotError, match="cannot be read"):
+        SnapshotEngine.load(tmp_path)
+
+
+def test_snapshot_engine_needs_at_least_one_file():
+    with pytest.raises(SnapshotError, match="at least one snapshot file"):
+        SnapshotEngine.load_many([])
+
+
+def test_recorder_rejects_zero_jobs(suite_file, recording_engine):
+    with pytest.raises(ValueError, match="jobs=0: must be >= 1"):
+        record_snapshot([suite_file], recording_engine, jobs=0)
