@@ -8,11 +8,12 @@ device memory and no kernel launch, and turns the outcome into a Verdict:
                   express (stage "graph_api"); cached by the selector
     FAILED        an incident (out of memory, CUDA/driver error, unexpected exception); never cached
 
-Cost (H100, cuDNN 9.19; see the GPU tests' printed summary): the first cuDNN call of a process
-initialises cuDNN (~150 ms, paid by the constructor); a FAST probe is a few ms per graph; a FULL
-probe compiles kernels (hundreds of ms cold). FULL probes build with dynamic shapes and a kernel
-cache shared per (thread, device, shape class), so a new batch size or sequence length of a known
-problem class builds in a few ms.
+Cost (H200, cuDNN 9.19): the constructor pays cuDNN's one-time process initialisation (the first
+handle and the first graph, a few hundred ms); after that a FAST probe is ~3 ms per graph and a
+FULL probe compiles kernels (hundreds of ms cold; ~30 ms when the driver's JIT cache on disk
+already holds them). FULL probes build with dynamic shapes and a kernel cache per (thread, device,
+problem class, operation), so a new batch size or sequence length of a known problem class builds
+in ~3 ms where cuDNN supports dynamic shapes for the graph (on Hopper: the forward).
 
 torch is not needed: the device is queried and made current with cuda-python, cuDNN handles are
 created per thread and per device on first use and destroyed when the thread ends, and graphs are
@@ -311,15 +312,16 @@ class CudnnEngine:
 
     `device` is a CUDA device ordinal (or "cuda:N" / torch.device); None means the device of the
     calling thread's current CUDA context, else device 0. The constructor initialises CUDA and
-    cuDNN (the one-time ~150 ms cost of a process, reported in `init_ms`) and raises PlatformError
-    when cudnn-frontend or cuda-python cannot be imported, no CUDA device exists, or libcudnn cannot
-    be loaded.
+    cuDNN and (with `warm_up`) builds one small graph, so cuDNN's one-time library loading is paid
+    here, not by the first probe: `init_ms` is the whole cost (a few hundred ms once per process),
+    `warm_up_ms` its graph part. Raises PlatformError when cudnn-frontend or cuda-python cannot be
+    imported, no CUDA device exists, or libcudnn cannot be loaded.
     """
 
     name = "cudnn"
     provenance = Provenance.LIVE_PROBE
 
-    def __init__(self, device: Any = None) -> None:
+    def __init__(self, device: Any = None, *, warm_up: bool = True) -> None:
         started = time.perf_counter()
         self._cudnn = _import_cudnn()
         self._driver = _driver()
@@ -337,8 +339,9 @@ class CudnnEngine:
             raise PlatformError(
                 f"cannot create a cuDNN handle on CUDA device {self.device} ({type(err).__name__}: {err})"
             ) from None
-        self.init_ms = (time.perf_counter() - started) * 1e3
         self._fingerprint = self._read_fingerprint(backend_version)
+        self.warm_up_ms = self._warm_up() if warm_up else 0.0
+        self.init_ms = (time.perf_counter() - started) * 1e3
 
     # ----- the ProbeEngine protocol ------------------------------------------------------------
     def fingerprint(self) -> Fingerprint:
@@ -349,26 +352,19 @@ class CudnnEngine:
         """The verdict for one phase of `cfg` on `backend`; never raises for cuDNN outcomes.
 
         FAST builds a static graph up to check_support. FULL also compiles the kernels, with dynamic
-        shapes and this thread's kernel cache for the problem class; if cuDNN rejects the dynamic-
-        shape graph the static graph is tried, so the verdict is about the problem, not about
-        dynamic shapes.
+        shapes and this thread's kernel cache for the problem class; where cuDNN rejects dynamic
+        shapes for the graph, build_graph builds it static (noted in Verdict.detail), so the verdict
+        is about the problem, not about dynamic shapes.
         """
         depth = ProbeDepth(depth)
-        note = ""
         try:
             with device_context(self.device):
                 resources = _resources(self.device)
                 cache = None
                 if depth is ProbeDepth.FULL:
                     cache = _kernel_cache(resources, cfg, operation_for(cfg, backend, phase))
-                try:
-                    build = build_graph(cfg, backend, phase, handle=resources.handle, depth=depth, kernel_cache=cache)
-                except CudnnUnsupported as dynamic_rejection:
-                    if cache is None or dynamic_rejection.stage == "graph_api":
-                        raise
-                    build = build_graph(cfg, backend, phase, handle=resources.handle, depth=depth)
-                    note = f"built without dynamic shapes; with them: {dynamic_rejection.message}"
-                timings, last_stage = build.timings_ms, next(reversed(build.timings_ms))
+                build = build_graph(cfg, backend, phase, handle=resources.handle, depth=depth, kernel_cache=cache)
+                timings, last_stage, note = build.timings_ms, next(reversed(build.timings_ms)), build.note
                 del build  # graphs are not kept: probing thousands of problems keeps memory flat
         except CudnnUnsupported as err:
             return self._verdict(backend, phase, Outcome.UNSUPPORTED, err.stage, err.message, err.detail,
@@ -401,6 +397,15 @@ class CudnnEngine:
         return handle_for(self.device)
 
     # ----- internals ---------------------------------------------------------------------------
+    def _warm_up(self) -> float:
+        """Build one small graph: cuDNN loads its engine libraries on the first heuristics query
+        (~250 ms), which would otherwise land in the timings of the first real probe."""
+        started = time.perf_counter()
+        cfg = AttnConfig(batch_size=1, num_heads_q=1, num_heads_kv=1, seqlen_q=64, seqlen_kv=64,
+                         head_dim_qk=64, is_training=False)
+        self.probe(cfg, Backend.F16, Phase.FORWARD, ProbeDepth.FAST)
+        return (time.perf_counter() - started) * 1e3
+
     @staticmethod
     def _verdict(backend: Backend, phase: Phase, outcome: Outcome, stage: str, message: str,
                  detail: str, depth: ProbeDepth, timings: dict[str, float]) -> Verdict:

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -35,7 +37,7 @@ from typing import Any, Mapping
 from ..backend import Backend, Phase, ProbeDepth
 from ..config import LAYOUTS, AttnConfig
 from ..errors import ConfigError, FusedAttnSelectError, ProbeError
-from .errors_text import clean_message, is_incident
+from .errors_text import backend_decline, clean_message, is_incident
 
 STAGES = (
     "graph_api", "validate", "build_operation_graph", "create_execution_plans", "check_support",
@@ -110,6 +112,7 @@ class GraphBuild:
     timings_ms     milliseconds per stage, in the order run.
     dynamic_shapes whether the graph was built with is_dynamic_shape_enabled (and a kernel cache).
     plan_name      the engine config that was built (ProbeDepth.FULL, when the frontend says).
+    note           why a kernel cache was given but the graph was built without dynamic shapes.
     """
 
     graph: Any
@@ -123,6 +126,7 @@ class GraphBuild:
     timings_ms: dict[str, float] = field(default_factory=dict)
     dynamic_shapes: bool = False
     plan_name: str = ""
+    note: str = ""
 
 
 # ----- feature detection ---------------------------------------------------------------------
@@ -738,15 +742,28 @@ def _read_back(tensors: Mapping[str, Any]) -> tuple[dict, dict]:
 
 
 def _classify(stage: str, error: BaseException, timings: Mapping[str, float]) -> FusedAttnSelectError:
-    """cuDNN's 'not supported' family -> CudnnUnsupported; incidents and bugs -> ProbeFailure."""
+    """cuDNN's 'not supported' family -> CudnnUnsupported; incidents and bugs -> ProbeFailure.
+
+    A cudnnGraphNotSupportedError is a verdict (its engine listing may name other engines' status
+    codes, e.g. an architecture mismatch) unless it wraps a failed backend lowering that was an
+    incident. A RuntimeError/ValueError/NotImplementedError from the frontend is its validation of
+    the description, unless its text names an incident. Anything else (TypeError, MemoryError,
+    ImportError, ...) is a failure.
+    """
     import cudnn
 
     text = str(error) or type(error).__name__
     detail = f"{type(error).__name__}: {text}"
     message = clean_message(text)
     not_supported = getattr(cudnn, "cudnnGraphNotSupportedError", None)
-    verdict_types = _VERDICT_EXCEPTIONS + ((not_supported,) if isinstance(not_supported, type) else ())
-    if isinstance(error, MemoryError) or is_incident(text) or not isinstance(error, verdict_types):
+    if isinstance(not_supported, type) and isinstance(error, not_supported):
+        declined = backend_decline(text)
+        incident = declined is not None and is_incident(declined)
+    elif isinstance(error, _VERDICT_EXCEPTIONS) and not isinstance(error, MemoryError):
+        incident = is_incident(text)
+    else:
+        incident = True
+    if incident:
         return ProbeFailure(stage, f"{type(error).__name__}: {message}", detail, timings)
     return CudnnUnsupported(stage, message, detail, timings)
 
@@ -771,13 +788,43 @@ def build_graph(cfg: AttnConfig, backend: Backend, phase: Phase, *, handle: Any,
                   the graph is then built with dynamic shapes enabled, so graphs that differ only in
                   batch size / sequence lengths reuse compiled kernels. A cache binds to the first
                   operation graph it builds: share one per (thread, device, cfg.shape_class_key(),
-                  operation). Ignored when the frontend has no dynamic shapes.
+                  operation). Some cuDNN engines have no dynamic-shape support (on Hopper with cuDNN
+                  9.19, the SDPA backward): when cuDNN rejects the dynamic-shape graph but accepts
+                  the static one, the static graph is returned (GraphBuild.dynamic_shapes False,
+                  GraphBuild.note says why) and later builds of that problem class go straight to
+                  static. Ignored when the frontend has no dynamic shapes.
 
     Raises CudnnUnsupported (a verdict: cuDNN's "not supported" family, or a field the installed
     frontend cannot express, stage "graph_api") or ProbeFailure (an incident: out of memory, CUDA
     or driver errors, unexpected exceptions). Neither keeps a reference to the graph.
     """
-    return _build(cfg, backend, phase, handle, ProbeDepth(depth), kernel_cache, describe_only=False)
+    depth = ProbeDepth(depth)
+    if kernel_cache is None or not frontend_features().dynamic_shapes:
+        return _build(cfg, backend, phase, handle, depth, None, describe_only=False)
+    key = (cfg.shape_class_key(), operation_for(cfg, backend, phase))
+    rejection = _STATIC_ONLY.get(key)
+    if rejection is None:
+        try:
+            return _build(cfg, backend, phase, handle, depth, kernel_cache, describe_only=False)
+        except CudnnUnsupported as dynamic_error:
+            if dynamic_error.stage == "graph_api":
+                raise
+            rejection = dynamic_error.message
+        build = _build(cfg, backend, phase, handle, depth, None, describe_only=False)
+        if len(_STATIC_ONLY) >= _STATIC_ONLY_LIMIT:
+            _STATIC_ONLY.clear()
+        _STATIC_ONLY[key] = rejection
+    else:
+        build = _build(cfg, backend, phase, handle, depth, None, describe_only=False)
+    build.note = f"built without dynamic shapes, which cuDNN rejects for this graph: {rejection}"
+    return build
+
+
+# Problem classes (shape_class_key, operation) whose graph cuDNN accepts only without dynamic
+# shapes: later builds skip the dynamic attempt. Decided by the cuDNN of this process, so a plain
+# dict; bounded because shape classes are unbounded in principle.
+_STATIC_ONLY: dict[tuple[str, str], str] = {}
+_STATIC_ONLY_LIMIT = 4096
 
 
 def describe_graph(cfg: AttnConfig, backend: Backend, phase: Phase, *, handle: Any = None) -> GraphBuild:
@@ -789,8 +836,33 @@ def describe_graph(cfg: AttnConfig, backend: Backend, phase: Phase, *, handle: A
     return _build(cfg, backend, phase, handle, ProbeDepth.FAST, None, describe_only=True)
 
 
+class _QuietDeclines(logging.Filter):
+    """Drops cudnn-frontend's "backend could not build/lower this graph" warnings while this thread
+    builds a graph here: a rejection is this library's answer (with cuDNN's text in the verdict),
+    not something to warn about. The frontend's other records pass through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(_BUILDING, "active", False):
+            return True
+        return not record.getMessage().startswith(("backend could not build this graph", "backend could not lower this graph"))
+
+
+_BUILDING = threading.local()
+_QUIET = _QuietDeclines()
+logging.getLogger("cudnn.pygraph").addFilter(_QUIET)
+
+
 def _build(cfg: AttnConfig, backend: Backend, phase: Phase, handle: Any, depth: ProbeDepth,
            kernel_cache: Any, *, describe_only: bool) -> GraphBuild:
+    _BUILDING.active = True
+    try:
+        return _build_quietly(cfg, backend, phase, handle, depth, kernel_cache, describe_only=describe_only)
+    finally:
+        _BUILDING.active = False
+
+
+def _build_quietly(cfg: AttnConfig, backend: Backend, phase: Phase, handle: Any, depth: ProbeDepth,
+                   kernel_cache: Any, *, describe_only: bool) -> GraphBuild:
     import cudnn
 
     features = frontend_features()

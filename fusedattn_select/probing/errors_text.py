@@ -26,7 +26,6 @@ _INCIDENT_MARKERS = (
     "cudnn_status_execution_failed",
     "cudnn_status_internal_error",
     "cudnn_status_not_initialized",
-    "cudnn_status_arch_mismatch",
     "cudnn_status_runtime_",
     "cudnn_status_license_error",
     "cudnn_status_sublibrary_loading_failed",
@@ -57,6 +56,10 @@ _FILE_LINE = re.compile(
 _WRAPPER_DECLINED = re.compile(r"the backend declined:\s*(.+?)(?:;\s*python engines (?:declined|that accepted)|\)?\s*$)", re.DOTALL)
 _WRAPPER_PLAN_LIST = re.compile(r"no plan in the list could be built:\s*(.+)", re.DOTALL)
 _PLAN_ENTRY = re.compile(r"^\s*\[\d+\]\s*[^:]*:\s*")
+# cuDNN's engine listing: "Warning: CUDNN_STATUS_...; Reason: <sentence> at: <source expression>"
+_SOURCE_EXPRESSION = re.compile(r"\s+at:\s+[^;\n]*")
+_PLACEHOLDER_NAME = re.compile(r"\s+for\s+_{3,}")
+_ENGINE_REASON = re.compile(r"^Warning:\s*(CUDNN_STATUS_\w+)\s*;\s*Reason:\s*(.+)$")
 _SPACES = re.compile(r"\s+")
 
 
@@ -64,6 +67,17 @@ def is_incident(text: str) -> bool:
     """True when cuDNN's text describes a device/memory/driver/environment problem."""
     lowered = text.lower()
     return any(marker in lowered for marker in _INCIDENT_MARKERS)
+
+
+def backend_decline(text: str) -> str | None:
+    """The backend's own error inside frontend 1.27+'s "no engine ... proposed a plan" wrapper.
+
+    That wrapper turns any failed backend lowering -- a CUDA error or a missing module included --
+    into a cudnnGraphNotSupportedError, so the wrapped text is what tells a verdict from an incident.
+    None when `text` is not such a wrapper.
+    """
+    match = _WRAPPER_DECLINED.search(text)
+    return match.group(1) if match else None
 
 
 def _strip_json(text: str) -> str:
@@ -110,13 +124,18 @@ def clean_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """
     text = _unwrap(str(text))
     text = _strip_json(text)
+    text = _SOURCE_EXPRESSION.sub("", text)
+    text = _PLACEHOLDER_NAME.sub("", text)
     parts: list[str] = []
-    for raw in re.split(r"[\r\n]+", text):
+    for raw in re.split(r"[\r\n]+|;\s*(?=Warning:)", text):
         line = _PLAN_ENTRY.sub("", raw)
         for prefix in _PREFIXES:
             line = prefix.sub("", line)
         line = _FILE_LINE.sub(" ", line)
         line = _SPACES.sub(" ", line).strip(" \t:;,-")
+        reason = _ENGINE_REASON.match(line)
+        if reason:
+            line = f"{reason.group(2).rstrip('. ')} ({reason.group(1)})"
         if line and line.lower() not in (p.lower() for p in parts):
             parts.append(line)
     message = "; ".join(parts) or _SPACES.sub(" ", str(text)).strip()
