@@ -1,0 +1,492 @@
+"""CPU tests of the transformers integration (attn_implementation="fusedattn", report()).
+
+Tiny random-initialised models built from configs (nothing is downloaded) run in float32 on the
+CPU, where dispatch falls back to torch SDPA / reference.py: the integration's mask mapping, rolls
+and sinks run end to end, and must give what "sdpa" and "eager" give.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers import masking_utils  # noqa: E402
+
+from fusedattn_select import Backend, ConfigError  # noqa: E402
+from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
+from fusedattn_select.reference import reference_attention  # noqa: E402
+from fusedattn_select.selector import Selector  # noqa: E402
+
+VOCAB = 61
+SEQ = 10
+WINDOW = 4  # smaller than SEQ: the sliding window cuts
+COMMON = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=8, pad_token_id=0, initializer_range=0.2,
+)
+MODELS = {
+    "llama": dict(model_type="llama"),
+    "mistral": dict(model_type="mistral", sliding_window=WINDOW),
+    "qwen2": dict(model_type="qwen2", use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    # A small cap, so soft-capping changes the scores of this tiny model.
+    "gemma2": dict(model_type="gemma2", sliding_window=WINDOW, attn_logit_softcapping=0.5, query_pre_attn_scalar=8),
+    "gemma3": dict(model_type="gemma3_text", sliding_window=WINDOW, query_pre_attn_scalar=8, sliding_window_pattern=2),
+    "gpt_oss": dict(model_type="gpt_oss", sliding_window=WINDOW, num_local_experts=2, num_experts_per_tok=1),
+}
+# "sdpa" cannot run attention sinks (gpt-oss) and silently ignores soft-capping (Gemma 2): those
+# models are compared with "eager" only.
+SDPA_EXACT = ("llama", "mistral", "qwen2", "gemma3")
+COMPARISONS = [(name, "eager") for name in MODELS] + [(name, "sdpa") for name in SDPA_EXACT]
+NO_CUDA = "no CUDA device with cuDNN (test)"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    assert fa_hf.register() == "fusedattn"
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_once():
+    fa_hf._LOGGED.clear()
+
+
+def config_of(name: str, **changes):
+    spec = dict(MODELS[name])
+    return AutoConfig.for_model(spec.pop("model_type"), **{**COMMON, **spec, **changes})
+
+
+def model_of(name: str, **changes):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config_of(name, **changes)).eval()
+
+
+def inputs(padding: str | None):
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (2, SEQ), generator=gen)
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    if padding == "left":
+        mask[0, :3] = 0
+    elif padding == "right":
+        mask[0, -3:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids, (None if padding is None else mask)
+
+
+def logits(model, impl, ids, mask):
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits
+
+
+def valid(mask, ids):
+    return torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+
+
+# ----- whole models against "sdpa" and "eager" ---------------------------------------------------
+@pytest.mark.parametrize("padding", [None, "left", "right"])
+@pytest.mark.parametrize("name,other", COMPARISONS)
+def test_logits_match_other_implementations(name, other, padding):
+    model = model_of(name)
+    ids, mask = inputs(padding)
+    ours, theirs = logits(model, "fusedattn", ids, mask), logits(model, other, ids, mask)
+    # "sdpa" gives the same rows everywhere, padding included (left-padding rows see no key: zero);
+    # "eager" spreads such rows uniformly over masked keys, so only real tokens are compared.
+    keep = torch.ones_like(ids, dtype=torch.bool) if other == "sdpa" else valid(mask, ids)
+    torch.testing.assert_close(ours[keep], theirs[keep], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("padding", [None, "left", "right"])
+@pytest.mark.parametrize("name,other", COMPARISONS)
+def test_parameter_gradients_match_other_implementations(name, other, padding):
+    model = model_of(name).train()
+    ids, mask = inputs(padding)
+    real = valid(mask, ids)
+    # Predictions made at real tokens only (the logit at a padding position is not a prediction).
+    labels = ids.masked_fill(~real, -100)
+    labels[:, 1:] = labels[:, 1:].masked_fill(~real[:, :-1], -100)
+    grads = {}
+    for impl in ("fusedattn", other):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        model(ids, attention_mask=mask, labels=labels).loss.backward()
+        grads[impl] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert grads["fusedattn"].keys() == grads[other].keys()
+    for param, grad in grads[other].items():
+        torch.testing.assert_close(grads["fusedattn"][param], grad, atol=2e-5, rtol=1e-4, msg=param)
+
+
+@pytest.mark.parametrize("name,other", COMPARISONS)
+def test_greedy_generation_gives_the_same_tokens(name, other):
+    # Left-padded batch, decoded past the sliding window: prefill, then seqlen_q=1 steps.
+    model = model_of(name)
+    ids, mask = inputs("left")
+    tokens = {}
+    for impl in ("fusedattn", other):
+        model.set_attn_implementation(impl)
+        tokens[impl] = model.generate(ids, attention_mask=mask, max_new_tokens=2 * WINDOW, do_sample=False)
+    assert torch.equal(tokens["fusedattn"], tokens[other])
+
+
+def test_soft_capping_runs_on_the_reference_and_says_so(caplog):
+    model = model_of("gemma2")
+    ids, _ = inputs(None)
+    with caplog.at_level(logging.WARNING, logger=fa_hf.__name__):
+        ours = logits(model, "fusedattn", ids, None)
+    torch.testing.assert_close(ours, logits(model, "eager", ids, None), atol=2e-5, rtol=1e-4)
+    # The cap matters for this model: "sdpa", which drops it, computes something else.
+    assert not torch.allclose(ours, logits(model, "sdpa", ids, None), atol=1e-3)
+    assert "soft-capping (softcap=0.5) has no cuDNN equivalent" in caplog.text
+
+
+def test_attention_sinks_change_the_output_and_match_eager():
+    model = model_of("gpt_oss")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    ids, mask = inputs("left")
+    keep = valid(mask, ids)
+    ours = logits(model, "fusedattn", ids, mask)
+    torch.testing.assert_close(ours[keep], logits(model, "eager", ids, mask)[keep], atol=2e-5, rtol=1e-4)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)  # sinks that take no probability
+    assert not torch.allclose(ours[keep], logits(model, "fusedattn", ids, mask)[keep], atol=1e-3)
+
+
+def test_packed_sequences_fall_back_to_the_dense_mask(caplog):
+    model = model_of("llama")
+    ids, _ = inputs(None)
+    # Two documents packed in each row: positions restart at 6, so the mask is block-causal
+    # (transformers detects packing only without a 2D mask and without a cache).
+    packed = dict(position_ids=torch.tensor([list(range(6)) + list(range(4))] * 2), use_cache=False)
+    out = {}
+    with caplog.at_level(logging.WARNING, logger=fa_hf.__name__), torch.no_grad():
+        for impl in ("fusedattn", "sdpa"):
+            model.set_attn_implementation(impl)
+            out[impl] = model(ids, **packed).logits
+    torch.testing.assert_close(out["fusedattn"], out["sdpa"], atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(out["fusedattn"], logits(model, "sdpa", ids, None), atol=1e-3)  # packing matters
+    assert "and_masks.<locals>.and_mask" in caplog.text and "materialised densely" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_compiled_model_matches_eager_mode_without_graph_breaks(name):
+    model = model_of(name)
+    ids, _ = inputs(None)
+    expected = logits(model, "fusedattn", ids, None)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_compiled_training_step_matches_eager_mode():
+    model = model_of("mistral").train()
+    ids, _ = inputs(None)
+    model.set_attn_implementation("fusedattn")
+    model(ids, labels=ids).loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    torch._dynamo.reset()
+    torch.compile(model, fullgraph=True, backend="aot_eager")(ids, labels=ids).loss.backward()
+    for param, grad in expected.items():
+        torch.testing.assert_close(dict(model.named_parameters())[param].grad, grad, atol=1e-6, rtol=1e-5)
+
+
+def test_compiled_model_with_a_padding_mask_uses_the_dense_mask():
+    # Reading the 2D mask would break the graph: under tracing it is materialised instead.
+    model = model_of("llama")
+    ids, mask = inputs("left")
+    expected = logits(model, "sdpa", ids, mask)
+    model.set_attn_implementation("fusedattn")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        got = compiled(ids, attention_mask=mask).logits
+    keep = valid(mask, ids)
+    torch.testing.assert_close(got[keep], expected[keep], atol=2e-5, rtol=1e-4)
+
+
+# ----- the mask function ---------------------------------------------------------------------------
+def mask_args(**changes):
+    args = dict(batch_size=2, q_length=SEQ, kv_length=SEQ, q_offset=0, kv_offset=0,
+                mask_function=masking_utils.causal_mask_function, attention_mask=None, local_size=None,
+                allow_is_causal_skip=True, dtype=torch.float32, device="cpu", config=None, use_vmap=False)
+    args.update(changes)
+    return args
+
+
+def test_mask_function_describes_a_causal_mask_without_a_tensor():
+    assert fa_hf.fusedattn_mask(**mask_args()) == fa_hf.CudnnMask("causal", (-1, -1), SEQ, SEQ)
+
+
+def test_mask_function_describes_a_sliding_window_mask():
+    mask = fa_hf.fusedattn_mask(**mask_args(
+        mask_function=masking_utils.sliding_window_causal_mask_function(WINDOW), local_size=WINDOW,
+    ))
+    assert (mask.mask, mask.window_size) == ("causal", (WINDOW - 1, 0))
+
+
+def test_mask_function_materialises_a_pattern_it_was_mistaken_about():
+    # chunked attention passes local_size like a sliding window; sampling its function shows the difference
+    chunked = masking_utils.chunked_causal_mask_function(WINDOW, torch.zeros(2, dtype=torch.long))
+    mask = fa_hf.fusedattn_mask(**mask_args(mask_function=chunked, local_size=WINDOW))
+    expected = masking_utils.sdpa_mask(**mask_args(mask_function=chunked, local_size=WINDOW))
+    assert isinstance(mask, torch.Tensor) and torch.equal(mask, expected)
+
+
+def test_mask_function_materialises_custom_mask_functions():
+    mask = fa_hf.fusedattn_mask(**mask_args(use_vmap=True, allow_is_causal_skip=False))
+    assert isinstance(mask, torch.Tensor) and mask.shape == (2, 1, SEQ, SEQ)
+
+
+SCENARIOS = {
+    # name: (q_length, kv_length, q_offset, kv_offset, sliding window, 2D mask columns padded at the left of row 0 / right)
+    "causal": (SEQ, SEQ, 0, 0, None, None),
+    "causal-left-padding": (SEQ, SEQ, 0, 0, None, ("left", 3)),
+    "causal-right-padding": (SEQ, SEQ, 0, 0, None, ("right", 3)),
+    "sliding": (SEQ, SEQ, 0, 0, WINDOW, None),
+    "sliding-left-padding": (SEQ, SEQ, 0, 0, WINDOW, ("left", 3)),
+    "decode": (1, 12, 11, 0, None, None),
+    "decode-left-padding": (1, 12, 11, 0, None, ("left", 3)),
+    "prefill-after-cache": (4, 12, 8, 0, None, ("left", 3)),
+    "sliding-decode-full-window": (1, WINDOW, 11, 11 - WINDOW + 1, WINDOW, ("left", 3)),
+    "sliding-prefill-after-cache": (4, 12, 8, 0, WINDOW, None),
+    "static-cache-decode": (1, 16, 11, 0, None, ("left", 3)),
+    "static-cache-decode-no-2d-mask": (1, 16, 11, 0, None, None),
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_cudnn_mask_attends_like_the_dense_sdpa_mask(scenario):
+    q_length, kv_length, q_offset, kv_offset, window, padding = SCENARIOS[scenario]
+    two_d = None
+    if padding is not None:
+        side, count = padding
+        two_d = torch.ones(2, q_offset + q_length, dtype=torch.bool)
+        if side == "left":
+            two_d[0, :count] = False
+        else:
+            two_d[0, q_offset + q_length - count:] = False
+    function = masking_utils.causal_mask_function if window is None else (
+        masking_utils.sliding_window_causal_mask_function(window))
+    args = mask_args(q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                     mask_function=function, local_size=window, attention_mask=two_d)
+    cudnn = fa_hf.fusedattn_mask(**args)
+    assert isinstance(cudnn, fa_hf.CudnnMask)
+    dense = masking_utils.sdpa_mask(**{**args, "allow_is_causal_skip": False})
+
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, q_length, 8, generator=gen)
+    k, v = torch.randn(2, 2, kv_length, 8, generator=gen), torch.randn(2, 2, kv_length, 8, generator=gen)
+    module = types.SimpleNamespace(is_causal=True, training=False, num_key_value_groups=2)
+    ours, _ = fa_hf.fusedattn_attention(module, q, k, v, cudnn, scaling=0.3)
+    bias = torch.zeros(dense.shape).masked_fill(~dense, float("-inf"))
+    theirs = reference_attention(q, k, v, bias=bias, attn_scale=0.3).transpose(1, 2)
+    rows = dense.any(-1)[:, 0]  # query rows with at least one visible key; others are padding
+    torch.testing.assert_close(ours[rows], theirs[rows], atol=1e-5, rtol=1e-5)
+
+
+# ----- mask mapping rules --------------------------------------------------------------------------
+def padded(rows: list[list[int]]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.bool)
+
+
+def test_causal_without_padding_is_top_left_causal():
+    assert fa_hf.cudnn_mask(q_length=6, kv_length=6) == fa_hf.CudnnMask("causal", (-1, -1), 6, 6)
+
+
+def test_decode_step_is_bottom_right_causal():
+    mask = fa_hf.cudnn_mask(q_length=1, kv_length=7, q_offset=6)
+    assert (mask.mask, mask.seqlens_q, mask.seqlens_kv) == ("causal_bottom_right", None, None)
+
+
+def test_prefill_after_a_cache_is_bottom_right_causal():
+    assert fa_hf.cudnn_mask(q_length=3, kv_length=8, q_offset=5).mask == "causal_bottom_right"
+
+
+def test_an_all_ones_padding_mask_is_no_padding():
+    mask = fa_hf.cudnn_mask(q_length=4, kv_length=4, padding_mask=torch.ones(2, 4, dtype=torch.bool))
+    assert mask == fa_hf.CudnnMask("causal", (-1, -1), 4, 4)
+
+
+def test_right_padding_gives_key_lengths_and_no_roll():
+    mask = fa_hf.cudnn_mask(q_length=5, kv_length=5, padding_mask=padded([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
+    assert mask.mask == "padding_causal"
+    # the two padding query rows see the 3 keys, as with "sdpa": they are not padding rows for cuDNN
+    assert mask.seqlens_q.tolist() == [5, 5] and mask.seqlens_kv.tolist() == [3, 5]
+    assert mask.seqlens_q.dtype == torch.int32 and mask.seqlens_kv.dtype == torch.int32
+    assert mask.q_start is None and mask.kv_start is None
+
+
+def test_left_padding_gives_sequence_lengths_and_roll_starts():
+    mask = fa_hf.cudnn_mask(q_length=5, kv_length=5, padding_mask=padded([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]))
+    assert mask.mask == "padding_causal"
+    assert mask.seqlens_q.tolist() == [3, 5] and mask.seqlens_kv.tolist() == [3, 5]
+    assert mask.q_start.tolist() == [2, 0] and mask.kv_start.tolist() == [2, 0]
+
+
+def test_left_padded_decode_step_is_padding_bottom_right():
+    mask = fa_hf.cudnn_mask(q_length=1, kv_length=6, q_offset=5,
+                            padding_mask=padded([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]))
+    assert mask.mask == "padding_causal_bottom_right"
+    assert mask.seqlens_q.tolist() == [1, 1] and mask.seqlens_kv.tolist() == [4, 6]
+    assert mask.q_start is None and mask.kv_start.tolist() == [2, 0]
+
+
+def test_sliding_window_w_is_window_size_w_minus_1_left_and_0_right():
+    # transformers: key j visible from query i iff j > i - w: w keys including the query's own.
+    assert fa_hf.cudnn_mask(q_length=10, kv_length=10, sliding_window=4).window_size == (3, 0)
+
+
+def test_sliding_window_that_cannot_cut_is_dropped():
+    assert fa_hf.cudnn_mask(q_length=4, kv_length=4, sliding_window=4).window_size == (-1, -1)
+    # a rolling sliding-window cache: one query and w keys, bottom-right
+    decode = fa_hf.cudnn_mask(q_length=1, kv_length=4, q_offset=11, kv_offset=8, sliding_window=4)
+    assert (decode.mask, decode.window_size) == ("causal_bottom_right", (-1, -1))
+
+
+def test_sliding_window_on_a_bottom_right_diagonal_keeps_its_size():
+    mask = fa_hf.cudnn_mask(q_length=4, kv_length=12, q_offset=8, sliding_window=4)
+    assert (mask.mask, mask.window_size) == ("causal_bottom_right", (3, 0))
+
+
+def test_empty_static_cache_slots_become_key_padding():
+    mask = fa_hf.cudnn_mask(q_length=1, kv_length=16, q_offset=5, batch_size=2)
+    assert mask.mask == "padding_causal_bottom_right"
+    assert mask.seqlens_q.tolist() == [1, 1] and mask.seqlens_kv.tolist() == [6, 6]
+
+
+def test_bidirectional_padding_is_a_padding_mask():
+    mask = fa_hf.cudnn_mask(q_length=4, kv_length=4, causal=False, padding_mask=padded([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    assert (mask.mask, mask.seqlens_kv.tolist(), mask.seqlens_q.tolist()) == ("padding", [3, 4], [4, 4])
+
+
+def test_a_mask_with_holes_is_not_expressible():
+    with pytest.raises(fa_hf.MaskNotExpressible, match="holes"):
+        fa_hf.cudnn_mask(q_length=4, kv_length=4, padding_mask=padded([[1, 0, 1, 1], [1, 1, 1, 1]]))
+
+
+def test_a_fully_padded_sequence_is_not_expressible():
+    with pytest.raises(fa_hf.MaskNotExpressible, match="no unmasked token"):
+        fa_hf.cudnn_mask(q_length=4, kv_length=4, padding_mask=padded([[0, 0, 0, 0], [1, 1, 1, 1]]))
+
+
+def test_a_diagonal_outside_the_keys_is_not_expressible():
+    with pytest.raises(fa_hf.MaskNotExpressible, match="diagonal"):
+        fa_hf.cudnn_mask(q_length=4, kv_length=6, q_offset=5)
+
+
+# ----- report() / configs_from_hf() ------------------------------------------------------------
+def no_cuda() -> Selector:
+    return Selector(None, unavailable_reason=NO_CUDA)
+
+
+def rows_of(name: str, **kwargs):
+    return fa_hf.report(config_of(name), seqlen=16, selector=no_cuda(), **kwargs)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("llama", [("full_attention", (0, 1), None, (-1, -1))]),
+    ("mistral", [("sliding_attention", (0, 1), WINDOW, (WINDOW - 1, 0))]),
+    ("qwen2", [("full_attention", (0,), None, (-1, -1)), ("sliding_attention", (1,), WINDOW, (WINDOW - 1, 0))]),
+    ("gemma2", [("sliding_attention+softcap", (0,), WINDOW, (WINDOW - 1, 0)), ("full_attention+softcap", (1,), None, (-1, -1))]),
+    ("gemma3", [("sliding_attention", (0,), WINDOW, (WINDOW - 1, 0)), ("full_attention", (1,), None, (-1, -1))]),
+    ("gpt_oss", [("sliding_attention+sinks", (0,), WINDOW, (WINDOW - 1, 0)), ("full_attention+sinks", (1,), None, (-1, -1))]),
+])
+def test_report_groups_layers_by_problem(name, expected):
+    rows = rows_of(name)
+    assert [(r.name, r.layers, r.sliding_window, r.config.window_size) for r in rows] == expected
+    for row in rows:
+        assert (row.config.num_heads_q, row.config.num_heads_kv, row.config.head_dim_qk) == (4, 2, 8)
+        assert (row.config.seqlen_q, row.config.mask, row.config.qkv_dtype) == (16, "causal", "bf16")
+        assert row.config.is_training
+
+
+def test_report_on_a_machine_without_cuda_says_none_with_the_platform_reason():
+    for name in ("llama", "mistral", "qwen2", "gemma3", "gpt_oss"):
+        for row in rows_of(name):
+            assert row.backend is Backend.NONE
+            assert row.reasons and all(NO_CUDA in reason for reason in row.reasons)
+
+
+def test_report_says_soft_capped_layers_run_on_the_reference():
+    for row in rows_of("gemma2"):
+        assert row.backend is Backend.NONE and row.softcap == 0.5
+        assert row.reasons == ("attn_logit_softcapping=0.5: cuDNN has no logit soft-capping; runs on the float32 reference",)
+
+
+def test_report_carries_sinks_scale_and_inference():
+    (sliding, full) = rows_of("gpt_oss", is_training=False, batch_size=3, dtype="fp16")
+    assert sliding.sinks and sliding.config.softmax == "learnable"
+    assert (full.config.is_training, full.config.batch_size, full.config.qkv_dtype) == (False, 3, "fp16")
+    gemma = rows_of("gemma3")[0]
+    assert gemma.config.attn_scale == pytest.approx(8 ** -0.5)
+
+
+def test_report_drops_a_window_that_cannot_cut():
+    (row,) = fa_hf.report(config_of("mistral"), seqlen=WINDOW, selector=no_cuda())
+    assert (row.sliding_window, row.config.window_size) == (WINDOW, (-1, -1))
+
+
+def test_report_accepts_a_config_a_model_a_dict_json_and_a_path(tmp_path):
+    config = config_of("qwen2")
+    (tmp_path / "config.json").write_text(config.to_json_string())
+    expected = [r.to_dict() for r in fa_hf.report(config, seqlen=16, selector=no_cuda())]
+    sources = [
+        AutoModelForCausalLM.from_config(config), config.to_dict(), config.to_json_string(),
+        str(tmp_path / "config.json"), tmp_path,
+    ]
+    for source in sources:
+        assert [r.to_dict() for r in fa_hf.report(source, seqlen=16, selector=no_cuda())] == expected
+
+
+def test_report_reads_a_plain_dict_without_a_known_model_type():
+    hub_style = {"num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 512,
+                 "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
+    rows = fa_hf.report(hub_style, seqlen=1024, selector=no_cuda())
+    assert [(r.name, r.layers, r.config.head_dim_qk, r.config.window_size) for r in rows] == [
+        ("sliding_attention", (0, 2), 64, (127, 0)), ("full_attention", (1,), 64, (-1, -1))]
+
+
+def test_report_rejects_what_is_not_a_language_model_config():
+    with pytest.raises(ConfigError, match="hf_config"):
+        fa_hf.report({"model_type": "nothing", "hidden_size": 4})
+    with pytest.raises(ConfigError, match="no such config.json"):
+        fa_hf.report("/nonexistent/config.json")
+
+
+def test_report_uses_the_default_selector_when_none_is_given():
+    rows = fa_hf.report(config_of("llama"), seqlen=16)
+    assert [(r.name, r.layers) for r in rows] == [("full_attention", (0, 1))]
+    assert rows[0].backend is Backend.NONE or rows[0].reason == ""
+
+
+def test_configs_from_hf_returns_name_problem_and_layers():
+    problems = fa_hf.configs_from_hf(config_of("gemma3"), seqlen=32, batch_size=2)
+    assert [(name, layers) for name, _, layers in problems] == [("sliding_attention", [0]), ("full_attention", [1])]
+    sliding = problems[0][1]
+    assert (sliding.batch_size, sliding.seqlen_q, sliding.window_size) == (2, 32, (WINDOW - 1, 0))
+
+
+def test_format_report_lists_layer_ranges_windows_and_reasons():
+    config = config_of("qwen2", num_hidden_layers=5, max_window_layers=2)
+    text = fa_hf.format_report(fa_hf.report(config, seqlen=16, selector=no_cuda()))
+    lines = text.splitlines()
+    assert lines[0].split() == ["layers", "type", "heads", "q/kv", "head", "dim", "window", "seqlen", "backend"]
+    assert lines[1].split()[:2] == ["0-1", "full_attention"]
+    assert "2-4" in text and f"{WINDOW} -> [{WINDOW - 1}, 0]" in text
+    assert f"reason: F16 forward not supported at rule:platform" in text and NO_CUDA in text
+
+
+def test_report_is_json_serialisable():
+    rows = rows_of("gpt_oss")
+    document = json.loads(json.dumps([row.to_dict() for row in rows]))
+    assert document[0]["backend"] == "NONE" and document[0]["window_size"] == [WINDOW - 1, 0]
