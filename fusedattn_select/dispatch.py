@@ -48,10 +48,10 @@ import torch
 
 from . import dispatch_fp8 as fp8q
 from . import reference as _reference
-from .backend import Backend, Phase, Selection
+from .backend import Phase, Selection
 from .config import AttnConfig, BIAS_SHAPES, MASKS, SOFTMAXES
 from .dispatch_fp8 import FP8Scales
-from .errors import ConfigError, FusedAttnSelectError
+from .errors import ConfigError
 
 __all__ = [
     "FP8Scales",
@@ -555,9 +555,6 @@ def _captured_entry(key: tuple, entry: _Entry, q, k, v, opts, bias, alibi, sink,
     return twin
 
 
-_alibi_checked: dict[tuple, bool] = {}
-
-
 def _cudnn_alibi_slopes(heads: int) -> list[float]:
     """The slopes cuDNN's ALiBi mask uses: the geometric sequence of Press et al. (2022)."""
     closest = 2 ** math.floor(math.log2(heads))
@@ -841,6 +838,8 @@ def _attention_fwd_op(
         window_left, window_right, attn_scale, dropout, softmax, deterministic, fp8, o_dtype, training, bias_grad,
         sink_grad, return_lse)))
     saved: tuple = (None,) * 4
+    _counters["calls"] += 1
+    _counters["fused_calls" if entry.fused else "fallback_calls"] += 1
     if entry.fused:
         out, stats, rng, fp8_saved = _fused_forward(entry, q, k, v, bias, alibi_slopes, sink, seqlens_q,
                                                     seqlens_kv, scales)

@@ -220,7 +220,7 @@ _workspaces: dict[tuple[int, int], torch.Tensor] = {}
 _workspace_lock = threading.Lock()
 
 
-def workspace_for(device: torch.device, size: int) -> torch.Tensor | None:
+def workspace_for(device: torch.device, size: int) -> torch.Tensor:
     """The workspace of (device, current stream), grown to at least `size` bytes.
 
     One buffer per stream: kernels on one stream run in order, so reuse is safe; a buffer is never
@@ -229,8 +229,7 @@ def workspace_for(device: torch.device, size: int) -> torch.Tensor | None:
     the captured call from the graph's private pool instead, so a graph never bakes in the
     address of a buffer that later eager calls or other graphs reuse.
     """
-    if size <= 0:
-        return None
+    size = max(size, 1)  # some frontend versions want a buffer even when the plan needs none
     if torch.cuda.is_current_stream_capturing():
         return torch.empty(size, dtype=torch.uint8, device=device)
     key = (device.index if device.index is not None else torch.cuda.current_device(), _current_stream(device))
