@@ -22,6 +22,7 @@ not kept after a probe. Probes of different problems may run concurrently on dif
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import threading
@@ -251,6 +252,17 @@ def _destroy_handles(handles: list[Any]) -> None:
 
 
 _LOCAL = threading.local()
+
+
+@atexit.register
+def _release_main_thread_resources() -> None:
+    # Other threads' resources went with their threads; the main thread's go before the
+    # interpreter tears the cudnn module down (else nanobind reports them as leaked).
+    holder = getattr(_LOCAL, "holder", None)
+    if holder is not None:
+        holder.by_device.clear()
+        _destroy_handles(holder.handles)
+        del _LOCAL.holder
 
 
 def _resources(device: int) -> _ThreadResources:

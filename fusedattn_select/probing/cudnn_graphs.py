@@ -806,7 +806,9 @@ def build_graph(cfg: AttnConfig, backend: Backend, phase: Phase, *, handle: Any,
     if rejection is None:
         try:
             return _build(cfg, backend, phase, handle, depth, kernel_cache, describe_only=False)
-        except CudnnUnsupported as dynamic_error:
+        except (CudnnUnsupported, ProbeFailure) as dynamic_error:
+            # Whatever the dynamic-shape graph's failure, the static graph decides: its error, if
+            # any, is the answer (an unsupported problem fails both ways; an incident recurs).
             if dynamic_error.stage == "graph_api":
                 raise
             rejection = dynamic_error.message

@@ -17,29 +17,38 @@ MAX_MESSAGE_CHARS = 300
 # frontend (1.27+) reports a failed backend lowering -- which can be a CUDA error or a missing
 # module -- as a "decline" inside a cudnnGraphNotSupportedError, so the exception type alone cannot
 # tell a verdict from an incident.
-_INCIDENT_MARKERS = (
+_ALWAYS_INCIDENT = (
     "out of memory",
-    "cuda_error",
+    "alloc_failed",
+    "allocation_failed",
+    "cuda_error_",
     "cudaerror",
+    "illegal memory access",
+    "illegal address",
+    "unspecified launch failure",
+    "no cuda-capable device",
+    "driver version is insufficient",
+    "no module named",
+    "cannot open shared object",
+    "unable to find symbol",
+)
+# Incident words that also occur in cuDNN's per-engine listings next to "not supported" answers
+# (one engine's status among many): an incident only when the text gives no support answer.
+_INCIDENT_UNLESS_ANSWERED = (
     "cuda error",
-    "cudnn_status_alloc_failed",
     "cudnn_status_execution_failed",
     "cudnn_status_internal_error",
     "cudnn_status_not_initialized",
     "cudnn_status_runtime_",
     "cudnn_status_license_error",
     "cudnn_status_sublibrary_loading_failed",
-    "illegal memory access",
-    "illegal address",
-    "unspecified launch failure",
-    "no cuda-capable device",
-    "driver version is insufficient",
     "initialization error",
-    "no module named",
-    "cannot open shared object",
     "failed to load",
     "unable to load",
-    "unable to find symbol",
+)
+_SUPPORT_ANSWERS = (
+    "not_supported", "not supported", "no valid engine configs", "is only supported", "should be",
+    "shoud be", "needs to be", "must be", "does not support",
 )
 
 _PREFIXES = (
@@ -64,9 +73,15 @@ _SPACES = re.compile(r"\s+")
 
 
 def is_incident(text: str) -> bool:
-    """True when cuDNN's text describes a device/memory/driver/environment problem."""
+    """True when cuDNN's text describes a device/memory/driver/environment problem, not an answer
+    about the problem (cuDNN's engine listings can mix both: the answer wins, out-of-memory and
+    missing libraries excepted)."""
     lowered = text.lower()
-    return any(marker in lowered for marker in _INCIDENT_MARKERS)
+    if any(marker in lowered for marker in _ALWAYS_INCIDENT):
+        return True
+    if any(answer in lowered for answer in _SUPPORT_ANSWERS):
+        return False
+    return any(marker in lowered for marker in _INCIDENT_UNLESS_ANSWERED)
 
 
 def backend_decline(text: str) -> str | None:
