@@ -1,0 +1,232 @@
+"""GPU tests of the transformers integration: attn_implementation="fusedattn" in bf16 on CUDA.
+
+Tiny random-initialised models (nothing downloaded) with head dim 64, so cuDNN runs them. bf16
+results are held to "as close to the float32 model as 'sdpa' in bf16 is", rather than to fixed
+tolerances; and the fused path must actually have run where Hopper supports it.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+pytest.importorskip("cudnn", reason="cudnn-frontend is not installed")
+
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers import masking_utils  # noqa: E402
+
+from fusedattn_select import Backend  # noqa: E402
+from fusedattn_select.dispatch import dispatch_info  # noqa: E402
+from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
+from fusedattn_select.reference import reference_attention  # noqa: E402
+
+CUDA = torch.device("cuda")
+VOCAB = 128
+SEQ = 48
+WINDOW = 16  # smaller than SEQ: the sliding window cuts
+COMMON = dict(
+    vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, pad_token_id=0, initializer_range=0.1,
+)
+MODELS = {
+    "llama": dict(model_type="llama"),
+    "mistral": dict(model_type="mistral", sliding_window=WINDOW),
+    "qwen2": dict(model_type="qwen2", use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "gemma2": dict(model_type="gemma2", sliding_window=WINDOW, attn_logit_softcapping=5.0, query_pre_attn_scalar=64),
+    "gemma3": dict(model_type="gemma3_text", sliding_window=WINDOW, query_pre_attn_scalar=64, sliding_window_pattern=2),
+    # both experts on every token: top-k routing would flip between bf16 and float32
+    "gpt_oss": dict(model_type="gpt_oss", sliding_window=WINDOW, num_local_experts=2, num_experts_per_tok=2),
+}
+SDPA_EXACT = ("llama", "mistral", "qwen2", "gemma3")  # "sdpa" has no sinks and drops soft-capping
+COMPARISONS = [(name, "eager") for name in MODELS] + [(name, "sdpa") for name in SDPA_EXACT]
+# What Hopper runs fused (F16) in bf16: plain causal GQA, with or without a sliding window.
+FUSED_ON_HOPPER = ("llama", "mistral", "qwen2", "gemma3")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    fa_hf.register()
+
+
+def hopper() -> bool:
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+def config_of(name: str, **changes):
+    spec = dict(MODELS[name])
+    return AutoConfig.for_model(spec.pop("model_type"), **{**COMMON, **spec, **changes})
+
+
+def models_of(name: str):
+    """The same weights in bf16 (under test) and float32 (the yardstick), on the GPU."""
+    torch.manual_seed(0)
+    truth = AutoModelForCausalLM.from_config(config_of(name)).to(CUDA).eval()
+    truth.set_attn_implementation("eager")
+    return copy.deepcopy(truth).to(torch.bfloat16), truth
+
+
+def inputs(padding: str | None):
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (2, SEQ), generator=gen)
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    if padding == "left":
+        mask[0, :7] = 0
+    elif padding == "right":
+        mask[0, -7:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids.to(CUDA), (None if padding is None else mask.to(CUDA))
+
+
+def real(ids, mask):
+    return torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+
+
+def logits(model, impl, ids, mask):
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits.float()
+
+
+def error(value, truth):
+    return ((value - truth).norm() / truth.norm()).item()
+
+
+@pytest.mark.parametrize("padding", [None, "left", "right"])
+@pytest.mark.parametrize("name,other", COMPARISONS)
+def test_bf16_logits_are_as_accurate_as_the_other_implementation(name, other, padding):
+    tested, truth = models_of(name)
+    ids, mask = inputs(padding)
+    keep = real(ids, mask)
+    exact = logits(truth, "eager", ids, mask)[keep]
+    calls = dispatch_info()["fused_calls"]
+    ours = logits(tested, "fusedattn", ids, mask)[keep]
+    fused = dispatch_info()["fused_calls"] - calls
+    theirs = logits(tested, other, ids, mask)[keep]
+    assert error(ours, exact) <= 2 * error(theirs, exact) + 2e-3
+    if hopper() and name in FUSED_ON_HOPPER:
+        assert fused == COMMON["num_hidden_layers"], "every layer should have run on cuDNN"
+
+
+@pytest.mark.parametrize("padding", [None, "right"])
+@pytest.mark.parametrize("name,other", COMPARISONS)
+def test_bf16_parameter_gradients_are_as_accurate_as_the_other_implementation(name, other, padding):
+    tested, truth = models_of(name)
+    ids, mask = inputs(padding)
+    labels = ids.masked_fill(~real(ids, mask), -100)
+    grads = {}
+    for label, model, impl in (("truth", truth, "eager"), ("ours", tested, "fusedattn"), ("theirs", tested, other)):
+        model.train().set_attn_implementation(impl)
+        model.zero_grad()
+        model(ids, attention_mask=mask, labels=labels).loss.backward()
+        grads[label] = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+    for param, exact in grads["truth"].items():
+        if ".router." in param:
+            continue  # a MoE router's gradient is a small difference of large terms: bf16 noise only
+        ours, theirs = error(grads["ours"][param], exact), error(grads["theirs"][param], exact)
+        assert ours <= 2 * theirs + 1e-2, param
+
+
+@pytest.mark.parametrize("name,other", COMPARISONS)
+def test_greedy_generation_gives_the_same_tokens(name, other):
+    # Left-padded batch decoded past the sliding window: fused prefill, then seqlen_q=1 steps.
+    tested, _ = models_of(name)
+    ids, mask = inputs("left")
+    runs = {}
+    for impl in ("fusedattn", other):
+        tested.set_attn_implementation(impl)
+        runs[impl] = tested.generate(ids, attention_mask=mask, max_new_tokens=WINDOW + 4, do_sample=False,
+                                     output_scores=True, return_dict_in_generate=True)
+    ours, theirs = runs["fusedattn"].sequences, runs[other].sequences
+    if not torch.equal(ours, theirs):
+        # Only a near-tie of the other implementation's top two logits (within a few percent,
+        # bf16's noise between two implementations) may go either way.
+        row, column = (ours != theirs).nonzero()[0].tolist()
+        top2 = runs[other].scores[column - ids.shape[1]][row].float().topk(2).values
+        gap, tie = (top2[0] - top2[1]).item(), 0.03 * top2[0].abs().item() + 0.03
+        assert gap < tie, f"tokens differ at step {column - ids.shape[1]} where the top-2 gap is {gap:.3f}"
+
+
+SCENARIOS = {
+    # (q_length, kv_length, q_offset, kv_offset, sliding window, left padding of row 0)
+    "causal": (SEQ, SEQ, 0, 0, None, 0),
+    "causal-left-padding": (SEQ, SEQ, 0, 0, None, 7),
+    "sliding-left-padding": (SEQ, SEQ, 0, 0, WINDOW, 7),
+    "decode-left-padding": (1, SEQ, SEQ - 1, 0, None, 7),
+    "prefill-after-cache": (8, SEQ, SEQ - 8, 0, WINDOW, 0),
+    "static-cache-decode": (1, 2 * SEQ, SEQ - 1, 0, None, 7),
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_fused_attention_with_a_cudnn_mask_matches_the_dense_mask(scenario):
+    q_length, kv_length, q_offset, kv_offset, window, left = SCENARIOS[scenario]
+    two_d = torch.ones(2, q_offset + q_length, dtype=torch.bool, device=CUDA)
+    two_d[0, :left] = False
+    function = masking_utils.causal_mask_function if window is None else (
+        masking_utils.sliding_window_causal_mask_function(window))
+    args = dict(batch_size=2, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                mask_function=function, attention_mask=two_d, local_size=window, allow_is_causal_skip=True,
+                device=CUDA, use_vmap=False)
+    cudnn = fa_hf.fusedattn_mask(**args)
+    assert isinstance(cudnn, fa_hf.CudnnMask)
+    dense = masking_utils.sdpa_mask(**{**args, "allow_is_causal_skip": False})
+
+    gen = torch.Generator(device=CUDA).manual_seed(2)
+    q = torch.randn(2, 4, q_length, 64, generator=gen, device=CUDA, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, kv_length, 64, generator=gen, device=CUDA, dtype=torch.bfloat16)
+    v = torch.randn(2, 2, kv_length, 64, generator=gen, device=CUDA, dtype=torch.bfloat16)
+    module = types.SimpleNamespace(is_causal=True, training=False, num_key_value_groups=2)
+    calls = dispatch_info()["fused_calls"]
+    ours, _ = fa_hf.fusedattn_attention(module, q, k, v, cudnn, scaling=0.125)
+    if hopper():
+        assert dispatch_info()["fused_calls"] == calls + 1, f"{cudnn.mask} should run on cuDNN"
+    bias = torch.zeros(dense.shape, device=CUDA).masked_fill(~dense, float("-inf"))
+    exact = reference_attention(q.float(), k.float(), v.float(), bias=bias, attn_scale=0.125).transpose(1, 2)
+    rows = dense.any(-1)[:, 0]
+    torch.testing.assert_close(ours.float()[rows], exact[rows], atol=2e-2, rtol=2e-2)
+
+
+def test_compiled_forward_matches_eager_mode():
+    tested, _ = models_of("llama")
+    ids, _ = inputs(None)
+    expected = logits(tested, "fusedattn", ids, None)
+    torch._dynamo.reset()
+    compiled = torch.compile(tested, fullgraph=True)
+    with torch.no_grad():
+        got = compiled(ids).logits.float()
+    assert error(got, expected) < 2e-2  # inductor fuses the bf16 norms and matmuls differently
+
+
+def test_compiled_training_step_matches_eager_mode():
+    tested, _ = models_of("mistral")
+    tested.train().set_attn_implementation("fusedattn")
+    ids, _ = inputs(None)
+    tested(ids, labels=ids).loss.backward()
+    expected = {n: p.grad.float().clone() for n, p in tested.named_parameters()}
+    tested.zero_grad()
+    torch._dynamo.reset()
+    torch.compile(tested, fullgraph=True)(ids, labels=ids).loss.backward()
+    for param, grad in expected.items():
+        assert error(dict(tested.named_parameters())[param].grad.float(), grad) < 5e-2, param
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_report_names_the_backend_of_every_layer(name):
+    rows = fa_hf.report(config_of(name), seqlen=4096)
+    assert rows and all(row.layers for row in rows)
+    for row in rows:
+        if name == "gemma2":
+            assert row.backend is Backend.NONE and "soft-capping" in row.reason
+        elif hopper() and name in FUSED_ON_HOPPER:
+            assert row.backend is Backend.F16, row.reason
+        else:
+            assert row.backend is Backend.F16 or row.reason
+    print(fa_hf.format_report(rows))
