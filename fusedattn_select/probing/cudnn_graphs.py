@@ -8,7 +8,7 @@ cudnn-frontend SDPA graph that runs it and takes that graph through cuDNN's buil
     build_operation_graph   the backend operation graph is created
     create_execution_plans  cuDNN's heuristics (modes A, then FALLBACK) list engine configs
     check_support           the first plan is asked whether it supports the graph
-    build_plans             (ProbeDepth.FULL only) kernels are compiled: 250-650 ms cold
+    build_plans             (ProbeDepth.FULL only) kernels are compiled: ~300-600 ms cold (H200)
 
 The probing engine (probing/cudnn.py) runs it to answer "is this supported"; dispatch runs it with
 ProbeDepth.FULL and then executes `GraphBuild.graph` with device pointers bound to
@@ -463,12 +463,15 @@ def _common_arguments(desc: _Description, *, backward: bool) -> dict[str, Any]:
     if cfg.bias == "post_scale_bias":
         desc.require("bias", "bias", cfg.bias)
         dims = _bias_dims(cfg)
-        args["bias"] = desc.input("bias", dims, _row_major(dims), desc.dtype(cfg.qkv_dtype if not cfg.is_fp8 else "bf16"))
+        # The bias is in the 16-bit input type (an FP8 graph's bias, where the FP8 operation has
+        # one, is bf16: FP8 is an input encoding, not a bias type).
+        bias_dtype = desc.dtype("bf16" if cfg.is_fp8 else cfg.qkv_dtype)
+        args["bias"] = desc.input("bias", dims, _row_major(dims), bias_dtype)
         # TransformerEngine computes dBias only for a (1, h, s_q, s_kv) bias: cuDNN has no bias
         # gradient reduction over the batch (TE fused_attn_f16_arbitrary_seqlen.cu).
         if backward and cfg.bias_shape == "1hss":
             desc.require("dBias", "bias", cfg.bias)
-            args["dBias"] = desc.input("dBias", dims, _row_major(dims), desc.dtype(cfg.qkv_dtype))
+            args["dBias"] = desc.input("dBias", dims, _row_major(dims), bias_dtype)
     if cfg.softmax != "vanilla":
         desc.require("sink_token", "softmax", cfg.softmax)
         # off_by_one is softmax with a sink logit fixed at 0 (TE binds a zero softmax offset);
@@ -564,7 +567,6 @@ def _fp8_scales(desc: _Description, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _describe_forward(desc: _Description) -> dict[str, Any]:
-    cfg = desc.cfg
     q, k, v, args = _forward_inputs(desc)
     args.update(_stats_argument(desc))
     args.update(_common_arguments(desc, backward=False))

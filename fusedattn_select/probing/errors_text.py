@@ -132,6 +132,10 @@ def _unwrap(text: str) -> str:
     return text
 
 
+def _is_sentence(text: str) -> bool:
+    return len(text.split()) >= 3 and not any(token in text for token in ("==", "->", "||", "&&"))
+
+
 def clean_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """One line from cuDNN's text: prefixes, file/line markers and JSON dumps removed.
 
@@ -142,7 +146,7 @@ def clean_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     text = _SOURCE_EXPRESSION.sub("", text)
     text = _PLACEHOLDER_NAME.sub("", text)
     parts: list[str] = []
-    for raw in re.split(r"[\r\n]+|;\s*(?=Warning:)", text):
+    for raw in re.split(r"[\r\n]+|;\s*(?=Warning:)", text.replace("\\n", "\n")):
         line = _PLAN_ENTRY.sub("", raw)
         for prefix in _PREFIXES:
             line = prefix.sub("", line)
@@ -150,6 +154,8 @@ def clean_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
         line = _SPACES.sub(" ", line).strip(" \t:;,-")
         reason = _ENGINE_REASON.match(line)
         if reason:
+            if not _is_sentence(reason.group(2)):
+                continue  # "finalize_internal()", "status", "(A == status) || ...": source, not reason
             line = f"{reason.group(2).rstrip('. ')} ({reason.group(1)})"
         if line and line.lower() not in (p.lower() for p in parts):
             parts.append(line)

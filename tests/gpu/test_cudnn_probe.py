@@ -23,10 +23,11 @@ from fusedattn_select.probing.cudnn import (
     CudnnEngine,
     CudnnUnsupported,
     build_graph,
+    describe_graph,
     format_strides,
+    frontend_features,
     handle_for,
 )
-from fusedattn_select.probing.cudnn_graphs import describe_graph
 from fusedattn_select.selector import Selector
 
 pytestmark = pytest.mark.gpu
@@ -120,6 +121,17 @@ def test_an_incident_is_a_failed_verdict_that_the_selector_does_not_cache(engine
     selector.select(cfg)
     assert selector.cache_info()["probes"] == 2
     assert selector.cache_info()["entries"] == 0
+
+
+def test_feature_detection_reads_the_compiled_sdpa_arguments():
+    features = frontend_features()
+    assert features.version == cudnn.__version__
+    assert {"diagonal_alignment", "diagonal_band_left_bound", "diagonal_band_right_bound", "sink_token",
+            "generate_stats", "dropout", "paged_attention_k_table", "score_max"} <= features.operations["sdpa"]
+    assert {"use_deterministic_algorithm", "dBias", "dSink_token"} <= features.operations["sdpa_backward"]
+    assert {"left_bound", "right_bound", "descale_s", "scale_o"} <= features.operations["sdpa_fp8"]
+    assert "bias" not in features.operations["sdpa_fp8_backward"]
+    assert features.dynamic_shapes
 
 
 def test_fingerprint_names_device_versions_and_library(engine):
@@ -383,6 +395,7 @@ def test_a_new_batch_size_builds_from_the_kernel_cache(engine, capsys):
     new_backward = engine.probe(cfg.replace(batch_size=3), Backend.F16, BWD, FULL)
     assert cold.supported and all(v.supported for v in new_batches), [v.reason() for v in new_batches]
     assert cold_backward.supported and new_backward.supported, new_backward.reason()
+    assert "\n" not in new_backward.detail and "{" not in new_backward.detail  # cleaned cuDNN text
     with capsys.disabled():
         print(
             f"\n[kernel cache] forward: cold FULL {cold.total_ms:.1f} ms; new batch size with kernel cache "
