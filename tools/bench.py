@@ -1141,6 +1141,22 @@ def worker_dispatch(args: Mapping, res: Partial) -> None:
 
     reps, warm = int(args["reps"]), int(args["warmup"])
     deadline = args.get("deadline")
+    # The short measurements first, so a tight budget trims configs, not them.
+    res["tiny"] = {}
+    try:
+        _dispatch_tiny(torch, F, res["tiny"], args, attention, config_from_tensors, Phase)
+    except Exception as err:  # noqa: BLE001
+        res["tiny"]["status"] = failed(f"{type(err).__name__}: {err}")
+        _log(traceback.format_exc())
+    res.save()
+    res["fp8"] = {}
+    try:
+        _dispatch_fp8(torch, res["fp8"], args, attention, config_from_tensors, dispatch_info, reps, warm)
+    except Exception as err:  # noqa: BLE001
+        res["fp8"]["status"] = failed(f"{type(err).__name__}: {err}")
+        _log(traceback.format_exc())
+    _settle(torch, "fp8")
+    res.save()
     res["configs"] = []
     for stem, name in args["entries"]:
         c: dict[str, Any] = {"file": stem, "name": name, "impls": []}
@@ -1156,30 +1172,18 @@ def worker_dispatch(args: Mapping, res: Partial) -> None:
         except Exception as err:  # noqa: BLE001
             c["status"] = failed(f"{type(err).__name__}: {err}")
             _log(traceback.format_exc())
-        try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-        except Exception as err:  # noqa: BLE001 -- a broken context fails the items after it too
-            _log(f"cannot synchronize after {stem} {name}: {err}")
+        _settle(torch, f"{stem} {name}")
         res.save()
-    if _past(deadline, 5):
-        res["fp8"] = {"status": skipped()}
-    else:
-        res["fp8"] = {}
-        try:
-            _dispatch_fp8(torch, res["fp8"], args, attention, config_from_tensors, dispatch_info, reps, warm)
-        except Exception as err:  # noqa: BLE001
-            res["fp8"]["status"] = failed(f"{type(err).__name__}: {err}")
-            _log(traceback.format_exc())
-        torch.cuda.empty_cache()
-    res.save()
-    res["tiny"] = {}
-    try:
-        _dispatch_tiny(torch, F, res["tiny"], args, attention, config_from_tensors, Phase)
-    except Exception as err:  # noqa: BLE001
-        res["tiny"]["status"] = failed(f"{type(err).__name__}: {err}")
-        _log(traceback.format_exc())
     res["dispatch_info"] = dispatch_info()
+
+
+def _settle(torch: Any, what: str) -> None:
+    try:
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+    except Exception as err:  # noqa: BLE001 -- a broken context fails the items after it too
+        _log(f"cannot synchronize after {what}: {err}")
 
 
 def _dispatch_one(torch, F, c, cfg, reps, warm, args, attention, config_from_tensors, dispatch_info, Phase,
