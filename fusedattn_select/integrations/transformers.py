@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +57,6 @@ from ..config import DTYPES, AttnConfig
 from ..errors import ConfigError, FusedAttnSelectError
 
 if TYPE_CHECKING:
-    import torch
     from torch import Tensor
 
     from ..backend import Selection
@@ -263,12 +261,17 @@ class _Pattern(NamedTuple):
 
 
 def _is_tracing(tensor: Any = None) -> bool:
-    try:
-        from transformers.utils.import_utils import is_tracing
-    except ImportError:  # transformers before is_tracing: dynamo / jit only
-        import torch
+    """Whether tensors are symbolic here (torch.compile, jit, fx, CUDA graph capture): no host reads."""
+    import torch
 
-        return torch.compiler.is_compiling() or torch.jit.is_tracing()
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True  # decided before any import: a failing import cannot be traced
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return True
+    try:
+        from transformers.utils.import_utils import is_tracing  # also fx proxies and fake tensors
+    except ImportError:  # transformers 4.x
+        return False
     return is_tracing(tensor)
 
 
@@ -280,7 +283,7 @@ def _recognise(mask_function: Callable, local_size: int | None, use_vmap: bool, 
         raise MaskNotExpressible("the model adds its own mask function (or_mask_function / and_mask_function)")
     if mask_function is masking_utils.causal_mask_function:
         return _Pattern(True, None)
-    if mask_function is masking_utils.bidirectional_mask_function:
+    if mask_function is getattr(masking_utils, "bidirectional_mask_function", None):  # transformers >= 5
         return _Pattern(False, None)
     name = getattr(mask_function, "__qualname__", type(mask_function).__name__)
     # create_sliding_window_causal_mask passes and_masks(sliding_window_overlay(w), causal) with
@@ -289,7 +292,9 @@ def _recognise(mask_function: Callable, local_size: int | None, use_vmap: bool, 
     sliding_window = getattr(config, "sliding_window", local_size) if config is not None else local_size
     if name.endswith("and_masks.<locals>.and_mask") and local_size is not None and sliding_window == local_size:
         return _Pattern(True, int(local_size))
-    raise MaskNotExpressible(f"mask function {name} (local_size={local_size}) is not causal, bidirectional or sliding-window causal")
+    raise MaskNotExpressible(
+        f"mask function {name} (local_size={local_size}) is not causal, bidirectional or sliding-window causal"
+    )
 
 
 _SAMPLES: dict[tuple[bool, int | None], tuple[list[int], list[int], list[bool]]] = {}
@@ -357,10 +362,23 @@ def _log_once(key: Any, message: str, *args: Any) -> None:
     log.warning(message, *args)
 
 
+def _query_positions(cache_position: "Tensor", tracing: bool) -> tuple[int, int]:
+    """(q_length, q_offset) from transformers 4.x's `cache_position`, if it is one run of positions."""
+    import torch
+
+    if tracing:
+        raise MaskNotExpressible("cache_position (transformers 4.x) cannot be read under tracing")
+    first = int(cache_position[0])
+    length = cache_position.shape[0]
+    if not torch.equal(cache_position, torch.arange(first, first + length, device=cache_position.device)):
+        raise MaskNotExpressible("the query positions (cache_position) are not one contiguous run")
+    return length, first
+
+
 def fusedattn_mask(
     batch_size: int,
-    q_length: int,
-    kv_length: int,
+    q_length: int | None = None,
+    kv_length: int | None = None,
     q_offset: Any = 0,
     kv_offset: Any = 0,
     mask_function: Callable | None = None,
@@ -369,22 +387,28 @@ def fusedattn_mask(
     allow_is_causal_skip: bool = True,
     allow_is_bidirectional_skip: bool = False,
     use_vmap: bool = False,
-    device: Any = "cpu",
+    device: Any = None,
     config: Any = None,
+    cache_position: "Tensor | None" = None,
     **kwargs: Any,
 ) -> "CudnnMask | Tensor | None":
-    """transformers' mask-function protocol: a CudnnMask when exact, else the "sdpa" mask."""
+    """transformers' mask-function protocol: a CudnnMask when exact, else the "sdpa" mask.
+
+    transformers 5 passes q_length / q_offset; 4.x passes `cache_position` (the query positions).
+    """
     from transformers import masking_utils
 
     if mask_function is None:
         mask_function = masking_utils.causal_mask_function
-    arguments = dict(
+    received = dict(
         batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
         kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
         local_size=local_size, allow_is_causal_skip=allow_is_causal_skip,
         allow_is_bidirectional_skip=allow_is_bidirectional_skip, use_vmap=use_vmap, device=device,
-        config=config, **kwargs,
+        config=config, cache_position=cache_position, **kwargs,
     )
+    if device is None:
+        device = cache_position.device if cache_position is not None else "cpu"
     try:
         pattern = _recognise(mask_function, local_size, use_vmap, config)
         if pattern.causal and not allow_is_causal_skip:
@@ -395,6 +419,8 @@ def fusedattn_mask(
         if not pattern.causal and not allow_is_bidirectional_skip:
             raise MaskNotExpressible("the model asks for a materialised bidirectional mask")
         tracing = _is_tracing(attention_mask)
+        if q_length is None:
+            q_length, q_offset = _query_positions(cache_position, tracing)
         offsets = []
         for name, value in (("query offset", q_offset), ("key offset", kv_offset)):
             if not isinstance(value, int):
@@ -418,7 +444,8 @@ def fusedattn_mask(
             ("mask", str(why)),
             "fusedattn: %s; this mask is materialised densely and its layers run on torch SDPA", why,
         )
-        return masking_utils.sdpa_mask(**arguments)
+        # Only what the caller passed: the two transformers generations take different arguments.
+        return masking_utils.sdpa_mask(**{k: v for k, v in received.items() if v is not None})
 
 
 # ----- the attention function registered with transformers ---------------------------------------
@@ -535,7 +562,9 @@ SINK_MODEL_TYPES = frozenset({"gpt_oss"})
 # Softmax-attention layer types of transformers' `config.layer_types`; others (mamba, conv,
 # linear_attention, ...) are not attention problems and are left out of the report.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
-_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "torch.bfloat16": "bf16", "torch.float16": "fp16",
+}
 DEFAULT_REPORT_SEQLEN = 4096
 
 
@@ -775,7 +804,9 @@ def format_report(rows: Sequence[LayerReport]) -> str:
     table = [header]
     for row in rows:
         cfg = row.config
-        dims = str(cfg.head_dim_qk) if cfg.resolved_head_dim_v == cfg.head_dim_qk else f"{cfg.head_dim_qk}/{cfg.resolved_head_dim_v}"
+        dims = str(cfg.head_dim_qk)
+        if cfg.resolved_head_dim_v != cfg.head_dim_qk:
+            dims += f"/{cfg.resolved_head_dim_v}"
         window = "-" if row.sliding_window is None else f"{row.sliding_window} -> {list(cfg.window_size)}"
         table.append([
             _layer_ranges(row.layers), row.name, f"{cfg.num_heads_q}/{cfg.num_heads_kv}", dims, window,
