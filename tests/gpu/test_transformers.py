@@ -95,13 +95,18 @@ def logits(model, impl, ids, mask):
         return model(ids, attention_mask=mask).logits.float()
 
 
+def fallbacks(caplog) -> str:
+    """dispatch's logged fallback reasons, for the message of a failed 'ran fused' check."""
+    return " | ".join(r.getMessage()[-300:] for r in caplog.records if "falls back" in r.getMessage())
+
+
 def error(value, truth):
     return ((value - truth).norm() / truth.norm()).item()
 
 
 @pytest.mark.parametrize("padding", [None, "left", "right"])
 @pytest.mark.parametrize("name,other", COMPARISONS)
-def test_bf16_logits_are_as_accurate_as_the_other_implementation(name, other, padding):
+def test_bf16_logits_are_as_accurate_as_the_other_implementation(name, other, padding, caplog):
     tested, truth = models_of(name)
     ids, mask = inputs(padding)
     keep = real(ids, mask)
@@ -112,7 +117,7 @@ def test_bf16_logits_are_as_accurate_as_the_other_implementation(name, other, pa
     theirs = logits(tested, other, ids, mask)[keep]
     assert error(ours, exact) <= 2 * error(theirs, exact) + 2e-3
     if hopper() and name in FUSED_ON_HOPPER:
-        assert fused == COMMON["num_hidden_layers"], "every layer should have run on cuDNN"
+        assert fused == COMMON["num_hidden_layers"], f"every layer should have run on cuDNN: {fallbacks(caplog)}"
 
 
 @pytest.mark.parametrize("padding", [None, "right"])
@@ -166,7 +171,7 @@ SCENARIOS = {
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_fused_attention_with_a_cudnn_mask_matches_the_dense_mask(scenario):
+def test_fused_attention_with_a_cudnn_mask_matches_the_dense_mask(scenario, caplog):
     q_length, kv_length, q_offset, kv_offset, window, left = SCENARIOS[scenario]
     two_d = torch.ones(2, q_offset + q_length, dtype=torch.bool, device=CUDA)
     two_d[0, :left] = False
@@ -187,7 +192,7 @@ def test_fused_attention_with_a_cudnn_mask_matches_the_dense_mask(scenario):
     calls = dispatch_info()["fused_calls"]
     ours, _ = fa_hf.fusedattn_attention(module, q, k, v, cudnn, scaling=0.125)
     if hopper():
-        assert dispatch_info()["fused_calls"] == calls + 1, f"{cudnn.mask} should run on cuDNN"
+        assert dispatch_info()["fused_calls"] == calls + 1, f"{cudnn.mask} should run on cuDNN: {fallbacks(caplog)}"
     bias = torch.zeros(dense.shape, device=CUDA).masked_fill(~dense, float("-inf"))
     exact = reference_attention(q.float(), k.float(), v.float(), bias=bias, attn_scale=0.125).transpose(1, 2)
     rows = dense.any(-1)[:, 0]
