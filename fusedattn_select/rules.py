@@ -170,8 +170,9 @@ def apply_rules(cfg: AttnConfig, fingerprint: Fingerprint, phase: Phase) -> Verd
 
 NO_PLATFORM_MESSAGE = (
     "no CUDA device with cuDNN is available to probe ({detail}); install "
-    "'fusedattn-select[cuda]' on a GPU machine, or answer from a recorded snapshot with "
-    "--snapshot FILE, FUSEDATTN_SELECT_SNAPSHOT=FILE or --target h100|h200"
+    "'fusedattn-select[cuda]' on a GPU machine, or answer "
+    "from a recorded snapshot with --snapshot FILE, FUSEDATTN_SELECT_SNAPSHOT=FILE or "
+    "--target h100|h200"
 )
 
 

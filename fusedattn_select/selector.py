@@ -54,13 +54,26 @@ def _satisfies(entry: _Entry, depth: ProbeDepth) -> bool:
     return any(not v.supported for v in entry.verdicts)
 
 
+def _message(verdicts: tuple[Verdict, ...]) -> str:
+    """The rejections in one line; phases rejected for the same reason are named together."""
+    groups: dict[tuple, list[str]] = {}
+    for v in verdicts:
+        if not v.supported:
+            groups.setdefault((v.backend, v.outcome, v.stage, v.message), []).append(v.phase.value)
+    parts = []
+    for (backend, outcome, stage, message), phases in groups.items():
+        kind = "probe failed" if outcome is Outcome.FAILED else "not supported"
+        parts.append(f"{backend.value} {' and '.join(phases)} {kind} at {stage}: {message}")
+    return "; ".join(parts)
+
+
 def _selection(cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bool,
                probe_ms: float, key: str, engine: str) -> Selection:
     reasons = tuple(v.reason() for v in verdicts if not v.supported)
     backend = cfg.candidate if not reasons else Backend.NONE
     return Selection(
         backend=backend,
-        message="; ".join(reasons),
+        message=_message(verdicts),
         reasons=reasons,
         verdicts=verdicts,
         candidate=cfg.candidate,

@@ -66,7 +66,7 @@ def test_why_without_device_or_bundled_snapshot_answers_with_the_platform_rule(c
     assert first.startswith(f"no CUDA device/cuDNN here ({NO_DEVICE}); no bundled snapshot for h100 is installed")
     assert "answering with the platform rule" in first
     assert "rule:platform" in out
-    assert "-> NONE: F16 forward not supported at rule:platform" in out
+    assert "-> NONE: F16 forward and backward not supported at rule:platform" in out
 
 
 def test_why_without_device_answers_from_the_bundled_h100_snapshot(capsys, no_device, recorded_snapshot):

@@ -44,7 +44,7 @@ def test_package_answers_and_info_runs_without_torch_or_cudnn(tmp_path):
     info = "\n".join(lines[:-1])
     assert facts["backend"] == "NONE"
     assert facts["stages"] == ["rule:platform"]
-    assert facts["message"].startswith("F16 forward not supported at rule:platform: no CUDA device with cuDNN")
+    assert facts["message"].startswith("F16 forward and backward not supported at rule:platform: no CUDA device with cuDNN")
     assert "--snapshot FILE" in facts["message"]
     assert facts["info_exit"] == 0
     assert "torch                      not installed" in info
