@@ -105,6 +105,32 @@ class CudnnMask(NamedTuple):
 
 
 # ----- registration ------------------------------------------------------------------------------
+class _Runtime(NamedTuple):
+    """What the mask and attention functions call, imported once before any tracing: torch.compile
+    cannot trace an import from transformers' lazy modules (a graph break, an error with fullgraph)."""
+
+    masking_utils: Any
+    sdpa_attention_forward: Callable
+    dispatch_attention: Callable
+    reference_attention: Callable
+
+
+_runtime: _Runtime | None = None
+
+
+def _load_runtime() -> _Runtime:
+    global _runtime
+    if _runtime is None:
+        from transformers import masking_utils
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        from ..dispatch import attention
+        from ..reference import reference_attention
+
+        _runtime = _Runtime(masking_utils, sdpa_attention_forward, attention, reference_attention)
+    return _runtime
+
+
 def register(name: str = ATTN_IMPLEMENTATION) -> str:
     """Register the "fusedattn" attention and mask functions with transformers; returns the name.
 
@@ -114,6 +140,7 @@ def register(name: str = ATTN_IMPLEMENTATION) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    _load_runtime()
     AttentionInterface.register(name, fusedattn_attention)
     AttentionMaskInterface.register(name, fusedattn_mask)
     return name
@@ -277,7 +304,7 @@ def _is_tracing(tensor: Any = None) -> bool:
 
 def _recognise(mask_function: Callable, local_size: int | None, use_vmap: bool, config: Any) -> _Pattern:
     """Which mask transformers asked for, from its mask function; checked by `_confirm` after."""
-    from transformers import masking_utils
+    masking_utils = (_runtime or _load_runtime()).masking_utils
 
     if use_vmap:
         raise MaskNotExpressible("the model adds its own mask function (or_mask_function / and_mask_function)")
@@ -396,7 +423,7 @@ def fusedattn_mask(
 
     transformers 5 passes q_length / q_offset; 4.x passes `cache_position` (the query positions).
     """
-    from transformers import masking_utils
+    masking_utils = (_runtime or _load_runtime()).masking_utils
 
     if mask_function is None:
         mask_function = masking_utils.causal_mask_function
@@ -472,18 +499,16 @@ def _dense_attention(module: Any, query: "Tensor", key: "Tensor", value: "Tensor
                      is_causal: bool | None, **kwargs: Any) -> tuple["Tensor", None]:
     import torch
 
+    runtime = _runtime or _load_runtime()
     if not softcap and sinks is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(
+        return runtime.sdpa_attention_forward(
             module, query, key, value, mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    from ..reference import reference_attention
 
     bias = mask
     if mask.dtype == torch.bool:
         bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
-    out = reference_attention(
+    out = runtime.reference_attention(
         query, key, value, bias=bias, attn_scale=scaling, dropout=dropout, softcap=softcap or None,
         softmax="learnable" if sinks is not None else "vanilla", sink=sinks,
     )
@@ -536,19 +561,16 @@ def fusedattn_attention(
         softmax="learnable" if s_aux is not None else "vanilla", sink=s_aux,
         seqlens_q=plan.seqlens_q, seqlens_kv=plan.seqlens_kv,
     )
+    runtime = _runtime or _load_runtime()
     if softcap:
-        from ..reference import reference_attention
-
         _log_once(
             ("softcap", softcap),
             "fusedattn: attention logit soft-capping (softcap=%s) has no cuDNN equivalent; these layers run "
             "on the float32 reference", softcap,
         )
-        out = reference_attention(query, key, value, softcap=softcap, **options)
+        out = runtime.reference_attention(query, key, value, softcap=softcap, **options)
     else:
-        from ..dispatch import attention
-
-        out = attention(
+        out = runtime.dispatch_attention(
             query, key, value, layout="bhsd", deterministic=torch.are_deterministic_algorithms_enabled(), **options
         )
     if plan.q_start is not None:
