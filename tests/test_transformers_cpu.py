@@ -250,6 +250,16 @@ def test_mask_function_materialises_a_pattern_it_was_mistaken_about():
     assert isinstance(mask, torch.Tensor) and torch.equal(mask, expected)
 
 
+def test_under_tracing_a_sliding_window_is_taken_from_local_size_and_the_config():
+    # torch.compile cannot read the closure (or, in torch 2.11, call str methods on its name)
+    sliding = masking_utils.sliding_window_causal_mask_function(WINDOW)
+    config = types.SimpleNamespace(sliding_window=WINDOW)
+    assert fa_hf._recognise(sliding, WINDOW, False, config, tracing=True) == (True, WINDOW)
+    chunked_config = types.SimpleNamespace(sliding_window=None, attention_chunk_size=WINDOW)
+    with pytest.raises(fa_hf.MaskNotExpressible):
+        fa_hf._recognise(sliding, WINDOW, False, chunked_config, tracing=True)
+
+
 @mask_protocol_5
 def test_mask_function_materialises_custom_mask_functions():
     mask = fa_hf.fusedattn_mask(**mask_args(use_vmap=True, allow_is_causal_skip=False))

@@ -302,22 +302,24 @@ def _is_tracing(tensor: Any = None) -> bool:
     return is_tracing(tensor)
 
 
-def _recognise(mask_function: Callable, local_size: int | None, use_vmap: bool, config: Any) -> _Pattern:
+def _recognise(mask_function: Callable, local_size: int | None, use_vmap: bool, config: Any,
+               tracing: bool) -> _Pattern:
     """Which mask transformers asked for, from its mask function; checked by `_confirm` after."""
     masking_utils = (_runtime or _load_runtime()).masking_utils
-
     if use_vmap:
         raise MaskNotExpressible("the model adds its own mask function (or_mask_function / and_mask_function)")
     if mask_function is masking_utils.causal_mask_function:
         return _Pattern(True, None)
     if mask_function is getattr(masking_utils, "bidirectional_mask_function", None):  # transformers >= 5
         return _Pattern(False, None)
-    name = getattr(mask_function, "__qualname__", type(mask_function).__name__)
     # create_sliding_window_causal_mask passes and_masks(sliding_window_overlay(w), causal) with
-    # local_size=w; a closure's cells cannot be read under torch.compile, so the window comes from
-    # local_size and the config, and `_confirm` evaluates the function to check the guess.
+    # local_size=w. Under torch.compile neither the closure's cells nor string methods on its name
+    # can be traced (torch 2.11), so there the guess rests on local_size == config.sliding_window
+    # alone; `_confirm` then evaluates the function to check it.
     sliding_window = getattr(config, "sliding_window", local_size) if config is not None else local_size
-    if name.endswith("and_masks.<locals>.and_mask") and local_size is not None and sliding_window == local_size:
+    name = "a traced function" if tracing else getattr(mask_function, "__qualname__", type(mask_function).__name__)
+    and_mask = tracing or name.endswith("and_masks.<locals>.and_mask")
+    if and_mask and local_size is not None and sliding_window == local_size:
         return _Pattern(True, int(local_size))
     raise MaskNotExpressible(
         f"mask function {name} (local_size={local_size}) is not causal, bidirectional or sliding-window causal"
@@ -437,7 +439,8 @@ def fusedattn_mask(
     if device is None:
         device = cache_position.device if cache_position is not None else "cpu"
     try:
-        pattern = _recognise(mask_function, local_size, use_vmap, config)
+        tracing = _is_tracing(attention_mask)
+        pattern = _recognise(mask_function, local_size, use_vmap, config, tracing)
         if pattern.causal and not allow_is_causal_skip:
             raise MaskNotExpressible(
                 "the model asks for a materialised causal mask (packed sequences, block masks, or a "
@@ -445,7 +448,6 @@ def fusedattn_mask(
             )
         if not pattern.causal and not allow_is_bidirectional_skip:
             raise MaskNotExpressible("the model asks for a materialised bidirectional mask")
-        tracing = _is_tracing(attention_mask)
         if q_length is None:
             q_length, q_offset = _query_positions(cache_position, tracing)
         offsets = []

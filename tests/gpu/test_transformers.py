@@ -160,21 +160,27 @@ def test_greedy_generation_gives_the_same_tokens(name, other):
 
 
 SCENARIOS = {
-    # (q_length, kv_length, q_offset, kv_offset, sliding window, left padding of row 0)
-    "causal": (SEQ, SEQ, 0, 0, None, 0),
-    "causal-left-padding": (SEQ, SEQ, 0, 0, None, 7),
-    "sliding-left-padding": (SEQ, SEQ, 0, 0, WINDOW, 7),
-    "decode-left-padding": (1, SEQ, SEQ - 1, 0, None, 7),
-    "prefill-after-cache": (8, SEQ, SEQ - 8, 0, WINDOW, 0),
-    "static-cache-decode": (1, 2 * SEQ, SEQ - 1, 0, None, 7),
+    # (q_length, kv_length, q_offset, kv_offset, sliding window, (side, count) padded in row 0)
+    "causal": (SEQ, SEQ, 0, 0, None, None),
+    "causal-left-padding": (SEQ, SEQ, 0, 0, None, ("left", 7)),
+    "causal-right-padding": (SEQ, SEQ, 0, 0, None, ("right", 7)),  # seqlens_q != seqlens_kv
+    "sliding-left-padding": (SEQ, SEQ, 0, 0, WINDOW, ("left", 7)),
+    "decode": (1, SEQ, SEQ - 1, 0, None, None),
+    "decode-left-padding": (1, SEQ, SEQ - 1, 0, None, ("left", 7)),
+    "prefill-after-cache": (8, SEQ, SEQ - 8, 0, WINDOW, None),
+    "static-cache-decode": (1, 2 * SEQ, SEQ - 1, 0, None, ("left", 7)),
 }
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_fused_attention_with_a_cudnn_mask_matches_the_dense_mask(scenario, caplog):
-    q_length, kv_length, q_offset, kv_offset, window, left = SCENARIOS[scenario]
+    q_length, kv_length, q_offset, kv_offset, window, padding = SCENARIOS[scenario]
     two_d = torch.ones(2, q_offset + q_length, dtype=torch.bool, device=CUDA)
-    two_d[0, :left] = False
+    side, count = padding or (None, 0)
+    if side == "left":
+        two_d[0, :count] = False
+    elif side == "right":
+        two_d[0, -count:] = False
     function = masking_utils.causal_mask_function if window is None else (
         masking_utils.sliding_window_causal_mask_function(window))
     args = dict(batch_size=2, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
