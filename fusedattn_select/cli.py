@@ -158,7 +158,54 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
     return values
 
 
-def _entries(args: argparse.Namespace) -> list[NamedConfig]:
+def _hf_entries(source: str, sets: dict[str, Any]) -> list[tuple[NamedConfig, tuple[str, ...]]]:
+    """One entry per distinct attention problem of a Hugging Face model config, with the reasons
+    the transformers integration cannot run it fused whatever cuDNN says (e.g. soft-capping)."""
+    from .integrations.transformers import layer_problems
+
+    # Shape, pass and dtype shape the layer problems themselves (a sliding window only applies
+    # when the sequence is longer than it), so they go in before the problems are derived.
+    sets = dict(sets)
+    seqlen = sets.get("seqlen_kv", sets.get("seqlen_q"))
+    derive = {
+        "batch_size": sets.pop("batch_size", 1),
+        "seqlen": seqlen if isinstance(seqlen, int) and not isinstance(seqlen, bool) else None,
+        "is_training": sets.pop("is_training", True),
+        "dtype": sets.pop("qkv_dtype", "bf16"),
+    }
+    entries = []
+    for name, cfg, layers, notes in layer_problems(source, **derive):
+        if sets:
+            cfg = AttnConfig.from_dict({**cfg.to_dict(), **sets})
+        entries.append((NamedConfig(f"{name} (layers {_layer_ranges(layers)})", cfg, source), notes))
+    return entries
+
+
+def _layer_ranges(layers: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    ranges: list[list[int]] = []
+    for layer in sorted(layers):
+        if ranges and layer == ranges[-1][1] + 1:
+            ranges[-1][1] = layer
+        else:
+            ranges.append([layer, layer])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges)
+
+
+def _entries(args: argparse.Namespace) -> list[tuple[NamedConfig, tuple[str, ...]]]:
+    """The problems to answer, each with integration notes that rule out a fused run."""
+    return [(entry, ()) for entry in _config_entries(args)] if args.hf_config is None else _hf_problems(args)
+
+
+def _hf_problems(args: argparse.Namespace) -> list[tuple[NamedConfig, tuple[str, ...]]]:
+    if args.config is not None:
+        raise ConfigError("--hf-config", args.hf_config, "give either CONFIG.yaml or --hf-config, not both")
+    if args.name is not None:
+        raise ConfigError("--name", args.name, "selects an entry of a CONFIG file, not of --hf-config")
+    return _hf_entries(args.hf_config, _parse_sets(args.set or ()))
+
+
+def _config_entries(args: argparse.Namespace) -> list[NamedConfig]:
     sets = _parse_sets(args.set or ())
     if args.config is None:
         if args.name is not None:
@@ -221,7 +268,7 @@ def _cmd_why(args: argparse.Namespace) -> int:
     selector, notice = _choose_selector(args.snapshot, args.target)
     set_default_selector(selector)
     depth = ProbeDepth.FULL if args.full else ProbeDepth.FAST
-    results = [(entry.name, selector.select(entry.config, depth)) for entry in entries]
+    results = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in entries]
     if args.json:
         if notice:
             print(notice, file=sys.stderr)
@@ -230,18 +277,23 @@ def _cmd_why(args: argparse.Namespace) -> int:
             "fingerprint": selector.fingerprint.to_dict(),
             "probe_depth": depth.value,
             "notice": notice or None,
-            "results": [{"name": name, "selection": sel.to_dict()} for name, sel in results],
+            "results": [
+                {"name": name, "selection": sel.to_dict(), **({"integration_reasons": list(notes)} if notes else {})}
+                for name, sel, notes in results
+            ],
         }
         print(json.dumps(document, indent=2))
     else:
         lines = [notice] if notice else []
         platform = selector.fingerprint.describe() if selector.engine is not None else "platform rule only"
         lines.append(f"engine: {selector.engine_name} ({platform}); probe depth {depth.value}")
-        for name, sel in results:
+        for name, sel, notes in results:
             lines.append("")
             lines += format_selection(name, sel)
+            lines += [f"  -> not fused by the transformers integration: {note}" for note in notes]
         print("\n".join(lines))
-    return EXIT_SELECTED if all(sel.selected for _, sel in results) else EXIT_NONE
+    fused = all(sel.selected and not notes for _, sel, notes in results)
+    return EXIT_SELECTED if fused else EXIT_NONE
 
 
 def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -253,6 +305,11 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("config", nargs="?", metavar="CONFIG.yaml", help="a config file (see README 'Config format')")
     parser.add_argument("--name", help="answer only the entry with this name")
+    parser.add_argument(
+        "--hf-config", metavar="PATH_OR_JSON",
+        help="answer each distinct layer problem of a Hugging Face model config (config.json path, "
+        "its directory, or a JSON string); --set adjusts them (e.g. --set seqlen_q=8192)",
+    )
     parser.add_argument(
         "--set", action="append", metavar="KEY=VALUE",
         help="set an AttnConfig field (YAML value), on top of every entry; alone, builds one problem",

@@ -768,6 +768,18 @@ def _layer_problems(view: _ConfigView, batch_size: int, seqlen: int | None, is_t
     return list(groups.values())
 
 
+def layer_problems(
+    config: Any, *, batch_size: int = 1, seqlen: int | None = None, is_training: bool = True, dtype: Any = "bf16",
+) -> list[tuple[str, AttnConfig, list[int], tuple[str, ...]]]:
+    """Like `configs_from_hf`, plus the reasons this integration cannot run a layer fused at all
+    (soft-capping, chunked attention) whatever cuDNN answers for its AttnConfig."""
+    view = _hf_config(config)
+    return [
+        (p.name, p.config, list(p.layers), tuple(p.integration_reasons))
+        for p in _layer_problems(view, batch_size, seqlen, is_training, dtype)
+    ]
+
+
 def configs_from_hf(
     config: Any, *, batch_size: int = 1, seqlen: int | None = None, is_training: bool = True, dtype: Any = "bf16",
 ) -> list[tuple[str, AttnConfig, list[int]]]:

@@ -1,0 +1,82 @@
+"""`fusedattn-select why --hf-config`: a Hugging Face model config answered layer by layer.
+
+Answers come from the H100 snapshot bundled with the package (recorded on a real H100), so these
+tests check the CLI's mapping and exit codes, not a device.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fusedattn_select import cli
+from fusedattn_select.probing import bundled_snapshot
+
+pytestmark = pytest.mark.skipif(
+    not bundled_snapshot("h100", "configs").exists(), reason="bundled H100 snapshot not installed"
+)
+
+LLAMA_3_8B = {
+    "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_hidden_layers": 32, "max_position_embeddings": 8192,
+}
+GEMMA_2_9B = {
+    "model_type": "gemma2", "hidden_size": 3584, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "head_dim": 256, "num_hidden_layers": 42, "max_position_embeddings": 8192, "sliding_window": 4096,
+    "attn_logit_softcapping": 50.0, "query_pre_attn_scalar": 256,
+}
+TRAIN_8K = ["--set", "batch_size=2", "--set", "seqlen_q=8192", "--set", "seqlen_kv=8192"]
+
+
+def why(capsys, *args):
+    code = cli.main(["why", "--target", "h100", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def write(tmp_path, config) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_llama_config_answers_one_problem_for_all_layers(tmp_path, capsys):
+    code, out, _ = why(capsys, "--hf-config", write(tmp_path, LLAMA_3_8B), *TRAIN_8K)
+    assert code == 0
+    assert "full_attention (layers 0-31)" in out
+    assert "num_heads_kv=8" in out and "head_dim_qk=128" in out
+    assert out.count("-> F16") == 1
+
+
+def test_json_string_is_accepted_as_hf_config(capsys):
+    code, out, _ = why(capsys, "--hf-config", json.dumps(LLAMA_3_8B), *TRAIN_8K, "--json")
+    document = json.loads(out)
+    assert code == 0
+    assert [r["selection"]["backend"] for r in document["results"]] == ["F16"]
+
+
+def test_sliding_window_follows_the_sequence_length_given_with_set(tmp_path, capsys):
+    _, out, _ = why(capsys, "--hf-config", write(tmp_path, GEMMA_2_9B), *TRAIN_8K)
+    sliding = next(line for line in out.splitlines() if line.startswith("sliding_attention"))
+    full = next(line for line in out.splitlines() if line.startswith("full_attention"))
+    assert "window_size=[4095, 0]" in sliding
+    assert "window_size" not in full
+
+
+def test_softcapping_layers_are_reported_as_not_fused_and_exit_1(tmp_path, capsys):
+    code, out, _ = why(capsys, "--hf-config", write(tmp_path, GEMMA_2_9B), *TRAIN_8K)
+    assert code == 1
+    assert out.count("not fused by the transformers integration: attn_logit_softcapping=50") == 2
+
+
+def test_hf_config_with_a_config_file_is_bad_input(tmp_path, capsys):
+    code, _, err = why(capsys, "configs/llama-3-8b.yaml", "--hf-config", write(tmp_path, LLAMA_3_8B))
+    assert code == 2
+    assert "--hf-config" in err and "Traceback" not in err
+
+
+def test_missing_hf_config_file_is_bad_input(tmp_path, capsys):
+    code, _, err = why(capsys, "--hf-config", str(tmp_path / "missing.json"))
+    assert code == 2
+    assert err.startswith("error: hf_config=")
