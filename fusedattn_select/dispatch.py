@@ -42,7 +42,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 
@@ -80,9 +80,9 @@ _torch_sdpa = torch._C._nn.scaled_dot_product_attention
 
 
 # ----- arguments ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Options:
-    """The non-tensor arguments of one call, validated; hashable (part of the hot-path key)."""
+class _Options(NamedTuple):
+    """The non-tensor arguments of one call; hashable, and cheap to build on every call (the
+    hot-path key starts with it)."""
 
     layout: str
     mask: str
@@ -435,9 +435,13 @@ def _signature(t: Optional[torch.Tensor]) -> Any:
     return (tuple(t.shape), t.stride(), t.dtype)
 
 
+_capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") \
+    else torch.cuda.is_current_stream_capturing
+
+
 def _key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: _Options, bias: Any, alibi: Any,
          sink: Any, seqlens_q: Any, seqlens_kv: Any) -> tuple:
-    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    capturing = q.is_cuda and _capturing()
     return (
         opts, q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), tuple(v.shape), v.stride(),
         _signature(bias), None if alibi is None else tuple(alibi.shape), _signature(sink),
@@ -492,6 +496,21 @@ def _new_entry(key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op
 
     selector = default_selector()
     selection = selector.select(cfg)
+    if cfg.is_fp8 and not selection.selected:
+        # FP8 outputs in fp16/bf16 need a newer GPU (cuDNN: Blackwell); try FP8 outputs before
+        # giving up, and report every recipe's reasons if none is supported.
+        messages = [f"{_recipe(cfg)}: {selection.message}"]
+        for changes in fp8q.output_recipes(cfg, opts.training)[1:]:
+            candidate = cfg.replace(**changes)
+            selection = selector.select(candidate)
+            if selection.selected:
+                cfg = entry.cfg = candidate
+                break
+            messages.append(f"{_recipe(candidate)}: {selection.message}")
+        else:
+            entry.selection = selection
+            entry.reason = "; ".join(messages)
+            return entry
     entry.selection = selection
     if not selection.selected:
         entry.reason = selection.message
@@ -509,6 +528,14 @@ def _new_entry(key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op
         entry.rng = torch.tensor([int(torch.randint(2 ** 62, (1,))), 0], dtype=torch.int64, device=q.device)
         entry.rng_step = math.prod(qb.shape[:3]) * kb.shape[2]
     return entry
+
+
+def _recipe(cfg: AttnConfig) -> str:
+    """The output precisions of an FP8 config, for reasons ("O bf16" / "O fp8_e4m3, dQKV fp8_e5m2")."""
+    text = f"O {cfg.resolved_o_dtype}"
+    if cfg.is_training:
+        text += f", dO {cfg.resolved_do_dtype}, dQKV {cfg.resolved_dqkv_dtype}"
+    return text
 
 
 def _build_plans(entry: _Entry, selector: Any, device: torch.device) -> None:
@@ -614,11 +641,12 @@ def _fused_forward(entry: _Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                    scales: Optional[FP8Scales]) -> tuple:
     """(out in the caller's layout, stats or None, rng or None, fp8 saved (q8, k8, v8, state) or None)."""
     opts, plan = entry.opts, entry.forward
-    qb, kb, vb = _bhsd(q, opts.layout).detach(), _bhsd(k, opts.layout).detach(), _bhsd(v, opts.layout).detach()
+    # No detach: this runs without grad mode (inference, or inside the autograd Function / op).
+    qb, kb, vb = _bhsd(q, opts.layout), _bhsd(k, opts.layout), _bhsd(v, opts.layout)
     saved_fp8 = None
     if opts.fp8:
         if scales is not None:
-            q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales)
+            q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales, vb)
         else:
             q8, k8, v8, state = fp8q.quantize_qkv(qb, kb, vb, plan.specs["q"].dtype)
         feeds = fp8q.forward_feeds(plan, q8, k8, v8, state)
@@ -631,8 +659,10 @@ def _fused_forward(entry: _Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         entry.rng[1:].add_(entry.rng_step)  # on the device: capture-safe, a fresh mask per replay
     _common_feeds(plan, feeds, entry, bias, alibi, sink, seqlens_q, seqlens_kv, rng)
     outs = plan.execute(feeds)
-    out = outs["o"].permute(_FROM_BHSD[opts.layout])
-    return out, outs.get("stats"), rng, saved_fp8
+    o = outs["o"]
+    if saved_fp8 is not None and fp8q.is_fp8_dtype(o.dtype):
+        o = fp8q.dequantize(o, fp8q.at(saved_fp8[3], "descale_o"), scales.o_dtype if scales is not None else q.dtype)
+    return o.permute(_FROM_BHSD[opts.layout]), outs.get("stats"), rng, saved_fp8
 
 
 def _fused_backward(entry: _Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -645,9 +675,10 @@ def _fused_backward(entry: _Entry, grad_out: torch.Tensor, q: torch.Tensor, k: t
     layout = opts.layout
     gb = _bhsd(grad_out, layout)
     ob = _bhsd(out, layout)
+    descales: dict = {}
     if saved_fp8 is not None:
         q8, k8, v8, state = saved_fp8
-        feeds = fp8q.backward_feeds(plan, q8, k8, v8, state, ob, gb, stats, entry.cfg.resolved_head_dim_v)
+        feeds, descales = fp8q.backward_feeds(plan, entry.cfg, q8, k8, v8, state, ob, gb, stats)
     else:
         feeds = {
             "q": plan.conform("q", _bhsd(q, layout).detach()), "k": plan.conform("k", _bhsd(k, layout).detach()),
@@ -657,9 +688,15 @@ def _fused_backward(entry: _Entry, grad_out: torch.Tensor, q: torch.Tensor, k: t
     _common_feeds(plan, feeds, entry, bias, alibi, sink, seqlens_q, seqlens_kv, rng)
     outs = plan.execute(feeds)
     back = _FROM_BHSD[layout]
-    dq, dk, dv = (outs[n].permute(back) for n in ("dQ", "dK", "dV"))
-    if dq.dtype != q.dtype:  # FP8 graphs may write gradients in another precision
-        dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    grads = []
+    for name, like in (("dQ", q), ("dK", k), ("dV", v)):
+        grad = outs[name]
+        if name in descales:  # FP8 gradients (Hopper): dequantized to the input precision
+            grad = fp8q.dequantize(grad, descales[name], like.dtype)
+        elif grad.dtype != like.dtype:
+            grad = grad.to(like.dtype)
+        grads.append(grad.permute(back))
+    dq, dk, dv = grads
     dbias = dsink = None
     if opts.bias_grad and "dBias" in outs:
         dbias = outs["dBias"].sum_to_size(bias.shape).to(bias.dtype)
@@ -877,7 +914,7 @@ def _attention_fwd_fake(q, k, v, bias, alibi_slopes, sink, seqlens_q, seqlens_kv
     rng = torch.empty(2 if training and dropout > 0 else 0, dtype=torch.int64, device=q.device)
     if fp8 and training and descale_q is None:
         saved = tuple(torch.empty_like(_bhsd(t, layout), dtype=torch.uint8) for t in (q, k, v))
-        state = torch.empty(4, dtype=torch.float32, device=q.device)
+        state = torch.empty(len(fp8q.STATE), dtype=torch.float32, device=q.device)
     else:
         saved = tuple(torch.empty(0, dtype=torch.uint8, device=q.device) for _ in range(3))
         state = torch.empty(0, dtype=torch.float32, device=q.device)

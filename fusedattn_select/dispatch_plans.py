@@ -8,9 +8,9 @@ scales, the dropout RNG counter) are allocated once per plan, so the hot path al
 its outputs and never synchronises with the host: forward and backward can be captured in a CUDA
 graph.
 
-Building is the only slow step (hundreds of ms cold; a few ms for a new batch or sequence length
-of a problem class already built in this process, because every plan of one class shares one
-cuDNN kernel cache). `plan_stats()` counts builds so tests can assert the hot path builds nothing.
+Building is the only slow step (a few hundred ms per graph: kernels are compiled), done once per
+problem and shape in a process; see build_plan for why plans are built without cuDNN's kernel
+cache. `plan_stats()` counts builds so tests can assert the hot path builds nothing.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ import torch
 from .backend import Backend, Outcome, Phase, ProbeDepth, Verdict
 from .config import AttnConfig
 
-# Tensors a graph writes; every other named tensor is an input the caller or the plan provides.
-OUTPUT_NAMES = frozenset({
-    "o", "stats", "amax_s", "amax_o",
-    "dQ", "dK", "dV", "dBias", "dSink_token", "amax_dP", "amax_dQ", "amax_dK", "amax_dV",
-})
+# Tensors a graph writes, per phase; every other named tensor is an input the caller or the plan
+# provides. O and the softmax stats are outputs of the forward graph and inputs of the backward one.
+OUTPUT_NAMES = {
+    Phase.FORWARD: frozenset({"o", "stats", "max_logit", "amax_s", "amax_o"}),
+    Phase.BACKWARD: frozenset({"dQ", "dK", "dV", "dBias", "dSink_token", "amax_dP", "amax_dQ", "amax_dK", "amax_dV"}),
+}
 # Outputs whose padded rows cuDNN leaves unwritten: allocated zeroed under a padding mask so the
 # result matches reference.py (padded query rows and padded keys get 0).
 ZEROED_WITH_PADDING = frozenset({"o", "dQ", "dK", "dV"})
@@ -106,6 +107,7 @@ class Plan:
         self.device = device
         self.graph = build.graph
         self.workspace_size = int(build.workspace_size)
+        self.dynamic_shapes = bool(build.dynamic_shapes)
         self.cudnn_tensors: dict[str, Any] = dict(build.tensors)
         dims_strides: Mapping[str, Any] = build.dims_strides
         data_types: Mapping[str, Any] = build.data_types
@@ -113,8 +115,12 @@ class Plan:
         for name in self.cudnn_tensors:
             dims, strides = dims_strides[name]
             self.specs[name] = TensorSpec(tuple(dims), tuple(strides), _torch_dtype(data_types[name]))
-        self.outputs = tuple(n for n in self.cudnn_tensors if n in OUTPUT_NAMES)
-        self.inputs = tuple(n for n in self.cudnn_tensors if n not in OUTPUT_NAMES)
+        written = OUTPUT_NAMES[phase]
+        self.outputs = tuple(n for n in self.cudnn_tensors if n in written)
+        self.inputs = tuple(n for n in self.cudnn_tensors if n not in written)
+        # (name, graph tensor) pairs, so execute() builds its variant pack without lookups.
+        self._input_slots = tuple((n, self.cudnn_tensors[n]) for n in self.inputs)
+        self._output_slots = tuple((n, self.cudnn_tensors[n]) for n in self.outputs)
         self.zeroed = frozenset(ZEROED_WITH_PADDING & set(self.outputs)) if cfg.has_padding else frozenset()
         self.constants: dict[str, torch.Tensor] = {}
 
@@ -165,15 +171,12 @@ class Plan:
         """Run the graph on the current stream. `feeds` must hold every input (already conformed);
         outputs not given in `outputs` are allocated here. Returns all outputs by name."""
         outs = {} if outputs is None else outputs
-        pack = {}
-        tensors = self.cudnn_tensors
-        for name in self.inputs:
-            pack[tensors[name]] = feeds[name]
-        for name in self.outputs:
+        pack = {slot: feeds[name] for name, slot in self._input_slots}
+        for name, slot in self._output_slots:
             tensor = outs.get(name)
             if tensor is None:
                 tensor = outs[name] = self.allocate(name)
-            pack[tensors[name]] = tensor
+            pack[slot] = tensor
         handle = _prepare_handle(self.device)
         workspace = workspace_for(self.device, self.workspace_size)
         self.graph.execute(pack, workspace, handle=handle)
@@ -185,7 +188,14 @@ class Plan:
 _local = threading.local()
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+
+
 def _current_stream(device: torch.device) -> int:
+    """The current stream's handle as an int (the raw call skips building a torch Stream)."""
+    if _raw_stream is not None:
+        return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
     return torch.cuda.current_stream(device).cuda_stream
 
 
@@ -230,7 +240,7 @@ def workspace_for(device: torch.device, size: int) -> torch.Tensor:
     address of a buffer that later eager calls or other graphs reuse.
     """
     size = max(size, 1)  # some frontend versions want a buffer even when the plan needs none
-    if torch.cuda.is_current_stream_capturing():
+    if _capturing():
         return torch.empty(size, dtype=torch.uint8, device=device)
     key = (device.index if device.index is not None else torch.cuda.current_device(), _current_stream(device))
     buffer = _workspaces.get(key)
@@ -248,13 +258,16 @@ def workspace_bytes() -> int:
 
 
 # ----- building ---------------------------------------------------------------------------------
-def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device) -> Plan:
+def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, *,
+               kernel_cache: bool = False) -> Plan:
     """Build `phase` of `cfg` for `backend` on `device` (FULL depth: kernels compiled).
 
-    The graph is built with dynamic shapes and this thread's kernel cache for the problem class
-    (probing.cudnn.kernel_cache_for), so a new batch size or sequence length of a class built
-    before takes milliseconds; if cuDNN rejects the dynamic-shape graph, the static graph is built
-    (as the probing engine does for its FULL verdicts).
+    Plans are built static, without cuDNN's dynamic shapes and kernel cache: measured on H200 with
+    cuDNN 9.19 and cudnn-frontend 1.28 and 1.32, a forward plan built from a kernel cache warmed
+    by another sequence length of the same problem class returned NaN (b2 h4 d64 causal bf16:
+    s128 built first, then s256 and b3/s192 gave NaN outputs; built static, all three matched
+    reference.py). A new batch size or sequence length therefore costs a full build (~200 ms per
+    graph on H200) once per process; `kernel_cache=True` restores the cached path.
 
     Raises PlanBuildError carrying the verdict to record: UNSUPPORTED when cuDNN rejects the graph,
     FAILED for incidents (out of memory, CUDA errors) that say nothing about support.
@@ -266,7 +279,7 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
     try:
         with torch.cuda.device(index), cudnn_probe.device_context(index):
             handle = cudnn_probe.handle_for(index)
-            cache = cudnn_probe.kernel_cache_for(cfg, backend, phase, index)
+            cache = cudnn_probe.kernel_cache_for(cfg, backend, phase, index) if kernel_cache else None
             try:
                 build = cudnn_probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL,
                                                 kernel_cache=cache)

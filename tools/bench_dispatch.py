@@ -149,12 +149,34 @@ def bench_shape(name: str, b: int, hq: int, hkv: int, s: int, d: int, reps: int,
     return result
 
 
+def _profile_tiny(calls: int) -> None:
+    import cProfile
+    import pstats
+
+    shape = SHAPES["tiny"]
+    q, k, v = (torch.randn(shape["b"], shape["s"], shape["hq"], shape["d"], device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    with torch.no_grad():
+        attention(q, k, v, mask="causal")
+        torch.cuda.synchronize()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            attention(q, k, v, mask="causal")
+        profiler.disable()
+    torch.cuda.synchronize()
+    print(f"cProfile of {calls} warm tiny forward calls (tottime, top 15):")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--json", default=None, help="write results here (default: $OUT/bench_dispatch.json if $OUT is set)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also cProfile N warm tiny forward calls and print where the host time goes")
     args = parser.parse_args()
 
     import cudnn
@@ -175,6 +197,8 @@ def main() -> int:
                   f" | torch SDPA {ms['torch_sdpa']:.4f} ms | attention/raw {r['attention_over_raw']:.3f}"
                   f" | attention/torch {r['attention_over_torch_sdpa']:.3f}"
                   + (f" | TFLOPS {r['tflops']}" if name != "tiny" else ""))
+    if args.profile:
+        _profile_tiny(args.profile)
     print("dispatch_info:", json.dumps(dispatch.dispatch_info()))
     target = args.json or (os.path.join(os.environ["OUT"], "bench_dispatch.json") if os.environ.get("OUT") else None)
     if target:
