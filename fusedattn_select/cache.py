@@ -321,6 +321,18 @@ class _Store:
     def put_plan(self, fingerprint: Fingerprint, plan_key: str, blob: bytes) -> bool:
         raise NotImplementedError
 
+    def _plan_to_store(self, fingerprint: Fingerprint, plan_key: str, blob: bytes) -> bytes | None:
+        """Check put_plan's arguments (TypeError or ValueError); the blob as bytes, or None (logged)
+        when it is larger than the whole cache."""
+        _check_fingerprint(fingerprint)
+        _check_key("plan_key", plan_key)
+        blob = _check_blob(blob)
+        if len(blob) > self.max_bytes:
+            log.warning("fusedattn_select: plan %s (%d bytes) is larger than the cache (max_bytes=%d); not stored",
+                        plan_key, len(blob), self.max_bytes)
+            return None
+        return blob
+
     def _plan_refusal(self) -> str:
         """Why plans may not be loaded from or written to this store ("" when they may)."""
         return ""
@@ -630,31 +642,16 @@ class PersistentStore(_Store):
     def get(self, fingerprint: Fingerprint, key: str) -> tuple[tuple[Verdict, ...], ProbeDepth] | None:
         _check_fingerprint(fingerprint)
         fp_key = fingerprint.key()
-        try:
-            row = self._run("read a decision", lambda conn: conn.execute(
-                "SELECT depth, verdicts FROM verdicts WHERE fingerprint_key = ? AND config_key = ?",
-                (fp_key, key),
-            ).fetchone())
-        except _StoreFailure as err:
-            log.warning("fusedattn_select: decision cache %s: %s; treated as a miss", self.path, err)
-            return None
+        row = self._read_row("decision", "depth, verdicts", fp_key, key)
         if row is None:
             return None
         depth, text = row
         try:
             entry = _parse_row(depth, text)
         except _BadEntry as bad:
-            log.warning("fusedattn_select: dropped the cached decision %s from %s: %s", key, self.path, bad)
-            # Only the row that was read: another process may have replaced it meanwhile.
-            self._write_quietly("drop a bad decision", lambda conn: conn.execute(
-                "DELETE FROM verdicts WHERE fingerprint_key = ? AND config_key = ? AND verdicts IS ?",
-                (fp_key, key, text),
-            ))
+            self._drop_bad_row("decision", fp_key, key, bad, "verdicts", text)
             return None
-        self._write_quietly("record a decision's use", lambda conn: conn.execute(
-            "UPDATE verdicts SET last_used = ? WHERE fingerprint_key = ? AND config_key = ?",
-            (time.time(), fp_key, key),
-        ))
+        self._record_use("decision", fp_key, key)
         return entry
 
     def _put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict],
@@ -695,14 +692,8 @@ class PersistentStore(_Store):
 
     # ----- plans -------------------------------------------------------------------------------
     def put_plan(self, fingerprint: Fingerprint, plan_key: str, blob: bytes) -> bool:
-        _check_fingerprint(fingerprint)
-        _check_key("plan_key", plan_key)
-        blob = _check_blob(blob)
-        if len(blob) > self.max_bytes:
-            log.warning("fusedattn_select: plan %s (%d bytes) is larger than the cache (max_bytes=%d); not stored",
-                        plan_key, len(blob), self.max_bytes)
-            return False
-        if self._plan_refusal():
+        blob = self._plan_to_store(fingerprint, plan_key, blob)
+        if blob is None or self._plan_refusal():
             return False
         fp_key = fingerprint.key()
         digest = _sha256(blob)
@@ -734,14 +725,7 @@ class PersistentStore(_Store):
         if self._plan_refusal():
             return None
         fp_key = fingerprint.key()
-        try:
-            row = self._run("read a plan", lambda conn: conn.execute(
-                "SELECT sha256, size, blob FROM plans WHERE fingerprint_key = ? AND plan_key = ?",
-                (fp_key, plan_key),
-            ).fetchone())
-        except _StoreFailure as err:
-            log.warning("fusedattn_select: decision cache %s: %s; treated as a miss", self.path, err)
-            return None
+        row = self._read_row("plan", "sha256, size, blob", fp_key, plan_key)
         if row is None:
             return None
         digest, size, blob = row
@@ -753,16 +737,9 @@ class PersistentStore(_Store):
         elif _sha256(blob) != digest:
             problem = "sha256 of the blob does not match the stored digest"
         if problem:
-            log.warning("fusedattn_select: dropped the cached plan %s from %s: %s", plan_key, self.path, problem)
-            self._write_quietly("drop a bad plan", lambda conn: conn.execute(
-                "DELETE FROM plans WHERE fingerprint_key = ? AND plan_key = ? AND sha256 IS ?",
-                (fp_key, plan_key, digest),
-            ))
+            self._drop_bad_row("plan", fp_key, plan_key, problem, "sha256", digest)
             return None
-        self._write_quietly("record a plan's use", lambda conn: conn.execute(
-            "UPDATE plans SET last_used = ? WHERE fingerprint_key = ? AND plan_key = ?",
-            (time.time(), fp_key, plan_key),
-        ))
+        self._record_use("plan", fp_key, plan_key)
         return blob
 
     def _plan_refusal(self) -> str:
@@ -851,6 +828,40 @@ class PersistentStore(_Store):
         return fingerprints, verdicts, plans
 
     # ----- internals ---------------------------------------------------------------------------
+    # A decision or a plan is one row of its table, keyed by (fingerprint_key, its key column).
+    _ROWS = {"decision": ("verdicts", "config_key"), "plan": ("plans", "plan_key")}
+
+    def _read_row(self, kind: str, columns: str, fp_key: str, key: str) -> tuple | None:
+        """`columns` of the `kind` ("decision" or "plan") row, or None: no row, or unreadable (logged)."""
+        table, key_column = self._ROWS[kind]
+        try:
+            return self._run(f"read a {kind}", lambda conn: conn.execute(
+                f"SELECT {columns} FROM {table} WHERE fingerprint_key = ? AND {key_column} = ?",
+                (fp_key, key),
+            ).fetchone())
+        except _StoreFailure as err:
+            log.warning("fusedattn_select: decision cache %s: %s; treated as a miss", self.path, err)
+            return None
+
+    def _drop_bad_row(self, kind: str, fp_key: str, key: str, problem: object, column: str,
+                      value: object) -> None:
+        """Log and delete the damaged `kind` row that was read (its `column` was `value`)."""
+        table, key_column = self._ROWS[kind]
+        log.warning("fusedattn_select: dropped the cached %s %s from %s: %s", kind, key, self.path, problem)
+        # Only the row that was read: another process may have replaced it meanwhile.
+        self._write_quietly(f"drop a bad {kind}", lambda conn: conn.execute(
+            f"DELETE FROM {table} WHERE fingerprint_key = ? AND {key_column} = ? AND {column} IS ?",
+            (fp_key, key, value),
+        ))
+
+    def _record_use(self, kind: str, fp_key: str, key: str) -> None:
+        """Stamp the `kind` row's last_used (for least-recently-used eviction)."""
+        table, key_column = self._ROWS[kind]
+        self._write_quietly(f"record a {kind}'s use", lambda conn: conn.execute(
+            f"UPDATE {table} SET last_used = ? WHERE fingerprint_key = ? AND {key_column} = ?",
+            (time.time(), fp_key, key),
+        ))
+
     @staticmethod
     def _remember_fingerprint(conn: sqlite3.Connection, fingerprint: Fingerprint, now: float) -> None:
         conn.execute(
@@ -1127,12 +1138,8 @@ class MemoryStore(_Store):
         return "stored"
 
     def put_plan(self, fingerprint: Fingerprint, plan_key: str, blob: bytes) -> bool:
-        _check_fingerprint(fingerprint)
-        _check_key("plan_key", plan_key)
-        blob = _check_blob(blob)
-        if len(blob) > self.max_bytes:
-            log.warning("fusedattn_select: plan %s (%d bytes) is larger than the cache (max_bytes=%d); not stored",
-                        plan_key, len(blob), self.max_bytes)
+        blob = self._plan_to_store(fingerprint, plan_key, blob)
+        if blob is None:
             return False
         fp_key = fingerprint.key()
         with self._lock:

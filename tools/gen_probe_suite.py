@@ -7,9 +7,11 @@ Writes ``probes/hopper-suite.yaml`` (every config) and ``probes/hopper-suite-sam
 suite entry can be copied anywhere on its own.
 
 The generator is deterministic: no randomness, no clock, no environment; running it twice writes
-byte-identical files. It needs only the standard library and PyYAML. Before writing, every config
-is checked against the AttnConfig constraints (``check_config``) and names and configs are checked
-to be unique; a violation aborts without writing anything.
+byte-identical files. It needs PyYAML and the ``fusedattn_select`` package of this checkout (its
+AttnConfig vocabulary and validation). Before writing, every entry is built with
+``AttnConfig.from_dict`` and checked against the few suite rules the library does not make
+(``check_suite_rules``), and names and configs are checked to be unique; a violation aborts
+without writing anything.
 
 Usage::
 
@@ -26,70 +28,38 @@ from __future__ import annotations
 
 import argparse
 import collections
-import math
+import dataclasses
+import importlib.util
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as `python3 tools/gen_probe_suite.py`, Python puts tools/ on sys.path, not the repo root: where
+# fusedattn_select is not installed, the package beside tools/ would not be found. The generator
+# needs it (the AttnConfig vocabulary and validation), so it falls back to this checkout's copy.
+if importlib.util.find_spec("fusedattn_select") is None:
+    sys.path.insert(0, str(ROOT))
+
+from fusedattn_select.config import (  # noqa: E402 - after the sys.path fallback above
+    BIAS_SHAPES, FP8_DTYPES, LAYOUTS, MASKS, AttnConfig, ConfigFile, NamedConfig, load_config_file,
+    parse_config_file,
+)
+from fusedattn_select.errors import ConfigError  # noqa: E402
+
 SUITE_PATH = ROOT / "probes" / "hopper-suite.yaml"
 SAMPLE_PATH = ROOT / "probes" / "hopper-suite-sample.yaml"
 SAMPLE_EVERY = 10
 MIN_CONFIGS = 320
 
-# ----- the AttnConfig vocabulary ------------------------------------------------------------
-DTYPES = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
-F16_DTYPES = ("fp16", "bf16")
-FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
-FORMATS = ("bshd", "sbhd", "bhsd", "thd")
-MASKS = (
-    "no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
-    "padding_causal_bottom_right",
-)
-PADDING_MASKS = ("padding", "padding_causal", "padding_causal_bottom_right")
-CAUSAL_MASKS = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
-BOTTOM_RIGHT_MASKS = ("causal_bottom_right", "padding_causal_bottom_right")
-BIASES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
-BIAS_SHAPES = ("1hss", "b1ss", "bhss", "11ss")
-SOFTMAXES = ("vanilla", "off_by_one", "learnable")
-SCALING_MODES = ("delayed", "current", "mxfp8")
+# ----- the AttnConfig vocabulary (fusedattn_select.config) ---------------------------------
+NON_PAGED_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if not layout.paged)
+PAGED_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout.paged)
 
-# layout name -> (q format, kv format, packing, paged)
-LAYOUTS: dict[str, tuple[str, str, str | None, bool]] = {
-    "bshd_bshd_bshd": ("bshd", "bshd", None, False),
-    "sbhd_sbhd_sbhd": ("sbhd", "sbhd", None, False),
-    "bhsd_bhsd_bhsd": ("bhsd", "bhsd", None, False),
-    "thd_thd_thd": ("thd", "thd", None, False),
-    "bs3hd": ("bshd", "bshd", "3hd", False),
-    "sb3hd": ("sbhd", "sbhd", "3hd", False),
-    "t3hd": ("thd", "thd", "3hd", False),
-    "bsh3d": ("bshd", "bshd", "h3d", False),
-    "sbh3d": ("sbhd", "sbhd", "h3d", False),
-    "th3d": ("thd", "thd", "h3d", False),
-    "bshd_bs2hd": ("bshd", "bshd", "2hd", False),
-    "sbhd_sb2hd": ("sbhd", "sbhd", "2hd", False),
-    "thd_t2hd": ("thd", "thd", "2hd", False),
-    "bshd_bsh2d": ("bshd", "bshd", "h2d", False),
-    "sbhd_sbh2d": ("sbhd", "sbhd", "h2d", False),
-    "thd_th2d": ("thd", "thd", "h2d", False),
-    "sbhd_bshd_bshd": ("sbhd", "bshd", None, False),
-    "bshd_sbhd_sbhd": ("bshd", "sbhd", None, False),
-    "thd_bshd_bshd": ("thd", "bshd", None, False),
-    "thd_sbhd_sbhd": ("thd", "sbhd", None, False),
-    "paged_kv_bshd_bshd_bshd": ("bshd", "bshd", None, True),
-    "paged_kv_bshd_sbhd_sbhd": ("bshd", "sbhd", None, True),
-    "paged_kv_sbhd_bshd_bshd": ("sbhd", "bshd", None, True),
-    "paged_kv_sbhd_sbhd_sbhd": ("sbhd", "sbhd", None, True),
-    "paged_kv_thd_bshd_bshd": ("thd", "bshd", None, True),
-    "paged_kv_thd_sbhd_sbhd": ("thd", "sbhd", None, True),
-}
-NON_PAGED_LAYOUTS = tuple(n for n, v in LAYOUTS.items() if not v[3])
-PAGED_LAYOUTS = tuple(n for n, v in LAYOUTS.items() if v[3])
-
-REQUIRED = ("batch_size", "num_heads_q", "num_heads_kv", "seqlen_q", "seqlen_kv", "head_dim_qk")
-# Canonical key order of an emitted entry (also the set of allowed keys).
+# Key order of an emitted entry: the suite's reading order, not AttnConfig's field order. It
+# must name every AttnConfig field (asserted below).
 FIELDS = (
     "batch_size", "num_heads_q", "num_heads_kv", "seqlen_q", "seqlen_kv", "head_dim_qk",
     "head_dim_v", "qkv_dtype", "o_dtype", "do_dtype", "dqkv_dtype", "scaling_mode",
@@ -97,20 +67,20 @@ FIELDS = (
     "window_size", "bottom_right_diagonal", "bias", "bias_shape", "softmax", "dropout",
     "attn_scale", "is_training", "deterministic", "cuda_graph", "return_max_logit",
 )
-# AttnConfig defaults of the optional fields (an entry may leave these out).
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AttnConfig)}
+REQUIRED = tuple(name for name, default in _FIELD_DEFAULTS.items() if default is dataclasses.MISSING)
+# AttnConfig defaults of the optional fields (an entry may leave these out), as YAML data:
+# tuple defaults (window_size) as lists.
 OPTIONAL_DEFAULTS: dict[str, Any] = {
-    "head_dim_v": None, "qkv_dtype": "bf16", "o_dtype": None, "do_dtype": None,
-    "dqkv_dtype": None, "qkv_layout": "bshd_bshd_bshd", "o_format": None, "do_format": None,
-    "dqkv_layout": None, "mask": "no_mask", "bias": "no_bias", "bias_shape": None,
-    "softmax": "vanilla", "window_size": [-1, -1], "bottom_right_diagonal": None,
-    "dropout": 0.0, "attn_scale": None, "is_training": True, "deterministic": False,
-    "cuda_graph": False, "return_max_logit": False, "scaling_mode": None, "page_size": None,
-    "num_pages": None,
+    name: list(default) if isinstance(default, tuple) else default
+    for name, default in _FIELD_DEFAULTS.items() if default is not dataclasses.MISSING
 }
-assert set(FIELDS) == set(REQUIRED) | set(OPTIONAL_DEFAULTS)
+assert set(FIELDS) == set(_FIELD_DEFAULTS), "FIELDS must list every AttnConfig field"
 
 
 # ----- constraint check ---------------------------------------------------------------------
+# AttnConfig.from_dict (and parse_config_file for whole files) makes every AttnConfig check;
+# this section adds only the rules the library does not make.
 class ConfigProblem(ValueError):
     pass
 
@@ -119,161 +89,63 @@ def _fail(where: str, message: str) -> None:
     raise ConfigProblem(f"{where}: {message}")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_config(cfg: dict[str, Any], where: str = "config") -> None:
-    """Raise ConfigProblem unless ``cfg`` (a merged entry, without ``name``) is a valid AttnConfig."""
-    unknown = sorted(set(cfg) - set(FIELDS))
-    if unknown:
-        _fail(where, f"unknown field(s) {unknown}")
-    for key in REQUIRED:
-        if key not in cfg:
-            _fail(where, f"required field {key!r} is missing")
-        if not _is_int(cfg[key]) or cfg[key] <= 0:
-            _fail(where, f"{key}={cfg[key]!r} must be a positive integer")
-    get = lambda key: cfg.get(key, OPTIONAL_DEFAULTS.get(key))  # noqa: E731
-    for key in ("head_dim_v", "page_size", "num_pages"):
-        if get(key) is not None and (not _is_int(get(key)) or get(key) <= 0):
-            _fail(where, f"{key}={get(key)!r} must be a positive integer")
-    if cfg["num_heads_q"] % cfg["num_heads_kv"]:
-        _fail(where, "num_heads_kv must divide num_heads_q")
-
-    def choice(key: str, allowed: Iterable[Any], optional: bool = False) -> None:
-        value = get(key)
-        if value is None and optional:
-            return
-        if value not in tuple(allowed):
-            _fail(where, f"{key}={value!r} not in {tuple(allowed)}")
-
-    choice("qkv_dtype", DTYPES)
-    for key in ("o_dtype", "do_dtype", "dqkv_dtype"):
-        choice(key, DTYPES, optional=True)
-    choice("qkv_layout", LAYOUTS)
-    choice("o_format", FORMATS, optional=True)
-    choice("do_format", FORMATS, optional=True)
-    choice("dqkv_layout", NON_PAGED_LAYOUTS, optional=True)
-    choice("mask", MASKS)
-    choice("bias", BIASES)
-    choice("bias_shape", BIAS_SHAPES, optional=True)
-    choice("softmax", SOFTMAXES)
-    choice("scaling_mode", SCALING_MODES, optional=True)
-    for key in ("is_training", "deterministic", "cuda_graph", "return_max_logit"):
-        if not isinstance(get(key), bool):
-            _fail(where, f"{key}={get(key)!r} must be a bool")
-    if get("bottom_right_diagonal") is not None and not isinstance(get("bottom_right_diagonal"), bool):
-        _fail(where, "bottom_right_diagonal must be a bool or omitted")
-    window = get("window_size")
-    if not isinstance(window, list) or len(window) != 2 or not all(_is_int(w) and w >= -1 for w in window):
-        _fail(where, f"window_size={window!r} must be [left, right] integers >= -1")
-    dropout = get("dropout")
-    if not isinstance(dropout, float) or not 0.0 <= dropout < 1.0:
-        _fail(where, f"dropout={dropout!r} must be a float in [0, 1)")
-    scale = get("attn_scale")
-    if scale is not None and (not isinstance(scale, float) or not math.isfinite(scale) or scale <= 0):
-        _fail(where, f"attn_scale={scale!r} must be a positive float")
-
-    mask = get("mask")
-    layout = get("qkv_layout")
-    q_format, kv_format, packing, paged = LAYOUTS[layout]
-    ragged = "thd" in (q_format, kv_format)
-    head_dim_v = cfg["head_dim_qk"] if get("head_dim_v") is None else get("head_dim_v")
-    is_fp8 = get("qkv_dtype") in FP8_DTYPES
-    # THD (ragged) layouts carry sequence lengths: they need a padding mask.
-    if ragged and mask not in PADDING_MASKS:
-        _fail(where, f"{layout} is THD and needs a padding mask, not {mask}")
-    if packing in ("3hd", "h3d") and (
-        cfg["seqlen_q"] != cfg["seqlen_kv"] or cfg["num_heads_q"] != cfg["num_heads_kv"]
-        or head_dim_v != cfg["head_dim_qk"]
-    ):
-        _fail(where, f"{layout} interleaves Q, K, V: needs equal seqlens, heads and head dims")
-    if packing in ("2hd", "h2d") and head_dim_v != cfg["head_dim_qk"]:
-        _fail(where, f"{layout} interleaves K and V: needs head_dim_v == head_dim_qk")
-    if paged:
-        if get("page_size") is None or get("num_pages") is None:
-            _fail(where, f"{layout} is paged: needs page_size and num_pages")
-        if get("is_training"):
-            _fail(where, f"{layout} is paged: inference only (is_training: false)")
-        if mask not in PADDING_MASKS:
-            _fail(where, f"{layout} is paged: needs a padding mask, not {mask}")
-        needed = cfg["batch_size"] * -(-cfg["seqlen_kv"] // get("page_size"))
-        if get("num_pages") < needed:
-            _fail(where, f"num_pages={get('num_pages')} < batch * ceil(seqlen_kv / page_size) = {needed}")
-    elif get("page_size") is not None or get("num_pages") is not None:
-        _fail(where, "page_size/num_pages only with a paged_kv_* layout")
-    o_format = get("o_format")
-    if o_format is not None and (o_format == "thd") != (q_format == "thd"):
-        _fail(where, f"o_format={o_format} must be thd exactly when Q is THD")
-    if get("do_format") is not None and (get("do_format") == "thd") != (q_format == "thd"):
-        _fail(where, f"do_format={get('do_format')} must be thd exactly when Q is THD")
-    if get("dqkv_layout") is not None:
-        dq, dkv, _, _ = LAYOUTS[get("dqkv_layout")]
-        if ("thd" in (dq, dkv)) != ragged:
-            _fail(where, "dqkv_layout must be THD exactly when qkv_layout is")
-    left, right = window
-    if mask in CAUSAL_MASKS and right not in (-1, 0):
-        _fail(where, f"causal mask {mask} needs window right bound 0 or -1, got {right}")
-    if get("bottom_right_diagonal") is False and mask in BOTTOM_RIGHT_MASKS:
-        _fail(where, f"bottom_right_diagonal: false contradicts {mask}")
-    if (get("bias") == "post_scale_bias") != (get("bias_shape") is not None):
-        _fail(where, "bias_shape is required with post_scale_bias and only allowed there")
-    if is_fp8:
+def check_suite_rules(cfg: AttnConfig, where: str) -> None:
+    """Raise ConfigProblem where a valid AttnConfig breaks a rule of this suite."""
+    if cfg.layout.paged:
+        needed = cfg.batch_size * -(-cfg.seqlen_kv // cfg.page_size)
+        if cfg.num_pages < needed:
+            _fail(where, f"num_pages={cfg.num_pages} < batch * ceil(seqlen_kv / page_size) = {needed}")
+    if cfg.do_format is not None and (cfg.do_format == "thd") != (cfg.q_format == "thd"):
+        _fail(where, f"do_format={cfg.do_format} must be thd exactly when Q is THD")
+    if cfg.is_fp8 and cfg.scaling_mode is None:
         # This suite always names the FP8 recipe explicitly.
-        if get("scaling_mode") is None:
-            _fail(where, "FP8 configs in this suite name their scaling_mode")
-    else:
-        if get("scaling_mode") is not None:
-            _fail(where, "scaling_mode is only for FP8 qkv_dtype")
-        for key in ("o_dtype", "do_dtype", "dqkv_dtype"):
-            if get(key) is not None and get(key) not in F16_DTYPES:
-                _fail(where, f"{key}={get(key)} needs an FP8 qkv_dtype")
-    if not get("is_training"):
-        for key in ("do_dtype", "dqkv_dtype", "do_format", "dqkv_layout"):
-            if get(key) is not None:
-                _fail(where, f"{key} describes the backward pass: only with is_training: true")
+        _fail(where, "FP8 configs in this suite name their scaling_mode")
 
 
-def check_unique(entries: list[dict[str, Any]], where: str) -> None:
+def check_entry(name: str, fields: Mapping[str, Any]) -> AttnConfig:
+    """The AttnConfig of one generated entry (``fields`` without ``name``); ConfigProblem naming
+    the entry unless it is valid and keeps the suite rules."""
+    try:
+        cfg = AttnConfig.from_dict(fields)
+    except ConfigError as err:
+        raise ConfigProblem(f"{name}: {err}") from None
+    check_suite_rules(cfg, name)
+    return cfg
+
+
+def check_unique(entries: Iterable[NamedConfig], where: str) -> None:
+    """Names are unique, and no two entries are the same problem (equal cache keys)."""
     names: set[str] = set()
-    bodies: dict[tuple, str] = {}
+    keys: dict[str, str] = {}
     for entry in entries:
-        name = entry["name"]
-        if name in names:
-            _fail(where, f"duplicate entry name {name!r}")
-        names.add(name)
-        body = tuple(sorted((k, repr(v)) for k, v in entry.items() if k != "name"))
-        if body in bodies:
-            _fail(where, f"entries {bodies[body]!r} and {name!r} are the same config")
-        bodies[body] = name
+        if entry.name in names:
+            _fail(where, f"duplicate entry name {entry.name!r}")
+        names.add(entry.name)
+        key = entry.config.cache_key()
+        if key in keys:
+            _fail(where, f"entries {keys[key]!r} and {entry.name!r} are the same config")
+        keys[key] = entry.name
+
+
+def check_file(config_file: ConfigFile) -> None:
+    """The checks a parsed config file needs beyond parse_config_file's."""
+    where = config_file.path
+    for key in ("description", "source"):
+        if not getattr(config_file, key):
+            _fail(where, f"top-level {key!r} must be a non-empty string")
+    for entry in config_file.entries:
+        check_suite_rules(entry.config, f"{where}: {entry.name}")
+    check_unique(config_file.entries, where)
 
 
 def check_config_file(path: Path) -> int:
     """Check a configs/*.yaml (or probes/*.yaml) file; return its number of entries."""
-    data = yaml.safe_load(path.read_text())
-    where = str(path)
-    if not isinstance(data, dict):
-        _fail(where, "must be a mapping")
-    extra = sorted(set(data) - {"name", "description", "source", "defaults", "configs"})
-    if extra:
-        _fail(where, f"unknown top-level keys {extra}")
-    for key in ("name", "description", "source"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            _fail(where, f"top-level {key!r} must be a non-empty string")
-    defaults = data.get("defaults") or {}
-    entries = data.get("configs")
-    if not isinstance(entries, list) or not entries:
-        _fail(where, "configs must be a non-empty list")
-    merged_entries = []
-    for index, raw in enumerate(entries):
-        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            _fail(where, f"configs[{index}] must be a mapping with a name")
-        merged = {**defaults, **raw}
-        name = merged.pop("name")
-        check_config(merged, f"{where}: {name}")
-        merged_entries.append({"name": name, **merged})
-    check_unique(merged_entries, where)
-    return len(entries)
+    try:
+        config_file = load_config_file(path)
+    except ConfigError as err:
+        raise ConfigProblem(str(err)) from None
+    check_file(config_file)
+    return len(config_file.entries)
 
 
 # ----- config construction ------------------------------------------------------------------
@@ -529,8 +401,8 @@ def build() -> Suite:
         "thd_thd_thd",
     )
     for layout in NON_PAGED_LAYOUTS:
-        ragged = "thd" in LAYOUTS[layout][:2]
-        packing = LAYOUTS[layout][2]
+        ragged = LAYOUTS[layout].ragged
+        packing = LAYOUTS[layout].packing
         mask = "padding_causal" if ragged else "causal"
         for train in TRAIN_INFER:
             s.add(qkv_layout=layout, mask=mask, is_training=train)
@@ -793,9 +665,8 @@ def main(argv: list[str] | None = None) -> int:
 
     suite = build()
     entries = [{"name": name, **cfg} for name, cfg in suite.entries.items()]
-    for entry in entries:
-        check_config({k: v for k, v in entry.items() if k != "name"}, entry["name"])
-    check_unique(entries, "hopper-suite")
+    check_unique((NamedConfig(name, check_entry(name, cfg)) for name, cfg in suite.entries.items()),
+                 "hopper-suite")
     if len(entries) < MIN_CONFIGS:
         raise ConfigProblem(f"only {len(entries)} configs; the suite needs at least {MIN_CONFIGS}")
     sample = entries[::SAMPLE_EVERY]
@@ -817,13 +688,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Every {SAMPLE_EVERY}th config of probes/hopper-suite.yaml, for quick GPU agreement tests",
         sample, coverage(sample, suite.section_of),
     )
-    # Round-trip both files through the checker before writing.
+    # Round-trip both files through the library's config-file parser and the checker before writing.
     for text, where in ((suite_text, SUITE_PATH), (sample_text, SAMPLE_PATH)):
-        data = yaml.safe_load(text)
-        reparsed = data["configs"]
-        for entry in reparsed:
-            check_config({k: v for k, v in entry.items() if k != "name"}, f"{where.name}: {entry['name']}")
-        check_unique(reparsed, where.name)
+        try:
+            reparsed = parse_config_file(yaml.safe_load(text), where.name)
+        except ConfigError as err:
+            raise ConfigProblem(str(err)) from None
+        check_file(reparsed)
     SUITE_PATH.parent.mkdir(parents=True, exist_ok=True)
     SUITE_PATH.write_text(suite_text)
     SAMPLE_PATH.write_text(sample_text)

@@ -50,33 +50,42 @@ STAGES = (
 _VERDICT_EXCEPTIONS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, NotImplementedError)
 
 
-class CudnnUnsupported(FusedAttnSelectError):
-    """cuDNN (or the frontend's graph API) cannot run this problem: a cacheable verdict.
+class _StageOutcome:
+    """The fields of CudnnUnsupported and ProbeFailure (a mixin ahead of their exception base).
 
     `stage` is one of STAGES; `message` is one cleaned line; `detail` the full original text;
-    `timings_ms` the stages that ran before the rejection, in milliseconds.
+    `timings_ms` the stages that ran before the rejection or failure, in milliseconds. The
+    exception text is "<_summary> at <stage>: <message>".
     """
 
+    _summary = ""
+
     def __init__(self, stage: str, message: str, detail: str = "",
                  timings_ms: Mapping[str, float] | None = None) -> None:
         self.stage = stage
         self.message = message
         self.detail = detail or message
         self.timings_ms = dict(timings_ms or {})
-        super().__init__(f"not supported at {stage}: {message}")
+        super().__init__(f"{self._summary} at {stage}: {message}")
 
 
-class ProbeFailure(ProbeError):
+class CudnnUnsupported(_StageOutcome, FusedAttnSelectError):
+    """cuDNN (or the frontend's graph API) cannot run this problem: a cacheable verdict.
+
+    Fields: see _StageOutcome (stage, message, detail, timings_ms).
+    """
+
+    _summary = "not supported"
+
+
+class ProbeFailure(_StageOutcome, ProbeError):
     """Building the graph failed for a reason that says nothing about support (out of memory, a
-    CUDA or driver error, a missing module, an unexpected exception). Never cached."""
+    CUDA or driver error, a missing module, an unexpected exception). Never cached.
 
-    def __init__(self, stage: str, message: str, detail: str = "",
-                 timings_ms: Mapping[str, float] | None = None) -> None:
-        self.stage = stage
-        self.message = message
-        self.detail = detail or message
-        self.timings_ms = dict(timings_ms or {})
-        super().__init__(f"probe failed at {stage}: {message}")
+    Fields: see _StageOutcome (stage, message, detail, timings_ms).
+    """
+
+    _summary = "probe failed"
 
 
 @dataclass
