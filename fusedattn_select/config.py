@@ -389,8 +389,10 @@ def _validate_cross_fields(cfg: AttnConfig) -> None:
     elif cfg.page_size is not None or cfg.num_pages is not None:
         field_name = "page_size" if cfg.page_size is not None else "num_pages"
         raise ConfigError(field_name, getattr(cfg, field_name), "only allowed with a paged_kv_* qkv_layout")
-    if cfg.o_format == "thd" and cfg.q_format != "thd" or cfg.o_format not in (None, "thd") and cfg.q_format == "thd":
-        raise ConfigError("o_format", cfg.o_format, f"must be 'thd' exactly when Q is THD (q format {cfg.q_format!r})")
+    for name in ("o_format", "do_format"):
+        value = getattr(cfg, name)
+        if value == "thd" and cfg.q_format != "thd" or value not in (None, "thd") and cfg.q_format == "thd":
+            raise ConfigError(name, value, f"must be 'thd' exactly when Q is THD (q format {cfg.q_format!r})")
     if cfg.dqkv_layout is not None and LAYOUTS[cfg.dqkv_layout].ragged != layout.ragged:
         raise ConfigError("dqkv_layout", cfg.dqkv_layout, f"must be ragged (THD) exactly when qkv_layout={cfg.qkv_layout!r} is")
     left, right = cfg.window_size

@@ -87,6 +87,8 @@ CROSS_FIELD = [
     ("page-size-only-with-paged-layout", dict(page_size=64), "page_size", "paged_kv"),
     ("num-pages-only-with-paged-layout", dict(num_pages=64), "num_pages", "paged_kv"),
     ("thd-output-needs-thd-q", dict(o_format="thd"), "o_format", "exactly when Q is THD"),
+    ("thd-grad-output-needs-thd-q", dict(do_format="thd"), "do_format", "exactly when Q is THD"),
+    ("thd-q-needs-thd-grad-output", dict(qkv_layout="thd_thd_thd", mask="padding", do_format="bshd"), "do_format", "exactly when Q is THD"),
     ("thd-q-needs-thd-output", dict(qkv_layout="thd_thd_thd", mask="padding", o_format="bshd"),
      "o_format", "exactly when Q is THD"),
     ("dqkv-layout-raggedness-must-match", dict(dqkv_layout="thd_thd_thd"), "dqkv_layout", "ragged"),
