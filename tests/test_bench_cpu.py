@@ -93,6 +93,21 @@ def test_markdown_table_escapes_and_pads(bench):
     assert lines[3] == "| 1 |  | 3.5 |"
 
 
+def test_sdpa_reason_keeps_the_specific_reasons(bench):
+    warnings = [
+        "Memory efficient kernel not used because: (Triggered internally at /pytorch/aten/x.cpp:986.)",
+        "For dense input, both fused kernels require query, key and value to have the same num_heads. "
+        "(Triggered internally at /pytorch/aten/y.cpp:99.)",
+        "Flash attention kernel not used because: (Triggered internally at /pytorch/aten/x.cpp:988.)",
+        "Flash attention requires q, k and v to have the same last dimension (Triggered internally at z.cpp:1.)",
+    ]
+    reason = bench.sdpa_reason("No available kernel. Aborting execution.", warnings)
+    assert reason == ("n/a: For dense input, both fused kernels require query, key and value to have the same "
+                      "num_heads.; Flash attention requires q, k and v to have the same last dimension")
+    assert bench.sdpa_reason("No available kernel. (Triggered internally at a.cpp:1.)", []) == \
+        "n/a: No available kernel."
+
+
 def test_status_helpers(bench):
     assert bench.failed("boom\nsecond line") == "failed: boom"
     assert bench.skipped() == "skipped: time budget"
@@ -307,7 +322,7 @@ def test_warm_start_summary(bench):
     assert s["select_s_depth_full"]["warm"] is None and s["select_s_depth_full"]["ratio"] is None
     doc = {"runs": runs, "summary": s, "file": "f", "step": "st", "entries": 11}
     md = bench._md_warm_start(doc)
-    assert "| select | 2.00 (n=1) | 1.00 (0.5–1.50) | 0.25 (n=1) | 2.00x | 8.00x |" in md
+    assert "| select all | 2.00 (n=1) | 1.00 (0.5–1.50) | 0.25 (n=1) | 2.00x | 8.00x |" in md
 
 
 def test_module_level_imports_no_gpu_stack():

@@ -4,7 +4,7 @@
     python tools/bench.py [--out DIR] [--quick] [--budget SECONDS] [--sections 1,2,5]
 
 Measures on the GPU machine and writes DIR/bench.json and DIR/bench.md (DIR: --out, else $OUT,
-else ./bench-out), plus one log per measuring subprocess under DIR/logs/:
+else ./bench-out), plus DIR/bench.log with the output of every measuring subprocess:
 
   1. selection latency   get_backend() on a cached config vs torch._fused_sdp_choice and
                          torch.backends.cuda.can_use_cudnn_attention on the same shape
@@ -45,6 +45,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -493,7 +494,7 @@ def _md_probe_cost(s: Mapping) -> str:
     rows = []
     for f in s.get("files") or []:
         if not is_ok(f.get("status", RESULT_STATUS_OK)) and not (f.get("summary") or {}).get("graphs"):
-            rows.append((f.get("file"), f.get("status"), "", "", "", "", "", "", "", ""))
+            rows.append((f.get("file"), f.get("status"), "", "", "", "", "", "", "", "", ""))
             continue
         sm = f.get("summary") or {}
         rows.append((
@@ -502,7 +503,8 @@ def _md_probe_cost(s: Mapping) -> str:
             fmt_stat(sm.get("fast_fwd_ms")), fmt_stat(sm.get("fast_bwd_ms")),
             fmt_stat(sm.get("full_cold_fwd_ms")), fmt_stat(sm.get("full_cold_bwd_ms")),
             fmt_stat(sm.get("full_class_seen_ms")),
-            fmt_stat(sm.get("rebuild_ms")), fmt_stat(sm.get("rejected_fast_ms")),
+            fmt_stat(sm.get("rebuild_fwd_ms")), fmt_stat(sm.get("rebuild_bwd_ms")),
+            fmt_stat(sm.get("rejected_fast_ms")),
             fmt_stat(sm.get("memory_hit_us")),
         ))
     total = s.get("all") or {}
@@ -512,20 +514,21 @@ def _md_probe_cost(s: Mapping) -> str:
             fmt_stat(total.get("fast_fwd_ms")), fmt_stat(total.get("fast_bwd_ms")),
             fmt_stat(total.get("full_cold_fwd_ms")), fmt_stat(total.get("full_cold_bwd_ms")),
             fmt_stat(total.get("full_class_seen_ms")),
-            fmt_stat(total.get("rebuild_ms")), fmt_stat(total.get("rejected_fast_ms")),
+            fmt_stat(total.get("rebuild_fwd_ms")), fmt_stat(total.get("rebuild_bwd_ms")),
+            fmt_stat(total.get("rejected_fast_ms")),
             fmt_stat(total.get("memory_hit_us")),
         ))
     if rows:
         parts.append(md_table((
             "config file", "graphs built/probed", "fast fwd ms", "fast bwd ms", "full cold fwd ms",
             "full cold bwd ms", "full, class built earlier in process ms",
-            "again: rebuild, warm kernel cache ms", "rejection (fast) ms",
+            "again fwd: rebuild, warm kernel cache ms", "again bwd: rebuild ms", "rejection (fast) ms",
             "again: memory cache hit µs",
         ), rows))
     r = s.get("ratios") or {}
     if r:
         parts.append("Ratios (all files): full cold fwd / fast fwd = {}, full cold bwd / fast bwd = {}, "
-                     "full cold fwd / rebuild with warm kernel cache = {}, full cold fwd / memory hit = {}.".format(
+                     "full cold fwd / fwd rebuild with warm kernel cache = {}, full cold fwd / memory hit = {}.".format(
                          fmt_ratio(r.get("full_over_fast_fwd")), fmt_ratio(r.get("full_over_fast_bwd")),
                          fmt_ratio(r.get("cold_over_rebuild")), fmt_ratio(r.get("cold_over_memory_hit"))))
     return "\n\n".join(parts)
@@ -557,12 +560,18 @@ def _md_warm_start(s: Mapping) -> str:
     if summary:
         lines += ["", md_table(("seconds", "cold", "warm (store)", "warm (store + JIT cache)", "cold / warm",
                                 "cold / warm+jit"), [
-            (k.replace("_s_", " ").replace("_s", "").replace("_", " "), fmt_stat(v.get("cold")),
+            (WARM_LABELS.get(k, k), fmt_stat(v.get("cold")),
              fmt_stat(v.get("warm")), fmt_stat(v.get("warm+jit")), fmt_ratio(v.get("ratio")),
              fmt_ratio(v.get("ratio_jit")))
             for k, v in summary.items()
         ])]
     return "\n".join(lines)
+
+
+WARM_LABELS = {
+    "process_wall_s": "process wall", "select_s": "select all", "first_step_s": "first step",
+    "select_plus_step_s": "select + first step", "select_s_depth_full": "select all, depth full",
+}
 
 
 def _md_warmup(s: Mapping) -> str:
@@ -572,19 +581,19 @@ def _md_warmup(s: Mapping) -> str:
     rows = []
     for r in sorted(runs, key=lambda r: r.get("jobs", 0)):
         if not is_ok(r.get("status", RESULT_STATUS_OK)):
-            rows.append((r.get("jobs"), r.get("status"), "", "", "", ""))
+            rows.append((r.get("jobs"), r.get("status"), "", "", "", "", ""))
             continue
         totals = r.get("totals") or {}
         rows.append((
             r.get("jobs"), fmt_stat(r.get("wall_s")), fmt_ratio(r.get("speedup")),
             f"{totals.get('accepted', '?')}/{totals.get('rejected', '?')}/{totals.get('failed', '?')}",
-            r.get("probes", "?"), fmt_num(r.get("init_s")),
+            r.get("probes", "?"), fmt_num(r.get("row_seconds_sum")), fmt_num(r.get("init_s")),
         ))
     return "\n".join([
         f"{s.get('configs', '?')} problems of {s.get('suite', '?')} (evenly spread), warmup(depth=\"full\"), "
         "each jobs level in a fresh process with an empty cache directory.", "",
         md_table(("jobs", "warmup wall s", "speedup vs 1 job", "accepted/rejected/failed", "probes",
-                  "process init s (not in wall)"), rows),
+                  "sum of per-problem s", "process init s (not in wall)"), rows),
     ])
 
 
@@ -1060,14 +1069,22 @@ def _rel_err(a: Any, b: Any) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?")
+
+
+def sdpa_reason(error_text: str, warning_texts: Sequence[str]) -> str:
+    """The specific reasons in torch's "kernel not used because" warnings, without source locations."""
+    reasons: list[str] = []
+    for text in warning_texts:
+        line = " ".join(_TRIGGERED.sub("", str(text)).split())
+        if not line or line.endswith("because:") or line in reasons:
+            continue
+        reasons.append(line if len(line) <= 200 else line[:197] + "...")
+    return "n/a: " + ("; ".join(reasons[:2]) or first_line(_TRIGGERED.sub("", error_text), 200))
+
+
 def _sdpa_reason(err: BaseException, caught: Sequence[Any]) -> str:
-    reasons = []
-    for w in caught:
-        text = first_line(w.message, 200)
-        if text and text not in reasons:
-            reasons.append(text)
-    reason = "; ".join(reasons[:3]) or first_line(err, 200)
-    return f"n/a: {reason}"
+    return sdpa_reason(str(err), [str(w.message) for w in caught])
 
 
 def _torch_dtype(torch: Any, cudnn: Any, data_type: Any) -> Any:
@@ -1559,7 +1576,7 @@ def worker_rebuild(args: Mapping, res: Partial) -> None:
                     "probes": info1.get("probes", 0) - info0.get("probes", 0)}
 
         for label, batch in ((f"first call, batch {dcfg.batch_size} (select + plan builds)", dcfg.batch_size),
-                             (f"first call, new batch {dcfg.batch_size + 1} (kernel cache)", dcfg.batch_size + 1)):
+                             (f"first call, new batch {dcfg.batch_size + 1} (new plans)", dcfg.batch_size + 1)):
             row = call(batch)
             row["name"] = label
             row["ms"] = summarize([row.pop("ms_value")], "ms")
@@ -1617,8 +1634,9 @@ class Runner:
         order = [s for s in RUN_ORDER if s in args.sections]
         self.deadlines = section_deadlines(self.start, args.budget, args.quick, order)
         self.out = Path(args.out)
-        self.logs = self.out / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.out / "bench.log"
+        self.log_path.write_text("")
         self.tmp = Path(tempfile.mkdtemp(prefix="fusedattn-bench-"))
         self.count = 0
         self.notes: list[str] = []
@@ -1656,7 +1674,8 @@ class Runner:
                 penv[key] = value
         started = time.perf_counter()
         timed_out = False
-        with open(self.logs / f"{tag}.log", "w") as log_file:
+        worker_log = self.tmp / f"{tag}.log"
+        with open(worker_log, "w") as log_file:
             try:
                 proc = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=penv,
                                       timeout=limit, cwd=str(ROOT))
@@ -1664,6 +1683,12 @@ class Runner:
             except subprocess.TimeoutExpired:
                 rc, timed_out = None, True
         wall = time.perf_counter() - started
+        try:
+            text = worker_log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        with open(self.log_path, "a") as log:
+            log.write(f"===== {tag} (rc {rc}, {wall:.1f} s) {json.dumps(dict(wargs))}\n{text}\n")
         result: dict = {}
         try:
             result = json.loads(out_file.read_text())
@@ -1676,12 +1701,8 @@ class Runner:
         elif rc != 0 and is_ok(result.get("status")):
             result["status"] = failed(f"worker exited with {rc}")
         elif rc != 0 and "status" not in result:
-            tail = ""
-            try:
-                tail = (self.logs / f"{tag}.log").read_text()[-400:]
-            except OSError:
-                pass
-            result["status"] = failed(f"worker exited with {rc}: {first_line(tail.splitlines()[-1] if tail else '')}")
+            last = [line for line in text.splitlines() if line.strip()]
+            result["status"] = failed(f"worker exited with {rc}: {first_line(last[-1] if last else '')}")
         print(f"  [{time.time() - self.start:6.1f} s] {tag}: {result.get('status')} ({wall:.1f} s)", flush=True)
         return result
 
@@ -1805,7 +1826,10 @@ class Runner:
         for r in section["runs"]:
             r["speedup"] = ratio(base, r.get("wall_s"))
         section["status"] = _combined_status(section["runs"], key="jobs")
-        section["notes"] = ["One run per jobs level (n=1 each): the spread is not measured here."]
+        section["notes"] = [
+            "One run per jobs level (n=1 each): the spread is not measured here. The sum of per-problem "
+            "seconds above the wall time shows how long the threads' probes overlapped (or waited).",
+        ]
         return section
 
     def dispatch(self) -> dict:
@@ -1885,7 +1909,8 @@ class Runner:
             "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in self.plan.items()},
             "sections": {name: sections.get(name, {"status": skipped("not run")}) for name in SECTIONS},
             "notes": self.notes + [
-                "Workers run with CUDA_CACHE_DISABLE=1 and their own FUSEDATTN_SELECT_CACHE_DIR; logs in logs/.",
+                "Workers run with CUDA_CACHE_DISABLE=1 (unless a run says otherwise) and their own "
+                "FUSEDATTN_SELECT_CACHE_DIR; their output is in bench.log.",
             ],
             "wall_seconds": time.time() - self.start,
         }
@@ -1913,12 +1938,15 @@ def _torch_text(res: Mapping) -> str:
 
 
 def _git_rev() -> str:
+    """The checkout's commit: git, else $FUSEDATTN_BENCH_REV (a copy of the tree without .git)."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=str(ROOT), timeout=10)
-        return out.stdout.strip() or "unknown"
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
     except Exception:  # noqa: BLE001
-        return "unknown"
+        pass
+    return os.environ.get("FUSEDATTN_BENCH_REV") or "n/a"
 
 
 def _combined_status(items: Sequence[Mapping], key: str) -> str:
@@ -1940,7 +1968,7 @@ def probe_summary(entries: Sequence[Mapping]) -> dict:
     """Medians of one file's probe measurements (cold = class not seen before in the process)."""
     buckets: dict[str, list[float]] = {k: [] for k in (
         "fast_fwd_ms", "fast_bwd_ms", "full_cold_fwd_ms", "full_cold_bwd_ms", "full_class_seen_ms",
-        "rebuild_ms", "rejected_fast_ms", "build_plans_cold_ms")}
+        "rebuild_fwd_ms", "rebuild_bwd_ms", "rejected_fast_ms", "build_plans_cold_ms")}
     hits: list[float] = []
     graphs = supported = rejected = failures = 0
     for e in entries:
@@ -1960,7 +1988,7 @@ def probe_summary(entries: Sequence[Mapping]) -> dict:
                 else:
                     buckets[f"full_cold_{phase}_ms"].append(g.get("full_ms"))
                     buckets["build_plans_cold_ms"].append(g.get("build_plans_ms"))
-                buckets["rebuild_ms"].append(g.get("rebuild_ms"))
+                buckets[f"rebuild_{phase}_ms"].append(g.get("rebuild_ms"))
             elif outcome == "unsupported":
                 rejected += 1
                 buckets["rejected_fast_ms"].append(g.get("fast_ms"))
@@ -2000,7 +2028,7 @@ def aggregate_probe_cost(files: Sequence[Mapping]) -> dict:
     ratios = {
         "full_over_fast_fwd": ratio(total.get("full_cold_fwd_ms"), total.get("fast_fwd_ms")),
         "full_over_fast_bwd": ratio(total.get("full_cold_bwd_ms"), total.get("fast_bwd_ms")),
-        "cold_over_rebuild": ratio(total.get("full_cold_fwd_ms"), total.get("rebuild_ms")),
+        "cold_over_rebuild": ratio(total.get("full_cold_fwd_ms"), total.get("rebuild_fwd_ms")),
         "cold_over_memory_hit": ratio(median_of(total.get("full_cold_fwd_ms")), hit_ms / 1e3 if hit_ms else None),
     }
     return {"init": init, "all": total, "ratios": ratios}
