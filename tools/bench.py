@@ -548,14 +548,16 @@ def _md_warm_start(s: Mapping) -> str:
             fmt_num(r.get("cuda_init_s")), fmt_num(r.get("select_s")), fmt_num(r.get("first_step_s")),
             fmt_num(r.get("steady_step_s")), fmt_num(r.get("select_plus_step_s")),
             f"{r.get('probes', '?')} / {r.get('persistent_hits', '?')}",
-            f"{r.get('plan_builds', '?')} ({fmt_num(r.get('plan_build_ms'))} ms)",
+            f"{r.get('plan_builds', '?')} ({fmt_num(r.get('plan_build_ms'))} ms)"
+            + (f" / {r['plan_loads']} ({fmt_num(r.get('plan_load_ms'))} ms)"
+               if r.get("plan_loads") is not None else ""),
         ))
     lines = [f"Model file {s.get('file', '?')}: select() of {s.get('entries') or '?'} entries "
              f"(depth {s.get('depth', 'fast')} unless the run says -full), then one forward+backward "
              f"attention() step of {s.get('step', '?')}. Seconds, each run a fresh process.", "",
              md_table(("run", "process wall s", "imports s", "CUDA init s", "select all s", "first step s",
                        "steady step s", "select+first step s", "probes / persistent hits",
-                       "plan builds"), rows)]
+                       "plan builds / loads (ms)"), rows)]
     summary = s.get("summary") or {}
     if summary:
         lines += ["", md_table(("seconds", "cold", "warm (store)", "warm (store + JIT cache)", "cold / warm",
@@ -587,12 +589,15 @@ def _md_warmup(s: Mapping) -> str:
         rows.append((
             r.get("jobs"), fmt_stat(r.get("wall_s")), fmt_ratio(r.get("speedup")),
             f"{totals.get('accepted', '?')}/{totals.get('rejected', '?')}/{totals.get('failed', '?')}",
-            r.get("probes", "?"), fmt_num(r.get("row_seconds_sum")), fmt_num(r.get("init_s")),
+            r.get("probes", "?") if totals.get("plans_built") is None else
+            f"{r.get('probes', '?')} / {totals.get('plans_built')}",
+            fmt_num(r.get("row_seconds_sum")), fmt_num(r.get("init_s")),
         ))
     return "\n".join([
         f"{s.get('configs', '?')} problems of {s.get('suite', '?')} (evenly spread), warmup(depth=\"full\"), "
         "each jobs level in a fresh process with an empty cache directory.", "",
-        md_table(("jobs", "warmup wall s", "speedup vs 1 job", "accepted/rejected/failed", "probes",
+        md_table(("jobs", "warmup wall s", "speedup vs 1 job", "accepted/rejected/failed",
+                  "probes (/ plans built)",
                   "sum of per-problem s", "process init s (not in wall)"), rows),
     ])
 
@@ -951,6 +956,13 @@ def worker_warm_start(args: Mapping, res: Partial) -> None:
     cf = _load_file(args["file"])
     depth = args.get("depth", "fast")
     t = time.perf_counter()
+    if args.get("warmup"):
+        # The documented way to prepare a model: warmup(depth="full") answers every problem and
+        # (where the library stores execution plans) builds and stores the plans attention() runs.
+        from fusedattn_select.warmup import warmup
+
+        report = warmup(list(cf.entries), depth=depth)
+        res["warmup_totals"] = report.totals
     selections = [fas.select(e.config, depth) for e in cf.entries]
     res["select_s"] = time.perf_counter() - t
     res["entries"] = len(selections)
@@ -985,6 +997,7 @@ def worker_warm_start(args: Mapping, res: Partial) -> None:
     res.update(probes=info.get("probes"), persistent_hits=info.get("persistent_hits"),
                hits=info.get("hits"), misses=info.get("misses"),
                plan_builds=dinfo.get("plan_builds"), plan_build_ms=dinfo.get("plan_build_ms"),
+               plan_loads=dinfo.get("plan_loads"), plan_load_ms=dinfo.get("plan_load_ms"),
                fused_calls=dinfo.get("fused_calls"), fallback_calls=dinfo.get("fallback_calls"),
                store=info.get("store"))
 
@@ -1787,7 +1800,7 @@ class Runner:
                 section["runs"].append({"kind": kind, "status": skipped()})
                 continue
             res = self.worker("warm_start", {"file": "llama-3-8b", "step": "train-bf16",
-                                             "depth": "full" if full else "fast"},
+                                             "depth": "full" if full else "fast", "warmup": full},
                               "warm_start", env=env, label=kind.replace("+", "-"))
             res["kind"] = kind
             res["process_wall_s"] = res.pop("_wall_s", None)
@@ -1799,7 +1812,8 @@ class Runner:
             "cold: empty FUSEDATTN_SELECT_CACHE_DIR and an empty driver JIT cache (CUDA_CACHE_PATH) that "
             "it fills; warm: the decision store the cold run before it filled, JIT cache off "
             "(CUDA_CACHE_DISABLE=1: what the store alone gives); warm+jit: that store and that JIT cache "
-            "(a user's second launch on the same machine). -full runs select with depth=\"full\".",
+            "(a user's second launch on the same machine). -full runs call warmup(entries, depth=\"full\") "
+            "first (in the select column), which also stores execution plans where the library does.",
             "select all = select() of every entry of the file (includes the cuDNN engine's process init); "
             "first step = the first attention() forward+backward (its plan builds included); steady step "
             "= the median of 3 more.",
