@@ -18,9 +18,11 @@ first. K and V stored in different layouts are copied to the layout of K.
 What runs
 ---------
 The problem is turned into an AttnConfig (`config_from_tensors`) and selected (`select`). When the
-selection is F16 or FP8, the cuDNN graphs are built once per problem (forward, and backward when
-training) and found again by one dict lookup keyed on the tensors' shapes, strides and dtypes and
-the call's options; the hot path never probes or builds (`dispatch_info()["plan_builds"]`). When
+selection is F16 or FP8, the cuDNN graphs are obtained once per problem (forward, and backward when
+training): loaded from the persistent store where an earlier process or warmup() stored them, else
+built and stored (dispatch_plans.obtain_plan; `plan_loads` and `plan_builds` in dispatch_info()),
+and found again by one dict lookup keyed on the tensors' shapes, strides and dtypes and the call's
+options; the hot path never probes, loads or builds. When
 the selection is NONE, or a graph that passed the fast probe fails to build (the selector's answer
 is then flipped with `record_build_failure`), the call falls back: to torch's own SDPA where it
 expresses the problem exactly, else to `reference.py`. Each fallback is logged once per problem,
@@ -548,7 +550,8 @@ def _build_plans(entry: _Entry, selector: Any, device: torch.device) -> None:
     # stats, which is the training forward graph.
     forward_cfg = cfg.replace(is_training=True) if entry.opts.return_lse and not cfg.is_training else cfg
     try:
-        plans = [dispatch_plans.build_plan(forward_cfg if phase is Phase.FORWARD else cfg, backend, phase, device)
+        plans = [dispatch_plans.obtain_plan(forward_cfg if phase is Phase.FORWARD else cfg, backend, phase, device,
+                                            selector=selector)
                  for phase in phases]
     except dispatch_plans.PlanBuildError as err:
         selector.record_build_failure(cfg, err.verdict)
@@ -1022,7 +1025,9 @@ torch.library.register_autograd("fusedattn_select::attention_fwd", _backward, se
 # ----- introspection -----------------------------------------------------------------------------
 def dispatch_info() -> dict[str, Any]:
     """Counters of the dispatch layer: calls, fused/fallback calls, signatures decided, plan builds
-    (graph builds done by dispatch; 0 new ones after warm-up means the hot path built nothing)."""
+    (graph builds done by dispatch; 0 new ones after warm-up means the hot path built nothing) and
+    plan loads (serialized plans deserialized from the persistent store instead of built;
+    plan_load_failures counts stored plans that did not load and were rebuilt)."""
     info: dict[str, Any] = dict(_counters)
     info["signatures"] = len(_entries)
     info["fallback_signatures"] = sum(1 for e in list(_entries.values()) if not e.fused)
@@ -1031,16 +1036,23 @@ def dispatch_info() -> dict[str, Any]:
 
         stats = plan_stats()
         info.update(plan_builds=stats["builds"], plan_build_ms=stats["build_ms"],
-                    plan_build_failures=stats["build_failures"], executes=stats["executes"],
-                    workspace_bytes=workspace_bytes())
+                    plan_build_failures=stats["build_failures"], plan_loads=stats["loads"],
+                    plan_load_ms=stats["load_ms"], plan_load_failures=stats["load_failures"],
+                    executes=stats["executes"], workspace_bytes=workspace_bytes())
     except ImportError:  # pragma: no cover - dispatch_plans imports only torch
         pass
     return info
 
 
 def clear_plans() -> None:
-    """Forget every decided call signature and its plans (the next call of each decides again)."""
+    """Forget every decided call signature and this process's plans (the next call of each decides
+    again, loading its plans from the persistent store where they are stored)."""
     with _entries_lock:
         _entries.clear()
         for name in _counters:
             _counters[name] = 0
+    try:
+        from .dispatch_plans import clear_plan_cache
+    except ImportError:  # pragma: no cover - dispatch_plans imports only torch
+        return
+    clear_plan_cache()

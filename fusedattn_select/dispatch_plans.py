@@ -8,13 +8,18 @@ scales, the dropout RNG counter) are allocated once per plan, so the hot path al
 its outputs and never synchronises with the host: forward and backward can be captured in a CUDA
 graph.
 
-Building is the only slow step (a few hundred ms per graph: kernels are compiled), done once per
-problem and shape in a process; see build_plan for why plans are built without cuDNN's kernel
-cache. `plan_stats()` counts builds so tests can assert the hot path builds nothing.
+Building is the only slow step (a few hundred ms per graph: kernels are compiled); see build_plan
+for why plans are built without cuDNN's kernel cache. `obtain_plan` finds a plan in this order:
+the process's plans (one per device and plan key, shared by every call signature that runs the
+same graph), the persistent store (a serialized graph from an earlier process or from warmup(),
+deserialized in ~20 ms; plan_store.py), and only then a build, whose serialized graph is stored
+for the next process. `plan_stats()` counts builds and loads separately so tests can assert the
+hot path (and a process started over a warmed cache) builds nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -23,8 +28,11 @@ from typing import Any, Mapping
 
 import torch
 
+from . import plan_store
 from .backend import Backend, Outcome, Phase, ProbeDepth, Verdict
 from .config import AttnConfig
+
+log = logging.getLogger("fusedattn_select")
 
 # Tensors a graph writes, per phase; every other named tensor is an input the caller or the plan
 # provides. O and the softmax stats are outputs of the forward graph and inputs of the backward one.
@@ -73,6 +81,9 @@ class _Stats:
     builds: int = 0
     build_ms: float = 0.0
     build_failures: int = 0
+    loads: int = 0
+    load_ms: float = 0.0
+    load_failures: int = 0
     executes: int = 0
 
 
@@ -81,12 +92,17 @@ _stats_lock = threading.Lock()
 
 
 def plan_stats() -> dict[str, float]:
-    """Counters: plan builds (graph builds done by dispatch), their total ms, failures, executes."""
+    """Counters: plan builds (graph builds done by dispatch), their total ms and failures; plan loads
+    (graphs deserialized from the persistent store), their total ms, and stored plans that did not
+    load (dropped and rebuilt); executes."""
     with _stats_lock:
         return {
             "builds": _stats.builds,
             "build_ms": round(_stats.build_ms, 3),
             "build_failures": _stats.build_failures,
+            "loads": _stats.loads,
+            "load_ms": round(_stats.load_ms, 3),
+            "load_failures": _stats.load_failures,
             "executes": _stats.executes,
         }
 
@@ -100,7 +116,11 @@ class PlanBuildError(Exception):
 
 
 class Plan:
-    """One built graph, ready to execute: named inputs in, freshly allocated named outputs back."""
+    """One built graph, ready to execute: named inputs in, freshly allocated named outputs back.
+
+    `build` is a probing.cudnn_graphs.GraphBuild (tensors are the graph's tensor objects) or a
+    plan_store.StoredGraph (a deserialized graph; tensors are uids): both bind the same way.
+    """
 
     def __init__(self, build: Any, phase: Phase, device: torch.device, cfg: AttnConfig) -> None:
         self.phase = phase
@@ -123,6 +143,8 @@ class Plan:
         self._output_slots = tuple((n, self.cudnn_tensors[n]) for n in self.outputs)
         self.zeroed = frozenset(ZEROED_WITH_PADDING & set(self.outputs)) if cfg.has_padding else frozenset()
         self.constants: dict[str, torch.Tensor] = {}
+        # The GraphBuild of a freshly built plan, until obtain_plan has serialized it.
+        self.source: Any = build
 
     # ----- binding ----------------------------------------------------------------------------
     def has(self, name: str) -> bool:
@@ -306,6 +328,127 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
         _stats.builds += 1
         _stats.build_ms += (time.perf_counter() - started) * 1e3
     return plan
+
+
+# ----- finding a plan: this process, the persistent store, a build -------------------------------
+# Plans by (device ordinal, plan key): call signatures that run the same graph share one plan.
+_plans: dict[tuple[int, str], Plan] = {}
+_plans_guard = threading.Lock()
+_plan_locks: dict[tuple[int, str], threading.Lock] = {}
+
+
+def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, *,
+                selector: Any = None) -> Plan:
+    """The plan for `phase` of `cfg` on `backend` and `device`: this process's, the store's, or built.
+
+    `selector` (the Selector that chose `backend`) provides the persistent store and the
+    fingerprint plans are filed under; without one, or when its store keeps no plans (memory) or
+    its engine is not live cuDNN on a device like this one, plans are built and kept in this
+    process only. A stored plan that does not load is dropped with a warning and rebuilt. Raises
+    PlanBuildError like build_plan.
+    """
+    from .probing import cudnn as cudnn_probe
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        with torch.cuda.device(index), cudnn_probe.device_context(index):
+            signature = plan_store.graph_signature(cfg, backend, phase, handle=cudnn_probe.handle_for(index))
+        key = plan_store.plan_key(cfg, backend, phase, signature)
+    except Exception as err:  # noqa: BLE001 - a graph the frontend cannot describe will not build
+        log.debug("fusedattn_select: no plan key for %s %s (%s: %s); building", cfg.cache_key(), phase.value,
+                  type(err).__name__, err)
+        return build_plan(cfg, backend, phase, device)
+    slot = (index, key)
+    plan = _plans.get(slot)
+    if plan is not None:
+        return plan
+    with _plans_guard:
+        lock = _plan_locks.setdefault(slot, threading.Lock())
+    with lock:
+        plan = _plans.get(slot)
+        if plan is None:
+            plan = _load_or_build(cfg, backend, phase, device, index, key, signature, selector)
+            with _plans_guard:
+                _plans[slot] = plan
+                _plan_locks.pop(slot, None)
+    return plan
+
+
+def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, index: int, key: str,
+                   signature: plan_store.GraphSignature, selector: Any) -> Plan:
+    from .probing import cudnn as cudnn_probe
+
+    store, fingerprint = _persistence(selector, index)
+
+    def build() -> Plan:
+        return build_plan(cfg, backend, phase, device)
+
+    def load(blob: bytes) -> Plan:
+        started = time.perf_counter()
+        with torch.cuda.device(index), cudnn_probe.device_context(index):
+            stored = plan_store.deserialize_graph(blob, key, handle=cudnn_probe.handle_for(index))
+        _check_signature(stored, signature)
+        plan = Plan(stored, phase, device, cfg)
+        with _stats_lock:
+            _stats.loads += 1
+            _stats.load_ms += (time.perf_counter() - started) * 1e3
+        return plan
+
+    plan, origin = plan_store.obtain(
+        key, store=store, fingerprint=fingerprint, build=build, load=load,
+        serialize=lambda built: plan_store.serialize_build(built.source, key),
+    )
+    plan.source = None  # serialized (or not persisted): the plan needs only its graph
+    if origin == plan_store.REBUILT:
+        with _stats_lock:
+            _stats.load_failures += 1
+    return plan
+
+
+def _check_signature(stored: Any, signature: plan_store.GraphSignature) -> None:
+    """A loaded graph must bind exactly the tensors its plan key was computed from."""
+    for name, (dims, strides, dtype) in signature.tensors.items():
+        if name not in stored.tensors:
+            raise plan_store.PlanBlobError(f"the stored graph has no tensor {name!r}")
+        got_dims, got_strides = stored.dims_strides[name]
+        got_dtype = plan_store._dtype_name(stored.data_types[name])
+        if (tuple(got_dims), tuple(got_strides), got_dtype) != (tuple(dims), tuple(strides), dtype):
+            raise plan_store.PlanBlobError(
+                f"tensor {name!r} is {got_dims}/{got_strides}/{got_dtype} in the stored graph, "
+                f"{dims}/{strides}/{dtype} in this one")
+    extra = set(stored.tensors) - set(signature.tensors)
+    if extra:
+        raise plan_store.PlanBlobError(f"the stored graph binds tensors this one lacks: {sorted(extra)}")
+
+
+def _persistence(selector: Any, index: int) -> tuple[Any, Any]:
+    """(store, fingerprint) to load and persist plans of device `index` with, or (None, None)."""
+    store = getattr(selector, "store", None)
+    fingerprint = getattr(selector, "fingerprint", None)
+    engine = getattr(selector, "engine", None)
+    if not plan_store.persists_plans(store) or getattr(fingerprint, "platform", "") != "cuda":
+        return None, None
+    if getattr(engine, "name", "") != "cudnn":  # a snapshot's fingerprint is not this machine's
+        return None, None
+    if getattr(engine, "device", None) != index and not _same_kind(fingerprint, index):
+        return None, None
+    return store, fingerprint
+
+
+def _same_kind(fingerprint: Any, index: int) -> bool:
+    """Whether device `index` is the kind of GPU the fingerprint describes (name, arch, SM count)."""
+    try:
+        props = torch.cuda.get_device_properties(index)
+    except Exception:  # noqa: BLE001
+        return False
+    return (props.name == fingerprint.device_name and f"{props.major}.{props.minor}" == fingerprint.compute_capability
+            and props.multi_processor_count == fingerprint.sm_count)
+
+
+def clear_plan_cache() -> None:
+    """Forget this process's plans (the persistent store keeps its blobs)."""
+    with _plans_guard:
+        _plans.clear()
 
 
 def _one_line(text: str) -> str:

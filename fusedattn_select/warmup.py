@@ -5,6 +5,13 @@ compiles the kernels. warmup() pays that once per distinct problem, on several t
 builds release the GIL: 4 builds took 1236 ms in sequence and 387 ms on 4 threads), and leaves the
 answers in the decision cache and the persistent store for every later call and process.
 
+With depth="full" it also builds the execution plans attention() will run for each accepted
+problem (forward, and backward when training: the same graphs and plan keys as dispatch for dense
+tensors of the problem's layout, plan_store.py) and stores them serialized, so a later process's
+attention() on that problem loads them (~20 ms) instead of building (hundreds of ms). This needs
+the live cuDNN engine, cudnn-frontend and a persistent store, not torch; problems attention() does
+not run as described (THD, paged KV, cuda_graph=True, ...) get no plans, with the reason in the row.
+
 Every rank of a job may call it at once. Threads of one process share the selector's single
 flight; processes share the persistent store, and each problem is probed under the store's
 `key_lock`, so eight ranks warming the same problems probe each one once in total and the other
@@ -14,6 +21,7 @@ seven read its answer from the store.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import logging
 import os
@@ -57,6 +65,9 @@ class WarmupRow:
     seconds: float
     from_cache: bool
     also_named: tuple[str, ...] = ()
+    plans_built: int = 0   # execution plans built and stored by this warmup (depth full)
+    plans_stored: int = 0  # plans the store already held (another process or an earlier warmup)
+    plan_note: str = ""    # why this problem got no (or not all) plans
 
     def to_dict(self) -> dict:
         return {
@@ -68,6 +79,7 @@ class WarmupRow:
             "seconds": round(self.seconds, 6),
             "from_cache": self.from_cache,
             "also_named": list(self.also_named),
+            "plans": {"built": self.plans_built, "stored": self.plans_stored, "note": self.plan_note},
         }
 
 
@@ -80,6 +92,7 @@ class WarmupReport:
     depth: ProbeDepth
     jobs: int
     duplicates: int = 0
+    plan_note: str = ""  # why no execution plans were built at all ("" when they were considered)
 
     def count(self, outcome: WarmupOutcome) -> int:
         return sum(1 for row in self.rows if row.outcome is outcome)
@@ -91,13 +104,19 @@ class WarmupReport:
             "problems": len(self.rows),
             "duplicates": self.duplicates,
             "from_cache": sum(1 for row in self.rows if row.from_cache),
+            "plans_built": sum(row.plans_built for row in self.rows),
+            "plans_stored": sum(row.plans_stored for row in self.rows),
         }
 
     def summary(self) -> str:
-        return (
+        text = (
             f"{self.count(WarmupOutcome.ACCEPTED)} accepted, {self.count(WarmupOutcome.REJECTED)} rejected, "
             f"{self.count(WarmupOutcome.FAILED)} failed in {self.wall_seconds:.2f} s"
         )
+        built, stored = self.totals["plans_built"], self.totals["plans_stored"]
+        if built or stored:
+            text += f"; execution plans: {built} built, {stored} already stored"
+        return text
 
     def to_dict(self) -> dict:
         return {
@@ -106,6 +125,7 @@ class WarmupReport:
             "wall_seconds": round(self.wall_seconds, 6),
             "depth": self.depth.value,
             "jobs": self.jobs,
+            "plan_note": self.plan_note,
         }
 
     def format_table(self) -> str:
@@ -138,7 +158,9 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     `configs` holds AttnConfig, (name, AttnConfig) pairs or NamedConfig entries of a config file;
     entries with the same cache key are probed once. `jobs` defaults to min(8, CPU count).
     `progress(done, total, name)` is called on the calling thread after each problem. A probe
-    that fails (or raises) fails its row only; the others go on.
+    that fails (or raises) fails its row only; the others go on. With depth "full", accepted
+    problems also get their execution plans built and stored (see the module docstring); a plan
+    that does not build flips the problem to NONE as it would in attention().
     """
     probe_depth = _depth(depth)
     workers = _jobs(jobs)
@@ -147,6 +169,9 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
         from .selector import default_selector
 
         selector = default_selector()
+    plans, plan_note = _plan_target(selector, probe_depth)
+    if plan_note and problems and probe_depth is ProbeDepth.FULL:
+        log.info("fusedattn_select: warmup builds no execution plans: %s", plan_note)
 
     started = time.perf_counter()
     rows: dict[str, WarmupRow] = {}
@@ -154,7 +179,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     if problems:
         with ThreadPoolExecutor(max_workers=min(workers, total), thread_name_prefix="fusedattn-warmup") as pool:
             futures = {
-                pool.submit(_warm_one, selector, name, cfg, key, probe_depth): key
+                pool.submit(_warm_one, selector, name, cfg, key, probe_depth, plans): key
                 for key, (name, cfg, _) in problems.items()
             }
             try:
@@ -175,6 +200,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
         depth=probe_depth,
         jobs=workers,
         duplicates=duplicates,
+        plan_note=plan_note,
     )
     log.info("fusedattn_select: warmup (%s, %d jobs): %s", probe_depth.value, workers, report.summary())
     return report
@@ -248,16 +274,64 @@ def _cross_process_lock(selector: object, key: str) -> contextlib.AbstractContex
     return store.key_lock(selector.fingerprint, key)
 
 
-def _warm_one(selector: object, name: str, cfg: AttnConfig, key: str, depth: ProbeDepth) -> WarmupRow:
+def _plan_target(selector: object, depth: ProbeDepth) -> tuple[tuple | None, str]:
+    """((store, fingerprint, device) to build plans for, "") or (None, why no plans are built)."""
+    if depth is not ProbeDepth.FULL:
+        return None, "depth fast builds nothing"
+    engine = getattr(selector, "engine", None)
+    fingerprint = getattr(selector, "fingerprint", None)
+    if getattr(engine, "name", "") != "cudnn" or getattr(fingerprint, "platform", "") != "cuda":
+        return None, "plans are built with the live cuDNN engine on a CUDA device (none here)"
+    try:
+        from . import plan_store
+    except ImportError as err:  # pragma: no cover - plan_store imports only the library itself
+        return None, f"plan persistence is unavailable ({err})"
+    store = getattr(selector, "store", None)
+    if not plan_store.persists_plans(store):
+        return None, "no persistent store to keep plans in (decisions are cached in memory only)"
+    return (store, fingerprint, int(getattr(engine, "device", 0) or 0)), ""
+
+
+def _warm_plans(selector: object, cfg: AttnConfig, selection: Selection, plans: tuple) -> tuple[Selection, dict]:
+    """Build and store the plans attention() will run for an accepted problem; the fields for its row."""
+    from . import plan_store
+
+    dispatched = plan_store.dispatch_config(cfg)
+    if dispatched is None:
+        return selection, {"plan_note": plan_store.not_dispatched_reason(cfg)}
+    store, fingerprint, device = plans
+    try:
+        result = plan_store.persist_plans(dispatched, selection.backend, store=store, fingerprint=fingerprint,
+                                          device=device)
+    except Exception as err:  # noqa: BLE001 - plans are a head start; the answer stands without them
+        log.warning("fusedattn_select: building the plans of %s raised %s: %s", cfg.cache_key(),
+                    type(err).__name__, err, exc_info=True)
+        return selection, {"plan_note": f"plans not stored: {type(err).__name__}: {err}"}
+    fields = {"plans_built": result.built, "plans_stored": result.stored, "plan_note": result.note}
+    failure = result.failure
+    if failure is not None and failure.outcome is Outcome.UNSUPPORTED and hasattr(selector, "record_build_failure"):
+        # As attention() would: a graph that passed the probe but does not build flips the answer.
+        selector.record_build_failure(cfg, failure)
+        selection = selector.select(cfg, ProbeDepth.FULL)
+    return selection, fields
+
+
+def _warm_one(selector: object, name: str, cfg: AttnConfig, key: str, depth: ProbeDepth,
+              plans: tuple | None = None) -> WarmupRow:
     started = time.perf_counter()
+    plan_fields: dict = {}
     try:
         with _cross_process_lock(selector, key):
             selection = selector.select(cfg, depth)
+        if plans is not None and selection.backend is not Backend.NONE and not any(
+                v.outcome is Outcome.FAILED for v in selection.verdicts):
+            selection, plan_fields = _warm_plans(selector, cfg, selection, plans)
     except Exception as err:  # one broken problem must not stop the warmup of the others
         log.warning("fusedattn_select: warmup of %s raised %s: %s", name, type(err).__name__, err, exc_info=True)
         return WarmupRow(name, key, Backend.NONE, WarmupOutcome.FAILED, f"{type(err).__name__}: {err}",
                          time.perf_counter() - started, from_cache=False)
-    return _row(name, key, selection, time.perf_counter() - started)
+    row = _row(name, key, selection, time.perf_counter() - started)
+    return dataclasses.replace(row, **plan_fields) if plan_fields else row
 
 
 def _row(name: str, key: str, selection: Selection, seconds: float) -> WarmupRow:
@@ -273,5 +347,4 @@ def _row(name: str, key: str, selection: Selection, seconds: float) -> WarmupRow
 def _with_aliases(row: WarmupRow, aliases: list[str]) -> WarmupRow:
     if not aliases:
         return row
-    return WarmupRow(row.name, row.cache_key, row.backend, row.outcome, row.reason, row.seconds,
-                     row.from_cache, tuple(aliases))
+    return dataclasses.replace(row, also_named=tuple(aliases))
