@@ -502,7 +502,8 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
         raise PlatformError(
             f"warmup needs a CUDA device with cuDNN (or {SNAPSHOT_ENV}=FILE): {selector.unavailable_reason}"
         )
-    report = warmup(problems, jobs=args.jobs, depth=args.depth, selector=selector)
+    report = warmup(problems, jobs=args.jobs, depth=args.depth, selector=selector,
+                    progress=None if args.json else _progress_bar(), workers=args.workers)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -519,8 +520,31 @@ def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
                         help="problems probed at once (default: min(8, CPUs))")
     parser.add_argument("--depth", choices=[d.value for d in ProbeDepth], default=ProbeDepth.FULL.value)
+    parser.add_argument(
+        "--workers", choices=("threads", "processes"), default="threads",
+        help="run the --jobs builds on threads (default) or in worker processes sharing the "
+        "persistent store (cuDNN builds hold the GIL, so processes build in parallel)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.set_defaults(func=_cmd_warmup)
+
+
+def _progress_bar(stream: Any = None) -> Callable[[int, int, str], None]:
+    """A progress bar on stderr: redrawn in place on a terminal, a line per tenth otherwise."""
+    stream = stream or sys.stderr
+    interactive = stream.isatty()
+    width = 30
+
+    def show(done: int, total: int, name: str) -> None:
+        filled = width * done // total
+        bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name}"
+        if interactive:
+            stream.write("\r\033[K" + bar + ("\n" if done == total else ""))
+        elif done == total or done * 10 // total != (done - 1) * 10 // total:
+            stream.write(bar + "\n")
+        stream.flush()
+
+    return show
 
 
 def _cache_store() -> Any:

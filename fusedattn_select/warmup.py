@@ -1,9 +1,14 @@
 """warmup(): answer (and with depth="full", build) every problem of a model before it runs.
 
 A first answer costs a probe: a few ms with depth="fast", hundreds of ms with "full", which also
-compiles the kernels. warmup() pays that once per distinct problem, on several threads (cuDNN
-builds release the GIL: 4 builds took 1236 ms in sequence and 387 ms on 4 threads), and leaves the
-answers in the decision cache and the persistent store for every later call and process.
+compiles the kernels. warmup() pays that once per distinct problem, `jobs` at a time, and leaves
+the answers in the decision cache and the persistent store for every later call and process.
+
+Builds hold the GIL (measured with cudnn-frontend 1.32 on an H200: 4 builds on 4 threads took
+longer than in sequence), so `workers="processes"` runs the builds in worker processes that share
+the persistent store; the calling process then reads every answer back from the store. Threads
+stay the default: every rank of a job may warm at once, and eight ranks with eight worker
+processes each would start 64 CUDA contexts.
 
 With depth="full" it also builds the execution plans attention() will run for each accepted
 problem (forward, and backward when training: the same graphs and plan keys as dispatch for dense
@@ -26,7 +31,8 @@ import enum
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import multiprocessing
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
@@ -151,8 +157,12 @@ class WarmupReport:
         return "\n".join([render(header), *(render(cells) for cells in lines), self.summary()])
 
 
+WORKERS = ("threads", "processes")
+
+
 def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | ProbeDepth = "full",
-           selector: object | None = None, progress: Progress | None = None) -> WarmupReport:
+           selector: object | None = None, progress: Progress | None = None,
+           workers: str = "threads") -> WarmupReport:
     """Select every distinct problem in `configs` now, `jobs` at a time; returns a WarmupReport.
 
     `configs` holds AttnConfig, (name, AttnConfig) pairs or NamedConfig entries of a config file;
@@ -160,9 +170,11 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     `progress(done, total, name)` is called on the calling thread after each problem. A probe
     that fails (or raises) fails its row only; the others go on. With depth "full", accepted
     problems also get their execution plans built and stored (see the module docstring); a plan
-    that does not build flips the problem to NONE as it would in attention().
+    that does not build flips the problem to NONE as it would in attention(). `workers` is
+    "threads" or "processes" (spawned worker processes sharing the persistent store).
     """
     probe_depth = _depth(depth)
+    workers_kind = workers
     workers = _jobs(jobs)
     problems, duplicates = _distinct(configs)
     if selector is None:
@@ -172,19 +184,31 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     plans, plan_note = _plan_target(selector, probe_depth)
     if plan_note and problems and probe_depth is ProbeDepth.FULL:
         log.info("fusedattn_select: warmup builds no execution plans: %s", plan_note)
+    use_processes = _use_processes(workers_kind, selector, plans, workers, len(problems))
 
     started = time.perf_counter()
     rows: dict[str, WarmupRow] = {}
     total = len(problems)
     if problems:
-        with ThreadPoolExecutor(max_workers=min(workers, total), thread_name_prefix="fusedattn-warmup") as pool:
-            futures = {
-                pool.submit(_warm_one, selector, name, cfg, key, probe_depth, plans): key
-                for key, (name, cfg, _) in problems.items()
-            }
+        with _executor(use_processes, min(workers, total)) as pool:
+            if use_processes:
+                futures = {
+                    pool.submit(_warm_in_worker, name, cfg.to_dict(), key, probe_depth.value,
+                                str(plans[0].directory), plans[2]): key
+                    for key, (name, cfg, _) in problems.items()
+                }
+            else:
+                futures = {
+                    pool.submit(_warm_one, selector, name, cfg, key, probe_depth, plans): key
+                    for key, (name, cfg, _) in problems.items()
+                }
             try:
                 for done, future in enumerate(as_completed(futures), start=1):
                     row = future.result()
+                    if use_processes:
+                        # The worker stored the answer; read it back so this process's cache has it.
+                        name, cfg, _ = problems[futures[future]]
+                        selector.select(cfg, probe_depth)
                     rows[futures[future]] = row
                     if progress is not None:
                         progress(done, total, row.name)
@@ -207,6 +231,42 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
 
 
 # ----- internals --------------------------------------------------------------------------------
+def _use_processes(kind: str, selector: object, plans: tuple | None, jobs: int, problems: int) -> bool:
+    if kind not in WORKERS:
+        raise ConfigError("workers", kind, "must be one of " + ", ".join(repr(w) for w in WORKERS))
+    if kind == "processes" and plans is None:
+        raise ConfigError(
+            "workers", kind,
+            "needs the live cuDNN engine, a persistent store and depth 'full' (worker processes share "
+            "their answers through the store); use 'threads'",
+        )
+    return kind == "processes" and jobs > 1 and problems > 1
+
+
+def _executor(processes: bool, workers: int) -> Executor:
+    if not processes:
+        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusedattn-warmup")
+    # spawn, not fork: a forked child of a process that initialised CUDA cannot use the GPU.
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+_worker_selector: object | None = None
+
+
+def _warm_in_worker(name: str, config: dict, key: str, depth: str, store_dir: str, device: int) -> "WarmupRow":
+    """Warm one problem in a worker process: its own live engine, the caller's persistent store."""
+    global _worker_selector
+    if _worker_selector is None:
+        from .cache import PersistentStore
+        from .probing.cudnn import CudnnEngine
+        from .selector import Selector
+
+        _worker_selector = Selector(CudnnEngine(device), store=PersistentStore(store_dir))
+    probe_depth = ProbeDepth(depth)
+    plans, _ = _plan_target(_worker_selector, probe_depth)
+    return _warm_one(_worker_selector, name, AttnConfig.from_dict(config), key, probe_depth, plans)
+
+
 def _depth(value: str | ProbeDepth) -> ProbeDepth:
     try:
         return ProbeDepth(value)

@@ -332,6 +332,27 @@ def test_warmup_answers_every_entry_with_the_process_selector(capsys, suite_file
     assert default_selector().cache_info()["entries"] == 5
 
 
+def test_warmup_draws_a_progress_bar_on_stderr_and_a_summary_table(capsys, suite_file, recording_engine):
+    from fusedattn_select.selector import Selector, set_default_selector
+
+    set_default_selector(Selector(recording_engine))
+    code, out, err = run(capsys, "warmup", str(suite_file), "--depth", "fast", "--jobs", "2")
+    lines = err.strip().splitlines()
+    assert lines and all(re.match(r"\[[#.]{30}\] \d+/\d+ ", line) for line in lines)
+    total = int(lines[-1].split()[1].split("/")[1])
+    assert lines[-1].startswith("[" + "#" * 30 + f"] {total}/{total}")
+    assert re.search(r"\d+ accepted, \d+ rejected, \d+ failed", out)
+
+
+def test_warmup_with_worker_processes_but_no_persistent_store_exits_2(capsys, suite_file, recording_engine):
+    from fusedattn_select.selector import Selector, set_default_selector
+
+    set_default_selector(Selector(recording_engine))
+    code, _, err = run(capsys, "warmup", str(suite_file), "--workers", "processes", "--jobs", "2")
+    assert code == 2
+    assert err.startswith("error: workers='processes': needs the live cuDNN engine") and "Traceback" not in err
+
+
 def test_warmup_without_an_engine_exits_2(capsys, suite_file):
     _needs("fusedattn_select.warmup", "warmup")
     from fusedattn_select.selector import Selector, set_default_selector

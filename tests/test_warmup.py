@@ -218,3 +218,15 @@ def test_processes_warming_the_same_problems_probe_each_once_in_total(tmp_path):
     expected = {(cfg.cache_key(), phase) for _, cfg in PROBLEMS for phase in ("forward", "backward")}
     assert set(calls) == expected
     assert max(calls.values()) == 1
+
+
+def test_unknown_workers_kind_is_a_config_error_naming_the_field(tmp_path):
+    selector = Selector(CountingTestEngine())
+    with pytest.raises(ConfigError, match=r"workers='fibers'.*'threads', 'processes'"):
+        warmup([BASE], workers="fibers", selector=selector)
+
+
+def test_worker_processes_need_a_live_engine_and_a_persistent_store(tmp_path):
+    selector = Selector(CountingTestEngine(), store=PersistentStore(tmp_path))
+    with pytest.raises(ConfigError, match=r"workers='processes'.*persistent store"):
+        warmup([BASE], workers="processes", selector=selector)

@@ -67,7 +67,8 @@ WORKER = textwrap.dedent(r'''
                     raise SystemExit("no start signal")
                 time.sleep(0.005)
         jobs = int(os.environ.get("FAS_JOBS", "0")) or None
-        report = warmup(entries, jobs=jobs, depth="full", selector=selector)
+        report = warmup(entries, jobs=jobs, depth="full", selector=selector,
+                        workers=os.environ.get("FAS_WORKERS", "threads"))
         distinct = {}
         for _, cfg in entries:
             distinct.setdefault(cfg.cache_key(), cfg)
@@ -87,6 +88,7 @@ WORKER = textwrap.dedent(r'''
             verdicts={row.name: [row.backend.value, row.outcome.value] for row in report.rows},
             plan_notes={row.name: row.plan_note for row in report.rows if row.plan_note},
             torch_imported="torch" in sys.modules,
+            entries=info["entries"], distinct=len(distinct),
         )
     elif mode == "step":
         import torch
@@ -248,3 +250,16 @@ def test_warmup_on_four_threads_against_one(tmp_path):
     assert one["jobs"] == 1 and four["jobs"] == 4
     assert one["verdicts"] == four["verdicts"]
     assert one["failed"] == four["failed"] == 0
+
+
+def test_warmup_in_four_worker_processes_against_four_threads(tmp_path):
+    threads, _ = _worker("warmup", tmp_path / "threads", FAS_JOBS="4")
+    processes, _ = _worker("warmup", tmp_path / "processes", FAS_JOBS="4", FAS_WORKERS="processes")
+    print(f"\n(d) warmup of {CONFIG.name} (depth full) on 4 threads {threads['wall_seconds']:.2f} s, "
+          f"in 4 worker processes {processes['wall_seconds']:.2f} s: "
+          f"{threads['wall_seconds'] / processes['wall_seconds']:.2f}x")
+    assert processes["verdicts"] == threads["verdicts"]
+    assert processes["failed"] == 0
+    assert processes["probes"] == 0  # the workers probed; the caller read every answer from the store
+    assert processes["entries"] == processes["distinct"]
+    assert processes["plans_built"] == threads["plans_built"]
