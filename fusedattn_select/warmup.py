@@ -205,10 +205,10 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
             try:
                 for done, future in enumerate(as_completed(futures), start=1):
                     row = future.result()
-                    if use_processes:
-                        # The worker stored the answer; read it back so this process's cache has it.
-                        name, cfg, _ = problems[futures[future]]
-                        selector.select(cfg, probe_depth)
+                    if use_processes and row.outcome is not WarmupOutcome.FAILED:
+                        # The worker stored the answer; read it back so this process's cache has it
+                        # (a failed probe stored nothing, and is not retried here).
+                        selector.select(problems[futures[future]][1], probe_depth)
                     rows[futures[future]] = row
                     if progress is not None:
                         progress(done, total, row.name)

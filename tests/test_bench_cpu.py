@@ -152,7 +152,7 @@ def test_plans_and_deadlines(bench):
     quick, full = bench.plan_for(True), bench.plan_for(False)
     assert quick["mode"] == "quick" and full["mode"] == "full"
     assert sorted(quick["warmup_jobs"]) == [1, 2, 4, 8] == sorted(full["warmup_jobs"])
-    assert full["warmup_configs"] == 48
+    assert full["warmup_configs"] == 32
     for name in ("llama-3-8b", "mistral-7b", "gemma-2-9b", "deepseek-v3-mla", "qwen2.5-7b", "gpt2"):
         assert name in quick["dispatch_files"] and name in full["dispatch_files"]
     deadlines = bench.section_deadlines(1000.0, 450.0, False, bench.RUN_ORDER)

@@ -297,7 +297,7 @@ def plan_for(quick: bool) -> dict[str, Any]:
         "selection_calls": 100_000, "selection_batches": 20,
         "probe_files": None, "memory_hit_calls": 2000,
         "warm_runs": ("cold", "warm", "warm+jit", "cold", "warm", "warm+jit", "cold-full", "warm-full"),
-        "warmup_configs": 48, "warmup_jobs": (1, 8, 2, 4),
+        "warmup_configs": 32, "warmup_jobs": (1, 8, 2, 4),
         "dispatch_files": DISPATCH_FILES_FULL, "dispatch_per_file": 2,
         "dispatch_warmup": 5, "dispatch_reps": 20, "raw_dynamic": True,
         "tiny_batches": 15, "tiny_calls": 300,
