@@ -151,8 +151,10 @@ def test_parse_sections(bench):
 def test_plans_and_deadlines(bench):
     quick, full = bench.plan_for(True), bench.plan_for(False)
     assert quick["mode"] == "quick" and full["mode"] == "full"
-    assert sorted(quick["warmup_jobs"]) == [1, 2, 4, 8] == sorted(full["warmup_jobs"])
-    assert full["warmup_configs"] == 32
+    for plan in (quick, full):
+        assert sorted(j for kind, j in plan["warmup_runs"] if kind == "threads") == [1, 2, 4, 8]
+        assert sorted(j for kind, j in plan["warmup_runs"] if kind == "processes") == [2, 4, 8]
+        assert plan["warmup_runs"][0] == ("threads", 1)
     for name in ("llama-3-8b", "mistral-7b", "gemma-2-9b", "deepseek-v3-mla", "qwen2.5-7b", "gpt2"):
         assert name in quick["dispatch_files"] and name in full["dispatch_files"]
     deadlines = bench.section_deadlines(1000.0, 450.0, False, bench.RUN_ORDER)
@@ -200,7 +202,11 @@ def _doc(bench):
                  "probes": 15, "persistent_hits": 0, "plan_builds": 2, "plan_build_ms": 800.0},
                 {"kind": "warm", "status": "failed: worker exited with 1"},
             ], "summary": {}},
-            "warmup_scaling": {"status": "skipped: time budget", "runs": []},
+            "warmup_scaling": {"status": "partial: 1 of 2 not ok", "configs": 8, "suite": "s", "runs": [
+                {"workers": "processes", "jobs": 8, "status": "skipped: time budget"},
+                {"workers": "threads", "jobs": 1, "status": "ok", "wall_s": bench.summarize([6.0], "s"),
+                 "speedup": 1.0, "totals": {"accepted": 7, "rejected": 1, "failed": 0, "plans_built": 12},
+                 "row_seconds_sum": 6.0, "init_s": 0.5}]},
             "dispatch": {"status": "ok", "configs": [{
                 "file": "gpt2", "name": "train-bf16", "status": "ok", "shape": "bshd b8", "fwd_tflop": 0.1,
                 "impls": [
@@ -251,7 +257,8 @@ def test_render_markdown_has_header_and_every_section(bench):
     for title in bench.SECTION_TITLES.values():
         assert f"## {title}" in md
     assert "**failed: cuDNN missing**" in md
-    assert "**skipped: time budget**" in md
+    assert "| threads | 1 | 6.00 (n=1) | 1.00x | 7/1/0 | 12 | 6.00 | 0.5 |" in md
+    assert "| processes | 8 | skipped: time budget |" in md
     assert "| get_backend(cfg) | 2.50 [1.75–3.25] | 1.00x | F16 |" in md
     assert "n/a: no SDPAParams" in md
     assert "n/a: window \\| size" in md  # pipes in a reason cannot break the table

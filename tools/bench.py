@@ -286,7 +286,9 @@ def plan_for(quick: bool) -> dict[str, Any]:
             "selection_calls": 50_000, "selection_batches": 10,
             "probe_files": PROBE_FILES_QUICK, "memory_hit_calls": 1000,
             "warm_runs": ("cold", "warm", "warm+jit"),
-            "warmup_configs": 12, "warmup_jobs": (1, 8, 2, 4),
+            "warmup_configs": 8,
+            "warmup_runs": (("threads", 1), ("processes", 8), ("threads", 8), ("processes", 4), ("processes", 2),
+                            ("threads", 4), ("threads", 2)),
             "dispatch_files": DISPATCH_FILES_QUICK, "dispatch_per_file": 1,
             "dispatch_warmup": 3, "dispatch_reps": 10, "raw_dynamic": False,
             "tiny_batches": 10, "tiny_calls": 200,
@@ -297,7 +299,9 @@ def plan_for(quick: bool) -> dict[str, Any]:
         "selection_calls": 100_000, "selection_batches": 20,
         "probe_files": None, "memory_hit_calls": 2000,
         "warm_runs": ("cold", "warm", "warm+jit", "cold", "warm", "warm+jit", "cold-full", "warm-full"),
-        "warmup_configs": 32, "warmup_jobs": (1, 8, 2, 4),
+        "warmup_configs": 24,
+        "warmup_runs": (("threads", 1), ("processes", 8), ("threads", 8), ("processes", 4), ("processes", 2),
+                        ("threads", 4), ("threads", 2)),
         "dispatch_files": DISPATCH_FILES_FULL, "dispatch_per_file": 2,
         "dispatch_warmup": 5, "dispatch_reps": 20, "raw_dynamic": True,
         "tiny_batches": 15, "tiny_calls": 300,
@@ -581,24 +585,23 @@ def _md_warmup(s: Mapping) -> str:
     if not runs:
         return ""
     rows = []
-    for r in sorted(runs, key=lambda r: r.get("jobs", 0)):
+    for r in sorted(runs, key=lambda r: (r.get("workers", "threads") != "threads", r.get("jobs", 0))):
+        label = (r.get("workers", "threads"), r.get("jobs"))
         if not is_ok(r.get("status", RESULT_STATUS_OK)):
-            rows.append((r.get("jobs"), r.get("status"), "", "", "", "", ""))
+            rows.append((*label, r.get("status"), "", "", "", "", ""))
             continue
         totals = r.get("totals") or {}
         rows.append((
-            r.get("jobs"), fmt_stat(r.get("wall_s")), fmt_ratio(r.get("speedup")),
+            *label, fmt_stat(r.get("wall_s")), fmt_ratio(r.get("speedup")),
             f"{totals.get('accepted', '?')}/{totals.get('rejected', '?')}/{totals.get('failed', '?')}",
-            r.get("probes", "?") if totals.get("plans_built") is None else
-            f"{r.get('probes', '?')} / {totals.get('plans_built')}",
+            totals.get("plans_built", "n/a"),
             fmt_num(r.get("row_seconds_sum")), fmt_num(r.get("init_s")),
         ))
     return "\n".join([
         f"{s.get('configs', '?')} problems of {s.get('suite', '?')} (evenly spread), warmup(depth=\"full\"), "
-        "each jobs level in a fresh process with an empty cache directory.", "",
-        md_table(("jobs", "warmup wall s", "speedup vs 1 job", "accepted/rejected/failed",
-                  "probes (/ plans built)",
-                  "sum of per-problem s", "process init s (not in wall)"), rows),
+        "each level in a fresh process with an empty cache directory.", "",
+        md_table(("workers", "jobs", "warmup wall s", "speedup vs 1 thread", "accepted/rejected/failed",
+                  "execution plans built", "sum of per-problem s", "process init s (not in wall)"), rows),
     ])
 
 
@@ -1016,7 +1019,11 @@ def worker_warmup(args: Mapping, res: Partial) -> None:
     res["engine"] = selector.engine_name
     if selector.engine is None:
         raise RuntimeError(f"no probing engine: {selector.unavailable_reason}")
-    report = warmup(entries, jobs=int(args["jobs"]), depth="full", selector=selector)
+    kind = args.get("workers", "threads")
+    if kind == "threads":
+        report = warmup(entries, jobs=int(args["jobs"]), depth="full", selector=selector)
+    else:
+        report = warmup(entries, jobs=int(args["jobs"]), depth="full", selector=selector, workers=kind)
     info = selector.cache_info()
     res.update(
         jobs=report.jobs, wall_s=report.wall_seconds, totals=report.totals, problems=len(report.rows),
@@ -1825,24 +1832,29 @@ class Runner:
     def warmup_scaling(self) -> dict:
         n = self.plan["warmup_configs"]
         section: dict[str, Any] = {"suite": "probes/hopper-suite.yaml", "configs": n, "runs": []}
-        for jobs in self.plan["warmup_jobs"]:
+        # Most informative first (1 job, then 8 of each kind): a tight budget trims the middle levels.
+        for kind, jobs in self.plan["warmup_runs"]:
             if self.remaining("warmup_scaling") < 12:
-                section["runs"].append({"jobs": jobs, "status": skipped()})
+                section["runs"].append({"workers": kind, "jobs": jobs, "status": skipped()})
                 continue
-            res = self.worker("warmup", {"suite": "probes/hopper-suite.yaml", "configs": n, "jobs": jobs},
+            res = self.worker("warmup", {"suite": "probes/hopper-suite.yaml", "configs": n, "jobs": jobs,
+                                         "workers": kind},
                               "warmup_scaling", env={"FUSEDATTN_SELECT_CACHE_DIR": self.cache_dir()},
-                              label=f"j{jobs}")
-            res["jobs"] = jobs
+                              label=f"{kind}{jobs}")
+            res["workers"], res["jobs"] = kind, jobs
             if isinstance(res.get("wall_s"), (int, float)):
                 res["wall_s"] = summarize([res["wall_s"]], "s")
             section["runs"].append(res)
-        base = next((r.get("wall_s") for r in section["runs"] if r.get("jobs") == 1), None)
+        base = next((r.get("wall_s") for r in section["runs"]
+                     if r.get("jobs") == 1 and r.get("workers") == "threads"), None)
         for r in section["runs"]:
             r["speedup"] = ratio(base, r.get("wall_s"))
         section["status"] = _combined_status(section["runs"], key="jobs")
         section["notes"] = [
-            "One run per jobs level (n=1 each): the spread is not measured here. The sum of per-problem "
-            "seconds above the wall time shows how long the threads' probes overlapped (or waited).",
+            "warmup(entries, jobs=N, depth=\"full\", workers=\"threads\" | \"processes\"): threads share one "
+            "process; processes are spawned workers sharing the persistent store. One run per level (n=1 "
+            "each): the spread is not measured here. The sum of per-problem seconds above the wall time "
+            "shows how long problems overlapped (or waited for each other).",
         ]
         return section
 
