@@ -549,7 +549,8 @@ def _md_warm_start(s: Mapping) -> str:
             continue
         rows.append((
             r.get("kind"), fmt_num(r.get("process_wall_s")), fmt_num(r.get("import_s")),
-            fmt_num(r.get("cuda_init_s")), fmt_num(r.get("select_s")), fmt_num(r.get("first_step_s")),
+            fmt_num(r.get("cuda_init_s")), fmt_num(r.get("select_s")),
+            f"{fmt_num(r.get('first_step_s'))} ({fmt_num(r.get('first_fwd_s'))})",
             fmt_num(r.get("steady_step_s")), fmt_num(r.get("select_plus_step_s")),
             f"{r.get('probes', '?')} / {r.get('persistent_hits', '?')}",
             f"{r.get('plan_builds', '?')} ({fmt_num(r.get('plan_build_ms'))} ms)"
@@ -559,7 +560,8 @@ def _md_warm_start(s: Mapping) -> str:
     lines = [f"Model file {s.get('file', '?')}: select() of {s.get('entries') or '?'} entries "
              f"(depth {s.get('depth', 'fast')} unless the run says -full), then one forward+backward "
              f"attention() step of {s.get('step', '?')}. Seconds, each run a fresh process.", "",
-             md_table(("run", "process wall s", "imports s", "CUDA init s", "select all s", "first step s",
+             md_table(("run", "process wall s", "imports s", "CUDA init s", "select all s",
+                       "first step s (its forward)",
                        "steady step s", "select+first step s", "probes / persistent hits",
                        "plan builds / loads (ms)"), rows)]
     summary = s.get("summary") or {}
@@ -613,6 +615,9 @@ def _md_dispatch(s: Mapping) -> str:
         if not is_ok(c.get("status", RESULT_STATUS_OK)) and not c.get("impls"):
             rows.append((label, c.get("status"), "", "", "", "", "", "", ""))
             continue
+        if not is_ok(c.get("status", RESULT_STATUS_OK)):
+            rows.append((label, f"(config {c.get('status')})", "", "", "", "", "", "", ""))
+            label = ""
         base = None
         for impl in c.get("impls") or []:
             if impl.get("name") == "attention()":
@@ -982,18 +987,21 @@ def worker_warm_start(args: Mapping, res: Partial) -> None:
     kwargs = _attention_kwargs(cfg, layout)
     grad = None
 
-    def step() -> float:
+    def step(split: bool = False) -> float:
         nonlocal grad
         torch.cuda.synchronize()
         started = time.perf_counter()
         out = attention(q, k, v, **kwargs)
+        if split:
+            torch.cuda.synchronize()
+            res["first_fwd_s"] = time.perf_counter() - started
         if grad is None:
             grad = torch.randn_like(out)
         torch.autograd.grad(out, (q, k, v), grad)
         torch.cuda.synchronize()
         return time.perf_counter() - started
 
-    res["first_step_s"] = step()
+    res["first_step_s"] = step(split=True)
     res["steady_step_s"] = statistics.median(step() for _ in range(3))
     res["select_plus_step_s"] = res["select_s"] + res["first_step_s"]
     info, dinfo = fas.cache_info(), dispatch_info()
@@ -1230,6 +1238,9 @@ def _settle(torch: Any, what: str) -> None:
         _log(f"cannot synchronize after {what}: {err}")
 
 
+_DYNAMIC_CLASSES: set = set()
+
+
 def _dispatch_one(torch, F, c, cfg, reps, warm, args, attention, config_from_tensors, dispatch_info, Phase,
                   deadline, res) -> None:
     layout = DISPATCH_LAYOUTS[cfg.qkv_layout]
@@ -1295,7 +1306,12 @@ def _dispatch_one(torch, F, c, cfg, reps, warm, args, attention, config_from_ten
     # attention() builds its plans static (dispatch_plans.build_plan); the dynamic-shape graph from
     # this thread's kernel cache is what a new batch size would get from the cache.
     variants = [("raw cuDNN graph (static)", False)]
-    if args.get("raw_dynamic"):
+    klass = dcfg.shape_class_key()
+    if args.get("raw_dynamic") and klass not in _DYNAMIC_CLASSES:
+        # Only the first shape of a class: a kernel-cache graph for another batch/seqlen of a class
+        # built before gave wrong outputs and once an illegal memory access here (H200, cuDNN 9.19),
+        # which ends the process; section 6 checks that case on its own.
+        _DYNAMIC_CLASSES.add(klass)
         variants.append(("raw cuDNN graph (dynamic shapes, kernel cache)", True))
     for label, dynamic in variants:
         if _past(deadline, 6):
@@ -1538,32 +1554,6 @@ def worker_rebuild(args: Mapping, res: Partial) -> None:
                 _log(traceback.format_exc())
             res.save()
 
-    # are the kernel-cache graphs right? forward outputs vs the static graph on the same inputs
-    res["checks"] = []
-    try:
-        import torch
-
-        layout = DISPATCH_LAYOUTS.get(cfg.qkv_layout, "bshd")
-        for label, c in (("new batch", cfg.replace(batch_size=int(args["batches"][0]))),
-                         ("new seqlen", cfg.replace(seqlen_q=int(args["seqlens"][0]),
-                                                    seqlen_kv=int(args["seqlens"][0])))):
-            q, k, v = (_to_bhsd(t, layout) for t in _qkv(torch, c, layout, requires_grad=False))
-            dyn = RawGraph(torch, c, Phase.FORWARD, {"q": q, "k": k, "v": v}, kernel_cache=True)
-            sta = RawGraph(torch, c, Phase.FORWARD, {"q": q, "k": k, "v": v}, kernel_cache=False)
-            dyn()
-            sta()
-            torch.cuda.synchronize()
-            res["checks"].append({
-                "name": label, "dynamic_shapes": bool(dyn.build.dynamic_shapes),
-                "rel_err_vs_static": _rel_err(dyn.tensors["o"], sta.tensors["o"]),
-                "nan": bool(torch.isnan(dyn.tensors["o"]).any()),
-            })
-            del dyn, sta, q, k, v
-            res.save()
-    except Exception as err:  # noqa: BLE001
-        res["checks"].append({"name": "check", "status": failed(f"{type(err).__name__}: {err}")})
-        _log(traceback.format_exc())
-
     # the same through attention(): first call (select + cold builds), a new batch size, steady state
     d: dict[str, Any] = {"rows": []}
     res["dispatch"] = d
@@ -1609,6 +1599,33 @@ def worker_rebuild(args: Mapping, res: Partial) -> None:
         d["status"] = RESULT_STATUS_OK
     except Exception as err:  # noqa: BLE001
         d["status"] = failed(f"{type(err).__name__}: {err}")
+        _log(traceback.format_exc())
+
+    # Last, because a wrong kernel-cache graph can end the process (illegal memory access): are the
+    # kernel-cache graphs right? Forward outputs vs the static graph on the same inputs.
+    res["checks"] = []
+    try:
+        import torch
+
+        layout = DISPATCH_LAYOUTS.get(cfg.qkv_layout, "bshd")
+        for label, c in (("new batch", cfg.replace(batch_size=int(args["batches"][0]))),
+                         ("new seqlen", cfg.replace(seqlen_q=int(args["seqlens"][0]),
+                                                    seqlen_kv=int(args["seqlens"][0])))):
+            q, k, v = (_to_bhsd(t, layout) for t in _qkv(torch, c, layout, requires_grad=False))
+            dyn = RawGraph(torch, c, Phase.FORWARD, {"q": q, "k": k, "v": v}, kernel_cache=True)
+            sta = RawGraph(torch, c, Phase.FORWARD, {"q": q, "k": k, "v": v}, kernel_cache=False)
+            dyn()
+            sta()
+            torch.cuda.synchronize()
+            res["checks"].append({
+                "name": label, "dynamic_shapes": bool(dyn.build.dynamic_shapes),
+                "rel_err_vs_static": _rel_err(dyn.tensors["o"], sta.tensors["o"]),
+                "nan": bool(torch.isnan(dyn.tensors["o"]).any()),
+            })
+            del dyn, sta, q, k, v
+            res.save()
+    except Exception as err:  # noqa: BLE001
+        res["checks"].append({"name": "check", "status": failed(f"{type(err).__name__}: {err}")})
         _log(traceback.format_exc())
 
 
@@ -1824,8 +1841,8 @@ class Runner:
             "select all = select() of every entry of the file (includes the cuDNN engine's process init); "
             "first step = the first attention() forward+backward (its plan builds included); steady step "
             "= the median of 3 more.",
-            "The persistent store holds decisions; attention() builds its cuDNN plans in every new process "
-            "(plan builds column): the store saves probes, the driver's JIT cache saves kernel compilation.",
+            "The persistent store holds decisions and the execution plans attention() built (serialized): a "
+            "warm process loads its plans (plan loads) instead of building them (plan builds).",
         ]
         return section
 
@@ -1872,8 +1889,12 @@ class Runner:
             "raw_dynamic": self.plan["raw_dynamic"], "fp8_entry": ("llama-3-8b", "train-bf16"),
             "tiny_calls": self.plan["tiny_calls"], "tiny_batches": self.plan["tiny_batches"],
         }, "dispatch")
-        if res.get("configs") and not is_ok(res.get("status")) and not res["status"].startswith("partial"):
-            res["status"] = "partial: " + res["status"]
+        if is_ok(res.get("status")):
+            parts = [dict(c, key=f"{c.get('file')} {c.get('name')}") for c in res.get("configs") or []]
+            parts += [dict(res.get(k) or {"status": failed("not measured")}, key=k) for k in ("fp8", "tiny")]
+            res["status"] = _combined_status(parts, key="key")
+        elif res.get("configs") and not str(res.get("status", "")).startswith("partial"):
+            res["status"] = "partial: " + str(res.get("status"))
         res["notes"] = [
             f"CUDA-event times of {self.plan['dispatch_reps']} repetitions after {self.plan['dispatch_warmup']} "
             "warm-up calls; inputs normal(0, 1). bwd = the backward call alone (forward run untimed before "
@@ -1882,8 +1903,11 @@ class Runner:
             "for causal; bwd = 2.5x fwd. Sliding windows are counted as plain causal (nominal).",
             "raw cuDNN graph = probing.cudnn.build_graph(depth=FULL) executed directly with preallocated "
             "tensors: static (as attention() builds its plans), and in full mode also with dynamic shapes "
-            "from this thread's kernel cache (where cuDNN rejects dynamic shapes, e.g. the Hopper backward, "
-            "that graph is static too: see the note). check = relative error of the forward outputs.",
+            "from this thread's kernel cache, for the first shape of each problem class only (where cuDNN "
+            "rejects dynamic shapes, e.g. the Hopper backward, that graph is static too: see the note). A "
+            "kernel-cache graph for a second shape of a class gave wrong outputs and once an illegal memory "
+            "access in an earlier run of this benchmark; section 6 checks that case. check = relative "
+            "error of the forward outputs.",
         ]
         return res
 
