@@ -246,8 +246,13 @@ class AttnConfig:
         decision is never reused for another shape; the probe for a new shape is warm (kernels
         compiled for the same problem class are reused by cuDNN), not cold.
         """
-        text = json.dumps(self.resolved(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+        key = self.__dict__.get("_cache_key")
+        if key is None:
+            # Computed once per (immutable) config: the selector's cache hit is a dict lookup on it.
+            text = json.dumps(self.resolved(), sort_keys=True, separators=(",", ":"))
+            key = hashlib.sha256(text.encode()).hexdigest()[:32]
+            object.__setattr__(self, "_cache_key", key)
+        return key
 
     def shape_class_key(self) -> str:
         """The cache key without batch size and sequence lengths (what a kernel is compiled for)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -34,10 +35,12 @@ class _Stats:
 
 @dataclass(frozen=True)
 class _Entry:
-    """Cached verdicts of one problem on one fingerprint, probed to `depth`."""
+    """Cached verdicts of one problem on one fingerprint, probed to `depth`, and the Selection a
+    cache hit returns (built once: a hit allocates nothing)."""
 
     verdicts: tuple[Verdict, ...]
     depth: ProbeDepth
+    hit: Selection | None = None
 
 
 def _depth(value: str | ProbeDepth) -> ProbeDepth:
@@ -118,22 +121,31 @@ class Selector:
     def select(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
         if not isinstance(cfg, AttnConfig):
             raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
-        depth = _depth(probe_depth)
+        depth = probe_depth if probe_depth.__class__ is ProbeDepth else _depth(probe_depth)
         key = cfg.cache_key()
+
+        # Hot path: entries are immutable and replaced whole, so one dict read needs no lock.
+        entry = self._memory.get(key)
+        if entry is not None and _satisfies(entry, depth):
+            with self._lock:
+                self._stats.hits += 1
+            return entry.hit
 
         ruled = self._rule_verdicts(cfg)
         if ruled is not None:
+            # Rules depend only on the problem and this selector's fingerprint: remember the answer.
+            selection = _selection(cfg, ruled, from_cache=False, probe_ms=0.0, key=key, engine=self.engine_name)
             with self._lock:
                 self._stats.rule_rejections += 1
-            return _selection(cfg, ruled, from_cache=False, probe_ms=0.0, key=key, engine=self.engine_name)
+                self._memory[key] = _Entry(ruled, ProbeDepth.FULL, dataclasses.replace(selection, from_cache=True))
+            return selection
 
         while True:
             with self._lock:
                 entry = self._memory.get(key)
                 if entry is not None and _satisfies(entry, depth):
                     self._stats.hits += 1
-                    verdicts = tuple(v.with_provenance(Provenance.MEMORY_CACHE) for v in entry.verdicts)
-                    return _selection(cfg, verdicts, from_cache=True, probe_ms=0.0, key=key, engine=self.engine_name)
+                    return entry.hit
                 flight_key = f"{key}:{depth.value}"
                 future = self._in_flight.get(flight_key)
                 leader = future is None
@@ -170,7 +182,7 @@ class Selector:
                 failed if (v.backend, v.phase) == (failed.backend, failed.phase) else v
                 for v in entry.verdicts
             )
-            self._memory[key] = _Entry(verdicts, ProbeDepth.FULL)
+            self._memory[key] = self._entry(cfg, key, verdicts, ProbeDepth.FULL)
         if self.store is not None:
             self.store.put(self._fingerprint, key, verdicts, ProbeDepth.FULL)
         log.warning("fusedattn_select: %s; cached answer flipped to NONE", failed.reason())
@@ -206,6 +218,11 @@ class Selector:
             yield key, entry.verdicts
 
     # ----- internals -------------------------------------------------------------------------
+    def _entry(self, cfg: AttnConfig, key: str, verdicts: tuple[Verdict, ...], depth: ProbeDepth) -> _Entry:
+        hit = tuple(v.with_provenance(Provenance.MEMORY_CACHE) for v in verdicts)
+        return _Entry(verdicts, depth, _selection(cfg, hit, from_cache=True, probe_ms=0.0, key=key,
+                                                  engine=self.engine_name))
+
     def _rule_verdicts(self, cfg: AttnConfig) -> tuple[Verdict, ...] | None:
         phases = phases_for(cfg)
         if self.engine is None:
@@ -219,7 +236,7 @@ class Selector:
         stored = self.store.get(self._fingerprint, key) if self.store is not None else None
         if stored is None:
             return None
-        entry = _Entry(tuple(stored[0]), stored[1])
+        entry = self._entry(cfg, key, tuple(stored[0]), stored[1])
         if not _satisfies(entry, depth):
             return None
         with self._lock:
@@ -251,7 +268,7 @@ class Selector:
                 log.warning("fusedattn_select: %s (not cached)", v.reason())
         else:
             with self._lock:
-                self._memory[key] = _Entry(verdicts, depth)
+                self._memory[key] = self._entry(cfg, key, verdicts, depth)
             if self.store is not None:
                 self.store.put(self._fingerprint, key, verdicts, depth)
         selection = _selection(cfg, verdicts, from_cache=False, probe_ms=probe_ms, key=key, engine=self.engine_name)
@@ -279,6 +296,9 @@ _default_lock = threading.Lock()
 def default_selector() -> Selector:
     """The process-wide selector, created on first use from the discovered engine and store."""
     global _default
+    selector = _default
+    if selector is not None:  # every call after the first: no lock
+        return selector
     with _default_lock:
         if _default is None:
             engine, reason = discover_engine()

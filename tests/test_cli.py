@@ -328,8 +328,8 @@ def test_warmup_answers_every_entry_with_the_process_selector(capsys, suite_file
     report = json.loads(out)
     assert code == 1  # head-dim-512, pre-scale-bias and out-of-memory have no backend
     assert [row["name"] for row in report["rows"]][:2] == ["test-suite/train-causal", "test-suite/infer"]
-    # every probed answer is cached, except the failed probe (rule answers need no cache)
-    assert default_selector().cache_info()["entries"] == 5
+    # every answer is cached (rule answers too), except the failed probe
+    assert default_selector().cache_info()["entries"] == 6
 
 
 def test_warmup_draws_a_progress_bar_on_stderr_and_a_summary_table(capsys, suite_file, recording_engine):

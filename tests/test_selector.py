@@ -281,3 +281,22 @@ def test_set_default_selector_returns_the_previous_one():
     mine = Selector(ScriptedTestEngine())
     set_default_selector(mine)
     assert set_default_selector(None) is mine
+
+
+def test_a_cache_hit_returns_the_same_immutable_selection_without_rebuilding_it():
+    selector = Selector(ScriptedTestEngine())
+    cfg = AttnConfig(**BASE)
+    first = selector.select(cfg)
+    hit = selector.select(cfg)
+    assert selector.select(AttnConfig(**BASE)) is hit  # an equal config, a new object: same answer
+    assert hit.from_cache and not first.from_cache
+    assert {v.provenance for v in hit.verdicts} == {Provenance.MEMORY_CACHE}
+
+
+def test_a_rule_answer_is_remembered_and_keeps_its_rule_provenance():
+    selector = Selector(ScriptedTestEngine())
+    cfg = AttnConfig(**{**BASE, "bias": "pre_scale_bias"})
+    first, again = selector.select(cfg), selector.select(cfg)
+    assert selector.cache_info()["rule_rejections"] == 1 and selector.cache_info()["probes"] == 0
+    assert again.from_cache and again.message == first.message
+    assert {v.provenance for v in again.verdicts} == {Provenance.RULE}
