@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple, Optional
 
@@ -54,6 +53,7 @@ from .backend import Phase, Selection
 from .config import AttnConfig, BIAS_SHAPES, MASKS, SOFTMAXES
 from .dispatch_fp8 import FP8Scales
 from .errors import ConfigError
+from .once import OncePerKey
 
 __all__ = [
     "FP8Scales",
@@ -425,9 +425,7 @@ class _Entry:
         return not self.reason
 
 
-_entries: dict[tuple, _Entry] = {}
-_entries_lock = threading.Lock()
-_deciding: dict[tuple, threading.Lock] = {}
+_entries: OncePerKey[_Entry] = OncePerKey()
 _counters = {"calls": 0, "fused_calls": 0, "fallback_calls": 0, "entries_built": 0}
 
 
@@ -456,21 +454,11 @@ def _key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: _Options, bias
 def _entry(key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: _Options,
            bias: Optional[torch.Tensor], alibi: Optional[torch.Tensor], sink: Optional[torch.Tensor],
            scales: Optional[FP8Scales]) -> _Entry:
-    entry = _entries.get(key)
-    if entry is not None:
-        return entry
     # One decision per key: concurrent first calls of one signature wait for a single build, while
-    # different signatures build in parallel (cuDNN builds release the GIL).
-    with _entries_lock:
-        lock = _deciding.setdefault(key, threading.Lock())
-    with lock:
-        entry = _entries.get(key)
-        if entry is None:
-            entry = _new_entry(key, q, k, v, opts, bias, alibi, sink, scales)
-            with _entries_lock:
-                _entries[key] = entry
-                _deciding.pop(key, None)
-                _counters["entries_built"] += 1
+    # different signatures build at the same time.
+    entry, built = _entries.get_or_build(key, lambda: _new_entry(key, q, k, v, opts, bias, alibi, sink, scales))
+    if built:
+        _counters["entries_built"] += 1
     return entry
 
 
@@ -1030,7 +1018,7 @@ def dispatch_info() -> dict[str, Any]:
     plan_load_failures counts stored plans that did not load and were rebuilt)."""
     info: dict[str, Any] = dict(_counters)
     info["signatures"] = len(_entries)
-    info["fallback_signatures"] = sum(1 for e in list(_entries.values()) if not e.fused)
+    info["fallback_signatures"] = sum(1 for e in _entries.values() if not e.fused)
     try:
         from .dispatch_plans import plan_stats, workspace_bytes
 
@@ -1047,10 +1035,9 @@ def dispatch_info() -> dict[str, Any]:
 def clear_plans() -> None:
     """Forget every decided call signature and this process's plans (the next call of each decides
     again, loading its plans from the persistent store where they are stored)."""
-    with _entries_lock:
-        _entries.clear()
-        for name in _counters:
-            _counters[name] = 0
+    _entries.clear()
+    for name in _counters:
+        _counters[name] = 0
     try:
         from .dispatch_plans import clear_plan_cache
     except ImportError:  # pragma: no cover - dispatch_plans imports only torch

@@ -31,6 +31,7 @@ import torch
 from . import plan_store
 from .backend import Backend, Outcome, Phase, ProbeDepth, Verdict
 from .config import AttnConfig
+from .once import OncePerKey
 
 log = logging.getLogger("fusedattn_select")
 
@@ -332,9 +333,7 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
 
 # ----- finding a plan: this process, the persistent store, a build -------------------------------
 # Plans by (device ordinal, plan key): call signatures that run the same graph share one plan.
-_plans: dict[tuple[int, str], Plan] = {}
-_plans_guard = threading.Lock()
-_plan_locks: dict[tuple[int, str], threading.Lock] = {}
+_plans: OncePerKey[Plan] = OncePerKey()
 
 
 def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, *,
@@ -358,19 +357,8 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
         log.debug("fusedattn_select: no plan key for %s %s (%s: %s); building", cfg.cache_key(), phase.value,
                   type(err).__name__, err)
         return build_plan(cfg, backend, phase, device)
-    slot = (index, key)
-    plan = _plans.get(slot)
-    if plan is not None:
-        return plan
-    with _plans_guard:
-        lock = _plan_locks.setdefault(slot, threading.Lock())
-    with lock:
-        plan = _plans.get(slot)
-        if plan is None:
-            plan = _load_or_build(cfg, backend, phase, device, index, key, signature, selector)
-            with _plans_guard:
-                _plans[slot] = plan
-                _plan_locks.pop(slot, None)
+    plan, _ = _plans.get_or_build(
+        (index, key), lambda: _load_or_build(cfg, backend, phase, device, index, key, signature, selector))
     return plan
 
 
@@ -447,8 +435,7 @@ def _same_kind(fingerprint: Any, index: int) -> bool:
 
 def clear_plan_cache() -> None:
     """Forget this process's plans (the persistent store keeps its blobs)."""
-    with _plans_guard:
-        _plans.clear()
+    _plans.clear()
 
 
 def _one_line(text: str) -> str:

@@ -54,7 +54,7 @@ def record_snapshot(
 
     Entries keep the order of the files. Rule-rejected problems are recorded with their rule
     verdicts, FAILED probes as failed; nothing is skipped. `jobs` > 1 probes entries on threads
-    (cuDNN graph builds release the GIL).
+    (this overlaps the Python around the probes; cuDNN's plan builds themselves hold the GIL).
     """
     from .probing.snapshot import SnapshotEngine
 

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 from .backend import Backend, Outcome, Phase, ProbeDepth, Provenance, Selection, Verdict
