@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from ..backend import Selection
     from ..selector import Selector
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fusedattn_select")
 
 ATTN_IMPLEMENTATION = "fusedattn"
 
