@@ -6,11 +6,11 @@ a real device), never from hand-written support tables.
 
 from __future__ import annotations
 
-from ._version import __version__
-from .backend import Backend, Selection, Verdict
-from .config import AttnConfig, load_config_file
-from .errors import ConfigError, FusedAttnSelectError
-from .selector import cache_info, clear_cache, get_backend, select
+from fusedattn_select._version import __version__
+from fusedattn_select.types import Backend, Selection, Verdict
+from fusedattn_select.config import AttnConfig, load_config_file
+from fusedattn_select.errors import ConfigError, FusedAttnSelectError
+from fusedattn_select.selection.selector import cache_info, clear_cache, get_backend, select
 
 __all__ = [
     "AttnConfig",
@@ -34,11 +34,11 @@ def __getattr__(name: str):
     # attention() needs torch and warmup() may need cuDNN: import them only when asked for, so
     # importing the package works on a machine with neither.
     if name == "attention":
-        from .dispatch import attention
+        from fusedattn_select.runtime.api import attention
 
         return attention
     if name == "warmup":
-        from .warmup import warmup
+        from fusedattn_select.selection.warmup import warmup
 
         return warmup
     raise AttributeError(f"module 'fusedattn_select' has no attribute {name!r}")

@@ -21,14 +21,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from ._version import __version__
-from .backend import Backend, ProbeDepth, Provenance, Selection, Verdict
-from .config import AttnConfig, NamedConfig, load_config_file
-from .errors import ConfigError, FusedAttnSelectError, PlatformError, SnapshotError
-from .probing import SNAPSHOT_ENV, TARGETS, bundled_snapshot, discover_engine, format_cudnn_version
-from .probing.base import ProbeEngine
-from .probing.snapshot import SnapshotEngine, SnapshotFile, read_header
-from .selector import Selector, set_default_selector
+from fusedattn_select._version import __version__
+from fusedattn_select.types import Backend, ProbeDepth, Provenance, Selection, Verdict
+from fusedattn_select.config import AttnConfig, NamedConfig, load_config_file
+from fusedattn_select.errors import ConfigError, FusedAttnSelectError, PlatformError, SnapshotError
+from fusedattn_select.probing import SNAPSHOT_ENV, TARGETS, bundled_snapshot, discover_engine
+from fusedattn_select.types import format_cudnn_version
+from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.snapshot import SnapshotEngine, SnapshotFile, read_header
+from fusedattn_select.selection.selector import Selector, set_default_selector
 
 log = logging.getLogger("fusedattn_select")
 
@@ -66,7 +67,7 @@ def _bundled_engine(target: str) -> SnapshotEngine:
 def _live_engine() -> tuple[ProbeEngine | None, str]:
     """The live cuDNN engine, ignoring $FUSEDATTN_SELECT_SNAPSHOT: (engine, "") or (None, why)."""
     try:
-        from .probing.cudnn import CudnnEngine
+        from fusedattn_select.probing.cudnn.engine import CudnnEngine
     except ImportError as err:
         return None, f"cannot import the cuDNN engine: {err}"
     try:
@@ -89,8 +90,7 @@ def _discovered_engine() -> tuple[ProbeEngine | None, str]:
 def _open_store() -> object | None:
     """The persistent decision store for live answers, if the cache module provides one."""
     try:
-        from . import cache
-
+        from fusedattn_select.store import sqlite as cache
         opener = getattr(cache, "open_default_store", None)
         return opener() if opener is not None else None
     except Exception as err:  # noqa: BLE001 - the store only saves time; answer without it
@@ -161,7 +161,7 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
 def _hf_entries(source: str, sets: dict[str, Any]) -> list[tuple[NamedConfig, tuple[str, ...]]]:
     """One entry per distinct attention problem of a Hugging Face model config, with the reasons
     the transformers integration cannot run it fused whatever cuDNN says (e.g. soft-capping)."""
-    from .integrations.transformers import layer_problems
+    from fusedattn_select.integrations.transformers import layer_problems
 
     # Shape, pass and dtype shape the layer problems themselves (a sliding window only applies
     # when the sequence is longer than it), so they go in before the problems are derived.
@@ -341,8 +341,7 @@ def _torch_version() -> str:
 
 def _cache_dir() -> str:
     try:
-        from . import cache
-
+        from fusedattn_select.store import sqlite as cache
         default = getattr(cache, "default_cache_dir", None)
         if callable(default):
             return str(default())
@@ -445,7 +444,7 @@ def register_info(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 # ----- snapshot record -------------------------------------------------------------------------
 def _cmd_snapshot_record(args: argparse.Namespace) -> int:
-    from .recorder import record_snapshot, summarize, write_snapshot
+    from fusedattn_select.probing.recorder import record_snapshot, summarize, write_snapshot
 
     for path in args.suites:  # bad input fails before the device is touched
         load_config_file(path)
@@ -488,10 +487,10 @@ def register_snapshot(subparsers: Any, common: argparse.ArgumentParser) -> None:
 # the command runs, so the CLI keeps working in an installation that lacks them.
 def _cmd_warmup(args: argparse.Namespace) -> int:
     try:
-        from .warmup import warmup
+        from fusedattn_select.selection.warmup import warmup
     except ImportError as err:
         raise PlatformError(f"warmup is not available in this installation ({err})") from None
-    from .selector import default_selector
+    from fusedattn_select.selection.selector import default_selector
 
     problems = []
     for path in args.configs:
@@ -548,8 +547,7 @@ def _progress_bar(stream: Any = None) -> Callable[[int, int, str], None]:
 
 
 def _cache_store() -> Any:
-    from . import cache
-
+    from fusedattn_select.store import sqlite as cache
     opener = getattr(cache, "open_default_store", None)
     store = opener() if opener is not None else None
     if store is None:

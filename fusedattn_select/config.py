@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .backend import Backend
-from .errors import ConfigError
+from fusedattn_select.types import Backend
+from fusedattn_select.errors import ConfigError
 
 F16_DTYPES = ("fp16", "bf16")
 FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")

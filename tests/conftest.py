@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from fusedattn_select.backend import Outcome, Provenance, Verdict
-from fusedattn_select.probing.base import Fingerprint
-from fusedattn_select.selector import set_default_selector
+from fusedattn_select.types import Outcome, Provenance, Verdict
+from fusedattn_select.types import Fingerprint
+from fusedattn_select.selection.selector import set_default_selector
 
 
 @pytest.fixture(autouse=True)
@@ -85,6 +85,6 @@ def suite_file(tmp_path):
 @pytest.fixture
 def recorded_snapshot(tmp_path, suite_file):
     """A snapshot of `suite_file` recorded with RecordingTestEngine (a test double)."""
-    from fusedattn_select.recorder import record_snapshot, write_snapshot
+    from fusedattn_select.probing.recorder import record_snapshot, write_snapshot
 
     return write_snapshot(record_snapshot([suite_file], RecordingTestEngine()), tmp_path / "test-gpu.json")

@@ -1,4 +1,4 @@
-"""The decision and plan stores (fusedattn_select.cache): persistence, integrity, sharing, eviction."""
+"""The decision and plan stores (fusedattn_select.store.sqlite): persistence, integrity, sharing, eviction."""
 
 import base64
 import dataclasses
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from fusedattn_select import cache
-from fusedattn_select.backend import Backend, Outcome, Phase, ProbeDepth, Verdict
-from fusedattn_select.cache import (
+from fusedattn_select.store import sqlite as cache
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Verdict
+from fusedattn_select.store.sqlite import (
     CacheError,
     ImportReport,
     MemoryStore,
@@ -22,7 +22,7 @@ from fusedattn_select.cache import (
     default_cache_dir,
     open_default_store,
 )
-from fusedattn_select.probing.base import Fingerprint
+from fusedattn_select.types import Fingerprint
 
 H100 = Fingerprint(
     platform="cuda", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132,

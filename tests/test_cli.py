@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fusedattn_select import cli
-from fusedattn_select.selector import default_selector
+from fusedattn_select.selection.selector import default_selector
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = ["--set", "batch_size=2", "--set", "num_heads_q=16", "--set", "num_heads_kv=4",
@@ -320,8 +320,8 @@ def _needs(module: str, name: str):
 
 
 def test_warmup_answers_every_entry_with_the_process_selector(capsys, suite_file, recording_engine):
-    _needs("fusedattn_select.warmup", "warmup")
-    from fusedattn_select.selector import Selector, set_default_selector
+    _needs("fusedattn_select.selection.warmup", "warmup")
+    from fusedattn_select.selection.selector import Selector, set_default_selector
 
     set_default_selector(Selector(recording_engine))
     code, out, _ = run(capsys, "warmup", str(suite_file), "--depth", "fast", "--jobs", "2", "--json")
@@ -333,7 +333,7 @@ def test_warmup_answers_every_entry_with_the_process_selector(capsys, suite_file
 
 
 def test_warmup_draws_a_progress_bar_on_stderr_and_a_summary_table(capsys, suite_file, recording_engine):
-    from fusedattn_select.selector import Selector, set_default_selector
+    from fusedattn_select.selection.selector import Selector, set_default_selector
 
     set_default_selector(Selector(recording_engine))
     code, out, err = run(capsys, "warmup", str(suite_file), "--depth", "fast", "--jobs", "2")
@@ -345,7 +345,7 @@ def test_warmup_draws_a_progress_bar_on_stderr_and_a_summary_table(capsys, suite
 
 
 def test_warmup_with_worker_processes_but_no_persistent_store_exits_2(capsys, suite_file, recording_engine):
-    from fusedattn_select.selector import Selector, set_default_selector
+    from fusedattn_select.selection.selector import Selector, set_default_selector
 
     set_default_selector(Selector(recording_engine))
     code, _, err = run(capsys, "warmup", str(suite_file), "--workers", "processes", "--jobs", "2")
@@ -354,8 +354,8 @@ def test_warmup_with_worker_processes_but_no_persistent_store_exits_2(capsys, su
 
 
 def test_warmup_without_an_engine_exits_2(capsys, suite_file):
-    _needs("fusedattn_select.warmup", "warmup")
-    from fusedattn_select.selector import Selector, set_default_selector
+    _needs("fusedattn_select.selection.warmup", "warmup")
+    from fusedattn_select.selection.selector import Selector, set_default_selector
 
     set_default_selector(Selector(None, unavailable_reason=NO_DEVICE))
     code, _, err = run(capsys, "warmup", str(suite_file))
@@ -364,7 +364,7 @@ def test_warmup_without_an_engine_exits_2(capsys, suite_file):
 
 
 def test_cache_info_export_import_clear(capsys, tmp_path):
-    _needs("fusedattn_select.cache", "PersistentStore")
+    _needs("fusedattn_select.store.sqlite", "PersistentStore")
     code, out, _ = run(capsys, "cache", "info", "--json")
     info = json.loads(out)
     assert code == 0 and info["path"].startswith(str(tmp_path / "cache"))
@@ -377,6 +377,6 @@ def test_cache_info_export_import_clear(capsys, tmp_path):
 
 
 def test_cache_import_of_a_missing_file_is_bad_input(capsys, tmp_path):
-    _needs("fusedattn_select.cache", "PersistentStore")
+    _needs("fusedattn_select.store.sqlite", "PersistentStore")
     code, _, err = run(capsys, "cache", "import", str(tmp_path / "missing.json"))
     assert code == 2 and err.startswith("error: ") and "missing.json" in err

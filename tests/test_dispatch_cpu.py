@@ -12,13 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fusedattn_select import dispatch  # noqa: E402
-from fusedattn_select.dispatch import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
+from fusedattn_select.runtime import api as dispatch  # noqa: E402
+from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.errors import ConfigError  # noqa: E402
-from fusedattn_select.reference import reference_attention  # noqa: E402
-from fusedattn_select.selector import Selector, set_default_selector  # noqa: E402
+from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
+from fusedattn_select.selection.selector import Selector, set_default_selector  # noqa: E402
 
-sdpa_module = pytest.importorskip("fusedattn_select.torch")
+sdpa_module = pytest.importorskip("fusedattn_select.integrations.sdpa")
 
 BF16 = torch.bfloat16
 

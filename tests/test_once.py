@@ -6,7 +6,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from fusedattn_select.once import OncePerKey
+from fusedattn_select.selection.single_flight import OncePerKey
 
 
 def test_sixteen_threads_asking_one_missing_key_build_it_once():

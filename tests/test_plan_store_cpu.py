@@ -22,12 +22,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from fusedattn_select import plan_store
-from fusedattn_select.backend import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
-from fusedattn_select.cache import MemoryStore, PersistentStore
+from fusedattn_select.probing.cudnn import plans as plan_store
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
+from fusedattn_select.store.sqlite import MemoryStore, PersistentStore
 from fusedattn_select.config import AttnConfig, load_config_file
-from fusedattn_select.plan_store import GraphSignature, PlanBlobError, PlanHeader, TensorRecord
-from fusedattn_select.probing.base import Fingerprint
+from fusedattn_select.probing.cudnn.plans import GraphSignature, PlanBlobError, PlanHeader, TensorRecord
+from fusedattn_select.types import Fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,8 +65,8 @@ def test_plan_key_is_a_stable_sha256_hex_digest():
 
 def test_plan_key_is_the_same_in_another_process():
     script = (
-        "from fusedattn_select import plan_store\n"
-        "from fusedattn_select.backend import Backend, Phase\n"
+        "from fusedattn_select.probing.cudnn import plans as plan_store\n"
+        "from fusedattn_select.types import Backend, Phase\n"
         "from tests.test_plan_store_cpu import BASE, SIGNATURE\n"
         "print(plan_store.plan_key(BASE, Backend.F16, Phase.FORWARD, SIGNATURE))\n"
     )
@@ -163,7 +163,7 @@ def test_graph_signature_reads_the_described_graph():
 # ----- which problems attention() runs -----------------------------------------------------------
 def test_dispatch_config_matches_what_attention_derives_from_dense_tensors():
     torch = pytest.importorskip("torch")
-    from fusedattn_select.dispatch import config_from_tensors
+    from fusedattn_select.runtime.api import config_from_tensors
 
     perms = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": (0, 1, 2, 3)}
     entries = load_config_file(ROOT / "configs" / "llama-3-8b.yaml").entries
@@ -436,8 +436,7 @@ def test_processes_wanting_one_plan_build_it_once_in_total(tmp_path):
 # ----- dispatch's persistence policy ------------------------------------------------------------
 def test_dispatch_persists_only_with_a_live_cudnn_engine_and_a_persistent_store(store):
     pytest.importorskip("torch")
-    from fusedattn_select import dispatch_plans
-
+    from fusedattn_select.runtime import plans as dispatch_plans
     live = SimpleNamespace(name="cudnn", device=0)  # the attributes the policy reads, nothing more
     assert dispatch_plans._persistence(SimpleNamespace(store=store, fingerprint=FINGERPRINT, engine=live), 0) \
         == (store, FINGERPRINT)
@@ -453,8 +452,7 @@ def test_a_loaded_graph_must_bind_the_tensors_of_its_plan_key():
     pytest.importorskip("torch")
     cudnn = pytest.importorskip("cudnn")  # cudnn-frontend (the 'cuda' extra) names the data types
 
-    from fusedattn_select import dispatch_plans
-
+    from fusedattn_select.runtime import plans as dispatch_plans
     def stored(**overrides):
         tensors = {n: i + 1 for i, n in enumerate(SIGNATURE.tensors)}
         dims_strides = {n: (d, s) for n, (d, s, _) in SIGNATURE.tensors.items()}
@@ -497,8 +495,8 @@ class AcceptingEngineForTests:
 
 
 def test_warmup_builds_plans_for_accepted_problems_attention_runs(monkeypatch, store):
-    from fusedattn_select import warmup as warmup_module
-    from fusedattn_select.selector import Selector
+    from fusedattn_select.selection import warmup as warmup_module
+    from fusedattn_select.selection.selector import Selector
 
     double = PlanPersistDoubleForTests()
     monkeypatch.setattr(plan_store, "persist_plans", double)
@@ -513,8 +511,8 @@ def test_warmup_builds_plans_for_accepted_problems_attention_runs(monkeypatch, s
 
 
 def test_warmup_flips_a_problem_whose_plan_does_not_build(monkeypatch, store):
-    from fusedattn_select import warmup as warmup_module
-    from fusedattn_select.selector import Selector
+    from fusedattn_select.selection import warmup as warmup_module
+    from fusedattn_select.selection.selector import Selector
 
     failure = Verdict(Backend.F16, Phase.BACKWARD, Outcome.UNSUPPORTED, "build_plans", "no engine (test double)",
                       depth=ProbeDepth.FULL)
@@ -526,8 +524,8 @@ def test_warmup_flips_a_problem_whose_plan_does_not_build(monkeypatch, store):
 
 
 def test_warmup_without_a_live_cudnn_engine_builds_no_plans_and_says_why(store):
-    from fusedattn_select.selector import Selector
-    from fusedattn_select.warmup import warmup
+    from fusedattn_select.selection.selector import Selector
+    from fusedattn_select.selection.warmup import warmup
 
     report = warmup([BASE], selector=Selector(AcceptingEngineForTests(), store=store))
     assert report.totals["plans_built"] == 0 and "live cuDNN engine" in report.plan_note

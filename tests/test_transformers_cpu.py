@@ -22,8 +22,8 @@ from transformers import masking_utils  # noqa: E402
 
 from fusedattn_select import Backend, ConfigError  # noqa: E402
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
-from fusedattn_select.reference import reference_attention  # noqa: E402
-from fusedattn_select.selector import Selector  # noqa: E402
+from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
+from fusedattn_select.selection.selector import Selector  # noqa: E402
 
 VOCAB = 61
 SEQ = 10

@@ -772,7 +772,7 @@ def _cudnn_versions() -> dict:
         import cudnn
 
         out["cudnn_frontend"] = str(getattr(cudnn, "__version__", "unknown"))
-        from fusedattn_select.probing.base import format_cudnn_version
+        from fusedattn_select.types import format_cudnn_version
 
         out["cudnn_backend"] = format_cudnn_version(int(cudnn.backend_version()))
     except Exception as err:  # noqa: BLE001
@@ -804,7 +804,7 @@ def worker_env(args: Mapping, res: Partial) -> None:
         res["device_count"] = torch.cuda.device_count()
     res.update(_cudnn_versions())
     try:
-        from fusedattn_select.probing.cudnn import CudnnEngine
+        from fusedattn_select.probing.cudnn.engine import CudnnEngine
 
         fp = CudnnEngine().fingerprint()
         res["driver"] = fp.driver_version
@@ -839,7 +839,7 @@ def worker_selection(args: Mapping, res: Partial) -> None:
             rows.append({"name": name, "status": f"n/a: {type(err).__name__}: {first_line(err)}"})
         res.save()
 
-    from fusedattn_select.selector import default_selector
+    from fusedattn_select.selection.selector import default_selector
 
     selector = default_selector()
     res["engine"] = selector.engine_name
@@ -895,9 +895,9 @@ def worker_probe_file(args: Mapping, res: Partial) -> None:
     import cudnn  # noqa: F401 -- timed: part of the process init
 
     res["import_cudnn_ms"] = (time.perf_counter() - started) * 1e3
-    from fusedattn_select.backend import Phase, ProbeDepth
-    from fusedattn_select.probing.cudnn import CudnnEngine, operation_for
-    from fusedattn_select.selector import Selector
+    from fusedattn_select.types import Phase, ProbeDepth
+    from fusedattn_select.probing.cudnn.engine import CudnnEngine, operation_for
+    from fusedattn_select.selection.selector import Selector
 
     engine, init_ms = _timed(CudnnEngine)
     res["engine_init_ms"] = init_ms
@@ -954,7 +954,7 @@ def worker_warm_start(args: Mapping, res: Partial) -> None:
     import torch
 
     import fusedattn_select as fas
-    from fusedattn_select.dispatch import attention, dispatch_info
+    from fusedattn_select.runtime.api import attention, dispatch_info
 
     res["import_s"] = time.perf_counter() - t0
     t = time.perf_counter()
@@ -967,7 +967,7 @@ def worker_warm_start(args: Mapping, res: Partial) -> None:
     if args.get("warmup"):
         # The documented way to prepare a model: warmup(depth="full") answers every problem and
         # (where the library stores execution plans) builds and stores the plans attention() runs.
-        from fusedattn_select.warmup import warmup
+        from fusedattn_select.selection.warmup import warmup
 
         report = warmup(list(cf.entries), depth=depth)
         res["warmup_totals"] = report.totals
@@ -1016,8 +1016,8 @@ def worker_warm_start(args: Mapping, res: Partial) -> None:
 # ----- 4. warmup scaling -------------------------------------------------------------------------
 def worker_warmup(args: Mapping, res: Partial) -> None:
     from fusedattn_select.config import load_config_file
-    from fusedattn_select.selector import default_selector
-    from fusedattn_select.warmup import warmup
+    from fusedattn_select.selection.selector import default_selector
+    from fusedattn_select.selection.warmup import warmup
 
     suite = load_config_file(ROOT / args["suite"])
     entries = stride_subset(list(suite.entries), int(args["configs"]))
@@ -1137,9 +1137,8 @@ class RawGraph:
                  device_index: int = 0) -> None:
         import cudnn
 
-        from fusedattn_select.backend import Backend, ProbeDepth
-        from fusedattn_select.probing import cudnn as probe
-
+        from fusedattn_select.types import Backend, ProbeDepth
+        from fusedattn_select.probing.cudnn import engine as probe
         self.torch = torch
         self.handle = probe.handle_for(device_index)
         cache = probe.kernel_cache_for(cfg, Backend.F16, phase, device_index) if kernel_cache else None
@@ -1188,8 +1187,8 @@ def worker_dispatch(args: Mapping, res: Partial) -> None:
     import torch
     import torch.nn.functional as F
 
-    from fusedattn_select.backend import Phase
-    from fusedattn_select.dispatch import attention, config_from_tensors, dispatch_info
+    from fusedattn_select.types import Phase
+    from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info
 
     reps, warm = int(args["reps"]), int(args["warmup"])
     deadline = args.get("deadline")
@@ -1396,7 +1395,7 @@ def _from_layout(grad: Any, layout: str, like: Any) -> Any:
 
 def _dispatch_fp8(torch, r, args, attention, config_from_tensors, dispatch_info, reps, warm) -> None:
     from fusedattn_select import select
-    from fusedattn_select.dispatch_fp8 import quantize_qkv
+    from fusedattn_select.runtime.fp8 import quantize_qkv
 
     stem, name = args["fp8_entry"]
     cfg = _load_file(stem).get(name).config
@@ -1511,9 +1510,8 @@ def _dispatch_tiny(torch, F, r, args, attention, config_from_tensors, Phase) -> 
 
 # ----- 6. plan rebuild ---------------------------------------------------------------------------
 def worker_rebuild(args: Mapping, res: Partial) -> None:
-    from fusedattn_select.backend import Backend, Phase, ProbeDepth
-    from fusedattn_select.probing import cudnn as probe
-
+    from fusedattn_select.types import Backend, Phase, ProbeDepth
+    from fusedattn_select.probing.cudnn import engine as probe
     cfg = _load_file(args["file"]).get(args["entry"]).config
     if args.get("seqlen"):
         cfg = cfg.replace(seqlen_q=int(args["seqlen"]), seqlen_kv=int(args["seqlen"]))
@@ -1561,7 +1559,7 @@ def worker_rebuild(args: Mapping, res: Partial) -> None:
         import torch
 
         import fusedattn_select as fas
-        from fusedattn_select.dispatch import attention, dispatch_info
+        from fusedattn_select.runtime.api import attention, dispatch_info
 
         dcfg = _load_file(args["dispatch_file"]).get(args["dispatch_entry"]).config
         layout = DISPATCH_LAYOUTS[dcfg.qkv_layout]

@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fusedattn_select import dispatch  # noqa: E402
-from fusedattn_select.dispatch import attention  # noqa: E402
+from fusedattn_select.runtime import api as dispatch  # noqa: E402
+from fusedattn_select.runtime.api import attention  # noqa: E402
 
 SHAPES = {
     "llama3-8b": dict(b=2, hq=32, hkv=8, s=4096, d=128),
@@ -61,8 +61,7 @@ def _time(fn, reps: int, warmup: int, inner: int) -> float:
 
 def _raw_runner(plan, feeds: dict, outputs: dict):
     """A closure executing `plan`'s graph with a pack and workspace built once."""
-    from fusedattn_select import dispatch_plans
-
+    from fusedattn_select.runtime import plans as dispatch_plans
     pack = {plan.cudnn_tensors[name]: feeds[name] for name in plan.inputs}
     pack.update({plan.cudnn_tensors[name]: outputs[name] for name in plan.outputs})
     workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")

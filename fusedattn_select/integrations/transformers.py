@@ -12,7 +12,7 @@ Use::
   a `CudnnMask` (mask kind, window, per-sequence lengths), instead of materialising a dense
   (B, 1, Sq, Skv) tensor, whenever it can show that description is exact; otherwise it returns
   what transformers' "sdpa" mask function returns, and logs why once;
-- an attention function (`AttentionInterface`) that runs `fusedattn_select.dispatch.attention` for
+- an attention function (`AttentionInterface`) that runs `fusedattn_select.runtime.api.attention` for
   a `CudnnMask` (the fused backend `select()` picks, or dispatch's own fallback) and, for a dense
   mask, does what attn_implementation="sdpa" does.
 
@@ -52,15 +52,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
-from ..backend import Backend
-from ..config import DTYPES, AttnConfig
-from ..errors import ConfigError, FusedAttnSelectError
+from fusedattn_select.types import Backend
+from fusedattn_select.config import DTYPES, AttnConfig
+from fusedattn_select.errors import ConfigError, FusedAttnSelectError
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from ..backend import Selection
-    from ..selector import Selector
+    from fusedattn_select.types import Selection
+    from fusedattn_select.selection.selector import Selector
 
 log = logging.getLogger("fusedattn_select")
 
@@ -124,8 +124,8 @@ def _load_runtime() -> _Runtime:
         from transformers import masking_utils
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        from ..dispatch import attention
-        from ..reference import reference_attention
+        from fusedattn_select.runtime.api import attention
+        from fusedattn_select.runtime.reference import reference_attention
 
         _runtime = _Runtime(masking_utils, sdpa_attention_forward, attention, reference_attention)
     return _runtime
@@ -802,7 +802,7 @@ def report(
     Accepts what `configs_from_hf` accepts. `selector` defaults to the process-wide one
     (`fusedattn_select.select`); pass another to answer from a snapshot.
     """
-    from ..selector import select
+    from fusedattn_select.selection.selector import select
 
     view = _hf_config(model_or_config)
     rows = []

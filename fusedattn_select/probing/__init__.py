@@ -6,8 +6,9 @@ import logging
 import os
 from pathlib import Path
 
-from ..errors import PlatformError
-from .base import Fingerprint, ProbeEngine, format_cudnn_version
+from fusedattn_select.errors import PlatformError
+from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.types import Fingerprint, format_cudnn_version
 
 __all__ = ["Fingerprint", "ProbeEngine", "discover_engine", "format_cudnn_version", "bundled_snapshot"]
 
@@ -21,7 +22,7 @@ TARGETS = ("h100", "h200")
 def bundled_snapshot(target: str, suite: str = "configs") -> Path:
     """Path of a snapshot shipped with the package, recorded on `target` for `suite`."""
     if target not in TARGETS:
-        from ..errors import ConfigError
+        from fusedattn_select.errors import ConfigError
 
         raise ConfigError("target", target, "must be one of " + ", ".join(repr(t) for t in TARGETS))
     return SNAPSHOT_DIR / f"{target}-{suite}.json"
@@ -34,11 +35,11 @@ def discover_engine() -> tuple[ProbeEngine | None, str]:
     """
     snapshot = os.environ.get(SNAPSHOT_ENV)
     if snapshot:
-        from .snapshot import SnapshotEngine
+        from fusedattn_select.probing.snapshot import SnapshotEngine
 
         return SnapshotEngine.load(snapshot), ""
     try:
-        from .cudnn import CudnnEngine
+        from fusedattn_select.probing.cudnn.engine import CudnnEngine
     except ImportError as err:  # the 'cuda' extra is not installed
         return None, f"cannot import the cuDNN engine: {err}"
     try:

@@ -1,6 +1,6 @@
 """SnapshotEngine: answers recorded on a real device, replayed where there is no device.
 
-A snapshot is the JSON written by `fusedattn_select.recorder.record_snapshot` (schema
+A snapshot is the JSON written by `fusedattn_select.probing.recorder.record_snapshot` (schema
 "fusedattn-select-snapshot/1"): the device fingerprint plus, for every probed problem, the full
 verdicts of each phase. Replaying never guesses: a problem that was not recorded is answered
 UNSUPPORTED at stage "snapshot" with the file it was looked up in.
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..backend import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
-from ..config import AttnConfig
-from ..errors import ConfigError, SnapshotError
-from .base import Fingerprint
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.errors import ConfigError, SnapshotError
+from fusedattn_select.types import Fingerprint
 
 log = logging.getLogger("fusedattn_select")
 

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fusedattn_select.backend import Backend, Outcome, Phase, ProbeDepth
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.probing.cudnn import (
+from fusedattn_select.probing.cudnn.engine import (
     STAGES,
     CudnnEngine,
     CudnnUnsupported,
@@ -28,7 +28,7 @@ from fusedattn_select.probing.cudnn import (
     frontend_features,
     handle_for,
 )
-from fusedattn_select.selector import Selector
+from fusedattn_select.selection.selector import Selector
 
 pytestmark = pytest.mark.gpu
 
@@ -308,7 +308,7 @@ def test_full_probe_builds_the_plans(engine, phase):
 
 
 def test_build_graph_works_with_a_handle_of_this_thread(engine):
-    from fusedattn_select.probing.cudnn import device_context
+    from fusedattn_select.probing.cudnn.engine import device_context
 
     with device_context(engine.device):
         build = build_graph(config(), Backend.F16, FWD, handle=handle_for(engine.device), depth=FAST)

@@ -16,11 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cudnn")
 
-from fusedattn_select import dispatch  # noqa: E402
-from fusedattn_select.backend import Backend, Outcome, ProbeDepth, Verdict  # noqa: E402
-from fusedattn_select.dispatch import attention, config_from_tensors, dispatch_info  # noqa: E402
-from fusedattn_select.reference import reference_attention  # noqa: E402
-from fusedattn_select.selector import default_selector  # noqa: E402
+from fusedattn_select.runtime import api as dispatch  # noqa: E402
+from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict  # noqa: E402
+from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info  # noqa: E402
+from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
+from fusedattn_select.selection.selector import default_selector  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -163,8 +163,7 @@ def test_a_problem_cudnn_rejects_falls_back_with_its_reason(caplog):
 
 
 def test_a_build_failure_after_a_fast_yes_flips_the_selection_and_falls_back(monkeypatch):
-    from fusedattn_select import dispatch_plans
-
+    from fusedattn_select.runtime import plans as dispatch_plans
     def failing_build(cfg, backend, phase, device):
         raise dispatch_plans.PlanBuildError(Verdict(
             backend, phase, Outcome.UNSUPPORTED, "build_plans", "injected build failure", depth=ProbeDepth.FULL))
@@ -345,7 +344,7 @@ SDPA_CASES = {
 
 @pytest.mark.parametrize("name", list(SDPA_CASES))
 def test_sdpa_drop_in_matches_torch_sdpa(name):
-    from fusedattn_select.torch import scaled_dot_product_attention, torch_sdpa
+    from fusedattn_select.integrations.sdpa import scaled_dot_product_attention, torch_sdpa
 
     kw = dict(SDPA_CASES[name])
     q, k, v = _inputs(layout="bhsd", hkv=kw.pop("hkv", 8))

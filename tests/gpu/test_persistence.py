@@ -46,16 +46,16 @@ WORKER = textwrap.dedent(r'''
     mode, config_path = sys.argv[1], sys.argv[2]
     import fusedattn_select as fas
     from fusedattn_select.config import load_config_file
-    from fusedattn_select.selector import default_selector
+    from fusedattn_select.selection.selector import default_selector
 
     config_file = load_config_file(config_path)
     entries = [(f"{config_file.name}/{e.name}", e.config) for e in config_file.entries]
     result = {}
 
     if mode == "warmup":
-        from fusedattn_select import plan_store
-        from fusedattn_select.rules import apply_rules, phases_for
-        from fusedattn_select.warmup import warmup
+        from fusedattn_select.probing.cudnn import plans as plan_store
+        from fusedattn_select.selection.rules import apply_rules, phases_for
+        from fusedattn_select.selection.warmup import warmup
 
         selector = default_selector()  # cuDNN initialised before the start signal
         ready, go = os.environ.get("FAS_READY_FILE"), os.environ.get("FAS_GO_FILE")
@@ -92,7 +92,7 @@ WORKER = textwrap.dedent(r'''
         )
     elif mode == "step":
         import torch
-        from fusedattn_select.dispatch import attention, dispatch_info
+        from fusedattn_select.runtime.api import attention, dispatch_info
 
         device = os.environ.get("FAS_DEVICE", "cuda")
         selector = default_selector()
@@ -195,7 +195,7 @@ def test_a_process_over_a_warmed_cache_probes_nothing_and_loads_its_plans_bit_ex
 
 # ----- (b) eight processes warming one store at once ---------------------------------------------
 def test_eight_processes_warming_one_empty_store_probe_and_build_each_graph_once(tmp_path):
-    from fusedattn_select.cache import PersistentStore
+    from fusedattn_select.store.sqlite import PersistentStore
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)

@@ -15,7 +15,7 @@ import pytest
 from fusedattn_select.config import load_config_file
 from fusedattn_select.probing import bundled_snapshot
 from fusedattn_select.probing.snapshot import SnapshotEngine
-from fusedattn_select.selector import Selector
+from fusedattn_select.selection.selector import Selector
 
 pytestmark = pytest.mark.gpu
 

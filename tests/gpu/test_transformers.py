@@ -24,9 +24,9 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 from transformers import masking_utils  # noqa: E402
 
 from fusedattn_select import Backend  # noqa: E402
-from fusedattn_select.dispatch import dispatch_info  # noqa: E402
+from fusedattn_select.runtime.api import dispatch_info  # noqa: E402
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
-from fusedattn_select.reference import reference_attention  # noqa: E402
+from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 
 CUDA = torch.device("cuda")
 VOCAB = 128

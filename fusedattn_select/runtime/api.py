@@ -47,13 +47,13 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 
-from . import dispatch_fp8 as fp8q
-from . import reference as _reference
-from .backend import Phase, Selection
-from .config import AttnConfig, BIAS_SHAPES, MASKS, SOFTMAXES
-from .dispatch_fp8 import FP8Scales
-from .errors import ConfigError
-from .once import OncePerKey
+from fusedattn_select.runtime import fp8 as fp8q
+from fusedattn_select.runtime import reference as _reference
+from fusedattn_select.types import Phase, Selection
+from fusedattn_select.config import AttnConfig, BIAS_SHAPES, MASKS, SOFTMAXES
+from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.selection.single_flight import OncePerKey
 
 __all__ = [
     "FP8Scales",
@@ -76,7 +76,7 @@ _DTYPE_NAMES = {
     torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2",
 }
 _TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# torch's SDPA, never a patched torch.nn.functional attribute (fusedattn_select.torch.install()
+# torch's SDPA, never a patched torch.nn.functional attribute (fusedattn_select.integrations.sdpa.install()
 # routes that attribute here, and the fallback must not route back).
 _torch_sdpa = torch._C._nn.scaled_dot_product_attention
 
@@ -482,7 +482,7 @@ def _new_entry(key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op
     capturing = key[-1]
     if capturing:
         return _captured_entry(key, entry, q, k, v, opts, bias, alibi, sink, scales)
-    from .selector import default_selector
+    from fusedattn_select.selection.selector import default_selector
 
     selector = default_selector()
     selection = selector.select(cfg)
@@ -529,8 +529,7 @@ def _recipe(cfg: AttnConfig) -> str:
 
 
 def _build_plans(entry: _Entry, selector: Any, device: torch.device) -> None:
-    from . import dispatch_plans
-
+    from fusedattn_select.runtime import plans as dispatch_plans
     cfg = entry.cfg
     backend = entry.selection.backend
     phases = (Phase.FORWARD, Phase.BACKWARD) if cfg.is_training else (Phase.FORWARD,)
@@ -555,8 +554,8 @@ def _build_plans(entry: _Entry, selector: Any, device: torch.device) -> None:
 def _captured_entry(key: tuple, entry: _Entry, q, k, v, opts, bias, alibi, sink, scales) -> _Entry:
     """A call under CUDA-graph capture: reuse the eager twin's plans (building while capturing is
     unsafe), unless a known-bug rule rejects the problem for cuda_graph=True."""
-    from .rules import apply_rules, phases_for
-    from .selector import default_selector
+    from fusedattn_select.selection.rules import apply_rules, phases_for
+    from fusedattn_select.selection.selector import default_selector
 
     cfg = entry.cfg.replace(cuda_graph=True)
     selector = default_selector()
@@ -1020,7 +1019,7 @@ def dispatch_info() -> dict[str, Any]:
     info["signatures"] = len(_entries)
     info["fallback_signatures"] = sum(1 for e in _entries.values() if not e.fused)
     try:
-        from .dispatch_plans import plan_stats, workspace_bytes
+        from fusedattn_select.runtime.plans import plan_stats, workspace_bytes
 
         stats = plan_stats()
         info.update(plan_builds=stats["builds"], plan_build_ms=stats["build_ms"],
@@ -1039,7 +1038,7 @@ def clear_plans() -> None:
     for name in _counters:
         _counters[name] = 0
     try:
-        from .dispatch_plans import clear_plan_cache
+        from fusedattn_select.runtime.plans import clear_plan_cache
     except ImportError:  # pragma: no cover - dispatch_plans imports only torch
         return
     clear_plan_cache()

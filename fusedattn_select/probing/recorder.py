@@ -16,14 +16,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ._version import __version__
-from .backend import Outcome, ProbeDepth, Provenance, Verdict
-from .config import NamedConfig, load_config_file
-from .errors import SnapshotError
-from .probing.base import ProbeEngine
-from .probing.snapshot import SCHEMA
-from .rules import phases_for
-from .selector import Selector
+from fusedattn_select._version import __version__
+from fusedattn_select.types import Outcome, ProbeDepth, Provenance, Verdict
+from fusedattn_select.config import NamedConfig, load_config_file
+from fusedattn_select.errors import SnapshotError
+from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.snapshot import SCHEMA
+from fusedattn_select.selection.rules import phases_for
+from fusedattn_select.selection.selector import Selector
 
 log = logging.getLogger("fusedattn_select")
 
@@ -56,7 +56,7 @@ def record_snapshot(
     verdicts, FAILED probes as failed; nothing is skipped. `jobs` > 1 probes entries on threads
     (this overlaps the Python around the probes; cuDNN's plan builds themselves hold the GIL).
     """
-    from .probing.snapshot import SnapshotEngine
+    from fusedattn_select.probing.snapshot import SnapshotEngine
 
     if isinstance(engine, SnapshotEngine) or getattr(engine, "provenance", None) is Provenance.SNAPSHOT:
         raise SnapshotError(

@@ -82,10 +82,10 @@ try:
 except ImportError:  # pragma: no cover - Windows: no flock; key locks exclude threads only
     fcntl = None  # type: ignore[assignment]
 
-from ._version import __version__
-from .backend import Outcome, ProbeDepth, Verdict
-from .errors import FusedAttnSelectError
-from .probing.base import Fingerprint
+from fusedattn_select._version import __version__
+from fusedattn_select.types import Outcome, ProbeDepth, Verdict
+from fusedattn_select.errors import FusedAttnSelectError
+from fusedattn_select.types import Fingerprint
 
 log = logging.getLogger("fusedattn_select")
 

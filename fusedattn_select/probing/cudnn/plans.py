@@ -54,8 +54,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, TypeVar
 
-from .backend import Backend, Phase, ProbeDepth
-from .config import AttnConfig
+from fusedattn_select.types import Backend, Phase, ProbeDepth
+from fusedattn_select.config import AttnConfig
 
 log = logging.getLogger("fusedattn_select")
 
@@ -119,7 +119,7 @@ def graph_signature(cfg: AttnConfig, backend: Backend, phase: Phase, *, handle: 
     Describing is cheap (well under a millisecond once the frontend is warm) and touches no device
     memory; raises CudnnUnsupported when the installed frontend cannot express the problem.
     """
-    from .probing.cudnn_graphs import describe_graph
+    from fusedattn_select.probing.cudnn.graphs import describe_graph
 
     described = describe_graph(cfg, backend, phase, handle=handle)
     tensors = {
@@ -245,7 +245,7 @@ def _graph_bytes(graph: Any) -> bytes:
 
 def serialize_build(build: Any, plan_key: str) -> bytes:
     """The blob of a FULL GraphBuild (probing.cudnn_graphs): header + the frontend's serialization."""
-    from .probing.cudnn_graphs import frontend_features
+    from fusedattn_select.probing.cudnn.graphs import frontend_features
 
     tensors = {}
     for name, tensor in build.tensors.items():
@@ -446,9 +446,8 @@ def persist_plans(cfg: AttnConfig, backend: Backend, *, store: Any, fingerprint:
     Plans are built the way dispatch builds them (build_graph, FULL, static, this thread's handle),
     under the store's plan key lock. Needs cudnn-frontend and cuda-python, not torch.
     """
-    from .backend import Outcome, Verdict
-    from .probing import cudnn as cudnn_probe
-
+    from fusedattn_select.types import Outcome, Verdict
+    from fusedattn_select.probing.cudnn import engine as cudnn_probe
     built = stored = 0
     for phase in phases(cfg):
         with cudnn_probe.device_context(device):

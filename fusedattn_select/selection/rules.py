@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .backend import Backend, Outcome, Phase, Provenance, Verdict
-from .config import AttnConfig
-from .probing.base import Fingerprint
+from fusedattn_select.types import Backend, Outcome, Phase, Provenance, Verdict
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.types import Fingerprint
 
 # Where a rule comes from: the TransformerEngine selector that still guards these cases.
 TE_SELECTOR = (

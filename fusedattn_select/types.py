@@ -1,13 +1,16 @@
-"""Result types: the backend enum, per-graph verdicts and the selection returned to callers."""
+"""Core result types: the backend enum, per-graph verdicts, the selection returned to callers, and the
+platform fingerprint every cached answer is tied to."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import AttnConfig
+    from fusedattn_select.config import AttnConfig
 
 
 class Backend(str, enum.Enum):
@@ -178,3 +181,67 @@ class Selection:
             "engine": self.engine,
             "config": self.config.to_dict() if self.config is not None else None,
         }
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a support answer depends on; an answer from another fingerprint is never reused.
+
+    Versions are integers as the libraries report them (cuDNN backend 91900 = 9.19.0); the
+    compute capability is "major.minor".
+    """
+
+    platform: str
+    device_name: str = ""
+    compute_capability: str = ""
+    sm_count: int = 0
+    cudnn_backend_version: int = 0
+    cudnn_frontend_version: str = ""
+    driver_version: str = ""
+    library_version: str = ""
+
+    @property
+    def sm_arch(self) -> int:
+        """Compute capability as TransformerEngine writes it (9.0 -> 90); 0 when unknown."""
+        if not self.compute_capability:
+            return 0
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major) * 10 + int(minor or 0)
+
+    def key(self) -> str:
+        text = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Fingerprint":
+        return cls(
+            platform=str(data["platform"]),
+            device_name=str(data.get("device_name", "")),
+            compute_capability=str(data.get("compute_capability", "")),
+            sm_count=int(data.get("sm_count", 0)),
+            cudnn_backend_version=int(data.get("cudnn_backend_version", 0)),
+            cudnn_frontend_version=str(data.get("cudnn_frontend_version", "")),
+            driver_version=str(data.get("driver_version", "")),
+            library_version=str(data.get("library_version", "")),
+        )
+
+    def describe(self) -> str:
+        if not self.device_name:
+            return self.platform
+        return (
+            f"{self.device_name} (sm_{self.sm_arch}, {self.sm_count} SMs), "
+            f"cuDNN {format_cudnn_version(self.cudnn_backend_version)}, "
+            f"cudnn-frontend {self.cudnn_frontend_version}, driver {self.driver_version}"
+        )
+
+
+def format_cudnn_version(version: int) -> str:
+    """91900 -> "9.19.0" (cuDNN >= 9 encodes major*10000 + minor*100 + patch)."""
+    if version <= 0:
+        return "unknown"
+    if version >= 90000:
+        return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    return f"{version // 1000}.{version // 100 % 10}.{version % 100}"

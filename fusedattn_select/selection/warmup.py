@@ -36,9 +36,9 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
-from .backend import Backend, Outcome, ProbeDepth, Selection
-from .config import AttnConfig, NamedConfig
-from .errors import ConfigError
+from fusedattn_select.types import Backend, Outcome, ProbeDepth, Selection
+from fusedattn_select.config import AttnConfig, NamedConfig
+from fusedattn_select.errors import ConfigError
 
 log = logging.getLogger("fusedattn_select")
 
@@ -178,7 +178,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     workers = _jobs(jobs)
     problems, duplicates = _distinct(configs)
     if selector is None:
-        from .selector import default_selector
+        from fusedattn_select.selection.selector import default_selector
 
         selector = default_selector()
     plans, plan_note = _plan_target(selector, probe_depth)
@@ -257,9 +257,9 @@ def _warm_in_worker(name: str, config: dict, key: str, depth: str, store_dir: st
     """Warm one problem in a worker process: its own live engine, the caller's persistent store."""
     global _worker_selector
     if _worker_selector is None:
-        from .cache import PersistentStore
-        from .probing.cudnn import CudnnEngine
-        from .selector import Selector
+        from fusedattn_select.store.sqlite import PersistentStore
+        from fusedattn_select.probing.cudnn.engine import CudnnEngine
+        from fusedattn_select.selection.selector import Selector
 
         _worker_selector = Selector(CudnnEngine(device), store=PersistentStore(store_dir))
     probe_depth = ProbeDepth(depth)
@@ -343,7 +343,7 @@ def _plan_target(selector: object, depth: ProbeDepth) -> tuple[tuple | None, str
     if getattr(engine, "name", "") != "cudnn" or getattr(fingerprint, "platform", "") != "cuda":
         return None, "plans are built with the live cuDNN engine on a CUDA device (none here)"
     try:
-        from . import plan_store
+        from fusedattn_select.probing.cudnn import plans as plan_store
     except ImportError as err:  # pragma: no cover - plan_store imports only the library itself
         return None, f"plan persistence is unavailable ({err})"
     store = getattr(selector, "store", None)
@@ -354,8 +354,7 @@ def _plan_target(selector: object, depth: ProbeDepth) -> tuple[tuple | None, str
 
 def _warm_plans(selector: object, cfg: AttnConfig, selection: Selection, plans: tuple) -> tuple[Selection, dict]:
     """Build and store the plans attention() will run for an accepted problem; the fields for its row."""
-    from . import plan_store
-
+    from fusedattn_select.probing.cudnn import plans as plan_store
     dispatched = plan_store.dispatch_config(cfg)
     if dispatched is None:
         return selection, {"plan_note": plan_store.not_dispatched_reason(cfg)}

@@ -34,10 +34,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..backend import Backend, Phase, ProbeDepth
-from ..config import LAYOUTS, AttnConfig
-from ..errors import ConfigError, FusedAttnSelectError, ProbeError
-from .errors_text import backend_decline, clean_message, is_incident
+from fusedattn_select.types import Backend, Phase, ProbeDepth
+from fusedattn_select.config import LAYOUTS, AttnConfig
+from fusedattn_select.errors import ConfigError, FusedAttnSelectError, ProbeError
+from fusedattn_select.probing.cudnn.messages import backend_decline, clean_message, is_incident
 
 STAGES = (
     "graph_api", "validate", "build_operation_graph", "create_execution_plans", "check_support",

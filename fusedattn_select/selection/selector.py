@@ -11,12 +11,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Iterator
 
-from .backend import Backend, Outcome, Phase, ProbeDepth, Provenance, Selection, Verdict
-from .config import AttnConfig
-from .errors import ConfigError
-from .probing import discover_engine
-from .probing.base import Fingerprint, ProbeEngine
-from .rules import apply_rules, no_platform_verdict, phases_for
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Provenance, Selection, Verdict
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.probing import discover_engine
+from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.types import Fingerprint
+from fusedattn_select.selection.rules import apply_rules, no_platform_verdict, phases_for
 
 log = logging.getLogger("fusedattn_select")
 
@@ -304,7 +305,7 @@ def default_selector() -> Selector:
             engine, reason = discover_engine()
             store = None
             if engine is not None:
-                from .cache import open_default_store
+                from fusedattn_select.store.sqlite import open_default_store
 
                 store = open_default_store()
             _default = Selector(engine, unavailable_reason=reason, store=store)

@@ -28,10 +28,10 @@ from typing import Any, Mapping
 
 import torch
 
-from . import plan_store
-from .backend import Backend, Outcome, Phase, ProbeDepth, Verdict
-from .config import AttnConfig
-from .once import OncePerKey
+from fusedattn_select.probing.cudnn import plans as plan_store
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Verdict
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.selection.single_flight import OncePerKey
 
 log = logging.getLogger("fusedattn_select")
 
@@ -236,8 +236,7 @@ def _prepare_handle(device: torch.device) -> Any:
     index = device.index if device.index is not None else torch.cuda.current_device()
     slot = handles.get(index)
     if slot is None:
-        from .probing import cudnn as cudnn_probe
-
+        from fusedattn_select.probing.cudnn import engine as cudnn_probe
         slot = handles[index] = [cudnn_probe.handle_for(index), None]
     stream = _current_stream(device)
     if slot[1] != stream:
@@ -297,8 +296,7 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
     Raises PlanBuildError carrying the verdict to record: UNSUPPORTED when cuDNN rejects the graph,
     FAILED for incidents (out of memory, CUDA errors) that say nothing about support.
     """
-    from .probing import cudnn as cudnn_probe
-
+    from fusedattn_select.probing.cudnn import engine as cudnn_probe
     index = device.index if device.index is not None else torch.cuda.current_device()
     started = time.perf_counter()
     try:
@@ -346,8 +344,7 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
     process only. A stored plan that does not load is dropped with a warning and rebuilt. Raises
     PlanBuildError like build_plan.
     """
-    from .probing import cudnn as cudnn_probe
-
+    from fusedattn_select.probing.cudnn import engine as cudnn_probe
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         with torch.cuda.device(index), cudnn_probe.device_context(index):
@@ -364,8 +361,7 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
 
 def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, index: int, key: str,
                    signature: plan_store.GraphSignature, selector: Any) -> Plan:
-    from .probing import cudnn as cudnn_probe
-
+    from fusedattn_select.probing.cudnn import engine as cudnn_probe
     store, fingerprint = _persistence(selector, index)
 
     def build() -> Plan:

@@ -31,12 +31,12 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterator
 
-from .._version import __version__ as LIBRARY_VERSION
-from ..backend import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
-from ..config import AttnConfig
-from ..errors import PlatformError
-from .base import Fingerprint
-from .cudnn_graphs import (
+from fusedattn_select._version import __version__ as LIBRARY_VERSION
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.errors import PlatformError
+from fusedattn_select.types import Fingerprint
+from fusedattn_select.probing.cudnn.graphs import (
     STAGES,
     CudnnUnsupported,
     FrontendFeatures,

@@ -1,0 +1,134 @@
+"""A drop-in for torch.nn.functional.scaled_dot_product_attention that runs the selected fused backend.
+
+    from fusedattn_select.integrations.sdpa import scaled_dot_product_attention, install, uninstall, routed
+
+`scaled_dot_product_attention` has torch's signature and semantics ((N, H, L, E) inputs). A call
+that maps exactly onto attention() runs there (fused when the selector picks F16, with the usual
+logged fallback otherwise):
+
+    is_causal=True                 -> mask="causal" (top-left aligned, as torch's is_causal)
+    a floating-point attn_mask     -> an additive post-scale bias (4-D after broadcasting)
+    enable_gqa with fewer K/V heads -> grouped-query attention
+    scale, dropout_p               -> attn_scale, dropout
+
+Everything else goes to torch's own SDPA unchanged: boolean masks (a boolean mask's meaning depends
+on its values, which cannot be read without a device sync), inputs that are not 4-D, dtypes other
+than fp16/bf16/fp32, and arguments torch itself rejects (so the error is torch's).
+
+`install()` makes `torch.nn.functional.scaled_dot_product_attention` this function (code that
+looks the attribute up at call time, such as torch.nn.MultiheadAttention and Hugging Face's SDPA
+attention, is routed; a name imported earlier with `from torch.nn.functional import ...` is not);
+`uninstall()` restores what was there before; `routed()` does both around a block.
+
+This module is `fusedattn_select.integrations.sdpa`; with absolute imports, `import torch` here is PyTorch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.nn.functional
+
+from fusedattn_select.runtime.api import attention
+
+__all__ = ["install", "is_installed", "routed", "scaled_dot_product_attention", "torch_sdpa"]
+
+# torch's implementation itself (torch.nn.functional's attribute is this object until patched).
+torch_sdpa = torch._C._nn.scaled_dot_product_attention
+_FUSABLE_DTYPES = (torch.float16, torch.bfloat16)  # float32 has no fused kernel: straight to torch
+
+
+def _maps_to_attention(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, is_causal: Any,
+                       scale: Any, enable_gqa: Any) -> Optional[torch.Tensor]:
+    """The bias attention() takes for this call (or a sentinel True for "no bias"); None when the
+    call must go to torch's SDPA."""
+    tensors = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+        return None
+    if query.dtype not in _FUSABLE_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        return None
+    if key.device != query.device or value.device != query.device:
+        return None
+    (n, hq, lq, e), (nk, hk, s, ek), (nv, hv, sv, _) = query.shape, key.shape, value.shape
+    if min(n, hq, lq, e, s) <= 0 or nk != n or nv != n or sv != s or hv != hk or ek != e:
+        return None
+    if hq != hk and not (enable_gqa is True and hq % hk == 0):
+        return None
+    if not isinstance(is_causal, bool) or not isinstance(enable_gqa, bool):
+        return None
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        return None
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        return None
+    if attn_mask is None:
+        return True  # type: ignore[return-value]
+    if is_causal or not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != query.dtype:
+        return None  # torch rejects both; bool masks are not mapped (see the module docstring)
+    if attn_mask.dim() > 4 or attn_mask.device != query.device:
+        return None
+    bias = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    if any(m not in (1, t) for m, t in zip(bias.shape, (n, hq, lq, s))):
+        return None
+    return bias
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
+    """torch.nn.functional.scaled_dot_product_attention, on the selected fused backend when the call
+    maps onto attention() exactly, else torch's own SDPA (see the module docstring)."""
+    bias = _maps_to_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if bias is None:
+        return torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=scale, enable_gqa=enable_gqa)
+    return attention(
+        query, key, value, layout="bhsd", mask="causal" if is_causal else "no_mask",
+        attn_scale=None if scale is None else float(scale), dropout=float(dropout_p),
+        bias=None if bias is True else bias,
+    )
+
+
+# ----- routing torch.nn.functional.scaled_dot_product_attention ------------------------------------
+_lock = threading.Lock()
+_replaced: list[Any] = []  # what install() replaced, restored by uninstall()
+
+
+def is_installed() -> bool:
+    return torch.nn.functional.scaled_dot_product_attention is scaled_dot_product_attention
+
+
+def install() -> None:
+    """Route torch.nn.functional.scaled_dot_product_attention through this module (idempotent)."""
+    with _lock:
+        if is_installed():
+            return
+        _replaced.append(torch.nn.functional.scaled_dot_product_attention)
+        torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+
+
+def uninstall() -> None:
+    """Restore the function install() replaced (a no-op when not installed)."""
+    with _lock:
+        if not is_installed():
+            return
+        torch.nn.functional.scaled_dot_product_attention = _replaced.pop() if _replaced else torch_sdpa
+
+
+@contextlib.contextmanager
+def routed() -> Iterator[None]:
+    """Route torch.nn.functional.scaled_dot_product_attention through this module inside the block;
+    afterwards the attribute is what it was before (nesting and an outer install() are kept)."""
+    with _lock:
+        previous = torch.nn.functional.scaled_dot_product_attention
+        torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+    try:
+        yield
+    finally:
+        with _lock:
+            torch.nn.functional.scaled_dot_product_attention = previous

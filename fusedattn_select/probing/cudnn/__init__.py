@@ -1,0 +1,1 @@
+"""The live cuDNN probing engine: device, graphs, messages, serialized plans."""

@@ -1,0 +1,1 @@
+"""Running the selected kernels on torch tensors (needs torch)."""

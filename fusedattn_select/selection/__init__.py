@@ -1,0 +1,1 @@
+"""Selection: static rules, the selector with its caches, single flight, warmup."""

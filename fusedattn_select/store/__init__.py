@@ -1,0 +1,1 @@
+"""Stores of decisions and serialized plans: a typed protocol, SQLite and memory implementations."""
