@@ -7,10 +7,16 @@ a real device), never from hand-written support tables.
 from __future__ import annotations
 
 from fusedattn_select._version import __version__
-from fusedattn_select.types import Backend, Selection, Verdict
-from fusedattn_select.config import AttnConfig, load_config_file
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
-from fusedattn_select.selection.selector import cache_info, clear_cache, get_backend, select
+from fusedattn_select.selection.selector import (
+    cache_info,
+    clear_cache,
+    get_backend,
+    select,
+)
+from fusedattn_select.types import Backend, Selection, Verdict
 
 __all__ = [
     "AttnConfig",

@@ -22,14 +22,31 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from fusedattn_select._version import __version__
-from fusedattn_select.types import Backend, ProbeDepth, Provenance, Selection, Verdict
-from fusedattn_select.config import AttnConfig, NamedConfig, load_config_file
-from fusedattn_select.errors import ConfigError, FusedAttnSelectError, PlatformError, SnapshotError
-from fusedattn_select.probing import SNAPSHOT_ENV, TARGETS, bundled_snapshot, discover_engine
-from fusedattn_select.types import format_cudnn_version
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.config_files import NamedConfig, load_config_file
+from fusedattn_select.errors import (
+    ConfigError,
+    FusedAttnSelectError,
+    PlatformError,
+    SnapshotError,
+)
+from fusedattn_select.probing import (
+    SNAPSHOT_ENV,
+    TARGETS,
+    bundled_snapshot,
+    discover_engine,
+)
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.probing.snapshot import SnapshotEngine, SnapshotFile, read_header
 from fusedattn_select.selection.selector import Selector, set_default_selector
+from fusedattn_select.types import (
+    Backend,
+    ProbeDepth,
+    Provenance,
+    Selection,
+    Verdict,
+    format_cudnn_version,
+)
 
 log = logging.getLogger("fusedattn_select")
 
@@ -444,7 +461,11 @@ def register_info(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 # ----- snapshot record -------------------------------------------------------------------------
 def _cmd_snapshot_record(args: argparse.Namespace) -> int:
-    from fusedattn_select.probing.recorder import record_snapshot, summarize, write_snapshot
+    from fusedattn_select.probing.recorder import (
+        record_snapshot,
+        summarize,
+        write_snapshot,
+    )
 
     for path in args.suites:  # bad input fails before the device is touched
         load_config_file(path)

@@ -1,4 +1,4 @@
-"""AttnConfig: one attention problem, its derived values, validation and YAML loading."""
+"""AttnConfig: one attention problem, its vocabulary, derived values and validation."""
 
 from __future__ import annotations
 
@@ -7,16 +7,13 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from fusedattn_select.types import Backend
+from fusedattn_select.dtypes import DTYPES, F16_DTYPES, FP8_DTYPES
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.layouts import FORMATS, LAYOUTS, Layout
+from fusedattn_select.types import Backend, Phase
 
-F16_DTYPES = ("fp16", "bf16")
-FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
-DTYPES = F16_DTYPES + FP8_DTYPES
-FORMATS = ("bshd", "sbhd", "bhsd", "thd")
 MASKS = (
     "no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
     "padding_causal_bottom_right",
@@ -30,61 +27,9 @@ SOFTMAXES = ("vanilla", "off_by_one", "learnable")
 SCALING_MODES = ("delayed", "current", "mxfp8")
 
 
-@dataclass(frozen=True)
-class Layout:
-    """What a TransformerEngine QKV layout name means physically.
-
-    `packing` is how tensors share one allocation: "3hd"/"h3d" (Q, K, V interleaved), "2hd"/"h2d"
-    (K and V interleaved), or None (separate tensors).
-    """
-
-    name: str
-    q_format: str
-    kv_format: str
-    packing: str | None = None
-    paged: bool = False
-
-    @property
-    def ragged(self) -> bool:
-        return "thd" in (self.q_format, self.kv_format)
 
 
-def _layouts() -> dict[str, Layout]:
-    table = [
-        Layout("bshd_bshd_bshd", "bshd", "bshd"),
-        Layout("sbhd_sbhd_sbhd", "sbhd", "sbhd"),
-        Layout("bhsd_bhsd_bhsd", "bhsd", "bhsd"),
-        Layout("thd_thd_thd", "thd", "thd"),
-        Layout("bs3hd", "bshd", "bshd", "3hd"),
-        Layout("sb3hd", "sbhd", "sbhd", "3hd"),
-        Layout("t3hd", "thd", "thd", "3hd"),
-        Layout("bsh3d", "bshd", "bshd", "h3d"),
-        Layout("sbh3d", "sbhd", "sbhd", "h3d"),
-        Layout("th3d", "thd", "thd", "h3d"),
-        Layout("bshd_bs2hd", "bshd", "bshd", "2hd"),
-        Layout("sbhd_sb2hd", "sbhd", "sbhd", "2hd"),
-        Layout("thd_t2hd", "thd", "thd", "2hd"),
-        Layout("bshd_bsh2d", "bshd", "bshd", "h2d"),
-        Layout("sbhd_sbh2d", "sbhd", "sbhd", "h2d"),
-        Layout("thd_th2d", "thd", "thd", "h2d"),
-        Layout("sbhd_bshd_bshd", "sbhd", "bshd"),
-        Layout("bshd_sbhd_sbhd", "bshd", "sbhd"),
-        Layout("thd_bshd_bshd", "thd", "bshd"),
-        Layout("thd_sbhd_sbhd", "thd", "sbhd"),
-        Layout("paged_kv_bshd_bshd_bshd", "bshd", "bshd", paged=True),
-        Layout("paged_kv_bshd_sbhd_sbhd", "bshd", "sbhd", paged=True),
-        Layout("paged_kv_sbhd_bshd_bshd", "sbhd", "bshd", paged=True),
-        Layout("paged_kv_sbhd_sbhd_sbhd", "sbhd", "sbhd", paged=True),
-        Layout("paged_kv_thd_bshd_bshd", "thd", "bshd", paged=True),
-        Layout("paged_kv_thd_sbhd_sbhd", "thd", "sbhd", paged=True),
-    ]
-    return {layout.name: layout for layout in table}
-
-
-LAYOUTS: dict[str, Layout] = _layouts()
-
-
-def _allowed(values: Iterable[str]) -> str:
+def allowed(values: Iterable[str]) -> str:
     return "must be one of " + ", ".join(repr(v) for v in values)
 
 
@@ -146,6 +91,11 @@ class AttnConfig:
     def candidate(self) -> Backend:
         """The backend this problem's dtype asks for: F16 for fp16/bf16, FP8 for fp8."""
         return Backend.FP8 if self.qkv_dtype in FP8_DTYPES else Backend.F16
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        """The graphs this problem runs: forward, and backward when training."""
+        return Phase.of(self.is_training)
 
     @property
     def is_fp8(self) -> bool:
@@ -289,7 +239,7 @@ class AttnConfig:
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
-            raise ConfigError(unknown[0], data[unknown[0]], "unknown field; " + _allowed(names))
+            raise ConfigError(unknown[0], data[unknown[0]], "unknown field; " + allowed(names))
         missing = [
             f.name for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING and f.name not in data
@@ -313,7 +263,7 @@ def _check_choice(cfg: AttnConfig, name: str, choices: tuple[str, ...], optional
     if value is None and optional:
         return
     if value not in choices:
-        raise ConfigError(name, value, _allowed(choices))
+        raise ConfigError(name, value, allowed(choices))
 
 
 def _check_bool(cfg: AttnConfig, name: str, optional: bool = False) -> None:
@@ -372,7 +322,7 @@ def _validate_cross_fields(cfg: AttnConfig) -> None:
     if layout.ragged and not cfg.has_padding:
         raise ConfigError(
             "mask", cfg.mask,
-            f"qkv_layout={cfg.qkv_layout!r} is ragged (THD) and needs a padding mask: " + _allowed(PADDING_MASKS),
+            f"qkv_layout={cfg.qkv_layout!r} is ragged (THD) and needs a padding mask: " + allowed(PADDING_MASKS),
         )
     if layout.packing in ("3hd", "h3d") and (
         cfg.seqlen_q != cfg.seqlen_kv or cfg.num_heads_q != cfg.num_heads_kv
@@ -390,7 +340,7 @@ def _validate_cross_fields(cfg: AttnConfig) -> None:
         if cfg.is_training:
             raise ConfigError("is_training", True, "paged KV caches are for inference only; set is_training: false")
         if not cfg.has_padding:
-            raise ConfigError("mask", cfg.mask, "paged KV needs a padding mask (sequence lengths): " + _allowed(PADDING_MASKS))
+            raise ConfigError("mask", cfg.mask, "paged KV needs a padding mask (sequence lengths): " + allowed(PADDING_MASKS))
     elif cfg.page_size is not None or cfg.num_pages is not None:
         field_name = "page_size" if cfg.page_size is not None else "num_pages"
         raise ConfigError(field_name, getattr(cfg, field_name), "only allowed with a paged_kv_* qkv_layout")
@@ -406,109 +356,19 @@ def _validate_cross_fields(cfg: AttnConfig) -> None:
     if cfg.bottom_right_diagonal is False and cfg.mask in BOTTOM_RIGHT_MASKS:
         raise ConfigError("bottom_right_diagonal", False, f"contradicts mask={cfg.mask!r}; leave it null or true")
     if cfg.bias == "post_scale_bias" and cfg.bias_shape is None:
-        raise ConfigError("bias_shape", None, "post_scale_bias needs a bias_shape: " + _allowed(BIAS_SHAPES))
+        raise ConfigError("bias_shape", None, "post_scale_bias needs a bias_shape: " + allowed(BIAS_SHAPES))
     if cfg.bias != "post_scale_bias" and cfg.bias_shape is not None:
         raise ConfigError("bias_shape", cfg.bias_shape, f"only allowed with bias='post_scale_bias' (bias={cfg.bias!r})")
     if not cfg.is_fp8:
         if cfg.scaling_mode is not None:
-            raise ConfigError("scaling_mode", cfg.scaling_mode, f"only for FP8 qkv_dtype ({_allowed(FP8_DTYPES)}); qkv_dtype={cfg.qkv_dtype!r}")
+            raise ConfigError("scaling_mode", cfg.scaling_mode, f"only for FP8 qkv_dtype ({allowed(FP8_DTYPES)}); qkv_dtype={cfg.qkv_dtype!r}")
         for name in ("o_dtype", "do_dtype", "dqkv_dtype"):
             value = getattr(cfg, name)
             if value is not None and value not in F16_DTYPES:
-                raise ConfigError(name, value, f"qkv_dtype={cfg.qkv_dtype!r} is not FP8: {_allowed(F16_DTYPES)}")
+                raise ConfigError(name, value, f"qkv_dtype={cfg.qkv_dtype!r} is not FP8: {allowed(F16_DTYPES)}")
     if cfg.is_fp8 and cfg.o_dtype is not None and cfg.o_dtype not in FP8_DTYPES + ("bf16", "fp16"):
-        raise ConfigError("o_dtype", cfg.o_dtype, _allowed(DTYPES))
+        raise ConfigError("o_dtype", cfg.o_dtype, allowed(DTYPES))
     if not cfg.is_training:
         for name in ("do_dtype", "dqkv_dtype", "do_format", "dqkv_layout"):
             if getattr(cfg, name) is not None:
                 raise ConfigError(name, getattr(cfg, name), "describes the backward pass; only allowed with is_training: true")
-
-
-# ----- YAML files ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class NamedConfig:
-    """One entry of a config file: the problem plus where it came from."""
-
-    name: str
-    config: AttnConfig
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class ConfigFile:
-    """A YAML file describing one model: a name, shared defaults and named problems."""
-
-    name: str
-    entries: tuple[NamedConfig, ...]
-    description: str = ""
-    source: str = ""
-    path: str = ""
-
-    def get(self, name: str) -> NamedConfig:
-        for entry in self.entries:
-            if entry.name == name:
-                return entry
-        raise ConfigError("name", name, _allowed([e.name for e in self.entries]))
-
-
-_FILE_KEYS = ("name", "description", "source", "defaults", "configs")
-
-
-def parse_config_file(data: Any, path: str = "<memory>") -> ConfigFile:
-    """Build a ConfigFile from parsed YAML; errors name the entry and the field."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(path, type(data).__name__, "a config file must be a mapping with keys " + ", ".join(_FILE_KEYS))
-    unknown = sorted(set(data) - set(_FILE_KEYS))
-    if unknown:
-        raise ConfigError(f"{path}: {unknown[0]}", data[unknown[0]], "unknown key; " + _allowed(_FILE_KEYS))
-    defaults = data.get("defaults") or {}
-    if not isinstance(defaults, Mapping):
-        raise ConfigError(f"{path}: defaults", defaults, "must be a mapping of AttnConfig fields")
-    raw_entries = data.get("configs")
-    if not isinstance(raw_entries, list) or not raw_entries:
-        raise ConfigError(f"{path}: configs", raw_entries, "must be a non-empty list of named entries")
-    entries: list[NamedConfig] = []
-    seen: set[str] = set()
-    for index, raw in enumerate(raw_entries):
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{path}: configs[{index}]", raw, "must be a mapping with a 'name'")
-        raw = dict(raw)
-        name = raw.pop("name", None)
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"{path}: configs[{index}].name", name, "must be a non-empty string")
-        if name in seen:
-            raise ConfigError(f"{path}: configs[{index}].name", name, "must be unique in the file")
-        seen.add(name)
-        merged = {**defaults, **raw}
-        try:
-            cfg = AttnConfig.from_dict(merged)
-        except ConfigError as err:
-            raise ConfigError(f"{path}: {name}: {err.field}", err.value, err.allowed) from None
-        except TypeError as err:  # pragma: no cover - from_dict checks names first
-            raise ConfigError(f"{path}: {name}", merged, str(err)) from None
-        entries.append(NamedConfig(name, cfg, str(data.get("source", ""))))
-    return ConfigFile(
-        name=str(data.get("name") or Path(path).stem),
-        entries=tuple(entries),
-        description=str(data.get("description", "")),
-        source=str(data.get("source", "")),
-        path=path,
-    )
-
-
-def load_config_file(path: str | Path) -> ConfigFile:
-    """Read a YAML config file (see README 'Config format')."""
-    import yaml
-
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError("config file", str(path), f"cannot be read ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError("config file", str(path), f"cannot be read (not UTF-8 text: {err.reason} at byte {err.start})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError("config file", str(path), f"is not valid YAML ({str(err).splitlines()[0]})") from None
-    return parse_config_file(data, str(path))

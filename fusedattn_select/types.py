@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from fusedattn_select.errors import ConfigError
+
 if TYPE_CHECKING:
     from fusedattn_select.config import AttnConfig
 
@@ -32,6 +34,11 @@ class Phase(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @staticmethod
+    def of(is_training: bool) -> "tuple[Phase, ...]":
+        """The graphs a problem runs: forward, and backward when training."""
+        return (Phase.FORWARD, Phase.BACKWARD) if is_training else (Phase.FORWARD,)
 
 
 class Outcome(str, enum.Enum):
@@ -70,6 +77,14 @@ class ProbeDepth(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @classmethod
+    def parse(cls, value: "str | ProbeDepth", field: str = "probe_depth") -> "ProbeDepth":
+        """The depth named by `value`; ConfigError naming `field` otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(field, value, "must be 'fast' or 'full'") from None
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from fusedattn_select.types import Outcome, Provenance, Verdict
-from fusedattn_select.types import Fingerprint
 from fusedattn_select.selection.selector import set_default_selector
+from fusedattn_select.types import Fingerprint, Outcome, Provenance, Verdict
 
 
 @pytest.fixture(autouse=True)

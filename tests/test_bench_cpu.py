@@ -165,7 +165,7 @@ def test_plans_and_deadlines(bench):
 
 
 def test_dispatch_entry_choice_and_sdpa_blocker(bench):
-    from fusedattn_select.config import load_config_file
+    from fusedattn_select.config_files import load_config_file
 
     gpt2 = load_config_file(ROOT / "configs" / "gpt2.yaml")
     picked = bench.pick_dispatch_entries(gpt2.entries, 2)

@@ -13,7 +13,6 @@ import time
 import pytest
 
 from fusedattn_select.store import sqlite as cache
-from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Verdict
 from fusedattn_select.store.sqlite import (
     CacheError,
     ImportReport,
@@ -22,7 +21,14 @@ from fusedattn_select.store.sqlite import (
     default_cache_dir,
     open_default_store,
 )
-from fusedattn_select.types import Fingerprint
+from fusedattn_select.types import (
+    Backend,
+    Fingerprint,
+    Outcome,
+    Phase,
+    ProbeDepth,
+    Verdict,
+)
 
 H100 = Fingerprint(
     platform="cuda", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132,

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from fusedattn_select import AttnConfig, Backend, ConfigError, FusedAttnSelectError
-from fusedattn_select.config import LAYOUTS, load_config_file, parse_config_file
+from fusedattn_select.config_files import load_config_file, parse_config_file
+from fusedattn_select.layouts import LAYOUTS
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = dict(batch_size=2, num_heads_q=32, num_heads_kv=8, seqlen_q=1024, seqlen_kv=1024, head_dim_qk=128)

@@ -12,9 +12,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fusedattn_select.runtime import api as dispatch  # noqa: E402
-from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.errors import ConfigError  # noqa: E402
+from fusedattn_select.runtime import api as dispatch  # noqa: E402
+from fusedattn_select.runtime.api import (  # noqa: E402
+    FP8Scales,
+    attention,
+    config_from_tensors,
+    dispatch_info,
+)
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import Selector, set_default_selector  # noqa: E402
 

@@ -22,12 +22,25 @@ from types import SimpleNamespace
 
 import pytest
 
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.config_files import load_config_file
 from fusedattn_select.probing.cudnn import plans as plan_store
-from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
+from fusedattn_select.probing.cudnn.plans import (
+    GraphSignature,
+    PlanBlobError,
+    PlanHeader,
+    TensorRecord,
+)
 from fusedattn_select.store.sqlite import MemoryStore, PersistentStore
-from fusedattn_select.config import AttnConfig, load_config_file
-from fusedattn_select.probing.cudnn.plans import GraphSignature, PlanBlobError, PlanHeader, TensorRecord
-from fusedattn_select.types import Fingerprint
+from fusedattn_select.types import (
+    Backend,
+    Fingerprint,
+    Outcome,
+    Phase,
+    ProbeDepth,
+    Provenance,
+    Verdict,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 
 from fusedattn_select import AttnConfig
-from fusedattn_select.types import Backend, Outcome, Phase, Provenance
-from fusedattn_select.types import Fingerprint
-from fusedattn_select.selection.rules import RULES, apply_rules, no_platform_verdict, rules_by_name
+from fusedattn_select.selection.rules import (
+    RULES,
+    apply_rules,
+    no_platform_verdict,
+    rules_by_name,
+)
+from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, Provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = dict(batch_size=2, num_heads_q=16, num_heads_kv=16, seqlen_q=2048, seqlen_kv=2048, head_dim_qk=128)

@@ -17,8 +17,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import transformers  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
-from transformers import masking_utils  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoConfig,
+    AutoModelForCausalLM,
+    masking_utils,  # noqa: E402
+)
 
 from fusedattn_select import Backend, ConfigError  # noqa: E402
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402

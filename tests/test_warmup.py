@@ -13,14 +13,21 @@ import time
 
 import pytest
 
-from fusedattn_select.types import Backend, Outcome, ProbeDepth, Provenance, Verdict
-from fusedattn_select.store.sqlite import PersistentStore
-from fusedattn_select.config import AttnConfig, NamedConfig
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.engine import ProbeEngine
-from fusedattn_select.types import Fingerprint
 from fusedattn_select.selection.selector import Selector, set_default_selector
 from fusedattn_select.selection.warmup import WarmupOutcome, WarmupReport, warmup
+from fusedattn_select.store.sqlite import PersistentStore
+from fusedattn_select.types import (
+    Backend,
+    Fingerprint,
+    Outcome,
+    ProbeDepth,
+    Provenance,
+    Verdict,
+)
 
 
 class CountingTestEngine:

@@ -761,7 +761,7 @@ def _past(deadline: float | None, margin: float = 0.0) -> bool:
 
 
 def _load_file(stem: str) -> Any:
-    from fusedattn_select.config import load_config_file
+    from fusedattn_select.config_files import load_config_file
 
     return load_config_file(ROOT / "configs" / f"{stem}.yaml")
 
@@ -895,9 +895,9 @@ def worker_probe_file(args: Mapping, res: Partial) -> None:
     import cudnn  # noqa: F401 -- timed: part of the process init
 
     res["import_cudnn_ms"] = (time.perf_counter() - started) * 1e3
-    from fusedattn_select.types import Phase, ProbeDepth
     from fusedattn_select.probing.cudnn.engine import CudnnEngine, operation_for
     from fusedattn_select.selection.selector import Selector
+    from fusedattn_select.types import Phase, ProbeDepth
 
     engine, init_ms = _timed(CudnnEngine)
     res["engine_init_ms"] = init_ms
@@ -1015,7 +1015,7 @@ def worker_warm_start(args: Mapping, res: Partial) -> None:
 
 # ----- 4. warmup scaling -------------------------------------------------------------------------
 def worker_warmup(args: Mapping, res: Partial) -> None:
-    from fusedattn_select.config import load_config_file
+    from fusedattn_select.config_files import load_config_file
     from fusedattn_select.selection.selector import default_selector
     from fusedattn_select.selection.warmup import warmup
 
@@ -1137,8 +1137,8 @@ class RawGraph:
                  device_index: int = 0) -> None:
         import cudnn
 
-        from fusedattn_select.types import Backend, ProbeDepth
         from fusedattn_select.probing.cudnn import engine as probe
+        from fusedattn_select.types import Backend, ProbeDepth
         self.torch = torch
         self.handle = probe.handle_for(device_index)
         cache = probe.kernel_cache_for(cfg, Backend.F16, phase, device_index) if kernel_cache else None
@@ -1187,8 +1187,12 @@ def worker_dispatch(args: Mapping, res: Partial) -> None:
     import torch
     import torch.nn.functional as F
 
+    from fusedattn_select.runtime.api import (
+        attention,
+        config_from_tensors,
+        dispatch_info,
+    )
     from fusedattn_select.types import Phase
-    from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info
 
     reps, warm = int(args["reps"]), int(args["warmup"])
     deadline = args.get("deadline")
@@ -1510,8 +1514,8 @@ def _dispatch_tiny(torch, F, r, args, attention, config_from_tensors, Phase) -> 
 
 # ----- 6. plan rebuild ---------------------------------------------------------------------------
 def worker_rebuild(args: Mapping, res: Partial) -> None:
-    from fusedattn_select.types import Backend, Phase, ProbeDepth
     from fusedattn_select.probing.cudnn import engine as probe
+    from fusedattn_select.types import Backend, Phase, ProbeDepth
     cfg = _load_file(args["file"]).get(args["entry"]).config
     if args.get("seqlen"):
         cfg = cfg.replace(seqlen_q=int(args["seqlen"]), seqlen_kv=int(args["seqlen"]))

@@ -43,11 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("fusedattn_select") is None:
     sys.path.insert(0, str(ROOT))
 
-from fusedattn_select.config import (  # noqa: E402 - after the sys.path fallback above
-    BIAS_SHAPES, FP8_DTYPES, LAYOUTS, MASKS, AttnConfig, ConfigFile, NamedConfig, load_config_file,
+from fusedattn_select.config import BIAS_SHAPES, MASKS, AttnConfig  # noqa: E402 - after the sys.path fallback above
+from fusedattn_select.config_files import (  # noqa: E402
+    ConfigFile,
+    NamedConfig,
+    load_config_file,
     parse_config_file,
 )
+from fusedattn_select.dtypes import FP8_DTYPES  # noqa: E402
 from fusedattn_select.errors import ConfigError  # noqa: E402
+from fusedattn_select.layouts import LAYOUTS  # noqa: E402
 
 SUITE_PATH = ROOT / "probes" / "hopper-suite.yaml"
 SAMPLE_PATH = ROOT / "probes" / "hopper-suite-sample.yaml"

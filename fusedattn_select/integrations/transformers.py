@@ -52,15 +52,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
-from fusedattn_select.types import Backend
-from fusedattn_select.config import DTYPES, AttnConfig
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.dtypes import DTYPES
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
+from fusedattn_select.types import Backend
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from fusedattn_select.types import Selection
     from fusedattn_select.selection.selector import Selector
+    from fusedattn_select.types import Selection
 
 log = logging.getLogger("fusedattn_select")
 
@@ -296,7 +297,9 @@ def _is_tracing(tensor: Any = None) -> bool:
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return True
     try:
-        from transformers.utils.import_utils import is_tracing  # also fx proxies and fake tensors
+        from transformers.utils.import_utils import (
+            is_tracing,  # also fx proxies and fake tensors
+        )
     except ImportError:  # transformers 4.x
         return False
     return is_tracing(tensor)

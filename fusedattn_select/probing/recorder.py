@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from fusedattn_select._version import __version__
-from fusedattn_select.types import Outcome, ProbeDepth, Provenance, Verdict
-from fusedattn_select.config import NamedConfig, load_config_file
+from fusedattn_select.config_files import NamedConfig, load_config_file
 from fusedattn_select.errors import SnapshotError
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.probing.snapshot import SCHEMA
 from fusedattn_select.selection.rules import phases_for
 from fusedattn_select.selection.selector import Selector
+from fusedattn_select.types import Outcome, ProbeDepth, Provenance, Verdict
 
 log = logging.getLogger("fusedattn_select")
 

@@ -14,10 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError, SnapshotError
-from fusedattn_select.types import Fingerprint
+from fusedattn_select.types import (
+    Backend,
+    Fingerprint,
+    Outcome,
+    Phase,
+    ProbeDepth,
+    Provenance,
+    Verdict,
+)
 
 log = logging.getLogger("fusedattn_select")
 

@@ -47,13 +47,13 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 
+from fusedattn_select.config import BIAS_SHAPES, MASKS, SOFTMAXES, AttnConfig
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime import reference as _reference
-from fusedattn_select.types import Phase, Selection
-from fusedattn_select.config import AttnConfig, BIAS_SHAPES, MASKS, SOFTMAXES
 from fusedattn_select.runtime.fp8 import FP8Scales
-from fusedattn_select.errors import ConfigError
 from fusedattn_select.selection.single_flight import OncePerKey
+from fusedattn_select.types import Phase, Selection
 
 __all__ = [
     "FP8Scales",

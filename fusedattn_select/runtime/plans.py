@@ -28,10 +28,10 @@ from typing import Any, Mapping
 
 import torch
 
-from fusedattn_select.probing.cudnn import plans as plan_store
-from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Verdict
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.selection.single_flight import OncePerKey
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Verdict
 
 log = logging.getLogger("fusedattn_select")
 

@@ -11,13 +11,25 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Iterator
 
-from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Provenance, Selection, Verdict
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import discover_engine
 from fusedattn_select.probing.engine import ProbeEngine
-from fusedattn_select.types import Fingerprint
-from fusedattn_select.selection.rules import apply_rules, no_platform_verdict, phases_for
+from fusedattn_select.selection.rules import (
+    apply_rules,
+    no_platform_verdict,
+    phases_for,
+)
+from fusedattn_select.types import (
+    Backend,
+    Fingerprint,
+    Outcome,
+    Phase,
+    ProbeDepth,
+    Provenance,
+    Selection,
+    Verdict,
+)
 
 log = logging.getLogger("fusedattn_select")
 

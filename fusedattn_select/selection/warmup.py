@@ -29,16 +29,22 @@ import contextlib
 import dataclasses
 import enum
 import logging
+import multiprocessing
 import os
 import time
-import multiprocessing
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import (
+    Executor,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    as_completed,
+)
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
-from fusedattn_select.types import Backend, Outcome, ProbeDepth, Selection
-from fusedattn_select.config import AttnConfig, NamedConfig
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.types import Backend, Outcome, ProbeDepth, Selection
 
 log = logging.getLogger("fusedattn_select")
 
@@ -257,9 +263,9 @@ def _warm_in_worker(name: str, config: dict, key: str, depth: str, store_dir: st
     """Warm one problem in a worker process: its own live engine, the caller's persistent store."""
     global _worker_selector
     if _worker_selector is None:
-        from fusedattn_select.store.sqlite import PersistentStore
         from fusedattn_select.probing.cudnn.engine import CudnnEngine
         from fusedattn_select.selection.selector import Selector
+        from fusedattn_select.store.sqlite import PersistentStore
 
         _worker_selector = Selector(CudnnEngine(device), store=PersistentStore(store_dir))
     probe_depth = ProbeDepth(depth)

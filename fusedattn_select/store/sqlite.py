@@ -83,9 +83,8 @@ except ImportError:  # pragma: no cover - Windows: no flock; key locks exclude t
     fcntl = None  # type: ignore[assignment]
 
 from fusedattn_select._version import __version__
-from fusedattn_select.types import Outcome, ProbeDepth, Verdict
 from fusedattn_select.errors import FusedAttnSelectError
-from fusedattn_select.types import Fingerprint
+from fusedattn_select.types import Fingerprint, Outcome, ProbeDepth, Verdict
 
 log = logging.getLogger("fusedattn_select")
 

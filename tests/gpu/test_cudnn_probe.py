@@ -16,19 +16,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.layouts import format_strides
 from fusedattn_select.probing.cudnn.engine import (
     STAGES,
     CudnnEngine,
     CudnnUnsupported,
     build_graph,
     describe_graph,
-    format_strides,
     frontend_features,
     handle_for,
 )
 from fusedattn_select.selection.selector import Selector
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth
 
 pytestmark = pytest.mark.gpu
 

@@ -17,10 +17,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cudnn")
 
 from fusedattn_select.runtime import api as dispatch  # noqa: E402
-from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict  # noqa: E402
 from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
+from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -344,7 +344,10 @@ SDPA_CASES = {
 
 @pytest.mark.parametrize("name", list(SDPA_CASES))
 def test_sdpa_drop_in_matches_torch_sdpa(name):
-    from fusedattn_select.integrations.sdpa import scaled_dot_product_attention, torch_sdpa
+    from fusedattn_select.integrations.sdpa import (
+        scaled_dot_product_attention,
+        torch_sdpa,
+    )
 
     kw = dict(SDPA_CASES[name])
     q, k, v = _inputs(layout="bhsd", hkv=kw.pop("hkv", 8))

@@ -45,7 +45,7 @@ WORKER = textwrap.dedent(r'''
     started = time.perf_counter()
     mode, config_path = sys.argv[1], sys.argv[2]
     import fusedattn_select as fas
-    from fusedattn_select.config import load_config_file
+    from fusedattn_select.config_files import load_config_file
     from fusedattn_select.selection.selector import default_selector
 
     config_file = load_config_file(config_path)

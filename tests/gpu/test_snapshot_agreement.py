@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fusedattn_select.config import load_config_file
+from fusedattn_select.config_files import load_config_file
 from fusedattn_select.probing import bundled_snapshot
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector

@@ -20,12 +20,15 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 pytest.importorskip("cudnn", reason="cudnn-frontend is not installed")
 
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
-from transformers import masking_utils  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoConfig,
+    AutoModelForCausalLM,
+    masking_utils,  # noqa: E402
+)
 
 from fusedattn_select import Backend  # noqa: E402
-from fusedattn_select.runtime.api import dispatch_info  # noqa: E402
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
+from fusedattn_select.runtime.api import dispatch_info  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 
 CUDA = torch.device("cuda")

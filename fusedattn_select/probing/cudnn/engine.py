@@ -32,10 +32,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from fusedattn_select._version import __version__ as LIBRARY_VERSION
-from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import PlatformError
-from fusedattn_select.types import Fingerprint
 from fusedattn_select.probing.cudnn.graphs import (
     STAGES,
     CudnnUnsupported,
@@ -44,9 +42,17 @@ from fusedattn_select.probing.cudnn.graphs import (
     ProbeFailure,
     build_graph,
     describe_graph,
-    format_strides,
     frontend_features,
     operation_for,
+)
+from fusedattn_select.types import (
+    Backend,
+    Fingerprint,
+    Outcome,
+    Phase,
+    ProbeDepth,
+    Provenance,
+    Verdict,
 )
 
 __all__ = [
@@ -59,7 +65,6 @@ __all__ = [
     "build_graph",
     "describe_graph",
     "device_context",
-    "format_strides",
     "frontend_features",
     "handle_for",
     "kernel_cache_for",

@@ -34,10 +34,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fusedattn_select.types import Backend, Phase, ProbeDepth
-from fusedattn_select.config import LAYOUTS, AttnConfig
+from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError, ProbeError
-from fusedattn_select.probing.cudnn.messages import backend_decline, clean_message, is_incident
+from fusedattn_select.layouts import LAYOUTS, format_strides
+from fusedattn_select.probing.cudnn.messages import (
+    backend_decline,
+    clean_message,
+    is_incident,
+)
+from fusedattn_select.types import Backend, Phase, ProbeDepth
 
 STAGES = (
     "graph_api", "validate", "build_operation_graph", "create_execution_plans", "check_support",
@@ -250,31 +255,6 @@ def frontend_features() -> FrontendFeatures:
 
 
 # ----- layouts -------------------------------------------------------------------------------
-_PACKED = {None: 1, "3hd": 3, "h3d": 3, "2hd": 2, "h2d": 2}
-
-
-def format_strides(fmt: str, batch: int, heads: int, seqlen: int, head_dim: int,
-                   packing: str | None = None) -> tuple[int, int, int, int]:
-    """Strides of the logical (batch, heads, seqlen, head_dim) view of a tensor stored as `fmt`.
-
-    `packing` interleaves n tensors in one allocation: "3hd"/"2hd" put the n tensors between the
-    sequence and head axes ([.., n, H, D]); "h3d"/"h2d" between the head and head-dim axes
-    ([.., H, n, D]). THD is stored like BSHD (ragged offsets locate each sequence).
-    """
-    n = _PACKED[packing]
-    head = n * head_dim if packing in ("h3d", "h2d") else head_dim
-    token = heads * n * head_dim
-    if fmt in ("bshd", "thd"):
-        return (seqlen * token, head, token, 1)
-    if fmt == "sbhd":
-        return (token, head, batch * token, 1)
-    if fmt == "bhsd":
-        if packing is not None:
-            raise ConfigError("qkv_layout", f"bhsd+{packing}", "BHSD has no interleaved layouts")
-        return (heads * seqlen * head_dim, seqlen * head_dim, head_dim, 1)
-    raise ConfigError("format", fmt, "must be one of 'bshd', 'sbhd', 'bhsd', 'thd'")
-
-
 def _q_packing(layout_name: str) -> str | None:
     packing = LAYOUTS[layout_name].packing
     return packing if packing in ("3hd", "h3d") else None

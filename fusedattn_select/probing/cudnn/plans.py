@@ -54,8 +54,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, TypeVar
 
-from fusedattn_select.types import Backend, Phase, ProbeDepth
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.types import Backend, Phase, ProbeDepth
 
 log = logging.getLogger("fusedattn_select")
 
@@ -446,8 +446,8 @@ def persist_plans(cfg: AttnConfig, backend: Backend, *, store: Any, fingerprint:
     Plans are built the way dispatch builds them (build_graph, FULL, static, this thread's handle),
     under the store's plan key lock. Needs cudnn-frontend and cuda-python, not torch.
     """
-    from fusedattn_select.types import Outcome, Verdict
     from fusedattn_select.probing.cudnn import engine as cudnn_probe
+    from fusedattn_select.types import Outcome, Verdict
     built = stored = 0
     for phase in phases(cfg):
         with cudnn_probe.device_context(device):

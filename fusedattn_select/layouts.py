@@ -1,0 +1,93 @@
+"""QKV layouts: the TransformerEngine layout names, what each means in memory, and their strides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusedattn_select.errors import ConfigError
+
+FORMATS = ("bshd", "sbhd", "bhsd", "thd")
+
+# Separate Q, K, V tensors in BSHD, SBHD or BHSD memory: the layouts attention() runs.
+SEPARATE_LAYOUTS = frozenset({
+    "bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd", "sbhd_bshd_bshd", "bshd_sbhd_sbhd",
+})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a TransformerEngine QKV layout name means physically.
+
+    `packing` is how tensors share one allocation: "3hd"/"h3d" (Q, K, V interleaved), "2hd"/"h2d"
+    (K and V interleaved), or None (separate tensors).
+    """
+
+    name: str
+    q_format: str
+    kv_format: str
+    packing: str | None = None
+    paged: bool = False
+
+    @property
+    def ragged(self) -> bool:
+        return "thd" in (self.q_format, self.kv_format)
+
+
+def _layouts() -> dict[str, Layout]:
+    table = [
+        Layout("bshd_bshd_bshd", "bshd", "bshd"),
+        Layout("sbhd_sbhd_sbhd", "sbhd", "sbhd"),
+        Layout("bhsd_bhsd_bhsd", "bhsd", "bhsd"),
+        Layout("thd_thd_thd", "thd", "thd"),
+        Layout("bs3hd", "bshd", "bshd", "3hd"),
+        Layout("sb3hd", "sbhd", "sbhd", "3hd"),
+        Layout("t3hd", "thd", "thd", "3hd"),
+        Layout("bsh3d", "bshd", "bshd", "h3d"),
+        Layout("sbh3d", "sbhd", "sbhd", "h3d"),
+        Layout("th3d", "thd", "thd", "h3d"),
+        Layout("bshd_bs2hd", "bshd", "bshd", "2hd"),
+        Layout("sbhd_sb2hd", "sbhd", "sbhd", "2hd"),
+        Layout("thd_t2hd", "thd", "thd", "2hd"),
+        Layout("bshd_bsh2d", "bshd", "bshd", "h2d"),
+        Layout("sbhd_sbh2d", "sbhd", "sbhd", "h2d"),
+        Layout("thd_th2d", "thd", "thd", "h2d"),
+        Layout("sbhd_bshd_bshd", "sbhd", "bshd"),
+        Layout("bshd_sbhd_sbhd", "bshd", "sbhd"),
+        Layout("thd_bshd_bshd", "thd", "bshd"),
+        Layout("thd_sbhd_sbhd", "thd", "sbhd"),
+        Layout("paged_kv_bshd_bshd_bshd", "bshd", "bshd", paged=True),
+        Layout("paged_kv_bshd_sbhd_sbhd", "bshd", "sbhd", paged=True),
+        Layout("paged_kv_sbhd_bshd_bshd", "sbhd", "bshd", paged=True),
+        Layout("paged_kv_sbhd_sbhd_sbhd", "sbhd", "sbhd", paged=True),
+        Layout("paged_kv_thd_bshd_bshd", "thd", "bshd", paged=True),
+        Layout("paged_kv_thd_sbhd_sbhd", "thd", "sbhd", paged=True),
+    ]
+    return {layout.name: layout for layout in table}
+
+
+LAYOUTS: dict[str, Layout] = _layouts()
+
+
+_PACKED = {None: 1, "3hd": 3, "h3d": 3, "2hd": 2, "h2d": 2}
+
+
+def format_strides(fmt: str, batch: int, heads: int, seqlen: int, head_dim: int,
+                   packing: str | None = None) -> tuple[int, int, int, int]:
+    """Strides of the logical (batch, heads, seqlen, head_dim) view of a tensor stored as `fmt`.
+
+    `packing` interleaves n tensors in one allocation: "3hd"/"2hd" put the n tensors between the
+    sequence and head axes ([.., n, H, D]); "h3d"/"h2d" between the head and head-dim axes
+    ([.., H, n, D]). THD is stored like BSHD (ragged offsets locate each sequence).
+    """
+    n = _PACKED[packing]
+    head = n * head_dim if packing in ("h3d", "h2d") else head_dim
+    token = heads * n * head_dim
+    if fmt in ("bshd", "thd"):
+        return (seqlen * token, head, token, 1)
+    if fmt == "sbhd":
+        return (token, head, batch * token, 1)
+    if fmt == "bhsd":
+        if packing is not None:
+            raise ConfigError("qkv_layout", f"bhsd+{packing}", "BHSD has no interleaved layouts")
+        return (heads * seqlen * head_dim, seqlen * head_dim, head_dim, 1)
+    raise ConfigError("format", fmt, "must be one of 'bshd', 'sbhd', 'bhsd', 'thd'")
