@@ -1,7 +1,9 @@
-"""OncePerKey: a table whose missing values are built once per key, however many threads ask."""
+"""Single flight: a value missing from a table or a store is made once, however many threads or
+processes ask for it at the same time."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Callable, Generic, Hashable, Iterator, TypeVar
 
@@ -49,3 +51,21 @@ class OncePerKey(Generic[V]):
     def clear(self) -> None:
         with self._guard:
             self._values.clear()
+
+
+def read_or_make(read: Callable[[], V | None], make: Callable[[], V],
+                 lock: "contextlib.AbstractContextManager[object] | None" = None) -> tuple[V, bool]:
+    """The value `read` finds, else the one `make` returns, made once across processes.
+
+    `lock` (a store's key_lock) is held around a second `read` and `make`: the holder that came
+    first usually wrote the value meanwhile, so the waiters read it instead of making it again.
+    Returns (value, made).
+    """
+    value = read()
+    if value is not None:
+        return value, False
+    with lock if lock is not None else contextlib.nullcontext():
+        value = read()
+        if value is not None:
+            return value, False
+        return make(), True
