@@ -87,6 +87,14 @@ class ProbeDepth(str, enum.Enum):
             raise ConfigError(field, value, "must be 'fast' or 'full'") from None
 
 
+def rejection_line(backend: Backend, phases: "tuple[Phase, ...] | list[Phase]", outcome: Outcome, stage: str,
+                   message: str) -> str:
+    """One rejection as users read it: "F16 forward and backward not supported at validate: ..."."""
+    kind = "probe failed" if outcome is Outcome.FAILED else "not supported"
+    names = " and ".join(p.value for p in phases)
+    return f"{backend.value} {names} {kind} at {stage}: {message}"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The answer for one backend and one phase (forward or backward) of one problem.
@@ -118,8 +126,7 @@ class Verdict:
         """One line naming backend, phase, stage and the message (empty when supported)."""
         if self.supported:
             return ""
-        kind = "probe failed" if self.outcome is Outcome.FAILED else "not supported"
-        return f"{self.backend.value} {self.phase.value} {kind} at {self.stage}: {self.message}"
+        return rejection_line(self.backend, (self.phase,), self.outcome, self.stage, self.message)
 
     def with_provenance(self, provenance: Provenance) -> "Verdict":
         return Verdict(

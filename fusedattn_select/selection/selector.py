@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterator
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import discover_engine
 from fusedattn_select.probing.engine import ProbeEngine
-from fusedattn_select.selection.rules import (
-    apply_rules,
-    no_platform_verdict,
-    phases_for,
-)
+from fusedattn_select.selection.rules import apply_rules, no_platform_verdict
+from fusedattn_select.selection.single_flight import read_or_make
+from fusedattn_select.store import protocol
 from fusedattn_select.types import (
     Backend,
     Fingerprint,
@@ -29,6 +25,7 @@ from fusedattn_select.types import (
     Provenance,
     Selection,
     Verdict,
+    rejection_line,
 )
 
 log = logging.getLogger("fusedattn_select")
@@ -56,13 +53,6 @@ class _Entry:
     hit: Selection | None = None
 
 
-def _depth(value: str | ProbeDepth) -> ProbeDepth:
-    try:
-        return ProbeDepth(value)
-    except ValueError:
-        raise ConfigError("probe_depth", value, "must be 'fast' or 'full'") from None
-
-
 def _satisfies(entry: _Entry, depth: ProbeDepth) -> bool:
     """A full probe answers a fast question; a fast 'yes' does not answer a full one."""
     if entry.depth is ProbeDepth.FULL or depth is ProbeDepth.FAST:
@@ -72,15 +62,11 @@ def _satisfies(entry: _Entry, depth: ProbeDepth) -> bool:
 
 def _message(verdicts: tuple[Verdict, ...]) -> str:
     """The rejections in one line; phases rejected for the same reason are named together."""
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple, list[Phase]] = {}
     for v in verdicts:
         if not v.supported:
-            groups.setdefault((v.backend, v.outcome, v.stage, v.message), []).append(v.phase.value)
-    parts = []
-    for (backend, outcome, stage, message), phases in groups.items():
-        kind = "probe failed" if outcome is Outcome.FAILED else "not supported"
-        parts.append(f"{backend.value} {' and '.join(phases)} {kind} at {stage}: {message}")
-    return "; ".join(parts)
+            groups.setdefault((v.backend, v.outcome, v.stage, v.message), []).append(v.phase)
+    return "; ".join(rejection_line(b, phases, o, stage, message) for (b, o, stage, message), phases in groups.items())
 
 
 def _selection(cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bool,
@@ -104,14 +90,12 @@ def _selection(cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bo
 class Selector:
     """Answers select() for one engine, with a thread-safe, single-flight decision cache.
 
-    `store` is an optional persistent store (see cache.py) consulted after memory and written
-    after each cacheable probe; its `key_lock` (when present) makes one process build each key.
+    `store` is an optional store consulted after memory and written after each cacheable probe;
+    its `key_lock` makes one process probe each key.
     """
 
-    takes_key_locks = True
-
     def __init__(self, engine: ProbeEngine | None = None, *, unavailable_reason: str = "",
-                 store: object | None = None) -> None:
+                 store: protocol.Store | None = None) -> None:
         self.engine = engine
         self.unavailable_reason = unavailable_reason or "no probing engine"
         self.store = store
@@ -134,7 +118,7 @@ class Selector:
     def select(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
         if not isinstance(cfg, AttnConfig):
             raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
-        depth = probe_depth if probe_depth.__class__ is ProbeDepth else _depth(probe_depth)
+        depth = probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
         key = cfg.cache_key()
 
         # Hot path: entries are immutable and replaced whole, so one dict read needs no lock.
@@ -224,12 +208,6 @@ class Selector:
         if persistent and self.store is not None:
             self.store.clear()
 
-    def cached_entries(self) -> Iterator[tuple[str, tuple[Verdict, ...]]]:
-        with self._lock:
-            items = list(self._memory.items())
-        for key, entry in items:
-            yield key, entry.verdicts
-
     # ----- internals -------------------------------------------------------------------------
     def _entry(self, cfg: AttnConfig, key: str, verdicts: tuple[Verdict, ...], depth: ProbeDepth) -> _Entry:
         hit = tuple(v.with_provenance(Provenance.MEMORY_CACHE) for v in verdicts)
@@ -237,7 +215,7 @@ class Selector:
                                                   engine=self.engine_name))
 
     def _rule_verdicts(self, cfg: AttnConfig) -> tuple[Verdict, ...] | None:
-        phases = phases_for(cfg)
+        phases = cfg.phases
         if self.engine is None:
             return tuple(no_platform_verdict(cfg, p, self.unavailable_reason) for p in phases)
         verdicts = tuple(v for v in (apply_rules(cfg, self._fingerprint, p) for p in phases) if v is not None)
@@ -259,21 +237,14 @@ class Selector:
         return _selection(cfg, verdicts, from_cache=True, probe_ms=0.0, key=key, engine=self.engine_name)
 
     def _resolve(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
-        selection = self._stored(cfg, key, depth)
-        if selection is not None:
-            return selection
-        # One builder per key across processes (8 ranks warming one store): wait for the lock,
-        # then look again, since the holder has probably written the answer meanwhile.
-        key_lock = getattr(self.store, "key_lock", None)
-        with key_lock(self._fingerprint, key) if key_lock is not None else contextlib.nullcontext():
-            selection = self._stored(cfg, key, depth)
-            if selection is not None:
-                return selection
-            return self._probe(cfg, key, depth)
+        # One prober per key across processes (8 ranks warming one store).
+        lock = self.store.key_lock(self._fingerprint, key) if self.store is not None else None
+        selection, _ = read_or_make(lambda: self._stored(cfg, key, depth), lambda: self._probe(cfg, key, depth), lock)
+        return selection
 
     def _probe(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         started = time.perf_counter()
-        verdicts = tuple(self._probe_one(cfg, phase, depth) for phase in phases_for(cfg))
+        verdicts = tuple(self._probe_one(cfg, phase, depth) for phase in cfg.phases)
         probe_ms = (time.perf_counter() - started) * 1e3
         failed = [v for v in verdicts if v.outcome is Outcome.FAILED]
         if failed:

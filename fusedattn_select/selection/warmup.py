@@ -12,7 +12,7 @@ processes each would start 64 CUDA contexts.
 
 With depth="full" it also builds the execution plans attention() will run for each accepted
 problem (forward, and backward when training: the same graphs and plan keys as dispatch for dense
-tensors of the problem's layout, plan_store.py) and stores them serialized, so a later process's
+tensors of the problem's layout: probing/cudnn/plans.py) and stores them serialized, so a later process's
 attention() on that problem loads them (~20 ms) instead of building (hundreds of ms). This needs
 the live cuDNN engine, cudnn-frontend and a persistent store, not torch; problems attention() does
 not run as described (THD, paged KV, cuda_graph=True, ...) get no plans, with the reason in the row.
@@ -25,7 +25,6 @@ seven read its answer from the store.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import logging
@@ -44,6 +43,7 @@ from typing import Callable, Iterable, Union
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Selection
 
 log = logging.getLogger("fusedattn_select")
@@ -167,7 +167,7 @@ WORKERS = ("threads", "processes")
 
 
 def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | ProbeDepth = "full",
-           selector: object | None = None, progress: Progress | None = None,
+           selector: Selector | None = None, progress: Progress | None = None,
            workers: str = "threads") -> WarmupReport:
     """Select every distinct problem in `configs` now, `jobs` at a time; returns a WarmupReport.
 
@@ -179,13 +179,11 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     that does not build flips the problem to NONE as it would in attention(). `workers` is
     "threads" or "processes" (spawned worker processes sharing the persistent store).
     """
-    probe_depth = _depth(depth)
+    probe_depth = ProbeDepth.parse(depth, "depth")
     workers_kind = workers
     workers = _jobs(jobs)
     problems, duplicates = _distinct(configs)
     if selector is None:
-        from fusedattn_select.selection.selector import default_selector
-
         selector = default_selector()
     plans, plan_note = _plan_target(selector, probe_depth)
     if plan_note and problems and probe_depth is ProbeDepth.FULL:
@@ -237,7 +235,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
 
 
 # ----- internals --------------------------------------------------------------------------------
-def _use_processes(kind: str, selector: object, plans: tuple | None, jobs: int, problems: int) -> bool:
+def _use_processes(kind: str, selector: Selector, plans: tuple | None, jobs: int, problems: int) -> bool:
     if kind not in WORKERS:
         raise ConfigError("workers", kind, "must be one of " + ", ".join(repr(w) for w in WORKERS))
     if kind == "processes" and plans is None:
@@ -256,28 +254,21 @@ def _executor(processes: bool, workers: int) -> Executor:
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
-_worker_selector: object | None = None
+_worker_selector: Selector | None = None
 
 
 def _warm_in_worker(name: str, config: dict, key: str, depth: str, store_dir: str, device: int) -> "WarmupRow":
     """Warm one problem in a worker process: its own live engine, the caller's persistent store."""
     global _worker_selector
     if _worker_selector is None:
+        # Imported here: only a worker process runs the live engine, which needs cuDNN.
         from fusedattn_select.probing.cudnn.engine import CudnnEngine
-        from fusedattn_select.selection.selector import Selector
         from fusedattn_select.store.sqlite import PersistentStore
 
         _worker_selector = Selector(CudnnEngine(device), store=PersistentStore(store_dir))
-    probe_depth = ProbeDepth(depth)
+    probe_depth = ProbeDepth.parse(depth)
     plans, _ = _plan_target(_worker_selector, probe_depth)
     return _warm_one(_worker_selector, name, AttnConfig.from_dict(config), key, probe_depth, plans)
-
-
-def _depth(value: str | ProbeDepth) -> ProbeDepth:
-    try:
-        return ProbeDepth(value)
-    except ValueError:
-        raise ConfigError("depth", value, "must be 'fast' or 'full'") from None
 
 
 def _jobs(jobs: int | None) -> int:
@@ -328,37 +319,24 @@ def describe(cfg: AttnConfig) -> str:
     )
 
 
-def _cross_process_lock(selector: object, key: str) -> contextlib.AbstractContextManager:
-    """The store's per-key lock, unless the selector already takes it around its probes.
-
-    Taking it here as well would let a selector thread that leads the probe of `key` wait for
-    this lock while this thread waits for that probe's answer.
-    """
-    store = getattr(selector, "store", None)
-    if store is None or not hasattr(store, "key_lock") or getattr(selector, "takes_key_locks", False):
-        return contextlib.nullcontext()
-    return store.key_lock(selector.fingerprint, key)
-
-
-def _plan_target(selector: object, depth: ProbeDepth) -> tuple[tuple | None, str]:
+def _plan_target(selector: Selector, depth: ProbeDepth) -> tuple[tuple | None, str]:
     """((store, fingerprint, device) to build plans for, "") or (None, why no plans are built)."""
     if depth is not ProbeDepth.FULL:
         return None, "depth fast builds nothing"
-    engine = getattr(selector, "engine", None)
-    fingerprint = getattr(selector, "fingerprint", None)
-    if getattr(engine, "name", "") != "cudnn" or getattr(fingerprint, "platform", "") != "cuda":
+    engine, fingerprint = selector.engine, selector.fingerprint
+    if engine is None or engine.name != "cudnn" or fingerprint.platform != "cuda":
         return None, "plans are built with the live cuDNN engine on a CUDA device (none here)"
     try:
         from fusedattn_select.probing.cudnn import plans as plan_store
     except ImportError as err:  # pragma: no cover - plan_store imports only the library itself
         return None, f"plan persistence is unavailable ({err})"
-    store = getattr(selector, "store", None)
+    store = selector.store
     if not plan_store.persists_plans(store):
         return None, "no persistent store to keep plans in (decisions are cached in memory only)"
-    return (store, fingerprint, int(getattr(engine, "device", 0) or 0)), ""
+    return (store, fingerprint, engine.device), ""
 
 
-def _warm_plans(selector: object, cfg: AttnConfig, selection: Selection, plans: tuple) -> tuple[Selection, dict]:
+def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection, plans: tuple) -> tuple[Selection, dict]:
     """Build and store the plans attention() will run for an accepted problem; the fields for its row."""
     from fusedattn_select.probing.cudnn import plans as plan_store
     dispatched = plan_store.dispatch_config(cfg)
@@ -374,20 +352,19 @@ def _warm_plans(selector: object, cfg: AttnConfig, selection: Selection, plans: 
         return selection, {"plan_note": f"plans not stored: {type(err).__name__}: {err}"}
     fields = {"plans_built": result.built, "plans_stored": result.stored, "plan_note": result.note}
     failure = result.failure
-    if failure is not None and failure.outcome is Outcome.UNSUPPORTED and hasattr(selector, "record_build_failure"):
+    if failure is not None and failure.outcome is Outcome.UNSUPPORTED:
         # As attention() would: a graph that passed the probe but does not build flips the answer.
         selector.record_build_failure(cfg, failure)
         selection = selector.select(cfg, ProbeDepth.FULL)
     return selection, fields
 
 
-def _warm_one(selector: object, name: str, cfg: AttnConfig, key: str, depth: ProbeDepth,
+def _warm_one(selector: Selector, name: str, cfg: AttnConfig, key: str, depth: ProbeDepth,
               plans: tuple | None = None) -> WarmupRow:
     started = time.perf_counter()
     plan_fields: dict = {}
     try:
-        with _cross_process_lock(selector, key):
-            selection = selector.select(cfg, depth)
+        selection = selector.select(cfg, depth)
         if plans is not None and selection.backend is not Backend.NONE and not any(
                 v.outcome is Outcome.FAILED for v in selection.verdicts):
             selection, plan_fields = _warm_plans(selector, cfg, selection, plans)

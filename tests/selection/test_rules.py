@@ -16,7 +16,7 @@ from fusedattn_select.selection.rules import (
 )
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, Provenance
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASE = dict(batch_size=2, num_heads_q=16, num_heads_kv=16, seqlen_q=2048, seqlen_kv=2048, head_dim_qk=128)
 FP8 = dict(qkv_dtype="fp8_e4m3")
 

@@ -13,9 +13,10 @@ import pytest
 
 from fusedattn_select import AttnConfig, Backend, ConfigError, FusedAttnSelectError
 from fusedattn_select.config_files import load_config_file, parse_config_file
+from fusedattn_select.types import Phase, ProbeDepth
 from fusedattn_select.layouts import LAYOUTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASE = dict(batch_size=2, num_heads_q=32, num_heads_kv=8, seqlen_q=1024, seqlen_kv=1024, head_dim_qk=128)
 FP8 = dict(BASE, qkv_dtype="fp8_e4m3")
 
@@ -471,3 +472,15 @@ def test_binary_config_file_raises_config_error(tmp_path):
 def test_parse_config_file_accepts_parsed_data():
     data = {"configs": [dict(BASE, name="a")]}
     assert parse_config_file(data).entries[0].config == AttnConfig(**BASE)
+
+
+def test_probe_depth_parse_names_the_field_and_allowed_values():
+    assert ProbeDepth.parse("full") is ProbeDepth.FULL
+    with pytest.raises(ConfigError, match=r"depth='deep': must be 'fast' or 'full'"):
+        ProbeDepth.parse("deep", "depth")
+
+
+def test_phases_of_a_config_follow_is_training():
+    base = dict(batch_size=1, num_heads_q=1, num_heads_kv=1, seqlen_q=8, seqlen_kv=8, head_dim_qk=64)
+    assert AttnConfig(**base, is_training=True).phases == (Phase.FORWARD, Phase.BACKWARD)
+    assert AttnConfig(**base, is_training=False).phases == (Phase.FORWARD,)

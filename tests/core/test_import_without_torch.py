@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # sys.modules[name] = None makes `import name` raise ImportError, as on a machine without it.
 SCRIPT = textwrap.dedent("""
