@@ -1,0 +1,93 @@
+"""Shape buckets: the one plan form that serves every batch size and sequence length of a problem.
+
+A bucket plan is the ragged (THD) graph of the problem with a padding mask, built at the bucket's
+batch size and sequence lengths. It runs any smaller shape held in contiguous BSHD memory (other
+layouts are copied into it first): each
+sequence is found through a ragged offset (i * s * h * d) and its length through seq_len, and the
+unused batch slots get length 0. Measured on an H100 (cuDNN 9.19): exact to bf16 rounding forward
+and backward, 1.04-1.5x the GPU time of the exact dense plan, and no build for a new shape.
+
+The ladder: batch sizes and sequence lengths round up to the next power of two, sequence lengths
+to at least MIN_SEQLEN; a query length of 1 (a decode step) is its own bucket. Powers of two keep
+the plans per problem class at about log2(max batch) x log2(max length) while a shape pays at most
+twice its size in the bucket's unused slots (which the kernels skip).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.layouts import SEPARATE_LAYOUTS
+
+MIN_SEQLEN = 64
+
+# The padding form of each mask: the mask the ragged graph runs, with the caller's lengths.
+PADDED_MASKS = {
+    "no_mask": "padding",
+    "padding": "padding",
+    "causal": "padding_causal",
+    "padding_causal": "padding_causal",
+    "causal_bottom_right": "padding_causal_bottom_right",
+    "padding_causal_bottom_right": "padding_causal_bottom_right",
+}
+_RAGGED_LAYOUT = "thd_thd_thd"
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def bucket_batch(batch: int) -> int:
+    """The batch size of the bucket holding `batch`."""
+    return next_power_of_two(batch)
+
+
+def bucket_seqlen(seqlen: int) -> int:
+    """The sequence length of the bucket holding `seqlen` (1 stays 1: a decode step)."""
+    return 1 if seqlen == 1 else max(MIN_SEQLEN, next_power_of_two(seqlen))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Bucket dimensions: batch size and query / key-value lengths."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_kv: int
+
+    @classmethod
+    def of(cls, batch: int, seqlen_q: int, seqlen_kv: int) -> "Bucket":
+        return cls(bucket_batch(batch), bucket_seqlen(seqlen_q), bucket_seqlen(seqlen_kv))
+
+    def holds(self, batch: int, seqlen_q: int, seqlen_kv: int) -> bool:
+        return batch <= self.batch and seqlen_q <= self.seqlen_q and seqlen_kv <= self.seqlen_kv
+
+    def describe(self) -> str:
+        return f"B={self.batch} S_q={self.seqlen_q} S_kv={self.seqlen_kv}"
+
+
+def why_not_bucketed(cfg: AttnConfig) -> str:
+    """Why `cfg` has no bucket form ("" when it has one)."""
+    if cfg.qkv_layout not in SEPARATE_LAYOUTS:
+        return f"qkv_layout={cfg.qkv_layout!r} is not one of separate Q, K, V tensors"
+    if cfg.bias not in ("no_bias", "alibi"):
+        return f"bias={cfg.bias!r} has per-position values that ragged offsets do not address"
+    if cfg.is_fp8:
+        return "FP8 problems run dense plans"
+    if cfg.cuda_graph:
+        return "cuda_graph=True problems run the plan of their captured shape"
+    return ""
+
+
+def bucket_form(cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | None:
+    """The ragged padding-mask problem whose plan runs `cfg` (at `bucket`, default cfg's own bucket),
+    or None when `cfg` has no bucket form (see why_not_bucketed)."""
+    if why_not_bucketed(cfg):
+        return None
+    bucket = bucket or Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
+    return cfg.replace(
+        batch_size=bucket.batch, seqlen_q=bucket.seqlen_q, seqlen_kv=bucket.seqlen_kv,
+        qkv_layout=_RAGGED_LAYOUT, o_format="thd", do_format="thd", dqkv_layout=_RAGGED_LAYOUT,
+        mask=PADDED_MASKS[cfg.mask], bottom_right_diagonal=cfg.resolved_bottom_right_diagonal,
+    )

@@ -1,0 +1,63 @@
+"""The shape-bucket ladder and the bucket form of a problem."""
+
+from __future__ import annotations
+
+import pytest
+
+from fusedattn_select import AttnConfig
+from fusedattn_select.buckets import MIN_SEQLEN, Bucket, bucket_batch, bucket_form, bucket_seqlen, why_not_bucketed
+
+BASE = dict(batch_size=3, num_heads_q=32, num_heads_kv=8, seqlen_q=1000, seqlen_kv=1000, head_dim_qk=128)
+
+
+@pytest.mark.parametrize("n, expected", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (33, 64), (512, 512)])
+def test_batch_sizes_round_up_to_powers_of_two(n, expected):
+    assert bucket_batch(n) == expected
+
+
+@pytest.mark.parametrize("s, expected", [(1, 1), (2, MIN_SEQLEN), (63, 64), (64, 64), (65, 128), (129, 256),
+                                         (1000, 1024), (1025, 2048), (8192, 8192)])
+def test_sequence_lengths_round_up_and_a_decode_step_is_its_own_bucket(s, expected):
+    assert bucket_seqlen(s) == expected
+
+
+def test_a_bucket_holds_every_smaller_shape():
+    bucket = Bucket.of(3, 1000, 700)
+    assert bucket == Bucket(4, 1024, 1024)
+    assert bucket.holds(1, 1, 1) and bucket.holds(4, 1024, 1024)
+    assert not bucket.holds(5, 10, 10) and not bucket.holds(1, 1025, 10)
+
+
+@pytest.mark.parametrize("mask, padded", [("no_mask", "padding"), ("causal", "padding_causal"),
+                                          ("causal_bottom_right", "padding_causal_bottom_right"),
+                                          ("padding", "padding")])
+def test_the_bucket_form_is_the_ragged_padding_problem_at_the_bucket(mask, padded):
+    cfg = AttnConfig(**BASE, mask=mask)
+    form = bucket_form(cfg)
+    assert (form.batch_size, form.seqlen_q, form.seqlen_kv) == (4, 1024, 1024)
+    assert form.qkv_layout == "thd_thd_thd" and form.o_format == "thd" and form.dqkv_layout == "thd_thd_thd"
+    assert form.mask == padded
+    assert form.resolved_bottom_right_diagonal == cfg.resolved_bottom_right_diagonal
+    # Everything else reaches the probe as the caller gave it.
+    for name in ("num_heads_q", "num_heads_kv", "head_dim_qk", "qkv_dtype", "window_size", "dropout",
+                 "is_training", "deterministic", "softmax", "attn_scale"):
+        assert getattr(form, name) == getattr(cfg, name)
+
+
+def test_shapes_of_one_bucket_share_one_form_and_other_buckets_do_not():
+    forms = {bucket_form(AttnConfig(**{**BASE, "batch_size": b, "seqlen_q": s, "seqlen_kv": s})).cache_key()
+             for b, s in [(3, 1000), (4, 1024), (4, 777), (3, 513)]}
+    assert len(forms) == 1
+    assert bucket_form(AttnConfig(**{**BASE, "seqlen_q": 1025, "seqlen_kv": 1025})).cache_key() not in forms
+
+
+@pytest.mark.parametrize("changes, reason", [
+    (dict(qkv_layout="thd_thd_thd", o_format="thd", do_format="thd", mask="padding"), "not one of separate"),
+    (dict(bias="post_scale_bias", bias_shape="1hss"), "per-position values"),
+    (dict(qkv_dtype="fp8_e4m3"), "FP8"),
+    (dict(cuda_graph=True), "captured shape"),
+])
+def test_problems_without_a_bucket_form_say_why(changes, reason):
+    cfg = AttnConfig(**{**BASE, **changes})
+    assert reason in why_not_bucketed(cfg)
+    assert bucket_form(cfg) is None
