@@ -64,6 +64,7 @@ class Provenance(str, enum.Enum):
     PERSISTENT_CACHE = "persistent_cache"
     LIVE_PROBE = "live_probe"
     SNAPSHOT = "snapshot"
+    DECLARED = "declared"  # a vendor's declared capability table, not a probe
 
     def __str__(self) -> str:
         return self.value
