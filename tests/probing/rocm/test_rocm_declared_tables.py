@@ -45,8 +45,8 @@ def test_an_unknown_table_name_is_refused():
 def ck():
     table = load_table("ck_fmha")
     specs = json.loads(pinned_text(table, "fmha_arch_specs.json"))
-    symbols = python_assignments(pinned_text(table, "symbol_map_excerpt.py"))
-    return table.facts, specs, symbols, pinned_text(table, "validation_excerpt.py")
+    symbols = python_assignments(pinned_text(table, "symbol_map_excerpt.py.txt"))
+    return table.facts, specs, symbols, pinned_text(table, "validation_excerpt.py.txt")
 
 
 def test_ck_architectures_match_the_arch_specs(ck):
