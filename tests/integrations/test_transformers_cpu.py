@@ -25,6 +25,7 @@ from transformers import (  # noqa: E402
 
 from fusedattn_select import Backend, ConfigError  # noqa: E402
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
+from fusedattn_select.integrations.transformers import mask_interface, tracing  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import Selector  # noqa: E402
 
@@ -61,7 +62,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def fresh_log_once():
-    fa_hf._LOGGED.clear()
+    tracing._LOGGED.clear()
 
 
 def config_of(name: str, **changes):
@@ -257,10 +258,10 @@ def test_under_tracing_a_sliding_window_is_taken_from_local_size_and_the_config(
     # torch.compile cannot read the closure (or, in torch 2.11, call str methods on its name)
     sliding = masking_utils.sliding_window_causal_mask_function(WINDOW)
     config = types.SimpleNamespace(sliding_window=WINDOW)
-    assert fa_hf._recognise(sliding, WINDOW, False, config, tracing=True) == (True, WINDOW)
+    assert mask_interface._recognise(sliding, WINDOW, False, config, tracing=True) == (True, WINDOW)
     chunked_config = types.SimpleNamespace(sliding_window=None, attention_chunk_size=WINDOW)
     with pytest.raises(fa_hf.MaskNotExpressible):
-        fa_hf._recognise(sliding, WINDOW, False, chunked_config, tracing=True)
+        mask_interface._recognise(sliding, WINDOW, False, chunked_config, tracing=True)
 
 
 @mask_protocol_5

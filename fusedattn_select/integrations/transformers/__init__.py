@@ -1,0 +1,76 @@
+"""Hugging Face transformers integration: `attn_implementation="fusedattn"`, and per-layer reports.
+
+Use::
+
+    from fusedattn_select.integrations.transformers import register
+    register()
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="fusedattn")
+
+`register()` adds two functions to transformers under the name "fusedattn":
+
+- a mask function (`fusedattn_mask`, mask_interface.py) that describes the model's mask the way
+  cuDNN does, as a `CudnnMask` (masks.py: mask kind, window, per-sequence lengths), instead of
+  materialising a dense (B, 1, Sq, Skv) tensor, whenever it can show that description is exact;
+  otherwise it returns what transformers' "sdpa" mask function returns, and logs why once;
+- an attention function (`fusedattn_attention`, attention.py) that runs
+  `fusedattn_select.runtime.api.attention` for a `CudnnMask` and, for a dense mask, does what
+  attn_implementation="sdpa" does.
+
+What falls back to the dense "sdpa" mask and torch SDPA, logged once with the reason: packed
+sequences, chunked attention, image-token overlays, holes in the 2D mask, a 2D mask under
+torch.compile, a model asking for a materialised mask.
+
+`report()` / `format_report()` (report.py) and `configs_from_hf()` / `layer_problems()`
+(problems.py) need neither torch nor transformers for a dict, a JSON string or a config.json path.
+"""
+
+from __future__ import annotations
+
+from fusedattn_select.integrations.transformers.attention import fusedattn_attention
+from fusedattn_select.integrations.transformers.dependencies import load
+from fusedattn_select.integrations.transformers.mask_interface import fusedattn_mask
+from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask
+from fusedattn_select.integrations.transformers.problems import (
+    ATTENTION_LAYER_TYPES,
+    DEFAULT_REPORT_SEQLEN,
+    SINK_MODEL_TYPES,
+    configs_from_hf,
+    layer_problems,
+)
+from fusedattn_select.integrations.transformers.report import LayerReport, format_report, report
+
+ATTN_IMPLEMENTATION = "fusedattn"
+
+__all__ = [
+    "ATTENTION_LAYER_TYPES",
+    "ATTN_IMPLEMENTATION",
+    "CudnnMask",
+    "DEFAULT_REPORT_SEQLEN",
+    "LayerReport",
+    "MaskNotExpressible",
+    "SINK_MODEL_TYPES",
+    "configs_from_hf",
+    "cudnn_mask",
+    "format_report",
+    "fusedattn_attention",
+    "fusedattn_mask",
+    "layer_problems",
+    "register",
+    "report",
+]
+
+
+def register(name: str = ATTN_IMPLEMENTATION) -> str:
+    """Register the "fusedattn" attention and mask functions with transformers; returns the name.
+
+    Idempotent. Afterwards `attn_implementation=name` works in `from_pretrained` / `from_config` /
+    `model.set_attn_implementation`. It also imports, once, everything the two functions call:
+    nothing may be imported inside a model that torch.compile traces.
+    """
+    from transformers import AttentionInterface  # optional dependency
+    from transformers.masking_utils import AttentionMaskInterface
+
+    load()
+    AttentionInterface.register(name, fusedattn_attention)
+    AttentionMaskInterface.register(name, fusedattn_mask)
+    return name

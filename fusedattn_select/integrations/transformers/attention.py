@@ -1,0 +1,135 @@
+"""The attention function registered with transformers' `AttentionInterface` as "fusedattn".
+
+For a `CudnnMask` it runs `fusedattn_select.runtime.api.attention` (the fused backend `select()`
+picks, or dispatch's own fallback); for a dense mask it does what attn_implementation="sdpa" does.
+Attention sinks (gpt-oss `s_aux`) run as softmax="learnable"; logit soft-capping (Gemma 2), which
+cuDNN does not have, runs on the float32 reference with the same mask, logged once.
+transformers passes module, query, key, value and attention_mask by position, the rest by keyword.
+torch is imported inside the functions: the package imports without torch (for `report()`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from fusedattn_select.integrations.transformers.dependencies import loaded
+from fusedattn_select.integrations.transformers.masks import CudnnMask
+from fusedattn_select.integrations.transformers.tracing import log_once
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class _LayerOptions(NamedTuple):
+    """The keyword arguments of one attention call that this integration reads."""
+
+    dropout: float
+    scaling: float | None
+    softcap: float | None
+    sinks: "Tensor | None"
+    is_causal: bool | None
+
+
+def _roll_rows(x: "Tensor", start: "Tensor") -> "Tensor":
+    """Row i of sequence b becomes row (i + start[b]) mod S of (B, H, S, D) `x`: a per-sequence roll."""
+    import torch
+
+    length = x.shape[2]
+    rows = (torch.arange(length, device=x.device)[None, :] + start.to(x.device)[:, None]) % length
+    return torch.gather(x, 2, rows[:, None, :, None].expand(x.shape[0], x.shape[1], length, x.shape[3]))
+
+
+def _mask_without_tensor(query: "Tensor", key: "Tensor", is_causal: bool | None, module: Any) -> CudnnMask:
+    # No mask from the model: what attn_implementation="sdpa" does with attention_mask=None, i.e.
+    # causal (top-left) unless there is a single query row or the module is not causal.
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    q_length, kv_length = query.shape[2], key.shape[2]
+    kind = "causal" if causal and q_length > 1 else "no_mask"
+    return CudnnMask(kind, (-1, -1), q_length, kv_length)
+
+
+def _dense_attention(module: Any, query: "Tensor", key: "Tensor", value: "Tensor", mask: "Tensor",
+                     options: _LayerOptions, **kwargs: Any) -> tuple["Tensor", None]:
+    import torch
+
+    if not options.softcap and options.sinks is None:
+        return loaded().sdpa_attention_forward(
+            module, query, key, value, mask, dropout=options.dropout, scaling=options.scaling,
+            is_causal=options.is_causal, **kwargs
+        )
+    bias = mask
+    if mask.dtype == torch.bool:
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
+    out = loaded().reference_attention(
+        query, key, value, bias=bias, attn_scale=options.scaling, dropout=options.dropout,
+        softcap=options.softcap or None, softmax="learnable" if options.sinks is not None else "vanilla",
+        sink=options.sinks,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _fused_attention(query: "Tensor", key: "Tensor", value: "Tensor", plan: CudnnMask,
+                     options: _LayerOptions) -> "Tensor":
+    """(B, H, Sq, Dv) attention under a cuDNN mask description, left padding rolled in and out."""
+    import torch
+
+    if plan.q_start is not None:
+        query = _roll_rows(query, plan.q_start)
+    if plan.kv_start is not None:
+        key, value = _roll_rows(key, plan.kv_start), _roll_rows(value, plan.kv_start)
+    arguments = dict(
+        mask=plan.mask, window_size=plan.window_size, attn_scale=options.scaling, dropout=options.dropout,
+        softmax="learnable" if options.sinks is not None else "vanilla", sink=options.sinks,
+        seqlens_q=plan.seqlens_q, seqlens_kv=plan.seqlens_kv,
+    )
+    if options.softcap:
+        log_once(
+            ("softcap", options.softcap),
+            "fusedattn: attention logit soft-capping (softcap=%s) has no cuDNN equivalent; these layers run "
+            "on the float32 reference", options.softcap,
+        )
+        out = loaded().reference_attention(query, key, value, softcap=options.softcap, **arguments)
+    else:
+        out = loaded().dispatch_attention(
+            query, key, value, layout="bhsd", deterministic=torch.are_deterministic_algorithms_enabled(), **arguments
+        )
+    if plan.q_start is not None:
+        out = _roll_rows(out, -plan.q_start)
+    return out
+
+
+def fusedattn_attention(
+    module: Any,
+    query: "Tensor",
+    key: "Tensor",
+    value: "Tensor",
+    attention_mask: "CudnnMask | Tensor | None",
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple["Tensor", None]:
+    """transformers' attention-function protocol: (B, H, S, D) inputs -> ((B, Sq, H, Dv), None).
+
+    Keyword arguments read here: `softcap` (runs the float32 reference: cuDNN has no
+    soft-capping), `s_aux` (gpt-oss attention sinks) and `is_causal`; `sliding_window` is dropped,
+    since the mask says which keys a query sees (as with "sdpa"). Other keyword arguments go to
+    "sdpa" for a dense mask.
+    """
+    kwargs.pop("sliding_window", None)
+    options = _LayerOptions(
+        dropout, scaling, kwargs.pop("softcap", None), kwargs.pop("s_aux", None), kwargs.pop("is_causal", None)
+    )
+    if kwargs.get("output_attentions", False):
+        log_once("output_attentions", "fusedattn: output_attentions=True is not supported; attention weights are None")
+    if attention_mask is None:
+        plan = _mask_without_tensor(query, key, options.is_causal, module)
+    elif isinstance(attention_mask, CudnnMask):
+        plan = attention_mask
+        if (query.shape[2], key.shape[2]) != (plan.q_length, plan.kv_length):
+            raise ValueError(
+                f"fusedattn: the mask was built for Sq={plan.q_length}, Skv={plan.kv_length} but the "
+                f"layer has Sq={query.shape[2]}, Skv={key.shape[2]}"
+            )
+    else:
+        return _dense_attention(module, query, key, value, attention_mask, options, **kwargs)
+    return _fused_attention(query, key, value, plan, options).transpose(1, 2).contiguous(), None

@@ -1,0 +1,194 @@
+"""The mask function registered with transformers' `AttentionMaskInterface` as "fusedattn".
+
+It recognises which mask transformers asked for from its mask function, confirms the guess by
+evaluating that function at the pattern's boundaries, and returns a `CudnnMask` when the cuDNN
+description is exact; otherwise it returns what transformers' "sdpa" mask function returns, and
+logs why once. transformers calls it with keyword arguments only. torch is imported inside the
+functions: the package imports without torch (for `report()`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+from fusedattn_select.integrations.transformers.dependencies import loaded
+from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask
+from fusedattn_select.integrations.transformers.tracing import is_tracing, log_once
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+# The keyword arguments transformers may pass besides the named parameters, with the defaults of
+# transformers' "sdpa" mask function.
+_MASK_DEFAULTS: dict[str, Any] = dict(
+    local_size=None, allow_is_causal_skip=True, allow_is_bidirectional_skip=False, use_vmap=False, device=None,
+    config=None, cache_position=None,
+)
+
+
+class _Pattern(NamedTuple):
+    causal: bool
+    sliding_window: int | None
+
+
+_SAMPLES: dict[_Pattern, tuple[list[int], list[int], list[bool]]] = {}
+_CONFIRMED: set[tuple[Callable, _Pattern]] = set()
+_lock = threading.Lock()
+
+
+def _recognise(mask_function: Callable, local_size: int | None, use_vmap: bool, config: Any,
+               tracing: bool) -> _Pattern:
+    """Which mask transformers asked for, from its mask function; checked by `_confirm` after."""
+    masking_utils = loaded().masking_utils
+    if use_vmap:
+        raise MaskNotExpressible("the model adds its own mask function (or_mask_function / and_mask_function)")
+    if mask_function is masking_utils.causal_mask_function:
+        return _Pattern(True, None)
+    if mask_function is getattr(masking_utils, "bidirectional_mask_function", None):  # transformers >= 5
+        return _Pattern(False, None)
+    # create_sliding_window_causal_mask passes and_masks(sliding_window_overlay(w), causal) with
+    # local_size=w. Under torch.compile neither the closure's cells nor string methods on its name
+    # can be traced (torch 2.11), so there the guess rests on local_size == config.sliding_window
+    # alone; `_confirm` then evaluates the function to check it.
+    sliding_window = getattr(config, "sliding_window", local_size) if config is not None else local_size
+    name = "a traced function" if tracing else getattr(mask_function, "__qualname__", type(mask_function).__name__)
+    and_mask = tracing or name.endswith("and_masks.<locals>.and_mask")
+    if and_mask and local_size is not None and sliding_window == local_size:
+        return _Pattern(True, int(local_size))
+    raise MaskNotExpressible(
+        f"mask function {name} (local_size={local_size}) is not causal, bidirectional or sliding-window causal"
+    )
+
+
+def _samples(pattern: _Pattern) -> tuple[list[int], list[int], list[bool]]:
+    """(query, key, expected) positions around every boundary of the pattern."""
+    cached = _SAMPLES.get(pattern)
+    if cached is not None:
+        return cached
+    w = pattern.sliding_window or 4
+    queries = sorted({0, 1, 2, w - 1, w, w + 1, 2 * w, 2 * w + 1, 3 * w + 2})
+    pairs = [(q, q + o) for q in queries for o in (-w - 1, -w, -w + 1, -1, 0, 1, 2) if q + o >= 0]
+    expected = [
+        (not pattern.causal or kv <= q) and (pattern.sliding_window is None or kv > q - pattern.sliding_window)
+        for q, kv in pairs
+    ]
+    result = ([q for q, _ in pairs], [kv for _, kv in pairs], expected)
+    _SAMPLES[pattern] = result
+    return result
+
+
+def _confirm(pattern: _Pattern, mask_function: Callable, device: Any, tracing: bool) -> None:
+    """Evaluate the model's mask function where `pattern` has boundaries; raise if they differ.
+
+    Under tracing the check cannot branch without a graph break: it becomes an asynchronous device
+    assertion, so a wrong guess stops the program instead of computing a different mask.
+    """
+    import torch
+
+    if not tracing and (mask_function, pattern) in _CONFIRMED:
+        return
+    queries, keys, expected = _samples(pattern)
+    where = device if tracing else "cpu"
+    q_idx = torch.tensor(queries, device=where)
+    kv_idx = torch.tensor(keys, device=where)
+    zeros = torch.zeros_like(q_idx)
+    got = torch.as_tensor(mask_function(zeros, zeros, q_idx, kv_idx), device=where).expand(q_idx.shape)
+    want = torch.tensor(expected, device=where)
+    if tracing:
+        torch._assert_async(
+            (got == want).all(),
+            f"fusedattn: the model's mask function is not the {pattern} mask it was taken for",
+        )
+        return
+    if not torch.equal(got.to(torch.bool), want):
+        raise MaskNotExpressible(f"the model's mask function differs from {pattern} at sampled positions")
+    if getattr(mask_function, "__closure__", None) is None:
+        with _lock:
+            _CONFIRMED.add((mask_function, pattern))
+
+
+def _query_positions(cache_position: "Tensor", tracing: bool) -> tuple[int, int]:
+    """(q_length, q_offset) from transformers 4.x's `cache_position`, if it is one run of positions."""
+    import torch
+
+    if tracing:
+        raise MaskNotExpressible("cache_position (transformers 4.x) cannot be read under tracing")
+    first = int(cache_position[0])
+    length = cache_position.shape[0]
+    if not torch.equal(cache_position, torch.arange(first, first + length, device=cache_position.device)):
+        raise MaskNotExpressible("the query positions (cache_position) are not one contiguous run")
+    return length, first
+
+
+def _host_offsets(q_offset: Any, kv_offset: Any, tracing: bool) -> tuple[int, int]:
+    offsets = []
+    for name, value in (("query offset", q_offset), ("key offset", kv_offset)):
+        if not isinstance(value, int):
+            if tracing:
+                raise MaskNotExpressible(f"the cache's {name} is a tensor, which tracing cannot read")
+            value = int(value)
+        offsets.append(value)
+    return offsets[0], offsets[1]
+
+
+def fusedattn_mask(
+    batch_size: int,
+    q_length: int | None = None,
+    kv_length: int | None = None,
+    q_offset: Any = 0,
+    kv_offset: Any = 0,
+    mask_function: Callable | None = None,
+    attention_mask: "Tensor | None" = None,
+    **kwargs: Any,
+) -> "CudnnMask | Tensor | None":
+    """transformers' mask-function protocol: a CudnnMask when exact, else the "sdpa" mask.
+
+    transformers 5 passes q_length / q_offset; 4.x passes `cache_position` (the query positions).
+    `kwargs` are the other keyword arguments of transformers' "sdpa" mask function (local_size,
+    allow_is_causal_skip, allow_is_bidirectional_skip, use_vmap, device, config, cache_position,
+    dtype, ...).
+    """
+    masking_utils = loaded().masking_utils
+    if mask_function is None:
+        mask_function = masking_utils.causal_mask_function
+    received = dict(
+        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+        kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+        **{**_MASK_DEFAULTS, **kwargs},
+    )
+    cache_position = received["cache_position"]
+    device = received["device"]
+    if device is None:
+        device = cache_position.device if cache_position is not None else "cpu"
+    try:
+        tracing = is_tracing(attention_mask)
+        pattern = _recognise(mask_function, received["local_size"], received["use_vmap"], received["config"], tracing)
+        if pattern.causal and not received["allow_is_causal_skip"]:
+            raise MaskNotExpressible(
+                "the model asks for a materialised causal mask (packed sequences, block masks, or a "
+                "compiled decode step with a static cache)"
+            )
+        if not pattern.causal and not received["allow_is_bidirectional_skip"]:
+            raise MaskNotExpressible("the model asks for a materialised bidirectional mask")
+        if q_length is None:
+            q_length, q_offset = _query_positions(cache_position, tracing)
+        q_offset, kv_offset = _host_offsets(q_offset, kv_offset, tracing)
+        if attention_mask is not None and tracing:
+            raise MaskNotExpressible(
+                "a 2D padding mask cannot be inspected under torch.compile / CUDA graph capture "
+                "without a graph break"
+            )
+        _confirm(pattern, mask_function, device, tracing)
+        return cudnn_mask(
+            q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+            causal=pattern.causal, sliding_window=pattern.sliding_window, padding_mask=attention_mask,
+            batch_size=batch_size, device=device,
+        )
+    except MaskNotExpressible as why:
+        log_once(
+            ("mask", str(why)),
+            "fusedattn: %s; this mask is materialised densely and its layers run on torch SDPA", why,
+        )
+        # Only what the caller passed: the two transformers generations take different arguments.
+        return masking_utils.sdpa_mask(**{k: v for k, v in received.items() if v is not None})
