@@ -19,8 +19,8 @@ from fusedattn_select.integrations.transformers.tracing import is_tracing, log_o
 if TYPE_CHECKING:
     from torch import Tensor
 
-# The keyword arguments transformers may pass besides the named parameters, with the defaults of
-# transformers' "sdpa" mask function.
+# The keyword arguments read here besides the named parameters, and their values when absent
+# (those of transformers' "sdpa" mask function; device None: cache_position's, else "cpu").
 _MASK_DEFAULTS: dict[str, Any] = dict(
     local_size=None, allow_is_causal_skip=True, allow_is_bidirectional_skip=False, use_vmap=False, device=None,
     config=None, cache_position=None,
