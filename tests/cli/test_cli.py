@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from fusedattn_select import cli
+from fusedattn_select.cli import engines
 from fusedattn_select.selection.selector import default_selector
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = ["--set", "batch_size=2", "--set", "num_heads_q=16", "--set", "num_heads_kv=4",
            "--set", "seqlen_q=1024", "--set", "seqlen_kv=1024", "--set", "head_dim_qk=128"]
 NO_DEVICE = "test: no GPU here"
@@ -32,14 +33,14 @@ def bundled_dir(tmp_path, monkeypatch):
     """An empty directory standing in for the package's bundled snapshots."""
     directory = tmp_path / "bundled"
     directory.mkdir()
-    monkeypatch.setattr(cli, "bundled_snapshot", lambda target, suite="configs": directory / f"{target}-{suite}.json")
+    monkeypatch.setattr(engines, "bundled_snapshot", lambda target, suite="configs": directory / f"{target}-{suite}.json")
     return directory
 
 
 @pytest.fixture
 def no_device(monkeypatch, bundled_dir):
-    monkeypatch.setattr(cli, "_discovered_engine", lambda: (None, NO_DEVICE))
-    monkeypatch.setattr(cli, "_live_engine", lambda: (None, NO_DEVICE))
+    monkeypatch.setattr(engines, "discovered_engine", lambda: (None, NO_DEVICE))
+    monkeypatch.setattr(engines, "live_engine", lambda: (None, NO_DEVICE))
     return bundled_dir
 
 
@@ -149,8 +150,8 @@ def test_why_set_values_are_yaml(capsys, no_device):
 
 
 def test_why_full_probes_at_full_depth(capsys, monkeypatch, bundled_dir, recording_engine):
-    monkeypatch.setattr(cli, "_discovered_engine", lambda: (recording_engine, ""))
-    monkeypatch.setattr(cli, "_open_store", lambda: None)
+    monkeypatch.setattr(engines, "discovered_engine", lambda: (recording_engine, ""))
+    monkeypatch.setattr(engines, "open_store", lambda: None)
     code, out, _ = run(capsys, "why", "--json", "--full", *PROBLEM)
     document = json.loads(out)
     assert code == 0 and document["probe_depth"] == "full" and document["notice"] is None
@@ -243,7 +244,7 @@ def test_info_json_reports_every_fact(capsys, no_device, recorded_snapshot):
 
 
 def test_info_reports_the_live_device(capsys, monkeypatch, bundled_dir, recording_engine):
-    monkeypatch.setattr(cli, "_live_engine", lambda: (recording_engine, ""))
+    monkeypatch.setattr(engines, "live_engine", lambda: (recording_engine, ""))
     facts = json.loads(run(capsys, "info", "--json")[1])
     assert (facts["gpu"], facts["compute_capability"], facts["sm_count"]) == ("Test GPU H100", "9.0", 132)
     assert (facts["cudnn_backend"], facts["cudnn_frontend"], facts["driver"]) == ("9.19.0", "1.32.0", "580.00")
@@ -261,14 +262,14 @@ def test_snapshot_record_checks_suites_before_touching_the_device(capsys, monkey
     def must_not_start():
         raise AssertionError("device touched")
 
-    monkeypatch.setattr(cli, "_live_engine", must_not_start)
+    monkeypatch.setattr(engines, "live_engine", must_not_start)
     code, _, err = run(capsys, "snapshot", "record", str(tmp_path / "nope.yaml"), "-o", str(tmp_path / "s.json"))
     assert code == 2 and "cannot be read" in err
 
 
 def test_snapshot_record_writes_a_snapshot_why_can_answer_from(capsys, monkeypatch, suite_file, tmp_path,
                                                                 recording_engine):
-    monkeypatch.setattr(cli, "_live_engine", lambda: (recording_engine, ""))
+    monkeypatch.setattr(engines, "live_engine", lambda: (recording_engine, ""))
     out_path = tmp_path / "rec.json"
     code, out, _ = run(capsys, "snapshot", "record", str(suite_file), "-o", str(out_path), "--jobs", "2")
     assert code == 0
@@ -364,7 +365,7 @@ def test_warmup_without_an_engine_exits_2(capsys, suite_file):
 
 
 def test_cache_info_export_import_clear(capsys, tmp_path):
-    _needs("fusedattn_select.store.sqlite", "PersistentStore")
+    _needs("fusedattn_select.store", "PersistentStore")
     code, out, _ = run(capsys, "cache", "info", "--json")
     info = json.loads(out)
     assert code == 0 and info["path"].startswith(str(tmp_path / "cache"))
@@ -377,6 +378,6 @@ def test_cache_info_export_import_clear(capsys, tmp_path):
 
 
 def test_cache_import_of_a_missing_file_is_bad_input(capsys, tmp_path):
-    _needs("fusedattn_select.store.sqlite", "PersistentStore")
+    _needs("fusedattn_select.store", "PersistentStore")
     code, _, err = run(capsys, "cache", "import", str(tmp_path / "missing.json"))
     assert code == 2 and err.startswith("error: ") and "missing.json" in err

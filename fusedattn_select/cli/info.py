@@ -1,0 +1,140 @@
+"""`info`: versions, GPU, cuDNN, cache location and bundled snapshots; works with no GPU, no
+cuDNN and no torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+from fusedattn_select._version import __version__
+from fusedattn_select.cli import engines
+from fusedattn_select.cli.exit_codes import EXIT_SELECTED
+from fusedattn_select.cli.table import render_table
+from fusedattn_select.errors import SnapshotError
+from fusedattn_select.probing import SNAPSHOT_ENV, TARGETS
+from fusedattn_select.probing.snapshot import read_header
+from fusedattn_select.store import CACHE_SWITCH_ENV, default_cache_dir
+from fusedattn_select.types import format_cudnn_version
+
+DEVICE_FACTS = ("probing_engine", "gpu", "compute_capability", "sm_count", "driver", "cudnn_backend")
+LABELS = {
+    "fusedattn_select": "fusedattn-select", "probing_engine": "probing engine", "gpu": "GPU",
+    "compute_capability": "compute capability", "sm_count": "SM count", "driver": "driver",
+    "cudnn_backend": "cuDNN backend", "cudnn_frontend": "cuDNN frontend", "cache_dir": "cache directory",
+    "cache": CACHE_SWITCH_ENV, "snapshot_env": SNAPSHOT_ENV, "bundled_snapshots": "bundled snapshots",
+}
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _torch_version() -> str:
+    try:
+        import torch  # optional: info reports whether it is installed and which CUDA it was built for
+    except Exception as err:  # noqa: BLE001 - torch is optional; a broken install is reported
+        return f"not importable ({type(err).__name__}: {err})" if not isinstance(err, ImportError) else "not installed"
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    return f"{torch.__version__} (CUDA {cuda or 'none'})"
+
+
+def _cache_dir() -> str:
+    try:
+        return str(default_cache_dir())
+    except RuntimeError as err:  # no home directory to put it in; info reports, it never fails
+        return f"unknown ({err})"
+
+
+def _bundled_facts() -> dict[str, str]:
+    facts = {}
+    for target in TARGETS:
+        for path in engines.bundled_paths(target):
+            if not path.is_file():
+                facts[path.name] = "missing (not recorded yet)"
+                continue
+            try:
+                header = read_header(path)
+            except SnapshotError as err:
+                facts[path.name] = f"unreadable: {err}"
+                continue
+            fp = header.fingerprint
+            facts[path.name] = (
+                f"{fp.device_name}, cuDNN {format_cudnn_version(fp.cudnn_backend_version)}, "
+                f"recorded {header.recorded_on}, {header.entry_count} entries"
+            )
+    return facts
+
+
+def _device_facts() -> dict[str, Any]:
+    engine, reason = engines.live_engine()
+    if engine is None:
+        device: dict[str, Any] = dict.fromkeys(DEVICE_FACTS, f"none: {reason}")
+        frontend = _package_version("nvidia-cudnn-frontend")
+        device["cudnn_frontend"] = f"none: {reason} (package nvidia-cudnn-frontend: {frontend})"
+        return device
+    fp = engine.fingerprint()
+    return {
+        "probing_engine": engine.name,
+        "gpu": fp.device_name,
+        "compute_capability": fp.compute_capability,
+        "sm_count": fp.sm_count,
+        "driver": fp.driver_version,
+        "cudnn_backend": format_cudnn_version(fp.cudnn_backend_version),
+        "cudnn_frontend": fp.cudnn_frontend_version,
+    }
+
+
+def platform_facts() -> dict[str, Any]:
+    """What `info` reports; works with no GPU, no cuDNN and no torch. The one nested fact,
+    bundled_snapshots, comes last."""
+    return {
+        "fusedattn_select": __version__,
+        "python": f"{platform.python_version()} ({sys.executable})",
+        **_device_facts(),
+        "torch": _torch_version(),
+        "cache_dir": _cache_dir(),
+        "cache": os.environ.get(CACHE_SWITCH_ENV, "(unset)"),
+        "snapshot_env": os.environ.get(SNAPSHOT_ENV, "(unset)"),
+        "bundled_snapshots": _bundled_facts(),
+    }
+
+
+def format_facts(facts: dict[str, Any]) -> str:
+    """A label-value table; a nested fact (last) lists its items under its label."""
+    rows = []
+    nested: list[str] = []
+    said = ""
+    for key, value in facts.items():
+        if isinstance(value, dict):
+            rows.append([LABELS.get(key, key), ""])
+            nested += [f"  {name}: {text}" for name, text in value.items()]
+            continue
+        if isinstance(value, str) and said and value.startswith(said):
+            # One reason explains every missing device fact: say it once.
+            value = "none (see above)" + value[len(said):]
+        elif isinstance(value, str) and value.startswith("none: "):
+            said = value
+        rows.append([LABELS.get(key, key), value])
+    return "\n".join([render_table(None, rows), *(line.rstrip() for line in nested)])
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    facts = platform_facts()
+    print(json.dumps(facts, indent=2) if args.json else format_facts(facts))
+    return EXIT_SELECTED
+
+
+def register_info(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser(
+        "info", parents=[common], help="versions, GPU, cuDNN, cache location and bundled snapshots",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=_cmd_info)

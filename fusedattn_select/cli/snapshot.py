@@ -1,0 +1,60 @@
+"""`snapshot record`: probe every entry of suite files on this GPU and write a snapshot JSON."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import Any
+
+from fusedattn_select.cli import engines
+from fusedattn_select.cli.arguments import add_depth_option, positive_int
+from fusedattn_select.cli.exit_codes import EXIT_SELECTED
+from fusedattn_select.config_files import load_config_file
+from fusedattn_select.errors import PlatformError
+from fusedattn_select.selection.recorder import (
+    record_snapshot,
+    summarize,
+    write_snapshot,
+)
+from fusedattn_select.types import ProbeDepth
+
+log = logging.getLogger("fusedattn_select")
+
+
+def _log_progress(done: int, total: int, entry: dict) -> None:
+    outcomes = ",".join(f"{v['phase']}:{v['outcome']}" for v in entry["verdicts"])
+    log.info("fusedattn_select: [%d/%d] %s:%s %s", done, total, entry["suite"], entry["name"], outcomes)
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    depth = ProbeDepth.parse(args.depth, "--depth")
+    for path in args.suites:  # bad input fails before the device is touched
+        load_config_file(path)
+    engine, reason = engines.live_engine()
+    if engine is None:
+        raise PlatformError(f"snapshot record needs a live CUDA device with cuDNN: {reason}")
+    started = time.perf_counter()
+    snapshot = record_snapshot(args.suites, engine, depth=depth, jobs=args.jobs, progress=_log_progress)
+    path = write_snapshot(snapshot, args.output)
+    counts = summarize(snapshot)
+    print(
+        f"recorded {counts['entries']} entries ({counts['selected']} selected, {counts['none']} none, "
+        f"{counts['failed']} failed) on {engine.fingerprint().describe()} at depth {depth.value} "
+        f"in {time.perf_counter() - started:.1f} s -> {path}"
+    )
+    return EXIT_SELECTED
+
+
+def register_snapshot(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser("snapshot", parents=[common], help="record snapshots on a live device")
+    actions = parser.add_subparsers(dest="snapshot_command", metavar="ACTION", required=True)
+    record = actions.add_parser(
+        "record", parents=[common],
+        help="probe every entry of suite files on this GPU and write a snapshot JSON",
+    )
+    record.add_argument("suites", nargs="+", metavar="SUITE.yaml")
+    record.add_argument("-o", "--output", required=True, metavar="FILE", help="snapshot JSON to write")
+    add_depth_option(record, default=ProbeDepth.FAST)
+    record.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="probe N entries at once")
+    record.set_defaults(func=_cmd_record)

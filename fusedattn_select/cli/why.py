@@ -1,0 +1,112 @@
+"""`why`: which fused backend runs each problem, and if none, every reason why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from fusedattn_select.cli import engines
+from fusedattn_select.cli.exit_codes import EXIT_NONE, EXIT_SELECTED
+from fusedattn_select.cli.problems import problems
+from fusedattn_select.cli.table import render_table
+from fusedattn_select.probing import TARGETS
+from fusedattn_select.selection.selector import Selector, set_default_selector
+from fusedattn_select.types import ProbeDepth, Selection, Verdict
+
+VERDICT_HEADER = ("backend", "phase", "verdict", "stage", "provenance", "depth", "ms", "reason")
+SAME_AS_ABOVE = "(same as above)"
+
+# (problem name, its selection, the reasons the transformers integration cannot run it fused)
+Answer = tuple[str, Selection, tuple[str, ...]]
+
+
+def _verdict_row(verdict: Verdict) -> list[str]:
+    return [
+        verdict.backend.value, verdict.phase.value, verdict.outcome.value, verdict.stage,
+        verdict.provenance.value, verdict.depth.value,
+        f"{verdict.total_ms:.2f}" if verdict.timings_ms else "-",
+        verdict.message,
+    ]
+
+
+def format_selection(name: str, selection: Selection) -> list[str]:
+    """The text answer for one problem: its fields, a verdict table, the chosen backend."""
+    cfg = selection.config
+    fields = " ".join(f"{k}={v}" for k, v in cfg.to_dict().items()) if cfg is not None else ""
+    rows = [_verdict_row(v) for v in selection.verdicts]
+    for previous, row in zip(rows, rows[1:]):
+        if row[-1] and row[-1] == previous[-1] or row[-1] == SAME_AS_ABOVE:
+            row[-1] = SAME_AS_ABOVE
+    lines = [f"{name}: {fields}"]
+    lines += render_table(VERDICT_HEADER, rows, indent="  ").split("\n")
+    if selection.selected:
+        lines.append(f"  -> {selection.backend.value}")
+    else:
+        lines.append(f"  -> NONE: {selection.message}")
+    return lines
+
+
+def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer]) -> None:
+    if notice:
+        print(notice, file=sys.stderr)
+    document = {
+        "engine": selector.engine_name,
+        "fingerprint": selector.fingerprint.to_dict(),
+        "probe_depth": depth.value,
+        "notice": notice or None,
+        "results": [
+            {"name": name, "selection": sel.to_dict(), **({"integration_reasons": list(notes)} if notes else {})}
+            for name, sel, notes in answers
+        ],
+    }
+    print(json.dumps(document, indent=2))
+
+
+def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer]) -> None:
+    lines = [notice] if notice else []
+    platform = selector.fingerprint.describe() if selector.engine is not None else "platform rule only"
+    lines.append(f"engine: {selector.engine_name} ({platform}); probe depth {depth.value}")
+    for name, sel, notes in answers:
+        lines.append("")
+        lines += format_selection(name, sel)
+        lines += [f"  -> not fused by the transformers integration: {note}" for note in notes]
+    print("\n".join(lines))
+
+
+def _cmd_why(args: argparse.Namespace) -> int:
+    asked = problems(args.config, args.name, args.hf_config, args.set or ())
+    selector, notice = engines.choose_selector(args.snapshot, args.target)
+    set_default_selector(selector)
+    depth = ProbeDepth.FULL if args.full else ProbeDepth.FAST
+    answers = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in asked]
+    (_print_json if args.json else _print_text)(selector, depth, notice, answers)
+    fused = all(sel.selected and not notes for _, sel, notes in answers)
+    return EXIT_SELECTED if fused else EXIT_NONE
+
+
+def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser(
+        "why", parents=[common],
+        help="which fused backend runs a problem, and if none, every reason why",
+        description="Answer each entry of CONFIG.yaml (or one problem built from --set pairs): "
+        "per backend and pass the verdict, the stage that decided it and why; then the backend.",
+    )
+    parser.add_argument("config", nargs="?", metavar="CONFIG.yaml", help="a config file (see README 'Config format')")
+    parser.add_argument("--name", help="answer only the entry with this name")
+    parser.add_argument(
+        "--hf-config", metavar="PATH_OR_JSON",
+        help="answer each distinct layer problem of a Hugging Face model config (config.json path, "
+        "its directory, or a JSON string); --set adjusts them (e.g. --set seqlen_q=8192)",
+    )
+    parser.add_argument(
+        "--set", action="append", metavar="KEY=VALUE",
+        help="set an AttnConfig field (YAML value), on top of every entry; alone, builds one problem",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--full", action="store_true", help="probe depth 'full': also build the kernels")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--snapshot", metavar="FILE", help="answer from this recorded snapshot")
+    source.add_argument("--target", choices=TARGETS, help="answer from the snapshots bundled for this GPU")
+    parser.set_defaults(func=_cmd_why)
