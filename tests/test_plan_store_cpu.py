@@ -31,7 +31,7 @@ from fusedattn_select.probing.cudnn.plans import (
     PlanHeader,
     TensorRecord,
 )
-from fusedattn_select.store.sqlite import MemoryStore, PersistentStore
+from fusedattn_select.store import MemoryStore, PersistentStore
 from fusedattn_select.types import (
     Backend,
     Fingerprint,

@@ -288,7 +288,7 @@ def default_selector() -> Selector:
             engine, reason = discover_engine()
             store = None
             if engine is not None:
-                from fusedattn_select.store.sqlite import open_default_store
+                from fusedattn_select.store import open_default_store
 
                 store = open_default_store()
             _default = Selector(engine, unavailable_reason=reason, store=store)

@@ -263,7 +263,7 @@ def _warm_in_worker(name: str, config: dict, key: str, depth: str, store_dir: st
     if _worker_selector is None:
         # Imported here: only a worker process runs the live engine, which needs cuDNN.
         from fusedattn_select.probing.cudnn.engine import CudnnEngine
-        from fusedattn_select.store.sqlite import PersistentStore
+        from fusedattn_select.store import PersistentStore
 
         _worker_selector = Selector(CudnnEngine(device), store=PersistentStore(store_dir))
     probe_depth = ProbeDepth.parse(depth)

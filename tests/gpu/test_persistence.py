@@ -195,7 +195,7 @@ def test_a_process_over_a_warmed_cache_probes_nothing_and_loads_its_plans_bit_ex
 
 # ----- (b) eight processes warming one store at once ---------------------------------------------
 def test_eight_processes_warming_one_empty_store_probe_and_build_each_graph_once(tmp_path):
-    from fusedattn_select.store.sqlite import PersistentStore
+    from fusedattn_select.store import PersistentStore
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)

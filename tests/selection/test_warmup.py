@@ -19,7 +19,7 @@ from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
 from fusedattn_select.selection.warmup import WarmupOutcome, WarmupReport, warmup
-from fusedattn_select.store.sqlite import PersistentStore
+from fusedattn_select.store import PersistentStore
 from fusedattn_select.types import (
     Backend,
     Fingerprint,

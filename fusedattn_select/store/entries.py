@@ -1,0 +1,142 @@
+"""Rows of a store: checking what callers hand in, encoding verdicts, and distrusting what is read back.
+
+Both stores and the export/import code use these, so a decision means the same bytes, the same
+size and the same validity rules wherever it is kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hashlib
+import json
+import logging
+from typing import Any, Iterable
+
+from fusedattn_select.types import Fingerprint, Outcome, ProbeDepth, Verdict
+
+log = logging.getLogger("fusedattn_select")
+
+
+class BadEntry(ValueError):
+    """A stored row that must not be trusted; the message says why."""
+
+
+class Written(enum.Enum):
+    """What a store did with one decision handed to it."""
+
+    STORED = "stored"
+    KEPT_FULL = "kept full entry"
+    FAILED = "failed"
+
+
+# ----- arguments ----------------------------------------------------------------------------------
+def check_fingerprint(fingerprint: Fingerprint) -> None:
+    if not isinstance(fingerprint, Fingerprint):
+        raise TypeError(f"fingerprint={fingerprint!r}: must be a Fingerprint")
+
+
+def check_key(name: str, key: str) -> None:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"{name}={key!r}: must be a non-empty string")
+
+
+def fingerprint_key(fingerprint: Fingerprint | str | None) -> str | None:
+    """The key of `fingerprint` (a Fingerprint, or already a key), or None for "every fingerprint"."""
+    if fingerprint is None or isinstance(fingerprint, str):
+        return fingerprint
+    check_fingerprint(fingerprint)
+    return fingerprint.key()
+
+
+def checked_entry(fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict],
+                  depth: ProbeDepth | str) -> tuple[tuple[Verdict, ...], ProbeDepth]:
+    """put()'s arguments, checked (TypeError or ValueError): FAILED verdicts are never stored."""
+    check_fingerprint(fingerprint)
+    check_key("key", key)
+    verdicts = tuple(verdicts)
+    if not verdicts or not all(isinstance(v, Verdict) for v in verdicts):
+        raise ValueError(f"verdicts={verdicts!r}: must be a non-empty sequence of Verdict")
+    failed = [v for v in verdicts if v.outcome is Outcome.FAILED]
+    if failed:
+        raise ValueError(
+            f"verdicts: {failed[0].reason()}: FAILED verdicts are incidents (out of memory, CUDA "
+            "error, timeout), not answers, and are never stored"
+        )
+    try:
+        depth = ProbeDepth(depth)
+    except ValueError:
+        raise ValueError(f"depth={depth!r}: must be 'fast' or 'full'") from None
+    return verdicts, depth
+
+
+def plan_to_store(fingerprint: Fingerprint, plan_key: str, blob: bytes, max_bytes: int) -> bytes | None:
+    """put_plan()'s arguments, checked (TypeError or ValueError): the blob as bytes, or None
+    (logged) when it is larger than the whole store."""
+    check_fingerprint(fingerprint)
+    check_key("plan_key", plan_key)
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise TypeError(f"blob: must be bytes, not {type(blob).__name__}")
+    blob = bytes(blob)
+    if len(blob) > max_bytes:
+        log.warning("fusedattn_select: plan %s (%d bytes) is larger than the cache (max_bytes=%d); not stored",
+                    plan_key, len(blob), max_bytes)
+        return None
+    return blob
+
+
+# ----- encoding -----------------------------------------------------------------------------------
+def encode_verdicts(verdicts: tuple[Verdict, ...]) -> str:
+    # Not sort_keys: timings_ms is an ordered mapping (the cuDNN steps in the order they ran).
+    return json.dumps([v.to_dict() for v in verdicts], separators=(",", ":"))
+
+
+def verdict_row_size(fp_key: str, key: str, text: str) -> int:
+    """The bytes a decision counts against max_bytes: its encoded verdicts and its two keys."""
+    return len(text.encode()) + len(fp_key) + len(key)
+
+
+def sha256(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()
+
+
+def verdict_export_row(fp_key: str, key: str, depth: ProbeDepth, verdicts: tuple[Verdict, ...],
+                       created: float) -> dict:
+    """One decision as a row of an export file."""
+    return {"fingerprint": fp_key, "key": key, "depth": depth.value,
+            "verdicts": [v.to_dict() for v in verdicts], "created": created}
+
+
+def plan_export_row(fp_key: str, key: str, blob: bytes) -> dict:
+    """One plan as a row of an export file: base64, with its size and sha256."""
+    return {"fingerprint": fp_key, "key": key, "sha256": sha256(blob), "size": len(blob),
+            "blob": base64.b64encode(blob).decode("ascii")}
+
+
+# ----- reading back -------------------------------------------------------------------------------
+def parse_verdicts(data: Any) -> tuple[Verdict, ...]:
+    if not isinstance(data, list) or not data:
+        raise BadEntry("verdicts are not a non-empty list")
+    try:
+        verdicts = tuple(Verdict.from_dict(item) for item in data)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise BadEntry(f"a verdict does not parse ({type(err).__name__}: {err})") from None
+    if any(v.outcome is Outcome.FAILED for v in verdicts):
+        raise BadEntry("holds a FAILED verdict, which is never cached")
+    return verdicts
+
+
+def parse_depth(value: Any) -> ProbeDepth:
+    try:
+        return ProbeDepth(value)
+    except ValueError:
+        raise BadEntry(f"depth {value!r} is not 'fast' or 'full'") from None
+
+
+def parse_row(depth: Any, text: Any) -> tuple[tuple[Verdict, ...], ProbeDepth]:
+    """A stored decision (its depth column and JSON verdicts); BadEntry when it must not be used."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError) as err:
+        raise BadEntry(f"verdicts are not valid JSON ({err})") from None
+    return parse_verdicts(data), parse_depth(depth)

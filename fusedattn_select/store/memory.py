@@ -1,0 +1,180 @@
+"""The memory store: the persistent store's behaviour over dicts, private to one process.
+
+Used when persistence is off ($FUSEDATTN_SELECT_CACHE=off) or impossible (no writable directory).
+It keeps plans too (`plans_enabled` is True), bounded by max_bytes like decisions, but they die
+with the process (`persistent` is False): callers that gain from plans only across processes
+check `persistent`. Its key locks exclude threads only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable
+
+from fusedattn_select.store.entries import (
+    Written,
+    check_fingerprint,
+    checked_entry,
+    encode_verdicts,
+    plan_export_row,
+    plan_to_store,
+    verdict_export_row,
+    verdict_row_size,
+)
+from fusedattn_select.store.locks import KeyLocks
+from fusedattn_select.store.protocol import (
+    EVICT_TO_FRACTION,
+    KEY_LOCK_TIMEOUT_S,
+    Entry,
+    ImportReport,
+)
+from fusedattn_select.store.settings import resolve_max_bytes
+from fusedattn_select.store.transfer import export_store, import_store
+from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
+
+
+@dataclass(frozen=True)
+class _MemoryEntry:
+    verdicts: tuple[Verdict, ...]
+    depth: ProbeDepth
+    size: int
+    created: float
+
+
+class MemoryStore:
+    """Decisions and plans in this process's memory, least recently used last in each dict."""
+
+    kind = "memory"
+    path = None
+    directory = None
+    persistent = False
+    plans_enabled = True
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = resolve_max_bytes(max_bytes)
+        self._key_locks = KeyLocks()
+        self._lock = threading.Lock()
+        self._verdicts: OrderedDict[tuple[str, str], _MemoryEntry] = OrderedDict()
+        self._plans: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._fingerprints: dict[str, Fingerprint] = {}
+
+    # ----- decisions ---------------------------------------------------------------------------
+    def get(self, fingerprint: Fingerprint, key: str) -> Entry | None:
+        check_fingerprint(fingerprint)
+        with self._lock:
+            entry = self._verdicts.get((fingerprint.key(), key))
+            if entry is None:
+                return None
+            self._verdicts.move_to_end((fingerprint.key(), key))
+            return entry.verdicts, entry.depth
+
+    def put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], depth: ProbeDepth | str) -> bool:
+        """False when a FULL entry was kept."""
+        return self._put(fingerprint, key, verdicts, depth) is Written.STORED
+
+    def _put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict],
+             depth: ProbeDepth | str) -> Written:
+        verdicts, depth = checked_entry(fingerprint, key, verdicts, depth)
+        fp_key = fingerprint.key()
+        size = verdict_row_size(fp_key, key, encode_verdicts(verdicts))
+        with self._lock:
+            stored = self._verdicts.get((fp_key, key))
+            if stored is not None and stored.depth is ProbeDepth.FULL and depth is ProbeDepth.FAST:
+                self._verdicts.move_to_end((fp_key, key))
+                return Written.KEPT_FULL
+            self._fingerprints.setdefault(fp_key, fingerprint)
+            self._verdicts[(fp_key, key)] = _MemoryEntry(verdicts, depth, size, time.time())
+            self._verdicts.move_to_end((fp_key, key))
+            self._evict(keep=("verdicts", (fp_key, key)))
+        return Written.STORED
+
+    # ----- plans -------------------------------------------------------------------------------
+    def put_plan(self, fingerprint: Fingerprint, plan_key: str, blob: bytes) -> bool:
+        blob = plan_to_store(fingerprint, plan_key, blob, self.max_bytes)
+        if blob is None:
+            return False
+        fp_key = fingerprint.key()
+        with self._lock:
+            self._fingerprints.setdefault(fp_key, fingerprint)
+            self._plans[(fp_key, plan_key)] = blob
+            self._plans.move_to_end((fp_key, plan_key))
+            self._evict(keep=("plans", (fp_key, plan_key)))
+        return True
+
+    def get_plan(self, fingerprint: Fingerprint, plan_key: str) -> bytes | None:
+        check_fingerprint(fingerprint)
+        with self._lock:
+            blob = self._plans.get((fingerprint.key(), plan_key))
+            if blob is not None:
+                self._plans.move_to_end((fingerprint.key(), plan_key))
+            return blob
+
+    def _plan_refusal(self) -> str:
+        return ""  # memory of this process: nothing another user could have planted
+
+    # ----- whole store -------------------------------------------------------------------------
+    def key_lock(self, fingerprint: Fingerprint, key: str,
+                 timeout: float = KEY_LOCK_TIMEOUT_S) -> contextlib.AbstractContextManager[bool]:
+        """Hold the probe of (fingerprint, key) against this process's other threads."""
+        return self._key_locks.hold(fingerprint, key, timeout)
+
+    def info(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "kind": self.kind, "path": None, "entries": len(self._verdicts), "plans": len(self._plans),
+                "bytes": self._payload_bytes(), "max_bytes": self.max_bytes,
+            }
+
+    def clear(self) -> None:
+        with self._lock:
+            self._verdicts.clear()
+            self._plans.clear()
+            self._fingerprints.clear()
+
+    def export(self, path: str | os.PathLike, fingerprint: Fingerprint | str | None = None) -> dict:
+        """Write every entry (of `fingerprint` only) to a JSON file; see transfer.export_store."""
+        return export_store(self, path, fingerprint)
+
+    def import_(self, path: str | os.PathLike, fingerprint: Fingerprint | str | None = None) -> ImportReport:
+        """Load an export file, verifying every row; see transfer.import_store."""
+        return import_store(self, path, fingerprint)
+
+    def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict]]:
+        with self._lock:
+            verdicts = [
+                verdict_export_row(fp, key, e.depth, e.verdicts, e.created)
+                for (fp, key), e in sorted(self._verdicts.items()) if fingerprint_key in (None, fp)
+            ]
+            plans = [
+                plan_export_row(fp, key, blob)
+                for (fp, key), blob in sorted(self._plans.items()) if fingerprint_key in (None, fp)
+            ]
+            fingerprints = {
+                fp: fingerprint.to_dict() for fp, fingerprint in self._fingerprints.items()
+                if fingerprint_key in (None, fp)
+            }
+        return fingerprints, verdicts, plans
+
+    # ----- size bound --------------------------------------------------------------------------
+    def _payload_bytes(self) -> int:
+        return sum(len(blob) for blob in self._plans.values()) + sum(e.size for e in self._verdicts.values())
+
+    def _evict(self, keep: tuple[str, tuple[str, str]]) -> None:
+        """Least recently used first, plans before decisions, down to 90% of max_bytes."""
+        total = self._payload_bytes()
+        if total <= self.max_bytes:
+            return
+        target = int(self.max_bytes * EVICT_TO_FRACTION)
+        for table, rows in (("plans", self._plans), ("verdicts", self._verdicts)):
+            for row_key in list(rows):  # oldest use first
+                if total <= target:
+                    return
+                if (table, row_key) == keep:
+                    continue
+                value = rows.pop(row_key)
+                total -= len(value) if isinstance(value, bytes) else value.size
