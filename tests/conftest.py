@@ -84,6 +84,6 @@ def suite_file(tmp_path):
 @pytest.fixture
 def recorded_snapshot(tmp_path, suite_file):
     """A snapshot of `suite_file` recorded with RecordingTestEngine (a test double)."""
-    from fusedattn_select.probing.recorder import record_snapshot, write_snapshot
+    from fusedattn_select.selection.recorder import record_snapshot, write_snapshot
 
     return write_snapshot(record_snapshot([suite_file], RecordingTestEngine()), tmp_path / "test-gpu.json")

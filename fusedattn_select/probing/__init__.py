@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
-from fusedattn_select.errors import PlatformError
+from fusedattn_select.errors import ConfigError, PlatformError
 from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.types import Fingerprint, format_cudnn_version
 
-__all__ = ["Fingerprint", "ProbeEngine", "discover_engine", "format_cudnn_version", "bundled_snapshot"]
-
-log = logging.getLogger("fusedattn_select")
+__all__ = [
+    "SNAPSHOT_ENV",
+    "TARGETS",
+    "Fingerprint",
+    "ProbeEngine",
+    "bundled_snapshot",
+    "discover_engine",
+    "format_cudnn_version",
+]
 
 SNAPSHOT_ENV = "FUSEDATTN_SELECT_SNAPSHOT"
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
@@ -22,8 +28,6 @@ TARGETS = ("h100", "h200")
 def bundled_snapshot(target: str, suite: str = "configs") -> Path:
     """Path of a snapshot shipped with the package, recorded on `target` for `suite`."""
     if target not in TARGETS:
-        from fusedattn_select.errors import ConfigError
-
         raise ConfigError("target", target, "must be one of " + ", ".join(repr(t) for t in TARGETS))
     return SNAPSHOT_DIR / f"{target}-{suite}.json"
 
@@ -35,13 +39,11 @@ def discover_engine() -> tuple[ProbeEngine | None, str]:
     """
     snapshot = os.environ.get(SNAPSHOT_ENV)
     if snapshot:
-        from fusedattn_select.probing.snapshot import SnapshotEngine
-
         return SnapshotEngine.load(snapshot), ""
-    try:
-        from fusedattn_select.probing.cudnn.engine import CudnnEngine
-    except ImportError as err:  # the 'cuda' extra is not installed
-        return None, f"cannot import the cuDNN engine: {err}"
+    # The live engine's modules (~10 ms to import) load only when no snapshot answers; they import
+    # cudnn-frontend and cuda-python themselves, on first use, raising PlatformError when absent.
+    from fusedattn_select.probing.cudnn.engine import CudnnEngine
+
     try:
         return CudnnEngine(), ""
     except PlatformError as err:

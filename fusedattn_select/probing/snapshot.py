@@ -1,6 +1,6 @@
 """SnapshotEngine: answers recorded on a real device, replayed where there is no device.
 
-A snapshot is the JSON written by `fusedattn_select.probing.recorder.record_snapshot` (schema
+A snapshot is the JSON written by `fusedattn_select.selection.recorder.record_snapshot` (schema
 "fusedattn-select-snapshot/1"): the device fingerprint plus, for every probed problem, the full
 verdicts of each phase. Replaying never guesses: a problem that was not recorded is answered
 UNSUPPORTED at stage "snapshot" with the file it was looked up in.

@@ -18,7 +18,7 @@ import pytest
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.layouts import format_strides
-from fusedattn_select.probing.cudnn.engine import (
+from fusedattn_select.probing.cudnn import (
     STAGES,
     CudnnEngine,
     CudnnUnsupported,
@@ -308,7 +308,7 @@ def test_full_probe_builds_the_plans(engine, phase):
 
 
 def test_build_graph_works_with_a_handle_of_this_thread(engine):
-    from fusedattn_select.probing.cudnn.engine import device_context
+    from fusedattn_select.probing.cudnn import device_context
 
     with device_context(engine.device):
         build = build_graph(config(), Backend.F16, FWD, handle=handle_for(engine.device), depth=FAST)

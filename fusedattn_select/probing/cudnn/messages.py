@@ -1,16 +1,36 @@
-"""cuDNN error text: one clean line for a verdict, and whether the text describes an incident.
+"""cuDNN's answers as this library's outcomes: one clean line, verdict or incident, a Verdict.
 
 cuDNN and cudnn-frontend report a rejection as free text: a `[cudnn_frontend] Error:` prefix,
 source-file/line prefixes, engine-config JSON dumps, multi-line plan-walk listings and (frontend
 1.27+) a wrapper sentence around the backend's own reason. A verdict keeps that full text in
 `Verdict.detail` and shows one line, the sentence a user can act on ("hidden_dim should be multiple
 of 8"), in `Verdict.message`.
+
+Building a graph ends in one of two exceptions: CudnnUnsupported (a verdict about the problem,
+cacheable) or ProbeFailure (an incident: out of memory, CUDA or driver errors; never cached).
+`classify_exception` sorts what cudnn-frontend raised into them; `verdict_from_exception` turns
+either (or any other exception) into the Verdict that probing, warmup and dispatch record.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any, Mapping
 
+from fusedattn_select.errors import FusedAttnSelectError, ProbeError
+from fusedattn_select.types import (
+    Backend,
+    Outcome,
+    Phase,
+    ProbeDepth,
+    Provenance,
+    Verdict,
+)
+
+STAGES = (
+    "graph_api", "validate", "build_operation_graph", "create_execution_plans", "check_support",
+    "build_plans",
+)
 MAX_MESSAGE_CHARS = 300
 
 # Text that describes an incident (device, memory, driver or environment), not the problem. The
@@ -163,3 +183,96 @@ def clean_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     if len(message) > limit:
         message = message[: limit - 3].rstrip() + "..."
     return message
+
+
+# ----- outcomes of a graph build -------------------------------------------------------------
+# Exception types cudnn-frontend raises when it rejects a graph description or finds no engine for
+# it (its "not supported" family). Everything else -- and any text that describes a device or
+# environment incident -- is a ProbeFailure.
+_VERDICT_EXCEPTIONS: tuple[type[BaseException], ...] = (RuntimeError, ValueError, NotImplementedError)
+
+
+class _StageOutcome:
+    """The fields of CudnnUnsupported and ProbeFailure (a mixin ahead of their exception base).
+
+    `stage` is one of STAGES; `message` is one cleaned line; `detail` the full original text;
+    `timings_ms` the stages that ran before the rejection or failure, in milliseconds. The
+    exception text is "<_summary> at <stage>: <message>".
+    """
+
+    _summary = ""
+
+    def __init__(self, stage: str, message: str, detail: str = "",
+                 timings_ms: Mapping[str, float] | None = None) -> None:
+        self.stage = stage
+        self.message = message
+        self.detail = detail or message
+        self.timings_ms = dict(timings_ms or {})
+        super().__init__(f"{self._summary} at {stage}: {message}")
+
+
+class CudnnUnsupported(_StageOutcome, FusedAttnSelectError):
+    """cuDNN (or the frontend's graph API) cannot run this problem: a cacheable verdict.
+
+    Fields: see _StageOutcome (stage, message, detail, timings_ms).
+    """
+
+    _summary = "not supported"
+
+
+class ProbeFailure(_StageOutcome, ProbeError):
+    """Building the graph failed for a reason that says nothing about support (out of memory, a
+    CUDA or driver error, a missing module, an unexpected exception). Never cached.
+
+    Fields: see _StageOutcome (stage, message, detail, timings_ms).
+    """
+
+    _summary = "probe failed"
+
+
+def classify_exception(stage: str, error: BaseException, timings: Mapping[str, float],
+                       cudnn: Any) -> CudnnUnsupported | ProbeFailure:
+    """cuDNN's 'not supported' family -> CudnnUnsupported; incidents and bugs -> ProbeFailure.
+
+    A cudnnGraphNotSupportedError is a verdict (its engine listing may name other engines' status
+    codes, e.g. an architecture mismatch) unless it wraps a failed backend lowering that was an
+    incident. A RuntimeError/ValueError/NotImplementedError from the frontend is its validation of
+    the description, unless its text names an incident. Anything else (TypeError, MemoryError,
+    ImportError, ...) is a failure. `cudnn` is the imported cudnn-frontend module.
+    """
+    text = str(error) or type(error).__name__
+    detail = f"{type(error).__name__}: {text}"
+    message = clean_message(text)
+    not_supported = getattr(cudnn, "cudnnGraphNotSupportedError", None)
+    if isinstance(not_supported, type) and isinstance(error, not_supported):
+        declined = backend_decline(text)
+        incident = declined is not None and is_incident(declined)
+    elif isinstance(error, _VERDICT_EXCEPTIONS) and not isinstance(error, MemoryError):
+        incident = is_incident(text)
+    else:
+        incident = True
+    if incident:
+        return ProbeFailure(stage, f"{type(error).__name__}: {message}", detail, timings)
+    return CudnnUnsupported(stage, message, detail, timings)
+
+
+def verdict_from_exception(err: BaseException, backend: Backend, phase: Phase, depth: ProbeDepth,
+                           stage_default: str = "probe") -> Verdict:
+    """The live-probe Verdict that an exception from building `phase` of a graph on `backend` means.
+
+    CudnnUnsupported is UNSUPPORTED and ProbeFailure FAILED, each with its stage, message, detail
+    and the timings of the stages that ran. Any other exception is FAILED at `stage_default`, with
+    "<type>: <text>" as message and detail.
+    """
+    if isinstance(err, (CudnnUnsupported, ProbeFailure)):
+        outcome = Outcome.UNSUPPORTED if isinstance(err, CudnnUnsupported) else Outcome.FAILED
+        return Verdict(
+            backend=backend, phase=phase, outcome=outcome, stage=err.stage, message=err.message,
+            detail=err.detail, provenance=Provenance.LIVE_PROBE, depth=depth,
+            timings_ms=tuple((name, float(ms)) for name, ms in err.timings_ms.items()),
+        )
+    text = f"{type(err).__name__}: {err}"
+    return Verdict(
+        backend=backend, phase=phase, outcome=Outcome.FAILED, stage=stage_default, message=text,
+        detail=text, provenance=Provenance.LIVE_PROBE, depth=depth,
+    )

@@ -14,8 +14,12 @@ from fusedattn_select import AttnConfig, Backend
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import SnapshotError
 from fusedattn_select.probing import discover_engine
-from fusedattn_select.probing.recorder import record_snapshot, summarize, write_snapshot
 from fusedattn_select.probing.snapshot import SCHEMA, SnapshotEngine, read_header
+from fusedattn_select.selection.recorder import (
+    record_snapshot,
+    summarize,
+    write_snapshot,
+)
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Outcome, Phase, ProbeDepth, Provenance
 

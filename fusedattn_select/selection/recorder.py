@@ -21,7 +21,6 @@ from fusedattn_select.config_files import NamedConfig, load_config_file
 from fusedattn_select.errors import SnapshotError
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.probing.snapshot import SCHEMA
-from fusedattn_select.selection.rules import phases_for
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Outcome, ProbeDepth, Provenance, Verdict
 
@@ -39,7 +38,7 @@ def _failed_verdicts(named: NamedConfig, depth: ProbeDepth, err: Exception) -> t
     return tuple(
         Verdict(cfg.candidate, phase, Outcome.FAILED, "recorder", message, message,
                 Provenance.LIVE_PROBE, depth)
-        for phase in phases_for(cfg)
+        for phase in cfg.phases
     )
 
 
@@ -56,13 +55,11 @@ def record_snapshot(
     verdicts, FAILED probes as failed; nothing is skipped. `jobs` > 1 probes entries on threads
     (this overlaps the Python around the probes; cuDNN's plan builds themselves hold the GIL).
     """
-    from fusedattn_select.probing.snapshot import SnapshotEngine
-
-    if isinstance(engine, SnapshotEngine) or getattr(engine, "provenance", None) is Provenance.SNAPSHOT:
+    if engine.provenance is Provenance.SNAPSHOT:
         raise SnapshotError(
             f"refusing to record from {engine.name}: snapshots are recorded from a live device only"
         )
-    probe_depth = ProbeDepth(depth)
+    probe_depth = ProbeDepth.parse(depth, "depth")
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be >= 1")
     paths = [Path(p) for p in paths]
