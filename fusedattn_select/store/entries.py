@@ -11,6 +11,7 @@ import enum
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from fusedattn_select.types import Fingerprint, Outcome, ProbeDepth, Verdict
@@ -49,8 +50,19 @@ def fingerprint_key(fingerprint: Fingerprint | str | None) -> str | None:
     return fingerprint.key()
 
 
-def checked_entry(fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict],
-                  depth: ProbeDepth | str) -> tuple[tuple[Verdict, ...], ProbeDepth]:
+@dataclass(frozen=True)
+class NewEntry:
+    """A decision handed to put(): checked, encoded and sized once for whichever store keeps it."""
+
+    verdicts: tuple[Verdict, ...]
+    depth: ProbeDepth
+    fp_key: str
+    key: str
+    text: str  # the verdicts as the JSON a database row and an export file hold
+    size: int  # what it counts against max_bytes: the encoded verdicts and the two keys
+
+
+def new_entry(fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], depth: ProbeDepth | str) -> NewEntry:
     """put()'s arguments, checked (TypeError or ValueError): FAILED verdicts are never stored."""
     check_fingerprint(fingerprint)
     check_key("key", key)
@@ -67,7 +79,10 @@ def checked_entry(fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict
         depth = ProbeDepth(depth)
     except ValueError:
         raise ValueError(f"depth={depth!r}: must be 'fast' or 'full'") from None
-    return verdicts, depth
+    fp_key = fingerprint.key()
+    # Not sort_keys: timings_ms is an ordered mapping (the cuDNN steps in the order they ran).
+    text = json.dumps([v.to_dict() for v in verdicts], separators=(",", ":"))
+    return NewEntry(verdicts, depth, fp_key, key, text, len(text.encode()) + len(fp_key) + len(key))
 
 
 def plan_to_store(fingerprint: Fingerprint, plan_key: str, blob: bytes, max_bytes: int) -> bytes | None:
@@ -86,16 +101,6 @@ def plan_to_store(fingerprint: Fingerprint, plan_key: str, blob: bytes, max_byte
 
 
 # ----- encoding -----------------------------------------------------------------------------------
-def encode_verdicts(verdicts: tuple[Verdict, ...]) -> str:
-    # Not sort_keys: timings_ms is an ordered mapping (the cuDNN steps in the order they ran).
-    return json.dumps([v.to_dict() for v in verdicts], separators=(",", ":"))
-
-
-def verdict_row_size(fp_key: str, key: str, text: str) -> int:
-    """The bytes a decision counts against max_bytes: its encoded verdicts and its two keys."""
-    return len(text.encode()) + len(fp_key) + len(key)
-
-
 def sha256(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()
 

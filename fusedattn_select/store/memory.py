@@ -13,18 +13,16 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Iterable
 
 from fusedattn_select.store.entries import (
+    NewEntry,
     Written,
     check_fingerprint,
-    checked_entry,
-    encode_verdicts,
+    new_entry,
     plan_export_row,
     plan_to_store,
     verdict_export_row,
-    verdict_row_size,
 )
 from fusedattn_select.store.locks import KeyLocks
 from fusedattn_select.store.protocol import (
@@ -38,20 +36,11 @@ from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
 
 
-@dataclass(frozen=True)
-class _MemoryEntry:
-    verdicts: tuple[Verdict, ...]
-    depth: ProbeDepth
-    size: int
-    created: float
-
-
 class MemoryStore:
     """Decisions and plans in this process's memory, least recently used last in each dict."""
 
     kind = "memory"
     path = None
-    directory = None
     persistent = False
     plans_enabled = True
 
@@ -59,7 +48,8 @@ class MemoryStore:
         self.max_bytes = resolve_max_bytes(max_bytes)
         self._key_locks = KeyLocks()
         self._lock = threading.Lock()
-        self._verdicts: OrderedDict[tuple[str, str], _MemoryEntry] = OrderedDict()
+        # (fingerprint key, key) -> (entry, when it was stored)
+        self._verdicts: OrderedDict[tuple[str, str], tuple[NewEntry, float]] = OrderedDict()
         self._plans: OrderedDict[tuple[str, str], bytes] = OrderedDict()
         self._fingerprints: dict[str, Fingerprint] = {}
 
@@ -67,30 +57,27 @@ class MemoryStore:
     def get(self, fingerprint: Fingerprint, key: str) -> Entry | None:
         check_fingerprint(fingerprint)
         with self._lock:
-            entry = self._verdicts.get((fingerprint.key(), key))
-            if entry is None:
+            stored = self._verdicts.get((fingerprint.key(), key))
+            if stored is None:
                 return None
             self._verdicts.move_to_end((fingerprint.key(), key))
-            return entry.verdicts, entry.depth
+            return stored[0].verdicts, stored[0].depth
 
     def put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], depth: ProbeDepth | str) -> bool:
         """False when a FULL entry was kept."""
-        return self._put(fingerprint, key, verdicts, depth) is Written.STORED
+        return self._put(fingerprint, new_entry(fingerprint, key, verdicts, depth)) is Written.STORED
 
-    def _put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict],
-             depth: ProbeDepth | str) -> Written:
-        verdicts, depth = checked_entry(fingerprint, key, verdicts, depth)
-        fp_key = fingerprint.key()
-        size = verdict_row_size(fp_key, key, encode_verdicts(verdicts))
+    def _put(self, fingerprint: Fingerprint, entry: NewEntry) -> Written:
+        row_key = (entry.fp_key, entry.key)
         with self._lock:
-            stored = self._verdicts.get((fp_key, key))
-            if stored is not None and stored.depth is ProbeDepth.FULL and depth is ProbeDepth.FAST:
-                self._verdicts.move_to_end((fp_key, key))
+            stored = self._verdicts.get(row_key)
+            if stored is not None and stored[0].depth is ProbeDepth.FULL and entry.depth is ProbeDepth.FAST:
+                self._verdicts.move_to_end(row_key)
                 return Written.KEPT_FULL
-            self._fingerprints.setdefault(fp_key, fingerprint)
-            self._verdicts[(fp_key, key)] = _MemoryEntry(verdicts, depth, size, time.time())
-            self._verdicts.move_to_end((fp_key, key))
-            self._evict(keep=("verdicts", (fp_key, key)))
+            self._fingerprints.setdefault(entry.fp_key, fingerprint)
+            self._verdicts[row_key] = (entry, time.time())
+            self._verdicts.move_to_end(row_key)
+            self._evict(keep=("verdicts", row_key))
         return Written.STORED
 
     # ----- plans -------------------------------------------------------------------------------
@@ -147,8 +134,8 @@ class MemoryStore:
     def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict]]:
         with self._lock:
             verdicts = [
-                verdict_export_row(fp, key, e.depth, e.verdicts, e.created)
-                for (fp, key), e in sorted(self._verdicts.items()) if fingerprint_key in (None, fp)
+                verdict_export_row(fp, key, entry.depth, entry.verdicts, created)
+                for (fp, key), (entry, created) in sorted(self._verdicts.items()) if fingerprint_key in (None, fp)
             ]
             plans = [
                 plan_export_row(fp, key, blob)
@@ -162,7 +149,7 @@ class MemoryStore:
 
     # ----- size bound --------------------------------------------------------------------------
     def _payload_bytes(self) -> int:
-        return sum(len(blob) for blob in self._plans.values()) + sum(e.size for e in self._verdicts.values())
+        return sum(len(blob) for blob in self._plans.values()) + sum(e.size for e, _ in self._verdicts.values())
 
     def _evict(self, keep: tuple[str, tuple[str, str]]) -> None:
         """Least recently used first, plans before decisions, down to 90% of max_bytes."""
@@ -177,4 +164,4 @@ class MemoryStore:
                 if (table, row_key) == keep:
                     continue
                 value = rows.pop(row_key)
-                total -= len(value) if isinstance(value, bytes) else value.size
+                total -= len(value) if isinstance(value, bytes) else value[0].size

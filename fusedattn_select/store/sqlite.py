@@ -24,16 +24,15 @@ from typing import Iterable
 from fusedattn_select.store.database import DATA_TABLES, Database, StoreFailure
 from fusedattn_select.store.entries import (
     BadEntry,
+    NewEntry,
     Written,
     check_fingerprint,
-    checked_entry,
-    encode_verdicts,
+    new_entry,
     parse_row,
     plan_export_row,
     plan_to_store,
     sha256,
     verdict_export_row,
-    verdict_row_size,
 )
 from fusedattn_select.store.locks import KeyLocks, LockFiles
 from fusedattn_select.store.protocol import (
@@ -104,14 +103,10 @@ class PersistentStore:
 
     def put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], depth: ProbeDepth | str) -> bool:
         """False when a FULL entry was kept or the write failed (logged)."""
-        return self._put(fingerprint, key, verdicts, depth) is Written.STORED
+        return self._put(fingerprint, new_entry(fingerprint, key, verdicts, depth)) is Written.STORED
 
-    def _put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict],
-             depth: ProbeDepth | str) -> Written:
-        verdicts, depth = checked_entry(fingerprint, key, verdicts, depth)
-        fp_key = fingerprint.key()
-        text = encode_verdicts(verdicts)
-        size = verdict_row_size(fp_key, key, text)
+    def _put(self, fingerprint: Fingerprint, entry: NewEntry) -> Written:
+        fp_key, key, depth = entry.fp_key, entry.key, entry.depth
 
         def write(conn: sqlite3.Connection) -> Written:
             now = time.time()
@@ -129,7 +124,7 @@ class PersistentStore:
                 " ON CONFLICT (fingerprint_key, config_key) DO UPDATE SET depth = excluded.depth,"
                 " verdicts = excluded.verdicts, size = excluded.size, created = excluded.created,"
                 " last_used = excluded.last_used",
-                (fp_key, key, depth.value, text, size, now, now),
+                (fp_key, key, depth.value, entry.text, entry.size, now, now),
             )
             rowid = conn.execute("SELECT rowid FROM verdicts WHERE fingerprint_key = ? AND config_key = ?",
                                  (fp_key, key)).fetchone()[0]

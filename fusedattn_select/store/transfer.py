@@ -14,19 +14,21 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Protocol
 
 from fusedattn_select._version import __version__
 from fusedattn_select.store.entries import (
     BadEntry,
+    NewEntry,
     Written,
     fingerprint_key,
+    new_entry,
     parse_depth,
     parse_verdicts,
     sha256,
 )
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheError, ImportReport
-from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
+from fusedattn_select.types import Fingerprint
 
 log = logging.getLogger("fusedattn_select")
 
@@ -39,9 +41,8 @@ class Transferable(Protocol):
     def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict]]:
         """(fingerprint descriptions by key, decision rows, plan rows) of valid entries."""
 
-    def _put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict],
-             depth: ProbeDepth | str) -> Written:
-        """put(), saying what became of the decision."""
+    def _put(self, fingerprint: Fingerprint, entry: NewEntry) -> Written:
+        """put() of a checked entry, saying what became of it."""
 
     def _plan_refusal(self) -> str:
         """Why plans may not be written to this store ("" when they may)."""
@@ -126,7 +127,7 @@ def _import_decision(store: Transferable, fingerprint: Fingerprint, row: dict) -
         depth = parse_depth(row.get("depth"))
     except BadEntry as err:
         return str(err)
-    written = store._put(fingerprint, key, verdicts, depth)
+    written = store._put(fingerprint, new_entry(fingerprint, key, verdicts, depth))
     if written is Written.STORED:
         return ""
     if written is Written.KEPT_FULL:
