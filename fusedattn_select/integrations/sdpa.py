@@ -34,11 +34,10 @@ import torch
 import torch.nn.functional
 
 from fusedattn_select.runtime.api import attention
+from fusedattn_select.runtime.fallback import torch_sdpa  # torch's own SDPA, never the patched attribute
 
 __all__ = ["install", "is_installed", "routed", "scaled_dot_product_attention", "torch_sdpa"]
 
-# torch's implementation itself (torch.nn.functional's attribute is this object until patched).
-torch_sdpa = torch._C._nn.scaled_dot_product_attention
 _FUSABLE_DTYPES = (torch.float16, torch.bfloat16)  # float32 has no fused kernel: straight to torch
 
 

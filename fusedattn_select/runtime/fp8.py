@@ -37,9 +37,6 @@ S_SCALE = 64.0
 _MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32: 2.0 ** 100}
 _TINY = 2.0 ** -100
 
-TORCH_FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-FP8_NAMES = {dtype: name for name, dtype in TORCH_FP8.items()}
-
 # The saved FP8 state of one call: a float32 vector with these entries.
 STATE = ("descale_q", "descale_k", "descale_v", "amax_q", "amax_k", "amax_v", "vnorm", "descale_o")
 _AT = {name: i for i, name in enumerate(STATE)}
@@ -94,13 +91,6 @@ def pow2_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, limit: float = 0.0
     amax = amax.float().clamp(min=_TINY)
     scale = torch.exp2(torch.floor(torch.log2(top / amax)))
     return scale.clamp(max=_MAX_SCALE.get(compute_dtype, 2.0 ** 100))
-
-
-def quantize(x: torch.Tensor, fp8_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x in fp8, descale) with a power-of-two current scale; descale is float32 with shape (1,)."""
-    x = x.detach()
-    scale = pow2_scale(x.abs().amax(), fp8_dtype, compute_dtype=x.dtype).reshape(1)
-    return (x * scale.to(x.dtype)).to(fp8_dtype), scale.reciprocal()
 
 
 def dequantize(x8: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -158,13 +148,13 @@ def forward_feeds(plan, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, st
     return feeds
 
 
-def backward_feeds(plan, cfg, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, state: torch.Tensor,
-                   out: torch.Tensor, grad_out: torch.Tensor, stats: torch.Tensor
+def backward_feeds(plan, cfg, saved: tuple, out: torch.Tensor, grad_out: torch.Tensor, stats: torch.Tensor
                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(inputs of an sdpa_fp8_backward graph except masks/sink/seqlens, descales of its FP8 outputs).
 
-    `out` is the output returned by the forward pass (dequantized when O was FP8: quantizing it
+    `saved` is the forward's (q8, k8, v8, state); `out` is the output returned by the forward pass (dequantized when O was FP8: quantizing it
     again with descale_o restores the forward's O exactly)."""
+    q8, k8, v8, state = saved
     feeds = {
         "q": plan.conform("q", q8), "k": plan.conform("k", k8), "v": plan.conform("v", v8),
         "stats": plan.conform("stats", stats),

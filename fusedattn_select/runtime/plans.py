@@ -1,6 +1,6 @@
 """Built cuDNN plans for dispatch: one per (problem, phase), found by dict lookup, run on the caller's stream.
 
-A `Plan` wraps one graph that `probing.cudnn.build_graph` built to `ProbeDepth.FULL`. It knows, for
+A `Plan` wraps one graph that `probing.cudnn.graphs.build_graph` built to `ProbeDepth.FULL`. It knows, for
 every named tensor of the graph, the dims, strides and dtype it was declared with, so binding a
 caller tensor is a stride comparison (and a free `as_strided` view when only size-1 dims differ),
 and allocating an output is one `torch.empty_strided`. Constant scalars (zero sink, FP8 unit
@@ -12,7 +12,7 @@ Building is the only slow step (a few hundred ms per graph: kernels are compiled
 for why plans are built without cuDNN's kernel cache. `obtain_plan` finds a plan in this order:
 the process's plans (one per device and plan key, shared by every call signature that runs the
 same graph), the persistent store (a serialized graph from an earlier process or from warmup(),
-deserialized in ~20 ms; plan_store.py), and only then a build, whose serialized graph is stored
+deserialized in ~20 ms; probing/cudnn/plans.py), and only then a build, whose serialized graph is stored
 for the next process. `plan_stats()` counts builds and loads separately so tests can assert the
 hot path (and a process started over a warmed cache) builds nothing.
 """
@@ -24,48 +24,39 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
 
 import torch
 
+from fusedattn_select import dtypes
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.probing.cudnn import plans as plan_store
+from fusedattn_select.probing.cudnn.plan_blob import (
+    PlanBlobError,
+    StoredGraph,
+    cudnn_type_name,
+    deserialize_graph,
+    serialize_build,
+)
+from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
+from fusedattn_select.selection.selector import Selector
 from fusedattn_select.selection.single_flight import OncePerKey
-from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Verdict
+from fusedattn_select.store.protocol import Store
+from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Verdict
+
+if TYPE_CHECKING:
+    from fusedattn_select.probing.cudnn.engine import CudnnEngine
 
 log = logging.getLogger("fusedattn_select")
 
-# Tensors a graph writes, per phase; every other named tensor is an input the caller or the plan
-# provides. O and the softmax stats are outputs of the forward graph and inputs of the backward one.
-OUTPUT_NAMES = {
-    Phase.FORWARD: frozenset({"o", "stats", "max_logit", "amax_s", "amax_o"}),
-    Phase.BACKWARD: frozenset({"dQ", "dK", "dV", "dBias", "dSink_token", "amax_dP", "amax_dQ", "amax_dK", "amax_dV"}),
-}
 # Outputs whose padded rows cuDNN leaves unwritten: allocated zeroed under a padding mask so the
 # result matches reference.py (padded query rows and padded keys get 0).
 ZEROED_WITH_PADDING = frozenset({"o", "dQ", "dK", "dV"})
 
 
-def _torch_dtype(cudnn_dtype: Any) -> torch.dtype:
-    import cudnn
-
-    table = {
-        cudnn.data_type.HALF: torch.float16,
-        cudnn.data_type.BFLOAT16: torch.bfloat16,
-        cudnn.data_type.FLOAT: torch.float32,
-        cudnn.data_type.DOUBLE: torch.float64,
-        cudnn.data_type.INT32: torch.int32,
-        cudnn.data_type.INT64: torch.int64,
-        cudnn.data_type.INT8: torch.int8,
-        cudnn.data_type.UINT8: torch.uint8,
-        cudnn.data_type.BOOLEAN: torch.bool,
-        cudnn.data_type.FP8_E4M3: torch.float8_e4m3fn,
-        cudnn.data_type.FP8_E5M2: torch.float8_e5m2,
-    }
-    try:
-        return table[cudnn_dtype]
-    except KeyError:
-        raise TypeError(f"cuDNN data type {cudnn_dtype} has no torch equivalent") from None
+def _torch_dtype(data_type: Any) -> torch.dtype:
+    """The torch dtype of a cudnn.data_type member."""
+    return dtypes.torch_dtype(dtypes.from_cudnn(data_type), torch)
 
 
 @dataclass(frozen=True)
@@ -119,8 +110,8 @@ class PlanBuildError(Exception):
 class Plan:
     """One built graph, ready to execute: named inputs in, freshly allocated named outputs back.
 
-    `build` is a probing.cudnn_graphs.GraphBuild (tensors are the graph's tensor objects) or a
-    plan_store.StoredGraph (a deserialized graph; tensors are uids): both bind the same way.
+    `build` is a probing.cudnn.graphs.GraphBuild (tensors are the graph's tensor objects) or a
+    plan_blob.StoredGraph (a deserialized graph; tensors are uids): both bind the same way.
     """
 
     def __init__(self, build: Any, phase: Phase, device: torch.device, cfg: AttnConfig) -> None:
@@ -335,7 +326,7 @@ _plans: OncePerKey[Plan] = OncePerKey()
 
 
 def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, *,
-                selector: Any = None) -> Plan:
+                selector: Optional[Selector] = None) -> Plan:
     """The plan for `phase` of `cfg` on `backend` and `device`: this process's, the store's, or built.
 
     `selector` (the Selector that chose `backend`) provides the persistent store and the
@@ -348,20 +339,21 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         with torch.cuda.device(index), cudnn_probe.device_context(index):
-            signature = plan_store.graph_signature(cfg, backend, phase, handle=cudnn_probe.handle_for(index))
-        key = plan_store.plan_key(cfg, backend, phase, signature)
+            key, signature = plan_store.dispatch_plan_key(cfg, backend, phase, handle=cudnn_probe.handle_for(index))
     except Exception as err:  # noqa: BLE001 - a graph the frontend cannot describe will not build
         log.debug("fusedattn_select: no plan key for %s %s (%s: %s); building", cfg.cache_key(), phase.value,
                   type(err).__name__, err)
         return build_plan(cfg, backend, phase, device)
-    plan, _ = _plans.get_or_build(
-        (index, key), lambda: _load_or_build(cfg, backend, phase, device, index, key, signature, selector))
+    plan_key = plan_store.PlanKey(key, signature)
+    plan, _ = _plans.get_or_build((index, key), lambda: _load_or_build(cfg, backend, phase, device, plan_key, selector))
     return plan
 
 
-def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, index: int, key: str,
-                   signature: plan_store.GraphSignature, selector: Any) -> Plan:
+def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device,
+                   plan_key: plan_store.PlanKey, selector: Optional[Selector]) -> Plan:
     from fusedattn_select.probing.cudnn import engine as cudnn_probe
+    key, signature = plan_key
+    index = device.index if device.index is not None else torch.cuda.current_device()
     store, fingerprint = _persistence(selector, index)
 
     def build() -> Plan:
@@ -370,7 +362,7 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
     def load(blob: bytes) -> Plan:
         started = time.perf_counter()
         with torch.cuda.device(index), cudnn_probe.device_context(index):
-            stored = plan_store.deserialize_graph(blob, key, handle=cudnn_probe.handle_for(index))
+            stored = deserialize_graph(blob, key, handle=cudnn_probe.handle_for(index))
         _check_signature(stored, signature)
         plan = Plan(stored, phase, device, cfg)
         with _stats_lock:
@@ -380,7 +372,7 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
 
     plan, origin = plan_store.obtain(
         key, store=store, fingerprint=fingerprint, build=build, load=load,
-        serialize=lambda built: plan_store.serialize_build(built.source, key),
+        serialize=lambda built: serialize_build(built.source, key),
     )
     plan.source = None  # serialized (or not persisted): the plan needs only its graph
     if origin == plan_store.REBUILT:
@@ -389,37 +381,37 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
     return plan
 
 
-def _check_signature(stored: Any, signature: plan_store.GraphSignature) -> None:
+def _check_signature(stored: StoredGraph, signature: plan_store.GraphSignature) -> None:
     """A loaded graph must bind exactly the tensors its plan key was computed from."""
     for name, (dims, strides, dtype) in signature.tensors.items():
         if name not in stored.tensors:
-            raise plan_store.PlanBlobError(f"the stored graph has no tensor {name!r}")
+            raise PlanBlobError(f"the stored graph has no tensor {name!r}")
         got_dims, got_strides = stored.dims_strides[name]
-        got_dtype = plan_store._dtype_name(stored.data_types[name])
+        got_dtype = cudnn_type_name(stored.data_types[name])
         if (tuple(got_dims), tuple(got_strides), got_dtype) != (tuple(dims), tuple(strides), dtype):
-            raise plan_store.PlanBlobError(
+            raise PlanBlobError(
                 f"tensor {name!r} is {got_dims}/{got_strides}/{got_dtype} in the stored graph, "
                 f"{dims}/{strides}/{dtype} in this one")
     extra = set(stored.tensors) - set(signature.tensors)
     if extra:
-        raise plan_store.PlanBlobError(f"the stored graph binds tensors this one lacks: {sorted(extra)}")
+        raise PlanBlobError(f"the stored graph binds tensors this one lacks: {sorted(extra)}")
 
 
-def _persistence(selector: Any, index: int) -> tuple[Any, Any]:
+def _persistence(selector: Optional[Selector], index: int) -> tuple[Optional[Store], Optional[Fingerprint]]:
     """(store, fingerprint) to load and persist plans of device `index` with, or (None, None)."""
-    store = getattr(selector, "store", None)
-    fingerprint = getattr(selector, "fingerprint", None)
-    engine = getattr(selector, "engine", None)
-    if not plan_store.persists_plans(store) or getattr(fingerprint, "platform", "") != "cuda":
+    if selector is None or not plan_store.persists_plans(selector.store):
         return None, None
-    if getattr(engine, "name", "") != "cudnn":  # a snapshot's fingerprint is not this machine's
+    fingerprint, engine = selector.fingerprint, selector.engine
+    if fingerprint.platform != "cuda":
         return None, None
-    if getattr(engine, "device", None) != index and not _same_kind(fingerprint, index):
+    if engine is None or engine.name != "cudnn":  # a snapshot's fingerprint is not this machine's
         return None, None
-    return store, fingerprint
+    if cast("CudnnEngine", engine).device != index and not _same_kind(fingerprint, index):
+        return None, None
+    return selector.store, fingerprint
 
 
-def _same_kind(fingerprint: Any, index: int) -> bool:
+def _same_kind(fingerprint: Fingerprint, index: int) -> bool:
     """Whether device `index` is the kind of GPU the fingerprint describes (name, arch, SM count)."""
     try:
         props = torch.cuda.get_device_properties(index)

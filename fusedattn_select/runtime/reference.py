@@ -44,13 +44,17 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 __all__ = [
     "MASK_TYPES",
     "SOFTMAX_TYPES",
+    "ReferenceOptions",
+    "ReferenceTensors",
+    "attend",
     "reference_attention",
     "reference_attention_bshd",
 ]
@@ -165,91 +169,96 @@ def _resolve_bottom_right(mask: str, bottom_right_diagonal: Optional[bool]) -> b
     return bottom_right_diagonal
 
 
-def reference_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    mask: str = "no_mask",
-    window_size: Tuple[int, int] = (-1, -1),
-    attn_scale: Optional[float] = None,
-    dropout: float = 0.0,
-    bias: Optional[torch.Tensor] = None,
-    alibi_slopes: Optional[torch.Tensor] = None,
-    softmax: str = "vanilla",
-    sink: Optional[torch.Tensor] = None,
-    seqlens_q: Optional[torch.Tensor] = None,
-    seqlens_kv: Optional[torch.Tensor] = None,
-    bottom_right_diagonal: Optional[bool] = None,
-    softcap: Optional[float] = None,
-    generator: Optional[torch.Generator] = None,
-    return_lse: bool = False,
-    compute_dtype: torch.dtype = torch.float32,
-) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """Scaled-dot-product attention computed in ``compute_dtype`` (float32 by default).
+@dataclass(frozen=True, eq=False)
+class ReferenceOptions:
+    """The non-tensor arguments of the reference (checked by ``attend``).
 
-    Args:
-        q: queries, logical shape (B, Hq, Sq, Dqk).
-        k: keys, logical shape (B, Hkv, Skv, Dqk); ``Hq % Hkv == 0``.
-        v: values, logical shape (B, Hkv, Skv, Dv).
-        mask: one of ``MASK_TYPES`` (TransformerEngine names).
-        window_size: sliding window ``(left, right)``; ``-1`` means unbounded.
-        attn_scale: score multiplier; ``None`` means ``1 / sqrt(Dqk)``.
-        dropout: probability in [0, 1) of dropping an attention probability.
-        bias: additive post-scale bias, 4-D and broadcastable to (B, Hq, Sq, Skv).
-        alibi_slopes: ALiBi slopes of shape (Hq,) or (B, Hq).
-        softmax: one of ``SOFTMAX_TYPES``.
-        sink: per-head extra logit of shape (Hq,); required iff ``softmax="learnable"``.
-        seqlens_q: actual query lengths (B,), required iff the mask is a padding mask.
-        seqlens_kv: actual key/value lengths (B,), required iff the mask is a padding mask.
-        bottom_right_diagonal: diagonal alignment for the window and ALiBi; ``None``
-            derives it from ``mask`` (True for ``*_bottom_right``, else False).  With
-            a causal mask it must agree with the mask.
-        softcap: if set (> 0), scores become ``softcap * tanh(scores / softcap)``.
-        generator: random generator for dropout.
-        return_lse: also return the log-sum-exp of each row.
-        compute_dtype: internal precision, ``torch.float32`` or ``torch.float64``.
-
-    Returns:
-        The output (B, Hq, Sq, Dv) in ``q.dtype``; with ``return_lse`` also the
-        log-sum-exp (B, Hq, Sq, 1) in ``compute_dtype``.  See the module docstring
-        for the masking, ALiBi, padding and fully-masked-row conventions.
-
-    Raises:
-        ValueError: an argument has the wrong type, shape, or value.
+    mask: one of ``MASK_TYPES`` (TransformerEngine names).
+    window_size: sliding window ``(left, right)``; ``-1`` means unbounded.
+    attn_scale: score multiplier; ``None`` means ``1 / sqrt(Dqk)``.
+    dropout: probability in [0, 1) of dropping an attention probability.
+    softmax: one of ``SOFTMAX_TYPES``.
+    bottom_right_diagonal: diagonal alignment for the window and ALiBi; ``None`` derives it from
+        ``mask`` (True for ``*_bottom_right``, else False).  With a causal mask it must agree.
+    softcap: if set (> 0), scores become ``softcap * tanh(scores / softcap)``.
+    generator: random generator for dropout.
+    return_lse: also return the log-sum-exp of each row.
+    compute_dtype: internal precision, ``torch.float32`` or ``torch.float64``.
     """
-    _check_qkv(q, k, v)
-    batch, hq, sq, dqk = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
-    device = q.device
 
-    if compute_dtype not in _FLOAT_COMPUTE_DTYPES:
-        raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {compute_dtype}")
+    mask: str = "no_mask"
+    window_size: Tuple[int, int] = (-1, -1)
+    attn_scale: Optional[float] = None
+    dropout: float = 0.0
+    softmax: str = "vanilla"
+    bottom_right_diagonal: Optional[bool] = None
+    softcap: Optional[float] = None
+    generator: Optional[torch.Generator] = None
+    return_lse: bool = False
+    compute_dtype: torch.dtype = torch.float32
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceTensors:
+    """The optional tensors of the reference.
+
+    bias: additive post-scale bias, 4-D and broadcastable to (B, Hq, Sq, Skv).
+    alibi_slopes: ALiBi slopes of shape (Hq,) or (B, Hq).
+    sink: per-head extra logit of shape (Hq,); required iff ``softmax="learnable"``.
+    seqlens_q, seqlens_kv: actual lengths (B,), required iff the mask is a padding mask.
+    """
+
+    bias: Optional[torch.Tensor] = None
+    alibi_slopes: Optional[torch.Tensor] = None
+    sink: Optional[torch.Tensor] = None
+    seqlens_q: Optional[torch.Tensor] = None
+    seqlens_kv: Optional[torch.Tensor] = None
+
+
+class _Scalars(NamedTuple):
+    """Checked scalar options."""
+
+    scale: float
+    left: int
+    right: int
+    bottom_right: bool
+    dropout: float
+    softcap: Optional[float]
+
+
+def _check_options(options: ReferenceOptions, head_dim: int) -> _Scalars:
+    if options.compute_dtype not in _FLOAT_COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {options.compute_dtype}")
+    mask, softmax = options.mask, options.softmax
     if not isinstance(mask, str) or mask not in MASK_TYPES:
         raise ValueError(f"mask must be one of {MASK_TYPES}, got {mask!r}")
     if not isinstance(softmax, str) or softmax not in SOFTMAX_TYPES:
         raise ValueError(f"softmax must be one of {SOFTMAX_TYPES}, got {softmax!r}")
-    left, right = _check_window(window_size)
-    bottom_right = _resolve_bottom_right(mask, bottom_right_diagonal)
-
+    left, right = _check_window(options.window_size)
+    bottom_right = _resolve_bottom_right(mask, options.bottom_right_diagonal)
+    attn_scale, dropout, softcap = options.attn_scale, options.dropout, options.softcap
     if attn_scale is None:
-        scale = 1.0 / math.sqrt(dqk)
+        scale = 1.0 / math.sqrt(head_dim)
     elif _is_real(attn_scale) and math.isfinite(float(attn_scale)):
         scale = float(attn_scale)
     else:
         raise ValueError(f"attn_scale must be None or a finite real number, got {attn_scale!r}")
     if not _is_real(dropout) or not (0.0 <= float(dropout) < 1.0):
         raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
-    dropout = float(dropout)
     if softcap is not None:
         if not _is_real(softcap) or not (math.isfinite(float(softcap)) and float(softcap) > 0.0):
             raise ValueError(f"softcap must be None or a positive finite number, got {softcap!r}")
         softcap = float(softcap)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
-    if not isinstance(return_lse, bool):
-        raise ValueError(f"return_lse must be a bool, got {return_lse!r}")
+    if options.generator is not None and not isinstance(options.generator, torch.Generator):
+        raise ValueError(f"generator must be None or a torch.Generator, got {type(options.generator).__name__}")
+    if not isinstance(options.return_lse, bool):
+        raise ValueError(f"return_lse must be a bool, got {options.return_lse!r}")
+    return _Scalars(scale, left, right, bottom_right, float(dropout), softcap)
 
+
+def _check_extras(tensors: ReferenceTensors, q: torch.Tensor, skv: int, softmax: str) -> None:
+    batch, hq, sq = q.shape[0], q.shape[1], q.shape[2]
+    bias, alibi_slopes, sink = tensors.bias, tensors.alibi_slopes, tensors.sink
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
             raise ValueError("bias must be a floating-point torch.Tensor")
@@ -274,77 +283,149 @@ def reference_attention(
     elif sink is not None:
         raise ValueError(f"sink is only accepted with softmax='learnable', got softmax={softmax!r}")
 
-    lens_q = _check_seqlens("seqlens_q", seqlens_q, batch, sq, device, mask)
-    lens_kv = _check_seqlens("seqlens_kv", seqlens_kv, batch, skv, device, mask)
+
+def _lengths(tensors: ReferenceTensors, q: torch.Tensor, skv: int, mask: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Actual (seqlens_q, seqlens_kv) as long tensors: the given ones, or the full lengths."""
+    batch, sq, device = q.shape[0], q.shape[2], q.device
+    lens_q = _check_seqlens("seqlens_q", tensors.seqlens_q, batch, sq, device, mask)
+    lens_kv = _check_seqlens("seqlens_kv", tensors.seqlens_kv, batch, skv, device, mask)
     if lens_q is None:
         lens_q = torch.full((batch,), sq, dtype=torch.long, device=device)
         lens_kv = torch.full((batch,), skv, dtype=torch.long, device=device)
+    return lens_q, lens_kv
 
-    # ---- scores ---------------------------------------------------------
-    group = hq // hkv
-    qf = q.to(compute_dtype)
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scalars: _Scalars, bias: Optional[torch.Tensor],
+            compute_dtype: torch.dtype) -> torch.Tensor:
+    """(B, Hq, Sq, Skv) post-scale, post-softcap, post-bias scores; K repeated for GQA/MQA."""
+    group = q.shape[1] // k.shape[1]
     kf = k.to(compute_dtype)
-    vf = v.to(compute_dtype)
     if group > 1:
         kf = kf.repeat_interleave(group, dim=1)
-        vf = vf.repeat_interleave(group, dim=1)
-    scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # (B, Hq, Sq, Skv)
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
+    scores = torch.matmul(q.to(compute_dtype), kf.transpose(-1, -2)) * scalars.scale
+    if scalars.softcap is not None:
+        scores = scalars.softcap * torch.tanh(scores / scalars.softcap)
     if bias is not None:
-        scores = scores + bias.to(device=device, dtype=compute_dtype)
+        scores = scores + bias.to(device=q.device, dtype=compute_dtype)
+    return scores
 
+
+class _Rows(NamedTuple):
+    """Per-row facts: the key index on each row's diagonal, which query rows are real."""
+
+    diag: torch.Tensor       # (B, 1, Sq, 1)
+    row_valid: torch.Tensor  # (B, 1, Sq, 1)
+    keys: torch.Tensor       # (1, 1, 1, Skv): key indices
+
+
+def _rows(lens_q: torch.Tensor, lens_kv: torch.Tensor, sq: int, skv: int, bottom_right: bool) -> _Rows:
+    batch, device = lens_q.shape[0], lens_q.device
     i = torch.arange(sq, device=device).view(1, 1, sq, 1)
     j = torch.arange(skv, device=device).view(1, 1, 1, skv)
     if bottom_right:
         offset = (lens_kv - lens_q).view(batch, 1, 1, 1)
     else:
         offset = torch.zeros((batch, 1, 1, 1), dtype=torch.long, device=device)
-    diag = i + offset  # (B, 1, Sq, 1): key index on the diagonal of row i
+    return _Rows(i + offset, i < lens_q.view(batch, 1, 1, 1), j)
 
-    if alibi_slopes is not None:
-        slopes = alibi_slopes.to(device=device, dtype=compute_dtype)
-        slopes = slopes.view(1, hq, 1, 1) if slopes.dim() == 1 else slopes.view(batch, hq, 1, 1)
-        scores = scores + slopes * (j - diag).to(compute_dtype)
 
-    # ---- mask -----------------------------------------------------------
-    row_valid = i < lens_q.view(batch, 1, 1, 1)  # (B, 1, Sq, 1)
-    allowed = (j < lens_kv.view(batch, 1, 1, 1)) & row_valid  # (B, 1, Sq, Skv)
+def _allowed(rows: _Rows, lens_kv: torch.Tensor, mask: str, scalars: _Scalars) -> torch.Tensor:
+    """(B, 1, Sq, Skv) which keys each query sees."""
+    j, diag = rows.keys, rows.diag
+    allowed = (j < lens_kv.view(-1, 1, 1, 1)) & rows.row_valid
     if "causal" in mask:
         allowed = allowed & (j <= diag)
-    if left >= 0:
-        allowed = allowed & (j >= diag - left)
-    if right >= 0:
-        allowed = allowed & (j <= diag + right)
+    if scalars.left >= 0:
+        allowed = allowed & (j >= diag - scalars.left)
+    if scalars.right >= 0:
+        allowed = allowed & (j <= diag + scalars.right)
+    return allowed
 
-    logits = scores.masked_fill(~allowed, float("-inf"))
+
+def _with_extra_logit(logits: torch.Tensor, softmax: str, sink: Optional[torch.Tensor]) -> torch.Tensor:
+    """The logits with the off-by-one (0) or learnable (sink[h]) extra logit appended to each row."""
+    batch, hq, sq, _ = logits.shape
     if softmax == "off_by_one":
-        extra = torch.zeros((batch, hq, sq, 1), dtype=compute_dtype, device=device)
-        logits = torch.cat([logits, extra], dim=-1)
+        extra = torch.zeros((batch, hq, sq, 1), dtype=logits.dtype, device=logits.device)
     elif softmax == "learnable":
-        extra = sink.to(device=device, dtype=compute_dtype).view(1, hq, 1, 1).expand(batch, hq, sq, 1)
-        logits = torch.cat([logits, extra], dim=-1)
+        extra = sink.to(device=logits.device, dtype=logits.dtype).view(1, hq, 1, 1).expand(batch, hq, sq, 1)
+    else:
+        return logits
+    return torch.cat([logits, extra], dim=-1)
 
-    # ---- softmax, NaN-free for fully masked rows ------------------------
+
+def _softmax(logits: torch.Tensor, skv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(probabilities of the Skv keys, row max, safe denominator, nonempty rows); NaN-free for
+    fully masked rows."""
     row_max = logits.amax(dim=-1, keepdim=True).detach()
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     expd = torch.exp(logits - row_max)  # exp(-inf) = 0 on masked keys
     denom = expd.sum(dim=-1, keepdim=True)
     nonempty = denom > 0
     safe_denom = torch.where(nonempty, denom, torch.ones_like(denom))
-    probs = (expd / safe_denom)[..., :skv]
+    return (expd / safe_denom)[..., :skv], row_max, safe_denom, nonempty
 
-    if dropout > 0.0:
-        keep = torch.rand(probs.shape, generator=generator, device=device, dtype=compute_dtype) >= dropout
-        probs = probs * keep.to(compute_dtype) / (1.0 - dropout)
 
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: ReferenceOptions = ReferenceOptions(),
+    tensors: ReferenceTensors = ReferenceTensors(),
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Scaled-dot-product attention computed in ``options.compute_dtype`` (float32 by default).
+
+    q: queries (B, Hq, Sq, Dqk); k: keys (B, Hkv, Skv, Dqk) with ``Hq % Hkv == 0``; v: values
+    (B, Hkv, Skv, Dv). Returns the output (B, Hq, Sq, Dv) in ``q.dtype``; with ``return_lse``
+    also the log-sum-exp (B, Hq, Sq, 1) in ``compute_dtype``. See the module docstring for the
+    masking, ALiBi, padding and fully-masked-row conventions. Raises ValueError naming an
+    argument with the wrong type, shape, or value.
+    """
+    _check_qkv(q, k, v)
+    batch, hq, sq, dqk = q.shape
+    skv = k.shape[2]
+    scalars = _check_options(options, dqk)
+    _check_extras(tensors, q, skv, options.softmax)
+    lens_q, lens_kv = _lengths(tensors, q, skv, options.mask)
+    compute_dtype = options.compute_dtype
+
+    scores = _scores(q, k, scalars, tensors.bias, compute_dtype)
+    rows = _rows(lens_q, lens_kv, sq, skv, scalars.bottom_right)
+    if tensors.alibi_slopes is not None:
+        slopes = tensors.alibi_slopes.to(device=q.device, dtype=compute_dtype)
+        slopes = slopes.view(1, hq, 1, 1) if slopes.dim() == 1 else slopes.view(batch, hq, 1, 1)
+        scores = scores + slopes * (rows.keys - rows.diag).to(compute_dtype)
+    logits = scores.masked_fill(~_allowed(rows, lens_kv, options.mask, scalars), float("-inf"))
+    probs, row_max, safe_denom, nonempty = _softmax(_with_extra_logit(logits, options.softmax, tensors.sink), skv)
+    if scalars.dropout > 0.0:
+        keep = torch.rand(probs.shape, generator=options.generator, device=q.device, dtype=compute_dtype)
+        probs = probs * (keep >= scalars.dropout).to(compute_dtype) / (1.0 - scalars.dropout)
+
+    vf = v.to(compute_dtype)
+    if hq // k.shape[1] > 1:
+        vf = vf.repeat_interleave(hq // k.shape[1], dim=1)
     out = torch.matmul(probs, vf)
-    out = torch.where(row_valid, out, torch.zeros_like(out)).to(q.dtype)
-    if not return_lse:
+    out = torch.where(rows.row_valid, out, torch.zeros_like(out)).to(q.dtype)
+    if not options.return_lse:
         return out
     lse = row_max + torch.log(safe_denom)
-    lse = torch.where(nonempty & row_valid, lse, torch.zeros_like(lse))
-    return out, lse
+    return out, torch.where(nonempty & rows.row_valid, lse, torch.zeros_like(lse))
+
+
+_OPTION_NAMES = frozenset(f.name for f in fields(ReferenceOptions))
+_TENSOR_NAMES = frozenset(f.name for f in fields(ReferenceTensors))
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **keywords: Any
+                        ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """``attend`` with its options and tensors given as keywords: the fields of ReferenceOptions
+    (mask, window_size, attn_scale, dropout, softmax, bottom_right_diagonal, softcap, generator,
+    return_lse, compute_dtype) and of ReferenceTensors (bias, alibi_slopes, sink, seqlens_q,
+    seqlens_kv). TypeError for any other keyword; ValueError for a bad value (see ``attend``).
+    """
+    unknown = set(keywords) - _OPTION_NAMES - _TENSOR_NAMES
+    if unknown:
+        raise TypeError(f"reference_attention() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    options = ReferenceOptions(**{n: value for n, value in keywords.items() if n in _OPTION_NAMES})
+    tensors = ReferenceTensors(**{n: value for n, value in keywords.items() if n in _TENSOR_NAMES})
+    return attend(q, k, v, options, tensors)
 
 
 def reference_attention_bshd(

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cudnn")
 
-from fusedattn_select.runtime import api as dispatch  # noqa: E402
-from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info  # noqa: E402
+from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict  # noqa: E402
@@ -60,7 +60,7 @@ def _to_bhsd(t, layout):
 
 def _entry_for_last_call():
     """The dispatch entry decided most recently (dict order is insertion order)."""
-    return list(dispatch._entries.values())[-1]
+    return list(dispatch_entries.entries.values())[-1]
 
 
 # ----- outputs and gradients against reference.py ------------------------------------------------
@@ -103,7 +103,7 @@ def _case_arguments(case: dict, hq: int):
         bias = torch.randn(case["bias"], device=CUDA, generator=gen).to(case.get("dtype", BF16))
         kw["bias"] = bias.requires_grad_(case.get("bias_grad", False))
     if case.get("alibi"):
-        kw["alibi_slopes"] = torch.tensor(dispatch._cudnn_alibi_slopes(hq), device=CUDA)
+        kw["alibi_slopes"] = torch.tensor(dispatch_entries._cudnn_alibi_slopes(hq), device=CUDA)
     return kw
 
 
@@ -215,7 +215,7 @@ def test_fp8_inference_with_float8_inputs_and_descales():
         scale = 2.0 ** math.floor(math.log2(448.0 / t.abs().max().item()))
         quantized.append((t * scale).to(torch.float8_e4m3fn))
         descales.append(torch.tensor([1.0 / scale], device=CUDA))
-    out = attention(*quantized, mask="causal", fp8=dispatch.FP8Scales(*descales, o_dtype=BF16))
+    out = attention(*quantized, mask="causal", fp8=FP8Scales(*descales, o_dtype=BF16))
     entry = _entry_for_last_call()
     assert entry.fused and entry.selection.backend is Backend.FP8, entry.reason
     expected = reference_attention(*(_to_bhsd(t, "bshd") for t in (q, k, v)), mask="causal")

@@ -25,12 +25,9 @@ import pytest
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.probing.cudnn import plans as plan_store
-from fusedattn_select.probing.cudnn.plans import (
-    GraphSignature,
-    PlanBlobError,
-    PlanHeader,
-    TensorRecord,
-)
+from fusedattn_select.probing.cudnn import plan_blob
+from fusedattn_select.probing.cudnn.plan_blob import PlanBlobError, PlanHeader, TensorRecord
+from fusedattn_select.probing.cudnn.plans import GraphSignature
 from fusedattn_select.store import MemoryStore, PersistentStore
 from fusedattn_select.types import (
     Backend,
@@ -42,7 +39,7 @@ from fusedattn_select.types import (
     Verdict,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 FINGERPRINT = Fingerprint("cuda", "Test GPU (plan-store test)", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
 OTHER_FINGERPRINT = Fingerprint("cuda", "Another test GPU", "10.0", 148, 91900, "1.32.0", "580.00", "0.1.0")
@@ -80,7 +77,7 @@ def test_plan_key_is_the_same_in_another_process():
     script = (
         "from fusedattn_select.probing.cudnn import plans as plan_store\n"
         "from fusedattn_select.types import Backend, Phase\n"
-        "from tests.test_plan_store_cpu import BASE, SIGNATURE\n"
+        "from tests.runtime.test_plan_store_cpu import BASE, SIGNATURE\n"
         "print(plan_store.plan_key(BASE, Backend.F16, Phase.FORWARD, SIGNATURE))\n"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(ROOT))
@@ -221,8 +218,8 @@ HEADER = PlanHeader("a" * 64, "sdpa", 4096, {
 
 
 def test_blob_round_trips_header_and_graph_bytes():
-    blob = plan_store.pack(HEADER, b"\x00cudnn bytes\xff")
-    header, graph = plan_store.unpack(blob, "a" * 64)
+    blob = plan_blob.pack(HEADER, b"\x00cudnn bytes\xff")
+    header, graph = plan_blob.unpack(blob, "a" * 64)
     assert header == HEADER and graph == b"\x00cudnn bytes\xff"
 
 
@@ -234,14 +231,14 @@ def test_blob_round_trips_header_and_graph_bytes():
     (lambda b: b.replace(b'"dims":[2,16', b'"dims":["",6'), "does not parse"),
 ])
 def test_damaged_blobs_are_refused(damage, message):
-    blob = plan_store.pack(HEADER, b"graph")
+    blob = plan_blob.pack(HEADER, b"graph")
     with pytest.raises(PlanBlobError, match=message):
-        plan_store.unpack(damage(blob), "a" * 64)
+        plan_blob.unpack(damage(blob), "a" * 64)
 
 
 def test_a_blob_of_another_plan_key_is_refused():
     with pytest.raises(PlanBlobError, match="built for plan"):
-        plan_store.unpack(plan_store.pack(HEADER, b"graph"), "b" * 64)
+        plan_blob.unpack(plan_blob.pack(HEADER, b"graph"), "b" * 64)
 
 
 def test_serialize_build_records_uids_dims_and_dtypes_of_every_tensor():
@@ -263,7 +260,7 @@ def test_serialize_build_records_uids_dims_and_dtypes_of_every_tensor():
         dims_strides={"q": ((1, 2, 8, 64), (1024, 512, 64, 1)), "o": ((1, 2, 8, 64), (1024, 512, 64, 1))},
         data_types={"q": cudnn.data_type.HALF, "o": cudnn.data_type.HALF},
     )
-    header, graph = plan_store.unpack(plan_store.serialize_build(build, "c" * 64), "c" * 64)
+    header, graph = plan_blob.unpack(plan_blob.serialize_build(build, "c" * 64), "c" * 64)
     assert graph == b"serialized by GraphForTests"
     assert header.tensors["q"] == TensorRecord(3, (1, 2, 8, 64), (1024, 512, 64, 1), "HALF")
     assert header.tensors["o"].uid == 7 and header.workspace_size == 512
@@ -472,7 +469,7 @@ def test_a_loaded_graph_must_bind_the_tensors_of_its_plan_key():
         data_types = {n: getattr(cudnn.data_type, t) for n, (_, _, t) in SIGNATURE.tensors.items()}
         for name, value in overrides.items():
             dims_strides[name] = value
-        return plan_store.StoredGraph(None, tensors, dims_strides, data_types, "sdpa", 0)
+        return plan_blob.StoredGraph(None, tensors, dims_strides, data_types, "sdpa", 0)
 
     dispatch_plans._check_signature(stored(), SIGNATURE)
     with pytest.raises(PlanBlobError, match="'q'"):
@@ -491,7 +488,7 @@ class PlanPersistDoubleForTests:
         self.calls.append((cfg.cache_key(), backend, device))
         if self.failure is not None:
             return plan_store.PersistResult(0, 0, "did not build (test double)", self.failure)
-        return plan_store.PersistResult(len(plan_store.phases(cfg)), 0)
+        return plan_store.PersistResult(len(cfg.phases), 0)
 
 
 class AcceptingEngineForTests:

@@ -14,12 +14,15 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import api as dispatch  # noqa: E402
+from fusedattn_select.runtime import options  # noqa: E402
 from fusedattn_select.runtime.api import (  # noqa: E402
     FP8Scales,
     attention,
     config_from_tensors,
     dispatch_info,
 )
+from fusedattn_select.runtime.entries import entries  # noqa: E402
+from fusedattn_select.runtime.layouts import formats  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import Selector, set_default_selector  # noqa: E402
 
@@ -84,8 +87,8 @@ def test_mixed_q_and_kv_memory_layouts_keep_te_layout_name():
 def test_interleaved_qkv_slices_are_described_in_the_callers_layout():
     qkv = torch.randn(2, 5, 3, 4, 8, dtype=BF16)  # (B, S, 3, H, D): strides fit no separate layout
     q, k, v = qkv.unbind(2)
-    formats = dispatch._formats(_bhsd(q), _bhsd(k), _bhsd(v), "bshd")
-    assert formats.qkv_layout == "bshd_bshd_bshd" and formats.copy_q and formats.copy_k and formats.copy_v
+    found = formats(_bhsd(q), _bhsd(k), _bhsd(v), "bshd")
+    assert found.qkv_layout == "bshd_bshd_bshd" and found.copy_q and found.copy_k and found.copy_v
 
 
 def test_gqa_head_counts_come_from_k():
@@ -243,7 +246,7 @@ def test_float32_inputs_fall_back_to_torch_sdpa():
     q, k, v = _bshd(dtype=torch.float32)
     out = attention(q, k, v, mask="causal")
     torch.testing.assert_close(out, _reference_bshd(q, k, v, mask="causal"), atol=1e-5, rtol=1e-5)
-    entry = next(iter(dispatch._entries.values()))
+    entry = next(iter(entries.values()))
     assert entry.fallback == dispatch.FALLBACK_TORCH and "q=torch.float32" in entry.reason
 
 
@@ -251,7 +254,7 @@ def test_problems_torch_sdpa_expresses_use_torch_sdpa_others_reference():
     q, k, v = _bshd()
     attention(q, k, v, mask="causal")
     attention(q, k, v, mask="causal", window_size=(2, 0))
-    kinds = sorted(e.fallback for e in dispatch._entries.values())
+    kinds = sorted(e.fallback for e in entries.values())
     assert kinds == [dispatch.FALLBACK_REFERENCE, dispatch.FALLBACK_TORCH]
 
 
@@ -479,8 +482,9 @@ def test_custom_ops_are_registered():
 def test_forward_op_passes_opcheck(training):
     q, k, v = _bshd(grad=True)
     bias = torch.randn(1, 4, 5, 7, dtype=BF16, requires_grad=True)
-    args = (q, k, v, bias, None, None, None, None, None, None, None, "bshd", "causal", -1, -1, None, 0.0,
-            "vanilla", False, False, "", training, training, False, False)
+    opts = options.CallOptions("bshd", "causal", (-1, -1), None, 0.0, "vanilla", False, False, "", training,
+                               training, False, False)
+    args = (q, k, v, bias, None, None, None, None, None, None, None) + options.flatten(opts)
     torch.library.opcheck(torch.ops.fusedattn_select.attention_fwd.default, args)
 
 

@@ -1,0 +1,203 @@
+"""attention()'s arguments: their checks (each names the argument, its value and what is allowed)
+and the CallOptions they make."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+
+from fusedattn_select import dtypes
+from fusedattn_select.config import MASKS, SOFTMAXES
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.runtime import fp8 as fp8q
+from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
+from fusedattn_select.runtime.options import DEFAULT_LAYOUT, CallOptions, OptionalInputs
+
+# Names of the output precisions float8 inputs may ask for (FP8Scales.o_dtype).
+O_DTYPE_NAMES = {dtypes.torch_dtype(name, torch): name for name in dtypes.F16_DTYPES}
+
+
+class Arguments(NamedTuple):
+    """attention()'s non-tensor arguments as the caller gave them (unchecked), with its defaults."""
+
+    layout: Any = None
+    mask: Any = "no_mask"
+    window_size: Any = (-1, -1)
+    attn_scale: Any = None
+    dropout: Any = 0.0
+    softmax: Any = "vanilla"
+    deterministic: Any = False
+    fp8: Any = False
+    return_lse: Any = False
+
+
+class Dims(NamedTuple):
+    """Logical dims of a call: (B, Hq, Sq, D) of q, Skv of k."""
+
+    batch: int
+    heads_q: int
+    seqlen_q: int
+    seqlen_kv: int
+
+
+def split_keywords(keywords: dict[str, Any]) -> tuple[Arguments, OptionalInputs]:
+    """attention()'s keyword arguments sorted into (Arguments, OptionalInputs); TypeError for others."""
+    unknown = set(keywords) - set(Arguments._fields) - set(OptionalInputs._fields)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}")
+    return (Arguments(**{n: keywords[n] for n in Arguments._fields if n in keywords}),
+            OptionalInputs(**{n: keywords[n] for n in OptionalInputs._fields if n in keywords}))
+
+
+def is_training(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs) -> bool:
+    """Grad mode is on and q, k, v, the bias or the sink requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    bias, sink = inputs.bias, inputs.sink
+    return (q.requires_grad or k.requires_grad or v.requires_grad
+            or (bias is not None and bias.requires_grad) or (sink is not None and sink.requires_grad))
+
+
+def call_options(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+                 arguments: Arguments) -> CallOptions:
+    """The CallOptions of a call. Values are taken as given (not coerced), so a call with a bad
+    value never matches the hot-path key of a checked one."""
+    training = is_training(q, k, v, inputs)
+    fp8 = arguments.fp8
+    scales = fp8 if isinstance(fp8, FP8Scales) else None
+    return CallOptions(
+        arguments.layout or DEFAULT_LAYOUT, arguments.mask, tuple(arguments.window_size), arguments.attn_scale,
+        float(arguments.dropout), arguments.softmax, arguments.deterministic, scales is not None or fp8 is True,
+        "" if scales is None else O_DTYPE_NAMES.get(scales.o_dtype, repr(scales.o_dtype)), training,
+        training and inputs.bias is not None and inputs.bias.requires_grad,
+        training and inputs.sink is not None and inputs.sink.requires_grad, arguments.return_lse,
+    )
+
+
+# ----- checks, in the order of attention()'s arguments -------------------------------------------
+def check_args(q: Any, k: Any, v: Any, inputs: OptionalInputs, arguments: Arguments) -> None:
+    """Raise ConfigError naming the first bad argument (its value and what is allowed)."""
+    _check_qkv(q, k, v)
+    _check_layout(arguments.layout)
+    dims = _check_shapes(q, k, v, arguments.layout or DEFAULT_LAYOUT)
+    _check_mask_and_window(arguments.mask, arguments.window_size)
+    _check_scalars(arguments)
+    _check_optional_tensors(inputs, dims, arguments.softmax)
+    _check_seqlens(inputs, arguments.mask, dims.batch)
+    for name in ("deterministic", "return_lse"):
+        if not isinstance(getattr(arguments, name), bool):
+            raise ConfigError(name, getattr(arguments, name), "must be True or False")
+    _check_fp8(q, k, v, arguments.fp8)
+
+
+def _check_qkv(q: Any, k: Any, v: Any) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ConfigError(name, type(t).__name__, "must be a torch.Tensor")
+        if t.dim() != 4:
+            raise ConfigError(name, tuple(t.shape), "must be 4-D, in the order named by `layout`")
+        if not t.is_floating_point():
+            raise ConfigError(name, t.dtype, "must be a floating-point tensor (fp16, bf16, fp32 or float8)")
+        if t.device != q.device:
+            raise ConfigError(name, str(t.device), f"must be on q's device ({q.device})")
+
+
+def _check_layout(layout: Any) -> None:
+    if layout is not None and layout not in LAYOUTS:
+        raise ConfigError("layout", layout, "must be None (= 'bshd') or one of " + ", ".join(map(repr, LAYOUTS)))
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) -> Dims:
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ConfigError("k", (k.dtype, v.dtype), f"k and v must have q's dtype ({q.dtype})")
+    perm = TO_BHSD[layout]
+    bq, hq, sq, dq = (q.shape[i] for i in perm)
+    bk, hk, sk, dk = (k.shape[i] for i in perm)
+    bv, hv, sv, dv = (v.shape[i] for i in perm)
+    if bk != bq or bv != bq:
+        raise ConfigError("k", tuple(k.shape), f"batch size must match q's ({bq}); v has {bv}")
+    if hv != hk:
+        raise ConfigError("v", tuple(v.shape), f"must have k's number of heads ({hk})")
+    if sv != sk:
+        raise ConfigError("v", tuple(v.shape), f"must have k's sequence length ({sk})")
+    if dk != dq:
+        raise ConfigError("k", tuple(k.shape), f"head dim must match q's ({dq})")
+    if hk == 0 or hq % hk:
+        raise ConfigError("k", tuple(k.shape), f"number of heads ({hk}) must divide q's ({hq}) for GQA/MQA")
+    if min(bq, hq, sq, dq, sk, dv) <= 0:
+        raise ConfigError("q", tuple(q.shape), "every dim of q, k and v must be positive")
+    return Dims(bq, hq, sq, sk)
+
+
+def _check_mask_and_window(mask: Any, window_size: Any) -> None:
+    if mask not in MASKS:
+        raise ConfigError("mask", mask, "must be one of " + ", ".join(map(repr, MASKS)))
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or any(isinstance(w, bool) or not isinstance(w, int) or w < -1 for w in window_size)):
+        raise ConfigError("window_size", window_size, "must be (left, right) integers >= -1; -1 = unbounded")
+    if "causal" in mask and window_size[1] not in (-1, 0):
+        raise ConfigError("window_size", tuple(window_size), f"mask={mask!r} is causal: the right bound must be 0 or -1")
+
+
+def _check_scalars(arguments: Arguments) -> None:
+    attn_scale, dropout = arguments.attn_scale, arguments.dropout
+    if attn_scale is not None and (isinstance(attn_scale, bool) or not isinstance(attn_scale, (int, float))
+                                   or not math.isfinite(attn_scale) or attn_scale <= 0):
+        raise ConfigError("attn_scale", attn_scale, "must be None (1/sqrt(head_dim)) or a positive finite number")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ConfigError("dropout", dropout, "must be a number in [0, 1)")
+    if arguments.softmax not in SOFTMAXES:
+        raise ConfigError("softmax", arguments.softmax, "must be one of " + ", ".join(map(repr, SOFTMAXES)))
+
+
+def _check_optional_tensors(inputs: OptionalInputs, dims: Dims, softmax: str) -> None:
+    for name, value in zip(OptionalInputs._fields, inputs):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise ConfigError(name, type(value).__name__, "must be a torch.Tensor or None")
+    bias, alibi_slopes, sink = inputs.bias, inputs.alibi_slopes, inputs.sink
+    bq, hq = dims.batch, dims.heads_q
+    if bias is not None:
+        target = (bq, hq, dims.seqlen_q, dims.seqlen_kv)
+        if bias.dim() != 4 or any(n not in (1, t) for n, t in zip(bias.shape, target)):
+            raise ConfigError("bias", tuple(bias.shape), f"must be 4-D and broadcastable to (B, Hq, Sq, Skv)={target}")
+        if not bias.is_floating_point():
+            raise ConfigError("bias", bias.dtype, "must be a floating-point tensor")
+    if alibi_slopes is not None and tuple(alibi_slopes.shape) not in ((hq,), (bq, hq)):
+        raise ConfigError("alibi_slopes", tuple(alibi_slopes.shape), f"must have shape ({hq},) or ({bq}, {hq})")
+    if softmax == "learnable":
+        if sink is None or tuple(sink.shape) != (hq,) or not sink.is_floating_point():
+            raise ConfigError("sink", None if sink is None else tuple(sink.shape),
+                              f"softmax='learnable' needs a floating-point sink of shape ({hq},)")
+    elif sink is not None:
+        raise ConfigError("sink", tuple(sink.shape), f"only allowed with softmax='learnable' (softmax={softmax!r})")
+
+
+def _check_seqlens(inputs: OptionalInputs, mask: str, batch: int) -> None:
+    padded = mask.startswith("padding")
+    for name, lens in (("seqlens_q", inputs.seqlens_q), ("seqlens_kv", inputs.seqlens_kv)):
+        if padded and lens is None:
+            raise ConfigError(name, None, f"required with mask={mask!r}")
+        if not padded and lens is not None:
+            raise ConfigError(name, "tensor", f"only allowed with a padding mask (mask={mask!r})")
+        if lens is not None and (tuple(lens.shape) != (batch,) or lens.is_floating_point() or lens.dtype == torch.bool):
+            raise ConfigError(name, (tuple(lens.shape), lens.dtype), f"must be an integer tensor of shape ({batch},)")
+
+
+def _check_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: Any) -> None:
+    float8_inputs = fp8q.is_fp8_dtype(q.dtype)
+    if float8_inputs:
+        if not isinstance(fp8, FP8Scales):
+            raise ConfigError("fp8", fp8, "float8 q/k/v need fp8=FP8Scales(descale_q, descale_k, descale_v)")
+        if not isinstance(fp8.o_dtype, torch.dtype) or fp8.o_dtype not in O_DTYPE_NAMES:
+            raise ConfigError("fp8.o_dtype", fp8.o_dtype, "must be torch.float16 or torch.bfloat16")
+    elif isinstance(fp8, FP8Scales):
+        raise ConfigError("fp8", "FP8Scales", f"descale factors are for float8 inputs; q is {q.dtype} (use fp8=True)")
+    elif not isinstance(fp8, bool):
+        raise ConfigError("fp8", fp8, "must be True, False, or FP8Scales for float8 inputs")
+    elif fp8 and q.dtype not in O_DTYPE_NAMES:
+        raise ConfigError("fp8", True, f"quantizes fp16/bf16 inputs; q is {q.dtype}")
+    if float8_inputs and any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
+        raise ConfigError("q", q.dtype, "float8 inputs are for inference; they cannot require grad")

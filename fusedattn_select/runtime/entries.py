@@ -1,0 +1,221 @@
+"""The hot-path table: one decision per call signature (config, selection, plans, or why it falls
+back), made once and found again by one dict lookup."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.runtime import fp8 as fp8q
+from fusedattn_select.runtime import plans
+from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
+from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.runtime.layouts import Formats, bhsd, formats
+from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.runtime.problem import config
+from fusedattn_select.selection.rules import apply_rules
+from fusedattn_select.selection.selector import Selector, default_selector
+from fusedattn_select.selection.single_flight import OncePerKey
+from fusedattn_select.types import Phase, Selection
+
+log = logging.getLogger("fusedattn_select")
+
+
+@dataclass(eq=False)
+class Entry:
+    """Everything one call signature needs, decided once: the config, the selection, the plans."""
+
+    opts: CallOptions
+    reason: str = ""                     # "" = fused; else why this signature falls back
+    fallback: str = FALLBACK_TORCH
+    cfg: Optional[AttnConfig] = None
+    selection: Optional[Selection] = None
+    formats: Optional[Formats] = None
+    forward: Optional[plans.Plan] = None
+    backward: Optional[plans.Plan] = None
+    rng: Optional[torch.Tensor] = None   # per-entry [seed, offset] counter for dropout
+    rng_step: int = 0
+    logged: bool = False
+
+    @property
+    def fused(self) -> bool:
+        return not self.reason
+
+
+entries: OncePerKey[Entry] = OncePerKey()
+counters = {"calls": 0, "fused_calls": 0, "fallback_calls": 0, "entries_built": 0}
+
+
+def _signature(t: Optional[torch.Tensor]) -> Any:
+    if t is None:
+        return None
+    return (tuple(t.shape), t.stride(), t.dtype)
+
+
+_capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") \
+    else torch.cuda.is_current_stream_capturing
+
+
+def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions, inputs: OptionalInputs) -> tuple:
+    """The hot-path key: the options and every tensor property a decision depends on; the last
+    item says whether the call is under CUDA-graph capture."""
+    capturing = q.is_cuda and _capturing()
+    bias, alibi, sink, seqlens_q, seqlens_kv = inputs
+    return (
+        options, q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), tuple(v.shape),
+        v.stride(), _signature(bias), None if alibi is None else tuple(alibi.shape), _signature(sink),
+        None if seqlens_q is None else (seqlens_q.dtype, seqlens_q.device),
+        None if seqlens_kv is None else (seqlens_kv.dtype, seqlens_kv.device),
+        capturing,
+    )
+
+
+def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+          scales: Optional[FP8Scales]) -> Entry:
+    """The decision for `signature` (a `key`), made now if it is new."""
+    # One decision per key: concurrent first calls of one signature wait for a single build, while
+    # different signatures build at the same time.
+    found, built = entries.get_or_build(signature, lambda: _new_entry(signature, q, k, v, inputs, scales))
+    if built:
+        counters["entries_built"] += 1
+    return found
+
+
+def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+               scales: Optional[FP8Scales]) -> Entry:
+    """Decide a new call signature: derive the config, select, build the plans (slow, once)."""
+    opts: CallOptions = signature[0]
+    qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
+    new = Entry(opts, fallback=fallback_kind(opts, qb, kb, inputs.alibi_slopes is not None))
+    new.formats = formats(qb, kb, vb, opts.layout)
+    try:
+        new.cfg = config(qb, kb, vb, new.formats, opts, inputs, scales)
+    except ConfigError as err:
+        new.reason = f"no fused config: {err}"
+        return new
+    if signature[-1]:  # capturing
+        return _captured_entry(signature, new)
+    selector = default_selector()
+    if not _select(new, selector):
+        return new
+    if not q.is_cuda:
+        new.reason = f"{new.selection.backend.value} was selected ({new.selection.engine}) but the tensors are on {q.device}"
+        return new
+    alibi = inputs.alibi_slopes
+    if alibi is not None and not _standard_alibi(alibi, new.cfg.num_heads_q):
+        new.reason = "alibi_slopes differ from the fixed ALiBi slopes cuDNN computes (2^(-8i/H))"
+        return new
+    _build_plans(new, selector, q.device)
+    if new.fused and opts.bias_grad and not new.backward.has("dBias"):
+        new.reason = f"cuDNN's backward graph for bias_shape={new.cfg.bias_shape!r} has no dBias output"
+    if new.fused and opts.dropout > 0:
+        new.rng = torch.tensor([int(torch.randint(2 ** 62, (1,))), 0], dtype=torch.int64, device=q.device)
+        new.rng_step = math.prod(qb.shape[:3]) * kb.shape[2]
+    return new
+
+
+def _select(new: Entry, selector: Selector) -> bool:
+    """Select the entry's config (and FP8 output recipes); False, with the reason set, when none runs."""
+    cfg = new.cfg
+    selection = selector.select(cfg)
+    if cfg.is_fp8 and not selection.selected:
+        # FP8 outputs in fp16/bf16 need a newer GPU (cuDNN: Blackwell); try FP8 outputs before
+        # giving up, and report every recipe's reasons if none is supported.
+        messages = [f"{_recipe(cfg)}: {selection.message}"]
+        for changes in fp8q.output_recipes(cfg, new.opts.training)[1:]:
+            candidate = cfg.replace(**changes)
+            selection = selector.select(candidate)
+            if selection.selected:
+                new.cfg = candidate
+                break
+            messages.append(f"{_recipe(candidate)}: {selection.message}")
+        else:
+            new.selection = selection
+            new.reason = "; ".join(messages)
+            return False
+    new.selection = selection
+    if not selection.selected:
+        new.reason = selection.message
+        return False
+    return True
+
+
+def _recipe(cfg: AttnConfig) -> str:
+    """The output precisions of an FP8 config, for reasons ("O bf16" / "O fp8_e4m3, dQKV fp8_e5m2")."""
+    text = f"O {cfg.resolved_o_dtype}"
+    if cfg.is_training:
+        text += f", dO {cfg.resolved_do_dtype}, dQKV {cfg.resolved_dqkv_dtype}"
+    return text
+
+
+def _build_plans(new: Entry, selector: Selector, device: torch.device) -> None:
+    cfg = new.cfg
+    backend = new.selection.backend
+    # An inference call that wants the log-sum-exp needs the forward graph that writes the softmax
+    # stats, which is the training forward graph.
+    forward_cfg = cfg.replace(is_training=True) if new.opts.return_lse and not cfg.is_training else cfg
+    try:
+        built = [plans.obtain_plan(forward_cfg if phase is Phase.FORWARD else cfg, backend, phase, device,
+                                   selector=selector)
+                 for phase in cfg.phases]
+    except plans.PlanBuildError as err:
+        selector.record_build_failure(cfg, err.verdict)
+        new.reason = err.verdict.reason()
+        return
+    except ImportError as err:  # cudnn-frontend missing while a snapshot engine selected a backend
+        new.reason = f"{backend.value} was selected but cuDNN cannot run here: {err}"
+        return
+    new.forward = built[0]
+    new.backward = built[1] if len(built) > 1 else None
+
+
+def _captured_entry(signature: tuple, new: Entry) -> Entry:
+    """A call under CUDA-graph capture: reuse the eager twin's plans (building while capturing is
+    unsafe), unless a known-bug rule rejects the problem for cuda_graph=True."""
+    cfg = new.cfg.replace(cuda_graph=True)
+    selector = default_selector()
+    for phase in cfg.phases:
+        verdict = apply_rules(cfg, selector.fingerprint, phase)
+        if verdict is not None:
+            new.reason = verdict.reason()
+            return new
+    twin = entries.get(signature[:-1] + (False,))
+    if twin is None:
+        new.reason = ("not warmed up: the first call of a problem builds cuDNN graphs, which cannot "
+                      "happen during CUDA-graph capture; run it once before capturing")
+        return new
+    return twin
+
+
+def _cudnn_alibi_slopes(heads: int) -> list[float]:
+    """The slopes cuDNN's ALiBi mask uses: the geometric sequence of Press et al. (2022)."""
+    closest = 2 ** math.floor(math.log2(heads))
+    base = 2.0 ** (-8.0 / closest)
+    slopes = [base ** (i + 1) for i in range(closest)]
+    if closest < heads:
+        extra = 2.0 ** (-4.0 / closest)
+        slopes += [extra ** (2 * i + 1) for i in range(heads - closest)]
+    return slopes
+
+
+def _standard_alibi(alibi: torch.Tensor, heads: int) -> bool:
+    # Reading the slopes syncs with the device: done once per signature (entry creation only).
+    expected = torch.tensor(_cudnn_alibi_slopes(heads), dtype=torch.float32)
+    values = alibi.detach().float().cpu().reshape(-1, heads)
+    return bool(torch.allclose(values, expected.expand_as(values), rtol=1e-5, atol=0.0))
+
+
+def log_fallback(found: Entry) -> None:
+    """Log, once per entry, that its calls fall back and why."""
+    if found.logged:
+        return
+    found.logged = True
+    where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "reference.py"
+    problem = found.cfg.cache_key() if found.cfg is not None else "unconfigurable problem"
+    log.warning("fusedattn_select: attention() falls back to %s for %s: %s", where, problem, found.reason)

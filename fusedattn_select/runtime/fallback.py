@@ -1,0 +1,122 @@
+"""The fallback when no fused kernel runs a call: torch's own SDPA where it expresses the problem
+exactly, else reference.py. Both are differentiable with plain autograd."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+
+from fusedattn_select.runtime import reference
+from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
+from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+
+FALLBACK_TORCH = "torch_sdpa"
+FALLBACK_REFERENCE = "reference"
+
+# torch's SDPA, never a patched torch.nn.functional attribute (integrations.sdpa.install() routes
+# that attribute to attention(), and the fallback must not route back).
+torch_sdpa = torch._C._nn.scaled_dot_product_attention
+
+
+def torch_sdpa_blocker(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor, has_alibi: bool) -> str:
+    """Why torch's SDPA cannot compute this problem exactly ("" when it can)."""
+    if options.softmax != "vanilla":
+        return f"softmax={options.softmax!r}"
+    if options.window_size != (-1, -1):
+        return f"window_size={options.window_size}"
+    if has_alibi:
+        return "alibi_slopes"
+    if options.mask.startswith("padding"):
+        return f"mask={options.mask!r}"
+    if options.return_lse:
+        return "return_lse=True"
+    if options.mask == "causal_bottom_right" and qb.shape[2] > kb.shape[2]:
+        return "bottom-right causal mask with seqlen_q > seqlen_kv (fully masked rows)"
+    return ""
+
+
+def fallback_kind(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor, has_alibi: bool) -> str:
+    return FALLBACK_REFERENCE if torch_sdpa_blocker(options, qb, kb, has_alibi) else FALLBACK_TORCH
+
+
+def _dequantized(t: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (t.float() * descale.float().reshape(1)).to(dtype)
+
+
+def _torch_sdpa(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
+                bias: Optional[torch.Tensor]) -> torch.Tensor:
+    attn_mask = bias
+    is_causal = False
+    if options.mask == "causal" and bias is None:
+        is_causal = True
+    elif options.mask in ("causal", "causal_bottom_right"):
+        sq, skv = qb.shape[2], kb.shape[2]
+        offset = skv - sq if options.mask == "causal_bottom_right" else 0
+        rows = torch.arange(sq, device=qb.device).view(sq, 1)
+        cols = torch.arange(skv, device=qb.device).view(1, skv)
+        allowed = cols <= rows + offset
+        attn_mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point() and attn_mask.dtype != qb.dtype:
+        attn_mask = attn_mask.to(qb.dtype)
+    return torch_sdpa(qb, kb, vb, attn_mask=attn_mask, dropout_p=options.dropout, is_causal=is_causal,
+                      scale=options.attn_scale, enable_gqa=qb.shape[1] != kb.shape[1])
+
+
+def fallback_forward(kind: str, options: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     inputs: OptionalInputs, scales: Optional[FP8Scales]
+                     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(out in the caller's layout, lse or None), differentiable with plain autograd."""
+    qb, kb, vb = bhsd(q, options.layout), bhsd(k, options.layout), bhsd(v, options.layout)
+    if scales is not None:  # float8 inputs: compute in the requested output precision
+        qb = _dequantized(qb, scales.descale_q, scales.o_dtype)
+        kb = _dequantized(kb, scales.descale_k, scales.o_dtype)
+        vb = _dequantized(vb, scales.descale_v, scales.o_dtype)
+    lse = None
+    if kind == FALLBACK_TORCH:
+        out = _torch_sdpa(options, qb, kb, vb, inputs.bias)
+    else:
+        reference_options = reference.ReferenceOptions(
+            mask=options.mask, window_size=options.window_size, attn_scale=options.attn_scale,
+            dropout=options.dropout, softmax=options.softmax, return_lse=options.return_lse)
+        result = reference.attend(qb, kb, vb, reference_options, reference.ReferenceTensors(*inputs))
+        out, lse = result if options.return_lse else (result, None)
+    return out.permute(FROM_BHSD[options.layout]), lse
+
+
+@contextlib.contextmanager
+def _autograd_inside_op() -> Iterator[None]:
+    """Re-enable autograd inside a custom op's implementation.
+
+    torch runs a custom op's implementation with the autograd dispatch keys excluded (thread-local,
+    torch._C._AutoDispatchBelowAutograd), so a recomputation there records no graph. The fallback's
+    backward differentiates its recomputed forward, so it lifts the exclusion for that block.
+    """
+    keys = (torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.ADInplaceOrView)
+    previous = [torch._C._dispatch_tls_is_dispatch_key_excluded(key) for key in keys]
+    for key in keys:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        for key, excluded in zip(keys, previous):
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
+
+
+def fallback_backward(kind: str, options: CallOptions, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, inputs: OptionalInputs) -> tuple:
+    """(dq, dk, dv, dbias or None, dsink or None) by recomputing the fallback's forward under
+    autograd (compiled path only; eager fallbacks differentiate the forward they ran). With
+    dropout > 0 the recomputation draws a new dropout mask, so compiled training with dropout
+    should run fused."""
+    leaves = [t.detach().requires_grad_(needs) if t is not None else None for t, needs in (
+        (q, True), (k, True), (v, True), (inputs.bias, options.bias_grad), (inputs.sink, options.sink_grad))]
+    recomputed = inputs._replace(bias=leaves[3], sink=leaves[4])
+    with _autograd_inside_op():
+        out, _ = fallback_forward(kind, options, leaves[0], leaves[1], leaves[2], recomputed, None)
+        wanted = [t for t in leaves if t is not None and t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True))
+    return tuple(next(grads) if t is not None and t.requires_grad else None for t in leaves)

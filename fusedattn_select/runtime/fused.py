@@ -1,0 +1,132 @@
+"""The fused path: feed a call's tensors to its cuDNN plans, and the eager autograd Function."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from fusedattn_select.runtime import fp8 as fp8q
+from fusedattn_select.runtime.entries import Entry
+from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
+from fusedattn_select.runtime.options import OptionalInputs
+from fusedattn_select.runtime.plans import Plan
+
+
+class Saved(NamedTuple):
+    """What the backward pass needs from the forward: output, softmax stats, dropout RNG state and,
+    for FP8, (q8, k8, v8, state)."""
+
+    out: torch.Tensor
+    stats: Optional[torch.Tensor]
+    rng: Optional[torch.Tensor]
+    fp8: Optional[tuple]
+
+
+def _common_feeds(plan: Plan, feeds: dict, inputs: OptionalInputs, rng: Optional[torch.Tensor]) -> None:
+    bias, alibi, sink, seqlens_q, seqlens_kv = inputs
+    if bias is not None:
+        feeds["bias"] = plan.conform("bias", bias.detach())
+    if alibi is not None and plan.has("alibi_slopes"):
+        feeds["alibi_slopes"] = plan.conform("alibi_slopes", alibi.detach().float())
+    if plan.has("sink_token"):
+        if sink is not None:
+            feeds["sink_token"] = plan.conform("sink_token", sink.detach().float())
+        else:  # off_by_one: an extra logit of 0 in every row
+            feeds["sink_token"] = plan.constant("sink_token", 0.0)
+    if seqlens_q is not None:
+        feeds["seq_len_q"] = plan.conform("seq_len_q", seqlens_q)
+        feeds["seq_len_kv"] = plan.conform("seq_len_kv", seqlens_kv)
+    if rng is not None and plan.has("seed"):
+        feeds["seed"] = plan.conform("seed", rng[0:1])
+        feeds["offset"] = plan.conform("offset", rng[1:2])
+
+
+def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+                  scales: Optional[FP8Scales]) -> Saved:
+    """(out in the caller's layout, stats or None, rng or None, fp8 saved (q8, k8, v8, state) or None)."""
+    opts, plan = entry.opts, entry.forward
+    # No detach: this runs without grad mode (inference, or inside the autograd Function / op).
+    qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
+    saved_fp8 = None
+    if opts.fp8:
+        if scales is not None:
+            q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales, vb)
+        else:
+            q8, k8, v8, state = fp8q.quantize_qkv(qb, kb, vb, plan.specs["q"].dtype)
+        feeds = fp8q.forward_feeds(plan, q8, k8, v8, state)
+        saved_fp8 = (q8, k8, v8, state)
+    else:
+        feeds = {"q": plan.conform("q", qb), "k": plan.conform("k", kb), "v": plan.conform("v", vb)}
+    rng = None
+    if entry.rng is not None:
+        rng = entry.rng.clone()
+        entry.rng[1:].add_(entry.rng_step)  # on the device: capture-safe, a fresh mask per replay
+    _common_feeds(plan, feeds, inputs, rng)
+    outs = plan.execute(feeds)
+    o = outs["o"]
+    if saved_fp8 is not None and fp8q.is_fp8_dtype(o.dtype):
+        o = fp8q.dequantize(o, fp8q.at(saved_fp8[3], "descale_o"), scales.o_dtype if scales is not None else q.dtype)
+    return Saved(o.permute(FROM_BHSD[opts.layout]), outs.get("stats"), rng, saved_fp8)
+
+
+def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   inputs: OptionalInputs, saved: Saved) -> tuple:
+    """(dq, dk, dv, dbias or None, dsink or None), gradients in the shapes of the inputs."""
+    opts, plan = entry.opts, entry.backward
+    layout = opts.layout
+    gb = bhsd(grad_out, layout)
+    ob = bhsd(saved.out, layout)
+    descales: dict = {}
+    if saved.fp8 is not None:
+        feeds, descales = fp8q.backward_feeds(plan, entry.cfg, saved.fp8, ob, gb, saved.stats)
+    else:
+        feeds = {
+            "q": plan.conform("q", bhsd(q, layout).detach()), "k": plan.conform("k", bhsd(k, layout).detach()),
+            "v": plan.conform("v", bhsd(v, layout).detach()), "o": plan.conform("o", ob),
+            "dO": plan.conform("dO", gb), "stats": plan.conform("stats", saved.stats),
+        }
+    _common_feeds(plan, feeds, inputs, saved.rng)
+    outs = plan.execute(feeds)
+    back = FROM_BHSD[layout]
+    grads = []
+    for name, like in (("dQ", q), ("dK", k), ("dV", v)):
+        grad = outs[name]
+        if name in descales:  # FP8 gradients (Hopper): dequantized to the input precision
+            grad = fp8q.dequantize(grad, descales[name], like.dtype)
+        elif grad.dtype != like.dtype:
+            grad = grad.to(like.dtype)
+        grads.append(grad.permute(back))
+    dq, dk, dv = grads
+    dbias = dsink = None
+    if opts.bias_grad and "dBias" in outs:
+        dbias = outs["dBias"].sum_to_size(inputs.bias.shape).to(inputs.bias.dtype)
+    if opts.sink_grad and "dSink_token" in outs:
+        dsink = outs["dSink_token"].reshape(inputs.sink.shape).to(inputs.sink.dtype)
+    return dq, dk, dv, dbias, dsink
+
+
+class FusedAttention(torch.autograd.Function):
+    """Eager autograd for the fused path: cuDNN forward (saving its softmax stats) and backward.
+
+    The optional tensors come last, in OptionalInputs order, so autograd sees each of them."""
+
+    @staticmethod
+    def forward(ctx, entry, scales, q, k, v, *optional):
+        inputs = OptionalInputs(*optional)
+        saved = fused_forward(entry, q, k, v, inputs, scales)
+        ctx.entry = entry
+        ctx.saved_fp8 = saved.fp8
+        ctx.save_for_backward(q, k, v, saved.out, saved.stats, saved.rng, *inputs)
+        lse = saved.stats if saved.stats is not None else torch.empty(0, dtype=torch.float32, device=q.device)
+        ctx.mark_non_differentiable(lse)
+        return saved.out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, stats, rng, *optional = ctx.saved_tensors
+        inputs = OptionalInputs(*optional)
+        dq, dk, dv, dbias, dsink = fused_backward(ctx.entry, grad_out, q, k, v, inputs,
+                                                  Saved(out, stats, rng, ctx.saved_fp8))
+        return None, None, dq, dk, dv, dbias, None, dsink, None, None
