@@ -254,6 +254,8 @@ class Fingerprint:
     def describe(self) -> str:
         if not self.device_name:
             return self.platform
+        if self.platform == "rocm":
+            return f"{self.device_name} (ROCm declared tables, library {self.library_version})"
         return (
             f"{self.device_name} (sm_{self.sm_arch}, {self.sm_count} SMs), "
             f"cuDNN {format_cudnn_version(self.cudnn_backend_version)}, "

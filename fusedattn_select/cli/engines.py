@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
-from fusedattn_select.errors import FusedAttnSelectError, PlatformError, SnapshotError
+from fusedattn_select.errors import (
+    ConfigError,
+    FusedAttnSelectError,
+    PlatformError,
+    SnapshotError,
+)
 from fusedattn_select.probing import SNAPSHOT_ENV, bundled_snapshot, discover_engine
 from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.rocm import detect_rocm_device, select_rocm_engine
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store import Store, open_default_store
@@ -89,6 +96,24 @@ def _describe_snapshot(engine: SnapshotEngine) -> str:
         f"{fp.device_name or fp.platform}, cuDNN {format_cudnn_version(fp.cudnn_backend_version)} "
         f"on {first.recorded_on}"
     )
+
+
+def rocm_selector(arch: str | None) -> tuple[Selector, str]:
+    """A selector answering from the ROCm declared tables for `arch` (default: this machine's first
+    AMD GPU), and the notice saying the answers are declared, not probed."""
+    if arch is None:
+        facts = detect_rocm_device()
+        if not facts.archs:
+            raise ConfigError(
+                "--arch", None,
+                f"no AMD GPU arch to answer for ({facts.describe()}); pass --arch gfxNNN for declared answers",
+            )
+        arch = facts.archs[0]
+    if not re.fullmatch(r"gfx[0-9a-f]+(:[\w:+-]*)?", arch):
+        raise ConfigError("--arch", arch, "must be an AMD GPU target such as 'gfx942' or 'gfx90a'")
+    engine, reason = select_rocm_engine(arch)
+    notice = f"ROCm {engine.fingerprint().device_name}: {reason}" if reason else ""
+    return Selector(engine), notice
 
 
 def choose_selector(snapshot: str | None, target: str | None) -> tuple[Selector, str]:

@@ -17,6 +17,7 @@ from fusedattn_select.cli.exit_codes import EXIT_SELECTED
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import SnapshotError
 from fusedattn_select.probing import SNAPSHOT_ENV, TARGETS
+from fusedattn_select.probing.rocm import detect_rocm_device
 from fusedattn_select.probing.snapshot import read_header
 from fusedattn_select.store import CACHE_SWITCH_ENV, default_cache_dir
 from fusedattn_select.types import format_cudnn_version
@@ -26,7 +27,7 @@ LABELS = {
     "fusedattn_select": "fusedattn-select", "probing_engine": "probing engine", "gpu": "GPU",
     "compute_capability": "compute capability", "sm_count": "SM count", "driver": "driver",
     "cudnn_backend": "cuDNN backend", "cudnn_frontend": "cuDNN frontend", "cache_dir": "cache directory",
-    "cache": CACHE_SWITCH_ENV, "snapshot_env": SNAPSHOT_ENV, "bundled_snapshots": "bundled snapshots",
+    "rocm": "ROCm devices", "hip_python": "hip-python", "cache": CACHE_SWITCH_ENV, "snapshot_env": SNAPSHOT_ENV, "bundled_snapshots": "bundled snapshots",
 }
 
 
@@ -99,6 +100,8 @@ def platform_facts() -> dict[str, Any]:
         "fusedattn_select": __version__,
         "python": f"{platform.python_version()} ({sys.executable})",
         **_device_facts(),
+        "rocm": detect_rocm_device().describe(),
+        "hip_python": _package_version("hip-python"),
         "torch": _torch_version(),
         "cache_dir": _cache_dir(),
         "cache": os.environ.get(CACHE_SWITCH_ENV, "(unset)"),

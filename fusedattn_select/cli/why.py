@@ -11,6 +11,7 @@ from fusedattn_select.cli import engines
 from fusedattn_select.cli.exit_codes import EXIT_NONE, EXIT_SELECTED
 from fusedattn_select.cli.problems import problems
 from fusedattn_select.cli.table import render_table
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import TARGETS
 from fusedattn_select.selection.selector import Selector, set_default_selector
 from fusedattn_select.types import ProbeDepth, Selection, Verdict
@@ -77,7 +78,14 @@ def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
 
 def _cmd_why(args: argparse.Namespace) -> int:
     asked = problems(args.config, args.name, args.hf_config, args.set or ())
-    selector, notice = engines.choose_selector(args.snapshot, args.target)
+    if args.platform == "rocm":
+        if args.snapshot or args.target:
+            raise ConfigError("--platform", "rocm", "answers from declared tables; --snapshot/--target are CUDA snapshots")
+        selector, notice = engines.rocm_selector(args.arch)
+    elif args.arch:
+        raise ConfigError("--arch", args.arch, "is for --platform rocm")
+    else:
+        selector, notice = engines.choose_selector(args.snapshot, args.target)
     set_default_selector(selector)
     depth = ProbeDepth.FULL if args.full else ProbeDepth.FAST
     answers = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in asked]
@@ -109,4 +117,9 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--snapshot", metavar="FILE", help="answer from this recorded snapshot")
     source.add_argument("--target", choices=TARGETS, help="answer from the snapshots bundled for this GPU")
+    parser.add_argument("--platform", choices=("cuda", "rocm"), default="cuda",
+                        help="cuda (default): live cuDNN or snapshots; rocm: AMD declared capability tables "
+                        "(declared, not probed)")
+    parser.add_argument("--arch", metavar="GFX", help="with --platform rocm: the AMD GPU target, e.g. gfx942 "
+                        "(default: this machine's first AMD GPU)")
     parser.set_defaults(func=_cmd_why)

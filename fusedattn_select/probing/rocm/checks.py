@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ._core import AttnConfig, Phase
-from .tables import DeclaredTable
+from fusedattn_select.probing.rocm._core import AttnConfig, Phase
+from fusedattn_select.probing.rocm.tables import DeclaredTable
 
 
 @dataclass(frozen=True)

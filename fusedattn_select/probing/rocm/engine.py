@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from fusedattn_select._version import __version__
 
-from ._core import (
+from fusedattn_select.probing.rocm._core import (
     DECLARED,
     AttnConfig,
     Backend,
@@ -26,9 +26,9 @@ from ._core import (
     Verdict,
     declared_provenance,
 )
-from .checks import CHECKS, TableAnswer
-from .device import split_arch
-from .tables import DECLARED_DIR, TABLE_NAMES, DeclaredTable, load_table
+from fusedattn_select.probing.rocm.checks import CHECKS, TableAnswer
+from fusedattn_select.probing.rocm.device import split_arch
+from fusedattn_select.probing.rocm.tables import DECLARED_DIR, TABLE_NAMES, DeclaredTable, load_table
 
 log = logging.getLogger("fusedattn_select")
 

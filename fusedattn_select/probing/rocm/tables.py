@@ -10,7 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ._core import ConfigError, FusedAttnSelectError
+from fusedattn_select.probing.rocm._core import ConfigError, FusedAttnSelectError
 
 DECLARED_DIR = Path(__file__).resolve().parent / "declared"
 # Consulted in this order: hipDNN's graph API is the cuDNN counterpart, CK Tile is the kernel
