@@ -1,0 +1,128 @@
+"""The run's setup: device, driver, cuDNN, torch and library versions (the report's header)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from typing import Mapping
+
+from tools.bench.common import ROOT, Partial, first_line
+from tools.bench.runner import Runner
+
+
+# ----- worker ------------------------------------------------------------------------------------
+def worker(args: Mapping, res: Partial) -> None:
+    res["python"] = platform.python_version()
+    res["host"] = platform.node()
+    try:
+        import fusedattn_select
+
+        res["library"] = fusedattn_select.__version__
+    except Exception as err:  # noqa: BLE001
+        res["library"] = f"import failed: {err}"
+    import torch
+
+    res["torch"] = torch.__version__
+    res["torch_cuda"] = torch.version.cuda
+    res["torch_cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        res["gpu_name"] = props.name
+        res["capability"] = f"{props.major}.{props.minor}"
+        res["sm_count"] = props.multi_processor_count
+        res["memory_gib"] = round(props.total_memory / 2**30, 1)
+        res["device_count"] = torch.cuda.device_count()
+    res.update(_cudnn_versions())
+    try:
+        from fusedattn_select.probing.cudnn import CudnnEngine
+
+        fp = CudnnEngine().fingerprint()
+        res["driver"] = fp.driver_version
+        res["fingerprint"] = fp.describe()
+    except Exception as err:  # noqa: BLE001
+        res["engine_error"] = f"{type(err).__name__}: {err}"
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,pstate",
+             "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        res["nvidia_smi"] = smi.stdout.strip().splitlines()[0] if smi.stdout.strip() else smi.stderr.strip()
+    except Exception as err:  # noqa: BLE001
+        res["nvidia_smi"] = f"n/a: {err}"
+
+
+def _cudnn_versions() -> dict:
+    out = {}
+    try:
+        import cudnn
+
+        out["cudnn_frontend"] = str(getattr(cudnn, "__version__", "unknown"))
+        from fusedattn_select.types import format_cudnn_version
+
+        out["cudnn_backend"] = format_cudnn_version(int(cudnn.backend_version()))
+    except Exception as err:  # noqa: BLE001
+        out["cudnn_error"] = f"{type(err).__name__}: {err}"
+    return out
+
+
+# ----- parent ------------------------------------------------------------------------------------
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def meta(runner: Runner) -> dict:
+    """The document's meta block, from an "env" worker."""
+    res = runner.worker("env", {}, "env")
+    out = {
+        "device": _device_text(res),
+        "gpu": first_line(res.get("nvidia_smi") or "") or res.get("gpu_name") or "n/a",
+        "driver": res.get("driver") or "n/a",
+        "cudnn_backend": res.get("cudnn_backend", "n/a"),
+        "cudnn_frontend": res.get("cudnn_frontend", "n/a"),
+        "torch": _torch_text(res),
+        "library": f"{res.get('library', 'n/a')} (git {_git_rev()})",
+        "python": res.get("python", platform.python_version()),
+        "host": res.get("host", platform.node()),
+        "date_utc": utc_now(),
+        "mode": runner.plan["mode"],
+        "budget_s": runner.args.budget,
+        "nvidia_smi": res.get("nvidia_smi"),
+        "fingerprint": res.get("fingerprint"),
+        "env_status": res.get("status"),
+    }
+    for key in ("engine_error", "cudnn_error"):
+        if res.get(key):
+            out[key] = res[key]
+    return out
+
+
+def _device_text(res: Mapping) -> str:
+    name = res.get("gpu_name")
+    if not name:
+        return "n/a (no CUDA device: " + str(res.get("status", "")) + ")"
+    extra = ", ".join(x for x in (
+        f"sm_{res.get('capability', '?').replace('.', '')}",
+        f"{res.get('sm_count', '?')} SMs",
+        f"{res.get('memory_gib', '?')} GiB",
+        f"{res.get('device_count', 1)} visible",
+    ))
+    return f"{name} ({extra})"
+
+
+def _torch_text(res: Mapping) -> str:
+    if not res.get("torch"):
+        return "n/a"
+    return f"{res['torch']} (CUDA {res.get('torch_cuda')}, torch's cuDNN {res.get('torch_cudnn')})"
+
+
+def _git_rev() -> str:
+    """The checkout's commit: git, else $FUSEDATTN_BENCH_REV (a copy of the tree without .git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=str(ROOT), timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except Exception:  # noqa: BLE001
+        pass
+    return os.environ.get("FUSEDATTN_BENCH_REV") or "n/a"

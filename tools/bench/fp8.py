@@ -1,0 +1,117 @@
+"""Section 5, FP8 part: attention(fp8=True) (quantization of q, k, v inside the call) vs bf16
+attention(), for inference and for training."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from tools.bench.common import (BACKWARD_FLOP_FACTOR, RESULT_STATUS_OK, config_flops, error_status,
+                                first_line, fmt_num, fmt_ratio, fmt_stat, log, md_table, median_of, ratio,
+                                summarize, tflops)
+from tools.bench.problems import attention_kwargs, dispatch_format, load_file
+from tools.bench.tensors import cuda_times, qkv, rel_err, to_bhsd
+
+
+@dataclass
+class _Rows:
+    """The measurement rows of the FP8 comparison, each timed with CUDA events."""
+
+    torch: Any
+    reps: int
+    warm: int
+    rows: list = field(default_factory=list)
+
+    def add(self, name: str, fn: Callable, setup: Callable | None = None, work: float | None = None,
+            base: dict | None = None) -> dict:
+        row: dict[str, Any] = {"name": name}
+        self.rows.append(row)
+        try:
+            row["ms"] = summarize(cuda_times(self.torch, fn, self.reps, self.warm, setup), "ms")
+            row["tflops"] = tflops(work, median_of(row["ms"])) if work else None
+            row["ratio_to_bf16"] = ratio(row["ms"], base["ms"]) if base and base.get("ms") else None
+        except Exception as err:  # noqa: BLE001
+            row["status"] = error_status(err)
+            log(traceback.format_exc())
+        return row
+
+
+def measure(torch: Any, r: dict, args: Mapping) -> None:
+    from fusedattn_select import select
+    from fusedattn_select.runtime.api import config_from_tensors
+
+    stem, name = args["fp8_entry"]
+    cfg = load_file(stem).get(name).config
+    layout = dispatch_format(cfg.qkv_layout)
+    flops = config_flops(cfg)
+    r["shape"] = f"{stem} {name}: {layout} b{cfg.batch_size} h{cfg.num_heads_q}/{cfg.num_heads_kv} " \
+                 f"s{cfg.seqlen_q} d{cfg.head_dim_qk} {cfg.mask}"
+    rows = _Rows(torch, int(args["reps"]), int(args["warmup"]))
+    r["rows"] = rows.rows
+    kwargs = attention_kwargs(cfg, layout)
+    q, k, v = qkv(torch, cfg, layout, requires_grad=False)
+    fp8_sel = select(config_from_tensors(q, k, v, fp8=True, is_training=False, **kwargs))
+    r["fp8_inference_selection"] = fp8_sel.backend.value + (
+        f": {first_line(fp8_sel.message)}" if fp8_sel.message else "")
+    _inference(torch, r, rows, (q, k, v), kwargs, flops)
+    _training(torch, r, rows, (q, k, v), kwargs, flops)
+    r["status"] = RESULT_STATUS_OK
+
+
+def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> None:
+    from fusedattn_select.runtime.api import attention, dispatch_info
+    from fusedattn_select.runtime.fp8 import quantize_qkv
+
+    q, k, v = tensors
+    with torch.no_grad():
+        before = dispatch_info()
+        ref = attention(q, k, v, **kwargs)
+        out8 = attention(q, k, v, fp8=True, **kwargs)
+        torch.cuda.synchronize()
+        after = dispatch_info()
+        r["fp8_fallback_calls"] = after.get("fallback_calls", 0) - before.get("fallback_calls", 0)
+        r["fp8_vs_bf16_rel_err"] = rel_err(out8, ref)
+        base = rows.add("bf16 attention() fwd (inference)", lambda _: attention(q, k, v, **kwargs), work=flops)
+        rows.add("fp8 attention(fp8=True) fwd incl. quantization (inference)",
+                 lambda _: attention(q, k, v, fp8=True, **kwargs), work=flops, base=base)
+        qb, kb, vb = (to_bhsd(t, kwargs["layout"]) for t in (q, k, v))
+        rows.add("quantize_qkv alone (amax + scale + cast of q, k, v)",
+                 lambda _: quantize_qkv(qb, kb, vb, torch.float8_e4m3fn), base=base)
+    del ref, out8
+
+
+def _training(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> None:
+    """Forward + backward, bf16 vs fp8."""
+    from fusedattn_select import select
+    from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info
+
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in tensors)
+    grads_of = (qg, kg, vg)
+    train_sel = select(config_from_tensors(qg, kg, vg, fp8=True, is_training=True, **kwargs))
+    r["fp8_training_selection"] = train_sel.backend.value + (
+        f": {first_line(train_sel.message)}" if train_sel.message else "")
+    grad = torch.randn_like(attention(qg, kg, vg, **kwargs))
+    before = dispatch_info()
+    torch.autograd.grad(attention(qg, kg, vg, fp8=True, **kwargs), grads_of, grad)
+    torch.cuda.synchronize()
+    r["fp8_training_fallback_calls"] = dispatch_info().get("fallback_calls", 0) - before.get("fallback_calls", 0)
+    work = flops * (1 + BACKWARD_FLOP_FACTOR)
+    base = rows.add("bf16 attention() fwd+bwd (training)",
+                    lambda _: torch.autograd.grad(attention(qg, kg, vg, **kwargs), grads_of, grad), work=work)
+    rows.add("fp8 attention(fp8=True) fwd+bwd incl. quantization (training)",
+             lambda _: torch.autograd.grad(attention(qg, kg, vg, fp8=True, **kwargs), grads_of, grad),
+             work=work, base=base)
+
+
+def render(fp8: Mapping) -> str:
+    if fp8.get("rows"):
+        return (f"FP8 ({fp8.get('shape', '')}): `attention(fp8=True)` (quantization of q, k, v "
+                "inside the call) vs bf16 `attention()`.\n\n" + md_table(
+                    ("measurement", "ms", "TFLOPS", "ratio to bf16"),
+                    [(r.get("name"), fmt_stat(r.get("ms")) if r.get("ms") else r.get("status", "n/a"),
+                      fmt_num(r.get("tflops")), fmt_ratio(r.get("ratio_to_bf16")))
+                     for r in fp8["rows"]]))
+    if fp8.get("status"):
+        return f"FP8: {fp8.get('status')}"
+    return ""

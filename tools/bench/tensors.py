@@ -1,0 +1,65 @@
+"""Tensors for the measurements: random q, k, v in a layout, views, CUDA-event timing, errors.
+
+torch is passed in by the caller: importing this module imports no GPU stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+# Permutation from a layout's dim order to logical (B, H, S, D), and back.
+TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+FROM_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": (0, 1, 2, 3)}
+
+
+def qkv(torch: Any, cfg: Any, layout: str, requires_grad: bool, dtype: Any = None) -> tuple:
+    """Random q, k, v for `cfg` in the dim order of `layout` (normal(0, 1); never zeros)."""
+    from fusedattn_select.dtypes import torch_dtype
+
+    dtype = dtype or torch_dtype(cfg.qkv_dtype, torch)
+    dims = {
+        "q": (cfg.batch_size, cfg.num_heads_q, cfg.seqlen_q, cfg.head_dim_qk),
+        "k": (cfg.batch_size, cfg.num_heads_kv, cfg.seqlen_kv, cfg.head_dim_qk),
+        "v": (cfg.batch_size, cfg.num_heads_kv, cfg.seqlen_kv, cfg.resolved_head_dim_v),
+    }
+    order = FROM_BHSD[layout]
+    out = []
+    for name in ("q", "k", "v"):
+        shape = tuple(dims[name][i] for i in order)
+        out.append(torch.randn(shape, device="cuda", dtype=dtype).requires_grad_(requires_grad))
+    return tuple(out)
+
+
+def to_bhsd(t: Any, layout: str) -> Any:
+    return t.permute(TO_BHSD[layout])
+
+
+def from_layout(grad: Any, layout: str, like: Any) -> Any:
+    """The output gradient given in the caller's layout, as the BHSD view SDPA returns."""
+    g = to_bhsd(grad, layout)
+    return g if tuple(g.shape) == tuple(like.shape) else g.reshape(like.shape)
+
+
+def cuda_times(torch: Any, fn: Callable[[Any], Any], reps: int, warmup: int,
+               setup: Callable[[], Any] | None = None) -> list[float]:
+    """ms per call of fn(setup()) with CUDA events around fn only (setup is not timed)."""
+    for _ in range(warmup):
+        fn(setup() if setup else None)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    keep = []
+    for i in range(reps):
+        arg = setup() if setup else None
+        starts[i].record()
+        keep.append(fn(arg))
+        ends[i].record()
+        if len(keep) > 2:
+            keep.pop(0)
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def rel_err(a: Any, b: Any) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
