@@ -15,7 +15,7 @@ from fusedattn_select.probing import discover_engine
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.selection.rules import apply_rules, no_platform_verdict
 from fusedattn_select.selection.single_flight import read_or_make
-from fusedattn_select.store import protocol
+from fusedattn_select.store import open_default_store, protocol
 from fusedattn_select.types import (
     Backend,
     Fingerprint,
@@ -288,8 +288,6 @@ def default_selector() -> Selector:
             engine, reason = discover_engine()
             store = None
             if engine is not None:
-                from fusedattn_select.store import open_default_store
-
                 store = open_default_store()
             _default = Selector(engine, unavailable_reason=reason, store=store)
         return _default

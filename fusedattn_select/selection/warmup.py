@@ -44,6 +44,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.selection.selector import Selector, default_selector
+from fusedattn_select.store import PersistentStore
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Selection
 
 log = logging.getLogger("fusedattn_select")
@@ -140,28 +141,6 @@ class WarmupReport:
             "plan_note": self.plan_note,
         }
 
-    def format_table(self) -> str:
-        """A plain-text table, one line per problem, then the summary line."""
-        header = ("name", "backend", "outcome", "seconds", "answer", "reason")
-        lines = [
-            (
-                row.name + (f" (= {', '.join(row.also_named)})" if row.also_named else ""),
-                row.backend.value,
-                row.outcome.value,
-                f"{row.seconds:.3f}",
-                "cached" if row.from_cache else "probed",
-                row.reason,
-            )
-            for row in self.rows
-        ]
-        widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header) - 1)]
-
-        def render(cells: tuple[str, ...]) -> str:
-            aligned = [cell.rjust(w) if i == 3 else cell.ljust(w) for i, (cell, w) in enumerate(zip(cells, widths))]
-            return "  ".join([*aligned, cells[-1]]).rstrip()
-
-        return "\n".join([render(header), *(render(cells) for cells in lines), self.summary()])
-
 
 WORKERS = ("threads", "processes")
 
@@ -198,7 +177,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
             if use_processes:
                 futures = {
                     pool.submit(_warm_in_worker, name, cfg.to_dict(), key, probe_depth.value,
-                                str(plans[0].directory), plans[2]): key
+                                str(plans[0].path.parent), plans[2]): key
                     for key, (name, cfg, _) in problems.items()
                 }
             else:
@@ -263,7 +242,6 @@ def _warm_in_worker(name: str, config: dict, key: str, depth: str, store_dir: st
     if _worker_selector is None:
         # Imported here: only a worker process runs the live engine, which needs cuDNN.
         from fusedattn_select.probing.cudnn.engine import CudnnEngine
-        from fusedattn_select.store import PersistentStore
 
         _worker_selector = Selector(CudnnEngine(device), store=PersistentStore(store_dir))
     probe_depth = ProbeDepth.parse(depth)

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from fusedattn_select.cli.warmup import format_report
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
@@ -133,7 +134,7 @@ def test_report_tells_accepted_rejected_and_failed_apart():
     assert "multiple of 8" in rows["odd-head-dim"].reason
     assert rows["oom"].outcome is WarmupOutcome.FAILED and "out of memory" in rows["oom"].reason
     assert [report.totals[k] for k in ("accepted", "rejected", "failed")] == [1, 1, 1]
-    table = report.format_table().splitlines()
+    table = format_report(report).splitlines()
     assert re.fullmatch(r"1 accepted, 1 rejected, 1 failed in \d+\.\d\d s", table[-1])
     assert table[0].split()[:3] == ["name", "backend", "outcome"]
     assert any(line.startswith("odd-head-dim") and "multiple of 8" in line for line in table)
