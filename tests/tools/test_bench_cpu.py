@@ -380,3 +380,15 @@ def test_help_runs_as_a_module():
 def test_non_training_entries_are_not_picked_for_dispatch():
     entry = SimpleNamespace(name="x", config=SimpleNamespace(is_training=False))
     assert problems.pick_dispatch_entries([entry], 1) == []
+
+
+def test_tensor_views_follow_the_library_layouts():
+    torch = pytest.importorskip("torch")
+    from tools.bench import tensors
+
+    t = torch.zeros(2, 5, 3, 4)  # bshd: batch 2, seqlen 5, heads 3, head_dim 4
+    assert tuple(tensors.to_bhsd(t, "bshd").shape) == (2, 3, 5, 4)
+    assert tuple(tensors.to_bhsd(torch.zeros(5, 2, 3, 4), "sbhd").shape) == (2, 3, 5, 4)
+    out = torch.zeros(2, 3, 5, 4)
+    assert tuple(tensors.from_layout(t, "bshd", out).shape) == (2, 3, 5, 4)
+    assert tensors.rel_err(torch.ones(3), torch.ones(3)) == 0.0

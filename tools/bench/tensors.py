@@ -1,20 +1,18 @@
 """Tensors for the measurements: random q, k, v in a layout, views, CUDA-event timing, errors.
 
-torch is passed in by the caller: importing this module imports no GPU stack.
+torch is passed in by the caller, and the library's torch-side modules are imported inside the
+functions: importing this module imports no GPU stack.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-# Permutation from a layout's dim order to logical (B, H, S, D), and back.
-TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
-FROM_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": (0, 1, 2, 3)}
-
 
 def qkv(torch: Any, cfg: Any, layout: str, requires_grad: bool, dtype: Any = None) -> tuple:
     """Random q, k, v for `cfg` in the dim order of `layout` (normal(0, 1); never zeros)."""
     from fusedattn_select.dtypes import torch_dtype
+    from fusedattn_select.runtime.layouts import FROM_BHSD
 
     dtype = dtype or torch_dtype(cfg.qkv_dtype, torch)
     dims = {
@@ -31,7 +29,10 @@ def qkv(torch: Any, cfg: Any, layout: str, requires_grad: bool, dtype: Any = Non
 
 
 def to_bhsd(t: Any, layout: str) -> Any:
-    return t.permute(TO_BHSD[layout])
+    """The logical (B, H, S, D) view of a tensor in `layout`'s dim order."""
+    from fusedattn_select.runtime.layouts import bhsd
+
+    return bhsd(t, layout)
 
 
 def from_layout(grad: Any, layout: str, like: Any) -> Any:
