@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 from fusedattn_select._version import __version__
 from fusedattn_select.config_files import NamedConfig, load_config_file
 from fusedattn_select.errors import SnapshotError
+from fusedattn_select.probing import torch_rules
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.probing.snapshot import SCHEMA
 from fusedattn_select.selection.selector import Selector
@@ -48,12 +49,17 @@ def record_snapshot(
     depth: str = "fast",
     jobs: int = 1,
     progress: Progress | None = None,
+    ask_torch: bool = True,
 ) -> dict[str, Any]:
     """Probe every entry of the YAML config files `paths` with `engine`; return the snapshot dict.
 
     Entries keep the order of the files. Rule-rejected problems are recorded with their rule
     verdicts, FAILED probes as failed; nothing is skipped. `jobs` > 1 probes entries on threads
     (this overlaps the Python around the probes; cuDNN's plan builds themselves hold the GIL).
+
+    With `ask_torch` and torch seeing a CUDA device, each entry also gets PyTorch's own answer
+    (`"torch"`, see probing.torch_rules.torch_answer) and the header torch's versions (`"torch"`);
+    without torch the header says why (`"torch": {"unavailable": reason}`) and entries have none.
     """
     if engine.provenance is Provenance.SNAPSHOT:
         raise SnapshotError(
@@ -66,6 +72,9 @@ def record_snapshot(
     files = [load_config_file(p) for p in paths]
     work = [(path.name, named) for path, cfg_file in zip(paths, files) for named in cfg_file.entries]
     selector = Selector(engine, store=None)
+    torch_header, torch_missing = torch_rules.torch_platform() if ask_torch else (None, "not asked (ask_torch=False)")
+    if torch_header is None:
+        log.info("fusedattn_select: recording without torch's answers: %s", torch_missing)
     total = len(work)
     done = 0
 
@@ -87,7 +96,11 @@ def record_snapshot(
 
     entries: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for entry in pool.map(answer, work):
+        for (_, named), entry in zip(work, pool.map(answer, work)):
+            if torch_header is not None:
+                # Asked on this (the main) thread, one problem at a time: torch_answer sets torch's
+                # global SDPA flags while it asks.
+                entry["torch"] = torch_rules.torch_answer(named.config)
             entries.append(entry)
             done += 1
             if progress is not None:
@@ -100,6 +113,7 @@ def record_snapshot(
         "depth": probe_depth.value,
         "engine": engine.name,
         "fingerprint": engine.fingerprint().to_dict(),
+        "torch": torch_header if torch_header is not None else {"unavailable": torch_missing},
         "suites": [p.name for p in paths],
         "entries": entries,
     }

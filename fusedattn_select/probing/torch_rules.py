@@ -1,0 +1,287 @@
+"""PyTorch's own answer for a problem: what torch's SDPA rules say, evaluated by torch on the device.
+
+The answer comes from torch itself (`torch.backends.cuda.can_use_cudnn_attention` with an
+`SDPAParams`, and `torch._fused_sdp_choice`), never from a copy of its rules: a copy would drift
+from the torch it claims to describe. torch's cuDNN rule reads the device (compute capability,
+cuDNN runtime version), so it is only evaluated where torch sees a CUDA device; the recorder stores
+the answer per snapshot entry so the comparison also works on machines without a GPU.
+
+What this module decides itself is only how a problem is stated to SDPA (`sdpa_call`): the tensor
+shapes and strides, the mask as `is_causal` or as a dense `attn_mask` (the way transformers passes
+padding and windows to SDPA), dropout, GQA, training as inputs that require grad, determinism as
+`torch.use_deterministic_algorithms(True)`. A problem SDPA cannot state (FP8, ragged or paged
+layouts, softmax variants, pre-scale bias, ...) is answered "not_expressible" with the reason; an
+evaluation that raises is answered "failed" with the error, never as a verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.dtypes import FP8_DTYPES
+from fusedattn_select.errors import ConfigError, SnapshotError
+from fusedattn_select.layouts import format_strides
+
+log = logging.getLogger("fusedattn_select")
+
+# The `status` of a recorded torch answer.
+EVALUATED = "evaluated"
+NOT_EXPRESSIBLE = "not_expressible"
+FAILED = "failed"
+
+# Shapes of a post-scale bias, as (batch, heads) present in the 4-D [b, h, s_q, s_kv] mask.
+_BIAS_DIMS = {"11ss": (False, False), "1hss": (False, True), "b1ss": (True, False), "bhss": (True, True)}
+
+
+@dataclass(frozen=True)
+class SdpaCall:
+    """How one problem is stated to torch's SDPA: logical [b, h, s, d] tensors with strides."""
+
+    shape_q: tuple[int, int, int, int]
+    shape_k: tuple[int, int, int, int]
+    shape_v: tuple[int, int, int, int]
+    strides_q: tuple[int, int, int, int]
+    strides_k: tuple[int, int, int, int]
+    strides_v: tuple[int, int, int, int]
+    dtype: str  # "fp16" | "bf16"
+    is_causal: bool
+    mask_shape: tuple[int, int, int, int] | None  # a dense attn_mask of this shape, or none
+    mask_is_float: bool  # float (additive bias) mask in the qkv dtype, else boolean
+    dropout: float
+    scale: float | None
+    enable_gqa: bool
+    requires_grad: bool
+    deterministic: bool
+
+    def describe(self) -> str:
+        """One line saying how the problem was stated, stored beside torch's answer."""
+        mask = "none"
+        if self.mask_shape is not None:
+            kind = "float" if self.mask_is_float else "bool"
+            mask = f"{kind}{list(self.mask_shape)}"
+        return (
+            f"q{list(self.shape_q)} k{list(self.shape_k)} v{list(self.shape_v)} {self.dtype} "
+            f"is_causal={self.is_causal} attn_mask={mask} dropout={self.dropout} "
+            f"enable_gqa={self.enable_gqa} requires_grad={self.requires_grad}"
+            + (" deterministic" if self.deterministic else "")
+        )
+
+
+def _not_expressible(cfg: AttnConfig) -> str:
+    """Why SDPA's API cannot state this problem ("" when it can)."""
+    layout = cfg.layout
+    checks = (
+        (cfg.qkv_dtype in FP8_DTYPES, f"qkv_dtype={cfg.qkv_dtype!r}: SDPA takes no FP8 scaling recipe"),
+        (layout.ragged, f"qkv_layout={cfg.qkv_layout!r}: ragged (THD) tensors need nested tensors"),
+        (layout.paged, f"qkv_layout={cfg.qkv_layout!r}: SDPA has no paged KV cache"),
+        (cfg.softmax != "vanilla", f"softmax={cfg.softmax!r}: SDPA has the vanilla softmax only"),
+        (cfg.bias == "pre_scale_bias", "bias='pre_scale_bias': SDPA adds attn_mask after scaling"),
+        (cfg.return_max_logit, "return_max_logit=True: SDPA returns no max logit"),
+        (cfg.o_format is not None and cfg.o_format != cfg.q_format,
+         f"o_format={cfg.o_format!r}: SDPA chooses the output's memory format"),
+        (cfg.dqkv_layout is not None and cfg.dqkv_layout != cfg.qkv_layout,
+         f"dqkv_layout={cfg.dqkv_layout!r}: SDPA chooses the gradients' memory format"),
+        (cfg.do_format is not None and cfg.do_format != cfg.resolved_o_format,
+         f"do_format={cfg.do_format!r}: SDPA takes the output gradient as autograd gives it"),
+        (any(getattr(cfg, f) not in (None, cfg.qkv_dtype) for f in ("o_dtype", "do_dtype", "dqkv_dtype")),
+         "o/do/dqkv dtype differs from qkv_dtype: SDPA computes in the inputs' dtype"),
+    )
+    return next((reason for failed, reason in checks if failed), "")
+
+
+def _mask(cfg: AttnConfig) -> tuple[bool, tuple[int, int, int, int] | None, bool]:
+    """(is_causal, dense attn_mask shape or None, mask is float)."""
+    b, h, sq, skv = cfg.batch_size, cfg.num_heads_q, cfg.seqlen_q, cfg.seqlen_kv
+    # torch's is_causal is the top-left diagonal; it equals bottom-right when s_q == s_kv.
+    plain_causal = cfg.is_causal and (sq == skv or not cfg.resolved_bottom_right_diagonal)
+    needs_dense = (
+        cfg.has_padding or cfg.window_size != (-1, -1) or cfg.bias != "no_bias"
+        or (cfg.is_causal and not plain_causal)
+    )
+    if not needs_dense:
+        return plain_causal, None, False
+    # A dense mask holds the causal part too: SDPA refuses is_causal together with attn_mask.
+    has_b, has_h = cfg.has_padding, False
+    if cfg.bias == "post_scale_bias":
+        bias_b, bias_h = _BIAS_DIMS[cfg.bias_shape or "11ss"]
+        has_b, has_h = has_b or bias_b, bias_h
+    elif cfg.bias == "alibi":
+        has_h = True
+    shape = (b if has_b else 1, h if has_h else 1, sq, skv)
+    return False, shape, cfg.bias != "no_bias"
+
+
+def sdpa_call(cfg: AttnConfig) -> SdpaCall | str:
+    """How `cfg` is stated to torch's SDPA, or why it cannot be (a reason string)."""
+    reason = _not_expressible(cfg)
+    if reason:
+        return reason
+    layout, b = cfg.layout, cfg.batch_size
+    hq, hkv, sq, skv = cfg.num_heads_q, cfg.num_heads_kv, cfg.seqlen_q, cfg.seqlen_kv
+    dqk, dv = cfg.head_dim_qk, cfg.resolved_head_dim_v
+    if layout.packing is not None and dqk != dv:
+        return f"qkv_layout={cfg.qkv_layout!r} with head_dim_qk != head_dim_v: packed tensors share one head dim"
+    q_packing = layout.packing if layout.packing in ("3hd", "h3d") else None
+    kv_packing = layout.packing
+    is_causal, mask_shape, mask_is_float = _mask(cfg)
+    return SdpaCall(
+        shape_q=(b, hq, sq, dqk), shape_k=(b, hkv, skv, dqk), shape_v=(b, hkv, skv, dv),
+        strides_q=format_strides(layout.q_format, b, hq, sq, dqk, q_packing),
+        strides_k=format_strides(layout.kv_format, b, hkv, skv, dqk, kv_packing),
+        strides_v=format_strides(layout.kv_format, b, hkv, skv, dv, kv_packing),
+        dtype=cfg.qkv_dtype, is_causal=is_causal, mask_shape=mask_shape, mask_is_float=mask_is_float,
+        dropout=float(cfg.dropout), scale=cfg.attn_scale, enable_gqa=hq != hkv,
+        requires_grad=bool(cfg.is_training), deterministic=bool(cfg.deterministic),
+    )
+
+
+def torch_platform() -> tuple[dict[str, Any] | None, str]:
+    """(torch's versions on this CUDA device, "") or (None, why torch's rules cannot be asked here)."""
+    try:
+        import torch
+    except Exception as err:  # noqa: BLE001 - torch is optional; any import failure means "not here"
+        return None, f"torch cannot be imported ({type(err).__name__}: {err})"
+    try:
+        if not torch.cuda.is_available():
+            return None, f"torch {torch.__version__} sees no CUDA device"
+        return {
+            "version": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn_version": torch.backends.cudnn.version(),
+            "device_name": torch.cuda.get_device_name(),
+        }, ""
+    except Exception as err:  # noqa: BLE001 - a broken CUDA setup is reported, not raised
+        return None, f"torch cannot query the CUDA device ({type(err).__name__}: {err})"
+
+
+def _tensor(torch: Any, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, grad: bool) -> Any:
+    # Storage just large enough for the strided view; torch's rules read shapes and strides only.
+    size = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    base = torch.empty(size, dtype=dtype, device="cuda")
+    return base.as_strided(shape, strides).requires_grad_(grad)
+
+
+@contextlib.contextmanager
+def _torch_defaults(torch: Any, deterministic: bool) -> Iterator[None]:
+    """Every SDPA backend enabled (torch's defaults) and the requested determinism, restored after."""
+    backends = torch.backends.cuda
+    saved = (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled(),
+             backends.math_sdp_enabled())
+    saved_det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        for enable in (backends.enable_cudnn_sdp, backends.enable_flash_sdp, backends.enable_mem_efficient_sdp,
+                       backends.enable_math_sdp):
+            enable(True)
+        torch.use_deterministic_algorithms(deterministic)
+        yield
+    finally:
+        for enable, value in zip((backends.enable_cudnn_sdp, backends.enable_flash_sdp,
+                                  backends.enable_mem_efficient_sdp, backends.enable_math_sdp), saved):
+            enable(value)
+        torch.use_deterministic_algorithms(saved_det[0], warn_only=saved_det[1])
+
+
+def _evaluate(call: SdpaCall) -> dict[str, Any]:
+    import torch
+    from torch.backends.cuda import SDPAParams, can_use_cudnn_attention
+    from torch.nn.attention import SDPBackend
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[call.dtype]
+    with _torch_defaults(torch, call.deterministic), torch.enable_grad():
+        q = _tensor(torch, call.shape_q, call.strides_q, dtype, call.requires_grad)
+        k = _tensor(torch, call.shape_k, call.strides_k, dtype, call.requires_grad)
+        v = _tensor(torch, call.shape_v, call.strides_v, dtype, call.requires_grad)
+        mask = None
+        if call.mask_shape is not None:
+            mask = torch.ones(call.mask_shape, dtype=dtype if call.mask_is_float else torch.bool, device="cuda")
+        params = SDPAParams(q, k, v, mask, call.dropout, call.is_causal, call.enable_gqa)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            accepts = bool(can_use_cudnn_attention(params, True))
+            choice = torch._fused_sdp_choice(q, k, v, mask, call.dropout, call.is_causal, call.scale,
+                                             call.enable_gqa)
+    reasons = list(dict.fromkeys(str(w.message).strip() for w in caught))
+    return {
+        "status": EVALUATED,
+        "cudnn": accepts,
+        "cudnn_reasons": [] if accepts else reasons,
+        "sdpa_choice": SDPBackend(choice).name,
+        "expressed_as": call.describe(),
+    }
+
+
+def torch_answer(cfg: AttnConfig) -> dict[str, Any]:
+    """torch's answer for `cfg` on this process's CUDA device, as stored in a snapshot entry.
+
+    {"status": "evaluated", "cudnn": bool, "cudnn_reasons": [torch's debug messages],
+    "sdpa_choice": "CUDNN_ATTENTION" | "FLASH_ATTENTION" | ..., "expressed_as": str};
+    {"status": "not_expressible", "reason": str}; or {"status": "failed", "error": str}.
+    Call it from one thread at a time: it sets torch's global SDPA flags while it asks.
+    """
+    call = sdpa_call(cfg)
+    if isinstance(call, str):
+        return {"status": NOT_EXPRESSIBLE, "reason": call}
+    try:
+        return _evaluate(call)
+    except Exception as err:  # noqa: BLE001 - a failed evaluation is recorded as such, never as a verdict
+        log.warning("fusedattn_select: torch's SDPA rule could not be evaluated for %s: %s: %s",
+                    cfg.cache_key(), type(err).__name__, err)
+        return {"status": FAILED, "error": f"{type(err).__name__}: {err}", "expressed_as": call.describe()}
+
+
+@dataclass
+class RecordedTorch:
+    """torch's answers recorded in snapshot files: per cache key, and each file's torch header."""
+
+    answers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # file name -> the header's "torch" object ({"version": ...} or {"unavailable": why}); None
+    # for a file recorded before snapshots held torch's answers.
+    headers: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+
+
+def _snapshot_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SnapshotError(f"snapshot {path}: cannot be read ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        raise SnapshotError(f"snapshot {path}: expected a JSON object with a list 'entries'")
+    return data
+
+
+def read_recorded_torch(paths: Iterable[str | Path]) -> RecordedTorch:
+    """torch's answers stored in snapshot files by the recorder (entries without one are skipped).
+
+    Entries are indexed by the cache key this library derives from the recorded config, as the
+    snapshot engine indexes verdicts; the first file that answers a key wins.
+    """
+    recorded = RecordedTorch()
+    for path in (Path(p) for p in paths):
+        data = _snapshot_json(path)
+        header = data.get("torch")
+        recorded.headers[path.name] = header if isinstance(header, dict) else None
+        for index, raw in enumerate(data["entries"]):
+            answer = raw.get("torch") if isinstance(raw, dict) else None
+            if answer is None:
+                continue
+            if not isinstance(answer, dict) or "status" not in answer:
+                raise SnapshotError(f"snapshot {path}: entries[{index}].torch must be an object with a 'status'")
+            try:
+                key = AttnConfig.from_dict(raw["config"]).cache_key()
+            except (ConfigError, KeyError, TypeError) as err:
+                raise SnapshotError(f"snapshot {path}: entries[{index}]: config is not valid here: {err}") from None
+            recorded.answers.setdefault(key, answer)
+    return recorded
+
+
+__all__ = [
+    "EVALUATED", "FAILED", "NOT_EXPRESSIBLE", "RecordedTorch", "SdpaCall", "read_recorded_torch",
+    "sdpa_call", "torch_answer", "torch_platform",
+]
