@@ -15,6 +15,7 @@ from fusedattn_select.selection.selector import (
     clear_cache,
     get_backend,
     select,
+    use_snapshots,
 )
 from fusedattn_select.types import Backend, Selection, Verdict
 
@@ -29,20 +30,26 @@ __all__ = [
     "attention",
     "cache_info",
     "clear_cache",
+    "dispatch_info",
     "get_backend",
     "load_config_file",
     "select",
+    "use_snapshots",
     "warmup",
 ]
 
 
 def __getattr__(name: str):
-    # attention() needs torch and warmup() may need cuDNN: import them only when asked for, so
-    # importing the package works on a machine with neither.
+    # attention() and dispatch_info() need torch and warmup() may need cuDNN: import them only when
+    # asked for, so importing the package works on a machine with neither.
     if name == "attention":
         from fusedattn_select.runtime.api import attention
 
         return attention
+    if name == "dispatch_info":
+        from fusedattn_select.runtime.api import dispatch_info
+
+        return dispatch_info
     if name == "warmup":
         from fusedattn_select.selection.warmup import warmup
 

@@ -46,11 +46,14 @@ class Outcome(str, enum.Enum):
 
     SUPPORTED and UNSUPPORTED are verdicts about the problem and are cached; FAILED is an incident
     (out of memory, CUDA error, timeout) that says nothing about support and is never cached.
+    NO_DATA says the source holds no answer (a problem a snapshot did not record, or no engine at
+    all): only a live probe can answer it; it is never stored and never reported as unsupported.
     """
 
     SUPPORTED = "supported"
     UNSUPPORTED = "unsupported"
     FAILED = "failed"
+    NO_DATA = "no_data"
 
     def __str__(self) -> str:
         return self.value
@@ -88,10 +91,18 @@ class ProbeDepth(str, enum.Enum):
             raise ConfigError(field, value, "must be 'fast' or 'full'") from None
 
 
+_REJECTION_KIND = {
+    Outcome.UNSUPPORTED: "not supported",
+    Outcome.FAILED: "probe failed",
+    Outcome.NO_DATA: "no data",
+    Outcome.SUPPORTED: "supported",
+}
+
+
 def rejection_line(backend: Backend, phases: "tuple[Phase, ...] | list[Phase]", outcome: Outcome, stage: str,
                    message: str) -> str:
     """One rejection as users read it: "F16 forward and backward not supported at validate: ..."."""
-    kind = "probe failed" if outcome is Outcome.FAILED else "not supported"
+    kind = _REJECTION_KIND[outcome]
     names = " and ".join(p.value for p in phases)
     return f"{backend.value} {names} {kind} at {stage}: {message}"
 
@@ -169,7 +180,9 @@ class Selection:
 
     `backend` is the chosen backend (or NONE), `message` is "" when one is selected and otherwise
     the reasons joined by "; ". `reasons` holds one line per rejected graph or rule; `verdicts`
-    holds every per-phase answer with its provenance.
+    holds every per-phase answer with its provenance. `notice` says when the engine is not what
+    the caller named (no GPU here: answered from a bundled snapshot). `no_data` is True when the
+    backend is NONE only because the source holds no answer, not because of a verdict.
     """
 
     backend: Backend
@@ -182,10 +195,17 @@ class Selection:
     config: "AttnConfig | None" = field(default=None, compare=False)
     cache_key: str = ""
     engine: str = ""
+    notice: str = ""
 
     @property
     def selected(self) -> bool:
         return self.backend is not Backend.NONE
+
+    @property
+    def no_data(self) -> bool:
+        """NONE for want of data: every verdict that is not a "yes" is NO_DATA (no refusal, no incident)."""
+        unanswered = [v for v in self.verdicts if not v.supported]
+        return bool(unanswered) and all(v.outcome is Outcome.NO_DATA for v in unanswered)
 
     @property
     def provenance(self) -> tuple[Provenance, ...]:
@@ -195,6 +215,7 @@ class Selection:
         return {
             "backend": self.backend.value,
             "candidate": self.candidate.value,
+            "no_data": self.no_data,
             "message": self.message,
             "reasons": list(self.reasons),
             "verdicts": [v.to_dict() for v in self.verdicts],
@@ -202,6 +223,7 @@ class Selection:
             "probe_ms": round(self.probe_ms, 4),
             "cache_key": self.cache_key,
             "engine": self.engine,
+            "notice": self.notice,
             "config": self.config.to_dict() if self.config is not None else None,
         }
 

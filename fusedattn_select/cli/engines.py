@@ -1,83 +1,30 @@
-"""The engine and store a command answers with: live cuDNN, a recorded snapshot, or the platform rule.
+"""The engine a command answers with: the same choice as the library's (probing.choose_engine), or
+ROCm's declared tables.
 
 Commands call these through the module (`engines.live_engine()`), so a test can replace one.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-import os
 import re
-from pathlib import Path
 
-from fusedattn_select.errors import (
-    ConfigError,
-    FusedAttnSelectError,
-    PlatformError,
-    SnapshotError,
-)
-from fusedattn_select.probing import SNAPSHOT_ENV, bundled_snapshot, discover_engine
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.probing import TARGETS, bundled_paths, choice, target_name
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.probing.rocm import detect_rocm_device, select_rocm_engine
-from fusedattn_select.probing.snapshot import SnapshotEngine
-from fusedattn_select.selection.selector import Selector
+from fusedattn_select.selection.selector import Selector, selector_for
 from fusedattn_select.store import Store, open_default_store
-from fusedattn_select.types import Provenance, format_cudnn_version
+
+__all__ = ["add_source_options", "bundled_paths", "choose_selector", "live_engine", "open_store", "rocm_selector"]
 
 log = logging.getLogger("fusedattn_select")
 
-# Suites recorded per target and shipped with the package (see probing.bundled_snapshot).
-BUNDLED_SUITES = ("configs", "hopper-suite")
-DEFAULT_TARGET = "h100"
-
-
-def bundled_paths(target: str) -> list[Path]:
-    """Where the snapshots bundled for `target` belong, one per suite, installed or not."""
-    return [bundled_snapshot(target, suite) for suite in BUNDLED_SUITES]
-
-
-def _bundled_files(target: str) -> list[Path]:
-    return [path for path in bundled_paths(target) if path.is_file()]
-
-
-def _missing_bundled(target: str) -> str:
-    paths = bundled_paths(target)
-    return (
-        f"no bundled snapshot for {target} is installed ({', '.join(p.name for p in paths)} missing "
-        f"in {paths[0].parent}); record one on that GPU with `fusedattn-select snapshot record`"
-    )
-
-
-def _bundled_engine(target: str) -> SnapshotEngine:
-    files = _bundled_files(target)
-    if not files:
-        raise SnapshotError(_missing_bundled(target))
-    return SnapshotEngine.load_many(files)
-
 
 def live_engine() -> tuple[ProbeEngine | None, str]:
-    """The live cuDNN engine, ignoring $FUSEDATTN_SELECT_SNAPSHOT: (engine, "") or (None, why)."""
-    # The live engine's modules (~17 ms to import) load only when a live device is asked for;
-    # they import cudnn-frontend (the optional 'cuda' extra) on first use, raising PlatformError
-    # when it is absent.
-    from fusedattn_select.probing.cudnn.engine import CudnnEngine
-
-    try:
-        return CudnnEngine(), ""
-    except PlatformError as err:
-        return None, str(err)
-    except Exception as err:  # noqa: BLE001 - the CLI reports a broken platform, never a traceback
-        return None, f"the cuDNN engine failed to start: {type(err).__name__}: {err}"
-
-
-def discovered_engine() -> tuple[ProbeEngine | None, str]:
-    """discover_engine(), with a broken platform reported like live_engine() reports it."""
-    try:
-        return discover_engine()
-    except FusedAttnSelectError:
-        raise
-    except Exception as err:  # noqa: BLE001 - see live_engine
-        return None, f"the cuDNN engine failed to start: {type(err).__name__}: {err}"
+    """The live cuDNN engine, ignoring snapshots: (engine, "") or (None, why); see probing.choice."""
+    return choice.live_engine()
 
 
 def open_store() -> Store | None:
@@ -89,13 +36,21 @@ def open_store() -> Store | None:
         return None
 
 
-def _describe_snapshot(engine: SnapshotEngine) -> str:
-    first = engine.files[0]
-    fp = first.fingerprint
-    return (
-        f"{fp.device_name or fp.platform}, cuDNN {format_cudnn_version(fp.cudnn_backend_version)} "
-        f"on {first.recorded_on}"
-    )
+def _target(text: str) -> str:
+    """argparse type for --target: a bundled target, in any case ("H100" is "h100")."""
+    try:
+        return target_name(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_source_options(parser: argparse.ArgumentParser) -> None:
+    """`--snapshot FILE` (repeatable) or `--target NAME`: where a command's answers come from."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--snapshot", metavar="FILE", action="append",
+                        help="answer from this recorded snapshot (repeat to merge snapshots of one device)")
+    source.add_argument("--target", type=_target, metavar="{" + ",".join(TARGETS) + "}",
+                        help="answer from the snapshots bundled for this GPU (any case)")
 
 
 def rocm_selector(arch: str | None) -> tuple[Selector, str]:
@@ -113,32 +68,11 @@ def rocm_selector(arch: str | None) -> tuple[Selector, str]:
         raise ConfigError("--arch", arch, "must be an AMD GPU target such as 'gfx942' or 'gfx90a'")
     engine, reason = select_rocm_engine(arch)
     notice = f"ROCm {engine.fingerprint().device_name}: {reason}" if reason else ""
-    return Selector(engine), notice
+    return Selector(engine, notice=notice), notice
 
 
-def choose_selector(snapshot: str | None, target: str | None) -> tuple[Selector, str]:
-    """The selector `why` answers with, and a notice line when it is not what the user named."""
-    notice = ""
-    engine: ProbeEngine | None
-    if snapshot:
-        engine = SnapshotEngine.load(snapshot)
-    elif target:
-        engine = _bundled_engine(target)
-    elif os.environ.get(SNAPSHOT_ENV):
-        engine = SnapshotEngine.load(os.environ[SNAPSHOT_ENV])
-    else:
-        engine, reason = discovered_engine()
-        if engine is None:
-            if not _bundled_files(DEFAULT_TARGET):
-                notice = (
-                    f"no CUDA device/cuDNN here ({reason}); {_missing_bundled(DEFAULT_TARGET)}; "
-                    "so answering with the platform rule; pass --snapshot FILE to answer from a snapshot"
-                )
-                return Selector(None, unavailable_reason=reason), notice
-            engine = _bundled_engine(DEFAULT_TARGET)
-            notice = (
-                f"no CUDA device/cuDNN here ({reason}); answering from the bundled snapshot recorded "
-                f"on {_describe_snapshot(engine)}; pass --target/--snapshot to choose"
-            )
-    store = None if engine.provenance is Provenance.SNAPSHOT else open_store()
-    return Selector(engine, store=store), notice
+def choose_selector(snapshots: list[str] | None, target: str | None) -> tuple[Selector, str]:
+    """The selector a command answers with (the library's choice: selection.selector_for), and the
+    notice line when it is not what the user named."""
+    selector = selector_for(snapshots, target)
+    return selector, selector.notice

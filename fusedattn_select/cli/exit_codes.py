@@ -1,6 +1,24 @@
-"""Exit codes of every command."""
+"""Exit codes of every command.
+
+Answers combine as "is every problem fused?": 1 when some problem has a NONE verdict (the answer
+is no, whatever the others say), else 3 when some problem has no data (unknown), else 0.
+"""
 
 EXIT_SELECTED = 0  # every answered problem has a fused backend (or the command has no answers)
-EXIT_NONE = 1  # some problem has none (NONE)
+EXIT_NONE = 1  # some problem has none (NONE): a verdict, or a command that could not do what it was asked
 EXIT_BAD_INPUT = 2  # a config, snapshot or option the command cannot use; one `error:` line on stderr
+EXIT_NO_DATA = 3  # no problem has NONE, but some has no data (not in the snapshot): only a live probe can answer
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
+
+EPILOG = (
+    "exit codes: 0 a backend is selected for every problem; 1 some problem has NONE; 2 bad input; "
+    "3 no problem has NONE but some has no data (not recorded in the snapshot: only a live probe "
+    "can answer it); 130 interrupted"
+)
+
+
+def answers_exit_code(fused: list[bool], no_data: list[bool]) -> int:
+    """The exit code of a command's answers: `fused[i]` and `no_data[i]` describe problem i."""
+    if any(not ok and not unknown for ok, unknown in zip(fused, no_data)):
+        return EXIT_NONE
+    return EXIT_NO_DATA if any(no_data) else EXIT_SELECTED

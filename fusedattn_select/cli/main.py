@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from fusedattn_select._version import __version__
 from fusedattn_select.cli.cache import register_cache
-from fusedattn_select.cli.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from fusedattn_select.cli.exit_codes import EPILOG, EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from fusedattn_select.cli.info import register_info
 from fusedattn_select.cli.matrix import register_matrix
 from fusedattn_select.cli.snapshot import register_snapshot
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fusedattn-select",
         description="Which fused attention backend (F16, FP8 or none) runs this problem on this GPU, "
         "from real cuDNN probes or snapshots recorded on real devices.",
-        epilog="exit codes: 0 a backend is selected for every problem, 1 some problem has NONE, 2 bad input",
+        epilog=EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log to stderr: -v INFO, -vv DEBUG")

@@ -7,34 +7,50 @@ import json
 import sys
 from typing import Any, Callable, TextIO
 
+from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
-from fusedattn_select.cli.exit_codes import EXIT_NONE, EXIT_SELECTED
+from fusedattn_select.cli.exit_codes import EPILOG, answers_exit_code
 from fusedattn_select.cli.table import render_table
+from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import PlatformError
 from fusedattn_select.probing import SNAPSHOT_ENV
-from fusedattn_select.selection.selector import default_selector
-from fusedattn_select.selection.warmup import WORKERS, WarmupReport, warmup
-from fusedattn_select.types import Backend, ProbeDepth
+from fusedattn_select.probing.snapshot import SnapshotEngine
+from fusedattn_select.selection.selector import Selector, default_selector
+from fusedattn_select.selection.warmup import (
+    WORKERS,
+    WarmupOutcome,
+    WarmupReport,
+    warmup,
+)
+from fusedattn_select.types import Outcome, ProbeDepth
 
 REPORT_HEADER = ("name", "backend", "outcome", "seconds", "answer", "reason")
 PROGRESS_BAR_WIDTH = 30
+NO_DATA = Outcome.NO_DATA.value
 
 
-def format_report(report: WarmupReport) -> str:
-    """One line per problem (seconds right-aligned), then the summary line."""
+def format_report(report: WarmupReport, answered: str = "probed", no_data: frozenset[str] = frozenset()) -> str:
+    """One line per problem (seconds right-aligned), then the summary line.
+
+    `answered` is what answering a new problem was ("probed", or "replayed" from a snapshot);
+    `no_data` holds the cache keys of rejected rows that are NONE for want of data.
+    """
     rows = [
         (
             row.name + (f" (= {', '.join(row.also_named)})" if row.also_named else ""),
             row.backend.value,
-            row.outcome.value,
+            NO_DATA if row.cache_key in no_data else row.outcome.value,
             f"{row.seconds:.3f}",
-            "cached" if row.from_cache else "probed",
+            "cached" if row.from_cache else answered,
             row.reason,
         )
         for row in report.rows
     ]
-    return render_table(REPORT_HEADER, rows, align="lllr") + "\n" + report.summary()
+    summary = report.summary()
+    if no_data:
+        summary += f"; {len(no_data)} of the rejected have no data (only a live probe can answer them)"
+    return render_table(REPORT_HEADER, rows, align="lllr") + "\n" + summary
 
 
 def progress_bar(stream: TextIO | None = None) -> Callable[[int, int, str], None]:
@@ -55,26 +71,79 @@ def progress_bar(stream: TextIO | None = None) -> Callable[[int, int, str], None
     return show
 
 
+def _selector(args: argparse.Namespace) -> Selector:
+    """The selector named by --snapshot/--target, else the process's; its notice goes to stderr."""
+    if args.snapshot or args.target:
+        selector, notice = engines.choose_selector(args.snapshot, args.target)
+    else:
+        selector = default_selector()
+        notice = selector.notice
+    if selector.engine is None:
+        raise PlatformError(
+            f"warmup needs a CUDA device with cuDNN, or snapshots (--target, --snapshot or {SNAPSHOT_ENV}): "
+            f"{selector.unavailable_reason}"
+        )
+    if notice:
+        print(notice, file=sys.stderr)
+    return selector
+
+
+def _workers(args: argparse.Namespace, engine: SnapshotEngine | None) -> str:
+    if engine is not None and args.workers == "processes":
+        # Replaying a snapshot is a dictionary lookup: there is nothing to build in parallel.
+        print(f"--workers processes: answers are replayed from {engine.file_names}, nothing is built; "
+              "using threads", file=sys.stderr)
+        return "threads"
+    return args.workers
+
+
+def _no_data_keys(selector: Selector, report: WarmupReport, configs: dict[str, AttnConfig],
+                  depth: ProbeDepth) -> frozenset[str]:
+    # A rejected answer is in the selector's memory: asking again is a cache hit, not a probe.
+    return frozenset(
+        row.cache_key for row in report.rows
+        if row.outcome is WarmupOutcome.REJECTED and selector.select(configs[row.cache_key], depth).no_data
+    )
+
+
+def _json(report: WarmupReport, selector: Selector, snapshot: SnapshotEngine | None, no_data: frozenset[str]) -> str:
+    document = report.to_dict()
+    for row in document["rows"]:
+        if row["cache_key"] in no_data:
+            row["outcome"] = NO_DATA
+    document["totals"][NO_DATA] = len(no_data)
+    document["engine"] = selector.engine_name
+    document["notice"] = selector.notice or None
+    document["replayed_from"] = [f.path for f in snapshot.files] if snapshot is not None else None
+    return json.dumps(document, indent=2)
+
+
 def _cmd_warmup(args: argparse.Namespace) -> int:
     depth = ProbeDepth.parse(args.depth, "--depth")
     problems = []
     for path in args.configs:
         config_file = load_config_file(path)
         problems += [(f"{config_file.name}/{entry.name}", entry.config) for entry in config_file.entries]
-    selector = default_selector()
-    if selector.engine is None:
-        raise PlatformError(
-            f"warmup needs a CUDA device with cuDNN (or {SNAPSHOT_ENV}=FILE): {selector.unavailable_reason}"
-        )
+    selector = _selector(args)
+    snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
     report = warmup(problems, jobs=args.jobs, depth=depth, selector=selector,
-                    progress=None if args.json else progress_bar(), workers=args.workers)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
-    return EXIT_NONE if any(row.backend is Backend.NONE for row in report.rows) else EXIT_SELECTED
+                    progress=None if args.json else progress_bar(), workers=_workers(args, snapshot))
+    no_data = _no_data_keys(selector, report, {cfg.cache_key(): cfg for _, cfg in problems}, depth)
+    if args.json:
+        print(_json(report, selector, snapshot, no_data))
+    else:
+        text = format_report(report, "replayed" if snapshot is not None else "probed", no_data)
+        if snapshot is not None:
+            text += (f"\nreplayed from {snapshot.file_names} (recorded on {snapshot.describe()}): "
+                     "nothing was probed, built or stored; seconds are this machine's lookups")
+        print(text)
+    return answers_exit_code([row.outcome is WarmupOutcome.ACCEPTED for row in report.rows],
+                             [row.cache_key in no_data for row in report.rows])
 
 
 def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "warmup", parents=[common],
+        "warmup", parents=[common], epilog=EPILOG,
         help="answer (and with --depth full, build) every entry of config files now, into the cache",
     )
     parser.add_argument("configs", nargs="+", metavar="CONFIG.yaml")
@@ -84,7 +153,9 @@ def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", choices=WORKERS, default="threads",
         help="run the --jobs builds on threads (default) or in worker processes sharing the "
-        "persistent store (cuDNN builds hold the GIL, so processes build in parallel)",
+        "persistent store (cuDNN builds hold the GIL, so processes build in parallel); answers "
+        "replayed from snapshots always use threads",
     )
+    engines.add_source_options(parser)
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.set_defaults(func=_cmd_warmup)

@@ -8,15 +8,16 @@ import sys
 from typing import Any
 
 from fusedattn_select.cli import engines
-from fusedattn_select.cli.exit_codes import EXIT_NONE, EXIT_SELECTED
+from fusedattn_select.cli.exit_codes import EPILOG, answers_exit_code
 from fusedattn_select.cli.problems import problems
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.probing import TARGETS
+from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
 from fusedattn_select.types import ProbeDepth, Selection, Verdict
 
 VERDICT_HEADER = ("backend", "phase", "verdict", "stage", "provenance", "depth", "ms", "reason")
+RECORDED_MS = "recorded ms"  # the ms column's header when the times were measured on the recording device
 SAME_AS_ABOVE = "(same as above)"
 
 # (problem name, its selection, the reasons the transformers integration cannot run it fused)
@@ -32,18 +33,22 @@ def _verdict_row(verdict: Verdict) -> list[str]:
     ]
 
 
-def format_selection(name: str, selection: Selection) -> list[str]:
-    """The text answer for one problem: its fields, a verdict table, the chosen backend."""
+def format_selection(name: str, selection: Selection, recorded: bool = False) -> list[str]:
+    """The text answer for one problem: its fields, a verdict table, the chosen backend (or "no
+    data"). `recorded`: the times were measured where a snapshot was recorded, not here."""
     cfg = selection.config
     fields = " ".join(f"{k}={v}" for k, v in cfg.to_dict().items()) if cfg is not None else ""
     rows = [_verdict_row(v) for v in selection.verdicts]
     for previous, row in zip(rows, rows[1:]):
         if row[-1] and row[-1] == previous[-1] or row[-1] == SAME_AS_ABOVE:
             row[-1] = SAME_AS_ABOVE
+    header = VERDICT_HEADER[:-2] + (RECORDED_MS, VERDICT_HEADER[-1]) if recorded else VERDICT_HEADER
     lines = [f"{name}: {fields}"]
-    lines += render_table(VERDICT_HEADER, rows, indent="  ").split("\n")
+    lines += render_table(header, rows, indent="  ").split("\n")
     if selection.selected:
         lines.append(f"  -> {selection.backend.value}")
+    elif selection.no_data:
+        lines.append(f"  -> no data (only a live probe can answer): {selection.message}")
     else:
         lines.append(f"  -> NONE: {selection.message}")
     return lines
@@ -52,11 +57,13 @@ def format_selection(name: str, selection: Selection) -> list[str]:
 def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer]) -> None:
     if notice:
         print(notice, file=sys.stderr)
+    engine = selector.engine
     document = {
         "engine": selector.engine_name,
         "fingerprint": selector.fingerprint.to_dict(),
         "probe_depth": depth.value,
         "notice": notice or None,
+        "timings_recorded_on": engine.describe() if isinstance(engine, SnapshotEngine) else None,
         "results": [
             {"name": name, "selection": sel.to_dict(), **({"integration_reasons": list(notes)} if notes else {})}
             for name, sel, notes in answers
@@ -65,13 +72,26 @@ def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
     print(json.dumps(document, indent=2))
 
 
+def _header(selector: Selector, depth: ProbeDepth) -> list[str]:
+    engine = selector.engine
+    if engine is None:
+        return [f"engine: none (no CUDA device and no snapshot): every answer is no data; depth asked: {depth.value}"]
+    lines = [f"engine: {selector.engine_name} ({selector.fingerprint.describe()}); depth asked: {depth.value}"]
+    if isinstance(engine, SnapshotEngine):
+        lines.append(
+            f"answers replayed from {engine.file_names}, recorded on {engine.describe()}: the depth column "
+            f"is the depth each answer was recorded at, '{RECORDED_MS}' the times measured there"
+        )
+    return lines
+
+
 def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer]) -> None:
     lines = [notice] if notice else []
-    platform = selector.fingerprint.describe() if selector.engine is not None else "platform rule only"
-    lines.append(f"engine: {selector.engine_name} ({platform}); probe depth {depth.value}")
+    lines += _header(selector, depth)
+    recorded = isinstance(selector.engine, SnapshotEngine)
     for name, sel, notes in answers:
         lines.append("")
-        lines += format_selection(name, sel)
+        lines += format_selection(name, sel, recorded)
         lines += [f"  -> not fused by the transformers integration: {note}" for note in notes]
     print("\n".join(lines))
 
@@ -90,13 +110,13 @@ def _cmd_why(args: argparse.Namespace) -> int:
     depth = ProbeDepth.FULL if args.full else ProbeDepth.FAST
     answers = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in asked]
     (_print_json if args.json else _print_text)(selector, depth, notice, answers)
-    fused = all(sel.selected and not notes for _, sel, notes in answers)
-    return EXIT_SELECTED if fused else EXIT_NONE
+    return answers_exit_code([sel.selected and not notes for _, sel, notes in answers],
+                             [sel.no_data for _, sel, _ in answers])
 
 
 def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
-        "why", parents=[common],
+        "why", parents=[common], epilog=EPILOG,
         help="which fused backend runs a problem, and if none, every reason why",
         description="Answer each entry of CONFIG.yaml (or one problem built from --set pairs): "
         "per backend and pass the verdict, the stage that decided it and why; then the backend.",
@@ -114,9 +134,7 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--full", action="store_true", help="probe depth 'full': also build the kernels")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--snapshot", metavar="FILE", help="answer from this recorded snapshot")
-    source.add_argument("--target", choices=TARGETS, help="answer from the snapshots bundled for this GPU")
+    engines.add_source_options(parser)
     parser.add_argument("--platform", choices=("cuda", "rocm"), default="cuda",
                         help="cuda (default): live cuDNN or snapshots; rocm: AMD declared capability tables "
                         "(declared, not probed)")

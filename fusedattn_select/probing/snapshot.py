@@ -2,8 +2,9 @@
 
 A snapshot is the JSON written by `fusedattn_select.selection.recorder.record_snapshot` (schema
 "fusedattn-select-snapshot/1"): the device fingerprint plus, for every probed problem, the full
-verdicts of each phase. Replaying never guesses: a problem that was not recorded is answered
-UNSUPPORTED at stage "snapshot" with the file it was looked up in.
+verdicts of each phase. Replaying never guesses: a problem that was not recorded, or a "yes"
+recorded at depth fast asked at depth full, is answered NO_DATA at stage "snapshot", naming the
+files it was looked up in: only a live probe can answer it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fusedattn_select.types import (
     ProbeDepth,
     Provenance,
     Verdict,
+    format_cudnn_version,
 )
 
 log = logging.getLogger("fusedattn_select")
@@ -179,19 +181,46 @@ class SnapshotEngine:
     def __len__(self) -> int:
         return len(self._answers)
 
-    def probe(self, cfg: AttnConfig, backend: Backend, phase: Phase, depth: ProbeDepth) -> Verdict:
-        """The recorded verdict for this problem and phase.
+    def describe(self) -> str:
+        """Where the answers were recorded: "NVIDIA H100 80GB HBM3, cuDNN 9.19.0 on 2026-11-21"."""
+        first = self.files[0]
+        fp = first.fingerprint
+        return (
+            f"{fp.device_name or fp.platform}, cuDNN {format_cudnn_version(fp.cudnn_backend_version)} "
+            f"on {first.recorded_on}"
+        )
 
-        The verdict keeps the depth it was recorded at: a snapshot recorded with depth "fast"
-        cannot say whether kernels build, and its verdicts say so.
+    def probe(self, cfg: AttnConfig, backend: Backend, phase: Phase, depth: ProbeDepth) -> Verdict:
+        """The recorded verdict for this problem and phase, or NO_DATA when none answers `depth`.
+
+        A verdict keeps the depth it was recorded at. A "yes" recorded at depth fast says nothing
+        about whether the kernels build, so it does not answer a question at depth full; a "no"
+        recorded at depth fast does (a graph cuDNN refuses does not build either).
         """
-        verdict = self._answers.get((cfg.cache_key(), phase))
-        if verdict is not None and verdict.backend is backend:
-            return verdict
-        message = f"not recorded in {self.file_names}"
+        key = cfg.cache_key()
+        verdict = self._answers.get((key, phase))
+        if verdict is None or verdict.backend is not backend:
+            answer = self._no_data(key, backend, phase, depth, f"not recorded in {self.file_names}; "
+                                   "only a live probe on a GPU can answer it")
+        elif depth is ProbeDepth.FULL and verdict.depth is ProbeDepth.FAST and verdict.supported:
+            answer = self._no_data(
+                key, backend, phase, ProbeDepth.FAST,
+                f"recorded at depth fast in {self.file_names} (check_support passed, kernels not built); "
+                "ask at depth fast for that answer: only a live probe at depth full can say whether they build",
+                verdict.timings_ms,
+            )
+        else:
+            answer = verdict
+        log.debug("fusedattn_select: snapshot lookup %s %s %s at depth %s in %s: %s (recorded at depth %s)",
+                  key, backend.value, phase.value, depth.value, self.file_names, answer.outcome.value,
+                  answer.depth.value)
+        return answer
+
+    @staticmethod
+    def _no_data(key: str, backend: Backend, phase: Phase, depth: ProbeDepth, message: str,
+                 timings_ms: tuple[tuple[str, float], ...] = ()) -> Verdict:
         return Verdict(
-            backend=backend, phase=phase, outcome=Outcome.UNSUPPORTED, stage="snapshot",
-            message=message,
-            detail=f"{message}: no {backend.value} {phase.value} verdict for cache key {cfg.cache_key()}",
-            provenance=Provenance.SNAPSHOT, depth=depth,
+            backend=backend, phase=phase, outcome=Outcome.NO_DATA, stage="snapshot", message=message,
+            detail=f"{message}: no {backend.value} {phase.value} verdict at this depth for cache key {key}",
+            provenance=Provenance.SNAPSHOT, depth=depth, timings_ms=timings_ms,
         )

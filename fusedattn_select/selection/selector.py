@@ -8,10 +8,12 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.probing import discover_engine
+from fusedattn_select.probing import choose_engine
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.selection.rules import apply_rules, no_platform_verdict
 from fusedattn_select.selection.single_flight import read_or_make
@@ -46,15 +48,23 @@ class _Stats:
 @dataclass(frozen=True)
 class _Entry:
     """Cached verdicts of one problem on one fingerprint, probed to `depth`, and the Selection a
-    cache hit returns (built once: a hit allocates nothing)."""
+    cache hit returns (built once: a hit allocates nothing). `exact_depth`: the entry answers only
+    questions at its own depth (an engine's "no data" at full may be a "yes" at fast)."""
 
     verdicts: tuple[Verdict, ...]
     depth: ProbeDepth
     hit: Selection | None = None
+    exact_depth: bool = False
+
+
+def _no_data(verdicts: tuple[Verdict, ...]) -> bool:
+    return any(v.outcome is Outcome.NO_DATA for v in verdicts)
 
 
 def _satisfies(entry: _Entry, depth: ProbeDepth) -> bool:
     """A full probe answers a fast question; a fast 'yes' does not answer a full one."""
+    if entry.exact_depth:
+        return entry.depth is depth
     if entry.depth is ProbeDepth.FULL or depth is ProbeDepth.FAST:
         return True
     return any(not v.supported for v in entry.verdicts)
@@ -70,7 +80,7 @@ def _message(verdicts: tuple[Verdict, ...]) -> str:
 
 
 def _selection(cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bool,
-               probe_ms: float, key: str, engine: str) -> Selection:
+               probe_ms: float, key: str, engine: str, notice: str) -> Selection:
     reasons = tuple(v.reason() for v in verdicts if not v.supported)
     backend = cfg.candidate if not reasons else Backend.NONE
     return Selection(
@@ -84,6 +94,7 @@ def _selection(cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bo
         config=cfg,
         cache_key=key,
         engine=engine,
+        notice=notice,
     )
 
 
@@ -91,14 +102,16 @@ class Selector:
     """Answers select() for one engine, with a thread-safe, single-flight decision cache.
 
     `store` is an optional store consulted after memory and written after each cacheable probe;
-    its `key_lock` makes one process probe each key.
+    its `key_lock` makes one process probe each key. `notice` is carried in every Selection (why
+    this engine answers, when it is not the one the caller named).
     """
 
     def __init__(self, engine: ProbeEngine | None = None, *, unavailable_reason: str = "",
-                 store: protocol.Store | None = None) -> None:
+                 store: protocol.Store | None = None, notice: str = "") -> None:
         self.engine = engine
         self.unavailable_reason = unavailable_reason or "no probing engine"
         self.store = store
+        self.notice = notice
         self._fingerprint = engine.fingerprint() if engine is not None else NO_PLATFORM
         self._fingerprint_key = self._fingerprint.key()
         self._lock = threading.Lock()
@@ -131,7 +144,7 @@ class Selector:
         ruled = self._rule_verdicts(cfg)
         if ruled is not None:
             # Rules depend only on the problem and this selector's fingerprint: remember the answer.
-            selection = _selection(cfg, ruled, from_cache=False, probe_ms=0.0, key=key, engine=self.engine_name)
+            selection = self._answer(cfg, ruled, from_cache=False, probe_ms=0.0, key=key)
             with self._lock:
                 self._stats.rule_rejections += 1
                 self._memory[key] = _Entry(ruled, ProbeDepth.FULL, dataclasses.replace(selection, from_cache=True))
@@ -211,13 +224,19 @@ class Selector:
     # ----- internals -------------------------------------------------------------------------
     def _entry(self, cfg: AttnConfig, key: str, verdicts: tuple[Verdict, ...], depth: ProbeDepth) -> _Entry:
         hit = tuple(v.with_provenance(Provenance.MEMORY_CACHE) for v in verdicts)
-        return _Entry(verdicts, depth, _selection(cfg, hit, from_cache=True, probe_ms=0.0, key=key,
-                                                  engine=self.engine_name))
+        return _Entry(verdicts, depth, self._answer(cfg, hit, from_cache=True, probe_ms=0.0, key=key))
+
+    def _answer(self, cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bool, probe_ms: float,
+                key: str) -> Selection:
+        return _selection(cfg, verdicts, from_cache=from_cache, probe_ms=probe_ms, key=key,
+                          engine=self.engine_name, notice=self.notice)
 
     def _rule_verdicts(self, cfg: AttnConfig) -> tuple[Verdict, ...] | None:
         phases = cfg.phases
         if self.engine is None:
-            return tuple(no_platform_verdict(cfg, p, self.unavailable_reason) for p in phases)
+            # No engine at all: nothing here can say yes or no, so the platform rule's answer is "no data".
+            return tuple(dataclasses.replace(no_platform_verdict(cfg, p, self.unavailable_reason),
+                                             outcome=Outcome.NO_DATA) for p in phases)
         verdicts = tuple(v for v in (apply_rules(cfg, self._fingerprint, p) for p in phases) if v is not None)
         # Rules are cheap and final: a problem a rule rejects is answered without any probe.
         return verdicts or None
@@ -233,8 +252,9 @@ class Selector:
         with self._lock:
             self._memory[key] = entry
             self._stats.persistent_hits += 1
+        log.debug("fusedattn_select: persistent cache hit %s (depth %s)", key, entry.depth.value)
         verdicts = tuple(v.with_provenance(Provenance.PERSISTENT_CACHE) for v in entry.verdicts)
-        return _selection(cfg, verdicts, from_cache=True, probe_ms=0.0, key=key, engine=self.engine_name)
+        return self._answer(cfg, verdicts, from_cache=True, probe_ms=0.0, key=key)
 
     def _resolve(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         # One prober per key across processes (8 ranks warming one store).
@@ -250,17 +270,30 @@ class Selector:
         if failed:
             for v in failed:
                 log.warning("fusedattn_select: %s (not cached)", v.reason())
+        elif _no_data(verdicts):
+            # The engine's own lack of data: kept for this depth in memory, never in the store.
+            with self._lock:
+                self._memory[key] = dataclasses.replace(self._entry(cfg, key, verdicts, depth), exact_depth=True)
         else:
             with self._lock:
                 self._memory[key] = self._entry(cfg, key, verdicts, depth)
             if self.store is not None:
                 self.store.put(self._fingerprint, key, verdicts, depth)
-        selection = _selection(cfg, verdicts, from_cache=False, probe_ms=probe_ms, key=key, engine=self.engine_name)
+        selection = self._answer(cfg, verdicts, from_cache=False, probe_ms=probe_ms, key=key)
         log.info(
-            "fusedattn_select: probed %s in %.1f ms -> %s%s", key, probe_ms, selection.backend.value,
+            "fusedattn_select: %s %s in %.3f ms -> %s%s", self._verb(), key, probe_ms,
+            "no data" if selection.no_data else selection.backend.value,
             f" ({selection.message})" if selection.message else "",
         )
         return selection
+
+    def _verb(self) -> str:
+        """What answering a new problem is for this engine: probing a device, or replaying a recording."""
+        if self.engine is not None and self.engine.provenance is Provenance.SNAPSHOT:
+            return f"replayed from {self.engine.name}"
+        if self.engine is not None and self.engine.provenance is Provenance.DECLARED:
+            return "looked up in declared tables"
+        return "probed"
 
     def _probe_one(self, cfg: AttnConfig, phase: Phase, depth: ProbeDepth) -> Verdict:
         assert self.engine is not None
@@ -277,20 +310,41 @@ _default: Selector | None = None
 _default_lock = threading.Lock()
 
 
+def selector_for(snapshots: str | Path | Iterable[str | Path] | None = None, target: str | None = None) -> Selector:
+    """A selector answering with the engine `choose_engine(snapshots, target)` picks (the library and
+    every command choose through it), with the default store when that engine probes live."""
+    choice = choose_engine(snapshots, target)
+    engine = choice.engine
+    # Snapshot answers are already stored (in the snapshot): only live probes are worth keeping.
+    store = open_default_store() if engine is not None and engine.provenance is Provenance.LIVE_PROBE else None
+    return Selector(engine, unavailable_reason=choice.unavailable_reason, store=store, notice=choice.notice)
+
+
 def default_selector() -> Selector:
-    """The process-wide selector, created on first use from the discovered engine and store."""
+    """The process-wide selector, created on first use: live cuDNN, or on a machine without it the
+    bundled snapshots of the default target (its Selections carry a notice saying so)."""
     global _default
     selector = _default
     if selector is not None:  # every call after the first: no lock
         return selector
     with _default_lock:
         if _default is None:
-            engine, reason = discover_engine()
-            store = None
-            if engine is not None:
-                store = open_default_store()
-            _default = Selector(engine, unavailable_reason=reason, store=store)
+            _default = selector_for()
         return _default
+
+
+def use_snapshots(snapshots: str | Path | Iterable[str | Path] | None = None, *,
+                  target: str | None = None) -> Selector:
+    """Answer select()/get_backend() in this process from snapshot files (one path or several,
+    recorded on one device) or from the snapshots bundled for `target` ("h100", "h200").
+
+    Returns the new process-wide selector. Decisions attention() already made are kept.
+    """
+    if not snapshots and not target:
+        raise ConfigError("snapshots", snapshots, "give snapshot files, or target='h100' or 'h200'")
+    selector = selector_for(snapshots, target)
+    set_default_selector(selector)
+    return selector
 
 
 def set_default_selector(selector: Selector | None) -> Selector | None:
@@ -306,7 +360,9 @@ def select(cfg: AttnConfig, probe_depth: str = "fast") -> Selection:
 
     The first answer for a problem probes cuDNN (a few ms per graph with probe_depth="fast",
     hundreds of ms with "full", which also compiles the kernels); later answers come from the
-    decision cache in about a microsecond.
+    decision cache in about a microsecond. Without a GPU the answer comes from the bundled
+    snapshots (see `Selection.notice`; choose others with use_snapshots()); a problem they do not
+    hold is NONE with `Selection.no_data` True: only a live probe can answer it.
     """
     return default_selector().select(cfg, probe_depth)
 

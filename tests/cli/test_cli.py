@@ -20,6 +20,7 @@ import pytest
 
 from fusedattn_select import cli
 from fusedattn_select.cli import engines
+from fusedattn_select.probing import choice
 from fusedattn_select.selection.selector import default_selector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,14 +34,13 @@ def bundled_dir(tmp_path, monkeypatch):
     """An empty directory standing in for the package's bundled snapshots."""
     directory = tmp_path / "bundled"
     directory.mkdir()
-    monkeypatch.setattr(engines, "bundled_snapshot", lambda target, suite="configs": directory / f"{target}-{suite}.json")
+    monkeypatch.setattr(choice, "SNAPSHOT_DIR", directory)
     return directory
 
 
 @pytest.fixture
 def no_device(monkeypatch, bundled_dir):
-    monkeypatch.setattr(engines, "discovered_engine", lambda: (None, NO_DEVICE))
-    monkeypatch.setattr(engines, "live_engine", lambda: (None, NO_DEVICE))
+    monkeypatch.setattr(choice, "live_engine", lambda: (None, NO_DEVICE))
     return bundled_dir
 
 
@@ -60,14 +60,14 @@ def test_why_with_set_pairs_answers_one_problem(capsys, recorded_snapshot):
     assert out.rstrip().endswith("-> F16")
 
 
-def test_why_without_device_or_bundled_snapshot_answers_with_the_platform_rule(capsys, no_device):
+def test_why_without_device_or_bundled_snapshot_answers_no_data_by_the_platform_rule(capsys, no_device):
     code, out, err = run(capsys, "why", *PROBLEM)
-    assert code == 1
+    assert code == 3
     first = out.splitlines()[0]
     assert first.startswith(f"no CUDA device/cuDNN here ({NO_DEVICE}); no bundled snapshot for h100 is installed")
-    assert "answering with the platform rule" in first
+    assert "so no problem can be answered (no data)" in first
     assert "rule:platform" in out
-    assert "-> NONE: F16 forward and backward not supported at rule:platform" in out
+    assert "-> no data (only a live probe can answer): F16 forward and backward no data at rule:platform" in out
 
 
 def test_why_without_device_answers_from_the_bundled_h100_snapshot(capsys, no_device, recorded_snapshot):
@@ -77,7 +77,7 @@ def test_why_without_device_answers_from_the_bundled_h100_snapshot(capsys, no_de
     date = json.loads(recorded_snapshot.read_text())["recorded_at"][:10]
     assert out.splitlines()[0] == (
         f"no CUDA device/cuDNN here ({NO_DEVICE}); answering from the bundled snapshot recorded on "
-        f"Test GPU H100, cuDNN 9.19.0 on {date}; pass --target/--snapshot to choose"
+        f"Test GPU H100, cuDNN 9.19.0 on {date}; choose with --target/--snapshot, or fusedattn_select.use_snapshots()"
     )
     assert "-> F16" in out
 
@@ -150,8 +150,7 @@ def test_why_set_values_are_yaml(capsys, no_device):
 
 
 def test_why_full_probes_at_full_depth(capsys, monkeypatch, bundled_dir, recording_engine):
-    monkeypatch.setattr(engines, "discovered_engine", lambda: (recording_engine, ""))
-    monkeypatch.setattr(engines, "open_store", lambda: None)
+    monkeypatch.setattr(choice, "live_engine", lambda: (recording_engine, ""))
     code, out, _ = run(capsys, "why", "--json", "--full", *PROBLEM)
     document = json.loads(out)
     assert code == 0 and document["probe_depth"] == "full" and document["notice"] is None
@@ -171,7 +170,7 @@ def test_why_installs_its_selector_as_the_process_default(capsys, recorded_snaps
 
 def test_verbose_logs_probes_to_stderr(capsys, recorded_snapshot):
     code, _, err = run(capsys, "-v", "why", "--snapshot", str(recorded_snapshot), *PROBLEM)
-    assert code == 0 and "INFO fusedattn_select: probed" in err
+    assert code == 0 and "INFO fusedattn_select: replayed from snapshot:test-gpu.json" in err
     assert not logging.getLogger("fusedattn_select").handlers
 
 
@@ -294,8 +293,11 @@ def _program(*argv):
 def test_module_runs_as_a_program_with_exit_codes(recorded_snapshot):
     ok = _program("why", "--snapshot", str(recorded_snapshot), *PROBLEM)
     assert ok.returncode == 0 and "-> F16" in ok.stdout
-    none = _program("why", "--snapshot", str(recorded_snapshot), *PROBLEM, "--set", "head_dim_qk=512")
+    none = _program("why", "--snapshot", str(recorded_snapshot), *PROBLEM, "--set", "head_dim_qk=512",
+                    "--set", "is_training=false")
     assert none.returncode == 1 and "-> NONE: " in none.stdout
+    no_data = _program("why", "--snapshot", str(recorded_snapshot), *PROBLEM, "--set", "head_dim_qk=512")
+    assert no_data.returncode == 3 and "-> no data (only a live probe can answer): " in no_data.stdout
     bad = _program("why", "--snapshot", str(recorded_snapshot), *PROBLEM, "--set", "dropout=2")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: dropout=2.0: must be a float in [0, 1)"
@@ -361,7 +363,8 @@ def test_warmup_without_an_engine_exits_2(capsys, suite_file):
     set_default_selector(Selector(None, unavailable_reason=NO_DEVICE))
     code, _, err = run(capsys, "warmup", str(suite_file))
     assert code == 2
-    assert err.strip() == f"error: warmup needs a CUDA device with cuDNN (or FUSEDATTN_SELECT_SNAPSHOT=FILE): {NO_DEVICE}"
+    assert err.strip() == (f"error: warmup needs a CUDA device with cuDNN, or snapshots (--target, --snapshot or "
+                           f"FUSEDATTN_SELECT_SNAPSHOT): {NO_DEVICE}")
 
 
 def test_cache_info_export_import_clear(capsys, tmp_path):

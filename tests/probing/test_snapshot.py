@@ -13,7 +13,7 @@ import pytest
 from fusedattn_select import AttnConfig, Backend
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import SnapshotError
-from fusedattn_select.probing import discover_engine
+from fusedattn_select.probing import choose_engine
 from fusedattn_select.probing.snapshot import SCHEMA, SnapshotEngine, read_header
 from fusedattn_select.selection.recorder import (
     record_snapshot,
@@ -139,15 +139,16 @@ def test_snapshot_engine_reports_the_recorded_fingerprint_and_file(recorded_snap
     assert engine.fingerprint() == recording_engine.fingerprint()
 
 
-def test_problem_not_in_the_snapshot_is_unsupported_not_recorded(recorded_snapshot, suite_file):
+def test_problem_not_in_the_snapshot_is_no_data_not_unsupported(recorded_snapshot, suite_file):
     engine = SnapshotEngine.load(recorded_snapshot)
     cfg = load_config_file(suite_file).get("infer").config.replace(batch_size=3)
     verdict = engine.probe(cfg, Backend.F16, Phase.FORWARD, ProbeDepth.FAST)
-    assert verdict.outcome is Outcome.UNSUPPORTED and verdict.stage == "snapshot"
-    assert verdict.message == "not recorded in test-gpu.json"
+    assert verdict.outcome is Outcome.NO_DATA and verdict.stage == "snapshot"
+    assert verdict.message == "not recorded in test-gpu.json; only a live probe on a GPU can answer it"
     assert verdict.provenance is Provenance.SNAPSHOT
     selection = Selector(engine).select(cfg)
-    assert selection.backend is Backend.NONE and "not recorded in test-gpu.json" in selection.message
+    assert selection.backend is Backend.NONE and selection.no_data
+    assert "not recorded in test-gpu.json" in selection.message and "not supported" not in selection.message
 
 
 def test_recorded_training_problem_does_not_answer_its_inference_twin(recorded_snapshot, suite_file):
@@ -186,8 +187,8 @@ def test_load_many_refuses_snapshots_of_different_devices(tmp_path, recorded_sna
 
 def test_environment_variable_selects_a_snapshot_engine(monkeypatch, recorded_snapshot):
     monkeypatch.setenv("FUSEDATTN_SELECT_SNAPSHOT", str(recorded_snapshot))
-    engine, reason = discover_engine()
-    assert isinstance(engine, SnapshotEngine) and reason == ""
+    choice = choose_engine()
+    assert isinstance(choice.engine, SnapshotEngine) and choice.notice == ""
 
 
 # ----- malformed snapshots ---------------------------------------------------------------------
