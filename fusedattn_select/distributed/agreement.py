@@ -1,0 +1,257 @@
+"""agree(): every rank of a group holds the same Selection for each problem, or is told why not.
+
+Each rank selects every problem locally, then the ranks exchange what they found (their platform
+and, per problem, the backend and reasons: a few hundred bytes). Where every rank gave the same
+answer, each keeps its own. Where they differ, every rank answers NONE, the answer safe on all of
+them, with a message naming each group of ranks, its platform and its answer; that answer is
+pinned in the rank's selector, so later select() and attention() calls return it (memory only:
+the persistent store keeps each platform's own verdicts).
+
+Ranks on different platforms (fingerprint, or a snapshot on one and live cuDNN on another) that
+give the same answers each keep their own answer, probed on their own platform: nothing is merged,
+and the platforms are reported and logged. strict=True answers NONE for every problem instead.
+Only the lowest rank logs (one line per disagreement, one for mixed platforms).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.distributed.facts import RankFacts
+from fusedattn_select.distributed.group import (
+    DEFAULT_TIMEOUT_S,
+    Communicator,
+    DistributedError,
+    ranks_phrase,
+)
+from fusedattn_select.distributed.work import ConfigItem, named_problems
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.selection.selector import Selector, default_selector
+from fusedattn_select.types import (
+    Backend,
+    Fingerprint,
+    Outcome,
+    ProbeDepth,
+    Provenance,
+    Selection,
+    Verdict,
+)
+
+log = logging.getLogger("fusedattn_select")
+
+STAGE = "agreement"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One rank's answer for one problem, as compared across ranks."""
+
+    backend: Backend
+    reasons: tuple[str, ...]
+
+    @classmethod
+    def of(cls, selection: Selection) -> "Answer":
+        return cls(selection.backend, tuple(selection.reasons))
+
+    def describe(self) -> str:
+        return self.backend.value if not self.reasons else f"NONE ({'; '.join(self.reasons)})"
+
+
+@dataclass(frozen=True)
+class Statement:
+    """What one rank contributes to an agreement: itself, the problems it was asked, its answers."""
+
+    facts: RankFacts
+    keys: tuple[str, ...]
+    answers: tuple[Answer, ...]
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """A problem the ranks answered differently; `message` is what every rank's NONE says."""
+
+    name: str
+    cache_key: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PlatformGroup:
+    """Ranks on one platform (fingerprint and kind of engine)."""
+
+    ranks: tuple[int, ...]
+    fingerprint: Fingerprint
+    source: str
+    description: str
+
+
+@dataclass(frozen=True)
+class AgreementReport:
+    """The selections this rank holds after agreement (by problem name) and what differed."""
+
+    selections: dict[str, Selection]
+    disagreements: tuple[Disagreement, ...]
+    platforms: tuple[PlatformGroup, ...]
+    rank: int
+    ranks: tuple[int, ...]
+    strict: bool = False
+
+    @property
+    def agreed(self) -> bool:
+        return not self.disagreements
+
+    @property
+    def mixed_platforms(self) -> bool:
+        return len(self.platforms) > 1
+
+    def summary(self) -> str:
+        text = (f"{len(self.ranks)} ranks, {len(self.selections)} problems: "
+                f"{len(self.selections) - len(self.disagreements)} agreed, {len(self.disagreements)} disagreed")
+        if self.mixed_platforms:
+            text += f"; ranks on {len(self.platforms)} platforms: " + "; ".join(
+                f"{ranks_phrase(p.ranks)} on {p.description}" for p in self.platforms)
+        return text
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "ranks": list(self.ranks),
+            "strict": self.strict,
+            "selections": {name: s.backend.value for name, s in self.selections.items()},
+            "disagreements": [{"name": d.name, "cache_key": d.cache_key, "message": d.message}
+                              for d in self.disagreements],
+            "platforms": [{"ranks": list(p.ranks), "fingerprint": p.fingerprint.key(), "source": p.source,
+                           "description": p.description} for p in self.platforms],
+        }
+
+
+def agree(configs: Iterable[ConfigItem], group: object = None, *, selector: Selector | None = None,
+          depth: str | ProbeDepth = "fast", strict: bool = False,
+          timeout: float = DEFAULT_TIMEOUT_S) -> AgreementReport:
+    """Make every rank of `group` (default: the whole job) hold the same Selection for each problem.
+
+    Every rank must call it with the same problems. Selects each problem with `selector` (default:
+    the process's) at `depth`, exchanges the answers, and where ranks differ pins NONE naming the
+    ranks, their platforms and their answers. Raises DistributedError on every rank when one rank
+    raised or `timeout` seconds passed without a rank arriving. Without a process group, or with a
+    group of one rank, it selects locally and communicates nothing.
+    """
+    problems = _distinct_names(named_problems(configs))
+    probe_depth = ProbeDepth.parse(depth, "depth")
+    selector = selector if selector is not None else default_selector()
+    comm = Communicator(group, timeout)
+    local: list[Selection] = []
+
+    def state() -> Statement:
+        statement, selections = local_statement(comm, selector, problems, probe_depth)
+        local.extend(selections)
+        return statement
+
+    return conclude(comm, comm.exchange("agreement", state), problems, local, selector, strict)
+
+
+def _distinct_names(problems: list[tuple[str, AttnConfig]]) -> list[tuple[str, AttnConfig]]:
+    """Problems by name (a repeated name with the same problem counts once; with another, an error)."""
+    seen: dict[str, AttnConfig] = {}
+    for name, cfg in problems:
+        if name in seen and seen[name].cache_key() != cfg.cache_key():
+            raise ConfigError("configs", name, "names two different problems; names must be unique")
+        seen.setdefault(name, cfg)
+    return list(seen.items())
+
+
+def local_statement(comm: Communicator, selector: Selector, problems: Sequence[tuple[str, AttnConfig]],
+                    depth: ProbeDepth) -> tuple[Statement, list[Selection]]:
+    """This rank's statement and its own selections (which stay on the rank)."""
+    selections = [selector.select(cfg, depth) for _, cfg in problems]
+    facts = RankFacts.of(comm.rank, comm.host, selector)
+    statement = Statement(facts, tuple(cfg.cache_key() for _, cfg in problems),
+                          tuple(Answer.of(s) for s in selections))
+    return statement, selections
+
+
+def conclude(comm: Communicator, statements: list[Statement], problems: Sequence[tuple[str, AttnConfig]],
+             local: list[Selection], selector: Selector, strict: bool) -> AgreementReport:
+    """Decide from every rank's statement (the same on every rank), pin NONE where they differ."""
+    _check_same_problems(statements)
+    platforms = platform_groups([s.facts for s in statements])
+    selections: dict[str, Selection] = {}
+    disagreements: list[Disagreement] = []
+    for index, (name, cfg) in enumerate(problems):
+        message = _difference(statements, index, strict and len(platforms) > 1)
+        if not message:
+            selections[name] = local[index]
+            continue
+        disagreements.append(Disagreement(name, cfg.cache_key(), message))
+        selections[name] = pin(selector, cfg, none_verdicts(cfg, message))
+        (log.warning if comm.lowest else log.debug)(
+            "fusedattn_select: %s (%s): %s; every rank answers NONE", name, cfg.cache_key(), message)
+    if len(platforms) > 1 and comm.lowest:
+        log.warning("fusedattn_select: ranks run on %d platforms (%s); %s", len(platforms),
+                    "; ".join(f"{ranks_phrase(p.ranks)} on {p.description}" for p in platforms),
+                    "strict: every problem is NONE on every rank" if strict else
+                    "where their answers agree each rank keeps its own (never another platform's)")
+    return AgreementReport(selections, tuple(disagreements), platforms, comm.rank, comm.ranks, strict)
+
+
+def _check_same_problems(statements: list[Statement]) -> None:
+    first = statements[0]
+    for other in statements[1:]:
+        if other.keys != first.keys:
+            raise DistributedError(
+                "agreement", f"ranks were asked about different problems: rank {first.facts.rank} "
+                f"{len(first.keys)}, rank {other.facts.rank} {len(other.keys)}"
+                + (f", first difference at problem {_first_difference(first.keys, other.keys)}"))
+
+
+def _first_difference(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _difference(statements: list[Statement], index: int, platforms_differ: bool) -> str:
+    """"" when the ranks agree on problem `index`, else the message every rank's NONE carries."""
+    answers = {s.answers[index] for s in statements}
+    if len(answers) == 1 and not platforms_differ:
+        return ""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for s in statements:
+        groups.setdefault((s.facts.describe(), s.answers[index].describe()), []).append(s.facts.rank)
+    what = "ranks disagree" if len(answers) > 1 else "ranks run on different platforms (strict)"
+    return what + ": " + " | ".join(f"{ranks_phrase(ranks)} on {platform}: {answer}"
+                                    for (platform, answer), ranks in groups.items())
+
+
+def platform_groups(facts: Sequence[RankFacts]) -> tuple[PlatformGroup, ...]:
+    """Ranks grouped by platform, in rank order of each group's first rank."""
+    groups: dict[tuple[str, str], list[RankFacts]] = {}
+    for f in facts:
+        groups.setdefault(f.platform, []).append(f)
+    return tuple(
+        PlatformGroup(tuple(f.rank for f in members), Fingerprint.from_dict(members[0].fingerprint),
+                      members[0].source, members[0].describe())
+        for members in groups.values()
+    )
+
+
+def none_verdicts(cfg: AttnConfig, message: str) -> tuple[Verdict, ...]:
+    """NONE for every pass of `cfg`, decided by agreement (a decision, not a probe)."""
+    return tuple(Verdict(cfg.candidate, phase, Outcome.UNSUPPORTED, STAGE, message,
+                         provenance=Provenance.RULE, depth=ProbeDepth.FULL) for phase in cfg.phases)
+
+
+def pin(selector: Selector, cfg: AttnConfig, verdicts: tuple[Verdict, ...],
+        depth: ProbeDepth = ProbeDepth.FULL) -> Selection:
+    """Make `selector` answer `cfg` with `verdicts` from memory from now on (never stored); the answer.
+
+    Stand-in for Selector.pin (proposed for selection/selector.py, which holds the memory cache):
+    these lines are its body.
+    """
+    key = cfg.cache_key()
+    entry = selector._entry(cfg, key, tuple(verdicts), depth)
+    with selector._lock:
+        selector._memory[key] = entry
+    return entry.hit
+

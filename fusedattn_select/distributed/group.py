@@ -1,0 +1,200 @@
+"""The ranks a call communicates with, and the one way it communicates: an exchange that never hangs.
+
+Every collective of this package is one `Communicator.exchange`: each rank runs its local step,
+catching any exception, and contributes either its result or an error marker to one
+`all_gather_object`. When any rank failed, every rank raises the same DistributedError naming the
+failed ranks and their errors, so no rank is left waiting in a later collective. A rank that does
+not arrive within `timeout` (it crashed, hangs, or was not asked to take part) makes the others
+raise a DistributedError instead of hanging: exchanges run over a gloo group (objects, not GPU
+tensors; gloo's monitored_barrier names the ranks that did not arrive).
+
+Without an initialised process group, or with a group of one rank, nothing is communicated and a
+local error propagates as it is.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, TypeVar
+
+import torch.distributed as dist
+
+from fusedattn_select.errors import ConfigError, FusedAttnSelectError
+
+log = logging.getLogger("fusedattn_select")
+
+# Ranks wait for the slowest rank's local step (a warmup share at depth full takes seconds to
+# minutes); a rank absent this long is taken to be lost.
+DEFAULT_TIMEOUT_S = 600.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What went wrong on one rank: its global rank, host and "ExceptionType: message"."""
+
+    rank: int
+    host: str
+    error: str
+
+    def describe(self) -> str:
+        return f"rank {self.rank} ({self.host}): {self.error}"
+
+
+class DistributedError(FusedAttnSelectError):
+    """A collective step of fusedattn_select.distributed failed on some rank or timed out.
+
+    Raised on every rank of the group alike; `step` names the exchange, `failures` the ranks that
+    raised (empty for a timeout or a lost rank).
+    """
+
+    def __init__(self, step: str, message: str, failures: tuple[RankFailure, ...] = ()) -> None:
+        self.step = step
+        self.failures = failures
+        super().__init__(f"distributed {step}: {message}")
+
+
+@dataclass(frozen=True)
+class _Contribution:
+    """One rank's part of an exchange: its value, or what it raised."""
+
+    rank: int
+    value: Any = None
+    failure: RankFailure | None = None
+
+
+def _timedelta(timeout: float | datetime.timedelta) -> datetime.timedelta:
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError("timeout", timeout, "must be a positive number of seconds or a datetime.timedelta")
+    return datetime.timedelta(seconds=seconds)
+
+
+_gloo_groups: dict[tuple[tuple[int, ...], float], Any] = {}
+_gloo_lock = threading.Lock()
+
+
+def _gloo_group(group: Any, ranks: tuple[int, ...], timeout: datetime.timedelta) -> Any:
+    """`group` itself when it is a gloo group, else a gloo group of the same ranks (made once).
+
+    Only members create it (use_local_synchronization), so a subgroup's call does not need the
+    ranks outside it; creation waits at most `timeout` for the members.
+    """
+    if str(dist.get_backend(group)) == "gloo":
+        return group
+    key = (ranks, timeout.total_seconds())
+    with _gloo_lock:
+        if key not in _gloo_groups:
+            try:
+                _gloo_groups[key] = dist.new_group(list(ranks), timeout=timeout, backend="gloo",
+                                                   use_local_synchronization=True)
+            except RuntimeError as err:
+                raise DistributedError("setup", f"cannot form a gloo group of ranks {list(ranks)} within "
+                                       f"{timeout.total_seconds():g} s: {_first_line(err)}") from err
+        return _gloo_groups[key]
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
+
+
+class Communicator:
+    """The ranks of `group` (default: the whole job) and the exchanges between them.
+
+    `rank` and `ranks` are global ranks (what torchrun calls RANK). With no initialised process
+    group the communicator is one rank, 0, and exchanges nothing.
+    """
+
+    def __init__(self, group: Any = None, timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout = _timedelta(timeout)
+        self.host = socket.gethostname()
+        self._group = None
+        if not (dist.is_available() and dist.is_initialized()):
+            self.rank, self.ranks = 0, (0,)
+            return
+        group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank()
+        self.ranks = tuple(dist.get_process_group_ranks(group))
+        if self.rank not in self.ranks:
+            raise DistributedError("setup", f"rank {self.rank} is not a member of the group (ranks {list(self.ranks)})")
+        if len(self.ranks) > 1:
+            self._group = _gloo_group(group, self.ranks, self.timeout)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def lowest(self) -> bool:
+        """Whether this is the group's lowest rank (the one that logs what every rank found)."""
+        return self.rank == min(self.ranks)
+
+    def exchange(self, step: str, produce: Callable[[], T]) -> list[T]:
+        """Every rank's `produce()` result, in the order of `ranks`; raises on every rank if one failed."""
+        failure: BaseException | None = None
+        try:
+            mine = _Contribution(self.rank, value=produce())
+        except Exception as err:  # noqa: BLE001 - reported to every rank below, then raised
+            failure = err
+            mine = _Contribution(self.rank, failure=RankFailure(self.rank, self.host, f"{type(err).__name__}: {err}"))
+        if self._group is None:
+            if failure is not None:
+                raise failure
+            return [mine.value]
+        gathered = self._gather(step, mine)
+        failures = tuple(c.failure for c in gathered if c.failure is not None)
+        if failures:
+            text = "; ".join(f.describe() for f in failures)
+            raise DistributedError(step, f"failed on {ranks_phrase([f.rank for f in failures])}: {text}",
+                                   failures) from failure
+        return [c.value for c in gathered]
+
+    def _gather(self, step: str, mine: _Contribution) -> list[_Contribution]:
+        seconds = self.timeout.total_seconds()
+        try:
+            # Names the ranks that did not arrive (gloo only), before the gather that would just wait.
+            dist.monitored_barrier(group=self._group, timeout=self.timeout, wait_all_ranks=True)
+            gathered: list[Any] = [None] * self.size
+            dist.all_gather_object(gathered, mine, group=self._group)
+        except RuntimeError as err:
+            raise DistributedError(
+                step, f"rank {self.rank} gave up after waiting up to {seconds:g} s for the other ranks "
+                f"(one crashed, hangs, or was not asked to take part; raise timeout= if a rank is only "
+                f"slow): {_first_line(err)}",
+            ) from err
+        return gathered
+
+
+def ranks_phrase(ranks: Iterable[int]) -> str:
+    """"rank 3" or "ranks 0, 2"."""
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def init_from_torchrun(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> bool:
+    """Under torchrun (WORLD_SIZE > 1): join the job's process group (gloo) and use GPU LOCAL_RANK.
+
+    Returns whether this process is one rank of several. An existing process group is kept.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return False
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=_timedelta(timeout))
+    local_rank = os.environ.get("LOCAL_RANK")
+    import torch
+
+    if local_rank is not None and torch.cuda.is_available():
+        torch.cuda.set_device(int(local_rank))
+    return dist.get_world_size() > 1

@@ -1,0 +1,220 @@
+"""Shared warmup: the ranks of a group split a model's problems, warm their shares, then share results.
+
+1. The ranks exchange their platforms and the digest of their problems (they must be the same).
+2. The ranks of each platform split the distinct problems (work.split: deterministic, by cost) and
+   each warms its share with selection.warmup.warmup (probe, and at depth full, plan builds stored
+   in its store).
+3. They exchange decisions, and serialized plans when some rank of the platform uses another
+   store; each rank checks and stores what it lacks and reads every decision into memory.
+4. With agree=True (default) they then agree on every problem (agreement.py).
+
+Every rank ends with every decision, and on live cuDNN with every plan, while each problem was
+probed and built once per platform. Ranks of different platforms never take each other's
+results: each platform's ranks do its work among themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from fusedattn_select.distributed.agreement import (
+    AgreementReport,
+    PlatformGroup,
+    conclude,
+    local_statement,
+    platform_groups,
+)
+from fusedattn_select.distributed.facts import RankFacts
+from fusedattn_select.distributed.group import (
+    DEFAULT_TIMEOUT_S,
+    Communicator,
+    DistributedError,
+)
+from fusedattn_select.distributed.sharing import (
+    ACCEPTED,
+    PRESENT,
+    Share,
+    outgoing,
+    receive_decision,
+    receive_plan,
+)
+from fusedattn_select.distributed.work import (
+    ConfigItem,
+    WorkItem,
+    split,
+    work_digest,
+    work_items,
+)
+from fusedattn_select.selection import warmup as local_warmup
+from fusedattn_select.selection.selector import Selector, default_selector
+from fusedattn_select.selection.warmup import Progress, WarmupReport
+from fusedattn_select.types import ProbeDepth
+
+log = logging.getLogger("fusedattn_select")
+
+
+@dataclass(frozen=True)
+class Received:
+    """What this rank took from the other ranks, and every row it did not take, with the reason."""
+
+    decisions: int = 0
+    plans: int = 0
+    plans_present: int = 0  # plans its store already held
+    plan_bytes: int = 0
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SharedWarmupReport:
+    """One rank's view of a shared warmup.
+
+    `combined` has one row per distinct problem as the rank that warmed it found it (in the given
+    order); `local` is this rank's own share; `owners` maps each cache key to the rank that warmed it.
+    """
+
+    rank: int
+    ranks: tuple[int, ...]
+    combined: WarmupReport
+    local: WarmupReport
+    owners: dict[str, int]
+    received: Received
+    plan_bytes_sent: int
+    platforms: tuple[PlatformGroup, ...]
+    wall_seconds: float
+    agreement: AgreementReport | None = None
+
+    def summary(self) -> str:
+        text = (f"rank {self.rank} of {len(self.ranks)}: warmed {len(self.local.rows)} of "
+                f"{len(self.combined.rows)} problems ({self.local.summary()}); received "
+                f"{self.received.decisions} decisions and {self.received.plans} plans "
+                f"({self.received.plan_bytes / 1e6:.1f} MB, {self.received.plans_present} already stored); "
+                f"{self.wall_seconds:.2f} s")
+        if self.received.skipped:
+            text += f"; {len(self.received.skipped)} rows not taken"
+        return text
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "ranks": list(self.ranks),
+            "combined": self.combined.to_dict(),
+            "local": self.local.to_dict(),
+            "owners": dict(self.owners),
+            "received": {**dataclasses.asdict(self.received),
+                         "skipped": [{"row": r, "reason": why} for r, why in self.received.skipped]},
+            "plan_bytes_sent": self.plan_bytes_sent,
+            "wall_seconds": round(self.wall_seconds, 6),
+            "agreement": self.agreement.to_dict() if self.agreement is not None else None,
+        }
+
+
+def warmup(configs: Iterable[ConfigItem], depth: str | ProbeDepth = "full", group: object = None, *,
+           selector: Selector | None = None, jobs: int | None = None, progress: Progress | None = None,
+           agree: bool = True, timeout: float = DEFAULT_TIMEOUT_S) -> SharedWarmupReport:
+    """Warm `configs` once across the ranks of `group` (default: the whole job); every rank ends with all.
+
+    Every rank must call it with the same problems. `jobs` and `progress` apply to this rank's
+    share (see selection.warmup.warmup). With `agree`, ends with agree() on every problem.
+    Raises DistributedError on every rank when one rank raised or `timeout` seconds passed
+    without a rank arriving; without a process group it is a local warmup.
+    """
+    probe_depth = ProbeDepth.parse(depth, "depth")
+    items, duplicates = work_items(configs, probe_depth)
+    selector = selector if selector is not None else default_selector()
+    comm = Communicator(group, timeout)
+    started = time.perf_counter()
+
+    everyone = comm.exchange("warmup start", lambda: (RankFacts.of(comm.rank, comm.host, selector), work_digest(items)))
+    _check_same_work(everyone)
+    facts = [f for f, _ in everyone]
+    me = facts[comm.ranks.index(comm.rank)]
+    peers = [f for f in facts if f.platform == me.platform]
+    shares = split(items, [p.rank for p in peers])
+    mine = shares[comm.rank]
+    local: list[WarmupReport] = []
+
+    def warm_share() -> Share:
+        report = local_warmup.warmup([(i.name, i.config) for i in mine], jobs=jobs, depth=probe_depth,
+                                     selector=selector, progress=progress)
+        local.append(report)
+        with_plans = any(not p.shares_store_with(me) for p in peers if p.rank != me.rank)
+        return outgoing(selector, mine, report.rows, probe_depth, with_plans)
+
+    results = comm.exchange("warmup share", warm_share)
+    received: list[Received] = []
+    problems = [(item.name, item.config) for item in items]
+    selections: list = []
+
+    def take_and_state():
+        received.append(_take(selector, facts, results, me, items, probe_depth))
+        if not agree:
+            return None
+        statement, own = local_statement(comm, selector, problems, probe_depth)
+        selections.extend(own)
+        return statement
+
+    statements = comm.exchange("warmup results", take_and_state)
+    agreement = conclude(comm, statements, problems, selections, selector, strict=False) if agree else None
+    owners = {item.key: rank for rank, share in shares.items() for item in share}
+    report = SharedWarmupReport(
+        rank=comm.rank, ranks=comm.ranks, combined=_combined(items, duplicates, facts, results, peers, local[0]),
+        local=local[0], owners=owners, received=received[0], plan_bytes_sent=results[comm.ranks.index(comm.rank)].plan_bytes,
+        platforms=platform_groups(facts), wall_seconds=time.perf_counter() - started, agreement=agreement,
+    )
+    (log.info if comm.lowest else log.debug)("fusedattn_select: shared warmup: %s", report.summary())
+    return report
+
+
+def _check_same_work(everyone: list[tuple[RankFacts, str]]) -> None:
+    digests = {digest for _, digest in everyone}
+    if len(digests) > 1:
+        by_digest: dict[str, list[int]] = {}
+        for f, digest in everyone:
+            by_digest.setdefault(digest, []).append(f.rank)
+        raise DistributedError("warmup start", "ranks were given different problems: " + "; ".join(
+            f"ranks {ranks} problem set {digest}" for digest, ranks in by_digest.items()))
+
+
+def _take(selector: Selector, facts: Sequence[RankFacts], results: Sequence[Share], me: RankFacts,
+          items: Sequence[WorkItem], depth: ProbeDepth) -> Received:
+    """Store and hold what the other ranks of this platform warmed."""
+    configs = {item.key: item.config for item in items}
+    decisions = plans = present = plan_bytes = 0
+    skipped: list[tuple[str, str]] = []
+    for sender, share in zip(facts, results):
+        if sender.rank == me.rank or sender.platform != me.platform:
+            continue
+        shared_store = sender.shares_store_with(me)
+        for row in share.decisions:
+            reason = receive_decision(selector, configs[row.key], row, depth, shared_store)
+            if reason:
+                skipped.append((f"decision {row.key} from rank {sender.rank}", reason))
+            else:
+                decisions += 1
+        if shared_store:
+            continue
+        for plan in share.plans:
+            outcome = receive_plan(selector, plan, sender, me)
+            if outcome == ACCEPTED:
+                plans, plan_bytes = plans + 1, plan_bytes + plan.size
+            elif outcome == PRESENT:
+                present += 1
+            else:
+                skipped.append((f"plan {plan.plan_key[:16]} from rank {sender.rank}", outcome))
+    for row, reason in skipped:
+        log.warning("fusedattn_select: shared warmup: not taken: %s: %s", row, reason)
+    return Received(decisions, plans, present, plan_bytes, tuple(skipped))
+
+
+def _combined(items: Sequence[WorkItem], duplicates: int, facts: Sequence[RankFacts], results: Sequence[Share],
+              peers: Sequence[RankFacts], local: WarmupReport) -> WarmupReport:
+    """One row per problem, from the rank of this platform that warmed it, in the given order."""
+    platform_ranks = {p.rank for p in peers}
+    rows = {row.cache_key: row for f, share in zip(facts, results) if f.rank in platform_ranks for row in share.rows}
+    ordered = tuple(dataclasses.replace(rows[item.key], also_named=item.also_named) for item in items)
+    return WarmupReport(rows=ordered, wall_seconds=local.wall_seconds, depth=local.depth, jobs=local.jobs,
+                        duplicates=duplicates, plan_note=local.plan_note)

@@ -1,0 +1,95 @@
+"""The work of a shared warmup: distinct problems as items with a stable key, split across ranks.
+
+An item is one distinct problem: its probe (every pass) and, at depth full, the plans of every
+pass. Probe and plans stay together because a full probe compiles the kernels the plan build then
+reuses in the same process (a later build of the same kernels in-process is ~90 ms instead of
+250-600 ms cold), so splitting one problem's passes across ranks would pay the compile twice. The
+key is the problem's cache key; a shape bucket becomes an item with the bucket's key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterable, Sequence, Union
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.config_files import NamedConfig
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.probing.cudnn.plans import dispatch_config
+from fusedattn_select.selection.warmup import describe
+from fusedattn_select.types import ProbeDepth
+
+ConfigItem = Union[AttnConfig, NamedConfig, tuple[str, AttnConfig]]
+
+
+def named_problems(configs: Iterable[ConfigItem] | AttnConfig | NamedConfig) -> list[tuple[str, AttnConfig]]:
+    """(name, config) pairs in the given order; an unnamed AttnConfig is named by `describe`."""
+    if isinstance(configs, (AttnConfig, NamedConfig)):
+        configs = [configs]
+    named = []
+    for index, item in enumerate(configs):
+        if isinstance(item, NamedConfig):
+            named.append((item.name, item.config))
+        elif isinstance(item, AttnConfig):
+            named.append((describe(item), item))
+        elif (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+              and isinstance(item[1], AttnConfig)):
+            named.append(item)
+        else:
+            raise ConfigError(f"configs[{index}]", item,
+                              "must be an AttnConfig, a (name, AttnConfig) pair or a NamedConfig")
+    return named
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One unit of shared warmup; `cost` is relative (graphs probed, plus plans built at depth full)."""
+
+    key: str
+    name: str
+    config: AttnConfig
+    cost: int
+    also_named: tuple[str, ...] = ()
+
+
+def work_items(configs: Iterable[ConfigItem], depth: ProbeDepth) -> tuple[list[WorkItem], int]:
+    """Distinct problems in first-seen order, and how many entries repeated an earlier problem."""
+    items: dict[str, tuple[str, AttnConfig, list[str]]] = {}
+    duplicates = 0
+    for name, cfg in named_problems(configs):
+        key = cfg.cache_key()
+        if key in items:
+            duplicates += 1
+            items[key][2].append(name)
+        else:
+            items[key] = (name, cfg, [])
+    return [WorkItem(key, name, cfg, _cost(cfg, depth), tuple(aliases))
+            for key, (name, cfg, aliases) in items.items()], duplicates
+
+
+def _cost(cfg: AttnConfig, depth: ProbeDepth) -> int:
+    passes = len(cfg.phases)
+    if depth is ProbeDepth.FULL and dispatch_config(cfg) is not None:
+        return 2 * passes  # a full probe and a plan build per pass
+    return passes
+
+
+def work_digest(items: Sequence[WorkItem]) -> str:
+    """A digest of the item keys, equal on ranks that were given the same problems."""
+    return hashlib.sha256(",".join(sorted(item.key for item in items)).encode()).hexdigest()[:16]
+
+
+def split(items: Sequence[WorkItem], ranks: Sequence[int]) -> dict[int, tuple[WorkItem, ...]]:
+    """Each rank's share: costliest items first, each to the least-loaded rank (ties: lower rank).
+
+    Depends only on the items' keys and costs and on `ranks`, so every rank computes the same split.
+    """
+    ordered = sorted(ranks)
+    load = {rank: 0 for rank in ordered}
+    shares: dict[int, list[WorkItem]] = {rank: [] for rank in ordered}
+    for item in sorted(items, key=lambda i: (-i.cost, i.key)):
+        rank = min(ordered, key=lambda r: (load[r], r))
+        shares[rank].append(item)
+        load[rank] += item.cost
+    return {rank: tuple(share) for rank, share in shares.items()}

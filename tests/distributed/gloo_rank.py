@@ -1,0 +1,125 @@
+"""One rank of a CPU (gloo) job for tests/distributed/test_distributed_gloo.py.
+
+    python gloo_rank.py SCENARIO RANK WORLD INIT_FILE OUT_DIR SPEC_JSON
+
+Answers come from recorded snapshots (SnapshotEngine), never from a GPU. Each rank writes what it
+found to OUT_DIR/rank<RANK>.json, including a DistributedError it raised (the error is the result
+several scenarios test).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from fusedattn_select import distributed
+from fusedattn_select.config_files import load_config_file
+from fusedattn_select.probing.snapshot import SnapshotEngine
+from fusedattn_select.selection.selector import Selector, set_default_selector
+from fusedattn_select.store import PersistentStore
+
+
+class RaisingSnapshotEngine(SnapshotEngine):
+    """TEST DOUBLE for a rank whose selection breaks: a snapshot engine that raises on one problem."""
+
+    fail_key = ""
+
+    def probe(self, cfg, backend, phase, depth):
+        if cfg.cache_key() == self.fail_key:
+            raise RuntimeError("injected failure while probing")
+        return super().probe(cfg, backend, phase, depth)
+
+
+def problems(spec: dict) -> list:
+    out = []
+    for path in spec["configs"]:
+        config_file = load_config_file(path)
+        out += [(f"{config_file.name}/{e.name}", e.config) for e in config_file.entries]
+    return out
+
+
+def selector_for(spec: dict, rank: int) -> Selector:
+    snapshot = spec["snapshots"][rank % len(spec["snapshots"])]
+    if spec.get("fail_rank") == rank:
+        engine = RaisingSnapshotEngine.load(snapshot)
+        engine.fail_key = dict(problems(spec))[spec["fail_problem"]].cache_key()
+    else:
+        engine = SnapshotEngine.load(snapshot)
+    stores = spec.get("stores")
+    store = PersistentStore(stores[rank % len(stores)]) if stores else None
+    selector = Selector(engine, store=store)
+    set_default_selector(selector)
+    return selector
+
+
+def scenario_agree(spec: dict, rank: int) -> dict:
+    selector = selector_for(spec, rank)
+    named = problems(spec)
+    report = distributed.agree(named, strict=spec.get("strict", False), timeout=spec.get("timeout", 30))
+    later = {name: selector.select(cfg) for name, cfg in named}
+    return {
+        "selections": {n: [s.backend.value, s.message] for n, s in report.selections.items()},
+        "later": {n: [s.backend.value, s.message] for n, s in later.items()},
+        "disagreements": [[d.name, d.message] for d in report.disagreements],
+        "platforms": [[list(p.ranks), p.description] for p in report.platforms],
+        "mixed_platforms": report.mixed_platforms,
+        "probes": selector.cache_info()["probes"],
+    }
+
+
+def scenario_absent(spec: dict, rank: int) -> dict:
+    """Rank 1 never takes part; the others must give up after `timeout` instead of hanging."""
+    selector_for(spec, rank)
+    if rank == 1:
+        time.sleep(spec["timeout"] + 1.5)
+        return {"skipped": True}
+    started = time.perf_counter()
+    try:
+        distributed.agree(problems(spec), timeout=spec["timeout"])
+    finally:
+        print(f"rank {rank} waited {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return {}
+
+
+def scenario_warmup(spec: dict, rank: int) -> dict:
+    selector = selector_for(spec, rank)
+    named = problems(spec)
+    report = distributed.warmup(named, depth="full", timeout=spec.get("timeout", 30))
+    probes_after_warmup = selector.cache_info()["probes"]
+    later = {name: selector.select(cfg, "full") for name, cfg in named}
+    info = selector.cache_info()
+    return {
+        "probes": probes_after_warmup,
+        "probes_after_select": info["probes"],
+        "later": {n: [s.backend.value, s.message, s.from_cache] for n, s in later.items()},
+        "local_rows": [row.cache_key for row in report.local.rows],
+        "combined_rows": [[row.name, row.backend.value, row.outcome.value] for row in report.combined.rows],
+        "owners": report.owners,
+        "decisions_received": report.received.decisions,
+        "skipped": list(report.received.skipped),
+        "agreed": report.agreement.agreed,
+    }
+
+
+def main() -> None:
+    scenario, rank, world, init_file, out_dir, spec_json = sys.argv[1:7]
+    rank, world = int(rank), int(world)
+    spec = json.loads(spec_json)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        result = globals()[f"scenario_{scenario}"](spec, rank)
+    except distributed.DistributedError as err:
+        result = {"error": str(err), "step": err.step, "failed_ranks": [f.rank for f in err.failures]}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    if scenario != "absent":
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
