@@ -161,11 +161,6 @@ def rules_by_name() -> dict[str, Rule]:
     return {rule.name: rule for rule in RULES}
 
 
-def phases_for(cfg: AttnConfig) -> tuple[Phase, ...]:
-    """Training probes forward and backward; inference probes forward only."""
-    return BOTH if cfg.is_training else FWD
-
-
 def apply_rules(cfg: AttnConfig, fingerprint: Fingerprint, phase: Phase) -> Verdict | None:
     """The first rule that rejects `phase` of `cfg` on this platform, as a verdict; else None."""
     for rule in RULES:

@@ -54,7 +54,7 @@ WORKER = textwrap.dedent(r'''
 
     if mode == "warmup":
         from fusedattn_select.probing.cudnn import plans as plan_store
-        from fusedattn_select.selection.rules import apply_rules, phases_for
+        from fusedattn_select.selection.rules import apply_rules
         from fusedattn_select.selection.warmup import warmup
 
         selector = default_selector()  # cuDNN initialised before the start signal
@@ -74,10 +74,10 @@ WORKER = textwrap.dedent(r'''
             distinct.setdefault(cfg.cache_key(), cfg)
         fingerprint = selector.fingerprint
         expected_probes = sum(
-            0 if any(apply_rules(cfg, fingerprint, p) for p in phases_for(cfg)) else len(phases_for(cfg))
+            0 if any(apply_rules(cfg, fingerprint, p) for p in cfg.phases) else len(cfg.phases)
             for cfg in distinct.values())
         accepted = {row.cache_key for row in report.rows if row.backend.value != "NONE"}
-        expected_plans = sum(len(plan_store.phases(cfg)) for key, cfg in distinct.items()
+        expected_plans = sum(len(cfg.phases) for key, cfg in distinct.items()
                              if key in accepted and plan_store.dispatch_config(cfg) is not None)
         info = selector.cache_info()
         result.update(
