@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option
-from fusedattn_select.cli.exit_codes import EXIT_NONE, EXIT_SELECTED
+from fusedattn_select.cli.exit_codes import EXIT_NO_DATA, EXIT_NONE, EXIT_SELECTED
 from fusedattn_select.cli.matrix_compare import (
     DISAGREE,
     Comparison,
@@ -36,16 +36,11 @@ from fusedattn_select.cli.matrix_data import (
 from fusedattn_select.cli.matrix_plot import require_matplotlib, write_heatmap
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.config_files import load_config_file
-from fusedattn_select.errors import PlatformError, SnapshotError
-from fusedattn_select.probing import TARGETS, torch_rules
+from fusedattn_select.errors import ConfigError, PlatformError
+from fusedattn_select.probing import torch_rules
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import ProbeDepth
-
-# A problem without a verdict (not recorded, or its probe failed), or --compare torch with no
-# torch answer at all: the command could not answer everything it was asked. Item 2 of issue 13
-# introduces this code for `why`; it belongs in exit_codes.py.
-EXIT_NO_DATA = 3
 
 LEGEND = ("cells: accepted/answered (F16 or FP8 / problems with a verdict); ?N: N problems not recorded "
           "(no data: only a live probe can answer them); !N: N probes failed")
@@ -66,6 +61,8 @@ class Source:
     def describe(self) -> str:
         fingerprint = self.selector.fingerprint.describe()
         engine = self.selector.engine
+        if engine is None:
+            return "no engine (every problem is no data)"
         if not isinstance(engine, SnapshotEngine):
             return f"live probes on {fingerprint}"
         dates = sorted({f.recorded_on for f in engine.files})
@@ -74,24 +71,16 @@ class Source:
 
 def _source(args: argparse.Namespace) -> Source:
     if args.live:
+        if args.snapshot or args.target:
+            raise ConfigError("--live", True, "probes this machine's GPU; give --live or --snapshot/--target, not both")
         engine, reason = engines.live_engine()
         if engine is None:
             raise PlatformError(f"matrix --live needs a CUDA device with cuDNN: {reason}")
         return Source(Selector(engine, store=engines.open_store()), "", [])
-    if args.snapshot:
-        paths = list(args.snapshot)
-    elif args.target:
-        paths = [str(p) for p in engines.bundled_paths(args.target) if p.is_file()]
-        if not paths:
-            raise SnapshotError(f"--target {args.target}: no bundled snapshot is installed for it")
-    else:
-        selector, notice = engines.choose_selector(None, None)
-        if selector.engine is None:
-            raise PlatformError(f"{notice or 'no engine'}; pass --target or --snapshot to answer from snapshots")
-        engine = selector.engine
-        paths = [f.path for f in engine.files] if isinstance(engine, SnapshotEngine) else []
-        return Source(selector, notice, paths)
-    return Source(Selector(SnapshotEngine.load_many(paths)), "", paths)
+    selector, notice = engines.choose_selector(args.snapshot, args.target)
+    engine = selector.engine
+    paths = [f.path for f in engine.files] if isinstance(engine, SnapshotEngine) else []
+    return Source(selector, notice, paths)
 
 
 def _problems(files: Sequence[str], selector: Selector, depth: ProbeDepth) -> list[Problem]:
@@ -236,16 +225,14 @@ def register_matrix(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "matrix", parents=[common],
         help="a support matrix of suite or model files (text, --png heatmap, --json); --compare torch",
         description="Answer every entry of the given files and count them by row and column: cells are "
-        "accepted/answered. Exit 0: the matrix holds a verdict for every problem (NONE cells are answers); "
-        "3: some problem has no data (not recorded) or a failed probe, or --compare torch found no torch "
-        "answer; with --compare torch, 1: torch and cuDNN disagree somewhere.",
+        "accepted/answered. Without --snapshot/--target/--live the engine is chosen as for `why`. Exit 0: "
+        "the matrix holds a verdict for every problem (NONE cells are answers); 3: some problem has no "
+        "data (not recorded) or a failed probe, or --compare torch found no torch answer; with "
+        "--compare torch, 1: torch and cuDNN disagree somewhere.",
     )
     parser.add_argument("files", nargs="+", metavar="SUITE_OR_MODEL.yaml")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--target", choices=TARGETS, help="answer from the snapshots bundled for this GPU")
-    source.add_argument("--snapshot", action="append", metavar="FILE",
-                        help="answer from this recorded snapshot (repeat for several of one device)")
-    source.add_argument("--live", action="store_true", help="probe cuDNN on this machine's GPU")
+    engines.add_source_options(parser)
+    parser.add_argument("--live", action="store_true", help="probe cuDNN on this machine's GPU")
     add_depth_option(parser, default=ProbeDepth.FAST)
     parser.add_argument("--rows", default="dtype,pass,head_dim", metavar="AXES",
                         help="row axes, comma-separated, from: " + ", ".join(AXES) + " (default: %(default)s)")

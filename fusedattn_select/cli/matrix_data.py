@@ -21,23 +21,16 @@ NO_DATA = "no data"
 FAILED = "failed"
 NONE = "NONE"
 
-# The stage a snapshot engine names when it holds no verdict for a problem (probing.snapshot).
-_NOT_RECORDED_STAGE = "snapshot"
-_ANSWERED = frozenset({Outcome.SUPPORTED.value, Outcome.UNSUPPORTED.value, Outcome.FAILED.value})
-
 
 def answer_of(selection: Selection) -> str:
-    """"F16" / "FP8" when a backend is selected, "NONE" when rejected, else "no data" / "failed"."""
-    outcomes = [v.outcome.value for v in selection.verdicts]
-    if Outcome.FAILED.value in outcomes:
-        return FAILED
-    not_recorded = any(
-        v.outcome.value not in _ANSWERED or (v.stage == _NOT_RECORDED_STAGE and not v.supported)
-        for v in selection.verdicts
-    )
-    if not_recorded:
-        return NO_DATA
-    return selection.backend.value if selection.selected else NONE
+    """"F16" / "FP8" when a backend is selected; "NONE" when a rule or cuDNN refused some pass
+    (a refusal is an answer even where another pass has no data); else "failed" or "no data"."""
+    if selection.selected:
+        return selection.backend.value
+    outcomes = {v.outcome for v in selection.verdicts}
+    if Outcome.UNSUPPORTED in outcomes:
+        return NONE
+    return FAILED if Outcome.FAILED in outcomes else NO_DATA
 
 
 def _layout_family(cfg: AttnConfig) -> str:

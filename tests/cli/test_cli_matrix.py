@@ -176,3 +176,8 @@ def test_compare_torch_json_names_each_problem_kind(capsys, torch_fixture):
         "fp8e4m3-delayed-d128-causal-mha-infer": "not expressible in SDPA",
         "bf16-d128-causal-mha-infer": "torch not recorded",
     }
+
+
+def test_live_with_a_snapshot_source_exits_2(capsys):
+    code, _, err = run(capsys, "matrix", SUITE, "--live", "--target", "h100")
+    assert code == 2 and err.startswith("error: --live=True")
