@@ -14,7 +14,7 @@ from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
-from fusedattn_select.types import ProbeDepth, Selection, Verdict
+from fusedattn_select.types import Outcome, ProbeDepth, Selection, Verdict
 
 VERDICT_HEADER = ("backend", "phase", "verdict", "stage", "provenance", "depth", "ms", "reason")
 RECORDED_MS = "recorded ms"  # the ms column's header when the times were measured on the recording device
@@ -25,9 +25,11 @@ Answer = tuple[str, Selection, tuple[str, ...]]
 
 
 def _verdict_row(verdict: Verdict) -> list[str]:
+    # A problem nothing recorded has no depth of its own: "-" rather than the depth asked.
+    unrecorded = verdict.outcome is Outcome.NO_DATA and not verdict.timings_ms
     return [
         verdict.backend.value, verdict.phase.value, verdict.outcome.value, verdict.stage,
-        verdict.provenance.value, verdict.depth.value,
+        verdict.provenance.value, "-" if unrecorded else verdict.depth.value,
         f"{verdict.total_ms:.2f}" if verdict.timings_ms else "-",
         verdict.message,
     ]

@@ -280,20 +280,22 @@ class Selector:
             if self.store is not None:
                 self.store.put(self._fingerprint, key, verdicts, depth)
         selection = self._answer(cfg, verdicts, from_cache=False, probe_ms=probe_ms, key=key)
+        verb, source = self._verb()
         log.info(
-            "fusedattn_select: %s %s in %.3f ms -> %s%s", self._verb(), key, probe_ms,
+            "fusedattn_select: %s %s%s in %.3f ms -> %s%s", verb, key, source, probe_ms,
             "no data" if selection.no_data else selection.backend.value,
             f" ({selection.message})" if selection.message else "",
         )
         return selection
 
-    def _verb(self) -> str:
-        """What answering a new problem is for this engine: probing a device, or replaying a recording."""
-        if self.engine is not None and self.engine.provenance is Provenance.SNAPSHOT:
-            return f"replayed from {self.engine.name}"
-        if self.engine is not None and self.engine.provenance is Provenance.DECLARED:
-            return "looked up in declared tables"
-        return "probed"
+    def _verb(self) -> tuple[str, str]:
+        """What answering a new problem is for this engine (probing a device, replaying a recording), and from where."""
+        provenance = self.engine.provenance if self.engine is not None else None
+        if provenance is Provenance.SNAPSHOT:
+            return "replayed", f" from {self.engine.name}"
+        if provenance is Provenance.DECLARED:
+            return "looked up", " in declared tables"
+        return "probed", ""
 
     def _probe_one(self, cfg: AttnConfig, phase: Phase, depth: ProbeDepth) -> Verdict:
         assert self.engine is not None
