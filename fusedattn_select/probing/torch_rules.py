@@ -205,8 +205,9 @@ def _evaluate(call: SdpaCall) -> dict[str, Any]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             accepts = bool(can_use_cudnn_attention(params, True))
-            choice = torch._fused_sdp_choice(q, k, v, mask, call.dropout, call.is_causal, call.scale,
-                                             call.enable_gqa)
+            choice = torch._fused_sdp_choice(q, k, v, attn_mask=mask, dropout_p=call.dropout,
+                                             is_causal=call.is_causal, scale=call.scale,
+                                             enable_gqa=call.enable_gqa)
     reasons = list(dict.fromkeys(str(w.message).strip() for w in caught))
     return {
         "status": EVALUATED,
