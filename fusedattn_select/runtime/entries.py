@@ -21,7 +21,7 @@ from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import Selector, default_selector
-from fusedattn_select.selection.single_flight import OncePerKey
+from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.types import Phase, Selection
 
 log = logging.getLogger("fusedattn_select")

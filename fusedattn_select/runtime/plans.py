@@ -30,6 +30,7 @@ import torch
 
 from fusedattn_select import dtypes
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.probing import cudnn as cudnn_probe
 from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.probing.cudnn.plan_blob import (
     PlanBlobError,
@@ -40,9 +41,15 @@ from fusedattn_select.probing.cudnn.plan_blob import (
 )
 from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
 from fusedattn_select.selection.selector import Selector
-from fusedattn_select.selection.single_flight import OncePerKey
+from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.store.protocol import Store
-from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Verdict
+from fusedattn_select.types import (
+    Backend,
+    Fingerprint,
+    Phase,
+    ProbeDepth,
+    Verdict,
+)
 
 if TYPE_CHECKING:
     from fusedattn_select.probing.cudnn.engine import CudnnEngine
@@ -227,7 +234,6 @@ def _prepare_handle(device: torch.device) -> Any:
     index = device.index if device.index is not None else torch.cuda.current_device()
     slot = handles.get(index)
     if slot is None:
-        from fusedattn_select.probing.cudnn import engine as cudnn_probe
         slot = handles[index] = [cudnn_probe.handle_for(index), None]
     stream = _current_stream(device)
     if slot[1] != stream:
@@ -287,7 +293,6 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
     Raises PlanBuildError carrying the verdict to record: UNSUPPORTED when cuDNN rejects the graph,
     FAILED for incidents (out of memory, CUDA errors) that say nothing about support.
     """
-    from fusedattn_select.probing.cudnn import engine as cudnn_probe
     index = device.index if device.index is not None else torch.cuda.current_device()
     started = time.perf_counter()
     try:
@@ -303,14 +308,7 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
                 build = cudnn_probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL)
         plan = Plan(build, phase, device, cfg)
     except Exception as err:  # noqa: BLE001 - every failure becomes a recorded verdict
-        unsupported = isinstance(err, cudnn_probe.CudnnUnsupported)
-        verdict = Verdict(
-            backend=backend, phase=phase,
-            outcome=Outcome.UNSUPPORTED if unsupported else Outcome.FAILED,
-            stage=str(getattr(err, "stage", "") or "build_plans"),
-            message=_one_line(getattr(err, "message", "") or str(err) or type(err).__name__),
-            detail=str(getattr(err, "detail", "") or err), depth=ProbeDepth.FULL,
-        )
+        verdict = cudnn_probe.verdict_from_exception(err, backend, phase, ProbeDepth.FULL, "build_plans")
         with _stats_lock:
             _stats.build_failures += 1
         raise PlanBuildError(verdict) from err
@@ -335,7 +333,6 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
     process only. A stored plan that does not load is dropped with a warning and rebuilt. Raises
     PlanBuildError like build_plan.
     """
-    from fusedattn_select.probing.cudnn import engine as cudnn_probe
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         with torch.cuda.device(index), cudnn_probe.device_context(index):
@@ -351,7 +348,6 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
 
 def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device,
                    plan_key: plan_store.PlanKey, selector: Optional[Selector]) -> Plan:
-    from fusedattn_select.probing.cudnn import engine as cudnn_probe
     key, signature = plan_key
     index = device.index if device.index is not None else torch.cuda.current_device()
     store, fingerprint = _persistence(selector, index)

@@ -14,7 +14,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusedattn_select.config import AttnConfig  # noqa: E402
-from fusedattn_select.probing.cudnn import engine as cudnn_engine  # noqa: E402
 from fusedattn_select.probing.cudnn import plans as plan_store  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, config_from_tensors  # noqa: E402
 from fusedattn_select.types import Fingerprint  # noqa: E402
@@ -77,8 +76,8 @@ def warmup_keys(monkeypatch):
     """persist_plans with the cuDNN engine replaced by TEST DOUBLES; returns the keys it stored under."""
     stored: list[str] = []
     monkeypatch.setattr(plan_store, "graph_signature", lambda cfg, backend, phase, handle=None: SIGNATURE)
-    monkeypatch.setattr(cudnn_engine, "device_context", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(cudnn_engine, "handle_for", lambda device: "handle (test double)")
+    monkeypatch.setattr(plan_store, "device_context", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(plan_store, "handle_for", lambda device: "handle (test double)")
     monkeypatch.setattr(plan_store, "obtain", lambda key, **_: (stored.append(key), (None, plan_store.BUILT))[1])
 
     def keys(cfg: AttnConfig) -> list[str]:

@@ -16,6 +16,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from fusedattn_select.probing.cudnn.features import frontend_features
+
 PLAN_FORMAT = 1
 MAGIC = b"FASPLAN\x00"
 _HEADER_LENGTH = struct.Struct("<I")
@@ -130,7 +132,6 @@ def _graph_bytes(graph: Any) -> bytes:
 
 def serialize_build(build: Any, plan_key: str) -> bytes:
     """The blob of a FULL GraphBuild (probing.cudnn.graphs): header + the frontend's serialization."""
-    from fusedattn_select.probing.cudnn.graphs import frontend_features
 
     tensors = {}
     for name, tensor in build.tensors.items():

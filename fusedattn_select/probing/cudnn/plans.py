@@ -45,10 +45,28 @@ from typing import Any, Callable, Mapping, NamedTuple, TypeVar
 from fusedattn_select import dtypes
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.layouts import SEPARATE_LAYOUTS
-from fusedattn_select.probing.cudnn.plan_blob import PLAN_FORMAT, cudnn_type_name, serialize_build, unpack
-from fusedattn_select.selection.single_flight import read_or_make
+from fusedattn_select.probing.cudnn.device import device_context, handle_for
+from fusedattn_select.probing.cudnn.graphs import build_graph, describe_graph
+from fusedattn_select.probing.cudnn.messages import (
+    CudnnUnsupported,
+    ProbeFailure,
+    verdict_from_exception,
+)
+from fusedattn_select.probing.cudnn.plan_blob import (
+    PLAN_FORMAT,
+    cudnn_type_name,
+    serialize_build,
+    unpack,
+)
+from fusedattn_select.single_flight import read_or_make
 from fusedattn_select.store.protocol import Store
-from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Verdict
+from fusedattn_select.types import (
+    Backend,
+    Fingerprint,
+    Phase,
+    ProbeDepth,
+    Verdict,
+)
 
 log = logging.getLogger("fusedattn_select")
 
@@ -102,7 +120,6 @@ def graph_signature(cfg: AttnConfig, backend: Backend, phase: Phase, *, handle: 
     Describing is cheap (well under a millisecond once the frontend is warm) and touches no device
     memory; raises CudnnUnsupported when the installed frontend cannot express the problem.
     """
-    from fusedattn_select.probing.cudnn.graphs import describe_graph
 
     described = describe_graph(cfg, backend, phase, handle=handle)
     tensors = {
@@ -318,26 +335,21 @@ def persist_plans(cfg: AttnConfig, backend: Backend, *, store: Store, fingerprin
     Plans are built the way dispatch builds them (build_graph, FULL, static, this thread's handle),
     under the store's plan key lock. Needs cudnn-frontend and cuda-python, not torch.
     """
-    # cudnn-frontend is optional: the engine module is imported only when plans are built.
-    from fusedattn_select.probing.cudnn import engine as cudnn_probe
     built = stored = 0
     for phase in cfg.phases:
-        with cudnn_probe.device_context(device):
-            handle = cudnn_probe.handle_for(device)
+        with device_context(device):
+            handle = handle_for(device)
             try:
                 key = dispatch_plan_key(cfg, backend, phase, handle=handle).key
 
                 def build(phase: Phase = phase, handle: Any = handle) -> Any:
-                    return cudnn_probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL)
+                    return build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL)
 
                 _, origin = obtain(key, store=store, fingerprint=fingerprint, build=build,
                                    serialize=lambda b, key=key: serialize_build(b, key),
                                    load=lambda blob, key=key: unpack(blob, key))
-            except (cudnn_probe.CudnnUnsupported, cudnn_probe.ProbeFailure) as err:
-                unsupported = isinstance(err, cudnn_probe.CudnnUnsupported)
-                verdict = Verdict(backend=backend, phase=phase,
-                                  outcome=Outcome.UNSUPPORTED if unsupported else Outcome.FAILED,
-                                  stage=err.stage, message=err.message, detail=err.detail, depth=ProbeDepth.FULL)
+            except (CudnnUnsupported, ProbeFailure) as err:
+                verdict = verdict_from_exception(err, backend, phase, ProbeDepth.FULL)
                 return PersistResult(built, stored, f"{phase.value} plan did not build: {verdict.reason()}", verdict)
         if origin == LOADED:
             stored += 1
