@@ -16,7 +16,7 @@ from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.selection.rules import apply_rules, no_platform_verdict
-from fusedattn_select.selection.single_flight import read_or_make
+from fusedattn_select.single_flight import read_or_make
 from fusedattn_select.store import open_default_store, protocol
 from fusedattn_select.types import (
     Backend,
