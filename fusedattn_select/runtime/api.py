@@ -156,7 +156,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     if found.opts.training:
         out, lse = FusedAttention.apply(found, scales, q, k, v, *inputs)
     else:
-        out, lse, _, _ = fused_forward(found, q, k, v, inputs, scales)
+        out, stats, _, _ = fused_forward(found, q, k, v, inputs, scales)
+        qb = bhsd(q, found.opts.layout)
+        lse = found.lse(stats, qb.shape[0], qb.shape[2])
     return (out, lse) if return_lse else out
 
 

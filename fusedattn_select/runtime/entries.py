@@ -3,6 +3,7 @@ back), made once and found again by one dict lookup."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -10,15 +11,17 @@ from typing import Any, Optional
 
 import torch
 
+from fusedattn_select.buckets import bucket_form
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8 as fp8q
-from fusedattn_select.runtime import plans
+from fusedattn_select.runtime import plans, ragged
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.layouts import Formats, bhsd, formats
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config
+from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.single_flight import OncePerKey
@@ -42,10 +45,24 @@ class Entry:
     rng: Optional[torch.Tensor] = None   # per-entry [seed, offset] counter for dropout
     rng_step: int = 0
     logged: bool = False
+    # Bucket plans only: the call's config, and the offsets and lengths of its shape per plan.
+    call_cfg: Optional[AttnConfig] = None
+    ragged_forward: Optional[dict[str, torch.Tensor]] = None
+    ragged_backward: Optional[dict[str, torch.Tensor]] = None
 
     @property
     def fused(self) -> bool:
         return not self.reason
+
+    @property
+    def bucketed(self) -> bool:
+        return self.ragged_forward is not None
+
+    def lse(self, stats: Optional[torch.Tensor], batch: int, seqlen_q: int) -> Optional[torch.Tensor]:
+        """The call's (b, H, s_q, 1) log-sum-exp: a bucket plan's stats hold the whole bucket."""
+        if stats is None or not self.bucketed:
+            return stats
+        return stats[:batch, :, :seqlen_q]
 
 
 entries: OncePerKey[Entry] = OncePerKey()
@@ -102,22 +119,49 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if signature[-1]:  # capturing
         return _captured_entry(signature, new)
     selector = default_selector()
-    if not _select(new, selector):
-        return new
-    if not q.is_cuda:
-        new.reason = f"{new.selection.backend.value} was selected ({new.selection.engine}) but the tensors are on {q.device}"
-        return new
     alibi = inputs.alibi_slopes
-    if alibi is not None and not _standard_alibi(alibi, new.cfg.num_heads_q):
+    if q.is_cuda and alibi is not None and not _standard_alibi(alibi, new.cfg.num_heads_q):
         new.reason = "alibi_slopes differ from the fixed ALiBi slopes cuDNN computes (2^(-8i/H))"
         return new
-    _build_plans(new, selector, q.device)
+    if not (q.is_cuda and _bucketed(new, selector, Shape(qb.shape[0], qb.shape[2], kb.shape[2]), q.device)):
+        if not _select(new, selector):
+            return new
+        if not q.is_cuda:
+            new.reason = (f"{new.selection.backend.value} was selected ({new.selection.engine}) but the tensors "
+                          f"are on {q.device}")
+            return new
+        _build_plans(new, selector, q.device)
     if new.fused and opts.bias_grad and not new.backward.has("dBias"):
         new.reason = f"cuDNN's backward graph for bias_shape={new.cfg.bias_shape!r} has no dBias output"
     if new.fused and opts.dropout > 0:
         new.rng = torch.tensor([int(torch.randint(2 ** 62, (1,))), 0], dtype=torch.int64, device=q.device)
         new.rng_step = math.prod(qb.shape[:3]) * kb.shape[2]
     return new
+
+
+def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device) -> bool:
+    """Run the call through its bucket's plans when cuDNN runs the bucket form (selected and built
+    once per bucket); False, with the entry untouched, when the call takes a dense plan instead."""
+    form = bucket_form(new.cfg)
+    if form is None:
+        return False
+    selection = selector.select(form)
+    if not selection.selected:
+        log.debug("fusedattn_select: bucket form %s not selected (%s); dense plans for %s",
+                  form.cache_key(), selection.message, new.cfg.cache_key())
+        return False
+    trial = dataclasses.replace(new, cfg=form, selection=selection, call_cfg=new.cfg)
+    _build_plans(trial, selector, device)
+    if not trial.fused:
+        log.info("fusedattn_select: bucket plans of %s did not build (%s); dense plans for %s",
+                 form.cache_key(), trial.reason, new.cfg.cache_key())
+        return False
+    trial.ragged_forward = ragged.binding(trial.forward, shape, device)
+    if trial.backward is not None:
+        trial.ragged_backward = ragged.binding(trial.backward, shape, device)
+    for field in dataclasses.fields(Entry):
+        setattr(new, field.name, getattr(trial, field.name))
+    return True
 
 
 def _select(new: Entry, selector: Selector) -> bool:
@@ -217,5 +261,6 @@ def log_fallback(found: Entry) -> None:
         return
     found.logged = True
     where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "reference.py"
-    problem = found.cfg.cache_key() if found.cfg is not None else "unconfigurable problem"
+    cfg = found.call_cfg or found.cfg
+    problem = cfg.cache_key() if cfg is not None else "unconfigurable problem"
     log.warning("fusedattn_select: attention() falls back to %s for %s: %s", where, problem, found.reason)

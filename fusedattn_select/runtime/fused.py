@@ -7,6 +7,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from fusedattn_select.runtime import fp8 as fp8q
+from fusedattn_select.runtime import ragged
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
@@ -43,10 +44,63 @@ def _common_feeds(plan: Plan, feeds: dict, inputs: OptionalInputs, rng: Optional
         feeds["offset"] = plan.conform("offset", rng[1:2])
 
 
+def _next_rng(entry: Entry) -> Optional[torch.Tensor]:
+    if entry.rng is None:
+        return None
+    rng = entry.rng.clone()
+    entry.rng[1:].add_(entry.rng_step)  # on the device: capture-safe, a fresh mask per replay
+    return rng
+
+
+def _lengths(plan: Plan, feeds: dict, inputs: OptionalInputs) -> bool:
+    """Feed the caller's padding-mask lengths (unused bucket slots 0); True when there are any."""
+    if inputs.seqlens_q is None:
+        return False
+    feeds["seq_len_q"] = ragged.caller_lengths(plan, inputs.seqlens_q, "seq_len_q")
+    feeds["seq_len_kv"] = ragged.caller_lengths(plan, inputs.seqlens_kv, "seq_len_kv")
+    return True
+
+
+def _bucket_forward(entry: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
+                    inputs: OptionalInputs) -> Saved:
+    """The forward of a call run by its bucket plan; stats cover the whole bucket."""
+    plan = entry.forward
+    q, k, v = ragged.bshd_memory(qb), ragged.bshd_memory(kb), ragged.bshd_memory(vb)
+    feeds = {"q": q, "k": k, "v": v, **entry.ragged_forward}
+    padded = _lengths(plan, feeds, inputs)
+    rng = _next_rng(entry)
+    _common_feeds(plan, feeds, inputs._replace(seqlens_q=None, seqlens_kv=None), rng)
+    o = ragged.empty_like_bshd(q, vb.shape[3], qb.shape[1], zeroed=padded)
+    outs = plan.execute(feeds, {"o": o})
+    return Saved(o.transpose(1, 2).permute(FROM_BHSD[entry.opts.layout]), outs.get("stats"), rng, None)
+
+
+def _bucket_backward(entry: Entry, gb: torch.Tensor, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
+                     inputs: OptionalInputs, saved: Saved) -> dict[str, torch.Tensor]:
+    """dQ, dK, dV (and dSink_token) of a call run by its bucket plan, in BSHD memory."""
+    plan = entry.backward
+    q, k, v = ragged.bshd_memory(qb), ragged.bshd_memory(kb), ragged.bshd_memory(vb)
+    stats = saved.stats
+    if tuple(stats.shape) != plan.specs["stats"].dims:  # the call's lse (compiled path): back into the bucket
+        whole = plan.allocate("stats")
+        whole[:stats.shape[0], :, :stats.shape[2]] = stats
+        stats = whole
+    feeds = {"q": q, "k": k, "v": v, "o": ragged.bshd_memory(bhsd(saved.out, entry.opts.layout)),
+             "dO": ragged.bshd_memory(gb), "stats": stats, **entry.ragged_backward}
+    padded = _lengths(plan, feeds, inputs)
+    _common_feeds(plan, feeds, inputs._replace(seqlens_q=None, seqlens_kv=None), saved.rng)
+    grads = {name: ragged.empty_like_bshd(t, t.shape[3], t.shape[2], zeroed=padded)
+             for name, t in (("dQ", q), ("dK", k), ("dV", v))}
+    outs = plan.execute(feeds, grads)
+    return {name: (t.transpose(1, 2) if name in grads else t) for name, t in outs.items()}
+
+
 def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
                   scales: Optional[FP8Scales]) -> Saved:
     """(out in the caller's layout, stats or None, rng or None, fp8 saved (q8, k8, v8, state) or None)."""
     opts, plan = entry.opts, entry.forward
+    if entry.bucketed:
+        return _bucket_forward(entry, bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout), inputs)
     # No detach: this runs without grad mode (inference, or inside the autograd Function / op).
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     saved_fp8 = None
@@ -59,10 +113,7 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         saved_fp8 = (q8, k8, v8, state)
     else:
         feeds = {"q": plan.conform("q", qb), "k": plan.conform("k", kb), "v": plan.conform("v", vb)}
-    rng = None
-    if entry.rng is not None:
-        rng = entry.rng.clone()
-        entry.rng[1:].add_(entry.rng_step)  # on the device: capture-safe, a fresh mask per replay
+    rng = _next_rng(entry)
     _common_feeds(plan, feeds, inputs, rng)
     outs = plan.execute(feeds)
     o = outs["o"]
@@ -79,7 +130,9 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
     gb = bhsd(grad_out, layout)
     ob = bhsd(saved.out, layout)
     descales: dict = {}
-    if saved.fp8 is not None:
+    if entry.bucketed:
+        outs = _bucket_backward(entry, gb, bhsd(q, layout), bhsd(k, layout), bhsd(v, layout), inputs, saved)
+    elif saved.fp8 is not None:
         feeds, descales = fp8q.backward_feeds(plan, entry.cfg, saved.fp8, ob, gb, saved.stats)
     else:
         feeds = {
@@ -87,8 +140,9 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
             "v": plan.conform("v", bhsd(v, layout).detach()), "o": plan.conform("o", ob),
             "dO": plan.conform("dO", gb), "stats": plan.conform("stats", saved.stats),
         }
-    _common_feeds(plan, feeds, inputs, saved.rng)
-    outs = plan.execute(feeds)
+    if not entry.bucketed:
+        _common_feeds(plan, feeds, inputs, saved.rng)
+        outs = plan.execute(feeds)
     back = FROM_BHSD[layout]
     grads = []
     for name, like in (("dQ", q), ("dK", k), ("dV", v)):
@@ -119,7 +173,9 @@ class FusedAttention(torch.autograd.Function):
         ctx.entry = entry
         ctx.saved_fp8 = saved.fp8
         ctx.save_for_backward(q, k, v, saved.out, saved.stats, saved.rng, *inputs)
-        lse = saved.stats if saved.stats is not None else torch.empty(0, dtype=torch.float32, device=q.device)
+        qb = bhsd(q, entry.opts.layout)
+        stats = entry.lse(saved.stats, qb.shape[0], qb.shape[2])
+        lse = stats if stats is not None else torch.empty(0, dtype=torch.float32, device=q.device)
         ctx.mark_non_differentiable(lse)
         return saved.out, lse
 

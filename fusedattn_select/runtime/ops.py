@@ -86,6 +86,8 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
     entries.counters["fused_calls" if found.fused else "fallback_calls"] += 1
     if found.fused:
         out, stats, rng, fp8_saved = fused_forward(found, q, k, v, inputs, scales)
+        qb = bhsd(q, opts.layout)
+        stats = found.lse(stats, qb.shape[0], qb.shape[2])
         if fp8_saved is not None and specs[3].numel():
             # float8 travels as its bytes: opcheck and AOT autograd treat op outputs as numbers
             # (multiplying, promoting) and float8 supports few such ops.

@@ -321,6 +321,7 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
 # ----- finding a plan: this process, the persistent store, a build -------------------------------
 # Plans by (device ordinal, plan key): call signatures that run the same graph share one plan.
 _plans: OncePerKey[Plan] = OncePerKey()
+_plans_by_problem: dict[tuple, Plan] = {}
 
 
 def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, *,
@@ -334,6 +335,11 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
     PlanBuildError like build_plan.
     """
     index = device.index if device.index is not None else torch.cuda.current_device()
+    # Every shape of a bucket asks for the same plans: found by the problem's key, without
+    # describing the graph again for its plan key.
+    known = _plans_by_problem.get((index, cfg.cache_key(), backend, phase))
+    if known is not None:
+        return known
     try:
         with torch.cuda.device(index), cudnn_probe.device_context(index):
             key, signature = plan_store.dispatch_plan_key(cfg, backend, phase, handle=cudnn_probe.handle_for(index))
@@ -343,6 +349,7 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
         return build_plan(cfg, backend, phase, device)
     plan_key = plan_store.PlanKey(key, signature)
     plan, _ = _plans.get_or_build((index, key), lambda: _load_or_build(cfg, backend, phase, device, plan_key, selector))
+    _plans_by_problem[(index, cfg.cache_key(), backend, phase)] = plan
     return plan
 
 
@@ -420,7 +427,4 @@ def _same_kind(fingerprint: Fingerprint, index: int) -> bool:
 def clear_plan_cache() -> None:
     """Forget this process's plans (the persistent store keeps its blobs)."""
     _plans.clear()
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())[:500]
+    _plans_by_problem.clear()
