@@ -135,7 +135,8 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help="set an AttnConfig field (YAML value), on top of every entry; alone, builds one problem",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--full", action="store_true", help="probe depth 'full': also build the kernels")
+    parser.add_argument("--full", action="store_true", help="probe depth 'full': also build the kernels (from a snapshot, only answers "
+                        "recorded at depth full say yes; a fast-recorded yes is no data)")
     engines.add_source_options(parser)
     parser.add_argument("--platform", choices=("cuda", "rocm"), default="cuda",
                         help="cuda (default): live cuDNN or snapshots; rocm: AMD declared capability tables "
