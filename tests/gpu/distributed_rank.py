@@ -79,9 +79,13 @@ def main() -> None:
     before = plan_stats()
     layouts = {"bshd_bshd_bshd": "bshd", "sbhd_sbhd_sbhd": "sbhd"}
     stepped = [n for n, c in named if n in STEP_ENTRIES]
+    step_errors = {}
     for name in stepped:
         cfg = dict(named)[name]
-        step(cfg, layouts[cfg.qkv_layout])
+        try:
+            step(cfg, layouts[cfg.qkv_layout])
+        except Exception as err:  # reported, so that the other checks still run
+            step_errors[name] = f"{type(err).__name__}: {err}"
     after = plan_stats()
     expected_plans = sum(len(c.phases) for n, c in named if decisions[n][0] != "NONE"
                          and plan_store.dispatch_config(c) is not None)
@@ -98,7 +102,7 @@ def main() -> None:
         "plan_bytes_received": report.received.plan_bytes, "plan_bytes_sent": report.plan_bytes_sent,
         "skipped": list(report.received.skipped), "expected_plans": expected_plans,
         "probes": probes_after_warmup, "decisions": decisions, "stepped": stepped,
-        "step_builds": after["builds"] - before["builds"], "step_loads": after["loads"] - before["loads"],
+        "step_errors": step_errors, "step_builds": after["builds"] - before["builds"], "step_loads": after["loads"] - before["loads"],
         "local_rows": [r.name for r in report.local.rows], "agreed_after_warmup": report.agreement.agreed,
         "forced": [agreement.selections[EDITED_ENTRY].backend.value, agreement.selections[EDITED_ENTRY].message],
         "forced_later": selector.select(dict(named)[EDITED_ENTRY]).backend.value,
@@ -109,4 +113,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:
+        # torchrun's own output is dominated by nanobind's exit-time leak report: keep the traceback apart.
+        import traceback
+
+        Path(sys.argv[2], f"rank{os.environ.get('RANK', '?')}.error").write_text(traceback.format_exc())
+        raise

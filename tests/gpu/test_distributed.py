@@ -41,11 +41,12 @@ def ranks(tmp_path_factory) -> list[dict]:
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(ROOT / "tests" / "gpu" / "distributed_rank.py"), str(CONFIG), str(base)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stderr[-5000:]}\n{proc.stdout[-2000:]}"
+    errors = "\n".join(f"{p.name}:\n{p.read_text()}" for p in sorted(base.glob("rank*.error")))
+    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{errors or proc.stderr[-5000:]}"
     results = [json.loads((base / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         print(f"\nrank {r['rank']} ({r['device']}): {r['summary']}; step builds {r['step_builds']}, "
-              f"loads {r['step_loads']}; plan bytes sent {r['plan_bytes_sent']}, received {r['plan_bytes_received']}")
+              f"loads {r['step_loads']}, errors {r['step_errors']}; plan bytes sent {r['plan_bytes_sent']}, received {r['plan_bytes_received']}")
     return results
 
 
@@ -61,6 +62,7 @@ def test_every_rank_ends_with_every_plan_and_the_attention_steps_build_nothing(r
     for r in ranks:
         assert not r["skipped"], r["skipped"]
         assert r["plans_received"] + r["plans_built"] == r["expected_plans"], r
+        assert not r["step_errors"], r["step_errors"]
         assert r["step_builds"] == 0, r
         assert r["step_loads"] > 0
 
