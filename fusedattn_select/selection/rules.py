@@ -172,8 +172,8 @@ def apply_rules(cfg: AttnConfig, fingerprint: Fingerprint, phase: Phase) -> Verd
 NO_PLATFORM_MESSAGE = (
     "no CUDA device with cuDNN is available to probe ({detail}); install "
     "'fusedattn-select[cuda]' on a GPU machine, or answer "
-    "from a recorded snapshot with --snapshot FILE, FUSEDATTN_SELECT_SNAPSHOT=FILE or "
-    "--target h100|h200"
+    "from a recorded snapshot with --snapshot FILE, FUSEDATTN_SELECT_SNAPSHOT=FILE, "
+    "--target h100|h200 or fusedattn_select.use_snapshots()"
 )
 
 
@@ -181,6 +181,6 @@ def no_platform_verdict(cfg: AttnConfig, phase: Phase, detail: str) -> Verdict:
     """The platform rule: without a device or snapshot there is no ground truth to answer with."""
     message = NO_PLATFORM_MESSAGE.format(detail=detail)
     return Verdict(
-        backend=cfg.candidate, phase=phase, outcome=Outcome.UNSUPPORTED,
+        backend=cfg.candidate, phase=phase, outcome=Outcome.NO_DATA,
         stage="rule:platform", message=message, detail=message, provenance=Provenance.RULE,
     )

@@ -235,8 +235,7 @@ class Selector:
         phases = cfg.phases
         if self.engine is None:
             # No engine at all: nothing here can say yes or no, so the platform rule's answer is "no data".
-            return tuple(dataclasses.replace(no_platform_verdict(cfg, p, self.unavailable_reason),
-                                             outcome=Outcome.NO_DATA) for p in phases)
+            return tuple(no_platform_verdict(cfg, p, self.unavailable_reason) for p in phases)
         verdicts = tuple(v for v in (apply_rules(cfg, self._fingerprint, p) for p in phases) if v is not None)
         # Rules are cheap and final: a problem a rule rejects is answered without any probe.
         return verdicts or None

@@ -63,17 +63,18 @@ class NewEntry:
 
 
 def new_entry(fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], depth: ProbeDepth | str) -> NewEntry:
-    """put()'s arguments, checked (TypeError or ValueError): FAILED verdicts are never stored."""
+    """put()'s arguments, checked (TypeError or ValueError): FAILED and NO_DATA verdicts are never stored."""
     check_fingerprint(fingerprint)
     check_key("key", key)
     verdicts = tuple(verdicts)
     if not verdicts or not all(isinstance(v, Verdict) for v in verdicts):
         raise ValueError(f"verdicts={verdicts!r}: must be a non-empty sequence of Verdict")
-    failed = [v for v in verdicts if v.outcome is Outcome.FAILED]
+    failed = [v for v in verdicts if v.outcome in (Outcome.FAILED, Outcome.NO_DATA)]
     if failed:
         raise ValueError(
             f"verdicts: {failed[0].reason()}: FAILED verdicts are incidents (out of memory, CUDA "
-            "error, timeout), not answers, and are never stored"
+            "error, timeout) and NO_DATA verdicts say nothing was known: neither is an answer, and "
+            "neither is ever stored"
         )
     try:
         depth = ProbeDepth(depth)
@@ -126,8 +127,8 @@ def parse_verdicts(data: Any) -> tuple[Verdict, ...]:
         verdicts = tuple(Verdict.from_dict(item) for item in data)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise BadEntry(f"a verdict does not parse ({type(err).__name__}: {err})") from None
-    if any(v.outcome is Outcome.FAILED for v in verdicts):
-        raise BadEntry("holds a FAILED verdict, which is never cached")
+    if any(v.outcome in (Outcome.FAILED, Outcome.NO_DATA) for v in verdicts):
+        raise BadEntry("holds a FAILED or NO_DATA verdict, which is never cached")
     return verdicts
 
 

@@ -152,10 +152,11 @@ def test_apply_rules_returns_none_when_no_rule_rejects():
         assert apply_rules(cfg(mask="causal"), hopper(), phase) is None
 
 
-def test_platform_rule_message_says_how_to_get_an_answer():
+def test_platform_rule_is_no_data_and_says_how_to_get_an_answer():
     verdict = no_platform_verdict(cfg(), Phase.FORWARD, "no NVIDIA driver")
-    assert verdict.stage == "rule:platform" and verdict.outcome is Outcome.UNSUPPORTED
-    for hint in ("no NVIDIA driver", "fusedattn-select[cuda]", "--snapshot", "FUSEDATTN_SELECT_SNAPSHOT", "--target"):
+    assert verdict.stage == "rule:platform" and verdict.outcome is Outcome.NO_DATA
+    for hint in ("no NVIDIA driver", "fusedattn-select[cuda]", "--snapshot", "FUSEDATTN_SELECT_SNAPSHOT", "--target",
+                 "use_snapshots()"):
         assert hint in verdict.message
 
 
