@@ -112,6 +112,7 @@ def stored_plans(selector: Selector, cfg: AttnConfig, backend: Backend) -> list[
 
 # ----- on receipt ---------------------------------------------------------------------------------
 ACCEPTED, PRESENT = "accepted", "present"
+ANSWERS = (Outcome.SUPPORTED, Outcome.UNSUPPORTED)  # the only verdicts a store keeps
 
 
 def plan_refusal(row: PlanRow, sender: RankFacts, me: RankFacts) -> str:
@@ -147,8 +148,8 @@ def receive_plan(selector: Selector, row: PlanRow, sender: RankFacts, me: RankFa
 def receive_decision(selector: Selector, cfg: AttnConfig, row: DecisionRow, depth: ProbeDepth,
                      shared_store: bool) -> str:
     """Hold `row` as this rank's answer for `cfg` (store, then memory); "" or why it was not taken."""
-    if any(v.outcome is Outcome.FAILED for v in row.verdicts):
-        return "holds a failed probe (incidents are never cached)"
+    if any(v.outcome not in ANSWERS for v in row.verdicts):
+        return "holds no answer (a failed probe, or no data), which is never cached"
     store = selector.store
     if store is None:
         pin(selector, cfg, row.verdicts, row.depth)
