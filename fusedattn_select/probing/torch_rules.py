@@ -19,6 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import re
+import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,6 +192,35 @@ def _torch_defaults(torch: Any, deterministic: bool) -> Iterator[None]:
         torch.use_deterministic_algorithms(saved_det[0], warn_only=saved_det[1])
 
 
+# c10 prints a TORCH_WARN from a function bound without Python's warning handler to stderr as
+# "[W... sdp_utils.cpp:NNN] Warning: <text> (function <name>)"; torch 2.11's can_use_cudnn_attention
+# does (seen on an H100 and an H200), so its debug reasons are read from the process's stderr.
+_C10_WARNING = re.compile(r"Warning: (?P<text>.*?)(?: \(function \w+\))?$")
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Iterator[list[str]]:
+    """Collect what native code writes to file descriptor 2 inside the block (lines, after it)."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(sink.read().decode(errors="replace").splitlines())
+
+
+def _torch_reasons(native: list[str], caught: list[warnings.WarningMessage]) -> list[str]:
+    texts = [str(w.message).strip() for w in caught]
+    texts += [m.group("text").strip() for m in map(_C10_WARNING.search, native) if m]
+    return list(dict.fromkeys(t for t in texts if t))
+
+
 def _evaluate(call: SdpaCall) -> dict[str, Any]:
     import torch
     from torch.backends.cuda import SDPAParams, can_use_cudnn_attention
@@ -202,13 +235,15 @@ def _evaluate(call: SdpaCall) -> dict[str, Any]:
         if call.mask_shape is not None:
             mask = torch.ones(call.mask_shape, dtype=dtype if call.mask_is_float else torch.bool, device="cuda")
         params = SDPAParams(q, k, v, mask, call.dropout, call.is_causal, call.enable_gqa)
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, _native_stderr() as native:
             warnings.simplefilter("always")
             accepts = bool(can_use_cudnn_attention(params, True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             choice = torch._fused_sdp_choice(q, k, v, attn_mask=mask, dropout_p=call.dropout,
                                              is_causal=call.is_causal, scale=call.scale,
                                              enable_gqa=call.enable_gqa)
-    reasons = list(dict.fromkeys(str(w.message).strip() for w in caught))
+    reasons = _torch_reasons(native, caught)
     return {
         "status": EVALUATED,
         "cudnn": accepts,

@@ -5,6 +5,7 @@ that a snapshot without them still loads. torch's rule itself is only asked on a
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -114,3 +115,11 @@ def test_bundled_snapshots_recorded_before_torch_answers_hold_none():
     if "torch" in json.loads(path.read_text()):
         pytest.skip("the bundled snapshot was re-recorded with torch's answers")
     assert recorded.answers == {} and recorded.headers == {path.name: None}
+
+
+def test_torch_debug_reasons_are_read_from_native_stderr():
+    # torch 2.11 prints can_use_cudnn_attention's debug reasons from C++ to file descriptor 2.
+    with torch_rules._native_stderr() as native:
+        os.write(2, b"[W1122 14:27:31.004 sdp_utils.cpp:718] Warning: head_dim should be no more than 128 "
+                    b"(function check_cudnn_tensor_shapes)\nunrelated line\n")
+    assert torch_rules._torch_reasons(native, []) == ["head_dim should be no more than 128"]
