@@ -7,11 +7,12 @@ cuDNN runtime version), so it is only evaluated where torch sees a CUDA device; 
 the answer per snapshot entry so the comparison also works on machines without a GPU.
 
 What this module decides itself is only how a problem is stated to SDPA (`sdpa_call`): the tensor
-shapes and strides, the mask as `is_causal` or as a dense `attn_mask` (the way transformers passes
-padding and windows to SDPA), dropout, GQA, training as inputs that require grad, determinism as
-`torch.use_deterministic_algorithms(True)`. A problem SDPA cannot state (FP8, ragged or paged
-layouts, softmax variants, pre-scale bias, ...) is answered "not_expressible" with the reason; an
-evaluation that raises is answered "failed" with the error, never as a verdict.
+shapes and strides, the mask as `is_causal`, a post-scale bias as a float `attn_mask`, dropout,
+GQA, training as inputs that require grad, determinism as `torch.use_deterministic_algorithms(True)`.
+A problem SDPA cannot state as the same cuDNN graph (FP8, ragged or paged layouts, softmax
+variants, pre-scale bias, ALiBi, padding and windows, which SDPA takes only as dense masks, ...) is
+answered "not_expressible" with the reason; an evaluation that raises is answered "failed" with
+the error, never as a verdict.
 """
 
 from __future__ import annotations
@@ -100,31 +101,38 @@ def _not_expressible(cfg: AttnConfig) -> str:
     return next((reason for failed, reason in checks if failed), "")
 
 
-def _mask(cfg: AttnConfig) -> tuple[bool, tuple[int, int, int, int] | None, bool]:
-    """(is_causal, dense attn_mask shape or None, mask is float)."""
-    b, h, sq, skv = cfg.batch_size, cfg.num_heads_q, cfg.seqlen_q, cfg.seqlen_kv
+def _mask_blocker(cfg: AttnConfig) -> str:
+    """Why SDPA cannot state this mask as the same cuDNN graph ("" when it can).
+
+    Only masks SDPA states without a dense mask tensor are compared: a dense boolean or float mask
+    asks cuDNN for another graph (a mask tensor instead of sequence lengths, a window or a
+    diagonal), so torch's answer for it would not be about this problem.
+    """
+    if cfg.has_padding:
+        return f"mask={cfg.mask!r}: SDPA states padding only as a dense mask (another cuDNN graph)"
+    if tuple(cfg.window_size) != (-1, -1):
+        return f"window_size={list(cfg.window_size)}: SDPA states windows only as a dense mask (another cuDNN graph)"
+    if cfg.bias == "alibi":
+        return "bias='alibi': SDPA has no ALiBi; a dense bias is another cuDNN graph"
     # torch's is_causal is the top-left diagonal; it equals bottom-right when s_q == s_kv.
-    plain_causal = cfg.is_causal and (sq == skv or not cfg.resolved_bottom_right_diagonal)
-    needs_dense = (
-        cfg.has_padding or cfg.window_size != (-1, -1) or cfg.bias != "no_bias"
-        or (cfg.is_causal and not plain_causal)
-    )
-    if not needs_dense:
-        return plain_causal, None, False
-    # A dense mask holds the causal part too: SDPA refuses is_causal together with attn_mask.
-    has_b, has_h = cfg.has_padding, False
-    if cfg.bias == "post_scale_bias":
-        bias_b, bias_h = _BIAS_DIMS[cfg.bias_shape or "11ss"]
-        has_b, has_h = has_b or bias_b, bias_h
-    elif cfg.bias == "alibi":
-        has_h = True
-    shape = (b if has_b else 1, h if has_h else 1, sq, skv)
-    return False, shape, cfg.bias != "no_bias"
+    if cfg.is_causal and cfg.resolved_bottom_right_diagonal and cfg.seqlen_q != cfg.seqlen_kv:
+        return f"mask={cfg.mask!r} with seqlen_q != seqlen_kv: SDPA's is_causal is the top-left diagonal"
+    if cfg.is_causal and cfg.bias != "no_bias":
+        return f"mask={cfg.mask!r} with bias={cfg.bias!r}: SDPA takes is_causal or attn_mask, not both"
+    return ""
+
+
+def _mask(cfg: AttnConfig) -> tuple[bool, tuple[int, int, int, int] | None]:
+    """(is_causal, shape of the float attn_mask that carries a post-scale bias, or None)."""
+    if cfg.bias != "post_scale_bias":
+        return cfg.is_causal, None
+    has_b, has_h = _BIAS_DIMS[cfg.bias_shape or "11ss"]
+    return False, (cfg.batch_size if has_b else 1, cfg.num_heads_q if has_h else 1, cfg.seqlen_q, cfg.seqlen_kv)
 
 
 def sdpa_call(cfg: AttnConfig) -> SdpaCall | str:
     """How `cfg` is stated to torch's SDPA, or why it cannot be (a reason string)."""
-    reason = _not_expressible(cfg)
+    reason = _not_expressible(cfg) or _mask_blocker(cfg)
     if reason:
         return reason
     layout, b = cfg.layout, cfg.batch_size
@@ -134,13 +142,13 @@ def sdpa_call(cfg: AttnConfig) -> SdpaCall | str:
         return f"qkv_layout={cfg.qkv_layout!r} with head_dim_qk != head_dim_v: packed tensors share one head dim"
     q_packing = layout.packing if layout.packing in ("3hd", "h3d") else None
     kv_packing = layout.packing
-    is_causal, mask_shape, mask_is_float = _mask(cfg)
+    is_causal, mask_shape = _mask(cfg)
     return SdpaCall(
         shape_q=(b, hq, sq, dqk), shape_k=(b, hkv, skv, dqk), shape_v=(b, hkv, skv, dv),
         strides_q=format_strides(layout.q_format, b, hq, sq, dqk, q_packing),
         strides_k=format_strides(layout.kv_format, b, hkv, skv, dqk, kv_packing),
         strides_v=format_strides(layout.kv_format, b, hkv, skv, dv, kv_packing),
-        dtype=cfg.qkv_dtype, is_causal=is_causal, mask_shape=mask_shape, mask_is_float=mask_is_float,
+        dtype=cfg.qkv_dtype, is_causal=is_causal, mask_shape=mask_shape, mask_is_float=mask_shape is not None,
         dropout=float(cfg.dropout), scale=cfg.attn_scale, enable_gqa=hq != hkv,
         requires_grad=bool(cfg.is_training), deterministic=bool(cfg.deterministic),
     )

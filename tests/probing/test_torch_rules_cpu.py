@@ -31,19 +31,12 @@ def test_square_causal_is_stated_with_is_causal_and_bshd_strides():
     assert c.requires_grad and not c.deterministic
 
 
-def test_bottom_right_causal_with_unequal_lengths_needs_a_dense_mask():
-    c = call(mask="causal_bottom_right", seqlen_q=128, seqlen_kv=512, is_training=False)
-    assert not c.is_causal and c.mask_shape == (1, 1, 128, 512) and not c.mask_is_float
-    assert not c.requires_grad
-
-
 def test_bottom_right_causal_with_equal_lengths_is_is_causal():
     assert call(mask="causal_bottom_right").is_causal
 
 
-def test_padding_is_a_boolean_mask_per_batch_and_bias_a_float_mask():
-    assert call(mask="padding").mask_shape == (2, 1, 512, 512)
-    c = call(mask="causal", bias="post_scale_bias", bias_shape="1hss")
+def test_a_post_scale_bias_is_a_float_mask_of_its_shape():
+    c = call(bias="post_scale_bias", bias_shape="1hss")
     assert c.mask_shape == (1, 16, 512, 512) and c.mask_is_float and not c.is_causal
 
 
@@ -58,6 +51,11 @@ def test_packed_qkv_keeps_the_interleaved_strides():
     (dict(softmax="off_by_one"), "softmax='off_by_one'"),
     (dict(bias="pre_scale_bias"), "bias='pre_scale_bias'"),
     (dict(return_max_logit=True, is_training=False), "return_max_logit=True"),
+    (dict(mask="padding"), "mask='padding'"),
+    (dict(mask="causal", window_size=[127, 0]), "window_size=[127, 0]"),
+    (dict(bias="alibi"), "bias='alibi'"),
+    (dict(mask="causal_bottom_right", seqlen_q=128, is_training=False), "mask='causal_bottom_right'"),
+    (dict(mask="causal", bias="post_scale_bias", bias_shape="11ss"), "mask='causal' with bias"),
 ])
 def test_problems_sdpa_cannot_state_name_the_field(fields, named):
     reason = torch_rules.sdpa_call(AttnConfig(**{**BASE, **fields}))
