@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-SECTIONS = ("selection", "probe_cost", "warm_start", "warmup_scaling", "dispatch", "plan_rebuild")
+SECTIONS = ("selection", "probe_cost", "warm_start", "warmup_scaling", "dispatch", "plan_rebuild", "shapes")
 SECTION_TITLES = {
     "selection": "1. Selection latency",
     "probe_cost": "2. Probe cost",
@@ -15,19 +15,20 @@ SECTION_TITLES = {
     "warmup_scaling": "4. Warmup scaling",
     "dispatch": "5. Dispatch",
     "plan_rebuild": "6. Plan build for a new batch size",
+    "shapes": "7. Shape buckets",
 }
 # Order the sections run in (the report keeps SECTIONS order): the cheap ones first, warmup
 # scaling last because it is the one that can be trimmed to whatever time is left.
-RUN_ORDER = ("selection", "probe_cost", "warm_start", "dispatch", "plan_rebuild", "warmup_scaling")
+RUN_ORDER = ("selection", "probe_cost", "warm_start", "dispatch", "plan_rebuild", "shapes", "warmup_scaling")
 
-FULL_BUDGET_S = 460.0
-QUICK_BUDGET_S = 175.0
+FULL_BUDGET_S = 715.0
+QUICK_BUDGET_S = 295.0
 # Seconds each section may use (before scaling to --budget); slack left by a section carries over
 # to the ones after it because deadlines are cumulative.
 SHARES_FULL = {"env": 15, "selection": 20, "probe_cost": 100, "warm_start": 80, "dispatch": 110,
-               "plan_rebuild": 25, "warmup_scaling": 95}
+               "plan_rebuild": 25, "shapes": 255, "warmup_scaling": 95}
 SHARES_QUICK = {"env": 12, "selection": 15, "probe_cost": 30, "warm_start": 30, "dispatch": 40,
-                "plan_rebuild": 15, "warmup_scaling": 33}
+                "plan_rebuild": 15, "shapes": 120, "warmup_scaling": 33}
 
 DISPATCH_FILES_QUICK = ("llama-3-8b", "mistral-7b", "gemma-2-9b", "deepseek-v3-mla", "qwen2.5-7b", "gpt2")
 DISPATCH_FILES_FULL = DISPATCH_FILES_QUICK + ("llama-3-70b", "vit-b16")
@@ -37,7 +38,7 @@ WARMUP_RUNS = (("threads", 1), ("processes", 8), ("threads", 8), ("processes", 4
 
 
 def parse_sections(text: str) -> tuple[str, ...]:
-    """"all", or a comma list of section numbers (1-6) or names; returned in SECTIONS order."""
+    """"all", or a comma list of section numbers (1-7) or names; returned in SECTIONS order."""
     text = (text or "all").strip().lower()
     if text == "all":
         return SECTIONS
@@ -62,10 +63,10 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
     parser = argparse.ArgumentParser(
         prog="python -m tools.bench", description="fusedattn-select benchmark (writes bench.json and bench.md)")
     parser.add_argument("--out", default=None, help="output folder (default: $OUT, else ./bench-out)")
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions and configs (~3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and configs (~5 minutes)")
     parser.add_argument("--budget", type=float, default=None,
                         help=f"time budget in seconds (default {FULL_BUDGET_S:.0f}, quick {QUICK_BUDGET_S:.0f})")
-    parser.add_argument("--sections", default="all", help="'all' or a comma list of 1-6 / section names")
+    parser.add_argument("--sections", default="all", help="'all' or a comma list of 1-7 / section names")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-args", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from tools.bench import dispatch, environment, plan_rebuild, probe_cost, selection, warm_start, warmup_scaling
+from tools.bench import dispatch, environment, plan_rebuild, probe_cost, selection, shapes, warm_start, warmup_scaling
 from tools.bench.common import Partial
 from tools.bench.runner import Runner
 
@@ -15,6 +15,7 @@ RUNS: dict[str, Callable[[Runner], dict]] = {
     "warmup_scaling": warmup_scaling.run,
     "dispatch": dispatch.run,
     "plan_rebuild": plan_rebuild.run,
+    "shapes": shapes.run,
 }
 
 RENDERERS: dict[str, Callable[[Mapping], str]] = {
@@ -24,6 +25,7 @@ RENDERERS: dict[str, Callable[[Mapping], str]] = {
     "warmup_scaling": warmup_scaling.render,
     "dispatch": dispatch.render,
     "plan_rebuild": plan_rebuild.render,
+    "shapes": shapes.render,
 }
 
 # `--worker NAME`: the measurement run in a subprocess.
@@ -35,4 +37,5 @@ WORKERS: dict[str, Callable[[Mapping, Partial], None]] = {
     "warmup": warmup_scaling.worker,
     "dispatch": dispatch.worker,
     "rebuild": plan_rebuild.worker,
+    "shapes": shapes.worker,
 }

@@ -1,0 +1,279 @@
+"""Section 7, shape buckets, parts C and D with Hugging Face transformers (random-init Llama, bf16):
+generate() tokens/s and the logits of attn_implementation="fusedattn" vs "sdpa" (default and
+pinned to flash), and a fine-tuning loop whose sequence length changes every step.
+
+torch is passed in by the caller; transformers and the library are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+import traceback
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from tools.bench.common import RESULT_STATUS_OK, Partial, error_status, first_line, log, summarize
+from tools.bench.shapes_attention import settle
+
+FUSEDATTN = "fusedattn"
+SDPA = "sdpa"
+SDPA_FLASH = "sdpa+flash"
+SDPA_CUDNN = "sdpa+cudnn"
+# implementation label -> (attn_implementation, SDPBackend the call is pinned to or None)
+IMPLEMENTATIONS = {FUSEDATTN: (FUSEDATTN, None), SDPA: (SDPA, None), SDPA_FLASH: (SDPA, "FLASH_ATTENTION"),
+                   SDPA_CUDNN: (SDPA, "CUDNN_ATTENTION")}
+_SMALL = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16,
+          "num_key_value_heads": 4, "vocab_size": 32000}
+MODELS = {
+    "llama-small": _SMALL,
+    "llama-3-8b-dims-2-layers": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 2,
+                                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                                 "vocab_size": 128256},
+}
+
+
+def model_text(name: str, layers: int | None = None) -> str:
+    spec = MODELS[name]
+    heads, kv = spec["num_attention_heads"], spec["num_key_value_heads"]
+    return (f"{name}: hidden {spec['hidden_size']}, intermediate {spec['intermediate_size']}, "
+            f"{layers or spec['num_hidden_layers']} layers, {heads}/{kv} heads, head dim "
+            f"{spec.get('head_dim', spec['hidden_size'] // heads)}, vocab {spec['vocab_size']}")
+
+
+def draw_lengths(seed: int, steps: int, low: int, high: int) -> list[int]:
+    """The sequence length of each step (uniform in [low, high], the same for every implementation)."""
+    rng = random.Random(seed)
+    return [rng.randint(low, high) for _ in range(steps)]
+
+
+def build_model(torch: Any, name: str, layers: int | None = None, seed: int = 0) -> Any:
+    """A random-init LlamaForCausalLM of MODELS[name] on the GPU in bf16 (the same weights for a seed)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    spec = dict(MODELS[name])
+    if layers:
+        spec["num_hidden_layers"] = int(layers)
+    cfg = LlamaConfig(max_position_embeddings=4096, **spec)
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=SDPA)
+    model.to(device="cuda", dtype=torch.bfloat16)
+    # generate() with a static cache compiles the model's forward by default: these figures are eager.
+    model.generation_config.disable_compile = True
+    return model
+
+
+def set_implementation(model: Any, label: str) -> None:
+    name = IMPLEMENTATIONS[label][0]
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:  # older transformers read the name from the config at each call
+        model.config._attn_implementation = name
+    if model.config._attn_implementation != name:
+        raise RuntimeError(f"attn_implementation is {model.config._attn_implementation!r} after setting {name!r}")
+
+
+@contextlib.contextmanager
+def pinned(label: str, expand_kv: bool = False) -> Iterator[None]:
+    """torch SDPA pinned to the implementation's backend (nothing for the others); `expand_kv`: K/V
+    repeated to the query heads by transformers instead of SDPA's enable_gqa."""
+    backend = IMPLEMENTATIONS[label][1]
+    with contextlib.ExitStack() as stack:
+        if backend:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel(getattr(SDPBackend, backend)))
+        if expand_kv:
+            import transformers.integrations.sdpa_attention as hf_sdpa
+
+            saved = hf_sdpa.use_gqa_in_sdpa
+            hf_sdpa.use_gqa_in_sdpa = lambda *a, **k: False
+            stack.callback(setattr, hf_sdpa, "use_gqa_in_sdpa", saved)
+        yield
+
+
+def _counters() -> dict:
+    from fusedattn_select.runtime.api import dispatch_info
+
+    info = dispatch_info()
+    return {k: info.get(k, 0) for k in ("fused_calls", "fallback_calls", "plan_builds")}
+
+
+def _delta(before: Mapping, after: Mapping) -> dict:
+    return {k: after[k] - before[k] for k in after}
+
+
+def _runs(label: str, first: Callable[[Callable], Any]) -> tuple[Callable, str]:
+    """The context that runs `label` (pinned; K/V expanded if enable_gqa is rejected) after `first`
+    ran once in it, and a note."""
+    try:
+        first(lambda: pinned(label))
+        return (lambda: pinned(label)), ""
+    except RuntimeError as err:
+        if IMPLEMENTATIONS[label][1] is None:
+            raise
+        first(lambda: pinned(label, expand_kv=True))
+        return (lambda: pinned(label, expand_kv=True)), f"K/V repeated (enable_gqa rejected: {first_line(err, 120)})"
+
+
+# ----- part C: generate() ------------------------------------------------------------------------
+def generate(torch: Any, args: Mapping, res: Partial) -> None:
+    """Per model: tokens/s of each implementation and cache, and the logits of fusedattn vs sdpa."""
+    import transformers
+
+    from fusedattn_select.integrations.transformers import register
+
+    register()
+    res["transformers"] = transformers.__version__
+    res["models"] = []
+    for name in args["models"]:
+        m: dict[str, Any] = {"model": model_text(name), "name": name, "runs": []}
+        res["models"].append(m)
+        if res.skipped_past(m, args.get("deadline"), 10):
+            continue
+        model = None
+        try:
+            model = build_model(torch, name)
+            _generate_model(torch, model, m, args, res)
+            m["status"] = RESULT_STATUS_OK
+        except Exception as err:  # noqa: BLE001
+            m["status"] = error_status(err)
+            log(traceback.format_exc())
+        del model
+        settle(torch, name)
+        res.save()
+
+
+def _generate_model(torch: Any, model: Any, m: dict, args: Mapping, res: Partial) -> None:
+    prompt, new = int(args["prompt"]), int(args["new_tokens"])
+    gen = torch.Generator().manual_seed(int(args.get("seed", 0)))
+    ids = torch.randint(3, model.config.vocab_size, (1, prompt + int(args["logit_extra"])), generator=gen).cuda()
+    m["logits"] = _compare_logits(torch, model, ids)
+    res.save()
+    for cache in args["caches"]:
+        for label in args["impls"]:
+            run: dict[str, Any] = {"cache": cache, "impl": label}
+            m["runs"].append(run)
+            if res.skipped_past(run, args.get("deadline"), 6):
+                continue
+            try:
+                _time_generate(torch, model, ids[:, :prompt].contiguous(), run, (new, int(args["reps"])))
+            except Exception as err:  # noqa: BLE001
+                run["status"] = error_status(err)
+                log(traceback.format_exc())
+            res.save()
+
+
+def _compare_logits(torch: Any, model: Any, ids: Any) -> dict:
+    """max |logits(fusedattn) - logits(sdpa)| and the share of positions with the same argmax."""
+    out: dict[str, Any] = {"tokens": int(ids.shape[1])}
+    try:
+        logits = {}
+        for label in (FUSEDATTN, SDPA):
+            set_implementation(model, label)
+            with torch.no_grad():
+                logits[label] = model(input_ids=ids, use_cache=False).logits.float()
+        a, b = logits[FUSEDATTN], logits[SDPA]
+        out["max_abs_diff"] = float((a - b).abs().max())
+        out["max_abs_logit"] = float(b.abs().max())
+        out["argmax_agreement"] = float((a.argmax(-1) == b.argmax(-1)).float().mean())
+        out["status"] = RESULT_STATUS_OK
+    except Exception as err:  # noqa: BLE001
+        out["status"] = error_status(err)
+        log(traceback.format_exc())
+    return out
+
+
+def _time_generate(torch: Any, model: Any, ids: Any, run: dict, sizes: tuple[int, int]) -> None:
+    """Warm with one short generate(), then time `reps` generate() calls of `new` tokens (wall s)."""
+    new, reps = sizes
+    label = run["impl"]
+    set_implementation(model, label)
+    mask = torch.ones_like(ids)
+    kwargs: dict[str, Any] = {"do_sample": False, "attention_mask": mask, "pad_token_id": 0}
+    if run["cache"] == "static":
+        kwargs["cache_implementation"] = "static"
+
+    def once(context: Callable, tokens: int) -> tuple[int, float]:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with context(), torch.no_grad():
+            out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
+        torch.cuda.synchronize()
+        return int(out.shape[1] - ids.shape[1]), time.perf_counter() - started
+
+    context, note = _runs(label, lambda c: once(c, 4))
+    if note:
+        run["note"] = note
+    before = _counters()
+    samples = [once(context, new) for _ in range(reps)]
+    if label == FUSEDATTN:
+        run["attention_calls"] = _delta(before, _counters())
+    run["new_tokens"] = samples[0][0]
+    run["tokens_per_s"] = summarize([n / s for n, s in samples], "tokens/s")
+    run["status"] = RESULT_STATUS_OK
+
+
+# ----- part D: fine-tuning with a new sequence length every step ---------------------------------
+def finetune(torch: Any, args: Mapping, res: Partial) -> None:
+    """Per implementation: one warm step at an unrelated length, then the timed steps (wall ms)."""
+    from fusedattn_select.integrations.transformers import register
+
+    register()
+    lengths = draw_lengths(int(args["seed"]), int(args["steps"]), *args["lengths"])
+    res["model"] = model_text(args["model"], int(args["layers"]))
+    res["batch"], res["step_lengths"], res["warm_length"] = int(args["batch"]), lengths, int(args["warm_length"])
+    res["runs"] = []
+    for label in args["impls"]:
+        run: dict[str, Any] = {"impl": label}
+        res["runs"].append(run)
+        if res.skipped_past(run, args.get("deadline"), 8):
+            continue
+        try:
+            _finetune_impl(torch, run, args, lengths)
+        except Exception as err:  # noqa: BLE001
+            run["status"] = error_status(err)
+            log(traceback.format_exc())
+        settle(torch, label)
+        res.save()
+
+
+def _batch(torch: Any, vocab: int, batch: int, length: int, seed: int) -> Any:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (batch, length), generator=gen).cuda()
+
+
+def _finetune_impl(torch: Any, run: dict, args: Mapping, lengths: Sequence[int]) -> None:
+    model = build_model(torch, args["model"], int(args["layers"]), seed=int(args["seed"]))
+    label = run["impl"]
+    set_implementation(model, label)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    vocab, batch = model.config.vocab_size, int(args["batch"])
+
+    def step(context: Callable, length: int, seed: int) -> tuple[float, float]:
+        ids = _batch(torch, vocab, batch, length, seed)
+        opt.zero_grad(set_to_none=True)  # a failed try leaves no gradients behind
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with context():
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - started) * 1e3, float(loss.detach())
+
+    context, note = _runs(label, lambda c: step(c, int(args["warm_length"]), 10_000))
+    if note:
+        run["note"] = note
+    before = _counters()
+    out = [step(context, length, i) for i, length in enumerate(lengths)]
+    if label == FUSEDATTN:
+        run["attention_calls"] = _delta(before, _counters())
+    run["step_ms"] = [ms for ms, _ in out]
+    run["total_ms"] = sum(run["step_ms"])
+    run["per_step_ms"] = summarize(run["step_ms"], "ms")
+    run["losses"] = [loss for _, loss in out]
+    run["status"] = RESULT_STATUS_OK
+
