@@ -86,8 +86,32 @@ def bucket_form(cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | N
     if why_not_bucketed(cfg):
         return None
     bucket = bucket or Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
+    backward = {"do_format": "thd", "dqkv_layout": _RAGGED_LAYOUT} if cfg.is_training else {}
     return cfg.replace(
         batch_size=bucket.batch, seqlen_q=bucket.seqlen_q, seqlen_kv=bucket.seqlen_kv,
-        qkv_layout=_RAGGED_LAYOUT, o_format="thd", do_format="thd", dqkv_layout=_RAGGED_LAYOUT,
-        mask=PADDED_MASKS[cfg.mask], bottom_right_diagonal=cfg.resolved_bottom_right_diagonal,
+        qkv_layout=_RAGGED_LAYOUT, o_format="thd", mask=PADDED_MASKS[cfg.mask],
+        bottom_right_diagonal=cfg.resolved_bottom_right_diagonal, **backward,
     )
+
+
+def _seqlen_ladder(seqlen: int) -> list[int]:
+    top = bucket_seqlen(seqlen)
+    if top == 1:
+        return [1]
+    steps, value = [], MIN_SEQLEN
+    while value <= top:
+        steps.append(value)
+        value *= 2
+    return steps
+
+
+def ladder(cfg: AttnConfig) -> list[Bucket]:
+    """Every bucket a run of `cfg` can meet up to its batch size and lengths, smallest first: the
+    batch ladder times the length ladder (one ladder for self-attention, where the lengths are
+    equal; the key/value ladder at the query's bucket otherwise, as decode steps meet it)."""
+    batches = [1 << i for i in range(bucket_batch(cfg.batch_size).bit_length())]
+    if cfg.seqlen_q == cfg.seqlen_kv:
+        pairs = [(s, s) for s in _seqlen_ladder(cfg.seqlen_q)]
+    else:
+        pairs = [(bucket_seqlen(cfg.seqlen_q), s) for s in _seqlen_ladder(cfg.seqlen_kv)]
+    return [Bucket(b, sq, skv) for b in batches for sq, skv in pairs]

@@ -183,6 +183,9 @@ class Selection:
     holds every per-phase answer with its provenance. `notice` says when the engine is not what
     the caller named (no GPU here: answered from a bundled snapshot). `no_data` is True when the
     backend is NONE only because the source holds no answer, not because of a verdict.
+    `plan_form` says which graphs the verdicts are about and attention() runs: the problem's shape
+    bucket ("bucket B=4 S_q=1024 S_kv=1024: ragged, padding mask") or its exact shape ("dense");
+    "" where the engine answers for the problem as recorded.
     """
 
     backend: Backend
@@ -196,6 +199,7 @@ class Selection:
     cache_key: str = ""
     engine: str = ""
     notice: str = ""
+    plan_form: str = ""
 
     @property
     def selected(self) -> bool:
@@ -224,6 +228,7 @@ class Selection:
             "cache_key": self.cache_key,
             "engine": self.engine,
             "notice": self.notice,
+            "plan_form": self.plan_form,
             "config": self.config.to_dict() if self.config is not None else None,
         }
 

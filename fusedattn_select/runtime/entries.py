@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 import torch
 
-from fusedattn_select.buckets import bucket_form
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8 as fp8q
@@ -142,14 +141,15 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device) -> bool:
     """Run the call through its bucket's plans when cuDNN runs the bucket form (selected and built
     once per bucket); False, with the entry untouched, when the call takes a dense plan instead."""
-    form = bucket_form(new.cfg)
+    form = selector.bucket_for(new.cfg)
     if form is None:
         return False
-    selection = selector.select(form)
-    if not selection.selected:
-        log.debug("fusedattn_select: bucket form %s not selected (%s); dense plans for %s",
-                  form.cache_key(), selection.message, new.cfg.cache_key())
+    selection = selector.select(new.cfg)  # answered by the bucket form's graphs where cuDNN runs them
+    if not (selection.selected and selection.plan_form.startswith("bucket")):
+        log.debug("fusedattn_select: %s runs dense plans (%s)", new.cfg.cache_key(),
+                  selection.message or selection.plan_form)
         return False
+    form = selector.bucket_for(new.cfg) or form  # the bucket answered "yes" that holds this shape
     trial = dataclasses.replace(new, cfg=form, selection=selection, call_cfg=new.cfg)
     _build_plans(trial, selector, device)
     if not trial.fused:

@@ -71,7 +71,8 @@ def record_snapshot(
     paths = [Path(p) for p in paths]
     files = [load_config_file(p) for p in paths]
     work = [(path.name, named) for path, cfg_file in zip(paths, files) for named in cfg_file.entries]
-    selector = Selector(engine, store=None)
+    # A snapshot records each problem's own graphs, as described (never its bucket form).
+    selector = Selector(engine, store=None, bucket_forms=False)
     torch_header, torch_missing = torch_rules.torch_platform() if ask_torch else (None, "not asked (ask_torch=False)")
     if torch_header is None:
         log.info("fusedattn_select: recording without torch's answers: %s", torch_missing)

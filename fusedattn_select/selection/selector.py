@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from fusedattn_select.buckets import Bucket, bucket_form
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
@@ -98,16 +99,22 @@ def _selection(cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bo
     )
 
 
+def _bucket_description(form: AttnConfig) -> str:
+    return (f"bucket B={form.batch_size} S_q={form.seqlen_q} S_kv={form.seqlen_kv} "
+            f"(ragged {form.qkv_layout}, {form.mask})")
+
+
 class Selector:
     """Answers select() for one engine, with a thread-safe, single-flight decision cache.
 
     `store` is an optional store consulted after memory and written after each cacheable probe;
     its `key_lock` makes one process probe each key. `notice` is carried in every Selection (why
-    this engine answers, when it is not the one the caller named).
+    this engine answers, when it is not the one the caller named). `bucket_forms` False answers
+    every problem by its own graphs (what a snapshot records), never by its shape bucket's.
     """
 
     def __init__(self, engine: ProbeEngine | None = None, *, unavailable_reason: str = "",
-                 store: protocol.Store | None = None, notice: str = "") -> None:
+                 store: protocol.Store | None = None, notice: str = "", bucket_forms: bool = True) -> None:
         self.engine = engine
         self.unavailable_reason = unavailable_reason or "no probing engine"
         self.store = store
@@ -116,6 +123,11 @@ class Selector:
         self._fingerprint_key = self._fingerprint.key()
         self._lock = threading.Lock()
         self._memory: dict[str, _Entry] = {}
+        # Final answers by (problem key, depth) for problems answered through their bucket form.
+        self._by_problem: dict[tuple[str, ProbeDepth], Selection] = {}
+        # Buckets answered "yes", by problem class: a shape any of them holds is answered by it.
+        self._selected_buckets: dict[str, list[Bucket]] = {}
+        self._bucket_forms = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
         self._in_flight: dict[str, Future] = {}
         self._stats = _Stats()
 
@@ -129,10 +141,63 @@ class Selector:
         return self.engine.name if self.engine is not None else "none"
 
     def select(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
+        """The answer for `cfg`. With a live engine, a problem that has a shape-bucket form is answered
+        by the bucket's graphs, the ones attention() runs (so a new batch size or length inside a
+        known bucket costs no probe); where cuDNN rejects that form, by the problem's exact graphs."""
         if not isinstance(cfg, AttnConfig):
             raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
         depth = probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
         key = cfg.cache_key()
+        answered = self._by_problem.get((key, depth))
+        if answered is not None:
+            with self._lock:
+                self._stats.hits += 1
+            return answered
+        form = self.bucket_for(cfg)
+        if form is None:
+            return self._select_exact(cfg, key, depth)
+        form_key = form.cache_key()
+        bucketed = self._select_exact(form, form_key, depth)
+        if bucketed.selected:
+            self._remember_bucket(form)
+        if not bucketed.selected and any(v.outcome is not Outcome.UNSUPPORTED for v in bucketed.verdicts
+                                         if not v.supported):
+            # An incident (or no data) says nothing about support: report it, do not probe again.
+            return dataclasses.replace(bucketed, config=cfg, cache_key=key)
+        if bucketed.selected:
+            answer_key, changes = form_key, {"config": cfg, "cache_key": key, "plan_form": _bucket_description(form)}
+        else:
+            answer_key, changes = key, {"plan_form": "dense"}
+            bucketed = self._select_exact(cfg, key, depth)
+        cached = self._memory.get(answer_key)
+        if cached is not None and _satisfies(cached, depth):
+            # Later calls get the cached answer, as a hit of the graphs' own key would.
+            with self._lock:
+                self._by_problem[(key, depth)] = dataclasses.replace(cached.hit, **changes)
+        return dataclasses.replace(bucketed, **changes)
+
+    def bucket_for(self, cfg: AttnConfig) -> AttnConfig | None:
+        """The bucket form whose graphs answer (and run) `cfg`: the smallest bucket of its class already
+        answered "yes" that holds its shape, else its own bucket; None when it has no bucket form or
+        this selector answers problems by their own graphs."""
+        own = bucket_form(cfg) if self._bucket_forms else None
+        if own is None:
+            return None
+        held = self._selected_buckets.get(own.shape_class_key(), ())
+        holding = [b for b in held if b.holds(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)]
+        if not holding:
+            return own
+        return bucket_form(cfg, min(holding, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch)))
+
+    def _remember_bucket(self, form: AttnConfig) -> None:
+        bucket = Bucket(form.batch_size, form.seqlen_q, form.seqlen_kv)
+        with self._lock:
+            held = self._selected_buckets.setdefault(form.shape_class_key(), [])
+            if bucket not in held:
+                held.append(bucket)
+
+    def _select_exact(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
+        """The answer for exactly `cfg`'s graphs: rules, memory, store, then the engine."""
 
         # Hot path: entries are immutable and replaced whole, so one dict read needs no lock.
         entry = self._memory.get(key)
@@ -193,6 +258,11 @@ class Selector:
                 for v in entry.verdicts
             )
             self._memory[key] = self._entry(cfg, key, verdicts, ProbeDepth.FULL)
+            self._by_problem.clear()
+            held = self._selected_buckets.get(cfg.shape_class_key(), [])
+            bucket = Bucket(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
+            if bucket in held:
+                held.remove(bucket)
         if self.store is not None:
             self.store.put(self._fingerprint, key, verdicts, ProbeDepth.FULL)
         log.warning("fusedattn_select: %s; cached answer flipped to NONE", failed.reason())
@@ -217,6 +287,8 @@ class Selector:
     def clear(self, persistent: bool = False) -> None:
         with self._lock:
             self._memory.clear()
+            self._by_problem.clear()
+            self._selected_buckets.clear()
             self._stats = _Stats()
         if persistent and self.store is not None:
             self.store.clear()

@@ -40,9 +40,11 @@ from concurrent.futures import (
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
+from fusedattn_select.buckets import bucket_form, ladder
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.store import PersistentStore
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Selection
@@ -304,37 +306,57 @@ def _plan_target(selector: Selector, depth: ProbeDepth) -> tuple[tuple | None, s
     engine, fingerprint = selector.engine, selector.fingerprint
     if engine is None or engine.name != "cudnn" or fingerprint.platform != "cuda":
         return None, "plans are built with the live cuDNN engine on a CUDA device (none here)"
-    try:
-        from fusedattn_select.probing.cudnn import plans as plan_store
-    except ImportError as err:  # pragma: no cover - plan_store imports only the library itself
-        return None, f"plan persistence is unavailable ({err})"
     store = selector.store
     if not plan_store.persists_plans(store):
         return None, "no persistent store to keep plans in (decisions are cached in memory only)"
     return (store, fingerprint, engine.device), ""
 
 
-def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection, plans: tuple) -> tuple[Selection, dict]:
-    """Build and store the plans attention() will run for an accepted problem; the fields for its row."""
-    from fusedattn_select.probing.cudnn import plans as plan_store
+def _plan_forms(cfg: AttnConfig, selection: Selection) -> tuple[list[AttnConfig], str]:
+    """The problems whose plans attention() runs for `cfg`: its bucket ladder's forms when it is
+    answered by its shape bucket, else its own dense problem; and why there are none."""
+    if selection.plan_form.startswith("bucket"):
+        return [bucket_form(cfg, bucket) for bucket in ladder(cfg)], ""
     dispatched = plan_store.dispatch_config(cfg)
     if dispatched is None:
-        return selection, {"plan_note": plan_store.not_dispatched_reason(cfg)}
+        return [], plan_store.not_dispatched_reason(cfg)
+    return [dispatched], ""
+
+
+def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection, plans: tuple) -> tuple[Selection, dict]:
+    """Build and store the plans attention() will run for an accepted problem; the fields for its row.
+
+    A graph that passed the probe but does not build flips its answer, as attention() would; when
+    that leaves the problem to its dense plans, those are built next."""
+    forms, note = _plan_forms(cfg, selection)
     store, fingerprint, device = plans
-    try:
-        result = plan_store.persist_plans(dispatched, selection.backend, store=store, fingerprint=fingerprint,
-                                          device=device)
-    except Exception as err:  # noqa: BLE001 - plans are a head start; the answer stands without them
-        log.warning("fusedattn_select: building the plans of %s raised %s: %s", cfg.cache_key(),
-                    type(err).__name__, err, exc_info=True)
-        return selection, {"plan_note": f"plans not stored: {type(err).__name__}: {err}"}
-    fields = {"plans_built": result.built, "plans_stored": result.stored, "plan_note": result.note}
-    failure = result.failure
-    if failure is not None and failure.outcome is Outcome.UNSUPPORTED:
-        # As attention() would: a graph that passed the probe but does not build flips the answer.
-        selector.record_build_failure(cfg, failure)
-        selection = selector.select(cfg, ProbeDepth.FULL)
-    return selection, fields
+    fields = {"plans_built": 0, "plans_stored": 0, "plan_note": note}
+    flipped = False
+    for form in forms:
+        if form is not cfg and not selector.select(form, ProbeDepth.FULL).selected:
+            continue  # a bucket cuDNN rejects: calls of that size run their dense plans
+        try:
+            result = plan_store.persist_plans(form, selection.backend, store=store, fingerprint=fingerprint,
+                                              device=device)
+        except Exception as err:  # noqa: BLE001 - plans are a head start; the answer stands without them
+            log.warning("fusedattn_select: building the plans of %s raised %s: %s", form.cache_key(),
+                        type(err).__name__, err, exc_info=True)
+            return selection, dict(fields, plan_note=f"plans not stored: {type(err).__name__}: {err}")
+        fields["plans_built"] += result.built
+        fields["plans_stored"] += result.stored
+        fields["plan_note"] = result.note or fields["plan_note"]
+        if result.failure is not None and result.failure.outcome is Outcome.UNSUPPORTED:
+            selector.record_build_failure(form, result.failure)
+            flipped = True
+    if not flipped:
+        return selection, fields
+    again = selector.select(cfg, ProbeDepth.FULL)
+    if again.selected and again.plan_form == "dense" and selection.plan_form != "dense":
+        again, more = _warm_plans(selector, cfg, again, plans)
+        fields = {"plans_built": fields["plans_built"] + more["plans_built"],
+                  "plans_stored": fields["plans_stored"] + more["plans_stored"],
+                  "plan_note": more["plan_note"] or fields["plan_note"]}
+    return again, fields
 
 
 def _warm_one(selector: Selector, name: str, cfg: AttnConfig, key: str, depth: ProbeDepth,

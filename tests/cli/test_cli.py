@@ -331,8 +331,11 @@ def test_warmup_answers_every_entry_with_the_process_selector(capsys, suite_file
     report = json.loads(out)
     assert code == 1  # head-dim-512, pre-scale-bias and out-of-memory have no backend
     assert [row["name"] for row in report["rows"]][:2] == ["test-suite/train-causal", "test-suite/infer"]
-    # every answer is cached (rule answers too), except the failed probe
-    assert default_selector().cache_info()["entries"] == 6
+    # Every answer is cached (rule answers too). With a live engine, problems are answered by their
+    # shape bucket's graphs: train-causal, infer (which also answers out-of-memory, seqlen 999 in
+    # the same bucket) and train by three bucket forms; head-dim-512 by its rejected bucket form and
+    # then its own graph; pre-scale-bias (a rule) and fp8 have no bucket form.
+    assert default_selector().cache_info()["entries"] == 7
 
 
 def test_warmup_draws_a_progress_bar_on_stderr_and_a_summary_table(capsys, suite_file, recording_engine):

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from fusedattn_select import AttnConfig
-from fusedattn_select.buckets import MIN_SEQLEN, Bucket, bucket_batch, bucket_form, bucket_seqlen, why_not_bucketed
+from fusedattn_select.buckets import (
+    MIN_SEQLEN,
+    Bucket,
+    bucket_batch,
+    bucket_form,
+    bucket_seqlen,
+    ladder,
+    why_not_bucketed,
+)
 
 BASE = dict(batch_size=3, num_heads_q=32, num_heads_kv=8, seqlen_q=1000, seqlen_kv=1000, head_dim_qk=128)
 
@@ -61,3 +69,11 @@ def test_problems_without_a_bucket_form_say_why(changes, reason):
     cfg = AttnConfig(**{**BASE, **changes})
     assert reason in why_not_bucketed(cfg)
     assert bucket_form(cfg) is None
+
+
+def test_the_ladder_covers_every_bucket_up_to_the_problem():
+    cfg = AttnConfig(**{**BASE, "batch_size": 3, "seqlen_q": 300, "seqlen_kv": 300})
+    assert ladder(cfg) == [Bucket(b, s, s) for b in (1, 2, 4) for s in (64, 128, 256, 512)]
+    decode = AttnConfig(**{**BASE, "batch_size": 1, "seqlen_q": 1, "seqlen_kv": 200})
+    assert ladder(decode) == [Bucket(1, 1, s) for s in (64, 128, 256)]
+    assert all(b.holds(3, 300, 300) is (b == Bucket(4, 512, 512)) for b in ladder(cfg))

@@ -110,5 +110,5 @@ def test_the_selection_dispatch_relies_on_is_the_bucket_graphs():
     form = bucket_form(call)
     assert entry.cfg == form and entry.call_cfg == call
     assert (form.batch_size, form.seqlen_q) == (Bucket.of(3, 700, 700).batch, Bucket.of(3, 700, 700).seqlen_q)
-    assert entry.selection.cache_key == form.cache_key()
+    assert entry.selection.plan_form.startswith("bucket B=4 S_q=1024 S_kv=1024")
     assert entry.forward.specs["q"].dims == (4, 8, 1024, 64)

@@ -22,10 +22,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from fusedattn_select.buckets import bucket_form, ladder
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
-from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.probing.cudnn import plan_blob
+from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.probing.cudnn.plan_blob import PlanBlobError, PlanHeader, TensorRecord
 from fusedattn_select.probing.cudnn.plans import GraphSignature
 from fusedattn_select.store import MemoryStore, PersistentStore
@@ -515,9 +516,14 @@ def test_warmup_builds_plans_for_accepted_problems_attention_runs(monkeypatch, s
     rows = {name: warmup_module._warm_one(selector, name, cfg, cfg.cache_key(), ProbeDepth.FULL,
                                           (store, FINGERPRINT, 0))
             for name, cfg in (("train", BASE), ("infer", BASE.replace(is_training=False)), ("thd", thd))}
-    assert (rows["train"].plans_built, rows["infer"].plans_built) == (2, 1)
+    # BSHD problems run bucket plans: every bucket of the ladder up to the problem gets its plans
+    # (forward and backward when training); a THD problem runs its own plans, which dispatch
+    # never asks for from tensors.
+    buckets = ladder(BASE)
+    assert (rows["train"].plans_built, rows["infer"].plans_built) == (2 * len(buckets), len(buckets))
     assert rows["thd"].plans_built == 0 and "not a layout" in rows["thd"].plan_note
-    assert len(double.calls) == 2
+    assert len(double.calls) == 2 * len(buckets)
+    assert {call[0] for call in double.calls} >= {bucket_form(BASE, b).cache_key() for b in buckets}
 
 
 def test_warmup_flips_a_problem_whose_plan_does_not_build(monkeypatch, store):

@@ -3,7 +3,9 @@
 These tests drive the selector with ScriptedTestEngine, a TEST DOUBLE defined here: it probes
 nothing, it returns verdicts scripted by each test and counts how often it was asked. Whether
 cuDNN really supports a problem is tested on the GPU (tests marked `gpu`) and through snapshots
-recorded on real devices.
+recorded on real devices. They are about the cache mechanics of one set of graphs, so the
+selector answers each problem by its own graphs (bucket_forms=False); test_selector_buckets.py
+covers answers through a problem's shape bucket.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def test_scripted_engine_satisfies_the_engine_protocol():
 # ----- cache counting --------------------------------------------------------------------------
 def test_training_probes_forward_and_backward_once_then_hits():
     engine = ScriptedTestEngine()
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     first = selector.select(config())
     second = selector.select(config())
     assert [phase for _, phase, _ in engine.calls] == [Phase.FORWARD, Phase.BACKWARD]
@@ -93,13 +95,13 @@ def test_training_probes_forward_and_backward_once_then_hits():
 
 def test_inference_probes_the_forward_graph_only():
     engine = ScriptedTestEngine()
-    Selector(engine).select(config(is_training=False))
+    Selector(engine, bucket_forms=False).select(config(is_training=False))
     assert [phase for _, phase, _ in engine.calls] == [Phase.FORWARD]
 
 
 def test_a_new_batch_size_is_a_new_problem():
     engine = ScriptedTestEngine()
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     selector.select(config(is_training=False))
     selector.select(config(is_training=False, batch_size=3))
     assert selector.cache_info()["probes"] == 2 and selector.cache_info()["entries"] == 2
@@ -107,7 +109,7 @@ def test_a_new_batch_size_is_a_new_problem():
 
 def test_fp8_problem_probes_the_fp8_backend():
     engine = ScriptedTestEngine()
-    selection = Selector(engine).select(config(qkv_dtype="fp8_e4m3"))
+    selection = Selector(engine, bucket_forms=False).select(config(qkv_dtype="fp8_e4m3"))
     assert selection.backend is Backend.FP8 and selection.candidate is Backend.FP8
     assert {v.backend for v in selection.verdicts} == {Backend.FP8}
 
@@ -115,7 +117,7 @@ def test_fp8_problem_probes_the_fp8_backend():
 # ----- single flight ---------------------------------------------------------------------------
 def test_sixteen_threads_asking_one_new_problem_share_one_probe_per_graph():
     engine = ScriptedTestEngine(delay_s=0.05)
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     barrier = threading.Barrier(16)
     results: list[Selection] = []
     lock = threading.Lock()
@@ -140,7 +142,7 @@ def test_sixteen_threads_asking_one_new_problem_share_one_probe_per_graph():
 # ----- failures, depth, build failures ---------------------------------------------------------
 def test_failed_probe_is_reported_counted_and_not_cached():
     engine = ScriptedTestEngine(answer(Outcome.FAILED, "build_plans", "CUDA out of memory"))
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     first = selector.select(config(is_training=False))
     assert first.backend is Backend.NONE
     assert first.message == "F16 forward probe failed at build_plans: CUDA out of memory"
@@ -153,7 +155,7 @@ def test_failed_probe_is_reported_counted_and_not_cached():
 
 def test_full_answer_serves_a_fast_question():
     engine = ScriptedTestEngine()
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     selector.select(config(), probe_depth="full")
     assert selector.select(config(), probe_depth="fast").from_cache
     assert len(engine.calls) == 2
@@ -161,7 +163,7 @@ def test_full_answer_serves_a_fast_question():
 
 def test_fast_yes_does_not_answer_a_full_question():
     engine = ScriptedTestEngine()
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     selector.select(config(), probe_depth="fast")
     full = selector.select(config(), probe_depth="full")
     assert not full.from_cache
@@ -173,7 +175,7 @@ def test_fast_yes_does_not_answer_a_full_question():
 
 def test_fast_no_answers_a_full_question():
     engine = ScriptedTestEngine(answer(Outcome.UNSUPPORTED, "check_support", "hidden_dim should be multiple of 8"))
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     selector.select(config(head_dim_qk=60), probe_depth="fast")
     full = selector.select(config(head_dim_qk=60), probe_depth="full")
     assert full.from_cache and full.backend is Backend.NONE
@@ -182,17 +184,17 @@ def test_fast_no_answers_a_full_question():
 
 def test_unknown_probe_depth_is_a_config_error():
     with pytest.raises(ConfigError, match="probe_depth='deep'"):
-        Selector(ScriptedTestEngine()).select(config(), probe_depth="deep")
+        Selector(ScriptedTestEngine(), bucket_forms=False).select(config(), probe_depth="deep")
 
 
 def test_select_rejects_a_non_config():
     with pytest.raises(ConfigError, match="must be an AttnConfig"):
-        Selector(ScriptedTestEngine()).select(dict(BASE))  # type: ignore[arg-type]
+        Selector(ScriptedTestEngine(), bucket_forms=False).select(dict(BASE))  # type: ignore[arg-type]
 
 
 def test_build_failure_after_a_fast_yes_flips_the_cached_answer_to_none():
     engine = ScriptedTestEngine()
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     cfg = config()
     assert selector.select(cfg).backend is Backend.F16
     failed = Verdict(Backend.F16, Phase.BACKWARD, Outcome.UNSUPPORTED, "build_plans",
@@ -208,7 +210,7 @@ def test_build_failure_after_a_fast_yes_flips_the_cached_answer_to_none():
 # ----- rules and messages ----------------------------------------------------------------------
 def test_rule_rejection_answers_without_a_probe():
     engine = ScriptedTestEngine()
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     selection = selector.select(config(bias="pre_scale_bias"))
     assert selection.backend is Backend.NONE
     assert engine.calls == []
@@ -222,7 +224,7 @@ def test_none_message_names_backend_phase_stage_and_joins_every_reason():
             return Verdict(backend, phase, Outcome.UNSUPPORTED, "check_support", "forward says no")
         return Verdict(backend, phase, Outcome.UNSUPPORTED, "validate", "backward says no")
 
-    selection = Selector(ScriptedTestEngine(script)).select(config())
+    selection = Selector(ScriptedTestEngine(script), bucket_forms=False).select(config())
     assert selection.reasons == (
         "F16 forward not supported at check_support: forward says no",
         "F16 backward not supported at validate: backward says no",
@@ -231,13 +233,13 @@ def test_none_message_names_backend_phase_stage_and_joins_every_reason():
 
 
 def test_selected_answer_has_empty_message_and_no_reasons():
-    selection = Selector(ScriptedTestEngine()).select(config())
+    selection = Selector(ScriptedTestEngine(), bucket_forms=False).select(config())
     assert selection.selected and selection.message == "" and selection.reasons == ()
     assert selection.probe_ms >= 0 and selection.engine == "scripted-test-engine"
 
 
 def test_selection_is_immutable():
-    selection = Selector(ScriptedTestEngine()).select(config())
+    selection = Selector(ScriptedTestEngine(), bucket_forms=False).select(config())
     with pytest.raises(dataclasses.FrozenInstanceError):
         selection.backend = Backend.NONE  # type: ignore[misc]
     assert isinstance(selection.reasons, tuple) and isinstance(selection.verdicts, tuple)
@@ -245,7 +247,7 @@ def test_selection_is_immutable():
 
 def test_earlier_message_is_not_changed_by_a_later_answer():
     engine = ScriptedTestEngine(answer(Outcome.UNSUPPORTED, message="first reason"))
-    selector = Selector(engine)
+    selector = Selector(engine, bucket_forms=False)
     first = selector.select(config(is_training=False))
     engine.script = answer(Outcome.UNSUPPORTED, message="second reason")
     selector.select(config(is_training=False, batch_size=5))
@@ -261,12 +263,12 @@ def test_no_engine_answers_none_with_the_platform_rule():
 
 # ----- the process-wide API --------------------------------------------------------------------
 def test_get_backend_returns_empty_message_when_selected():
-    set_default_selector(Selector(ScriptedTestEngine()))
+    set_default_selector(Selector(ScriptedTestEngine(), bucket_forms=False))
     assert get_backend(config()) == (Backend.F16, "")
 
 
 def test_get_backend_returns_none_and_the_reasons():
-    set_default_selector(Selector(ScriptedTestEngine(answer(Outcome.UNSUPPORTED, message="nope"))))
+    set_default_selector(Selector(ScriptedTestEngine(answer(Outcome.UNSUPPORTED, message="nope")), bucket_forms=False))
     backend, message = get_backend(config(is_training=False))
     assert backend is Backend.NONE
     assert message == "F16 forward not supported at check_support: nope"
@@ -274,7 +276,7 @@ def test_get_backend_returns_none_and_the_reasons():
 
 def test_clear_cache_forgets_decisions_and_counters():
     engine = ScriptedTestEngine()
-    set_default_selector(Selector(engine))
+    set_default_selector(Selector(engine, bucket_forms=False))
     select(config())
     select(config())
     assert fusedattn_select.cache_info()["hits"] == 1
@@ -285,13 +287,13 @@ def test_clear_cache_forgets_decisions_and_counters():
 
 
 def test_set_default_selector_returns_the_previous_one():
-    mine = Selector(ScriptedTestEngine())
+    mine = Selector(ScriptedTestEngine(), bucket_forms=False)
     set_default_selector(mine)
     assert set_default_selector(None) is mine
 
 
 def test_a_cache_hit_returns_the_same_immutable_selection_without_rebuilding_it():
-    selector = Selector(ScriptedTestEngine())
+    selector = Selector(ScriptedTestEngine(), bucket_forms=False)
     cfg = AttnConfig(**BASE)
     first = selector.select(cfg)
     hit = selector.select(cfg)
@@ -301,7 +303,7 @@ def test_a_cache_hit_returns_the_same_immutable_selection_without_rebuilding_it(
 
 
 def test_a_rule_answer_is_remembered_and_keeps_its_rule_provenance():
-    selector = Selector(ScriptedTestEngine())
+    selector = Selector(ScriptedTestEngine(), bucket_forms=False)
     cfg = AttnConfig(**{**BASE, "bias": "pre_scale_bias"})
     first, again = selector.select(cfg), selector.select(cfg)
     assert selector.cache_info()["rule_rejections"] == 1 and selector.cache_info()["probes"] == 0

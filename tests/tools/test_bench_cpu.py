@@ -190,6 +190,7 @@ def _doc():
                  "library": "0.1.0", "python": "3.12", "date_utc": "2026-11-21 05:00 UTC",
                  "mode": "quick", "budget_s": 175},
         "sections": {
+            "shapes": {"status": "skipped: not selected (--sections)"},
             "selection": {"status": "ok", "problem": "p", "calls": 10, "batches": 2, "rows": [
                 {"name": "get_backend(cfg)", "us": stat, "answer": "F16"},
                 {"name": "torch._fused_sdp_choice(q, k, v, ...)", "us": stat, "answer": "FLASH_ATTENTION"},

@@ -1,0 +1,78 @@
+"""select() answers a problem through its shape bucket's graphs, the ones attention() runs.
+
+ScriptedTestEngine (tests/selection/test_selector.py) is a TEST DOUBLE that records which graphs
+it is asked about; real cuDNN answers for bucket forms are tested on the GPU.
+"""
+
+from __future__ import annotations
+
+from test_selector import SUPPORTED, ScriptedTestEngine, answer
+
+from fusedattn_select import AttnConfig
+from fusedattn_select.buckets import bucket_form
+from fusedattn_select.selection.selector import Selector
+from fusedattn_select.types import Backend, Outcome
+
+BASE = dict(batch_size=3, num_heads_q=16, num_heads_kv=4, seqlen_q=1000, seqlen_kv=1000, head_dim_qk=128,
+            mask="causal")
+
+
+def config(**changes) -> AttnConfig:
+    return AttnConfig(**{**BASE, **changes})
+
+
+def reject_dense(cfg, backend, phase, depth):
+    """Accept only ragged (bucket-form) graphs."""
+    return SUPPORTED(cfg, backend, phase, depth) if cfg.qkv_layout == "thd_thd_thd" else answer(
+        Outcome.UNSUPPORTED, "check_support", "dense rejected (test double)")(cfg, backend, phase, depth)
+
+
+def reject_ragged(cfg, backend, phase, depth):
+    if cfg.qkv_layout == "thd_thd_thd":
+        return answer(Outcome.UNSUPPORTED, "check_support", "ragged rejected (test double)")(cfg, backend, phase, depth)
+    return SUPPORTED(cfg, backend, phase, depth)
+
+
+def test_a_bucketable_problem_is_answered_by_its_bucket_graphs():
+    engine = ScriptedTestEngine(reject_dense)
+    selection = Selector(engine).select(config())
+    form = bucket_form(config())
+    assert selection.backend is Backend.F16
+    assert {key for key, _, _ in engine.calls} == {form.cache_key()}
+    assert selection.plan_form.startswith("bucket B=4 S_q=1024 S_kv=1024")
+    assert selection.config == config() and selection.cache_key == config().cache_key()
+
+
+def test_a_new_batch_size_or_length_inside_a_known_bucket_costs_no_probe():
+    engine = ScriptedTestEngine()
+    selector = Selector(engine)
+    selector.select(config())
+    for changes in (dict(batch_size=4), dict(batch_size=1), dict(seqlen_q=777, seqlen_kv=777), dict(batch_size=2)):
+        assert selector.select(config(**changes)).from_cache
+    assert len(engine.calls) == 2  # forward and backward of one bucket form
+    selector.select(config(seqlen_q=1025, seqlen_kv=1025))  # the next bucket
+    assert len(engine.calls) == 4
+
+
+def test_where_the_bucket_form_is_rejected_the_problem_is_answered_by_its_own_graphs():
+    engine = ScriptedTestEngine(reject_ragged)
+    selector = Selector(engine)
+    selection = selector.select(config())
+    assert selection.backend is Backend.F16 and selection.plan_form == "dense"
+    assert {key for key, _, _ in engine.calls} == {bucket_form(config()).cache_key(), config().cache_key()}
+    again = selector.select(config())
+    assert again.from_cache and again.plan_form == "dense" and len(engine.calls) == 4
+
+
+def test_an_incident_on_the_bucket_form_is_reported_without_probing_the_dense_graphs():
+    engine = ScriptedTestEngine(answer(Outcome.FAILED, "build_plans", "CUDA out of memory"))
+    selection = Selector(engine).select(config())
+    assert selection.backend is Backend.NONE and "probe failed" in selection.message
+    assert {key for key, _, _ in engine.calls} == {bucket_form(config()).cache_key()}
+
+
+def test_problems_without_a_bucket_form_and_recorders_use_the_problems_own_graphs():
+    engine = ScriptedTestEngine()
+    Selector(engine).select(config(qkv_dtype="fp8_e4m3"))
+    Selector(engine, bucket_forms=False).select(config())
+    assert {key for key, _, _ in engine.calls} == {config(qkv_dtype="fp8_e4m3").cache_key(), config().cache_key()}
