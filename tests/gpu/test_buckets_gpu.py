@@ -42,7 +42,11 @@ def _check(b, sq, skv, *, lse=False, **kwargs):
     result = attention(q, k, v, return_lse=lse, **kwargs)
     out, got_lse = result if lse else (result, None)
     entry = list(dispatch_entries.entries.values())[-1]
-    assert entry.fused and entry.bucketed, entry.reason or "ran a dense plan"
+    if sq == skv == 1:
+        # cuDNN 9.19 (H100) refuses this training backward: "s_q = s_kv = 1 is not supported".
+        assert not entry.fused and "s_q = s_kv = 1" in entry.reason
+    else:
+        assert entry.fused and entry.bucketed, entry.reason or "ran a dense plan"
     grad = torch.randn_like(out)
     out.backward(grad)
     qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))

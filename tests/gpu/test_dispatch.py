@@ -143,10 +143,12 @@ def test_inference_call_runs_the_forward_graph_only_and_returns_lse():
     torch.testing.assert_close(lse, expected_lse, atol=2e-2, rtol=1e-3)
 
 
-def test_transposed_views_run_without_copies_as_bhsd():
+def test_transposed_views_are_read_as_bhsd_and_run_through_the_bucket_plan():
     q, k, v = (t.transpose(1, 2) for t in _inputs(layout="bhsd", grad=False))  # (B, S, H, D) views
     out = attention(q, k, v, mask="causal")
-    assert _entry_for_last_call().cfg.qkv_layout == "bhsd_bhsd_bhsd"
+    entry = _entry_for_last_call()
+    # BHSD memory is read as such; the bucket plan runs it from a BSHD copy of each input.
+    assert entry.call_cfg.qkv_layout == "bhsd_bhsd_bhsd" and entry.bucketed
     expected = reference_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask="causal")
     _close(out.transpose(1, 2), expected, OUT_TOL[BF16], "out")
 
@@ -168,7 +170,9 @@ def test_a_build_failure_after_a_fast_yes_flips_the_selection_and_falls_back(mon
         raise dispatch_plans.PlanBuildError(Verdict(
             backend, phase, Outcome.UNSUPPORTED, "build_plans", "injected build failure", depth=ProbeDepth.FULL))
 
-    q, k, v = _inputs(sq=200, skv=200)  # a shape no other test uses
+    # A problem class no other test uses: a shape inside a bucket another test built would run that
+    # bucket's plan and build nothing.
+    q, k, v = _inputs(sq=200, skv=200, hq=6, hkv=6, d=96)
     cfg = config_from_tensors(q, k, v, mask="causal")
     assert default_selector().select(cfg).backend is Backend.F16
     monkeypatch.setattr(dispatch_plans, "build_plan", failing_build)
