@@ -244,14 +244,6 @@ def none_verdicts(cfg: AttnConfig, message: str) -> tuple[Verdict, ...]:
 
 def pin(selector: Selector, cfg: AttnConfig, verdicts: tuple[Verdict, ...],
         depth: ProbeDepth = ProbeDepth.FULL) -> Selection:
-    """Make `selector` answer `cfg` with `verdicts` from memory from now on (never stored); the answer.
-
-    Stand-in for Selector.pin (proposed for selection/selector.py, which holds the memory cache):
-    these lines are its body.
-    """
-    key = cfg.cache_key()
-    entry = selector._entry(cfg, key, tuple(verdicts), depth)
-    with selector._lock:
-        selector._memory[key] = entry
-    return entry.hit
+    """Make `selector` answer `cfg` with `verdicts` from memory from now on (never stored)."""
+    return selector.pin(cfg, verdicts, depth)
 

@@ -267,6 +267,17 @@ class Selector:
             self.store.put(self._fingerprint, key, verdicts, ProbeDepth.FULL)
         log.warning("fusedattn_select: %s; cached answer flipped to NONE", failed.reason())
 
+    def pin(self, cfg: AttnConfig, verdicts: tuple[Verdict, ...], depth: ProbeDepth = ProbeDepth.FULL) -> Selection:
+        """Answer `cfg` with `verdicts` from now on, at every depth, from memory only (never stored):
+        how the ranks of a job hold the answer they agreed on. Returns that answer."""
+        key = cfg.cache_key()
+        entry = self._entry(cfg, key, tuple(verdicts), depth)
+        with self._lock:
+            self._memory[key] = entry
+            for asked in ProbeDepth:
+                self._by_problem[(key, asked)] = entry.hit
+        return entry.hit
+
     def cache_info(self) -> dict[str, object]:
         with self._lock:
             info = {

@@ -76,3 +76,15 @@ def test_problems_without_a_bucket_form_and_recorders_use_the_problems_own_graph
     Selector(engine).select(config(qkv_dtype="fp8_e4m3"))
     Selector(engine, bucket_forms=False).select(config())
     assert {key for key, _, _ in engine.calls} == {config(qkv_dtype="fp8_e4m3").cache_key(), config().cache_key()}
+
+
+def test_a_pinned_answer_wins_over_the_bucket_form_at_every_depth():
+    engine = ScriptedTestEngine()
+    selector = Selector(engine)
+    assert selector.select(config()).backend is Backend.F16
+    refusal = answer(Outcome.UNSUPPORTED, "agreement", "ranks disagree (test)")
+    verdicts = tuple(refusal(config(), Backend.F16, phase, None) for phase in config().phases)
+    selector.pin(config(), verdicts)
+    for depth in ("fast", "full"):
+        pinned = selector.select(config(), depth)
+        assert pinned.backend is Backend.NONE and "ranks disagree" in pinned.message
