@@ -10,6 +10,7 @@ from fusedattn_select._version import __version__
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
+from fusedattn_select.result import Selection
 from fusedattn_select.selection.selector import (
     cache_info,
     clear_cache,
@@ -17,7 +18,7 @@ from fusedattn_select.selection.selector import (
     select,
     use_snapshots,
 )
-from fusedattn_select.types import Backend, Selection, Verdict
+from fusedattn_select.types import Backend, Verdict
 
 __all__ = [
     "AttnConfig",

@@ -15,7 +15,8 @@ from fusedattn_select.config import MASKS, AttnConfig
 from fusedattn_select.dtypes import DTYPES
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.layouts import FORMATS
-from fusedattn_select.types import Outcome, Selection
+from fusedattn_select.result import Selection
+from fusedattn_select.types import Outcome
 
 NO_DATA = "no data"
 FAILED = "failed"

@@ -13,8 +13,9 @@ from fusedattn_select.cli.problems import problems
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.snapshot import SnapshotEngine
+from fusedattn_select.result import Selection
 from fusedattn_select.selection.selector import Selector, set_default_selector
-from fusedattn_select.types import Outcome, ProbeDepth, Selection, Verdict
+from fusedattn_select.types import Outcome, ProbeDepth, Verdict
 
 VERDICT_HEADER = ("backend", "phase", "verdict", "stage", "provenance", "depth", "ms", "reason")
 RECORDED_MS = "recorded ms"  # the ms column's header when the times were measured on the recording device

@@ -29,16 +29,9 @@ from fusedattn_select.distributed.group import (
 )
 from fusedattn_select.distributed.work import ConfigItem, named_problems
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.result import Selection
 from fusedattn_select.selection.selector import Selector, default_selector
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Outcome,
-    ProbeDepth,
-    Provenance,
-    Selection,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Fingerprint, Outcome, ProbeDepth, Provenance, Verdict
 
 log = logging.getLogger("fusedattn_select")
 

@@ -13,6 +13,7 @@ import torch
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.result import Selection
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime import plans, ragged
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
@@ -24,7 +25,7 @@ from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.single_flight import OncePerKey
-from fusedattn_select.types import Phase, Selection
+from fusedattn_select.types import Phase
 
 log = logging.getLogger("fusedattn_select")
 

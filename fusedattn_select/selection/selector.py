@@ -16,20 +16,11 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
 from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.result import Selection
 from fusedattn_select.selection.rules import apply_rules, no_platform_verdict
 from fusedattn_select.single_flight import read_or_make
 from fusedattn_select.store import open_default_store, protocol
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Outcome,
-    Phase,
-    ProbeDepth,
-    Provenance,
-    Selection,
-    Verdict,
-    rejection_line,
-)
+from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict, rejection_line
 
 log = logging.getLogger("fusedattn_select")
 

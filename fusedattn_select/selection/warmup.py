@@ -45,9 +45,10 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.cudnn import plans as plan_store
+from fusedattn_select.result import Selection
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.store import PersistentStore
-from fusedattn_select.types import Backend, Outcome, ProbeDepth, Selection
+from fusedattn_select.types import Backend, Outcome, ProbeDepth
 
 log = logging.getLogger("fusedattn_select")
 

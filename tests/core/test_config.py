@@ -13,8 +13,8 @@ import pytest
 
 from fusedattn_select import AttnConfig, Backend, ConfigError, FusedAttnSelectError
 from fusedattn_select.config_files import load_config_file, parse_config_file
-from fusedattn_select.types import Phase, ProbeDepth
 from fusedattn_select.layouts import LAYOUTS
+from fusedattn_select.types import Phase, ProbeDepth
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = dict(batch_size=2, num_heads_q=32, num_heads_kv=8, seqlen_q=1024, seqlen_kv=1024, head_dim_qk=128)

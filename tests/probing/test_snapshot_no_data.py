@@ -15,17 +15,10 @@ import pytest
 from fusedattn_select import AttnConfig, Backend
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.probing.snapshot import SnapshotEngine
+from fusedattn_select.result import Selection
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store import MemoryStore
-from fusedattn_select.types import (
-    Outcome,
-    Phase,
-    ProbeDepth,
-    Provenance,
-    Selection,
-    Verdict,
-    rejection_line,
-)
+from fusedattn_select.types import Outcome, Phase, ProbeDepth, Provenance, Verdict, rejection_line
 
 
 @pytest.fixture

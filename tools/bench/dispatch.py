@@ -11,9 +11,28 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from tools.bench import fp8, host_overhead
-from tools.bench.common import (BACKWARD_FLOP_FACTOR, RESULT_STATUS_OK, Partial, combined_status,
-                                config_flops, error_status, failed, first_line, fmt_num, fmt_ratio, fmt_stat,
-                                is_ok, log, md_table, median_of, past, ratio, skipped, summarize, tflops)
+from tools.bench.common import (
+    BACKWARD_FLOP_FACTOR,
+    RESULT_STATUS_OK,
+    Partial,
+    combined_status,
+    config_flops,
+    error_status,
+    failed,
+    first_line,
+    fmt_num,
+    fmt_ratio,
+    fmt_stat,
+    is_ok,
+    log,
+    md_table,
+    median_of,
+    past,
+    ratio,
+    skipped,
+    summarize,
+    tflops,
+)
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file, pick_dispatch_entries
 from tools.bench.raw_graph import RawGraph
 from tools.bench.runner import Runner

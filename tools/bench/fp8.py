@@ -7,9 +7,22 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from tools.bench.common import (BACKWARD_FLOP_FACTOR, RESULT_STATUS_OK, config_flops, error_status,
-                                first_line, fmt_num, fmt_ratio, fmt_stat, log, md_table, median_of, ratio,
-                                summarize, tflops)
+from tools.bench.common import (
+    BACKWARD_FLOP_FACTOR,
+    RESULT_STATUS_OK,
+    config_flops,
+    error_status,
+    first_line,
+    fmt_num,
+    fmt_ratio,
+    fmt_stat,
+    log,
+    md_table,
+    median_of,
+    ratio,
+    summarize,
+    tflops,
+)
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file
 from tools.bench.tensors import cuda_times, qkv, rel_err, to_bhsd
 

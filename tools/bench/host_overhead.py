@@ -7,8 +7,17 @@ import time
 import traceback
 from typing import Any, Callable, Mapping
 
-from tools.bench.common import (RESULT_STATUS_OK, error_status, first_line, fmt_ratio, fmt_stat, log,
-                                md_table, ratio, summarize)
+from tools.bench.common import (
+    RESULT_STATUS_OK,
+    error_status,
+    first_line,
+    fmt_ratio,
+    fmt_stat,
+    log,
+    md_table,
+    ratio,
+    summarize,
+)
 from tools.bench.raw_graph import RawGraph
 from tools.bench.tensors import rel_err, to_bhsd
 

@@ -7,8 +7,20 @@ import time
 import traceback
 from typing import Any, Mapping
 
-from tools.bench.common import (RESULT_STATUS_OK, Partial, error_status, first_line, fmt_num, fmt_ratio,
-                                fmt_stat, is_ok, log, md_table, ratio, summarize)
+from tools.bench.common import (
+    RESULT_STATUS_OK,
+    Partial,
+    error_status,
+    first_line,
+    fmt_num,
+    fmt_ratio,
+    fmt_stat,
+    is_ok,
+    log,
+    md_table,
+    ratio,
+    summarize,
+)
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file
 from tools.bench.raw_graph import RawGraph
 from tools.bench.runner import Runner

@@ -5,9 +5,24 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
-from tools.bench.common import (RESULT_STATUS_OK, ROOT, Partial, combined_status, error_status, first_line,
-                                fmt_ratio, fmt_stat, is_ok, md_table, median_of, ratio, skipped,
-                                summarize, time_calls, timed)
+from tools.bench.common import (
+    RESULT_STATUS_OK,
+    ROOT,
+    Partial,
+    combined_status,
+    error_status,
+    first_line,
+    fmt_ratio,
+    fmt_stat,
+    is_ok,
+    md_table,
+    median_of,
+    ratio,
+    skipped,
+    summarize,
+    time_calls,
+    timed,
+)
 from tools.bench.problems import load_file
 from tools.bench.runner import Runner
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from tools.bench.common import (Partial, first_line, fmt_ratio, fmt_stat, md_table, ratio, summarize,
-                                time_calls, timed)
+from tools.bench.common import Partial, first_line, fmt_ratio, fmt_stat, md_table, ratio, summarize, time_calls, timed
 from tools.bench.problems import load_file
 from tools.bench.runner import Runner
 

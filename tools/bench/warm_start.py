@@ -7,8 +7,19 @@ import statistics
 import time
 from typing import Any, Mapping, Sequence
 
-from tools.bench.common import (RESULT_STATUS_OK, Partial, combined_status, fmt_num, fmt_ratio, fmt_stat,
-                                is_ok, md_table, ratio, skipped, summarize)
+from tools.bench.common import (
+    RESULT_STATUS_OK,
+    Partial,
+    combined_status,
+    fmt_num,
+    fmt_ratio,
+    fmt_stat,
+    is_ok,
+    md_table,
+    ratio,
+    skipped,
+    summarize,
+)
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file
 from tools.bench.runner import Runner
 from tools.bench.tensors import qkv

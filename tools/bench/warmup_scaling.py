@@ -6,9 +6,22 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from tools.bench.common import (RESULT_STATUS_OK, ROOT, Partial, combined_status, first_line, fmt_num,
-                                fmt_ratio, fmt_stat, is_ok, md_table, ratio, skipped, stride_subset,
-                                summarize)
+from tools.bench.common import (
+    RESULT_STATUS_OK,
+    ROOT,
+    Partial,
+    combined_status,
+    first_line,
+    fmt_num,
+    fmt_ratio,
+    fmt_stat,
+    is_ok,
+    md_table,
+    ratio,
+    skipped,
+    stride_subset,
+    summarize,
+)
 from tools.bench.runner import Runner
 
 SUITE = "probes/hopper-suite.yaml"

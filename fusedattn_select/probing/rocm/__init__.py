@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from fusedattn_select.probing.rocm.device import RocmDeviceFacts, RocmGpu, detect_rocm_device, gfx_arch_from_target_version
+from fusedattn_select.probing.rocm.device import (
+    RocmDeviceFacts,
+    RocmGpu,
+    detect_rocm_device,
+    gfx_arch_from_target_version,
+)
 from fusedattn_select.probing.rocm.engine import DeclaredRocmEngine, HipdnnGraphSteps, select_rocm_engine
 from fusedattn_select.probing.rocm.tables import TABLE_NAMES, DeclaredTable, load_table
 

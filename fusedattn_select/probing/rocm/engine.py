@@ -12,7 +12,6 @@ import time
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from fusedattn_select._version import __version__
-
 from fusedattn_select.probing.rocm._core import (
     DECLARED,
     AttnConfig,
