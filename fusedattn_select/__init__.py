@@ -11,13 +11,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
 from fusedattn_select.result import Selection
-from fusedattn_select.selection.selector import (
-    cache_info,
-    clear_cache,
-    get_backend,
-    select,
-    use_snapshots,
-)
+from fusedattn_select.selection.selector import cache_info, clear_cache, get_backend, select, use_snapshots
 from fusedattn_select.types import Backend, Verdict
 
 __all__ = [

@@ -15,24 +15,8 @@ from typing import Any, Sequence
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option
 from fusedattn_select.cli.exit_codes import EXIT_NO_DATA, EXIT_NONE, EXIT_SELECTED
-from fusedattn_select.cli.matrix_compare import (
-    DISAGREE,
-    Comparison,
-    compare,
-    counts,
-    describe_problem,
-    torch_versions,
-)
-from fusedattn_select.cli.matrix_data import (
-    AXES,
-    FAILED,
-    NO_DATA,
-    Matrix,
-    Problem,
-    answer_of,
-    build_matrix,
-    parse_axes,
-)
+from fusedattn_select.cli.matrix_compare import DISAGREE, Comparison, compare, counts, describe_problem, torch_versions
+from fusedattn_select.cli.matrix_data import AXES, FAILED, NO_DATA, Matrix, Problem, answer_of, build_matrix, parse_axes
 from fusedattn_select.cli.matrix_plot import require_matplotlib, write_heatmap
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.config_files import load_config_file

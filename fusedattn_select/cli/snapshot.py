@@ -12,11 +12,7 @@ from fusedattn_select.cli.arguments import add_depth_option, positive_int
 from fusedattn_select.cli.exit_codes import EXIT_SELECTED
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import PlatformError
-from fusedattn_select.selection.recorder import (
-    record_snapshot,
-    summarize,
-    write_snapshot,
-)
+from fusedattn_select.selection.recorder import record_snapshot, summarize, write_snapshot
 from fusedattn_select.types import ProbeDepth
 
 log = logging.getLogger("fusedattn_select")

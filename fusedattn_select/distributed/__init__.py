@@ -12,12 +12,7 @@ raise instead of hanging. Without an initialised process group (or with a group 
 work locally. The package `fusedattn_select` does not import this module: import it explicitly.
 """
 
-from fusedattn_select.distributed.agreement import (
-    AgreementReport,
-    Disagreement,
-    PlatformGroup,
-    agree,
-)
+from fusedattn_select.distributed.agreement import AgreementReport, Disagreement, PlatformGroup, agree
 from fusedattn_select.distributed.group import (
     DEFAULT_TIMEOUT_S,
     Communicator,

@@ -21,12 +21,7 @@ from typing import Iterable, Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.distributed.facts import RankFacts
-from fusedattn_select.distributed.group import (
-    DEFAULT_TIMEOUT_S,
-    Communicator,
-    DistributedError,
-    ranks_phrase,
-)
+from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError, ranks_phrase
 from fusedattn_select.distributed.work import ConfigItem, named_problems
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.result import Selection

@@ -29,26 +29,9 @@ from fusedattn_select.distributed.agreement import (
     platform_groups,
 )
 from fusedattn_select.distributed.facts import RankFacts
-from fusedattn_select.distributed.group import (
-    DEFAULT_TIMEOUT_S,
-    Communicator,
-    DistributedError,
-)
-from fusedattn_select.distributed.sharing import (
-    ACCEPTED,
-    PRESENT,
-    Share,
-    outgoing,
-    receive_decision,
-    receive_plan,
-)
-from fusedattn_select.distributed.work import (
-    ConfigItem,
-    WorkItem,
-    split,
-    work_digest,
-    work_items,
-)
+from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError
+from fusedattn_select.distributed.sharing import ACCEPTED, PRESENT, Share, outgoing, receive_decision, receive_plan
+from fusedattn_select.distributed.work import ConfigItem, WorkItem, split, work_digest, work_items
 from fusedattn_select.selection import warmup as local_warmup
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.selection.warmup import Progress, WarmupReport

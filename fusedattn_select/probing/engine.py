@@ -5,14 +5,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Phase,
-    ProbeDepth,
-    Provenance,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Fingerprint, Phase, ProbeDepth, Provenance, Verdict
 
 
 @runtime_checkable

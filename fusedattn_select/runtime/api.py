@@ -50,18 +50,9 @@ import torch
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import entries, ops, plans
-from fusedattn_select.runtime.args import (
-    Arguments,
-    call_options,
-    check_args,
-    split_keywords,
-)
+from fusedattn_select.runtime.args import Arguments, call_options, check_args, split_keywords
 from fusedattn_select.runtime.entries import entries as _entries
-from fusedattn_select.runtime.fallback import (
-    FALLBACK_REFERENCE,
-    FALLBACK_TORCH,
-    fallback_forward,
-)
+from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.fused import FusedAttention, fused_forward
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats

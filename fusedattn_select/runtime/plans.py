@@ -43,13 +43,7 @@ from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.store.protocol import Store
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Phase,
-    ProbeDepth,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Fingerprint, Phase, ProbeDepth, Verdict
 
 if TYPE_CHECKING:
     from fusedattn_select.probing.cudnn.engine import CudnnEngine

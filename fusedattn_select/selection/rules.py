@@ -11,14 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Outcome,
-    Phase,
-    Provenance,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, Provenance, Verdict
 
 # Where a rule comes from: the TransformerEngine selector that still guards these cases.
 TE_SELECTOR = (

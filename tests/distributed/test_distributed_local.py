@@ -14,12 +14,7 @@ from fusedattn_select import distributed  # noqa: E402
 from fusedattn_select.config import AttnConfig  # noqa: E402
 from fusedattn_select.config_files import load_config_file  # noqa: E402
 from fusedattn_select.distributed.facts import RankFacts  # noqa: E402
-from fusedattn_select.distributed.sharing import (  # noqa: E402
-    ACCEPTED,
-    PRESENT,
-    PlanRow,
-    receive_plan,
-)
+from fusedattn_select.distributed.sharing import ACCEPTED, PRESENT, PlanRow, receive_plan  # noqa: E402
 from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.probing.snapshot import SnapshotEngine  # noqa: E402
 from fusedattn_select.selection.selector import Selector  # noqa: E402

@@ -348,10 +348,7 @@ SDPA_CASES = {
 
 @pytest.mark.parametrize("name", list(SDPA_CASES))
 def test_sdpa_drop_in_matches_torch_sdpa(name):
-    from fusedattn_select.integrations.sdpa import (
-        scaled_dot_product_attention,
-        torch_sdpa,
-    )
+    from fusedattn_select.integrations.sdpa import scaled_dot_product_attention, torch_sdpa
 
     kw = dict(SDPA_CASES[name])
     q, k, v = _inputs(layout="bhsd", hkv=kw.pop("hkv", 8))

@@ -15,11 +15,7 @@ from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import SnapshotError
 from fusedattn_select.probing import choose_engine
 from fusedattn_select.probing.snapshot import SCHEMA, SnapshotEngine, read_header
-from fusedattn_select.selection.recorder import (
-    record_snapshot,
-    summarize,
-    write_snapshot,
-)
+from fusedattn_select.selection.recorder import record_snapshot, summarize, write_snapshot
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Outcome, Phase, ProbeDepth, Provenance
 

@@ -15,12 +15,7 @@ torch = pytest.importorskip("torch")
 from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import api as dispatch  # noqa: E402
 from fusedattn_select.runtime import options  # noqa: E402
-from fusedattn_select.runtime.api import (  # noqa: E402
-    FP8Scales,
-    attention,
-    config_from_tensors,
-    dispatch_info,
-)
+from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.entries import entries  # noqa: E402
 from fusedattn_select.runtime.layouts import formats  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402

@@ -30,15 +30,7 @@ from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.probing.cudnn.plan_blob import PlanBlobError, PlanHeader, TensorRecord
 from fusedattn_select.probing.cudnn.plans import GraphSignature
 from fusedattn_select.store import MemoryStore, PersistentStore
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Outcome,
-    Phase,
-    ProbeDepth,
-    Provenance,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

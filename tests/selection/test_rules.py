@@ -8,12 +8,7 @@ from pathlib import Path
 import pytest
 
 from fusedattn_select import AttnConfig
-from fusedattn_select.selection.rules import (
-    RULES,
-    apply_rules,
-    no_platform_verdict,
-    rules_by_name,
-)
+from fusedattn_select.selection.rules import RULES, apply_rules, no_platform_verdict, rules_by_name
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, Provenance
 
 ROOT = Path(__file__).resolve().parents[2]

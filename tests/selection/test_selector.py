@@ -22,14 +22,7 @@ from fusedattn_select import AttnConfig, Backend, Selection, get_backend, select
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
-from fusedattn_select.types import (
-    Fingerprint,
-    Outcome,
-    Phase,
-    ProbeDepth,
-    Provenance,
-    Verdict,
-)
+from fusedattn_select.types import Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 BASE = dict(batch_size=2, num_heads_q=16, num_heads_kv=4, seqlen_q=1024, seqlen_kv=1024, head_dim_qk=128)
 Script = Callable[[AttnConfig, Backend, Phase, ProbeDepth], Verdict]

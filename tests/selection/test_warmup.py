@@ -22,14 +22,7 @@ from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
 from fusedattn_select.selection.warmup import WarmupOutcome, WarmupReport, warmup
 from fusedattn_select.store import PersistentStore
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Outcome,
-    ProbeDepth,
-    Provenance,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Fingerprint, Outcome, ProbeDepth, Provenance, Verdict
 
 
 class CountingTestEngine:

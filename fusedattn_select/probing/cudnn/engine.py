@@ -41,15 +41,7 @@ from fusedattn_select.probing.cudnn.device import (
 from fusedattn_select.probing.cudnn.features import FrontendFeatures, frontend_features
 from fusedattn_select.probing.cudnn.graphs import GraphBuild, build_graph, operation_for
 from fusedattn_select.probing.cudnn.messages import verdict_from_exception
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Outcome,
-    Phase,
-    ProbeDepth,
-    Provenance,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 
 class CudnnEngine:

@@ -26,17 +26,9 @@ from typing import Any, Mapping
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.dtypes import cudnn_dtype
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.probing.cudnn.description import (
-    Description,
-    describe_backward,
-    describe_forward,
-)
+from fusedattn_select.probing.cudnn.description import Description, describe_backward, describe_forward
 from fusedattn_select.probing.cudnn.features import frontend_features
-from fusedattn_select.probing.cudnn.messages import (
-    CudnnUnsupported,
-    ProbeFailure,
-    classify_exception,
-)
+from fusedattn_select.probing.cudnn.messages import CudnnUnsupported, ProbeFailure, classify_exception
 from fusedattn_select.types import Backend, Phase, ProbeDepth
 
 

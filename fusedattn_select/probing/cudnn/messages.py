@@ -18,14 +18,7 @@ import re
 from typing import Any, Mapping
 
 from fusedattn_select.errors import FusedAttnSelectError, ProbeError
-from fusedattn_select.types import (
-    Backend,
-    Outcome,
-    Phase,
-    ProbeDepth,
-    Provenance,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 STAGES = (
     "graph_api", "validate", "build_operation_graph", "create_execution_plans", "check_support",

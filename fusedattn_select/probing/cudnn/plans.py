@@ -47,26 +47,11 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.layouts import SEPARATE_LAYOUTS
 from fusedattn_select.probing.cudnn.device import device_context, handle_for
 from fusedattn_select.probing.cudnn.graphs import build_graph, describe_graph
-from fusedattn_select.probing.cudnn.messages import (
-    CudnnUnsupported,
-    ProbeFailure,
-    verdict_from_exception,
-)
-from fusedattn_select.probing.cudnn.plan_blob import (
-    PLAN_FORMAT,
-    cudnn_type_name,
-    serialize_build,
-    unpack,
-)
+from fusedattn_select.probing.cudnn.messages import CudnnUnsupported, ProbeFailure, verdict_from_exception
+from fusedattn_select.probing.cudnn.plan_blob import PLAN_FORMAT, cudnn_type_name, serialize_build, unpack
 from fusedattn_select.single_flight import read_or_make
 from fusedattn_select.store.protocol import Store
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Phase,
-    ProbeDepth,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Fingerprint, Phase, ProbeDepth, Verdict
 
 log = logging.getLogger("fusedattn_select")
 
