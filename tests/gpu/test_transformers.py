@@ -20,8 +20,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 pytest.importorskip("cudnn", reason="cudnn-frontend is not installed")
 
+from hf_test_models import COMPARISONS, FAMILIES, LAYERS, TinyModels  # noqa: E402
 from transformers import (  # noqa: E402
-    AutoConfig,
     AutoModelForCausalLM,
     masking_utils,  # noqa: E402
 )
@@ -32,24 +32,11 @@ from fusedattn_select.runtime.api import dispatch_info  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 
 CUDA = torch.device("cuda")
-VOCAB = 128
-SEQ = 48
-WINDOW = 16  # smaller than SEQ: the sliding window cuts
-COMMON = dict(
-    vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=64, pad_token_id=0, initializer_range=0.1,
-)
-MODELS = {
-    "llama": dict(model_type="llama"),
-    "mistral": dict(model_type="mistral", sliding_window=WINDOW),
-    "qwen2": dict(model_type="qwen2", use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
-    "gemma2": dict(model_type="gemma2", sliding_window=WINDOW, attn_logit_softcapping=5.0, query_pre_attn_scalar=64),
-    "gemma3": dict(model_type="gemma3_text", sliding_window=WINDOW, query_pre_attn_scalar=64, sliding_window_pattern=2),
-    # both experts on every token: top-k routing would flip between bf16 and float32
-    "gpt_oss": dict(model_type="gpt_oss", sliding_window=WINDOW, num_local_experts=2, num_experts_per_tok=2),
-}
-SDPA_EXACT = ("llama", "mistral", "qwen2", "gemma3")  # "sdpa" has no sinks and drops soft-capping
-COMPARISONS = [(name, "eager") for name in MODELS] + [(name, "sdpa") for name in SDPA_EXACT]
+# Head dim 64, so cuDNN runs them; gpt-oss routes every token to both experts: top-k routing
+# would flip between bf16 and float32.
+TINY = TinyModels(vocab=128, seq=48, window=16, hidden=256, intermediate=512, head_dim=64, init_range=0.1,
+                  softcap=5.0, experts_per_tok=2, pad=7)
+SEQ, WINDOW = TINY.seq, TINY.window
 # What Hopper runs fused (F16) in bf16: plain causal GQA, with or without a sliding window.
 FUSED_ON_HOPPER = ("llama", "mistral", "qwen2", "gemma3")
 
@@ -63,29 +50,17 @@ def hopper() -> bool:
     return torch.cuda.get_device_capability()[0] == 9
 
 
-def config_of(name: str, **changes):
-    spec = dict(MODELS[name])
-    return AutoConfig.for_model(spec.pop("model_type"), **{**COMMON, **spec, **changes})
-
-
 def models_of(name: str):
     """The same weights in bf16 (under test) and float32 (the yardstick), on the GPU."""
     torch.manual_seed(0)
-    truth = AutoModelForCausalLM.from_config(config_of(name)).to(CUDA).eval()
+    truth = AutoModelForCausalLM.from_config(TINY.config(name)).to(CUDA).eval()
     truth.set_attn_implementation("eager")
     return copy.deepcopy(truth).to(torch.bfloat16), truth
 
 
 def inputs(padding: str | None):
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, VOCAB, (2, SEQ), generator=gen)
-    mask = torch.ones(2, SEQ, dtype=torch.long)
-    if padding == "left":
-        mask[0, :7] = 0
-    elif padding == "right":
-        mask[0, -7:] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    return ids.to(CUDA), (None if padding is None else mask.to(CUDA))
+    ids, mask = TINY.inputs(padding)
+    return ids.to(CUDA), (None if mask is None else mask.to(CUDA))
 
 
 def real(ids, mask):
@@ -120,7 +95,7 @@ def test_bf16_logits_are_as_accurate_as_the_other_implementation(name, other, pa
     theirs = logits(tested, other, ids, mask)[keep]
     assert error(ours, exact) <= 2 * error(theirs, exact) + 2e-3
     if hopper() and name in FUSED_ON_HOPPER:
-        assert fused == COMMON["num_hidden_layers"], f"every layer should have run on cuDNN: {fallbacks(caplog)}"
+        assert fused == LAYERS, f"every layer should have run on cuDNN: {fallbacks(caplog)}"
 
 
 @pytest.mark.parametrize("padding", [None, "right"])
@@ -232,9 +207,9 @@ def test_compiled_training_step_matches_eager_mode():
         assert error(dict(tested.named_parameters())[param].grad.float(), grad) < 5e-2, param
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_report_names_the_backend_of_every_layer(name):
-    rows = fa_hf.report(config_of(name), seqlen=4096)
+    rows = fa_hf.report(TINY.config(name), seqlen=4096)
     assert rows and all(row.layers for row in rows)
     for row in rows:
         if name == "gemma2":

@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import transformers  # noqa: E402
+from hf_test_models import COMPARISONS, TinyModels  # noqa: E402
 from transformers import (  # noqa: E402
-    AutoConfig,
     AutoModelForCausalLM,
     masking_utils,  # noqa: E402
 )
@@ -29,26 +29,10 @@ from fusedattn_select.integrations.transformers import mask_interface, tracing  
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import Selector  # noqa: E402
 
-VOCAB = 61
-SEQ = 10
-WINDOW = 4  # smaller than SEQ: the sliding window cuts
-COMMON = dict(
-    vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=8, pad_token_id=0, initializer_range=0.2,
-)
-MODELS = {
-    "llama": dict(model_type="llama"),
-    "mistral": dict(model_type="mistral", sliding_window=WINDOW),
-    "qwen2": dict(model_type="qwen2", use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
-    # A small cap, so soft-capping changes the scores of this tiny model.
-    "gemma2": dict(model_type="gemma2", sliding_window=WINDOW, attn_logit_softcapping=0.5, query_pre_attn_scalar=8),
-    "gemma3": dict(model_type="gemma3_text", sliding_window=WINDOW, query_pre_attn_scalar=8, sliding_window_pattern=2),
-    "gpt_oss": dict(model_type="gpt_oss", sliding_window=WINDOW, num_local_experts=2, num_experts_per_tok=1),
-}
-# "sdpa" cannot run attention sinks (gpt-oss) and has no soft-capping (Gemma 2; transformers
-# before 5.2x ran it without the cap, later ones refuse): those models are compared with "eager".
-SDPA_EXACT = ("llama", "mistral", "qwen2", "gemma3")
-COMPARISONS = [(name, "eager") for name in MODELS] + [(name, "sdpa") for name in SDPA_EXACT]
+# A small soft-cap, so soft-capping changes the scores of this tiny model.
+TINY = TinyModels(vocab=61, seq=10, window=4, hidden=32, intermediate=48, head_dim=8, init_range=0.2,
+                  softcap=0.5, experts_per_tok=1, pad=3)
+SEQ, WINDOW = TINY.seq, TINY.window
 NO_CUDA = "no CUDA device with cuDNN (test)"
 # The mask-function tests call it with transformers 5's arguments (4.x passes cache_position).
 mask_protocol_5 = pytest.mark.skipif(
@@ -65,26 +49,9 @@ def fresh_log_once():
     tracing._LOGGED.clear()
 
 
-def config_of(name: str, **changes):
-    spec = dict(MODELS[name])
-    return AutoConfig.for_model(spec.pop("model_type"), **{**COMMON, **spec, **changes})
-
-
 def model_of(name: str, **changes):
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config_of(name, **changes)).eval()
-
-
-def inputs(padding: str | None):
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, VOCAB, (2, SEQ), generator=gen)
-    mask = torch.ones(2, SEQ, dtype=torch.long)
-    if padding == "left":
-        mask[0, :3] = 0
-    elif padding == "right":
-        mask[0, -3:] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    return ids, (None if padding is None else mask)
+    return AutoModelForCausalLM.from_config(TINY.config(name, **changes)).eval()
 
 
 def logits(model, impl, ids, mask):
@@ -102,7 +69,7 @@ def valid(mask, ids):
 @pytest.mark.parametrize("name,other", COMPARISONS)
 def test_logits_match_other_implementations(name, other, padding):
     model = model_of(name)
-    ids, mask = inputs(padding)
+    ids, mask = TINY.inputs(padding)
     ours, theirs = logits(model, "fusedattn", ids, mask), logits(model, other, ids, mask)
     # "sdpa" gives the same rows everywhere, padding included (left-padding rows see no key: zero);
     # "eager" spreads such rows uniformly over masked keys, so only real tokens are compared.
@@ -114,7 +81,7 @@ def test_logits_match_other_implementations(name, other, padding):
 @pytest.mark.parametrize("name,other", COMPARISONS)
 def test_parameter_gradients_match_other_implementations(name, other, padding):
     model = model_of(name).train()
-    ids, mask = inputs(padding)
+    ids, mask = TINY.inputs(padding)
     real = valid(mask, ids)
     # Predictions made at real tokens only (the logit at a padding position is not a prediction).
     labels = ids.masked_fill(~real, -100)
@@ -134,7 +101,7 @@ def test_parameter_gradients_match_other_implementations(name, other, padding):
 def test_greedy_generation_gives_the_same_tokens(name, other):
     # Left-padded batch, decoded past the sliding window: prefill, then seqlen_q=1 steps.
     model = model_of(name)
-    ids, mask = inputs("left")
+    ids, mask = TINY.inputs("left")
     tokens = {}
     for impl in ("fusedattn", other):
         model.set_attn_implementation(impl)
@@ -144,7 +111,7 @@ def test_greedy_generation_gives_the_same_tokens(name, other):
 
 def test_soft_capping_runs_on_the_reference_and_says_so(caplog):
     model = model_of("gemma2")
-    ids, _ = inputs(None)
+    ids, _ = TINY.inputs(None)
     with caplog.at_level(logging.WARNING, logger=fa_hf.__name__):
         ours = logits(model, "fusedattn", ids, None)
     torch.testing.assert_close(ours, logits(model, "eager", ids, None), atol=2e-5, rtol=1e-4)
@@ -159,7 +126,7 @@ def test_attention_sinks_change_the_output_and_match_eager():
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.sinks.normal_(0.0, 2.0)
-    ids, mask = inputs("left")
+    ids, mask = TINY.inputs("left")
     keep = valid(mask, ids)
     ours = logits(model, "fusedattn", ids, mask)
     torch.testing.assert_close(ours[keep], logits(model, "eager", ids, mask)[keep], atol=2e-5, rtol=1e-4)
@@ -171,7 +138,7 @@ def test_attention_sinks_change_the_output_and_match_eager():
 
 def test_packed_sequences_fall_back_to_the_dense_mask(caplog):
     model = model_of("llama")
-    ids, _ = inputs(None)
+    ids, _ = TINY.inputs(None)
     # Two documents packed in each row: positions restart at 6, so the mask is block-causal
     # (transformers detects packing only without a 2D mask and without a cache).
     packed = dict(position_ids=torch.tensor([list(range(6)) + list(range(4))] * 2), use_cache=False)
@@ -188,7 +155,7 @@ def test_packed_sequences_fall_back_to_the_dense_mask(caplog):
 @pytest.mark.parametrize("name", ["llama", "mistral"])
 def test_compiled_model_matches_eager_mode_without_graph_breaks(name):
     model = model_of(name)
-    ids, _ = inputs(None)
+    ids, _ = TINY.inputs(None)
     expected = logits(model, "fusedattn", ids, None)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
@@ -198,7 +165,7 @@ def test_compiled_model_matches_eager_mode_without_graph_breaks(name):
 
 def test_compiled_training_step_matches_eager_mode():
     model = model_of("mistral").train()
-    ids, _ = inputs(None)
+    ids, _ = TINY.inputs(None)
     model.set_attn_implementation("fusedattn")
     model(ids, labels=ids).loss.backward()
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -212,7 +179,7 @@ def test_compiled_training_step_matches_eager_mode():
 def test_compiled_model_with_a_padding_mask_uses_the_dense_mask():
     # Reading the 2D mask would break the graph: under tracing it is materialised instead.
     model = model_of("llama")
-    ids, mask = inputs("left")
+    ids, mask = TINY.inputs("left")
     expected = logits(model, "sdpa", ids, mask)
     model.set_attn_implementation("fusedattn")
     torch._dynamo.reset()
@@ -414,7 +381,7 @@ def no_cuda() -> Selector:
 
 
 def rows_of(name: str, **kwargs):
-    return fa_hf.report(config_of(name), seqlen=16, selector=no_cuda(), **kwargs)
+    return fa_hf.report(TINY.config(name), seqlen=16, selector=no_cuda(), **kwargs)
 
 
 SLIDING = (WINDOW, (WINDOW - 1, 0))  # transformers' window, and window_size as cuDNN runs it
@@ -461,12 +428,12 @@ def test_report_carries_sinks_scale_and_inference():
 
 
 def test_report_drops_a_window_that_cannot_cut():
-    (row,) = fa_hf.report(config_of("mistral"), seqlen=WINDOW, selector=no_cuda())
+    (row,) = fa_hf.report(TINY.config("mistral"), seqlen=WINDOW, selector=no_cuda())
     assert (row.sliding_window, row.config.window_size) == (WINDOW, (-1, -1))
 
 
 def test_report_accepts_a_config_a_model_a_dict_json_and_a_path(tmp_path):
-    config = config_of("qwen2")
+    config = TINY.config("qwen2")
     (tmp_path / "config.json").write_text(config.to_json_string())
     expected = [r.to_dict() for r in fa_hf.report(config, seqlen=16, selector=no_cuda())]
     sources = [
@@ -493,20 +460,20 @@ def test_report_rejects_what_is_not_a_language_model_config():
 
 
 def test_report_uses_the_default_selector_when_none_is_given():
-    rows = fa_hf.report(config_of("llama"), seqlen=16)
+    rows = fa_hf.report(TINY.config("llama"), seqlen=16)
     assert [(r.name, r.layers) for r in rows] == [("full_attention", (0, 1))]
     assert rows[0].backend is Backend.NONE or rows[0].reason == ""
 
 
 def test_configs_from_hf_returns_name_problem_and_layers():
-    problems = fa_hf.configs_from_hf(config_of("gemma3"), seqlen=32, batch_size=2)
+    problems = fa_hf.configs_from_hf(TINY.config("gemma3"), seqlen=32, batch_size=2)
     assert [(name, layers) for name, _, layers in problems] == [("sliding_attention", [0]), ("full_attention", [1])]
     sliding = problems[0][1]
     assert (sliding.batch_size, sliding.seqlen_q, sliding.window_size) == (2, 32, (WINDOW - 1, 0))
 
 
 def test_format_report_lists_layer_ranges_windows_and_reasons():
-    config = config_of("qwen2", num_hidden_layers=5, max_window_layers=2)
+    config = TINY.config("qwen2", num_hidden_layers=5, max_window_layers=2)
     text = fa_hf.format_report(fa_hf.report(config, seqlen=16, selector=no_cuda()))
     lines = text.splitlines()
     assert lines[0].split() == ["layers", "type", "heads", "q/kv", "head", "dim", "window", "seqlen", "backend"]
