@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import math
@@ -26,11 +27,28 @@ BIAS_SHAPES = ("1hss", "b1ss", "bhss", "11ss")
 SOFTMAXES = ("vanilla", "off_by_one", "learnable")
 SCALING_MODES = ("delayed", "current", "mxfp8")
 
+# Bounds of the problem description, not of a GPU: each dimension fits an int32 (a chosen bound far
+# above any real problem: PyTorch sends no batch size or head dim above 65535 to cuDNN SDPA,
+# pytorch/pytorch#180718), and each tensor's element count fits the int64 strides that cuDNN's
+# tensor descriptors and torch address it with.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 
+def allowed(values: Iterable[str], limit: int | None = None) -> str:
+    """"must be one of 'a', 'b'": all `values`, or the first `limit` and how many more there are."""
+    values = list(values)
+    shown = values if limit is None or len(values) <= limit else values[:limit]
+    more = f" and {len(values) - len(shown)} more" if len(shown) < len(values) else ""
+    return "must be one of " + ", ".join(repr(v) for v in shown) + more
 
-def allowed(values: Iterable[str]) -> str:
-    return "must be one of " + ", ".join(repr(v) for v in values)
+
+def did_you_mean(value: object, choices: Iterable[str]) -> str:
+    """"did you mean 'x'? " for the closest of `choices` to a mistyped string `value`, else ""."""
+    if not isinstance(value, str):
+        return ""
+    matches = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {matches[0]!r}? " if matches else ""
 
 
 @dataclass(frozen=True)
@@ -237,9 +255,12 @@ class AttnConfig:
         if not isinstance(data, Mapping):
             raise ConfigError("config", data, "must be a mapping of AttnConfig fields")
         names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(names))
+        unknown = sorted(set(data) - set(names), key=str)
         if unknown:
-            raise ConfigError(unknown[0], data[unknown[0]], "unknown field; " + allowed(names))
+            suggestion = did_you_mean(unknown[0], names)
+            # With a likely intended field, the answer is that name; the full list of 30 buries it.
+            rest = f"(AttnConfig has {len(names)} fields; see README 'Config format')" if suggestion else allowed(names)
+            raise ConfigError(unknown[0], data[unknown[0]], "unknown field; " + suggestion + rest)
         missing = [
             f.name for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING and f.name not in data
@@ -256,6 +277,8 @@ def _check_int(cfg: AttnConfig, name: str, optional: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(name, value, "must be a positive integer")
+    if value > INT32_MAX:
+        raise ConfigError(name, value, f"must be at most {INT32_MAX} (2**31-1, an int32)")
 
 
 def _check_choice(cfg: AttnConfig, name: str, choices: tuple[str, ...], optional: bool = False) -> None:
@@ -263,7 +286,7 @@ def _check_choice(cfg: AttnConfig, name: str, choices: tuple[str, ...], optional
     if value is None and optional:
         return
     if value not in choices:
-        raise ConfigError(name, value, allowed(choices))
+        raise ConfigError(name, value, did_you_mean(value, choices) + allowed(choices))
 
 
 def _check_bool(cfg: AttnConfig, name: str, optional: bool = False) -> None:
@@ -304,9 +327,9 @@ def _validate(cfg: AttnConfig) -> None:
     window = cfg.window_size
     if (
         not isinstance(window, tuple) or len(window) != 2
-        or any(isinstance(w, bool) or not isinstance(w, int) or w < -1 for w in window)
+        or any(isinstance(w, bool) or not isinstance(w, int) or not -1 <= w <= INT32_MAX for w in window)
     ):
-        raise ConfigError("window_size", window, "must be (left, right) integers >= -1; -1 = unbounded")
+        raise ConfigError("window_size", window, f"must be (left, right) integers in [-1, {INT32_MAX}]; -1 = unbounded")
     if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, float) or not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError("dropout", cfg.dropout, "must be a float in [0, 1)")
     if cfg.attn_scale is not None and (
@@ -315,6 +338,26 @@ def _validate(cfg: AttnConfig) -> None:
     ):
         raise ConfigError("attn_scale", cfg.attn_scale, "must be a positive finite float, or null for 1/sqrt(head_dim_qk)")
     _validate_cross_fields(cfg)
+    _check_extents(cfg)
+
+
+def _check_extents(cfg: AttnConfig) -> None:
+    """Each tensor's element count fits int64 strides (each dim alone is at most INT32_MAX)."""
+    kv_rows = (cfg.num_pages, cfg.page_size) if cfg.layout.paged else (cfg.batch_size, cfg.seqlen_kv)
+    tensors = (
+        ("Q", "batch_size*seqlen_q*num_heads_q*head_dim_qk", (cfg.batch_size, cfg.seqlen_q, cfg.num_heads_q, cfg.head_dim_qk)),
+        ("O", "batch_size*seqlen_q*num_heads_q*head_dim_v",
+         (cfg.batch_size, cfg.seqlen_q, cfg.num_heads_q, cfg.resolved_head_dim_v)),
+        ("K", "batch_size*seqlen_kv*num_heads_kv*head_dim_qk", (*kv_rows, cfg.num_heads_kv, cfg.head_dim_qk)),
+        ("V", "batch_size*seqlen_kv*num_heads_kv*head_dim_v", (*kv_rows, cfg.num_heads_kv, cfg.resolved_head_dim_v)),
+    )
+    for tensor, product, dims in tensors:
+        elements = math.prod(dims)
+        if elements > INT64_MAX:
+            if cfg.layout.paged and tensor in "KV":
+                product = product.replace("batch_size*seqlen_kv", "num_pages*page_size")
+            raise ConfigError(product, elements, f"elements of {tensor}: must be at most {INT64_MAX} (2**63-1), "
+                              "the int64 strides cuDNN and torch address a tensor with")
 
 
 def _validate_cross_fields(cfg: AttnConfig) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from fusedattn_select.config import AttnConfig, allowed
+from fusedattn_select.config import AttnConfig, allowed, did_you_mean
 from fusedattn_select.errors import ConfigError
 
 
@@ -33,19 +33,29 @@ class ConfigFile:
         for entry in self.entries:
             if entry.name == name:
                 return entry
-        raise ConfigError("name", name, allowed([e.name for e in self.entries]))
+        names = [e.name for e in self.entries]
+        raise ConfigError("name", name, did_you_mean(name, names) + allowed(names, limit=NAMES_SHOWN))
 
 
+NAMES_SHOWN = 12  # entry names an error lists (a probe suite has hundreds)
 _FILE_KEYS = ("name", "description", "source", "defaults", "configs")
+# What a config file must hold, for the errors about its shape.
+FILE_SHAPE = (
+    "a config file is a YAML mapping with a non-empty 'configs' list of named entries "
+    "(optional keys: name, description, source, defaults); see README 'Config format'"
+)
 
 
 def parse_config_file(data: Any, path: str = "<memory>") -> ConfigFile:
     """Build a ConfigFile from parsed YAML; errors name the entry and the field."""
+    if data is None:
+        raise ConfigError("config file", path, f"is empty; {FILE_SHAPE}")
     if not isinstance(data, Mapping):
-        raise ConfigError(path, type(data).__name__, "a config file must be a mapping with keys " + ", ".join(_FILE_KEYS))
-    unknown = sorted(set(data) - set(_FILE_KEYS))
+        raise ConfigError("config file", path, f"holds a YAML {type(data).__name__}, not a mapping; {FILE_SHAPE}")
+    unknown = sorted(set(data) - set(_FILE_KEYS), key=str)
     if unknown:
-        raise ConfigError(f"{path}: {unknown[0]}", data[unknown[0]], "unknown key; " + allowed(_FILE_KEYS))
+        raise ConfigError(f"{path}: {unknown[0]}", data[unknown[0]],
+                          "unknown key; " + did_you_mean(unknown[0], _FILE_KEYS) + allowed(_FILE_KEYS))
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, Mapping):
         raise ConfigError(f"{path}: defaults", defaults, "must be a mapping of AttnConfig fields")
@@ -95,5 +105,18 @@ def load_config_file(path: str | Path) -> ConfigFile:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError("config file", str(path), f"is not valid YAML ({str(err).splitlines()[0]})") from None
+        raise ConfigError("config file", str(path), f"is not valid YAML: {yaml_error(err)}") from None
     return parse_config_file(data, str(path))
+
+
+def yaml_error(err: Exception) -> str:
+    """A YAML parse error in one line: where (line and column, from 1) and what yaml says."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(err).split())
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and context_mark is not None:
+        text += f" ({context} at line {context_mark.line + 1}, column {context_mark.column + 1})"
+    return text

@@ -443,7 +443,7 @@ def test_config_file_get_unknown_name_lists_the_names(tmp_path):
     ("name: x\n", "configs", "non-empty list"),
     ("defaults: [1]\nconfigs: [{name: a}]\n", "defaults", "must be a mapping"),
     ("configs: [train]\n", "configs[0]", "must be a mapping"),
-    ("- just\n- a list\n", "model.yaml", "must be a mapping"),
+    ("- just\n- a list\n", "config file", "holds a YAML list, not a mapping"),
 ])
 def test_config_file_errors_name_the_place(tmp_path, text, where, message):
     with pytest.raises(ConfigError) as info:
