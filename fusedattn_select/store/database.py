@@ -1,11 +1,15 @@
 """One SQLite database file shared by processes: connection, schema, retried transactions, recovery.
 
 The file is in WAL mode (many readers and one writer at a time; every write is one
-`BEGIN IMMEDIATE` transaction, retried with backoff while another process holds the lock). A file
-that is not a SQLite database, or fails `PRAGMA integrity_check`, is renamed to
-`<name>.corrupt-<timestamp>` (with its -wal and -shm files, so a stale log is never replayed into
-the new database) and a new database is started. WAL needs a local file system: SQLite's locks do
-not work across hosts on NFS.
+`BEGIN IMMEDIATE` transaction, retried with backoff while another process holds the lock). WAL
+needs a local file system: SQLite's locks do not work across hosts on NFS.
+
+Damage (a file that is not a SQLite database, or fails `PRAGMA integrity_check`) is repaired only
+by a write: every row that can still be read is copied into a fresh database (salvage.py), which
+takes the file's place; the damaged file is kept as `<name>.corrupt-<timestamp>` with its -wal and
+-shm files (so a stale log is never replayed into the new database), and one warning gives the
+counts. Reads never move files: a read that meets damage is a miss, reported once. A read-only
+Database never writes at all, and reads a missing file as an empty database.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from fusedattn_select._version import __version__
-from fusedattn_select.store.locks import flock
+from fusedattn_select.store.locks import flock_directory
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheUnavailableError
+from fusedattn_select.store.salvage import salvage
 
 log = logging.getLogger("fusedattn_select")
 
@@ -65,46 +70,53 @@ class StoreFailure(Exception):
 
 
 class Database:
-    """The SQLite file at `path`: one connection per process, shared by its threads under a lock."""
+    """The SQLite file at `path`: one connection per process, shared by its threads under a lock.
 
-    def __init__(self, path: Path) -> None:
+    `damage` is what was found wrong with the file and not repaired yet ("" when nothing was).
+    """
+
+    def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only
+        self.damage = ""
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._identity: tuple[int, int] | None = None
 
     def run(self, what: str, action: Callable[[sqlite3.Connection], T], *, write: bool = False,
-            patience_s: float | None = None) -> T:
+            patience_s: float | None = None, repair: bool | None = None) -> T:
         """Run action(conn) (in one write transaction when `write`).
 
         Retries with backoff for `patience_s` (default LOCKED_RETRY_S) while another process holds
-        the database lock; recovers once from a corrupt database (set aside, rebuilt) or one
-        another process replaced. Raises StoreFailure.
+        the database lock; reopens a file another process replaced; when `repair` (default: `write`
+        on a writable database) salvages a damaged database once and retries. Raises StoreFailure.
         """
+        repair = (write if repair is None else repair) and not self.read_only
         patience_s = LOCKED_RETRY_S if patience_s is None else patience_s
         deadline = time.monotonic() + patience_s
         delay = 0.005
-        recovered = False
+        retried = False
+        if repair and self.damage:  # damage a read found: this write repairs it first
+            with self._lock:
+                self._recover(None)
         while True:
             with self._lock:
                 try:
                     conn = self._connection()
                     return _transaction(conn, action) if write else action(conn)
                 except sqlite3.OperationalError as err:
-                    if _is_busy(err):
-                        if time.monotonic() >= deadline:
-                            raise StoreFailure(f"{what}: the database stayed locked for {patience_s:.0f} s") from err
-                    elif not recovered and self._reopened_after(err):
-                        recovered = True
+                    if not _is_busy(err):
+                        if retried or not self._reopened_after(err, repair):
+                            raise StoreFailure(f"{what}: {err}") from err
+                        retried = True
                         continue
-                    else:
-                        raise StoreFailure(f"{what}: {err}") from err
+                    if time.monotonic() >= deadline:
+                        raise StoreFailure(f"{what}: the database stayed locked for {patience_s:.0f} s") from err
                 except sqlite3.DatabaseError as err:
-                    if recovered:
+                    if retried or not self._reopened_after(err, repair):
                         raise StoreFailure(f"{what}: {err}") from err
-                    self._recover(err)
-                    recovered = True
+                    retried = True
                     continue
                 except (OSError, CacheUnavailableError) as err:
                     raise StoreFailure(f"{what}: {err}") from err
@@ -113,9 +125,10 @@ class Database:
             delay = min(delay * 2, 0.25)
 
     def run_quietly(self, what: str, action: Callable[[sqlite3.Connection], object]) -> None:
-        """A write that may fail without harm (bookkeeping): log it and go on, without waiting long."""
+        """A write that may fail without harm (bookkeeping of a read): log it and go on, without
+        waiting long or repairing anything."""
         try:
-            self.run(what, action, write=True, patience_s=1.0)
+            self.run(what, action, write=True, patience_s=1.0, repair=False)
         except StoreFailure as err:
             log.debug("fusedattn_select: decision cache %s: %s", self.path, err)
 
@@ -127,15 +140,21 @@ class Database:
                     self._conn.close()
             self._conn = None
 
-    def _reopened_after(self, err: sqlite3.OperationalError) -> bool:
-        """Whether an operational error means the file must be set aside or reopened (then done)."""
-        if _error_code(err) in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+    def _reopened_after(self, err: sqlite3.DatabaseError, repair: bool) -> bool:
+        """Whether the error was damage repaired (when `repair`) or a replaced file reopened: retry."""
+        # "database disk image is malformed" is a plain DatabaseError where the code is unknown.
+        damaged = _error_code(err) in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or type(err) is sqlite3.DatabaseError
+        if damaged and repair:
             self._recover(err)
             return True
         if self._identity is not None and _file_identity(self.path) != self._identity:
-            # Another process set a corrupt file aside, or someone deleted the cache.
+            # Another process salvaged a damaged file, or someone deleted the cache.
             self.close()
             return True
+        if damaged and not self.damage:
+            self.damage = str(err)
+            log.warning("fusedattn_select: the decision cache %s is damaged (%s); answering from the rows "
+                        "that can be read; the next write salvages it", self.path, err)
         return False
 
     def _connection(self) -> sqlite3.Connection:
@@ -143,72 +162,131 @@ class Database:
             _INHERITED_CONNECTIONS.append(self._conn)
             self._conn = None
         if self._conn is None:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not self.path.exists():
-                # Created here so the file is private whatever the umask (SQLite would use 0644);
-                # SQLite gives the -wal and -shm files the database file's permissions.
-                with contextlib.suppress(FileExistsError):
-                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            self._identity = _file_identity(self.path)
-            conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                   check_same_thread=False)
-            try:
-                conn.execute("PRAGMA journal_mode = WAL").fetchone()
-                # In WAL mode NORMAL cannot corrupt the database; a power cut may lose the last
-                # few decisions, which are re-probed.
-                conn.execute("PRAGMA synchronous = NORMAL")
-                if _schema_version(conn) != SCHEMA_VERSION:
-                    _transaction(conn, self._create_schema)
-            except BaseException:
-                conn.close()
-                raise
+            conn = self._open_read_only() if self.read_only else self._open()
             self._conn, self._pid = conn, os.getpid()
         return self._conn
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.path.exists():
+            # Created here so the file is private whatever the umask (SQLite would use 0644);
+            # SQLite gives the -wal and -shm files the database file's permissions.
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        self._identity = _file_identity(self.path)
+        conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            # In WAL mode NORMAL cannot corrupt the database; a power cut may lose the last
+            # few decisions, which are re-probed.
+            conn.execute("PRAGMA synchronous = NORMAL")
+            if _schema_version(conn) != SCHEMA_VERSION:
+                _transaction(conn, self._create_schema)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """The file opened read-only; a missing file reads as an empty database of this schema."""
+        self._identity = _file_identity(self.path)
+        if self._identity is None:
+            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            create_schema(conn)
+            return conn
+        conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+                               isolation_level=None, check_same_thread=False)
+        try:
+            version = _schema_version(conn)
+        except BaseException:
+            conn.close()
+            raise
+        if version is not None and version > SCHEMA_VERSION:
+            conn.close()
+            raise CacheUnavailableError(_newer_schema(self.path, version))
+        return conn
 
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         version = _schema_version(conn)  # again, inside the lock: another process may have won
         if version == SCHEMA_VERSION:
             return
         if version is not None and version > SCHEMA_VERSION:
-            raise CacheUnavailableError(
-                f"{self.path} has schema version {version}, written by a newer fusedattn-select; this "
-                f"version ({__version__}) reads schema {SCHEMA_VERSION}"
-            )
+            raise CacheUnavailableError(_newer_schema(self.path, version))
         if version is not None:
             log.warning("fusedattn_select: decision cache %s has schema %s; starting it over at schema %d",
                         self.path, version, SCHEMA_VERSION)
             for table in DATA_TABLES:
                 conn.execute(f"DROP TABLE IF EXISTS {table}")
-        for statement in SCHEMA:
-            conn.execute(statement)
-        conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('created_by', ?)",
-                     (f"fusedattn-select {__version__}",))
+        create_schema(conn)
 
-    def _recover(self, err: sqlite3.Error) -> None:
-        """The database reported corruption: set the file aside and let the next use start anew.
+    def _recover(self, err: sqlite3.Error | None) -> None:
+        """The database reported damage: put a salvaged copy in its place, set the file aside.
 
-        Serialised across processes by a lock file, so two processes that both saw the damage do
-        not set aside each other's rebuilt database.
+        Serialised across processes by a flock on the directory (no lock file is left behind), so
+        two processes that both saw the damage do not replace each other's salvaged database.
         """
         identity = self._identity
         self.close()
         deadline = time.monotonic() + LOCKED_RETRY_S
-        with flock(self.path.with_name(f"{self.path.name}.recover.lock"), deadline):
+        with flock_directory(self.path.parent, deadline):
             if _file_identity(self.path) != identity:
                 return  # another process already replaced it
-            problem = _integrity_problem(self.path)
+            problem = integrity_problem(self.path)
             if problem is None:
                 return  # sound after all: the caller retries once
             stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
             aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+            salvaged = self.path.with_name(f"{self.path.name}.salvage-{os.getpid()}")
+            counts = _salvage_into(self.path, salvaged)
             os.replace(self.path, aside)
             # A stale write-ahead log must never be replayed into the new database.
             for suffix in ("-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
-        log.warning("fusedattn_select: the decision cache %s is damaged (%s); moved it to %s and "
-                    "started a new one", self.path, problem, aside.name)
+            if counts:
+                os.replace(salvaged, self.path)
+        self.damage = ""
+        log.warning("fusedattn_select: the decision cache %s was damaged (%s): %s; the damaged file is "
+                    "kept as %s", self.path, problem, counts or "nothing could be salvaged, started a new one",
+                    aside.name)
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    """The tables and indexes of SCHEMA_VERSION, and the meta rows saying so."""
+    for statement in SCHEMA:
+        conn.execute(statement)
+    conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('created_by', ?)",
+                 (f"fusedattn-select {__version__}",))
+
+
+def _salvage_into(damaged: Path, fresh: Path) -> str:
+    """Copy the readable rows of `damaged` into a new database file `fresh`; what was kept and lost
+    (e.g. "salvaged 17 decisions, ...; lost 0 rows"), or "" when no new file could be written."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(fresh)
+    try:
+        os.close(os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        conn = sqlite3.connect(str(fresh), isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            create_schema(conn)
+            report = salvage(damaged, conn)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+    except (OSError, sqlite3.Error) as err:
+        log.warning("fusedattn_select: cannot write a salvaged copy of %s (%s)", damaged, err)
+        with contextlib.suppress(OSError):
+            os.remove(fresh)
+        return ""
+    return report.describe()
+
+
+def _newer_schema(path: Path, version: int) -> str:
+    return (f"{path} has schema version {version}, written by a newer fusedattn-select; this "
+            f"version ({__version__}) reads schema {SCHEMA_VERSION}")
 
 
 def _transaction(conn: sqlite3.Connection, action: Callable[[sqlite3.Connection], T]) -> T:
@@ -257,12 +335,16 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
-def _integrity_problem(path: Path) -> str | None:
-    """What is wrong with the database file, or None when integrity_check passes."""
+def integrity_problem(path: Path, quick: bool = False) -> str | None:
+    """What is wrong with the database file, or None when integrity_check (quick_check) passes.
+
+    Opens the file read-only: checking never changes it.
+    """
     try:
-        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S)
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
         try:
-            rows = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
+            check = "quick_check" if quick else "integrity_check"
+            rows = [row[0] for row in conn.execute(f"PRAGMA {check}(5)")]
         finally:
             conn.close()
     except sqlite3.OperationalError as err:

@@ -12,6 +12,7 @@ from fusedattn_select.store.settings import (
     CACHE_SWITCH_ENV,
     cache_switched_off,
     default_cache_dir,
+    directory_problem,
 )
 from fusedattn_select.store.sqlite import PersistentStore
 
@@ -21,24 +22,38 @@ _fallback_warned = False
 _fallback_lock = threading.Lock()
 
 
-def open_default_store(max_bytes: int | None = None) -> PersistentStore | MemoryStore:
+def open_default_store(max_bytes: int | None = None, *, read_only: bool = False) -> PersistentStore | MemoryStore:
     """The store for this process: SQLite in default_cache_dir(), or memory.
 
-    Memory when $FUSEDATTN_SELECT_CACHE=off, or (with one warning per process) when the cache
-    directory cannot be used.
+    Memory when $FUSEDATTN_SELECT_CACHE=off (`switched_off` says so), or when the cache directory
+    cannot be used (`degraded` says why; one warning per process). With `read_only`, the store a
+    command that only looks gets: it creates, writes and moves nothing, and is memory (degraded)
+    exactly when a writing process would get memory.
     """
-    global _fallback_warned
     switch = cache_switched_off()
     if switch:
         log.info("fusedattn_select: %s=%s: decisions are kept in memory only", CACHE_SWITCH_ENV, switch)
-        return MemoryStore(max_bytes)
+        return MemoryStore(max_bytes, switched_off=f"{CACHE_SWITCH_ENV}={switch}")
+    directory = default_cache_dir()
     try:
-        return PersistentStore(default_cache_dir(), max_bytes)
+        if not read_only:
+            return PersistentStore(directory, max_bytes)
+        problem = directory_problem(directory)
+        if problem:
+            raise CacheUnavailableError(problem)
+        return PersistentStore(directory, max_bytes, read_only=True)
     except CacheUnavailableError as err:
-        with _fallback_lock:
-            first, _fallback_warned = not _fallback_warned, True
-        (log.warning if first else log.debug)(
-            "fusedattn_select: %s; decisions are kept in memory for this process only (set %s to a "
-            "writable directory, or %s=off to silence this)", err, CACHE_DIR_ENV, CACHE_SWITCH_ENV,
-        )
-        return MemoryStore(max_bytes)
+        _warn_fallback(err, quiet=read_only)
+        return MemoryStore(max_bytes, degraded=str(err))
+
+
+def _warn_fallback(err: CacheUnavailableError, quiet: bool) -> None:
+    global _fallback_warned
+    with _fallback_lock:
+        # A command that only looks reports the reason itself: its lookup is not the warning.
+        first = not _fallback_warned and not quiet
+        _fallback_warned = _fallback_warned or first
+    (log.warning if first else log.debug)(
+        "fusedattn_select: %s; decisions are kept in memory for this process only (set %s to a "
+        "writable directory, or %s=off to silence this)", err, CACHE_DIR_ENV, CACHE_SWITCH_ENV,
+    )

@@ -53,6 +53,24 @@ def flock(path: Path, deadline: float) -> Iterator[bool]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def flock_directory(directory: Path, deadline: float) -> Iterator[bool]:
+    """Exclusive flock on the directory itself until `deadline`: a lock that leaves no file behind."""
+    if fcntl is None:  # pragma: no cover - Windows
+        yield True
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        acquired = _poll_flock(fd, deadline)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def _poll_flock(fd: int, deadline: float) -> bool:
     delay = 0.001
     while True:

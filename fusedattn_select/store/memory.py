@@ -3,7 +3,9 @@
 Used when persistence is off ($FUSEDATTN_SELECT_CACHE=off) or impossible (no writable directory).
 It keeps plans too (`plans_enabled` is True), bounded by max_bytes like decisions, but they die
 with the process (`persistent` is False): callers that gain from plans only across processes
-check `persistent`. Its key locks exclude threads only.
+check `persistent`. Its key locks exclude threads only. `degraded` says why the persistent store
+could not be used when that is why this one is memory; `switched_off` the value of
+$FUSEDATTN_SELECT_CACHE when it was turned off.
 """
 
 from __future__ import annotations
@@ -25,12 +27,7 @@ from fusedattn_select.store.entries import (
     verdict_export_row,
 )
 from fusedattn_select.store.locks import KeyLocks
-from fusedattn_select.store.protocol import (
-    EVICT_TO_FRACTION,
-    KEY_LOCK_TIMEOUT_S,
-    Entry,
-    ImportReport,
-)
+from fusedattn_select.store.protocol import EVICT_TO_FRACTION, KEY_LOCK_TIMEOUT_S, Entry, ImportReport
 from fusedattn_select.store.settings import resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
@@ -44,8 +41,10 @@ class MemoryStore:
     persistent = False
     plans_enabled = True
 
-    def __init__(self, max_bytes: int | None = None) -> None:
+    def __init__(self, max_bytes: int | None = None, *, degraded: str = "", switched_off: str = "") -> None:
         self.max_bytes = resolve_max_bytes(max_bytes)
+        self.degraded = degraded
+        self.switched_off = switched_off
         self._key_locks = KeyLocks()
         self._lock = threading.Lock()
         # (fingerprint key, key) -> (entry, when it was stored)
@@ -114,7 +113,9 @@ class MemoryStore:
         with self._lock:
             return {
                 "kind": self.kind, "path": None, "entries": len(self._verdicts), "plans": len(self._plans),
-                "bytes": self._payload_bytes(), "max_bytes": self.max_bytes,
+                "bytes": self._payload_bytes(), "max_bytes": self.max_bytes, "persistent": False,
+                "read_only": False, "degraded": self.degraded or None, "switched_off": self.switched_off or None,
+                "plans_enabled": True, "plans_refused": None, "damage": None,
             }
 
     def clear(self) -> None:

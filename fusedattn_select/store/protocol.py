@@ -17,6 +17,12 @@ exclusivity (after `timeout`): a hung probe elsewhere costs a duplicate probe, n
 
 `persistent` says whether entries outlive the process (and are shared with other processes);
 `plans_enabled` whether `get_plan` and `put_plan` keep serialized plans at all.
+
+`info()` returns the totals (kind, path, entries, plans, bytes, max_bytes) and the state, STATE_KEYS:
+persistent; read_only; degraded (why the persistent store could not be used, when that is why this
+one is memory, else None); switched_off ("FUSEDATTN_SELECT_CACHE=off" when memory was asked for);
+plans_enabled and plans_refused (why plans are refused, else None); damage (what is wrong with the
+database file and not repaired yet, else None).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ EVICT_TO_FRACTION = 0.9
 SCHEMA_VERSION = 1
 
 Entry = tuple[tuple[Verdict, ...], ProbeDepth]
+STATE_KEYS = ("persistent", "read_only", "degraded", "switched_off", "plans_enabled", "plans_refused", "damage")
 
 
 class CacheError(FusedAttnSelectError):

@@ -7,12 +7,15 @@ import os
 import re
 from pathlib import Path
 
+from fusedattn_select.errors import ConfigError
+
 log = logging.getLogger("fusedattn_select")
 
 CACHE_DIR_ENV = "FUSEDATTN_SELECT_CACHE_DIR"
 CACHE_SWITCH_ENV = "FUSEDATTN_SELECT_CACHE"
 MAX_BYTES_ENV = "FUSEDATTN_SELECT_CACHE_MAX_BYTES"
 CACHE_OFF_VALUES = ("off", "0", "false", "no")
+CACHE_ON_VALUES = ("on", "1", "true", "yes")
 DEFAULT_MAX_BYTES = 512 * 1024**2
 
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -31,10 +34,56 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "fusedattn-select"
 
 
+CACHE_SWITCH_ALLOWED = (f"must be one of {', '.join(CACHE_ON_VALUES)} (persistent cache) or "
+                        f"{', '.join(CACHE_OFF_VALUES)} (memory only)")
+
+
+def cache_switch_problem() -> str:
+    """Why $FUSEDATTN_SELECT_CACHE is not a value it takes ("" when unset or valid)."""
+    text = os.environ.get(CACHE_SWITCH_ENV, "")
+    switch = text.strip().lower()
+    if not switch or switch in CACHE_OFF_VALUES + CACHE_ON_VALUES:
+        return ""
+    return f"{CACHE_SWITCH_ENV}={text!r}: {CACHE_SWITCH_ALLOWED}"
+
+
+def check_cache_switch() -> None:
+    """Raise ConfigError naming $FUSEDATTN_SELECT_CACHE when it holds a value it does not take."""
+    if cache_switch_problem():
+        raise ConfigError(CACHE_SWITCH_ENV, os.environ[CACHE_SWITCH_ENV], CACHE_SWITCH_ALLOWED)
+
+
+_switch_warned: set[str] = set()
+
+
 def cache_switched_off() -> str:
-    """The value of $FUSEDATTN_SELECT_CACHE when it turns persistence off, else ""."""
+    """The value of $FUSEDATTN_SELECT_CACHE when it turns persistence off, else "".
+
+    A value it does not take means on, with one warning per value per process (commands refuse
+    it instead: check_cache_switch).
+    """
     switch = os.environ.get(CACHE_SWITCH_ENV, "").strip().lower()
+    problem = cache_switch_problem()
+    if problem and switch not in _switch_warned:
+        _switch_warned.add(switch)
+        log.warning("fusedattn_select: %s; using the persistent cache", problem)
     return switch if switch in CACHE_OFF_VALUES else ""
+
+
+def directory_problem(directory: Path) -> str:
+    """Why a persistent store could not be created or written in `directory` ("" when it could),
+    found without creating anything."""
+    probe = directory
+    while not probe.exists():
+        if probe.parent == probe:
+            return f"cache directory {directory} cannot be created (no existing parent)"
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"cache directory {directory} cannot be created ({probe} is not a directory)"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        verb = "is not writable" if probe == directory else f"cannot be created ({probe} is not writable)"
+        return f"cache directory {directory} {verb}"
+    return ""
 
 
 def max_bytes_from_env() -> int:

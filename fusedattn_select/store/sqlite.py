@@ -7,6 +7,10 @@ Key locks add a flock per key in `<dir>/locks/` (see locks.py).
 Serialized plans load native code: they are only read from, or written to, a directory owned by
 the current user and not writable by group or others (and a database file with the same
 properties); otherwise plans are refused with one warning and decisions are still cached.
+
+Opened with `read_only=True` (commands that only look: `cache info`, `info`, `cache export`) a
+store never writes, creates or moves a file: a missing database reads as empty, a damaged one
+answers from the rows that can be read, and `check_damage()` says what is wrong.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from fusedattn_select.store.database import DATA_TABLES, Database, StoreFailure
+from fusedattn_select.store.database import DATA_TABLES, Database, StoreFailure, integrity_problem
 from fusedattn_select.store.entries import (
     BadEntry,
     NewEntry,
@@ -38,10 +42,12 @@ from fusedattn_select.store.locks import KeyLocks, LockFiles
 from fusedattn_select.store.protocol import (
     EVICT_TO_FRACTION,
     KEY_LOCK_TIMEOUT_S,
+    CacheError,
     CacheUnavailableError,
     Entry,
     ImportReport,
 )
+from fusedattn_select.store.salvage import readable_rows
 from fusedattn_select.store.settings import resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
@@ -65,13 +71,18 @@ class PersistentStore:
     kind = "sqlite"
     persistent = True
 
-    def __init__(self, directory: str | os.PathLike, max_bytes: int | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike, max_bytes: int | None = None, *,
+                 read_only: bool = False) -> None:
         self.max_bytes = resolve_max_bytes(max_bytes)
         self.directory = Path(directory).expanduser()
         self.path = self.directory / DATABASE_NAME
-        self._db = Database(self.path)
+        self.read_only = read_only
+        self._db = Database(self.path, read_only)
         self._key_locks = KeyLocks(LockFiles(self.directory).hold)
         self._plan_warning_given = False
+        if read_only:
+            self._open_read_only()
+            return
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as err:
@@ -81,9 +92,28 @@ class PersistentStore:
         if not os.access(self.directory, os.W_OK | os.X_OK):
             raise CacheUnavailableError(f"cache directory {self.directory} is not writable")
         try:
-            self._db.run("open", lambda conn: None)
+            # Opening to write is a write: a damaged file is salvaged here.
+            self._db.run("open", lambda conn: None, repair=True)
         except StoreFailure as err:
             raise CacheUnavailableError(f"cannot use the decision cache {self.path}: {err}") from None
+
+    def _open_read_only(self) -> None:
+        try:
+            self._db.run("open", lambda conn: conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone())
+        except StoreFailure as err:
+            if not self._db.damage:  # a damaged file is still read, as far as it can be
+                raise CacheUnavailableError(f"cannot read the decision cache {self.path}: {err}") from None
+
+    @property
+    def damage(self) -> str:
+        """What this process found wrong with the database file and has not repaired ("" if nothing)."""
+        return self._db.damage
+
+    def check_damage(self) -> str:
+        """SQLite's quick_check of the file, without repairing or moving anything ("" when sound)."""
+        if not self._db.damage and self.path.exists():
+            self._db.damage = integrity_problem(self.path, quick=True) or ""
+        return self._db.damage
 
     # ----- decisions ---------------------------------------------------------------------------
     def get(self, fingerprint: Fingerprint, key: str) -> Entry | None:
@@ -102,11 +132,13 @@ class PersistentStore:
         return entry
 
     def put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], depth: ProbeDepth | str) -> bool:
-        """False when a FULL entry was kept or the write failed (logged)."""
+        """False when a FULL entry was kept or the write failed (logged), or the store is read-only."""
         return self._put(fingerprint, new_entry(fingerprint, key, verdicts, depth)) is Written.STORED
 
     def _put(self, fingerprint: Fingerprint, entry: NewEntry) -> Written:
         fp_key, key, depth = entry.fp_key, entry.key, entry.depth
+        if self.read_only:
+            return Written.FAILED
 
         def write(conn: sqlite3.Connection) -> Written:
             now = time.time()
@@ -144,7 +176,7 @@ class PersistentStore:
 
     def put_plan(self, fingerprint: Fingerprint, plan_key: str, blob: bytes) -> bool:
         blob = plan_to_store(fingerprint, plan_key, blob, self.max_bytes)
-        if blob is None or self._plan_refusal():
+        if blob is None or self.read_only or self._plan_refusal():
             return False
         fp_key = fingerprint.key()
         digest = sha256(blob)
@@ -206,22 +238,29 @@ class PersistentStore:
         return self._key_locks.hold(fingerprint, key, timeout)
 
     def info(self) -> dict[str, object]:
-        def read(conn: sqlite3.Connection) -> tuple[int, int, int]:
-            entries = conn.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
-            plans = conn.execute("SELECT COUNT(*) FROM plans").fetchone()[0]
-            return entries, plans, _payload_bytes(conn)
-
+        """Totals and state: see protocol.STATE_KEYS. A damaged file's totals count the rows that can
+        be read."""
         try:
-            entries, plans, payload = self._db.run("read the totals", read)
+            entries, plans, payload = self._db.run("read the totals", _totals)
         except StoreFailure as err:
-            log.warning("fusedattn_select: decision cache %s: %s", self.path, err)
-            entries = plans = payload = 0
+            if not self._db.damage:
+                log.warning("fusedattn_select: decision cache %s: %s", self.path, err)
+            try:
+                entries, plans, payload = self._db.run("count the readable rows", _readable_totals)
+            except StoreFailure:
+                entries = plans = payload = 0
+        refusal = self._plan_refusal()
         return {
             "kind": self.kind, "path": str(self.path), "entries": entries, "plans": plans,
-            "bytes": payload, "max_bytes": self.max_bytes,
+            "bytes": payload, "max_bytes": self.max_bytes, "persistent": True, "read_only": self.read_only,
+            "degraded": None, "switched_off": None, "plans_enabled": not refusal,
+            "plans_refused": refusal or None, "damage": self._db.damage or None,
         }
 
     def clear(self) -> None:
+        if self.read_only:
+            raise CacheError(f"decision cache {self.path}: opened read-only, not cleared")
+
         def wipe(conn: sqlite3.Connection) -> None:
             for table in DATA_TABLES:
                 conn.execute(f"DELETE FROM {table}")
@@ -247,6 +286,8 @@ class PersistentStore:
 
     def import_(self, path: str | os.PathLike, fingerprint: Fingerprint | str | None = None) -> ImportReport:
         """Load an export file, verifying every row; see transfer.import_store."""
+        if self.read_only:
+            raise CacheError(f"decision cache {self.path}: opened read-only, nothing imported")
         return import_store(self, path, fingerprint)
 
     def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict]]:
@@ -293,13 +334,18 @@ class PersistentStore:
                 (fp_key, key),
             ).fetchone())
         except StoreFailure as err:
-            log.warning("fusedattn_select: decision cache %s: %s; treated as a miss", self.path, err)
+            # Damage is reported once, when it is found; each miss it causes is not news.
+            (log.debug if self._db.damage else log.warning)(
+                "fusedattn_select: decision cache %s: %s; treated as a miss", self.path, err)
             return None
 
     def _drop_bad_row(self, kind: str, fp_key: str, key: str, problem: object, column: str,
                       value: object) -> None:
         """Log and delete the damaged `kind` row that was read (its `column` was `value`)."""
         table, key_column = _ROWS[kind]
+        if self.read_only:
+            log.warning("fusedattn_select: the cached %s %s in %s is damaged: %s", kind, key, self.path, problem)
+            return
         log.warning("fusedattn_select: dropped the cached %s %s from %s: %s", kind, key, self.path, problem)
         # Only the row that was read: another process may have replaced it meanwhile.
         self._db.run_quietly(f"drop a bad {kind}", lambda conn: conn.execute(
@@ -310,6 +356,8 @@ class PersistentStore:
     def _record_use(self, kind: str, fp_key: str, key: str) -> None:
         """Stamp the `kind` row's last_used (for least-recently-used eviction)."""
         table, key_column = _ROWS[kind]
+        if self.read_only:
+            return
         self._db.run_quietly(f"record a {kind}'s use", lambda conn: conn.execute(
             f"UPDATE {table} SET last_used = ? WHERE fingerprint_key = ? AND {key_column} = ?",
             (time.time(), fp_key, key),
@@ -344,6 +392,18 @@ def _remember_fingerprint(conn: sqlite3.Connection, fingerprint: Fingerprint, no
         "INSERT OR IGNORE INTO fingerprints (fingerprint_key, fingerprint, created) VALUES (?, ?, ?)",
         (fingerprint.key(), json.dumps(fingerprint.to_dict(), sort_keys=True), now),
     )
+
+
+def _totals(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    entries = conn.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
+    plans = conn.execute("SELECT COUNT(*) FROM plans").fetchone()[0]
+    return entries, plans, _payload_bytes(conn)
+
+
+def _readable_totals(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    """The totals of a damaged file: its tables' rows that can be read, indexes not used."""
+    sizes = {table: [row[0] for row in readable_rows(conn, table, ("size",))] for table in ("verdicts", "plans")}
+    return len(sizes["verdicts"]), len(sizes["plans"]), sum(sizes["verdicts"]) + sum(sizes["plans"])
 
 
 def _payload_bytes(conn: sqlite3.Connection) -> int:

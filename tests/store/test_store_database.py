@@ -26,7 +26,7 @@ def test_file_that_is_not_a_database_is_set_aside_and_rebuilt(cache_dir, caplog)
     assert store.integrity_check() == ["ok"]
 
 
-def test_database_that_fails_integrity_check_is_set_aside_and_rebuilt(cache_dir, caplog):
+def test_database_that_fails_integrity_check_is_salvaged_by_a_write_not_by_a_read(cache_dir, caplog):
     store = PersistentStore(cache_dir)
     for index in range(400):
         store.put(H100, f"key-{index}", SUPPORTED_FULL, ProbeDepth.FULL)
@@ -39,10 +39,13 @@ def test_database_that_fails_integrity_check_is_set_aside_and_rebuilt(cache_dir,
     with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
         reopened = PersistentStore(cache_dir)
         info = reopened.info()
-    assert info["entries"] == 0
-    assert len(list(cache_dir.glob(DATABASE_NAME + ".corrupt-*"))) == 1
-    assert any("damaged" in r.getMessage() for r in warnings_of(caplog))
+        assert info["damage"] and not list(cache_dir.glob(DATABASE_NAME + ".corrupt-*"))  # a read moves nothing
+        assert reopened.put(H100, "key-new", SUPPORTED_FULL, ProbeDepth.FULL)
+    assert len(list(cache_dir.glob(DATABASE_NAME + ".corrupt-[0-9]*[0-9]"))) == 1
+    assert any("salvaged" in r.getMessage() for r in warnings_of(caplog))
     assert reopened.integrity_check() == ["ok"]
+    assert reopened.get(H100, "key-new") == (SUPPORTED_FULL, ProbeDepth.FULL)
+
 
 # ----- many processes ---------------------------------------------------------------------------
 WRITERS = 8
