@@ -1,4 +1,4 @@
-"""The problems `why` answers: entries of a config file, a problem built from `--set` pairs, or
+"""The problems `why` answers: entries of config files, a problem built from `--set` pairs, or
 the distinct layer problems of a Hugging Face model config."""
 
 from __future__ import annotations
@@ -8,15 +8,25 @@ from typing import Any, Sequence
 
 import yaml
 
-from fusedattn_select.config import AttnConfig
-from fusedattn_select.config_files import NamedConfig, load_config_file
-from fusedattn_select.errors import ConfigError
+from fusedattn_select.config import AttnConfig, allowed, did_you_mean
+from fusedattn_select.config_files import NAMES_SHOWN, NamedConfig, load_config_file, yaml_error
+from fusedattn_select.errors import ConfigError, FusedAttnSelectError
 from fusedattn_select.integrations.transformers import layer_problems
 from fusedattn_select.integrations.transformers.report import layer_ranges
 
 # A problem and the reasons the transformers integration cannot run it fused whatever cuDNN
 # says (e.g. soft-capping); no reasons for a problem that is not a model layer.
 Problem = tuple[NamedConfig, tuple[str, ...]]
+
+NOTHING_TO_ANSWER = (
+    "nothing to answer: give CONFIG.yaml files, --hf-config PATH_OR_JSON, or --set key=value pairs "
+    "(e.g. why configs/llama-3-8b.yaml, or why --set batch_size=2 --set num_heads_q=32 --set num_heads_kv=8 "
+    "--set seqlen_q=4096 --set seqlen_kv=4096 --set head_dim_qk=128)"
+)
+
+
+class UsageError(FusedAttnSelectError, ValueError):
+    """A command was given nothing to work on; the message says what to give."""
 
 
 def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
@@ -30,7 +40,7 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigError(key, text, f"is not a YAML value ({str(err).splitlines()[0]})") from None
+            raise ConfigError(key, text, f"is not a YAML value ({yaml_error(err)})") from None
         if isinstance(value, str):
             # YAML 1.1 reads 1e-3 as a string; the user meant a number.
             with contextlib.suppress(ValueError):
@@ -39,37 +49,58 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
     return values
 
 
-def problems(config: str | None, name: str | None, hf_config: str | None, sets: Sequence[str]) -> list[Problem]:
-    """The problems to answer: from `config` (only its entry `name`, when given) or `hf_config`,
-    with the `--set` pairs `sets` applied on top; from `sets` alone when neither is given."""
+def problems(configs: str | Sequence[str] | None, name: str | None, hf_config: str | None,
+             sets: Sequence[str]) -> list[Problem]:
+    """The problems to answer: the entries of the `configs` files (only those named `name`, when
+    given) or of `hf_config`, with the `--set` pairs `sets` applied on top; from `sets` alone
+    when neither is given. UsageError when nothing is given."""
+    paths = [configs] if isinstance(configs, str) else list(configs or ())
     if hf_config is None:
-        return [(entry, ()) for entry in _config_entries(config, name, parse_sets(sets))]
-    if config is not None:
-        raise ConfigError("--hf-config", hf_config, "give either CONFIG.yaml or --hf-config, not both")
+        return [(entry, ()) for entry in _config_entries(paths, name, parse_sets(sets))]
+    if paths:
+        raise ConfigError("--hf-config", hf_config, "give either CONFIG.yaml files or --hf-config, not both")
     if name is not None:
         raise ConfigError("--name", name, "selects an entry of a CONFIG file, not of --hf-config")
     return _hf_problems(hf_config, parse_sets(sets))
 
 
-def _config_entries(config: str | None, name: str | None, sets: dict[str, Any]) -> list[NamedConfig]:
-    if config is None:
+def _config_entries(paths: list[str], name: str | None, sets: dict[str, Any]) -> list[NamedConfig]:
+    if not paths:
         if name is not None:
             raise ConfigError("--name", name, "selects an entry of a CONFIG file; none was given")
         if not sets:
-            raise ConfigError("why", None, "give a CONFIG.yaml file or --set key=value pairs")
+            raise UsageError(f"why: {NOTHING_TO_ANSWER}")
         return [NamedConfig("--set", AttnConfig.from_dict(sets))]
-    config_file = load_config_file(config)
-    chosen = [config_file.get(name)] if name is not None else list(config_file.entries)
-    if not sets:
-        return chosen
     entries = []
-    for entry in chosen:
-        try:
-            cfg = AttnConfig.from_dict({**entry.config.to_dict(), **sets})
-        except ConfigError as err:
-            raise ConfigError(f"{config}: {entry.name}: {err.field}", err.value, err.allowed) from None
-        entries.append(NamedConfig(entry.name, cfg, entry.source))
+    for path, entry in _chosen_entries(paths, name):
+        if sets:
+            try:
+                cfg = AttnConfig.from_dict({**entry.config.to_dict(), **sets})
+            except ConfigError as err:
+                raise ConfigError(f"{path}: {entry.name}: {err.field}", err.value, err.allowed) from None
+            entry = NamedConfig(entry.name, cfg, entry.source)
+        entries.append(entry)
     return entries
+
+
+def _chosen_entries(paths: list[str], name: str | None) -> list[tuple[str, NamedConfig]]:
+    """(path, entry) of every file's entries, or only those named `name` (in any of the files).
+    With several files an entry is named "<file name>/<entry>", as `warmup` names it."""
+    files = [(path, load_config_file(path)) for path in paths]
+    chosen = []
+    for path, config_file in files:
+        for entry in config_file.entries:
+            if name is not None and entry.name != name:
+                continue
+            if len(files) > 1:
+                entry = NamedConfig(f"{config_file.name}/{entry.name}", entry.config, entry.source)
+            chosen.append((path, entry))
+    if not chosen:
+        names = list(dict.fromkeys(e.name for _, f in files for e in f.entries))
+        where = "the file" if len(files) == 1 else f"any of the {len(files)} files"
+        raise ConfigError("--name", name, f"no entry of {where} has this name; " + did_you_mean(name, names)
+                          + allowed(names, limit=NAMES_SHOWN))
+    return chosen
 
 
 def _hf_problems(source: str, sets: dict[str, Any]) -> list[Problem]:

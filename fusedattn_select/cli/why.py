@@ -100,7 +100,7 @@ def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
 
 
 def _cmd_why(args: argparse.Namespace) -> int:
-    asked = problems(args.config, args.name, args.hf_config, args.set or ())
+    asked = problems(args.configs, args.name, args.hf_config, args.set or ())
     if args.platform == "rocm":
         if args.snapshot or args.target:
             raise ConfigError("--platform", "rocm", "answers from declared tables; --snapshot/--target are CUDA snapshots")
@@ -121,15 +121,19 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser(
         "why", parents=[common], epilog=EPILOG,
         help="which fused backend runs a problem, and if none, every reason why",
-        description="Answer each entry of CONFIG.yaml (or one problem built from --set pairs): "
+        description="Answer each entry of the CONFIG.yaml files (or one problem built from --set pairs): "
         "per backend and pass the verdict, the stage that decided it and why; then the backend.",
     )
-    parser.add_argument("config", nargs="?", metavar="CONFIG.yaml", help="a config file (see README 'Config format')")
-    parser.add_argument("--name", help="answer only the entry with this name")
+    parser.add_argument("configs", nargs="*", metavar="CONFIG.yaml",
+                        help="config files (see README 'Config format'); with several, entries are named "
+                        "FILE-NAME/ENTRY as warmup names them")
+    parser.add_argument("--name", help="answer only the entries with this name (in any of the files)")
     parser.add_argument(
         "--hf-config", metavar="PATH_OR_JSON",
         help="answer each distinct layer problem of a Hugging Face model config (config.json path, "
-        "its directory, or a JSON string); --set adjusts them (e.g. --set seqlen_q=8192)",
+        "its directory, or a JSON string), by default at batch_size 1, seqlen_q = seqlen_kv = "
+        "min(max_position_embeddings, 4096), training, bf16; --set changes them (e.g. --set seqlen_q=8192 "
+        "--set seqlen_kv=8192 --set is_training=false)",
     )
     parser.add_argument(
         "--set", action="append", metavar="KEY=VALUE",

@@ -182,7 +182,7 @@ def test_verbose_logs_probes_to_stderr(capsys, recorded_snapshot):
     (["why", *PROBLEM, "--set", "head_dim_qk"], "error: --set='head_dim_qk': must be key=value"),
     (["why", *PROBLEM, "--set", "window_size=[1,"], "error: window_size='[1,': is not a YAML value"),
     (["why", "--set", "batch_size=2"], "error: num_heads_q=None: required field is missing"),
-    (["why"], "error: why=None: give a CONFIG.yaml file or --set key=value pairs"),
+    (["why"], "error: why: nothing to answer: give CONFIG.yaml files, --hf-config PATH_OR_JSON, or --set key=value pairs"),
     (["why", "--name", "x", *PROBLEM], "error: --name='x': selects an entry of a CONFIG file"),
     (["why", "missing.yaml"], "error: config file='missing.yaml': cannot be read"),
     (["why", "--snapshot", "missing.json", *PROBLEM], "error: snapshot missing.json: file not found"),
@@ -204,7 +204,7 @@ def test_bad_field_in_a_config_file_entry_names_file_entry_and_field(capsys, no_
 def test_unknown_name_exits_2_and_lists_the_entries(capsys, no_device, suite_file):
     code, _, err = run(capsys, "why", str(suite_file), "--name", "prefill")
     assert code == 2
-    assert err.startswith("error: name='prefill': must be one of 'train-causal', 'infer'")
+    assert err.startswith("error: --name='prefill': no entry of the file has this name; must be one of 'train-causal', 'infer'")
 
 
 def test_corrupt_snapshot_exits_2_naming_the_file(capsys, tmp_path):

@@ -7,9 +7,13 @@ derives the fields a config's __init__ computes).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import sys
+import warnings
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Iterator, Mapping, NamedTuple
 
 from fusedattn_select import dtypes
 from fusedattn_select.config import AttnConfig
@@ -87,6 +91,30 @@ def _as_dict_source(source: Any) -> Any:
     return source
 
 
+class _BelowError(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+@contextlib.contextmanager
+def _quiet_first_import() -> Iterator[None]:
+    """Silence what transformers says while it is first imported: without torch it logs "PyTorch
+    was not found. Models won't be available ..." at import, which is noise when only its config
+    classes are used here. Errors still show; nothing is silenced once it is imported."""
+    if "transformers" in sys.modules:
+        yield
+        return
+    quiet = _BelowError()
+    logger = logging.getLogger("transformers")
+    logger.addFilter(quiet)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 def hf_config(source: Any) -> ConfigView:
     """A view of the text-model config from any accepted source."""
     source = _as_dict_source(source)
@@ -94,8 +122,8 @@ def hf_config(source: Any) -> ConfigView:
         try:
             # transformers derives fields in __init__ (layer_types, per-layer sliding windows);
             # it is an optional dependency.
-            from transformers import AutoConfig
-
+            with _quiet_first_import():
+                from transformers import AutoConfig
             source = AutoConfig.for_model(**source)
         except (ImportError, ValueError, KeyError, TypeError):
             # No transformers, or a model type it does not know: read the dict as it is.
