@@ -257,11 +257,24 @@ def _standard_alibi(alibi: torch.Tensor, heads: int) -> bool:
 
 
 def log_fallback(found: Entry) -> None:
-    """Log, once per entry, that its calls fall back and why."""
+    """Log that calls of the entry's problem fall back, and why: once per problem (its cache key
+    and reason), whichever call signatures of it (attention(), the SDPA drop-in) run it."""
     if found.logged:
         return
-    found.logged = True
-    where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "reference.py"
+    from fusedattn_select.runtime import fallback_log
+
     cfg = found.call_cfg or found.cfg
     problem = cfg.cache_key() if cfg is not None else "unconfigurable problem"
-    log.warning("fusedattn_select: attention() falls back to %s for %s: %s", where, problem, found.reason)
+
+    def same_problem(other: Entry) -> bool:
+        other_cfg = other.call_cfg or other.cfg
+        other_problem = other_cfg.cache_key() if other_cfg is not None else "unconfigurable problem"
+        return other_problem == problem and other.reason == found.reason
+
+    # The entries table is the record of what was logged: clear_plans() forgets both at once.
+    with fallback_log.lock:
+        logged = any(other.logged and same_problem(other) for other in entries.values())
+        found.logged = True
+    if not logged:
+        where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "reference.py"
+        log.warning("%s", fallback_log.fallback_line(where, problem, found.reason))

@@ -163,10 +163,9 @@ def apply_rules(cfg: AttnConfig, fingerprint: Fingerprint, phase: Phase) -> Verd
 
 
 NO_PLATFORM_MESSAGE = (
-    "no CUDA device with cuDNN is available to probe ({detail}); install "
-    "'fusedattn-select[cuda]' on a GPU machine, or answer "
-    "from a recorded snapshot with --snapshot FILE, FUSEDATTN_SELECT_SNAPSHOT=FILE, "
-    "--target h100|h200 or fusedattn_select.use_snapshots()"
+    "no CUDA device with cuDNN to probe ({detail}): probe on a GPU machine with fusedattn-select[cuda], "
+    "or answer from recorded snapshots (--snapshot FILE, --target h100|h200, FUSEDATTN_SELECT_SNAPSHOT "
+    "or fusedattn_select.use_snapshots())"
 )
 
 
