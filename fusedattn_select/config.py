@@ -266,7 +266,8 @@ class AttnConfig:
             if f.default is dataclasses.MISSING and f.name not in data
         ]
         if missing:
-            raise ConfigError(missing[0], None, "required field is missing")
+            also = f" (missing: {', '.join(missing)})" if len(missing) > 1 else ""
+            raise ConfigError(missing[0], None, "required field is missing" + also)
         return cls(**dict(data))
 
 

@@ -3,8 +3,8 @@
     from fusedattn_select.integrations.sdpa import scaled_dot_product_attention, install, uninstall, routed
 
 `scaled_dot_product_attention` has torch's signature and semantics ((N, H, L, E) inputs). A call
-that maps exactly onto attention() runs there (fused when the selector picks F16, with the usual
-logged fallback otherwise):
+that maps exactly onto attention() runs there (fused when the selector picks F16, else attention()'s
+fallback, logged once per problem: one that attention() already logged is not logged again here):
 
     is_causal=True                 -> mask="causal" (top-left aligned, as torch's is_causal)
     a floating-point attn_mask     -> an additive post-scale bias (4-D after broadcasting)

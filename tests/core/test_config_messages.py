@@ -119,3 +119,9 @@ def test_a_problem_just_inside_the_int64_range_is_accepted():
     cfg = AttnConfig.from_dict(dict(BASE, batch_size=1, seqlen_q=INT32_MAX, seqlen_kv=1, num_heads_q=INT32_MAX,
                                     num_heads_kv=1, head_dim_qk=1))
     assert cfg.seqlen_q == INT32_MAX
+
+
+def test_a_problem_missing_several_required_fields_names_them_all():
+    err = error(AttnConfig.from_dict, dict(batch_size=2))
+    assert err.field == "num_heads_q"
+    assert err.allowed == "required field is missing (missing: num_heads_q, num_heads_kv, seqlen_q, seqlen_kv, head_dim_qk)"
