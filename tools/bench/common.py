@@ -214,6 +214,16 @@ def log(*parts: Any) -> None:
     print("[bench worker]", *parts, file=sys.stderr, flush=True)
 
 
+def settle(torch: Any, what: str) -> None:
+    """Wait for the device and give cached memory back (between measured items)."""
+    try:
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+    except Exception as err:  # noqa: BLE001 -- a broken context fails the items after it too
+        log(f"cannot synchronize after {what}: {err}")
+
+
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     started = time.perf_counter()
     value = fn()

@@ -4,35 +4,12 @@ also holds the FP8 comparison (fp8) and the per-call time on a tiny problem (hos
 
 from __future__ import annotations
 
-import gc
 import re
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from tools.bench import fp8, host_overhead
-from tools.bench.common import (
-    BACKWARD_FLOP_FACTOR,
-    RESULT_STATUS_OK,
-    Partial,
-    combined_status,
-    config_flops,
-    error_status,
-    failed,
-    first_line,
-    fmt_num,
-    fmt_ratio,
-    fmt_stat,
-    is_ok,
-    log,
-    md_table,
-    median_of,
-    past,
-    ratio,
-    skipped,
-    summarize,
-    tflops,
-)
+from tools.bench import common, fp8, host_overhead
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file, pick_dispatch_entries
 from tools.bench.raw_graph import RawGraph
 from tools.bench.runner import Runner
@@ -69,10 +46,10 @@ def run(runner: Runner) -> dict:
         "raw_dynamic": plan["raw_dynamic"], "fp8_entry": ("llama-3-8b", "train-bf16"),
         "tiny_calls": plan["tiny_calls"], "tiny_batches": plan["tiny_batches"],
     }, "dispatch")
-    if is_ok(res.get("status")):
+    if common.is_ok(res.get("status")):
         parts = [dict(c, key=f"{c.get('file')} {c.get('name')}") for c in res.get("configs") or []]
-        parts += [dict(res.get(k) or {"status": failed("not measured")}, key=k) for k in ("fp8", "tiny")]
-        res["status"] = combined_status(parts, key="key")
+        parts += [dict(res.get(k) or {"status": common.failed("not measured")}, key=k) for k in ("fp8", "tiny")]
+        res["status"] = common.combined_status(parts, key="key")
     elif res.get("configs") and not str(res.get("status", "")).startswith("partial"):
         res["status"] = "partial: " + str(res.get("status"))
     res["notes"] = [
@@ -105,11 +82,11 @@ def sdpa_reason(error_text: str, warning_texts: Sequence[str]) -> str:
         if not line or line.endswith("because:") or line in reasons:
             continue
         reasons.append(line if len(line) <= 200 else line[:197] + "...")
-    return "n/a: " + ("; ".join(reasons[:2]) or first_line(_TRIGGERED.sub("", error_text), 200))
+    return "n/a: " + ("; ".join(reasons[:2]) or common.first_line(_TRIGGERED.sub("", error_text), 200))
 
 
 # ----- worker ------------------------------------------------------------------------------------
-def worker(args: Mapping, res: Partial) -> None:
+def worker(args: Mapping, res: common.Partial) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -121,16 +98,16 @@ def worker(args: Mapping, res: Partial) -> None:
     try:
         host_overhead.measure(torch, F, res["tiny"], args)
     except Exception as err:  # noqa: BLE001
-        res["tiny"]["status"] = error_status(err)
-        log(traceback.format_exc())
+        res["tiny"]["status"] = common.error_status(err)
+        common.log(traceback.format_exc())
     res.save()
     res["fp8"] = {}
     try:
         fp8.measure(torch, res["fp8"], args)
     except Exception as err:  # noqa: BLE001
-        res["fp8"]["status"] = error_status(err)
-        log(traceback.format_exc())
-    _settle(torch, "fp8")
+        res["fp8"]["status"] = common.error_status(err)
+        common.log(traceback.format_exc())
+    common.settle(torch, "fp8")
     res.save()
     res["configs"] = []
     for stem, name in args["entries"]:
@@ -140,22 +117,13 @@ def worker(args: Mapping, res: Partial) -> None:
             continue
         try:
             _measure_config(torch, F, c, load_file(stem).get(name).config, args, res)
-            c.setdefault("status", RESULT_STATUS_OK)
+            c.setdefault("status", common.RESULT_STATUS_OK)
         except Exception as err:  # noqa: BLE001
-            c["status"] = error_status(err)
-            log(traceback.format_exc())
-        _settle(torch, f"{stem} {name}")
+            c["status"] = common.error_status(err)
+            common.log(traceback.format_exc())
+        common.settle(torch, f"{stem} {name}")
         res.save()
     res["dispatch_info"] = dispatch_info()
-
-
-def _settle(torch: Any, what: str) -> None:
-    try:
-        torch.cuda.synchronize()
-        gc.collect()
-        torch.cuda.empty_cache()
-    except Exception as err:  # noqa: BLE001 -- a broken context fails the items after it too
-        log(f"cannot synchronize after {what}: {err}")
 
 
 @dataclass
@@ -164,7 +132,7 @@ class _Case:
 
     torch: Any
     row: dict
-    res: Partial
+    res: common.Partial
     cfg: Any
     layout: str
     tensors: tuple
@@ -182,17 +150,18 @@ class _Case:
             impl["note"] = note
         self.row["impls"].append(impl)
         try:
-            impl["fwd_ms"] = summarize(cuda_times(self.torch, fwd, self.reps, self.warm), "ms")
-            impl["bwd_ms"] = summarize(cuda_times(self.torch, bwd, self.reps, self.warm, setup_bwd), "ms")
-            impl["fwd_bwd_ms"] = summarize(cuda_times(self.torch, fwd_bwd, self.reps, self.warm), "ms")
-            impl["fwd_tflops"] = tflops(self.fwd_flops, median_of(impl["fwd_ms"]))
-            impl["bwd_tflops"] = tflops(self.fwd_flops * BACKWARD_FLOP_FACTOR, median_of(impl["bwd_ms"]))
-            impl["fwd_bwd_tflops"] = tflops(self.fwd_flops * (1 + BACKWARD_FLOP_FACTOR),
-                                            median_of(impl["fwd_bwd_ms"]))
-            impl["status"] = RESULT_STATUS_OK
+            impl["fwd_ms"] = common.summarize(cuda_times(self.torch, fwd, self.reps, self.warm), "ms")
+            impl["bwd_ms"] = common.summarize(cuda_times(self.torch, bwd, self.reps, self.warm, setup_bwd), "ms")
+            impl["fwd_bwd_ms"] = common.summarize(cuda_times(self.torch, fwd_bwd, self.reps, self.warm), "ms")
+            impl["fwd_tflops"] = common.tflops(self.fwd_flops, common.median_of(impl["fwd_ms"]))
+            impl["bwd_tflops"] = common.tflops(self.fwd_flops * common.BACKWARD_FLOP_FACTOR,
+                                               common.median_of(impl["bwd_ms"]))
+            impl["fwd_bwd_tflops"] = common.tflops(self.fwd_flops * (1 + common.BACKWARD_FLOP_FACTOR),
+                                            common.median_of(impl["fwd_bwd_ms"]))
+            impl["status"] = common.RESULT_STATUS_OK
         except Exception as err:  # noqa: BLE001
-            impl["status"] = error_status(err)
-            log(traceback.format_exc())
+            impl["status"] = common.error_status(err)
+            common.log(traceback.format_exc())
         self.res.save()
         return impl
 
@@ -205,10 +174,10 @@ def _shape_text(cfg: Any, layout: str) -> str:
             f"{'' if tuple(cfg.window_size) == (-1, -1) else ' window ' + str(tuple(cfg.window_size))}")
 
 
-def _measure_config(torch: Any, F: Any, c: dict, cfg: Any, args: Mapping, res: Partial) -> None:
+def _measure_config(torch: Any, F: Any, c: dict, cfg: Any, args: Mapping, res: common.Partial) -> None:
     """attention(), raw cuDNN graphs and each torch SDPA backend on one training config."""
     layout = dispatch_format(cfg.qkv_layout)
-    fwd_flops = config_flops(cfg)
+    fwd_flops = common.config_flops(cfg)
     c["shape"] = _shape_text(cfg, layout)
     c["fwd_tflop"] = fwd_flops / 1e12
     case = _Case(torch, c, res, cfg, layout, qkv(torch, cfg, layout, requires_grad=True),
@@ -241,7 +210,7 @@ def _measure_attention(case: _Case) -> tuple[Any, Any]:
     note = ""
     if not fused:
         sel = select(config_from_tensors(q, k, v, **kwargs))
-        note = f"fell back: {first_line(sel.message, 160)}"
+        note = f"fell back: {common.first_line(sel.message, 160)}"
     case.record("attention()",
                 lambda _: attention(q, k, v, **kwargs),
                 lambda: attention(q, k, v, **kwargs),
@@ -273,8 +242,8 @@ def _measure_raw_graphs(case: _Case, out_att: Any, checks: list[str], raw_dynami
         _DYNAMIC_CLASSES.add(klass)
         variants.append(("raw cuDNN graph (dynamic shapes, kernel cache)", True))
     for label, dynamic in variants:
-        if past(case.deadline, 6):
-            c["impls"].append({"name": label, "status": skipped()})
+        if common.past(case.deadline, 6):
+            c["impls"].append({"name": label, "status": common.skipped()})
             continue
         try:
             fwd = RawGraph(torch, dcfg, Phase.FORWARD, {"q": qb, "k": kb, "v": vb}, kernel_cache=dynamic)
@@ -283,8 +252,8 @@ def _measure_raw_graphs(case: _Case, out_att: Any, checks: list[str], raw_dynami
                                                          "stats": fwd.tensors["stats"], "dO": d_o},
                            kernel_cache=dynamic)
         except Exception as err:  # noqa: BLE001
-            c["impls"].append({"name": label, "status": error_status(err)})
-            log(traceback.format_exc())
+            c["impls"].append({"name": label, "status": common.error_status(err)})
+            common.log(traceback.format_exc())
             continue
         fwd()
         torch.cuda.synchronize()
@@ -325,8 +294,8 @@ def _measure_sdpa(case: _Case, F: Any, out_att: Any, grad: Any, checks: list[str
         if blocker:
             c["impls"].append({"name": label, "status": f"n/a: {blocker}"})
             continue
-        if past(case.deadline, 5):
-            c["impls"].append({"name": label, "status": skipped()})
+        if common.past(case.deadline, 5):
+            c["impls"].append({"name": label, "status": common.skipped()})
             continue
         backend = getattr(SDPBackend, backend_name)
 
@@ -352,16 +321,16 @@ def _measure_sdpa(case: _Case, F: Any, out_att: Any, grad: Any, checks: list[str
                 case.record(label, sdpa, sdpa, lambda o: torch.autograd.grad(o, tensors, g_bhsd),
                             lambda _: torch.autograd.grad(sdpa(), tensors, g_bhsd))
         except Exception as err:  # noqa: BLE001
-            c["impls"].append({"name": label, "status": error_status(err)})
+            c["impls"].append({"name": label, "status": common.error_status(err)})
 
 
 # ----- report ------------------------------------------------------------------------------------
 def _config_rows(c: Mapping) -> list[tuple]:
     label = f"{c.get('file')} {c.get('name')}"
-    if not is_ok(c.get("status", RESULT_STATUS_OK)) and not c.get("impls"):
+    if not common.is_ok(c.get("status", common.RESULT_STATUS_OK)) and not c.get("impls"):
         return [(label, c.get("status"), "", "", "", "", "", "", "")]
     rows = []
-    if not is_ok(c.get("status", RESULT_STATUS_OK)):
+    if not common.is_ok(c.get("status", common.RESULT_STATUS_OK)):
         rows.append((label, f"(config {c.get('status')})", "", "", "", "", "", "", ""))
         label = ""
     base = None
@@ -369,15 +338,15 @@ def _config_rows(c: Mapping) -> list[tuple]:
         if impl.get("name") == "attention()":
             base = impl.get("fwd_bwd_ms")
     for impl in c.get("impls") or []:
-        if not is_ok(impl.get("status", RESULT_STATUS_OK)):
+        if not common.is_ok(impl.get("status", common.RESULT_STATUS_OK)):
             rows.append((label, impl.get("name"), impl.get("status"), "", "", "", "", "", ""))
             continue
         rows.append((
             label, impl.get("name") + (f" ({impl['note']})" if impl.get("note") else ""),
-            fmt_stat(impl.get("fwd_ms")), fmt_stat(impl.get("bwd_ms")),
-            fmt_stat(impl.get("fwd_bwd_ms")), fmt_num(impl.get("fwd_tflops")),
-            fmt_num(impl.get("bwd_tflops")), fmt_num(impl.get("fwd_bwd_tflops")),
-            fmt_ratio(ratio(impl.get("fwd_bwd_ms"), base)),
+            common.fmt_stat(impl.get("fwd_ms")), common.fmt_stat(impl.get("bwd_ms")),
+            common.fmt_stat(impl.get("fwd_bwd_ms")), common.fmt_num(impl.get("fwd_tflops")),
+            common.fmt_num(impl.get("bwd_tflops")), common.fmt_num(impl.get("fwd_bwd_tflops")),
+            common.fmt_ratio(common.ratio(impl.get("fwd_bwd_ms"), base)),
         ))
         label = ""  # the config name once per group
     return rows
@@ -387,13 +356,13 @@ def render(s: Mapping) -> str:
     parts = []
     rows = [row for c in s.get("configs") or [] for row in _config_rows(c)]
     if rows:
-        parts.append(md_table(("config (shape)", "implementation", "fwd ms", "bwd ms", "fwd+bwd ms",
+        parts.append(common.md_table(("config (shape)", "implementation", "fwd ms", "bwd ms", "fwd+bwd ms",
                                "fwd TFLOPS", "bwd TFLOPS", "fwd+bwd TFLOPS", "fwd+bwd time / attention()"),
                               rows))
-    shapes = [(f"{c.get('file')} {c.get('name')}", c.get("shape", ""), fmt_num(c.get("fwd_tflop")),
+    shapes = [(f"{c.get('file')} {c.get('name')}", c.get("shape", ""), common.fmt_num(c.get("fwd_tflop")),
                c.get("check", "")) for c in s.get("configs") or [] if c.get("shape")]
     if shapes:
-        parts.append(md_table(("config", "shape", "fwd TFLOP (nominal)", "check"), shapes))
+        parts.append(common.md_table(("config", "shape", "fwd TFLOP (nominal)", "check"), shapes))
     for part in (fp8.render(s.get("fp8") or {}), host_overhead.render(s.get("tiny") or {})):
         if part:
             parts.append(part)

@@ -7,20 +7,7 @@ import time
 import traceback
 from typing import Any, Mapping
 
-from tools.bench.common import (
-    RESULT_STATUS_OK,
-    Partial,
-    error_status,
-    first_line,
-    fmt_num,
-    fmt_ratio,
-    fmt_stat,
-    is_ok,
-    log,
-    md_table,
-    ratio,
-    summarize,
-)
+from tools.bench import common
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file
 from tools.bench.raw_graph import RawGraph
 from tools.bench.runner import Runner
@@ -44,7 +31,7 @@ def run(runner: Runner) -> dict:
 
 
 # ----- worker ------------------------------------------------------------------------------------
-def worker(args: Mapping, res: Partial) -> None:
+def worker(args: Mapping, res: common.Partial) -> None:
     cfg = load_file(args["file"]).get(args["entry"]).config
     if args.get("seqlen"):
         cfg = cfg.replace(seqlen_q=int(args["seqlen"]), seqlen_kv=int(args["seqlen"]))
@@ -58,21 +45,21 @@ def worker(args: Mapping, res: Partial) -> None:
     res["dispatch"] = d
     try:
         _through_attention(args, d)
-        d["status"] = RESULT_STATUS_OK
+        d["status"] = common.RESULT_STATUS_OK
     except Exception as err:  # noqa: BLE001
-        d["status"] = error_status(err)
-        log(traceback.format_exc())
+        d["status"] = common.error_status(err)
+        common.log(traceback.format_exc())
     # Last, because a wrong kernel-cache graph can end the process (illegal memory access): are the
     # kernel-cache graphs right? Forward outputs vs the static graph on the same inputs.
     res["checks"] = []
     try:
         _kernel_cache_checks(args, cfg, res)
     except Exception as err:  # noqa: BLE001
-        res["checks"].append({"name": "check", "status": error_status(err)})
-        log(traceback.format_exc())
+        res["checks"].append({"name": "check", "status": common.error_status(err)})
+        common.log(traceback.format_exc())
 
 
-def _graph_builds(args: Mapping, cfg: Any, res: Partial) -> None:
+def _graph_builds(args: Mapping, cfg: Any, res: common.Partial) -> None:
     """Cold, new-batch and new-seqlen builds with the kernel cache, and static builds, per graph."""
     from fusedattn_select.probing import cudnn as probe
     from fusedattn_select.types import Backend, Phase, ProbeDepth
@@ -88,7 +75,7 @@ def _graph_builds(args: Mapping, cfg: Any, res: Partial) -> None:
             if cache:
                 g.setdefault("dynamic_shapes", []).append(bool(built.dynamic_shapes))
                 if built.note:
-                    g["note"] = first_line(built.note, 300)
+                    g["note"] = common.first_line(built.note, 300)
             del built
             return ms
 
@@ -96,18 +83,18 @@ def _graph_builds(args: Mapping, cfg: Any, res: Partial) -> None:
             g: dict[str, Any] = {"phase": phase.value}
             res["graphs"].append(g)
             try:
-                g["cold_ms"] = summarize([build(cfg, phase, True)], "ms")
-                g["new_batch_ms"] = summarize([build(cfg.replace(batch_size=b), phase, True)
+                g["cold_ms"] = common.summarize([build(cfg, phase, True)], "ms")
+                g["new_batch_ms"] = common.summarize([build(cfg.replace(batch_size=b), phase, True)
                                                for b in args["batches"]], "ms")
-                g["new_seqlen_ms"] = summarize([build(cfg.replace(seqlen_q=s, seqlen_kv=s), phase, True)
+                g["new_seqlen_ms"] = common.summarize([build(cfg.replace(seqlen_q=s, seqlen_kv=s), phase, True)
                                                 for s in args["seqlens"]], "ms")
                 static_cfg = cfg.replace(batch_size=max(args["batches"]) + 1)
-                g["static_new_batch_ms"] = summarize([build(static_cfg, phase, False)], "ms")
-                g["static_again_ms"] = summarize([build(static_cfg, phase, False) for _ in range(2)], "ms")
-                g["status"] = RESULT_STATUS_OK
+                g["static_new_batch_ms"] = common.summarize([build(static_cfg, phase, False)], "ms")
+                g["static_again_ms"] = common.summarize([build(static_cfg, phase, False) for _ in range(2)], "ms")
+                g["status"] = common.RESULT_STATUS_OK
             except Exception as err:  # noqa: BLE001
-                g["status"] = error_status(err)
-                log(traceback.format_exc())
+                g["status"] = common.error_status(err)
+                common.log(traceback.format_exc())
             res.save()
 
 
@@ -144,16 +131,16 @@ def _through_attention(args: Mapping, d: dict) -> None:
                          (f"first call, new batch {dcfg.batch_size + 1} (new plans)", dcfg.batch_size + 1)):
         row = call(batch)
         row["name"] = label
-        row["ms"] = summarize([row.pop("ms_value")], "ms")
+        row["ms"] = common.summarize([row.pop("ms_value")], "ms")
         d["rows"].append(row)
     steady = [call(dcfg.batch_size + 1) for _ in range(5)]
     d["rows"].append({"name": "later call, same shape (plans cached)",
-                      "ms": summarize([r["ms_value"] for r in steady], "ms"),
+                      "ms": common.summarize([r["ms_value"] for r in steady], "ms"),
                       "plan_builds": sum(r["plan_builds"] for r in steady), "plan_build_ms": 0.0,
                       "probes": sum(r["probes"] for r in steady)})
 
 
-def _kernel_cache_checks(args: Mapping, cfg: Any, res: Partial) -> None:
+def _kernel_cache_checks(args: Mapping, cfg: Any, res: common.Partial) -> None:
     import torch
 
     from fusedattn_select.types import Phase
@@ -179,22 +166,23 @@ def _kernel_cache_checks(args: Mapping, cfg: Any, res: Partial) -> None:
 
 # ----- report ------------------------------------------------------------------------------------
 def _graph_row(g: Mapping) -> tuple:
-    if not is_ok(g.get("status", RESULT_STATUS_OK)) and not g.get("cold_ms"):
+    if not common.is_ok(g.get("status", common.RESULT_STATUS_OK)) and not g.get("cold_ms"):
         return (g.get("phase"), g.get("status"), "", "", "", "", "")
     dyn = g.get("dynamic_shapes") or []
     kind = "dynamic" if dyn and all(dyn) else "static (cuDNN rejects dynamic shapes)" if dyn and not any(dyn) \
         else "mixed" if dyn else "?"
     return (
-        f"{g.get('phase')} ({kind})", fmt_stat(g.get("cold_ms")), fmt_stat(g.get("new_batch_ms")),
-        fmt_stat(g.get("new_seqlen_ms")), fmt_stat(g.get("static_new_batch_ms")),
-        fmt_stat(g.get("static_again_ms")), fmt_ratio(ratio(g.get("cold_ms"), g.get("new_batch_ms"))),
+        f"{g.get('phase')} ({kind})", common.fmt_stat(g.get("cold_ms")), common.fmt_stat(g.get("new_batch_ms")),
+        common.fmt_stat(g.get("new_seqlen_ms")), common.fmt_stat(g.get("static_new_batch_ms")),
+        common.fmt_stat(g.get("static_again_ms")),
+        common.fmt_ratio(common.ratio(g.get("cold_ms"), g.get("new_batch_ms"))),
     )
 
 
 def _check_text(c: Mapping) -> str:
     if c.get("status"):
         return f"{c.get('name')}: {c.get('status')}"
-    return (f"{c.get('name')}: rel err {fmt_num(c.get('rel_err_vs_static'))}"
+    return (f"{c.get('name')}: rel err {common.fmt_num(c.get('rel_err_vs_static'))}"
             f"{', NaN in output' if c.get('nan') else ''}"
             f"{'' if c.get('dynamic_shapes') else ' (built static)'}")
 
@@ -204,7 +192,7 @@ def render(s: Mapping) -> str:
     rows = [_graph_row(g) for g in s.get("graphs") or []]
     if rows:
         parts.append(f"Problem class: {s.get('problem', '?')}; graphs built with build_graph(depth=FULL) "
-                     "on one thread, in a fresh process.\n\n" + md_table(
+                     "on one thread, in a fresh process.\n\n" + common.md_table(
                          ("graph", "cold build ms (dynamic shapes)", "new batch ms (kernel cache)",
                           "new seqlen ms (kernel cache)", "static build, new batch ms",
                           "static build, same graph again ms", "cold / new batch"), rows))
@@ -215,9 +203,9 @@ def render(s: Mapping) -> str:
     d = s.get("dispatch") or {}
     if d.get("rows"):
         parts.append(f"Through attention() ({d.get('problem', '')}, forward+backward, wall ms incl. sync):\n\n"
-                     + md_table(("call", "ms", "plan builds", "plan build ms", "probes"), [
-                         (r.get("name"), fmt_stat(r.get("ms")) if r.get("ms") else r.get("status", "n/a"),
-                          r.get("plan_builds", ""), fmt_num(r.get("plan_build_ms")), r.get("probes", ""))
+                     + common.md_table(("call", "ms", "plan builds", "plan build ms", "probes"), [
+                         (r.get("name"), common.fmt_stat(r.get("ms")) if r.get("ms") else r.get("status", "n/a"),
+                          r.get("plan_builds", ""), common.fmt_num(r.get("plan_build_ms")), r.get("probes", ""))
                          for r in d["rows"]]))
     elif d.get("status"):
         parts.append(f"Through attention(): {d.get('status')}")

@@ -5,35 +5,18 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
-from tools.bench.common import (
-    RESULT_STATUS_OK,
-    ROOT,
-    Partial,
-    combined_status,
-    error_status,
-    first_line,
-    fmt_ratio,
-    fmt_stat,
-    is_ok,
-    md_table,
-    median_of,
-    ratio,
-    skipped,
-    summarize,
-    time_calls,
-    timed,
-)
+from tools.bench import common
 from tools.bench.problems import load_file
 from tools.bench.runner import Runner
 
 
 # ----- parent ------------------------------------------------------------------------------------
 def run(runner: Runner) -> dict:
-    files = runner.plan["probe_files"] or tuple(sorted(p.stem for p in (ROOT / "configs").glob("*.yaml")))
+    files = runner.plan["probe_files"] or tuple(sorted(p.stem for p in (common.ROOT / "configs").glob("*.yaml")))
     section: dict[str, Any] = {"files": []}
     for stem in files:
         if runner.remaining("probe_cost") < 8:
-            section["files"].append({"file": stem, "status": skipped()})
+            section["files"].append({"file": stem, "status": common.skipped()})
             continue
         res = runner.worker("probe_file", {"file": stem, "hit_calls": runner.plan["memory_hit_calls"]},
                             "probe_cost", label=stem)
@@ -41,7 +24,7 @@ def run(runner: Runner) -> dict:
         res["summary"] = probe_summary(res.get("entries") or [])
         section["files"].append(res)
     section.update(aggregate_probe_cost(section["files"]))
-    section["status"] = combined_status(section["files"], key="file")
+    section["status"] = common.combined_status(section["files"], key="file")
     section["notes"] = [
         "One fresh process per config file (CudnnEngine, no torch). Cold = the first build of that "
         "graph's problem class in the process; graphs whose class (cache key without batch and "
@@ -63,7 +46,7 @@ def probe_summary(entries: Sequence[Mapping]) -> dict:
     graphs = supported = rejected = failures = 0
     for e in entries:
         if e.get("memory_hit_us"):
-            hits.append(median_of(e["memory_hit_us"]))
+            hits.append(common.median_of(e["memory_hit_us"]))
         for g in e.get("graphs") or []:
             if "full" not in g:
                 continue
@@ -84,8 +67,8 @@ def probe_summary(entries: Sequence[Mapping]) -> dict:
                 buckets["rejected_fast_ms"].append(g.get("fast_ms"))
             else:
                 failures += 1
-    out: dict[str, Any] = {k: summarize(v, "ms") for k, v in buckets.items()}
-    out["memory_hit_us"] = summarize(hits, "us")
+    out: dict[str, Any] = {k: common.summarize(v, "ms") for k, v in buckets.items()}
+    out["memory_hit_us"] = common.summarize(hits, "us")
     out.update(graphs=graphs, supported=supported, rejected=rejected, failed=failures)
     out["_samples"] = {k: [x for x in v if x is not None] for k, v in buckets.items()}
     out["_samples"]["memory_hit_us"] = [x for x in hits if x is not None]
@@ -95,10 +78,10 @@ def probe_summary(entries: Sequence[Mapping]) -> dict:
 def aggregate_probe_cost(files: Sequence[Mapping]) -> dict:
     """Process-init stats over the files' fresh processes and all-file medians and ratios."""
     init = {
-        "import_cudnn_ms": summarize((f.get("import_cudnn_ms") for f in files), "ms"),
-        "engine_init_ms": summarize((f.get("engine_init_ms") for f in files), "ms"),
-        "engine_warm_up_ms": summarize((f.get("engine_warm_up_ms") for f in files), "ms"),
-        "first_probe_ms": summarize((_first_fast(f) for f in files), "ms"),
+        "import_cudnn_ms": common.summarize((f.get("import_cudnn_ms") for f in files), "ms"),
+        "engine_init_ms": common.summarize((f.get("engine_init_ms") for f in files), "ms"),
+        "engine_warm_up_ms": common.summarize((f.get("engine_warm_up_ms") for f in files), "ms"),
+        "first_probe_ms": common.summarize((_first_fast(f) for f in files), "ms"),
     }
     merged: dict[str, list[float]] = {}
     graphs = supported = rejected = failures = 0
@@ -110,16 +93,17 @@ def aggregate_probe_cost(files: Sequence[Mapping]) -> dict:
         supported += sm.get("supported", 0)
         rejected += sm.get("rejected", 0)
         failures += sm.get("failed", 0)
-    total: dict[str, Any] = {k: summarize(v, "us" if k.endswith("_us") else "ms") for k, v in merged.items()}
+    total: dict[str, Any] = {k: common.summarize(v, "us" if k.endswith("_us") else "ms") for k, v in merged.items()}
     total.update(graphs=graphs, supported=supported, rejected=rejected, failed=failures)
     for f in files:
         (f.get("summary") or {}).pop("_samples", None)
-    hit_ms = median_of(total.get("memory_hit_us"))
+    hit_ms = common.median_of(total.get("memory_hit_us"))
     ratios = {
-        "full_over_fast_fwd": ratio(total.get("full_cold_fwd_ms"), total.get("fast_fwd_ms")),
-        "full_over_fast_bwd": ratio(total.get("full_cold_bwd_ms"), total.get("fast_bwd_ms")),
-        "cold_over_rebuild": ratio(total.get("full_cold_fwd_ms"), total.get("rebuild_fwd_ms")),
-        "cold_over_memory_hit": ratio(median_of(total.get("full_cold_fwd_ms")), hit_ms / 1e3 if hit_ms else None),
+        "full_over_fast_fwd": common.ratio(total.get("full_cold_fwd_ms"), total.get("fast_fwd_ms")),
+        "full_over_fast_bwd": common.ratio(total.get("full_cold_bwd_ms"), total.get("fast_bwd_ms")),
+        "cold_over_rebuild": common.ratio(total.get("full_cold_fwd_ms"), total.get("rebuild_fwd_ms")),
+        "cold_over_memory_hit": common.ratio(common.median_of(total.get("full_cold_fwd_ms")),
+                                             hit_ms / 1e3 if hit_ms else None),
     }
     return {"init": init, "all": total, "ratios": ratios}
 
@@ -133,14 +117,14 @@ def _first_fast(f: Mapping) -> float | None:
 
 
 # ----- worker ------------------------------------------------------------------------------------
-def worker(args: Mapping, res: Partial) -> None:
+def worker(args: Mapping, res: common.Partial) -> None:
     started = time.perf_counter()
     import cudnn  # noqa: F401 -- timed: part of the process init
 
     res["import_cudnn_ms"] = (time.perf_counter() - started) * 1e3
     from fusedattn_select.probing.cudnn import CudnnEngine
 
-    engine, init_ms = timed(CudnnEngine)
+    engine, init_ms = common.timed(CudnnEngine)
     res["engine_init_ms"] = init_ms
     res["engine_init_internal_ms"] = getattr(engine, "init_ms", None)
     res["engine_warm_up_ms"] = getattr(engine, "warm_up_ms", None)
@@ -156,9 +140,9 @@ def worker(args: Mapping, res: Partial) -> None:
             continue
         try:
             _probe_entry(engine, entry.config, row, seen, int(args["hit_calls"]))
-            row["status"] = RESULT_STATUS_OK
+            row["status"] = common.RESULT_STATUS_OK
         except Exception as err:  # noqa: BLE001
-            row["status"] = error_status(err)
+            row["status"] = common.error_status(err)
         res.save()
 
 
@@ -175,22 +159,22 @@ def _probe_entry(engine: Any, cfg: Any, row: dict, seen: set, hit_calls: int) ->
         klass = (cfg.shape_class_key(), operation_for(cfg, backend, phase))
         g["class_seen_in_process"] = klass in seen
         seen.add(klass)
-        fast, g["fast_ms"] = timed(lambda: engine.probe(cfg, backend, phase, ProbeDepth.FAST))
+        fast, g["fast_ms"] = common.timed(lambda: engine.probe(cfg, backend, phase, ProbeDepth.FAST))
         g["fast"] = _verdict_brief(fast)
-        full, g["full_ms"] = timed(lambda: engine.probe(cfg, backend, phase, ProbeDepth.FULL))
+        full, g["full_ms"] = common.timed(lambda: engine.probe(cfg, backend, phase, ProbeDepth.FULL))
         g["full"] = _verdict_brief(full)
         g["build_plans_ms"] = dict(full.timings_ms).get("build_plans")
         if full.supported:
-            again, g["rebuild_ms"] = timed(lambda: engine.probe(cfg, backend, phase, ProbeDepth.FULL))
+            again, g["rebuild_ms"] = common.timed(lambda: engine.probe(cfg, backend, phase, ProbeDepth.FULL))
             g["rebuild"] = _verdict_brief(again)
     selector = Selector(engine, store=None)
     selector.select(cfg)
-    row["memory_hit_us"] = summarize(time_calls(lambda: selector.select(cfg), hit_calls, 10), "us")
+    row["memory_hit_us"] = common.summarize(common.time_calls(lambda: selector.select(cfg), hit_calls, 10), "us")
 
 
 def _verdict_brief(v: Any) -> dict:
-    return {"outcome": v.outcome.value, "stage": v.stage, "message": first_line(v.message, 200),
-            "detail": first_line(v.detail, 200) if v.detail and v.detail != v.message else ""}
+    return {"outcome": v.outcome.value, "stage": v.stage, "message": common.first_line(v.message, 200),
+            "detail": common.first_line(v.detail, 200) if v.detail and v.detail != v.message else ""}
 
 
 # ----- report ------------------------------------------------------------------------------------
@@ -204,8 +188,8 @@ def _init_table(init: Mapping) -> str:
                        ("CudnnEngine() (first cuDNN call, incl. its warm-up graph)", "engine_init_ms"),
                        ("  of which the engine's warm-up graph", "engine_warm_up_ms"),
                        ("first fast probe of the process", "first_probe_ms")):
-        rows.append((label, fmt_stat(init.get(key)), (init.get(key) or {}).get("n", "")))
-    return md_table(("process init (fresh process)", "ms", "fresh processes"), rows)
+        rows.append((label, common.fmt_stat(init.get(key)), (init.get(key) or {}).get("n", "")))
+    return common.md_table(("process init (fresh process)", "ms", "fresh processes"), rows)
 
 
 def render(s: Mapping) -> str:
@@ -215,19 +199,19 @@ def render(s: Mapping) -> str:
         parts.append(_init_table(init))
     rows = []
     for f in s.get("files") or []:
-        if not is_ok(f.get("status", RESULT_STATUS_OK)) and not (f.get("summary") or {}).get("graphs"):
+        if not common.is_ok(f.get("status", common.RESULT_STATUS_OK)) and not (f.get("summary") or {}).get("graphs"):
             rows.append((f.get("file"), f.get("status"), "", "", "", "", "", "", "", "", ""))
             continue
         sm = f.get("summary") or {}
         rows.append((
-            f.get("file") + ("" if is_ok(f.get("status", RESULT_STATUS_OK)) else f" ({f.get('status')})"),
-            f"{sm.get('supported', 0)}/{sm.get('graphs', 0)}", *(fmt_stat(sm.get(k)) for k in _FILE_COLUMNS)))
+            f.get("file") + ("" if common.is_ok(f.get("status", common.RESULT_STATUS_OK)) else f" ({f.get('status')})"),
+            f"{sm.get('supported', 0)}/{sm.get('graphs', 0)}", *(common.fmt_stat(sm.get(k)) for k in _FILE_COLUMNS)))
     total = s.get("all") or {}
     if total:
         rows.append(("**all files**", f"{total.get('supported', 0)}/{total.get('graphs', 0)}",
-                     *(fmt_stat(total.get(k)) for k in _FILE_COLUMNS)))
+                     *(common.fmt_stat(total.get(k)) for k in _FILE_COLUMNS)))
     if rows:
-        parts.append(md_table((
+        parts.append(common.md_table((
             "config file", "graphs built/probed", "fast fwd ms", "fast bwd ms", "full cold fwd ms",
             "full cold bwd ms", "full, class built earlier in process ms",
             "again fwd: rebuild, warm kernel cache ms", "again bwd: rebuild ms", "rejection (fast) ms",
@@ -237,6 +221,6 @@ def render(s: Mapping) -> str:
     if r:
         parts.append("Ratios (all files): full cold fwd / fast fwd = {}, full cold bwd / fast bwd = {}, "
                      "full cold fwd / fwd rebuild with warm kernel cache = {}, full cold fwd / memory hit = {}.".format(
-                         fmt_ratio(r.get("full_over_fast_fwd")), fmt_ratio(r.get("full_over_fast_bwd")),
-                         fmt_ratio(r.get("cold_over_rebuild")), fmt_ratio(r.get("cold_over_memory_hit"))))
+                         common.fmt_ratio(r.get("full_over_fast_fwd")), common.fmt_ratio(r.get("full_over_fast_bwd")),
+                         common.fmt_ratio(r.get("cold_over_rebuild")), common.fmt_ratio(r.get("cold_over_memory_hit"))))
     return "\n\n".join(parts)

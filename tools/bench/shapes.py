@@ -15,20 +15,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from tools.bench import common
 from tools.bench import shapes_attention as sa
 from tools.bench import shapes_hf as hf
-from tools.bench.common import (
-    RESULT_STATUS_OK,
-    Partial,
-    combined_status,
-    fmt_num,
-    fmt_ratio,
-    fmt_stat,
-    is_ok,
-    md_table,
-    median_of,
-    ratio,
-)
 from tools.bench.runner import Runner
 
 SECTION = "shapes"
@@ -96,7 +85,7 @@ def run(runner: Runner) -> dict:
         res["wall_s"] = res.pop("_wall_s", None)
         parts[part] = res
     return {
-        "status": combined_status([dict(r, part=p) for p, r in parts.items()], key="part"),
+        "status": common.combined_status([dict(r, part=p) for p, r in parts.items()], key="part"),
         "parts": parts,
         "targets": evaluate(parts),
         "notes": list(_NOTES),
@@ -104,7 +93,7 @@ def run(runner: Runner) -> dict:
 
 
 # ----- worker ------------------------------------------------------------------------------------
-def worker(args: Mapping, res: Partial) -> None:
+def worker(args: Mapping, res: common.Partial) -> None:
     import torch
 
     res["part"] = args["part"]
@@ -146,7 +135,7 @@ def _impl(row: Mapping, name: str) -> Mapping:
 
 
 def first_call_targets(rows: Sequence[Mapping]) -> list[dict]:
-    goal = f"<= {fmt_num(FIRST_CALL_MS_MAX)} ms and 0 plan builds"
+    goal = f"<= {common.fmt_num(FIRST_CALL_MS_MAX)} ms and 0 plan builds"
     out = []
     for row in rows:
         att = _impl(row, sa.ATTENTION)
@@ -156,9 +145,9 @@ def first_call_targets(rows: Sequence[Mapping]) -> list[dict]:
             out.append(target("A", item, "n/a", goal, None, att.get("status") or row.get("status") or "not measured"))
             continue
         if att.get("fallback_calls"):  # the figure is torch's, not the bucket plans'
-            out.append(target("A", item, f"{fmt_num(ms)} ms, fell back to torch SDPA", goal, False))
+            out.append(target("A", item, f"{common.fmt_num(ms)} ms, fell back to torch SDPA", goal, False))
             continue
-        out.append(target("A", item, f"{fmt_num(ms)} ms, {builds} builds", goal,
+        out.append(target("A", item, f"{common.fmt_num(ms)} ms, {builds} builds", goal,
                           ms <= FIRST_CALL_MS_MAX and builds == 0))
     return out
 
@@ -197,9 +186,9 @@ def generate_targets(models: Sequence[Mapping]) -> list[dict]:
             fa = _run_of(runs, cache=cache, impl=hf.FUSEDATTN)
             fl = _run_of(runs, cache=cache, impl=hf.SDPA_FLASH)
             item = f"{m.get('name')} {cache} cache"
-            r = ratio(fa.get("tokens_per_s"), fl.get("tokens_per_s"))
+            r = common.ratio(fa.get("tokens_per_s"), fl.get("tokens_per_s"))
             if r is None:
-                why = "flash: " + str(fl.get("status")) if median_of(fl.get("tokens_per_s")) is None \
+                why = "flash: " + str(fl.get("status")) if common.median_of(fl.get("tokens_per_s")) is None \
                     else "fusedattn: " + str(fa.get("status"))
                 out.append(target("C", item, "n/a", goal, None, why))
                 continue
@@ -215,7 +204,7 @@ def finetune_targets(runs: Sequence[Mapping]) -> list[dict]:
     for impl, limit in ((hf.SDPA_FLASH, FINETUNE_VS_FLASH_MAX), (hf.SDPA_CUDNN, FINETUNE_VS_CUDNN_MAX)):
         other = _run_of(runs, impl=impl)
         goal = f"fusedattn / {impl} total time <= {limit}"
-        r = ratio(fa, other.get("total_ms"))
+        r = common.ratio(fa, other.get("total_ms"))
         if r is None:
             why = str(other.get("status")) if fa is not None else \
                 "fusedattn: " + str(_run_of(runs, impl=hf.FUSEDATTN).get("status"))
@@ -237,7 +226,7 @@ def evaluate(parts: Mapping[str, Mapping]) -> list[dict]:
 
 # ----- report ------------------------------------------------------------------------------------
 def _status_or(item: Mapping, text: Callable[[Mapping], str]) -> str:
-    return text(item) if is_ok(item.get("status", RESULT_STATUS_OK)) else str(item.get("status"))
+    return text(item) if common.is_ok(item.get("status", common.RESULT_STATUS_OK)) else str(item.get("status"))
 
 
 def _versions_line(parts: Mapping) -> str:
@@ -256,7 +245,7 @@ def render_targets(targets: Sequence[Mapping]) -> str:
     met = sum(1 for t in targets if t.get("met") is True)
     missed = sum(1 for t in targets if t.get("met") is False)
     return (f"Targets: {met} met, {missed} MISSED, {len(targets) - met - missed} not measured.\n\n"
-            + md_table(("part", "item", "figure", "target", "verdict"),
+            + common.md_table(("part", "item", "figure", "target", "verdict"),
                        [(t.get("part"), t.get("item"), t.get("figure"), t.get("target"), verdict(t))
                         for t in targets]))
 
@@ -271,20 +260,21 @@ def render_first_call(p: Mapping) -> str:
             continue
         att = _impl(row, sa.ATTENTION)
         rows.append((label, bucket,
-                     _status_or(att, lambda a: f"{fmt_num(a.get('first_ms'))} (again {fmt_num(a.get('again_ms'))})"
+                     _status_or(att, lambda a: f"{common.fmt_num(a.get('first_ms'))} "
+                                f"(again {common.fmt_num(a.get('again_ms'))})"
                                 + (" fell back" if a.get("fallback_calls") else "")),
                      att.get("plan_builds", ""), att.get("plan_loads", ""),
-                     _status_or(_impl(row, sa.SDPA_CUDNN), lambda a: fmt_num(a.get("first_ms"))),
-                     _status_or(_impl(row, sa.SDPA_FLASH), lambda a: fmt_num(a.get("first_ms"))),
+                     _status_or(_impl(row, sa.SDPA_CUDNN), lambda a: common.fmt_num(a.get("first_ms"))),
+                     _status_or(_impl(row, sa.SDPA_FLASH), lambda a: common.fmt_num(a.get("first_ms"))),
                      (row.get("order") or ["?"])[0]))
     if not rows:
         return ""
     impls = p.get("impls") or {}
     notes = "; ".join(f"{n}: {i.get('note') or i.get('status')}" for n, i in impls.items()
-                      if i.get("note") or not is_ok(i.get("status")))
+                      if i.get("note") or not common.is_ok(i.get("status")))
     return (f"{p.get('problem', '')}; class warmed on b{'/s'.join(str(x) for x in p.get('warm_shape') or [])}."
             + (f" {notes}." if notes else "") + "\n\n"
-            + md_table(("shape", "bucket (B x S)", "attention() first ms", "plan builds", "plan loads",
+            + common.md_table(("shape", "bucket (B x S)", "attention() first ms", "plan builds", "plan loads",
                         "cuDNN SDPA first ms", "flash first ms", "ran first"), rows))
 
 
@@ -299,14 +289,15 @@ def render_steady(p: Mapping) -> str:
         r = row.get("attention_over_dense")
         fell = " (fell back)" if row.get("attention_fused") is False else ""
         rows.append((label + fell, "x".join(str(x) for x in row.get("bucket") or []),
-                     *(_status_or(_impl(row, n), lambda a: fmt_stat(a.get("fwd_bwd_ms")))
+                     *(_status_or(_impl(row, n), lambda a: common.fmt_stat(a.get("fwd_bwd_ms")))
                        for n in (sa.ATTENTION, sa.RAW_DENSE, sa.SDPA_FLASH)),
-                     fmt_ratio(r), fmt_ratio(1 / r if r else None), fmt_ratio(row.get("attention_over_flash")),
-                     fmt_num(row.get("check_rel_err"))))
+                     common.fmt_ratio(r), common.fmt_ratio(1 / r if r else None),
+                     common.fmt_ratio(row.get("attention_over_flash")),
+                     common.fmt_num(row.get("check_rel_err"))))
     if not rows:
         return ""
     return (f"{p.get('problem', '')}; forward+backward GPU ms:\n\n"
-            + md_table(("shape", "bucket (B x S)", "attention()", "dense cuDNN graph", "torch flash",
+            + common.md_table(("shape", "bucket (B x S)", "attention()", "dense cuDNN graph", "torch flash",
                         "attention() / dense time", "attention() speed vs dense", "attention() / flash time",
                         "check"), rows))
 
@@ -314,26 +305,26 @@ def render_steady(p: Mapping) -> str:
 def render_generate(p: Mapping) -> str:
     parts = []
     for m in p.get("models") or []:
-        lines = [f"{m.get('model', m.get('name'))}" + ("" if is_ok(m.get("status", RESULT_STATUS_OK))
+        lines = [f"{m.get('model', m.get('name'))}" + ("" if common.is_ok(m.get("status", common.RESULT_STATUS_OK))
                                                          else f" — {m.get('status')}")]
         lg = m.get("logits") or {}
         if lg:
             lines.append(_status_or(lg, lambda g: (
                 f"Logits over {g.get('tokens')} tokens, fusedattn vs sdpa: max abs diff "
-                f"{fmt_num(g.get('max_abs_diff'))} (max |logit| {fmt_num(g.get('max_abs_logit'))}), "
-                f"argmax agreement {fmt_num(100 * g['argmax_agreement'])}%")))
+                f"{common.fmt_num(g.get('max_abs_diff'))} (max |logit| {common.fmt_num(g.get('max_abs_logit'))}), "
+                f"argmax agreement {common.fmt_num(100 * g['argmax_agreement'])}%")))
         runs = m.get("runs") or []
         rows = []
         for r in runs:
             flash = _run_of(runs, cache=r.get("cache"), impl=hf.SDPA_FLASH)
             calls = r.get("attention_calls") or {}
             rows.append((r.get("cache"), r.get("impl") + (f" ({r['note']})" if r.get("note") else ""),
-                         _status_or(r, lambda x: fmt_stat(x.get("tokens_per_s"))),
-                         fmt_ratio(ratio(r.get("tokens_per_s"), flash.get("tokens_per_s"))),
+                         _status_or(r, lambda x: common.fmt_stat(x.get("tokens_per_s"))),
+                         common.fmt_ratio(common.ratio(r.get("tokens_per_s"), flash.get("tokens_per_s"))),
                          "/".join(str(calls.get(k, "")) for k in ("fused_calls", "fallback_calls", "plan_builds"))
                          if calls else ""))
         if rows:
-            lines.append(md_table(("cache", "implementation", "tokens/s", "vs flash",
+            lines.append(common.md_table(("cache", "implementation", "tokens/s", "vs flash",
                                    "attention() fused/fallback calls, plan builds"), rows))
         parts.append("\n\n".join(lines))
     return "\n\n".join(parts)
@@ -349,14 +340,14 @@ def render_finetune(p: Mapping) -> str:
         calls = r.get("attention_calls") or {}
         losses = r.get("losses") or []
         rows.append((r.get("impl") + (f" ({r['note']})" if r.get("note") else ""),
-                     _status_or(r, lambda x: fmt_num(x.get("total_ms"))),
-                     fmt_stat(r.get("per_step_ms")), fmt_ratio(ratio(fa, r.get("total_ms"))),
-                     fmt_num(losses[-1]) if losses else "",
+                     _status_or(r, lambda x: common.fmt_num(x.get("total_ms"))),
+                     common.fmt_stat(r.get("per_step_ms")), common.fmt_ratio(common.ratio(fa, r.get("total_ms"))),
+                     common.fmt_num(losses[-1]) if losses else "",
                      "/".join(str(calls.get(k, "")) for k in ("fused_calls", "fallback_calls", "plan_builds"))
                      if calls else ""))
     return (f"{p.get('model', '')}; batch {p.get('batch')}, step lengths {p.get('step_lengths')} "
             f"(warm step at {p.get('warm_length')}):\n\n"
-            + md_table(("implementation", "total ms", "per-step ms", "fusedattn total / this",
+            + common.md_table(("implementation", "total ms", "per-step ms", "fusedattn total / this",
                         "last loss", "attention() fused/fallback calls, plan builds"), rows))
 
 
@@ -372,6 +363,6 @@ def render(s: Mapping) -> str:
         if not isinstance(p, Mapping):
             continue
         body = RENDER_PARTS[name](p)
-        status = "" if is_ok(p.get("status", RESULT_STATUS_OK)) else f"**{p.get('status')}**"
+        status = "" if common.is_ok(p.get("status", common.RESULT_STATUS_OK)) else f"**{p.get('status')}**"
         out.append("\n\n".join(x for x in (f"### {PART_TITLES[name]}", status, body) if x))
     return "\n\n".join(out)

@@ -7,12 +7,11 @@ torch is passed in by the caller; the library and cuDNN are imported inside the 
 
 from __future__ import annotations
 
-import gc
 import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
-from tools.bench.common import RESULT_STATUS_OK, Partial, error_status, first_line, log, ratio, summarize
+from tools.bench.common import RESULT_STATUS_OK, Partial, error_status, first_line, log, ratio, settle, summarize
 from tools.bench.raw_graph import RawGraph
 from tools.bench.tensors import cuda_times, rel_err, to_bhsd
 
@@ -35,16 +34,6 @@ def rotated(items: Sequence[Any], shift: int) -> list[Any]:
         return []
     shift %= len(items)
     return list(items[shift:]) + list(items[:shift])
-
-
-def settle(torch: Any, what: str) -> None:
-    """Wait for the device and give cached memory back (between items)."""
-    try:
-        torch.cuda.synchronize()
-        gc.collect()
-        torch.cuda.empty_cache()
-    except Exception as err:  # noqa: BLE001 -- a broken context fails the items after it too
-        log(f"cannot synchronize after {what}: {err}")
 
 
 def _tensors(torch: Any, batch: int, seqlen: int) -> tuple:

@@ -13,8 +13,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from tools.bench.common import RESULT_STATUS_OK, Partial, error_status, first_line, log, summarize
-from tools.bench.shapes_attention import settle
+from tools.bench.common import RESULT_STATUS_OK, Partial, error_status, first_line, log, settle, summarize
 
 FUSEDATTN = "fusedattn"
 SDPA = "sdpa"

@@ -7,19 +7,7 @@ import statistics
 import time
 from typing import Any, Mapping, Sequence
 
-from tools.bench.common import (
-    RESULT_STATUS_OK,
-    Partial,
-    combined_status,
-    fmt_num,
-    fmt_ratio,
-    fmt_stat,
-    is_ok,
-    md_table,
-    ratio,
-    skipped,
-    summarize,
-)
+from tools.bench import common
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file
 from tools.bench.runner import Runner
 from tools.bench.tensors import qkv
@@ -56,7 +44,7 @@ def run(runner: Runner) -> dict:
         elif kind == "warm+jit":
             env.update(CUDA_CACHE_DISABLE=None, CUDA_CACHE_PATH=jit_dir or runner.cache_dir())
         if runner.remaining("warm_start") < 10:
-            section["runs"].append({"kind": kind, "status": skipped()})
+            section["runs"].append({"kind": kind, "status": common.skipped()})
             continue
         res = runner.worker("warm_start", {"file": "llama-3-8b", "step": "train-bf16",
                                            "depth": "full" if full else "fast", "warmup": full},
@@ -66,32 +54,32 @@ def run(runner: Runner) -> dict:
         section["runs"].append(res)
         section["entries"] = section.get("entries") or res.get("entries")
     section["summary"] = warm_start_summary(section["runs"])
-    section["status"] = combined_status(section["runs"], key="kind")
+    section["status"] = common.combined_status(section["runs"], key="kind")
     section["notes"] = list(_NOTES)
     return section
 
 
 def warm_start_summary(runs: Sequence[Mapping]) -> dict:
     """Medians per run kind (cold / warm / warm+jit, depth fast) and cold-over-warm ratios."""
-    ok = [r for r in runs if is_ok(r.get("status", RESULT_STATUS_OK))]
+    ok = [r for r in runs if common.is_ok(r.get("status", common.RESULT_STATUS_OK))]
     out = {}
     for key in ("process_wall_s", "select_s", "first_step_s", "select_plus_step_s"):
-        stats = {kind: summarize((r.get(key) for r in ok if r.get("kind") == kind), "s")
+        stats = {kind: common.summarize((r.get(key) for r in ok if r.get("kind") == kind), "s")
                  for kind in ("cold", "warm", "warm+jit")}
         if any(stats.values()):
-            stats["ratio"] = ratio(stats["cold"], stats["warm"])
-            stats["ratio_jit"] = ratio(stats["cold"], stats["warm+jit"])
+            stats["ratio"] = common.ratio(stats["cold"], stats["warm"])
+            stats["ratio_jit"] = common.ratio(stats["cold"], stats["warm+jit"])
             out[key] = stats
-    cold_full = summarize((r.get("select_s") for r in ok if r.get("kind") == "cold-full"), "s")
-    warm_full = summarize((r.get("select_s") for r in ok if r.get("kind") == "warm-full"), "s")
+    cold_full = common.summarize((r.get("select_s") for r in ok if r.get("kind") == "cold-full"), "s")
+    warm_full = common.summarize((r.get("select_s") for r in ok if r.get("kind") == "warm-full"), "s")
     if cold_full or warm_full:
         out["select_s_depth_full"] = {"cold": cold_full, "warm": warm_full, "warm+jit": None,
-                                      "ratio": ratio(cold_full, warm_full), "ratio_jit": None}
+                                      "ratio": common.ratio(cold_full, warm_full), "ratio_jit": None}
     return out
 
 
 # ----- worker ------------------------------------------------------------------------------------
-def worker(args: Mapping, res: Partial) -> None:
+def worker(args: Mapping, res: common.Partial) -> None:
     t0 = time.perf_counter()
     import torch
 
@@ -133,7 +121,7 @@ def worker(args: Mapping, res: Partial) -> None:
                store=info.get("store"))
 
 
-def _steps(torch: Any, attention: Any, cfg: Any, res: Partial) -> None:
+def _steps(torch: Any, attention: Any, cfg: Any, res: common.Partial) -> None:
     """The first forward+backward attention() step (its forward apart), then the median of 3 more."""
     layout = dispatch_format(cfg.qkv_layout)
     q, k, v = qkv(torch, cfg, layout, requires_grad=True)
@@ -166,16 +154,16 @@ WARM_LABELS = {
 
 
 def _run_row(r: Mapping) -> tuple:
-    if not is_ok(r.get("status", RESULT_STATUS_OK)):
+    if not common.is_ok(r.get("status", common.RESULT_STATUS_OK)):
         return (r.get("kind"), r.get("status"), "", "", "", "", "", "", "", "")
     return (
-        r.get("kind"), fmt_num(r.get("process_wall_s")), fmt_num(r.get("import_s")),
-        fmt_num(r.get("cuda_init_s")), fmt_num(r.get("select_s")),
-        f"{fmt_num(r.get('first_step_s'))} ({fmt_num(r.get('first_fwd_s'))})",
-        fmt_num(r.get("steady_step_s")), fmt_num(r.get("select_plus_step_s")),
+        r.get("kind"), common.fmt_num(r.get("process_wall_s")), common.fmt_num(r.get("import_s")),
+        common.fmt_num(r.get("cuda_init_s")), common.fmt_num(r.get("select_s")),
+        f"{common.fmt_num(r.get('first_step_s'))} ({common.fmt_num(r.get('first_fwd_s'))})",
+        common.fmt_num(r.get("steady_step_s")), common.fmt_num(r.get("select_plus_step_s")),
         f"{r.get('probes', '?')} / {r.get('persistent_hits', '?')}",
-        f"{r.get('plan_builds', '?')} ({fmt_num(r.get('plan_build_ms'))} ms)"
-        + (f" / {r['plan_loads']} ({fmt_num(r.get('plan_load_ms'))} ms)"
+        f"{r.get('plan_builds', '?')} ({common.fmt_num(r.get('plan_build_ms'))} ms)"
+        + (f" / {r['plan_loads']} ({common.fmt_num(r.get('plan_load_ms'))} ms)"
            if r.get("plan_loads") is not None else ""),
     )
 
@@ -187,17 +175,17 @@ def render(s: Mapping) -> str:
     lines = [f"Model file {s.get('file', '?')}: select() of {s.get('entries') or '?'} entries "
              f"(depth {s.get('depth', 'fast')} unless the run says -full), then one forward+backward "
              f"attention() step of {s.get('step', '?')}. Seconds, each run a fresh process.", "",
-             md_table(("run", "process wall s", "imports s", "CUDA init s", "select all s",
+             common.md_table(("run", "process wall s", "imports s", "CUDA init s", "select all s",
                        "first step s (its forward)",
                        "steady step s", "select+first step s", "probes / persistent hits",
                        "plan builds / loads (ms)"), [_run_row(r) for r in runs])]
     summary = s.get("summary") or {}
     if summary:
-        lines += ["", md_table(("seconds", "cold", "warm (store)", "warm (store + JIT cache)", "cold / warm",
+        lines += ["", common.md_table(("seconds", "cold", "warm (store)", "warm (store + JIT cache)", "cold / warm",
                                 "cold / warm+jit"), [
-            (WARM_LABELS.get(k, k), fmt_stat(v.get("cold")),
-             fmt_stat(v.get("warm")), fmt_stat(v.get("warm+jit")), fmt_ratio(v.get("ratio")),
-             fmt_ratio(v.get("ratio_jit")))
+            (WARM_LABELS.get(k, k), common.fmt_stat(v.get("cold")),
+             common.fmt_stat(v.get("warm")), common.fmt_stat(v.get("warm+jit")), common.fmt_ratio(v.get("ratio")),
+             common.fmt_ratio(v.get("ratio_jit")))
             for k, v in summary.items()
         ])]
     return "\n".join(lines)
