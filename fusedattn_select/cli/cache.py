@@ -1,57 +1,111 @@
-"""`cache info|clear|export|import`: inspect or manage the persistent decision and plan store."""
+"""`cache info|clear|export|import`: inspect or manage the persistent decision and plan store.
+
+Commands that only look (info, export) open the store read-only: they create, write and move
+nothing. Each action's exit code says whether it did what it was asked (see EPILOG).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, Callable
 
-from fusedattn_select.cli.exit_codes import EXIT_SELECTED
+from fusedattn_select.cli.exit_codes import EXIT_NOT_DONE, EXIT_SELECTED
+from fusedattn_select.cli.store_status import is_degraded, not_persisted, store_info, store_problems
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.store import Store, open_default_store
+from fusedattn_select.store.settings import check_cache_switch
+
+READ_ONLY_ACTIONS = ("info", "export")
+EPILOG = (
+    "exit codes: 0 done; 1 not done or not all done: the persistent cache cannot be used or is "
+    "turned off (import: unless --memory-ok), import skipped rows (listed on stderr), info found "
+    "the cache degraded or damaged; 2 bad input (a file that is not an export, an invalid "
+    "FUSEDATTN_SELECT_CACHE); 130 interrupted"
+)
 
 
-def _info(store: Store, args: argparse.Namespace) -> None:
-    info = store.info()
+def _info(store: Store, args: argparse.Namespace) -> int:
+    info = store_info(store)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
     else:
-        print(render_table(None, info.items()))
+        print("\n".join([render_table(None, info.items()), *store_problems(info)]))
+    return EXIT_NOT_DONE if is_degraded(info) else EXIT_SELECTED
 
 
-def _clear(store: Store, args: argparse.Namespace) -> None:
+def _refusal(store: Store, what: str) -> int:
+    """EXIT_NOT_DONE, with the reason on stderr, when `store` does not outlive this command."""
+    reason = not_persisted(store.info())
+    if not reason:
+        return EXIT_SELECTED
+    print(f"error: cache {what}: {reason}; nothing was done", file=sys.stderr)
+    return EXIT_NOT_DONE
+
+
+def _clear(store: Store, args: argparse.Namespace) -> int:
     before = store.info()
     store.clear()
-    print(f"cleared {before['entries']} decisions and {before['plans']} plans "
-          f"from {before['path'] or 'the memory store'}")
+    print(f"cleared {before['entries']} decisions and {before['plans']} plans from {before['path']}")
+    return EXIT_SELECTED
 
 
-def _export(store: Store, args: argparse.Namespace) -> None:
+def _export(store: Store, args: argparse.Namespace) -> int:
+    if _refusal(store, "export"):
+        return EXIT_NOT_DONE
     print(json.dumps(store.export(args.file), indent=2, default=str))
+    return EXIT_SELECTED
 
 
-def _import(store: Store, args: argparse.Namespace) -> None:
-    print(json.dumps(store.import_(args.file).to_dict(), indent=2, default=str))
+def _import(store: Store, args: argparse.Namespace) -> int:
+    reason = not_persisted(store.info())
+    report = store.import_(args.file)
+    if reason:
+        print(f"cache import: --memory-ok: imported into this process's memory only: {reason}", file=sys.stderr)
+    print(json.dumps(report.to_dict(), indent=2, default=str))
+    if not report.skipped:
+        return EXIT_SELECTED
+    total = report.imported + len(report.skipped)
+    print(f"cache import: skipped {len(report.skipped)} of {total} rows of {args.file}:", file=sys.stderr)
+    for row, reason in report.skipped:
+        print(f"  {row}: {reason}", file=sys.stderr)
+    return EXIT_NOT_DONE
 
 
-ACTIONS: dict[str, Callable[[Store, argparse.Namespace], None]] = {
+ACTIONS: dict[str, Callable[[Store, argparse.Namespace], int]] = {
     "info": _info, "clear": _clear, "export": _export, "import": _import,
 }
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    ACTIONS[args.action](open_default_store(), args)
-    return EXIT_SELECTED
+    check_cache_switch()
+    looking = open_default_store(read_only=True)  # quiet: the refusal below says why, once
+    if args.action in READ_ONLY_ACTIONS:
+        return ACTIONS[args.action](looking, args)
+    memory_ok = args.action == "import" and args.memory_ok
+    if not memory_ok and _refusal(looking, args.action):
+        return EXIT_NOT_DONE
+    store = open_default_store()
+    if not memory_ok and _refusal(store, args.action):  # it failed since it was looked at
+        return EXIT_NOT_DONE
+    return ACTIONS[args.action](store, args)
 
 
 def register_cache(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    parser = subparsers.add_parser("cache", parents=[common], help="inspect or manage the persistent cache")
+    parser = subparsers.add_parser("cache", parents=[common], epilog=EPILOG,
+                                   help="inspect or manage the persistent cache")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    info = actions.add_parser("info", parents=[common], help="where the cache is and what it holds")
+    info = actions.add_parser("info", parents=[common], epilog=EPILOG,
+                              help="where the cache is, what it holds, and what is wrong with it")
     info.add_argument("--json", action="store_true", help="print one JSON object")
-    actions.add_parser("clear", parents=[common], help="remove every decision and plan")
-    export = actions.add_parser("export", parents=[common], help="write the cached decisions and plans to FILE")
+    actions.add_parser("clear", parents=[common], epilog=EPILOG, help="remove every decision and plan")
+    export = actions.add_parser("export", parents=[common], epilog=EPILOG,
+                                help="write the cached decisions and plans to FILE")
     export.add_argument("file", metavar="FILE")
-    load = actions.add_parser("import", parents=[common], help="add decisions and plans from an exported FILE")
+    load = actions.add_parser("import", parents=[common], epilog=EPILOG,
+                              help="add decisions and plans from an exported FILE")
     load.add_argument("file", metavar="FILE")
+    load.add_argument("--memory-ok", action="store_true",
+                      help="import even when the persistent cache cannot be used (into this process's memory)")
     parser.set_defaults(func=_cmd_cache)

@@ -6,6 +6,7 @@ is no, whatever the others say), else 3 when some problem has no data (unknown),
 
 EXIT_SELECTED = 0  # every answered problem has a fused backend (or the command has no answers)
 EXIT_NONE = 1  # some problem has none (NONE): a verdict, or a command that could not do what it was asked
+EXIT_NOT_DONE = EXIT_NONE  # a command that could not do (all of) what it was asked; the reason is on stderr
 EXIT_BAD_INPUT = 2  # a config, snapshot or option the command cannot use; one `error:` line on stderr
 EXIT_NO_DATA = 3  # no problem has NONE, but some has no data (not in the snapshot): only a live probe can answer
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it

@@ -1,5 +1,5 @@
-"""`info`: versions, GPU, cuDNN, cache location and bundled snapshots; works with no GPU, no
-cuDNN and no torch."""
+"""`info`: versions, GPU, cuDNN, cache location and state, and bundled snapshots; works with no GPU,
+no cuDNN and no torch. It only looks: the cache is opened read-only (nothing is created or moved)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from typing import Any
 from fusedattn_select._version import __version__
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.exit_codes import EXIT_SELECTED
+from fusedattn_select.cli.store_status import describe_plans, describe_store, store_info
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import SnapshotError
 from fusedattn_select.probing import SNAPSHOT_ENV, TARGETS
 from fusedattn_select.probing.rocm import detect_rocm_device
 from fusedattn_select.probing.snapshot import read_header
-from fusedattn_select.store import CACHE_SWITCH_ENV, default_cache_dir
+from fusedattn_select.store import CACHE_SWITCH_ENV, default_cache_dir, open_default_store
+from fusedattn_select.store.settings import cache_switch_problem
 from fusedattn_select.types import format_cudnn_version
 
 DEVICE_FACTS = ("probing_engine", "gpu", "compute_capability", "sm_count", "driver", "cudnn_backend")
@@ -28,6 +30,7 @@ LABELS = {
     "compute_capability": "compute capability", "sm_count": "SM count", "driver": "driver",
     "cudnn_backend": "cuDNN backend", "cudnn_frontend": "cuDNN frontend", "cache_dir": "cache directory",
     "rocm": "ROCm devices", "hip_python": "hip-python", "cache": CACHE_SWITCH_ENV, "snapshot_env": SNAPSHOT_ENV, "bundled_snapshots": "bundled snapshots",
+    "cache_store": "cache store", "cache_plans": "cache plans",
 }
 
 
@@ -52,6 +55,20 @@ def _cache_dir() -> str:
         return str(default_cache_dir())
     except RuntimeError as err:  # no home directory to put it in; info reports, it never fails
         return f"unknown ({err})"
+
+
+def _cache_facts() -> dict[str, str]:
+    """The cache switch, and the store a writing process would get: flagged INVALID, DEGRADED,
+    DAMAGED or DISABLED when it is not what was asked for."""
+    switch = os.environ.get(CACHE_SWITCH_ENV, "(unset)")
+    problem = cache_switch_problem()
+    if problem:
+        switch = f"INVALID: {problem}; the library uses the persistent cache, commands refuse it"
+    try:
+        info = store_info(open_default_store(read_only=True))
+    except Exception as err:  # noqa: BLE001 - info reports, it never fails
+        return {"cache": switch, "cache_store": f"UNREADABLE: {type(err).__name__}: {err}", "cache_plans": "unknown"}
+    return {"cache": switch, "cache_store": describe_store(info), "cache_plans": describe_plans(info)}
 
 
 def _bundled_facts() -> dict[str, str]:
@@ -104,7 +121,7 @@ def platform_facts() -> dict[str, Any]:
         "hip_python": _package_version("hip-python"),
         "torch": _torch_version(),
         "cache_dir": _cache_dir(),
-        "cache": os.environ.get(CACHE_SWITCH_ENV, "(unset)"),
+        **_cache_facts(),
         "snapshot_env": os.environ.get(SNAPSHOT_ENV, "(unset)"),
         "bundled_snapshots": _bundled_facts(),
     }

@@ -9,7 +9,8 @@ from typing import Any, Callable, TextIO
 
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
-from fusedattn_select.cli.exit_codes import EPILOG, answers_exit_code
+from fusedattn_select.cli.exit_codes import EPILOG, EXIT_NOT_DONE, answers_exit_code
+from fusedattn_select.cli.store_status import not_persisted
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
@@ -17,13 +18,9 @@ from fusedattn_select.errors import PlatformError
 from fusedattn_select.probing import SNAPSHOT_ENV
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector, default_selector
-from fusedattn_select.selection.warmup import (
-    WORKERS,
-    WarmupOutcome,
-    WarmupReport,
-    warmup,
-)
-from fusedattn_select.types import Outcome, ProbeDepth
+from fusedattn_select.selection.warmup import WORKERS, WarmupOutcome, WarmupReport, warmup
+from fusedattn_select.store.settings import check_cache_switch
+from fusedattn_select.types import Outcome, ProbeDepth, Provenance
 
 REPORT_HEADER = ("name", "backend", "outcome", "seconds", "answer", "reason")
 PROGRESS_BAR_WIDTH = 30
@@ -118,13 +115,31 @@ def _json(report: WarmupReport, selector: Selector, snapshot: SnapshotEngine | N
     return json.dumps(document, indent=2)
 
 
+def _lost_at_exit(selector: Selector) -> str:
+    """Why the answers a live warmup stores would not outlive this command ("" when they would).
+
+    Snapshot answers are never stored (the output says so); a selector built without a store keeps
+    its answers in memory by its maker's choice."""
+    engine, store = selector.engine, selector.store
+    if engine is None or engine.provenance is not Provenance.LIVE_PROBE or store is None:
+        return ""
+    reason = not_persisted(store.info())
+    return (f"warmup would keep its decisions and plans in memory, lost when it exits: {reason} "
+            "(pass --memory-ok to warm this process anyway)") if reason else ""
+
+
 def _cmd_warmup(args: argparse.Namespace) -> int:
+    check_cache_switch()
     depth = ProbeDepth.parse(args.depth, "--depth")
     problems = []
     for path in args.configs:
         config_file = load_config_file(path)
         problems += [(f"{config_file.name}/{entry.name}", entry.config) for entry in config_file.entries]
     selector = _selector(args)
+    lost = _lost_at_exit(selector)
+    if lost and not args.memory_ok:
+        print(f"error: {lost}", file=sys.stderr)
+        return EXIT_NOT_DONE
     snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
     report = warmup(problems, jobs=args.jobs, depth=depth, selector=selector,
                     progress=None if args.json else progress_bar(), workers=_workers(args, snapshot))
@@ -158,4 +173,7 @@ def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:
     )
     engines.add_source_options(parser)
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.add_argument("--memory-ok", action="store_true",
+                        help="warm even when the persistent cache cannot be used or is off (the answers "
+                        "then last only as long as this command; without it, that exits 1)")
     parser.set_defaults(func=_cmd_warmup)

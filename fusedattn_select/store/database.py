@@ -65,6 +65,10 @@ T = TypeVar("T")
 _INHERITED_CONNECTIONS: list[sqlite3.Connection] = []
 
 
+# Database files whose damage this process has reported: once per file, however many stores read it.
+_DAMAGE_REPORTED: set[Path] = set()
+
+
 class StoreFailure(Exception):
     """An operation on the database failed after retries; the store turns it into a miss."""
 
@@ -153,6 +157,9 @@ class Database:
             return True
         if damaged and not self.damage:
             self.damage = str(err)
+            if self.path in _DAMAGE_REPORTED:  # by another store of this process over the same file
+                return False
+            _DAMAGE_REPORTED.add(self.path)
             log.warning("fusedattn_select: the decision cache %s is damaged (%s); answering from the rows "
                         "that can be read; the next write salvages it", self.path, err)
         return False
@@ -247,6 +254,7 @@ class Database:
             if counts:
                 os.replace(salvaged, self.path)
         self.damage = ""
+        _DAMAGE_REPORTED.discard(self.path)
         log.warning("fusedattn_select: the decision cache %s was damaged (%s): %s; the damaged file is "
                     "kept as %s", self.path, problem, counts or "nothing could be salvaged, started a new one",
                     aside.name)
@@ -353,4 +361,8 @@ def integrity_problem(path: Path, quick: bool = False) -> str | None:
         return str(err)
     except sqlite3.DatabaseError as err:
         return str(err)
-    return None if rows == ["ok"] else "; ".join(rows)
+    if rows == ["ok"]:
+        return None
+    # SQLite's report starts "*** in database main ***" and puts several lines in one row.
+    lines = [line.strip() for row in rows for line in str(row).splitlines()]
+    return "; ".join(line for line in lines if line and not line.startswith("***"))

@@ -1,0 +1,65 @@
+"""What the commands say about the decision store: its state in a line, its problems, and whether
+a write would outlive the command."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fusedattn_select.store import CACHE_DIR_ENV, CACHE_SWITCH_ENV, PersistentStore, Store
+
+
+def store_info(store: Store) -> dict[str, Any]:
+    """store.info() of `store`, with the persistent file's quick_check done (read-only: nothing moves)."""
+    if isinstance(store, PersistentStore):
+        store.check_damage()
+    return store.info()
+
+
+def is_degraded(info: dict[str, Any]) -> bool:
+    """Whether the store is not what was asked for: memory because the persistent one failed, or damaged."""
+    return bool(info.get("degraded") or info.get("damage"))
+
+
+def describe_store(info: dict[str, Any]) -> str:
+    """The store in one line: where it is and what it holds, flagged DEGRADED or DAMAGED."""
+    if info.get("degraded"):
+        return f"DEGRADED: in memory only, lost at exit: {info['degraded']}"
+    if info.get("switched_off"):
+        return f"in memory only ({info['switched_off']})"
+    held = f"{info['entries']} decisions, {info['plans']} plans"
+    if info.get("damage"):
+        return (f"DAMAGED: {info['path']} ({info['damage']}): {held} readable; the next command that "
+                "writes salvages every readable row")
+    return f"{info['kind']} {info['path']}: {held}"
+
+
+def describe_plans(info: dict[str, Any]) -> str:
+    """Whether serialized plans are kept, and for how long, in one line."""
+    if not info.get("persistent"):
+        return "in memory only, lost at exit"
+    if not info.get("plans_enabled"):
+        return f"DISABLED: {info.get('plans_refused')} (decisions are still cached; chmod 700 the directory)"
+    return "enabled"
+
+
+def store_problems(info: dict[str, Any]) -> list[str]:
+    """One line per thing wrong with the store (empty when nothing is)."""
+    problems = []
+    if info.get("degraded"):
+        problems.append(f"warning: the persistent cache cannot be used: {info['degraded']}; decisions and plans "
+                        f"are kept in memory and lost at exit (set {CACHE_DIR_ENV} to a writable directory)")
+    if info.get("damage"):
+        problems.append(f"warning: {info['path']} is damaged ({info['damage']}); the next command that writes "
+                        "salvages every readable row and sets the damaged file aside")
+    if info.get("persistent") and not info.get("plans_enabled"):
+        problems.append(f"warning: serialized plans are disabled: {info.get('plans_refused')}")
+    return problems
+
+
+def not_persisted(info: dict[str, Any]) -> str:
+    """Why a write to this store would not outlive the process ("" when it would)."""
+    if info.get("persistent"):
+        return ""
+    if info.get("degraded"):
+        return f"the persistent cache cannot be used ({info['degraded']})"
+    return f"the persistent cache is turned off ({info.get('switched_off') or CACHE_SWITCH_ENV + '=off'})"
