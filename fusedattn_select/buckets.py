@@ -94,24 +94,15 @@ def bucket_form(cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | N
     )
 
 
-def _seqlen_ladder(seqlen: int) -> list[int]:
-    top = bucket_seqlen(seqlen)
-    if top == 1:
-        return [1]
-    steps, value = [], MIN_SEQLEN
-    while value <= top:
-        steps.append(value)
-        value *= 2
-    return steps
-
-
-def ladder(cfg: AttnConfig) -> list[Bucket]:
-    """Every bucket a run of `cfg` can meet up to its batch size and lengths, smallest first: the
-    batch ladder times the length ladder (one ladder for self-attention, where the lengths are
-    equal; the key/value ladder at the query's bucket otherwise, as decode steps meet it)."""
-    batches = [1 << i for i in range(bucket_batch(cfg.batch_size).bit_length())]
-    if cfg.seqlen_q == cfg.seqlen_kv:
-        pairs = [(s, s) for s in _seqlen_ladder(cfg.seqlen_q)]
-    else:
-        pairs = [(bucket_seqlen(cfg.seqlen_q), s) for s in _seqlen_ladder(cfg.seqlen_kv)]
-    return [Bucket(b, sq, skv) for b in batches for sq, skv in pairs]
+def larger_buckets(bucket: Bucket, batch_doublings: int = 3, length_doublings: int = 6) -> list[Bucket]:
+    """Buckets above `bucket` on the ladder, smallest first: up to `batch_doublings` larger batch
+    sizes times `length_doublings` longer lengths (both lengths for self-attention, where they are
+    equal; the key/value length otherwise, as decode steps grow it)."""
+    found = []
+    for i in range(batch_doublings + 1):
+        for j in range(length_doublings + 1):
+            if i == j == 0:
+                continue
+            seqlen_q = bucket.seqlen_q << j if bucket.seqlen_q == bucket.seqlen_kv else bucket.seqlen_q
+            found.append(Bucket(bucket.batch << i, seqlen_q, bucket.seqlen_kv << j))
+    return sorted(found, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch))

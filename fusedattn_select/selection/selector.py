@@ -6,12 +6,13 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from fusedattn_select.buckets import Bucket, bucket_form
+from fusedattn_select.buckets import Bucket, bucket_form, larger_buckets
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
@@ -27,14 +28,8 @@ log = logging.getLogger("fusedattn_select")
 NO_PLATFORM = Fingerprint(platform="none")
 
 
-@dataclass
-class _Stats:
-    hits: int = 0
-    misses: int = 0
-    probes: int = 0
-    probe_failures: int = 0
-    rule_rejections: int = 0
-    persistent_hits: int = 0
+# cache_info()'s counters, each reported (0 until counted).
+_COUNTERS = ("hits", "misses", "probes", "probe_failures", "rule_rejections", "persistent_hits")
 
 
 @dataclass(frozen=True)
@@ -118,9 +113,10 @@ class Selector:
         self._by_problem: dict[tuple[str, ProbeDepth], Selection] = {}
         # Buckets answered "yes", by problem class: a shape any of them holds is answered by it.
         self._selected_buckets: dict[str, list[Bucket]] = {}
+        self._scanned: set[tuple[str, Bucket]] = set()  # (class, bucket) looked up in the store
         self._bucket_forms = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
         self._in_flight: dict[str, Future] = {}
-        self._stats = _Stats()
+        self._stats: Counter[str] = Counter()
 
     # ----- public ----------------------------------------------------------------------------
     @property
@@ -142,7 +138,7 @@ class Selector:
         answered = self._by_problem.get((key, depth))
         if answered is not None:
             with self._lock:
-                self._stats.hits += 1
+                self._stats["hits"] += 1
             return answered
         form = self.bucket_for(cfg)
         if form is None:
@@ -176,9 +172,25 @@ class Selector:
             return None
         held = self._selected_buckets.get(own.shape_class_key(), ())
         holding = [b for b in held if b.holds(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)]
-        if not holding:
-            return own
-        return bucket_form(cfg, min(holding, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch)))
+        if holding:
+            return bucket_form(cfg, min(holding, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch)))
+        return self._stored_bucket(cfg, own) or own
+
+    def _stored_bucket(self, cfg: AttnConfig, own: AttnConfig) -> AttnConfig | None:
+        """A larger bucket of `cfg`'s class the store already answered "yes" (warmed by another
+        process), looked for once per class and bucket; None when there is none."""
+        bucket = Bucket(own.batch_size, own.seqlen_q, own.seqlen_kv)
+        scan = (own.shape_class_key(), bucket)
+        if self.store is None or scan in self._scanned:
+            return None
+        self._scanned.add(scan)
+        for larger in larger_buckets(bucket):
+            form = bucket_form(cfg, larger)
+            stored = self.store.get(self._fingerprint, form.cache_key())
+            if stored is not None and all(v.supported for v in stored[0]):
+                self._remember_bucket(form)
+                return form
+        return None
 
     def _remember_bucket(self, form: AttnConfig) -> None:
         bucket = Bucket(form.batch_size, form.seqlen_q, form.seqlen_kv)
@@ -194,7 +206,7 @@ class Selector:
         entry = self._memory.get(key)
         if entry is not None and _satisfies(entry, depth):
             with self._lock:
-                self._stats.hits += 1
+                self._stats["hits"] += 1
             return entry.hit
 
         ruled = self._rule_verdicts(cfg)
@@ -202,7 +214,7 @@ class Selector:
             # Rules depend only on the problem and this selector's fingerprint: remember the answer.
             selection = self._answer(cfg, ruled, from_cache=False, probe_ms=0.0, key=key)
             with self._lock:
-                self._stats.rule_rejections += 1
+                self._stats["rule_rejections"] += 1
                 self._memory[key] = _Entry(ruled, ProbeDepth.FULL, dataclasses.replace(selection, from_cache=True))
             return selection
 
@@ -210,7 +222,7 @@ class Selector:
             with self._lock:
                 entry = self._memory.get(key)
                 if entry is not None and _satisfies(entry, depth):
-                    self._stats.hits += 1
+                    self._stats["hits"] += 1
                     return entry.hit
                 flight_key = f"{key}:{depth.value}"
                 future = self._in_flight.get(flight_key)
@@ -218,7 +230,7 @@ class Selector:
                 if leader:
                     future = Future()
                     self._in_flight[flight_key] = future
-                    self._stats.misses += 1
+                    self._stats["misses"] += 1
             if not leader:
                 # Another thread is probing this problem: wait for its answer, then read the cache.
                 result = future.result()
@@ -272,12 +284,7 @@ class Selector:
     def cache_info(self) -> dict[str, object]:
         with self._lock:
             info = {
-                "hits": self._stats.hits,
-                "misses": self._stats.misses,
-                "probes": self._stats.probes,
-                "probe_failures": self._stats.probe_failures,
-                "rule_rejections": self._stats.rule_rejections,
-                "persistent_hits": self._stats.persistent_hits,
+                **{name: self._stats[name] for name in _COUNTERS},
                 "entries": len(self._memory),
                 "engine": self.engine_name,
                 "fingerprint": self._fingerprint.key(),
@@ -291,7 +298,8 @@ class Selector:
             self._memory.clear()
             self._by_problem.clear()
             self._selected_buckets.clear()
-            self._stats = _Stats()
+            self._scanned.clear()
+            self._stats.clear()
         if persistent and self.store is not None:
             self.store.clear()
 
@@ -324,7 +332,7 @@ class Selector:
             return None
         with self._lock:
             self._memory[key] = entry
-            self._stats.persistent_hits += 1
+            self._stats["persistent_hits"] += 1
         log.debug("fusedattn_select: persistent cache hit %s (depth %s)", key, entry.depth.value)
         verdicts = tuple(v.with_provenance(Provenance.PERSISTENT_CACHE) for v in entry.verdicts)
         return self._answer(cfg, verdicts, from_cache=True, probe_ms=0.0, key=key)
@@ -374,9 +382,9 @@ class Selector:
         assert self.engine is not None
         verdict = self.engine.probe(cfg, cfg.candidate, phase, depth)
         with self._lock:
-            self._stats.probes += 1
+            self._stats["probes"] += 1
             if verdict.outcome is Outcome.FAILED:
-                self._stats.probe_failures += 1
+                self._stats["probe_failures"] += 1
         return verdict
 
 

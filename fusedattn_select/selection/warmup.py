@@ -35,7 +35,6 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
-from fusedattn_select.buckets import bucket_form, ladder
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
@@ -308,11 +307,12 @@ def _plan_target(selector: Selector, depth: ProbeDepth) -> tuple[tuple | None, s
     return (store, fingerprint, engine.device), ""
 
 
-def _plan_forms(cfg: AttnConfig, selection: Selection) -> tuple[list[AttnConfig], str]:
-    """The problems whose plans attention() runs for `cfg`: its bucket ladder's forms when it is
-    answered by its shape bucket, else its own dense problem; and why there are none."""
+def _plan_forms(selector: Selector, cfg: AttnConfig, selection: Selection) -> tuple[list[AttnConfig], str]:
+    """The problems whose plans attention() runs for `cfg`: its bucket's form when it is answered by
+    its shape bucket (every smaller shape of its class runs in that bucket too), else its own dense
+    problem; and why there are none."""
     if selection.plan_form.startswith("bucket"):
-        return [bucket_form(cfg, bucket) for bucket in ladder(cfg)], ""
+        return [selector.bucket_for(cfg)], ""
     dispatched = plan_store.dispatch_config(cfg)
     if dispatched is None:
         return [], plan_store.not_dispatched_reason(cfg)
@@ -324,7 +324,7 @@ def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection, plans
 
     A graph that passed the probe but does not build flips its answer, as attention() would; when
     that leaves the problem to its dense plans, those are built next."""
-    forms, note = _plan_forms(cfg, selection)
+    forms, note = _plan_forms(selector, cfg, selection)
     store, fingerprint, device = plans
     fields = {"plans_built": 0, "plans_stored": 0, "plan_note": note}
     flipped = False

@@ -11,7 +11,7 @@ from fusedattn_select.buckets import (
     bucket_batch,
     bucket_form,
     bucket_seqlen,
-    ladder,
+    larger_buckets,
     why_not_bucketed,
 )
 
@@ -71,9 +71,10 @@ def test_problems_without_a_bucket_form_say_why(changes, reason):
     assert bucket_form(cfg) is None
 
 
-def test_the_ladder_covers_every_bucket_up_to_the_problem():
-    cfg = AttnConfig(**{**BASE, "batch_size": 3, "seqlen_q": 300, "seqlen_kv": 300})
-    assert ladder(cfg) == [Bucket(b, s, s) for b in (1, 2, 4) for s in (64, 128, 256, 512)]
-    decode = AttnConfig(**{**BASE, "batch_size": 1, "seqlen_q": 1, "seqlen_kv": 200})
-    assert ladder(decode) == [Bucket(1, 1, s) for s in (64, 128, 256)]
-    assert all(b.holds(3, 300, 300) is (b == Bucket(4, 512, 512)) for b in ladder(cfg))
+def test_larger_buckets_climb_the_ladder_smallest_first():
+    above = larger_buckets(Bucket(2, 256, 256), batch_doublings=1, length_doublings=2)
+    assert above == [Bucket(4, 256, 256), Bucket(2, 512, 512), Bucket(4, 512, 512), Bucket(2, 1024, 1024),
+                     Bucket(4, 1024, 1024)]
+    decode = larger_buckets(Bucket(1, 1, 256), batch_doublings=0, length_doublings=2)
+    assert decode == [Bucket(1, 1, 512), Bucket(1, 1, 1024)]
+    assert all(b.holds(2, 256, 256) for b in above)

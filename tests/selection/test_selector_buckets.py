@@ -88,3 +88,18 @@ def test_a_pinned_answer_wins_over_the_bucket_form_at_every_depth():
     for depth in ("fast", "full"):
         pinned = selector.select(config(), depth)
         assert pinned.backend is Backend.NONE and "ranks disagree" in pinned.message
+
+
+def test_a_fresh_process_runs_a_shape_in_a_larger_bucket_another_process_stored(tmp_path):
+    from fusedattn_select.store import PersistentStore
+
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    warmed = Selector(ScriptedTestEngine(), store=PersistentStore(directory))
+    warmed.select(config(batch_size=8, seqlen_q=4096, seqlen_kv=4096))  # what warmup of the model answers
+    engine = ScriptedTestEngine()
+    fresh = Selector(engine, store=PersistentStore(directory))
+    selection = fresh.select(config(batch_size=3, seqlen_q=700, seqlen_kv=700))
+    assert selection.selected and selection.plan_form.startswith("bucket B=8 S_q=4096 S_kv=4096")
+    assert engine.calls == []  # nothing probed: the stored bucket answers
+    assert fresh.bucket_for(config(batch_size=1, seqlen_q=100, seqlen_kv=100)).batch_size == 8
