@@ -14,8 +14,8 @@ import torch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.result import Selection
+from fusedattn_select.runtime import fallback_log, plans, ragged
 from fusedattn_select.runtime import fp8 as fp8q
-from fusedattn_select.runtime import plans, ragged
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.layouts import Formats, bhsd, formats
@@ -261,8 +261,6 @@ def log_fallback(found: Entry) -> None:
     and reason), whichever call signatures of it (attention(), the SDPA drop-in) run it."""
     if found.logged:
         return
-    from fusedattn_select.runtime import fallback_log
-
     cfg = found.call_cfg or found.cfg
     problem = cfg.cache_key() if cfg is not None else "unconfigurable problem"
 

@@ -163,15 +163,17 @@ def apply_rules(cfg: AttnConfig, fingerprint: Fingerprint, phase: Phase) -> Verd
 
 
 NO_PLATFORM_MESSAGE = (
-    "no CUDA device with cuDNN to probe ({detail}): probe on a GPU machine with fusedattn-select[cuda], "
-    "or answer from recorded snapshots (--snapshot FILE, --target h100|h200, FUSEDATTN_SELECT_SNAPSHOT "
-    "or fusedattn_select.use_snapshots())"
+    "no CUDA device with cuDNN to probe ({detail}): {probe}or answer from recorded snapshots "
+    "(--snapshot FILE, --target h100|h200, FUSEDATTN_SELECT_SNAPSHOT or fusedattn_select.use_snapshots())"
 )
+_PROBE_HINT = "probe on a GPU machine with fusedattn-select[cuda], "
 
 
 def no_platform_verdict(cfg: AttnConfig, phase: Phase, detail: str) -> Verdict:
     """The platform rule: without a device or snapshot there is no ground truth to answer with."""
-    message = NO_PLATFORM_MESSAGE.format(detail=detail)
+    # The reason an engine is missing may already name the extra to install: say it once.
+    probe = "" if "fusedattn-select[cuda]" in detail else _PROBE_HINT
+    message = NO_PLATFORM_MESSAGE.format(detail=detail, probe=probe)
     return Verdict(
         backend=cfg.candidate, phase=phase, outcome=Outcome.NO_DATA,
         stage="rule:platform", message=message, detail=message, provenance=Provenance.RULE,

@@ -161,3 +161,10 @@ def test_readme_rules_table_lists_every_rule_with_its_reason():
     for rule in RULES:
         assert rule.name in rows, f"README rules table misses {rule.name}"
         assert rule.reason in rows[rule.name], f"README reason for {rule.name} is stale"
+
+
+def test_platform_rule_names_the_install_hint_once():
+    detail = "cudnn-frontend is not installed (No module named 'cudnn'); install 'fusedattn-select[cuda]' to probe cuDNN"
+    message = no_platform_verdict(cfg(), Phase.FORWARD, detail).message
+    assert message.count("fusedattn-select[cuda]") == 1
+    assert no_platform_verdict(cfg(), Phase.FORWARD, "no NVIDIA driver").message.count("fusedattn-select[cuda]") == 1
