@@ -235,29 +235,36 @@ class Database:
         """
         identity = self._identity
         self.close()
-        deadline = time.monotonic() + LOCKED_RETRY_S
-        with flock_directory(self.path.parent, deadline):
-            if _file_identity(self.path) != identity:
-                return  # another process already replaced it
-            problem = integrity_problem(self.path)
-            if problem is None:
-                return  # sound after all: the caller retries once
-            stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-            salvaged = self.path.with_name(f"{self.path.name}.salvage-{os.getpid()}")
-            counts = _salvage_into(self.path, salvaged)
-            os.replace(self.path, aside)
-            # A stale write-ahead log must never be replayed into the new database.
-            for suffix in ("-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
-            if counts:
-                os.replace(salvaged, self.path)
-        self.damage = ""
+        self.damage = ""  # found again by the next read if this does not repair it
         _DAMAGE_REPORTED.discard(self.path)
+        try:
+            with flock_directory(self.path.parent, time.monotonic() + LOCKED_RETRY_S):
+                if _file_identity(self.path) != identity:
+                    return  # another process already replaced it
+                problem = integrity_problem(self.path)
+                if problem is None:
+                    return  # sound after all: the caller retries once
+                aside, counts = self._replace_with_salvage()
+        except OSError as err:
+            raise StoreFailure(f"cannot set the damaged {self.path} aside ({err})") from None
         log.warning("fusedattn_select: the decision cache %s was damaged (%s): %s; the damaged file is "
                     "kept as %s", self.path, problem, counts or "nothing could be salvaged, started a new one",
                     aside.name)
+
+    def _replace_with_salvage(self) -> tuple[Path, str]:
+        """Put a salvaged copy in the file's place, the file aside: (where it went, what was kept)."""
+        stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        salvaged = self.path.with_name(f"{self.path.name}.salvage-{os.getpid()}")
+        counts = _salvage_into(self.path, salvaged)
+        os.replace(self.path, aside)
+        # A stale write-ahead log must never be replayed into the new database.
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
+        if counts:
+            os.replace(salvaged, self.path)
+        return aside, counts
 
 
 def create_schema(conn: sqlite3.Connection) -> None:

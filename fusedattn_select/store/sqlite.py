@@ -291,16 +291,17 @@ class PersistentStore:
         return import_store(self, path, fingerprint)
 
     def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict]]:
-        where, args = ("WHERE fingerprint_key = ?", (fingerprint_key,)) if fingerprint_key else ("", ())
+        def rows(conn: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> list[tuple]:
+            # Through the table itself (not its indexes): a damaged file exports every readable row.
+            return sorted((row for row in readable_rows(conn, table, columns) if fingerprint_key in (None, row[0])),
+                          key=lambda row: (str(row[0]), str(row[1])))
 
         def read(conn: sqlite3.Connection) -> tuple[list, list, list]:
             return (
-                conn.execute(f"SELECT fingerprint_key, fingerprint FROM fingerprints {where}", args).fetchall(),
-                conn.execute("SELECT fingerprint_key, config_key, depth, verdicts, created FROM verdicts "
-                             f"{where} ORDER BY fingerprint_key, config_key", args).fetchall(),
-                [] if self._plan_refusal() else conn.execute(
-                    "SELECT fingerprint_key, plan_key, sha256, size, blob FROM plans "
-                    f"{where} ORDER BY fingerprint_key, plan_key", args).fetchall(),
+                rows(conn, "fingerprints", ("fingerprint_key", "fingerprint")),
+                rows(conn, "verdicts", ("fingerprint_key", "config_key", "depth", "verdicts", "created")),
+                [] if self._plan_refusal() else rows(conn, "plans", ("fingerprint_key", "plan_key", "sha256",
+                                                                     "size", "blob")),
             )
 
         fingerprint_rows, verdict_rows, plan_rows = self._db.run("export", read)

@@ -106,3 +106,15 @@ def test_write_salvages_the_rows_of_intact_pages_when_a_table_page_is_damaged(ca
     assert f"{kept} decisions" in message and f"lost {ROWS - kept} rows" in message
     assert store.get_plan(H100, "plan-0") == PLAN
     assert store.integrity_check() == ["ok"]
+
+
+def test_read_only_store_exports_every_row_of_a_database_with_a_damaged_primary_key_index(cache_dir, tmp_path):
+    _written_store(cache_dir)
+    path = cache_dir / DATABASE_NAME
+    page_size, roots = _pages(path, "SELECT rootpage FROM sqlite_master WHERE name = 'sqlite_autoindex_verdicts_1'")
+    _overwrite_page(path, page_size, roots[0])
+    store = PersistentStore(cache_dir, read_only=True)
+    assert store.check_damage()
+    counts = store.export(tmp_path / "export.json")
+    assert (counts["verdicts"], counts["plans"]) == (ROWS, 1)
+    assert not list(cache_dir.glob(DATABASE_NAME + ".corrupt-*"))
