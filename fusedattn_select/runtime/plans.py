@@ -23,6 +23,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
 
@@ -69,18 +70,9 @@ class TensorSpec:
     dtype: torch.dtype
 
 
-@dataclass
-class _Stats:
-    builds: int = 0
-    build_ms: float = 0.0
-    build_failures: int = 0
-    loads: int = 0
-    load_ms: float = 0.0
-    load_failures: int = 0
-    executes: int = 0
-
-
-_stats = _Stats()
+# plan_stats()'s counters, each reported (0 until counted); the *_ms ones sum milliseconds.
+_COUNTERS = ("builds", "build_ms", "build_failures", "loads", "load_ms", "load_failures", "executes")
+_stats: Counter[str] = Counter()
 _stats_lock = threading.Lock()
 
 
@@ -89,15 +81,7 @@ def plan_stats() -> dict[str, float]:
     (graphs deserialized from the persistent store), their total ms, and stored plans that did not
     load (dropped and rebuilt); executes."""
     with _stats_lock:
-        return {
-            "builds": _stats.builds,
-            "build_ms": round(_stats.build_ms, 3),
-            "build_failures": _stats.build_failures,
-            "loads": _stats.loads,
-            "load_ms": round(_stats.load_ms, 3),
-            "load_failures": _stats.load_failures,
-            "executes": _stats.executes,
-        }
+        return {name: round(float(_stats[name]), 3) if name.endswith("_ms") else _stats[name] for name in _COUNTERS}
 
 
 class PlanBuildError(Exception):
@@ -195,7 +179,7 @@ class Plan:
         handle = _prepare_handle(self.device)
         workspace = workspace_for(self.device, self.workspace_size)
         self.graph.execute(pack, workspace, handle=handle)
-        _stats.executes += 1  # a benign race under threads: the counter is for tests and logs
+        _stats["executes"] += 1  # a benign race under threads: the counter is for tests and logs
         return outs
 
 
@@ -304,11 +288,11 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
     except Exception as err:  # noqa: BLE001 - every failure becomes a recorded verdict
         verdict = cudnn_probe.verdict_from_exception(err, backend, phase, ProbeDepth.FULL, "build_plans")
         with _stats_lock:
-            _stats.build_failures += 1
+            _stats["build_failures"] += 1
         raise PlanBuildError(verdict) from err
     with _stats_lock:
-        _stats.builds += 1
-        _stats.build_ms += (time.perf_counter() - started) * 1e3
+        _stats["builds"] += 1
+        _stats["build_ms"] += (time.perf_counter() - started) * 1e3
     return plan
 
 
@@ -363,8 +347,8 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
         _check_signature(stored, signature)
         plan = Plan(stored, phase, device, cfg)
         with _stats_lock:
-            _stats.loads += 1
-            _stats.load_ms += (time.perf_counter() - started) * 1e3
+            _stats["loads"] += 1
+            _stats["load_ms"] += (time.perf_counter() - started) * 1e3
         return plan
 
     plan, origin = plan_store.obtain(
@@ -374,7 +358,7 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
     plan.source = None  # serialized (or not persisted): the plan needs only its graph
     if origin == plan_store.REBUILT:
         with _stats_lock:
-            _stats.load_failures += 1
+            _stats["load_failures"] += 1
     return plan
 
 
