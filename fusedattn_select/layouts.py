@@ -33,35 +33,18 @@ class Layout:
         return "thd" in (self.q_format, self.kv_format)
 
 
+_STEMS = {"bshd": "bs", "sbhd": "sb", "thd": "t"}  # a format's dims before h, in packed names
+
+
 def _layouts() -> dict[str, Layout]:
-    table = [
-        Layout("bshd_bshd_bshd", "bshd", "bshd"),
-        Layout("sbhd_sbhd_sbhd", "sbhd", "sbhd"),
-        Layout("bhsd_bhsd_bhsd", "bhsd", "bhsd"),
-        Layout("thd_thd_thd", "thd", "thd"),
-        Layout("bs3hd", "bshd", "bshd", "3hd"),
-        Layout("sb3hd", "sbhd", "sbhd", "3hd"),
-        Layout("t3hd", "thd", "thd", "3hd"),
-        Layout("bsh3d", "bshd", "bshd", "h3d"),
-        Layout("sbh3d", "sbhd", "sbhd", "h3d"),
-        Layout("th3d", "thd", "thd", "h3d"),
-        Layout("bshd_bs2hd", "bshd", "bshd", "2hd"),
-        Layout("sbhd_sb2hd", "sbhd", "sbhd", "2hd"),
-        Layout("thd_t2hd", "thd", "thd", "2hd"),
-        Layout("bshd_bsh2d", "bshd", "bshd", "h2d"),
-        Layout("sbhd_sbh2d", "sbhd", "sbhd", "h2d"),
-        Layout("thd_th2d", "thd", "thd", "h2d"),
-        Layout("sbhd_bshd_bshd", "sbhd", "bshd"),
-        Layout("bshd_sbhd_sbhd", "bshd", "sbhd"),
-        Layout("thd_bshd_bshd", "thd", "bshd"),
-        Layout("thd_sbhd_sbhd", "thd", "sbhd"),
-        Layout("paged_kv_bshd_bshd_bshd", "bshd", "bshd", paged=True),
-        Layout("paged_kv_bshd_sbhd_sbhd", "bshd", "sbhd", paged=True),
-        Layout("paged_kv_sbhd_bshd_bshd", "sbhd", "bshd", paged=True),
-        Layout("paged_kv_sbhd_sbhd_sbhd", "sbhd", "sbhd", paged=True),
-        Layout("paged_kv_thd_bshd_bshd", "thd", "bshd", paged=True),
-        Layout("paged_kv_thd_sbhd_sbhd", "thd", "sbhd", paged=True),
-    ]
+    table = [Layout(f"{fmt}_{fmt}_{fmt}", fmt, fmt) for fmt in FORMATS]
+    for packing in ("3hd", "h3d"):  # q, k and v in one tensor
+        table += [Layout(f"{stem}{packing}", fmt, fmt, packing) for fmt, stem in _STEMS.items()]
+    for packing in ("2hd", "h2d"):  # k and v in one tensor
+        table += [Layout(f"{fmt}_{stem}{packing}", fmt, fmt, packing) for fmt, stem in _STEMS.items()]
+    mixed = (("sbhd", "bshd"), ("bshd", "sbhd"), ("thd", "bshd"), ("thd", "sbhd"))  # q's format, k and v's
+    table += [Layout(f"{q}_{kv}_{kv}", q, kv) for q, kv in mixed]
+    table += [Layout(f"paged_kv_{q}_{kv}_{kv}", q, kv, paged=True) for q in _STEMS for kv in ("bshd", "sbhd")]
     return {layout.name: layout for layout in table}
 
 

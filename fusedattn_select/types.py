@@ -11,25 +11,26 @@ from dataclasses import asdict, dataclass
 from fusedattn_select.errors import ConfigError
 
 
-class Backend(str, enum.Enum):
+class TextEnum(str, enum.Enum):
+    """An enum of strings whose str() is its value ("F16", not "Backend.F16")."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Backend(TextEnum):
     """A fused attention backend (TransformerEngine's F16_arbitrary_seqlen, FP8, No_Backend)."""
 
     F16 = "F16"
     FP8 = "FP8"
     NONE = "NONE"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Phase(str, enum.Enum):
+class Phase(TextEnum):
     """Which graph of a backend a verdict is about."""
 
     FORWARD = "forward"
     BACKWARD = "backward"
-
-    def __str__(self) -> str:
-        return self.value
 
     @staticmethod
     def of(is_training: bool) -> "tuple[Phase, ...]":
@@ -37,7 +38,7 @@ class Phase(str, enum.Enum):
         return (Phase.FORWARD, Phase.BACKWARD) if is_training else (Phase.FORWARD,)
 
 
-class Outcome(str, enum.Enum):
+class Outcome(TextEnum):
     """What a probe found.
 
     SUPPORTED and UNSUPPORTED are verdicts about the problem and are cached; FAILED is an incident
@@ -51,11 +52,8 @@ class Outcome(str, enum.Enum):
     FAILED = "failed"
     NO_DATA = "no_data"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Provenance(str, enum.Enum):
+class Provenance(TextEnum):
     """Where an answer came from."""
 
     RULE = "rule"
@@ -65,18 +63,12 @@ class Provenance(str, enum.Enum):
     SNAPSHOT = "snapshot"
     DECLARED = "declared"  # a vendor's declared capability table, not a probe
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class ProbeDepth(str, enum.Enum):
+class ProbeDepth(TextEnum):
     """How far a probe goes: `fast` stops after cuDNN's check_support, `full` also builds plans."""
 
     FAST = "fast"
     FULL = "full"
-
-    def __str__(self) -> str:
-        return self.value
 
     @classmethod
     def parse(cls, value: "str | ProbeDepth", field: str = "probe_depth") -> "ProbeDepth":
