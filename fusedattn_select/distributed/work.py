@@ -11,35 +11,24 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
-from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.cudnn.plans import dispatch_config
-from fusedattn_select.selection.warmup import describe
-from fusedattn_select.types import ProbeDepth
 
-ConfigItem = Union[AttnConfig, NamedConfig, tuple[str, AttnConfig]]
+# warmup's own inputs, naming and de-duplication: a shared warmup splits the problems warmup() runs
+from fusedattn_select.selection.warmup import ConfigItem
+from fusedattn_select.selection.warmup import _distinct as distinct_problems
+from fusedattn_select.selection.warmup import _named as named_problem
+from fusedattn_select.types import ProbeDepth
 
 
 def named_problems(configs: Iterable[ConfigItem] | AttnConfig | NamedConfig) -> list[tuple[str, AttnConfig]]:
     """(name, config) pairs in the given order; an unnamed AttnConfig is named by `describe`."""
     if isinstance(configs, (AttnConfig, NamedConfig)):
         configs = [configs]
-    named = []
-    for index, item in enumerate(configs):
-        if isinstance(item, NamedConfig):
-            named.append((item.name, item.config))
-        elif isinstance(item, AttnConfig):
-            named.append((describe(item), item))
-        elif (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-              and isinstance(item[1], AttnConfig)):
-            named.append(item)
-        else:
-            raise ConfigError(f"configs[{index}]", item,
-                              "must be an AttnConfig, a (name, AttnConfig) pair or a NamedConfig")
-    return named
+    return [named_problem(index, item) for index, item in enumerate(configs)]
 
 
 @dataclass(frozen=True)
@@ -55,15 +44,7 @@ class WorkItem:
 
 def work_items(configs: Iterable[ConfigItem], depth: ProbeDepth) -> tuple[list[WorkItem], int]:
     """Distinct problems in first-seen order, and how many entries repeated an earlier problem."""
-    items: dict[str, tuple[str, AttnConfig, list[str]]] = {}
-    duplicates = 0
-    for name, cfg in named_problems(configs):
-        key = cfg.cache_key()
-        if key in items:
-            duplicates += 1
-            items[key][2].append(name)
-        else:
-            items[key] = (name, cfg, [])
+    items, duplicates = distinct_problems(configs)
     return [WorkItem(key, name, cfg, _cost(cfg, depth), tuple(aliases))
             for key, (name, cfg, aliases) in items.items()], duplicates
 
