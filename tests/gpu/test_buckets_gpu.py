@@ -5,9 +5,7 @@ forward and backward agree with the float64 reference, and the plan that runs is
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("cudnn")
+from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
 from fusedattn_select.buckets import Bucket, bucket_form  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
@@ -15,20 +13,8 @@ from fusedattn_select.runtime.api import attention, config_from_tensors, dispatc
 from fusedattn_select.runtime.reference import reference_attention_bshd  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device"),
-]
-
-CUDA = "cuda"
+pytestmark = GPU_MARKS
 TOL_OUT, TOL_GRAD = 2e-2, 4e-2  # relative to the largest reference magnitude (bf16 kernels)
-
-
-def _close(got, want, tol, what):
-    want = want.detach().double()
-    scale = want.abs().max().item() or 1.0
-    err = (got.detach().double() - want).abs().max().item()
-    assert err <= tol * scale, f"{what}: max error {err:.4g} > {tol} x {scale:.4g}"
 
 
 def _tensors(b, sq, skv, hq=8, hkv=2, d=64, seed=0):
@@ -53,13 +39,13 @@ def _check(b, sq, skv, *, lse=False, **kwargs):
     ref = reference_attention_bshd(qd, kd, vd, return_lse=lse, **kwargs)
     ref_out, ref_lse = ref if lse else (ref, None)
     ref_out.backward(grad.double())
-    _close(out, ref_out, TOL_OUT, "out")
+    assert_close(out, ref_out, TOL_OUT, "out")
     for name, got, want in (("dq", q.grad, qd.grad), ("dk", k.grad, kd.grad), ("dv", v.grad, vd.grad)):
-        _close(got, want, TOL_GRAD, name)
+        assert_close(got, want, TOL_GRAD, name)
     if lse:
         assert got_lse.shape == (b, q.shape[2], sq, 1)
         valid = torch.isfinite(ref_lse)
-        _close(got_lse[valid], ref_lse[valid], 1e-2, "lse")
+        assert_close(got_lse[valid], ref_lse[valid], 1e-2, "lse")
     return entry
 
 

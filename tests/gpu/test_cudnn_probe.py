@@ -10,11 +10,11 @@ from __future__ import annotations
 import gc
 import re
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from concurrent_calls import call_at_once
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.layouts import format_strides
@@ -318,18 +318,7 @@ def test_build_graph_works_with_a_handle_of_this_thread(engine):
 def test_16_threads_selecting_one_new_training_config_probe_each_graph_once(engine):
     selector = Selector(engine)
     cfg = fresh(mask="causal")
-    barrier = threading.Barrier(16)
-    selections = []
-
-    def select() -> None:
-        barrier.wait()
-        selections.append(selector.select(cfg))
-
-    threads = [threading.Thread(target=select) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    selections = call_at_once(lambda: selector.select(cfg), 16)
     assert len(selections) == 16
     assert {selection.backend for selection in selections} == {Backend.F16}
     assert selector.cache_info()["probes"] == 2
@@ -343,20 +332,12 @@ def test_probes_of_distinct_configs_run_on_4_threads(engine):
 
 
 def test_each_thread_gets_its_own_cudnn_handle(engine):
-    barrier = threading.Barrier(4)
-    handles: list = []
-
-    def take() -> None:
-        barrier.wait()
+    def take():
         first = handle_for(engine.device)
         assert handle_for(engine.device) is first
-        handles.append(first)
+        return first
 
-    threads = [threading.Thread(target=take) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    handles = call_at_once(take, 4)
     assert len({id(handle) for handle in handles}) == 4
 
 

@@ -12,9 +12,7 @@ import math
 import time
 
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("cudnn")
+from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
@@ -22,23 +20,12 @@ from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device"),
-]
-
-CUDA = "cuda"
+pytestmark = GPU_MARKS
 FP16, BF16 = torch.float16, torch.bfloat16
 # Error bounds relative to the largest reference magnitude: kernels round to 16 bits, the oracle
 # computes in float32.
 OUT_TOL = {FP16: 1e-2, BF16: 2e-2}
 GRAD_TOL = {FP16: 2e-2, BF16: 4e-2}
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
-    scale = want.detach().float().abs().max().item() or 1.0
-    err = (got.detach().float() - want.detach().float()).abs().max().item()
-    assert err <= tol * scale, f"{what}: max error {err:.4g} > {tol} x max |ref| {scale:.4g}"
 
 
 def _inputs(b=2, sq=256, skv=256, hq=8, hkv=8, d=64, dv=None, dtype=BF16, layout="bshd", grad=True, seed=0):
@@ -122,14 +109,14 @@ def test_fused_output_and_gradients_match_reference(name):
     assert entry.selection.backend is Backend.F16
 
     expected = reference_attention(*(_to_bhsd(t, layout) for t in (q, k, v)), **kw)
-    _close(_to_bhsd(out, layout), expected, OUT_TOL[dtype], "out")
+    assert_close(_to_bhsd(out, layout), expected, OUT_TOL[dtype], "out")
 
     grad_out = torch.randn_like(out)
     leaves = [q, k, v] + [kw[n] for n in ("bias", "sink") if n in kw and kw[n].requires_grad]
     got = torch.autograd.grad(out, leaves, grad_out)
     want = torch.autograd.grad(expected, leaves, _to_bhsd(grad_out, layout))
     for label, g, w in zip(("dq", "dk", "dv", "dextra"), got, want):
-        _close(g, w, GRAD_TOL[dtype], label)
+        assert_close(g, w, GRAD_TOL[dtype], label)
 
 
 def test_inference_call_runs_the_forward_graph_only_and_returns_lse():
@@ -139,7 +126,7 @@ def test_inference_call_runs_the_forward_graph_only_and_returns_lse():
     assert entry.fused and entry.backward is None and not entry.cfg.is_training
     expected, expected_lse = reference_attention(*(_to_bhsd(t, "bshd") for t in (q, k, v)), mask="causal",
                                                  return_lse=True)
-    _close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
+    assert_close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
     torch.testing.assert_close(lse, expected_lse, atol=2e-2, rtol=1e-3)
 
 
@@ -150,7 +137,7 @@ def test_transposed_views_are_read_as_bhsd_and_run_through_the_bucket_plan():
     # BHSD memory is read as such; the bucket plan runs it from a BSHD copy of each input.
     assert entry.call_cfg.qkv_layout == "bhsd_bhsd_bhsd" and entry.bucketed
     expected = reference_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask="causal")
-    _close(out.transpose(1, 2), expected, OUT_TOL[BF16], "out")
+    assert_close(out.transpose(1, 2), expected, OUT_TOL[BF16], "out")
 
 
 def test_a_problem_cudnn_rejects_falls_back_with_its_reason(caplog):
@@ -161,7 +148,7 @@ def test_a_problem_cudnn_rejects_falls_back_with_its_reason(caplog):
     assert not entry.fused and entry.selection.backend is Backend.NONE
     assert any(entry.reason in r.getMessage() for r in caplog.records)
     expected = reference_attention(*(_to_bhsd(t, "bshd") for t in (q, k, v)), mask="causal")
-    _close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
+    assert_close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
 
 
 def test_a_build_failure_after_a_fast_yes_flips_the_selection_and_falls_back(monkeypatch):
@@ -181,7 +168,7 @@ def test_a_build_failure_after_a_fast_yes_flips_the_selection_and_falls_back(mon
     selection = default_selector().select(cfg)
     assert selection.backend is Backend.NONE and "injected build failure" in selection.message
     expected = reference_attention(*(_to_bhsd(t, "bshd") for t in (q, k, v)), mask="causal")
-    _close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
+    assert_close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
     out.sum().backward()
     assert q.grad is not None
 
@@ -257,7 +244,7 @@ def test_fp8_problem_cudnn_rejects_falls_back_with_its_reason(caplog):
     assert any(entry.reason in r.getMessage() for r in caplog.records)
     assert out.dtype == BF16  # the fallback computes in the input precision; it never claims FP8
     expected = reference_attention(*(_to_bhsd(t, "bshd") for t in (q, k, v)), **kw)
-    _close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
+    assert_close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
 
 
 # ----- determinism -------------------------------------------------------------------------------
@@ -298,8 +285,8 @@ def test_torch_compile_fullgraph_runs_forward_and_backward():
     compiled = torch.compile(block, fullgraph=True)
     got = compiled(x)
     (got_grad,) = torch.autograd.grad(got.float().sum(), x)
-    _close(got, expected, 2e-2, "out")
-    _close(got_grad, expected_grad, 4e-2, "dx")
+    assert_close(got, expected, 2e-2, "out")
+    assert_close(got_grad, expected_grad, 4e-2, "dx")
     assert _entry_for_last_call().fused
     assert dispatch_info()["fused_calls"] == fused_before + 1  # the compiled forward ran the op once
 
@@ -333,7 +320,7 @@ def test_cuda_graph_capture_of_forward_and_backward_replays_correctly():
     expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
     torch.testing.assert_close(static_out, expected)  # the forward kernel is deterministic
     for label, a, b in zip(("dq", "dk", "dv"), static_grads, expected_grads):
-        _close(a, b, 1e-2, label)  # the backward may accumulate in another order
+        assert_close(a, b, 1e-2, label)  # the backward may accumulate in another order
 
 
 # ----- the SDPA drop-in --------------------------------------------------------------------------
@@ -361,11 +348,11 @@ def test_sdpa_drop_in_matches_torch_sdpa(name):
     ours = scaled_dot_product_attention(q, k, v, **kw)
     assert dispatch_info()["fused_calls"] == calls + (0 if name.endswith("torch") else 1)
     theirs = torch_sdpa(q, k, v, **kw)
-    _close(ours, theirs, OUT_TOL[BF16], "out")
+    assert_close(ours, theirs, OUT_TOL[BF16], "out")
     grad_out = torch.randn_like(ours)
     for label, a, b in zip(("dq", "dk", "dv"), torch.autograd.grad(ours, (q, k, v), grad_out),
                            torch.autograd.grad(theirs, (q, k, v), grad_out)):
-        _close(a, b, GRAD_TOL[BF16], label)
+        assert_close(a, b, GRAD_TOL[BF16], label)
 
 
 # ----- the hot path ------------------------------------------------------------------------------
@@ -401,8 +388,8 @@ def test_a_new_batch_and_seqlen_of_a_warm_problem_builds_its_own_correct_plans()
     print(f"\nnew batch/seqlen: {built} plans built in {build_ms:.1f} ms; first call {first_call_ms:.1f} ms")
     assert built == 2 and _entry_for_last_call().fused
     expected = reference_attention(*(_to_bhsd(t, "bshd") for t in (q, k, v)), mask="causal")
-    _close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
+    assert_close(_to_bhsd(out, "bshd"), expected, OUT_TOL[BF16], "out")
     grad_out = torch.randn_like(out)
     for label, g, w in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), grad_out),
                            torch.autograd.grad(expected, (q, k, v), _to_bhsd(grad_out, "bshd"))):
-        _close(g, w, GRAD_TOL[BF16], label)
+        assert_close(g, w, GRAD_TOL[BF16], label)

@@ -24,15 +24,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
+from gpu_setup import GPU_MARKS, torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("cudnn")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device"),
-]
+pytestmark = GPU_MARKS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "llama-3-8b.yaml"

@@ -16,9 +16,10 @@ import time
 from typing import Callable
 
 import pytest
+from concurrent_calls import call_at_once
 
 import fusedattn_select
-from fusedattn_select import AttnConfig, Backend, Selection, get_backend, select
+from fusedattn_select import AttnConfig, Backend, get_backend, select
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
@@ -111,21 +112,7 @@ def test_fp8_problem_probes_the_fp8_backend():
 def test_sixteen_threads_asking_one_new_problem_share_one_probe_per_graph():
     engine = ScriptedTestEngine(delay_s=0.05)
     selector = Selector(engine, bucket_forms=False)
-    barrier = threading.Barrier(16)
-    results: list[Selection] = []
-    lock = threading.Lock()
-
-    def ask():
-        barrier.wait()
-        selection = selector.select(config())
-        with lock:
-            results.append(selection)
-
-    threads = [threading.Thread(target=ask) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = call_at_once(lambda: selector.select(config()), 16)
     assert len(engine.calls) == 2
     assert len(results) == 16
     assert {(s.backend, s.message, s.cache_key) for s in results} == {(Backend.F16, "", config().cache_key())}
