@@ -17,6 +17,7 @@ from fusedattn_select.cli.snapshot import register_snapshot
 from fusedattn_select.cli.warmup import register_warmup
 from fusedattn_select.cli.why import register_why
 from fusedattn_select.errors import FusedAttnSelectError
+from fusedattn_select.store.settings import check_cache_switch
 
 log = logging.getLogger("fusedattn_select")
 
@@ -72,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_BAD_INPUT
     with _logging(args.verbose):
         try:
+            if args.command != "info":  # info reports an invalid switch among the other facts
+                check_cache_switch()
             return args.func(args)
         except FusedAttnSelectError as err:
             print(f"error: {err}", file=sys.stderr)

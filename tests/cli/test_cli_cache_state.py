@@ -224,3 +224,14 @@ def test_info_flags_an_invalid_cache_switch(capsys, monkeypatch):
     code, out, _ = run(capsys, "info", "--json")
     assert code == 0
     assert json.loads(out)["cache"].startswith("INVALID: FUSEDATTN_SELECT_CACHE='maybe': must be one of on, 1")
+
+
+@pytest.mark.parametrize("command", [["why", "--set", "batch_size=1", "--set", "num_heads_q=1", "--set",
+                                      "num_heads_kv=1", "--set", "seqlen_q=8", "--set", "seqlen_kv=8",
+                                      "--set", "head_dim_qk=64"], ["matrix", "probes/hopper-suite-sample.yaml"]])
+def test_every_command_but_info_refuses_an_invalid_cache_switch(monkeypatch, capsys, command):
+    from fusedattn_select.cli import main
+
+    monkeypatch.setenv("FUSEDATTN_SELECT_CACHE", "maybe")
+    assert main(command) == 2
+    assert "FUSEDATTN_SELECT_CACHE='maybe'" in capsys.readouterr().err
