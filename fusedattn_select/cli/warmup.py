@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Callable, TextIO
 
@@ -135,14 +136,21 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
     for path in args.configs:
         config_file = load_config_file(path)
         problems += [(f"{config_file.name}/{entry.name}", entry.config) for entry in config_file.entries]
+    distributed = _torchrun()  # before the selector: a rank uses GPU LOCAL_RANK
     selector = _selector(args)
     lost = _lost_at_exit(selector)
     if lost and not args.memory_ok:
         print(f"error: {lost}", file=sys.stderr)
         return EXIT_NOT_DONE
     snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
-    report = warmup(problems, jobs=args.jobs, depth=depth, selector=selector,
-                    progress=None if args.json else progress_bar(), workers=_workers(args, snapshot))
+    if distributed is not None:
+        shared = distributed.warmup(problems, depth=depth, selector=selector, jobs=args.jobs)
+        report = shared.combined
+        if shared.rank != min(shared.ranks):  # one report per job: the lowest rank's
+            return _exit_code(report, set())
+    else:
+        report = warmup(problems, jobs=args.jobs, depth=depth, selector=selector,
+                        progress=None if args.json else progress_bar(), workers=_workers(args, snapshot))
     no_data = _no_data_keys(selector, report, {cfg.cache_key(): cfg for _, cfg in problems}, depth)
     if args.json:
         print(_json(report, selector, snapshot, no_data))
@@ -152,8 +160,21 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
             text += (f"\nreplayed from {snapshot.file_names} (recorded on {snapshot.describe()}): "
                      "nothing was probed, built or stored; seconds are this machine's lookups")
         print(text)
+    return _exit_code(report, no_data)
+
+
+def _exit_code(report: WarmupReport, no_data: set) -> int:
     return answers_exit_code([row.outcome is WarmupOutcome.ACCEPTED for row in report.rows],
                              [row.cache_key in no_data for row in report.rows])
+
+
+def _torchrun() -> Any:
+    """The distributed module when this process is one rank of several under torchrun, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    from fusedattn_select import distributed  # needs torch: imported only under torchrun
+
+    return distributed if distributed.init_from_torchrun() else None
 
 
 def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from fusedattn_select.distributed.facts import RankFacts
 from fusedattn_select.distributed.work import WorkItem
 from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.selection.selector import Selector
-from fusedattn_select.selection.warmup import WarmupOutcome, WarmupRow
+from fusedattn_select.selection.warmup import WarmupOutcome, WarmupRow, plan_forms
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict
 
 log = logging.getLogger("fusedattn_select")
@@ -86,27 +86,27 @@ def decision_row(selector: Selector, cfg: AttnConfig, depth: ProbeDepth) -> Deci
 
 
 def stored_plans(selector: Selector, cfg: AttnConfig, backend: Backend) -> list[PlanRow]:
-    """The serialized plans the store holds for what attention() runs of `cfg` (none off live cuDNN)."""
+    """The serialized plans the store holds for what attention() runs of `cfg` (none off live cuDNN):
+    the plans warmup built, found by the same plan forms."""
     engine, store, fingerprint = selector.engine, selector.store, selector.fingerprint
     if engine is None or engine.name != "cudnn" or not plan_store.persists_plans(store):
         return []
-    dispatched = plan_store.dispatch_config(cfg)
-    if dispatched is None:
-        return []
+    forms, _ = plan_forms(selector, cfg, selector.select(cfg, ProbeDepth.FULL))
     # needs cudnn-frontend: imported only where a live cuDNN engine built plans
-    from fusedattn_select.probing.cudnn import engine as cudnn_probe
+    from fusedattn_select.probing import cudnn as cudnn_probe
 
     rows = []
-    for phase in dispatched.phases:
-        try:
-            with cudnn_probe.device_context(engine.device):
-                key = plan_store.dispatch_plan_key(dispatched, backend, phase,
-                                                   handle=cudnn_probe.handle_for(engine.device)).key
-        except cudnn_probe.CudnnUnsupported:
-            continue  # no such graph: warmup built no plan for it either
-        blob = store.get_plan(fingerprint, key)
-        if blob is not None:
-            rows.append(PlanRow(key, fingerprint.key(), len(blob), hashlib.sha256(blob).hexdigest(), blob))
+    for form in forms:
+        for phase in form.phases:
+            try:
+                with cudnn_probe.device_context(engine.device):
+                    key = plan_store.dispatch_plan_key(form, backend, phase,
+                                                       handle=cudnn_probe.handle_for(engine.device)).key
+            except cudnn_probe.CudnnUnsupported:
+                continue  # no such graph: warmup built no plan for it either
+            blob = store.get_plan(fingerprint, key)
+            if blob is not None:
+                rows.append(PlanRow(key, fingerprint.key(), len(blob), hashlib.sha256(blob).hexdigest(), blob))
     return rows
 
 

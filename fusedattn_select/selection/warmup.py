@@ -307,7 +307,7 @@ def _plan_target(selector: Selector, depth: ProbeDepth) -> tuple[tuple | None, s
     return (store, fingerprint, engine.device), ""
 
 
-def _plan_forms(selector: Selector, cfg: AttnConfig, selection: Selection) -> tuple[list[AttnConfig], str]:
+def plan_forms(selector: Selector, cfg: AttnConfig, selection: Selection) -> tuple[list[AttnConfig], str]:
     """The problems whose plans attention() runs for `cfg`: its bucket's form when it is answered by
     its shape bucket (every smaller shape of its class runs in that bucket too), else its own dense
     problem; and why there are none."""
@@ -324,7 +324,7 @@ def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection, plans
 
     A graph that passed the probe but does not build flips its answer, as attention() would; when
     that leaves the problem to its dense plans, those are built next."""
-    forms, note = _plan_forms(selector, cfg, selection)
+    forms, note = plan_forms(selector, cfg, selection)
     store, fingerprint, device = plans
     fields = {"plans_built": 0, "plans_stored": 0, "plan_note": note}
     flipped = False
