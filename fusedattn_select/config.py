@@ -51,6 +51,10 @@ def did_you_mean(value: object, choices: Iterable[str]) -> str:
     return f"did you mean {matches[0]!r}? " if matches else ""
 
 
+def _given(value: Any, derived: Any) -> Any:
+    return derived if value is None else value
+
+
 @dataclass(frozen=True)
 class AttnConfig:
     """One attention problem, as a framework would run it.
@@ -127,21 +131,11 @@ class AttnConfig:
     def kv_format(self) -> str:
         return self.layout.kv_format
 
-    @property
-    def resolved_head_dim_v(self) -> int:
-        return self.head_dim_qk if self.head_dim_v is None else self.head_dim_v
-
-    @property
-    def resolved_o_format(self) -> str:
-        return self.q_format if self.o_format is None else self.o_format
-
-    @property
-    def resolved_do_format(self) -> str:
-        return self.resolved_o_format if self.do_format is None else self.do_format
-
-    @property
-    def resolved_dqkv_layout(self) -> str:
-        return self.qkv_layout if self.dqkv_layout is None else self.dqkv_layout
+    # A field left None takes the value it is derived from.
+    resolved_head_dim_v = property(lambda self: _given(self.head_dim_v, self.head_dim_qk))
+    resolved_o_format = property(lambda self: _given(self.o_format, self.q_format))
+    resolved_do_format = property(lambda self: _given(self.do_format, self.resolved_o_format))
+    resolved_dqkv_layout = property(lambda self: _given(self.dqkv_layout, self.qkv_layout))
 
     @property
     def resolved_bottom_right_diagonal(self) -> bool:

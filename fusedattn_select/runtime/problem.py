@@ -1,5 +1,5 @@
 """The AttnConfig of a call: what attention() reads off its tensors, turned into a config by the
-torch-free TensorProblem that warmup uses too (so both ask for the same plans)."""
+torch-free call_config that warmup uses too (so both ask for the same plans)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from fusedattn_select import dtypes
 from fusedattn_select.config import BIAS_SHAPES, AttnConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.probing.cudnn.plans import TensorProblem
+from fusedattn_select.probing.cudnn.plans import call_config
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.layouts import Formats
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
@@ -49,7 +49,7 @@ def config(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, formats: Format
     if bias is not None and alibi:
         raise ConfigError("alibi_slopes", "tensor", "cannot be combined with bias in one fused graph")
     qkv_dtype, o_dtype = _precisions(qb.dtype, options, scales)
-    return TensorProblem(
+    return call_config(dict(
         batch_size=batch, num_heads_q=heads_q, num_heads_kv=kb.shape[1], seqlen_q=seqlen_q,
         seqlen_kv=kb.shape[2], head_dim_qk=head_dim, head_dim_v=vb.shape[3], qkv_layout=formats.qkv_layout,
         qkv_dtype=qkv_dtype, o_dtype=o_dtype,
@@ -58,4 +58,4 @@ def config(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, formats: Format
         mask=options.mask, softmax=options.softmax, window_size=tuple(options.window_size),
         dropout=float(options.dropout), attn_scale=options.attn_scale, is_training=options.training,
         deterministic=options.deterministic,
-    ).config()
+    ))

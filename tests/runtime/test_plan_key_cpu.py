@@ -1,5 +1,5 @@
 """Warmup stores plans under the key dispatch looks them up with (both call dispatch_plan_key on the
-config TensorProblem builds); if the keys ever differed, warmed plans would silently never be used.
+config call_config builds); if the keys ever differed, warmed plans would silently never be used.
 
 cuDNN is not here: the graph description (graph_signature) and the engine's build are TEST DOUBLES,
 so these tests check which configs and phases each path keys, not what cuDNN builds.

@@ -35,7 +35,6 @@ rebuilt (the rebuilt blob replaces it).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -215,62 +214,38 @@ def obtain(key: str, *, store: Store | None, fingerprint: Fingerprint, build: Ca
 
 
 # ----- which configs attention() runs ------------------------------------------------------------
-@dataclass(frozen=True)
-class TensorProblem:
-    """What attention() reads off its tensors and options, torch-free: the fields a call can express.
+# The AttnConfig fields a call of attention() sets (read off its tensors and options); every other
+# field keeps its default.
+CALL_FIELDS = (
+    "batch_size", "num_heads_q", "num_heads_kv", "seqlen_q", "seqlen_kv", "head_dim_qk", "head_dim_v",
+    "qkv_layout", "qkv_dtype", "o_dtype", "bias", "bias_shape", "mask", "softmax", "window_size", "dropout",
+    "attn_scale", "is_training", "deterministic",
+)
+# Biases a call expresses: none, a post-scale bias tensor, or ALiBi slopes.
+CALL_BIASES = ("no_bias", "post_scale_bias", "alibi")
 
-    `qkv_layout` is the memory layout of q, k, v; `o_dtype` the output precision of an FP8 call
-    (ignored for fp16/bf16); `bias` is "no_bias", "post_scale_bias" (with `bias_shape`) or "alibi".
+
+def call_config(fields: Mapping[str, Any]) -> AttnConfig:
+    """The AttnConfig attention() selects and runs for a call with these CALL_FIELDS, torch-free, so
+    warmup and dispatch make the same one: head_dim_v only where it differs, FP8 calls scaled per
+    call ("current"), a bias shape only for a post-scale bias. ConfigError where AttnConfig rejects it.
     """
-
-    batch_size: int
-    num_heads_q: int
-    num_heads_kv: int
-    seqlen_q: int
-    seqlen_kv: int
-    head_dim_qk: int
-    head_dim_v: int
-    qkv_layout: str
-    qkv_dtype: str
-    o_dtype: str | None = None
-    bias: str = "no_bias"
-    bias_shape: str | None = None
-    mask: str = "no_mask"
-    softmax: str = "vanilla"
-    window_size: tuple[int, int] = (-1, -1)
-    dropout: float = 0.0
-    attn_scale: float | None = None
-    is_training: bool = True
-    deterministic: bool = False
-
-    def config(self) -> AttnConfig:
-        """The AttnConfig attention() selects and runs: these fields, everything else at its default.
-
-        Raises ConfigError for a combination AttnConfig rejects.
-        """
-        fields = {name: getattr(self, name) for name in _PLAIN_FIELDS}
-        if dtypes.BY_NAME[self.qkv_dtype].is_fp8:  # attention(fp8=...) scales per call
-            fields.update(o_dtype=self.o_dtype, scaling_mode="current")
-        if self.bias != "no_bias":
-            fields.update(bias=self.bias, bias_shape=self.bias_shape if self.bias == "post_scale_bias" else None)
-        return AttnConfig(
-            head_dim_v=self.head_dim_v if self.head_dim_v != self.head_dim_qk else None,
-            window_size=tuple(self.window_size),
-            attn_scale=None if self.attn_scale is None else float(self.attn_scale), **fields,
-        )
-
-    @classmethod
-    def of(cls, cfg: AttnConfig) -> "TensorProblem | None":
-        """The call dense tensors of `cfg`'s layout make, or None when no call expresses `cfg`'s bias."""
-        if cfg.bias not in ("no_bias", "post_scale_bias", "alibi"):
-            return None
-        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)}
-        return cls(**dict(fields, head_dim_v=cfg.resolved_head_dim_v, window_size=tuple(cfg.window_size)))
-
-
-# TensorProblem fields that pass to AttnConfig as they are.
-_PLAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TensorProblem)
-                      if f.name not in ("head_dim_v", "window_size", "attn_scale", "o_dtype", "bias", "bias_shape"))
+    given = dict(fields)
+    unknown = sorted(set(given) - set(CALL_FIELDS))
+    if unknown:
+        raise TypeError(f"call_config() got fields a call does not set: {unknown}")
+    if given.get("head_dim_v") == given["head_dim_qk"]:
+        given["head_dim_v"] = None
+    if dtypes.BY_NAME[given["qkv_dtype"]].is_fp8:
+        given["scaling_mode"] = "current"
+    else:
+        given.pop("o_dtype", None)
+    if given.get("bias", "no_bias") != "post_scale_bias":
+        given.pop("bias_shape", None)
+    if given.get("attn_scale") is not None:
+        given["attn_scale"] = float(given["attn_scale"])
+    given["window_size"] = tuple(given.get("window_size", (-1, -1)))
+    return AttnConfig(**given)
 
 
 def dispatch_config(cfg: AttnConfig) -> AttnConfig | None:
@@ -281,11 +256,11 @@ def dispatch_config(cfg: AttnConfig) -> AttnConfig | None:
     """
     if cfg.qkv_layout not in SEPARATE_LAYOUTS or cfg.cuda_graph:
         return None
-    problem = TensorProblem.of(cfg)
-    if problem is None:
+    if cfg.bias not in CALL_BIASES:
         return None
+    fields = {name: getattr(cfg, name) for name in CALL_FIELDS}
     try:
-        candidate = problem.config()
+        candidate = call_config(dict(fields, head_dim_v=cfg.resolved_head_dim_v))
     except Exception:  # noqa: BLE001 - a field combination attention() cannot make
         return None
     return candidate if candidate.cache_key() == cfg.cache_key() else None
