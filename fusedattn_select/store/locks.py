@@ -34,32 +34,28 @@ log = logging.getLogger("fusedattn_select")
 ProcessLock = Callable[[str, str, float], contextlib.AbstractContextManager[bool]]
 
 
-@contextlib.contextmanager
-def flock(path: Path, deadline: float) -> Iterator[bool]:
+def flock(path: Path, deadline: float) -> contextlib.AbstractContextManager[bool]:
     """Exclusive flock on `path` until `deadline` (monotonic); yields whether it was acquired."""
-    if fcntl is None:  # pragma: no cover - Windows
-        yield True
-        return
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        acquired = _poll_flock(fd, deadline)
-        try:
-            yield acquired
-        finally:
-            if acquired:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+
+    def open_lock_file() -> int:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    return _exclusive(open_lock_file, deadline)
+
+
+def flock_directory(directory: Path, deadline: float) -> contextlib.AbstractContextManager[bool]:
+    """Exclusive flock on the directory itself until `deadline`: a lock that leaves no file behind."""
+    return _exclusive(lambda: os.open(directory, os.O_RDONLY), deadline)
 
 
 @contextlib.contextmanager
-def flock_directory(directory: Path, deadline: float) -> Iterator[bool]:
-    """Exclusive flock on the directory itself until `deadline`: a lock that leaves no file behind."""
+def _exclusive(open_descriptor: Callable[[], int], deadline: float) -> Iterator[bool]:
+    """Exclusive flock on the descriptor `open_descriptor` opens (on entry) until `deadline`."""
     if fcntl is None:  # pragma: no cover - Windows
         yield True
         return
-    fd = os.open(directory, os.O_RDONLY)
+    fd = open_descriptor()
     try:
         acquired = _poll_flock(fd, deadline)
         try:

@@ -13,14 +13,14 @@ import json
 import os
 import sqlite3
 
+import cache_dirs
 import pytest
 
 from fusedattn_select import cli
 from fusedattn_select.probing import choice
-from fusedattn_select.store import CACHE_DIR_ENV, CACHE_SWITCH_ENV, DATABASE_NAME, PersistentStore
+from fusedattn_select.store import CACHE_SWITCH_ENV, DATABASE_NAME, PersistentStore
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Verdict
 
-RUNNING_AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 FINGERPRINT = Fingerprint("cuda", "Test GPU H100", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
 SUPPORTED = (Verdict(Backend.F16, Phase.FORWARD, Outcome.SUPPORTED, "check_support", "", depth=ProbeDepth.FAST),)
 SUPPORTED_SUITE = """
@@ -40,20 +40,8 @@ def run(capsys, *argv):
 @pytest.fixture
 def unusable_cache_dir(tmp_path, monkeypatch):
     """FUSEDATTN_SELECT_CACHE_DIR pointing where no cache directory can be created."""
-    if RUNNING_AS_ROOT:
-        blocker = tmp_path / "a-file"
-        blocker.write_text("")
-        target = blocker / "cache"
-    else:
-        locked = tmp_path / "locked"
-        locked.mkdir()
-        os.chmod(locked, 0o500)
-        target = locked / "cache"
-    monkeypatch.setenv(CACHE_DIR_ENV, str(target))
-    monkeypatch.delenv(CACHE_SWITCH_ENV, raising=False)
-    yield target
-    if not RUNNING_AS_ROOT:
-        os.chmod(tmp_path / "locked", 0o700)
+    with cache_dirs.unusable_cache_dir(tmp_path, monkeypatch) as target:
+        yield target
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
 """The process's default store: where it lives, when it is memory, and the one warning when it must be."""
 
 import logging
-import os
 from pathlib import Path
 
-from store_samples import H100, KEY, RUNNING_AS_ROOT, SUPPORTED_FULL, warnings_of
+from cache_dirs import unusable_cache_dir
+from store_samples import H100, KEY, SUPPORTED_FULL, warnings_of
 
 from fusedattn_select.store import (
     CACHE_DIR_ENV,
@@ -20,25 +20,10 @@ from fusedattn_select.types import ProbeDepth
 
 # ----- default store ----------------------------------------------------------------------------
 def test_unwritable_directory_degrades_to_memory_with_one_warning(tmp_path, monkeypatch, caplog):
-    if RUNNING_AS_ROOT:
-        # root ignores permission bits: a directory under a regular file can never be created.
-        blocker = tmp_path / "a-file"
-        blocker.write_text("")
-        target = blocker / "cache"
-    else:
-        locked = tmp_path / "locked"
-        locked.mkdir()
-        os.chmod(locked, 0o500)
-        target = locked / "cache"
-    monkeypatch.setenv(CACHE_DIR_ENV, str(target))
-    monkeypatch.delenv(CACHE_SWITCH_ENV, raising=False)
     monkeypatch.setattr("fusedattn_select.store.default._fallback_warned", False)
-    try:
+    with unusable_cache_dir(tmp_path, monkeypatch) as target:
         with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
             first, second = open_default_store(), open_default_store()
-    finally:
-        if not RUNNING_AS_ROOT:
-            os.chmod(tmp_path / "locked", 0o700)
     assert isinstance(first, MemoryStore) and isinstance(second, MemoryStore)
     assert len(warnings_of(caplog)) == 1
     assert str(target) in warnings_of(caplog)[0].getMessage()

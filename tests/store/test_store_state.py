@@ -5,7 +5,8 @@ import logging
 import os
 
 import pytest
-from store_samples import H100, KEY, RUNNING_AS_ROOT, SUPPORTED_FULL, warnings_of
+from cache_dirs import unusable_cache_dir
+from store_samples import H100, KEY, SUPPORTED_FULL, warnings_of
 
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.store import CACHE_DIR_ENV, CACHE_SWITCH_ENV, MemoryStore, PersistentStore, open_default_store
@@ -16,20 +17,8 @@ from fusedattn_select.types import ProbeDepth
 
 @pytest.fixture
 def unusable_dir(tmp_path, monkeypatch):
-    if RUNNING_AS_ROOT:  # root ignores permission bits: nothing can be created under a regular file
-        blocker = tmp_path / "a-file"
-        blocker.write_text("")
-        target = blocker / "cache"
-    else:
-        locked = tmp_path / "locked"
-        locked.mkdir()
-        os.chmod(locked, 0o500)
-        target = locked / "cache"
-    monkeypatch.setenv(CACHE_DIR_ENV, str(target))
-    monkeypatch.delenv(CACHE_SWITCH_ENV, raising=False)
-    yield target
-    if not RUNNING_AS_ROOT:
-        os.chmod(tmp_path / "locked", 0o700)
+    with unusable_cache_dir(tmp_path, monkeypatch) as target:
+        yield target
 
 
 def test_every_store_reports_its_state_keys(cache_dir):
