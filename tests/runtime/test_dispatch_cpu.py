@@ -19,21 +19,13 @@ from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tenso
 from fusedattn_select.runtime.entries import entries  # noqa: E402
 from fusedattn_select.runtime.layouts import formats  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
-from fusedattn_select.selection.selector import Selector, set_default_selector  # noqa: E402
 
 sdpa_module = pytest.importorskip("fusedattn_select.integrations.sdpa")
 
 BF16 = torch.bfloat16
 
 
-@pytest.fixture(autouse=True)
-def no_platform():
-    """A selector without a probing engine (what a machine without a GPU gets), fresh plans."""
-    old = set_default_selector(Selector(None, unavailable_reason="no GPU in this test"))
-    dispatch.clear_plans()
-    yield
-    dispatch.clear_plans()
-    set_default_selector(old)
+pytestmark = pytest.mark.usefixtures("no_platform")
 
 
 def _bshd(b=2, sq=5, skv=7, hq=4, hkv=2, d=8, dv=None, dtype=BF16, grad=False, seed=0):

@@ -13,21 +13,13 @@ from fusedattn_select.runtime import api as dispatch  # noqa: E402
 from fusedattn_select.runtime.api import attention  # noqa: E402
 from fusedattn_select.runtime.entries import entries  # noqa: E402
 from fusedattn_select.runtime.fallback_log import MAX_REASON_CHARS, short_reason  # noqa: E402
-from fusedattn_select.selection.selector import Selector, set_default_selector  # noqa: E402
 
 sdpa = pytest.importorskip("fusedattn_select.integrations.sdpa")
 
 INSTALL_HINT = "fusedattn-select[cuda]"
 
 
-@pytest.fixture(autouse=True)
-def no_platform():
-    """A selector without a probing engine (what a machine without a GPU or snapshots gets)."""
-    old = set_default_selector(Selector(None, unavailable_reason="no GPU in this test"))
-    dispatch.clear_plans()
-    yield
-    dispatch.clear_plans()
-    set_default_selector(old)
+pytestmark = pytest.mark.usefixtures("no_platform")
 
 
 def fallback_messages(caplog):

@@ -8,7 +8,7 @@ returns garbage beside the error.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,24 +39,35 @@ class RocmGpu:
 
 
 @dataclass(frozen=True)
+class RocmVersions:
+    """The HIP and ROCm versions beside the GPUs; 0 or "" where unknown.
+
+    `hip_runtime` and `hip_driver` are HIP's integers (see format_hip_version), known only when
+    hip-python answered; `rocm` is the installed release; `hip_python_rocm` is the ROCm release
+    hip-python was built for, not the installed one.
+    """
+
+    hip_runtime: int = 0
+    hip_driver: int = 0
+    rocm: str = ""
+    hip_python: str = ""
+    hip_python_rocm: str = ""
+
+
+@dataclass(frozen=True)
 class RocmDeviceFacts:
     """What this machine says about AMD GPUs, where it was read from and why it is not live.
 
     `source` is "hip-python" (the live runtime answered), "kfd-sysfs" (hip-python could not, the
     kernel driver's topology did) or "none". `reason` is "" when hip-python answered, else one of
     NO_HIP_PYTHON, NO_HIP_RUNTIME, NO_AMD_GPU, HIP_ERROR; `detail` keeps the underlying text.
-    `hip_python_rocm_version` is the ROCm release hip-python was built for, not the installed one.
     """
 
     gpus: tuple[RocmGpu, ...] = ()
     source: str = "none"
     reason: str = ""
     detail: str = ""
-    hip_runtime_version: int = 0
-    hip_driver_version: int = 0
-    rocm_version: str = ""
-    hip_python_version: str = ""
-    hip_python_rocm_version: str = ""
+    versions: RocmVersions = RocmVersions()
 
     @property
     def live(self) -> bool:
@@ -76,10 +87,10 @@ class RocmDeviceFacts:
             return f"none: {self.reason} ({self.detail})" if self.detail else f"none: {self.reason}"
         gpus = ", ".join(f"{gpu.index}: {gpu.name or gpu.arch} ({gpu.arch})" for gpu in self.gpus)
         parts = [f"{gpus} [from {self.source}]"]
-        if self.hip_runtime_version:
-            parts.append(f"HIP runtime {format_hip_version(self.hip_runtime_version)}")
-        if self.rocm_version:
-            parts.append(f"ROCm {self.rocm_version}")
+        if self.versions.hip_runtime:
+            parts.append(f"HIP runtime {format_hip_version(self.versions.hip_runtime)}")
+        if self.versions.rocm:
+            parts.append(f"ROCm {self.versions.rocm}")
         if self.reason:
             parts.append(f"not live: {self.reason}")
         return ", ".join(parts)
@@ -159,10 +170,10 @@ def _hip_gpus(hip: Any) -> tuple[RocmGpu, ...]:
     return tuple(gpus)
 
 
-def _hip_python_versions(hip_package: Any) -> tuple[str, str]:
-    return (
-        str(getattr(hip_package, "VERSION", "")),
-        str(getattr(hip_package, "ROCM_VERSION_NAME", "")),
+def _hip_python_versions(hip_package: Any) -> RocmVersions:
+    return RocmVersions(
+        hip_python=str(getattr(hip_package, "VERSION", "")),
+        hip_python_rocm=str(getattr(hip_package, "ROCM_VERSION_NAME", "")),
     )
 
 
@@ -173,25 +184,22 @@ def _read_with_hip_python() -> dict[str, Any]:
         from hip import hip
     except ImportError as err:
         return {"reason": NO_HIP_PYTHON, "detail": str(err)}
-    package_version, built_for = _hip_python_versions(hip_package)
-    versions = {"hip_python_version": package_version, "hip_python_rocm_version": built_for}
+    versions = _hip_python_versions(hip_package)
     try:
         gpus = _hip_gpus(hip)
         (runtime,) = _checked(hip, "hipRuntimeGetVersion", hip.hipRuntimeGetVersion())
         (driver,) = _checked(hip, "hipDriverGetVersion", hip.hipDriverGetVersion())
     except HipCallError as err:
         reason = NO_AMD_GPU if err.code == HIP_ERROR_NO_DEVICE else HIP_ERROR
-        return {"reason": reason, "detail": str(err), **versions}
+        return {"reason": reason, "detail": str(err), "versions": versions}
     except RuntimeError as err:
         # hip-python loads libamdhip64.so on the first call and raises
         # RuntimeError("failed to dlopen 'b'libamdhip64.so'': ...") where there is none.
-        return {"reason": NO_HIP_RUNTIME, "detail": str(err), **versions}
+        return {"reason": NO_HIP_RUNTIME, "detail": str(err), "versions": versions}
     if not gpus:
-        return {"reason": NO_AMD_GPU, "detail": "hipGetDeviceCount returned 0", **versions}
-    return {
-        "gpus": gpus, "source": "hip-python", "hip_runtime_version": int(runtime),
-        "hip_driver_version": int(driver), **versions,
-    }
+        return {"reason": NO_AMD_GPU, "detail": "hipGetDeviceCount returned 0", "versions": versions}
+    versions = replace(versions, hip_runtime=int(runtime), hip_driver=int(driver))
+    return {"gpus": gpus, "source": "hip-python", "versions": versions}
 
 
 # ----- KFD sysfs -----------------------------------------------------------------------------
@@ -243,9 +251,9 @@ def installed_rocm_version(rocm_root: Path = ROCM_ROOT) -> str:
 def detect_rocm_device(sysfs_root: Path = SYSFS_ROOT, rocm_root: Path = ROCM_ROOT) -> RocmDeviceFacts:
     """This machine's AMD GPUs: from hip-python when it can answer, else from KFD sysfs."""
     found = _read_with_hip_python()
-    rocm_version = installed_rocm_version(rocm_root)
+    versions = replace(found.pop("versions", RocmVersions()), rocm=installed_rocm_version(rocm_root))
     if not found.get("reason"):
-        return RocmDeviceFacts(rocm_version=rocm_version, **found)
+        return RocmDeviceFacts(versions=versions, **found)
     gpus, note = kfd_gpus(sysfs_root)
     detail = f"{found['detail']}; {note}"
     log.debug("ROCm device facts not live: %s (%s)", found["reason"], detail)
@@ -254,7 +262,5 @@ def detect_rocm_device(sysfs_root: Path = SYSFS_ROOT, rocm_root: Path = ROCM_ROO
         source="kfd-sysfs" if gpus else "none",
         reason=found["reason"],
         detail=detail,
-        rocm_version=rocm_version,
-        hip_python_version=found.get("hip_python_version", ""),
-        hip_python_rocm_version=found.get("hip_python_rocm_version", ""),
+        versions=versions,
     )

@@ -82,6 +82,15 @@ def test_installed_rocm_version_is_read_from_its_info_file(tmp_path):
     assert installed_rocm_version(tmp_path / "absent") == ""
 
 
+def test_the_installed_rocm_release_is_described_beside_kfd_gpus(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "hip", None)
+    (tmp_path / "rocm" / ".info").mkdir(parents=True)
+    (tmp_path / "rocm" / ".info" / "version").write_text("6.4.1-120\n")
+    facts = detect_rocm_device(sysfs_root=write_kfd_tree(tmp_path, {1: MI300X_NODE}), rocm_root=tmp_path / "rocm")
+    assert (facts.versions.rocm, facts.versions.hip_runtime, facts.versions.hip_python) == ("6.4.1-120", 0, "")
+    assert facts.describe() == "0: gfx942 (gfx942) [from kfd-sysfs], ROCm 6.4.1-120, not live: hip-python not installed"
+
+
 def test_hip_runtime_version_is_formatted_like_hip_does():
     assert device.format_hip_version(60443484) == "6.4.43484"
 
@@ -109,7 +118,7 @@ def test_hip_python_without_a_runtime_reports_that_libamdhip64_did_not_load(hip,
     facts = detect_rocm_device(sysfs_root=tmp_path, rocm_root=tmp_path)
     assert facts.reason == NO_HIP_RUNTIME
     assert "libamdhip64.so" in facts.detail
-    assert facts.hip_python_version and facts.hip_python_rocm_version
+    assert facts.versions.hip_python and facts.versions.hip_python_rocm
 
 
 def test_device_properties_call_reaches_the_runtime_with_either_signature(hip):
