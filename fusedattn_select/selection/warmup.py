@@ -26,7 +26,6 @@ seven read its answer from the store.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import multiprocessing
 import os
@@ -42,7 +41,7 @@ from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.store import PersistentStore
-from fusedattn_select.types import Backend, Outcome, ProbeDepth
+from fusedattn_select.types import Backend, Outcome, ProbeDepth, TextEnum
 
 log = logging.getLogger("fusedattn_select")
 
@@ -52,15 +51,12 @@ Progress = Callable[[int, int, str], None]
 MAX_DEFAULT_JOBS = 8
 
 
-class WarmupOutcome(str, enum.Enum):
+class WarmupOutcome(TextEnum):
     """What warming one problem found."""
 
     ACCEPTED = "accepted"  # a fused backend runs it
     REJECTED = "rejected"  # no fused backend: a verdict (cached), with its reasons
     FAILED = "failed"  # the probe hit an incident (out of memory, CUDA error): not cached, retry later
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -158,7 +154,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     probe_depth = ProbeDepth.parse(depth, "depth")
     workers_kind = workers
     workers = _jobs(jobs)
-    problems, duplicates = _distinct(configs)
+    problems, duplicates = distinct_problems(configs)
     if selector is None:
         selector = default_selector()
     plans, plan_note = _plan_target(selector, probe_depth)
@@ -254,7 +250,8 @@ def _jobs(jobs: int | None) -> int:
     return jobs
 
 
-def _named(index: int, item: object) -> tuple[str, AttnConfig]:
+def named_problem(index: int, item: object) -> tuple[str, AttnConfig]:
+    """(name, config) of the `index`-th config item; an unnamed AttnConfig is named by `describe`."""
     if isinstance(item, NamedConfig):
         return item.name, item.config
     if isinstance(item, AttnConfig):
@@ -266,14 +263,14 @@ def _named(index: int, item: object) -> tuple[str, AttnConfig]:
     )
 
 
-def _distinct(configs: Iterable[ConfigItem]) -> tuple[dict[str, tuple[str, AttnConfig, list[str]]], int]:
+def distinct_problems(configs: Iterable[ConfigItem]) -> tuple[dict[str, tuple[str, AttnConfig, list[str]]], int]:
     """Problems by cache key in first-seen order, each with the other names it was given; duplicates."""
     if isinstance(configs, (AttnConfig, NamedConfig)):
         configs = [configs]
     problems: dict[str, tuple[str, AttnConfig, list[str]]] = {}
     duplicates = 0
     for index, item in enumerate(configs):
-        name, cfg = _named(index, item)
+        name, cfg = named_problem(index, item)
         key = cfg.cache_key()
         if key in problems:
             duplicates += 1
