@@ -15,12 +15,7 @@ from pathlib import Path
 import pytest
 
 from fusedattn_select import cli
-from fusedattn_select.cli.exit_codes import (
-    EXIT_NO_DATA,
-    EXIT_NONE,
-    EXIT_SELECTED,
-    answers_exit_code,
-)
+from fusedattn_select.cli.exit_codes import EXIT_NO_DATA, EXIT_NONE, EXIT_SELECTED, answers_exit_code
 from fusedattn_select.probing import choice
 from fusedattn_select.selection.recorder import record_snapshot, write_snapshot
 

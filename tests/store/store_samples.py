@@ -2,17 +2,9 @@
 
 import dataclasses
 import logging
-import os
 import sqlite3
 
-from fusedattn_select.types import (
-    Backend,
-    Fingerprint,
-    Outcome,
-    Phase,
-    ProbeDepth,
-    Verdict,
-)
+from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Verdict
 
 H100 = Fingerprint(
     platform="cuda", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132,
@@ -21,7 +13,6 @@ H100 = Fingerprint(
 )
 H200 = dataclasses.replace(H100, device_name="NVIDIA H200", sm_count=132)
 KEY = "0123456789abcdef0123456789abcdef"
-RUNNING_AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def verdicts(outcome=Outcome.SUPPORTED, depth=ProbeDepth.FULL, message=""):

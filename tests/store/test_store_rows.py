@@ -6,23 +6,9 @@ import os
 import time
 
 import pytest
-from store_samples import (
-    H100,
-    H200,
-    KEY,
-    REJECTED_FAST,
-    SUPPORTED_FULL,
-    raw,
-    verdicts,
-    warnings_of,
-)
+from store_samples import H100, H200, KEY, REJECTED_FAST, SUPPORTED_FULL, raw, verdicts, warnings_of
 
-from fusedattn_select.store import (
-    DEFAULT_MAX_BYTES,
-    MAX_BYTES_ENV,
-    MemoryStore,
-    PersistentStore,
-)
+from fusedattn_select.store import DEFAULT_MAX_BYTES, MAX_BYTES_ENV, MemoryStore, PersistentStore
 from fusedattn_select.types import Outcome, ProbeDepth
 
 

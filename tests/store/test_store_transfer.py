@@ -6,12 +6,7 @@ import json
 import pytest
 from store_samples import H100, H200, KEY, REJECTED_FAST, SUPPORTED_FULL
 
-from fusedattn_select.store import (
-    CacheError,
-    ImportReport,
-    MemoryStore,
-    PersistentStore,
-)
+from fusedattn_select.store import CacheError, ImportReport, MemoryStore, PersistentStore
 from fusedattn_select.types import ProbeDepth
 
 
