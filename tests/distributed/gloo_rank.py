@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -118,7 +119,13 @@ def main() -> None:
         result = {"error": str(err), "step": err.step, "failed_ranks": [f.rank for f in err.failures]}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     if scenario != "absent":
+        dist.barrier()  # no rank tears gloo down while another still uses it
         dist.destroy_process_group()
+    # gloo's threads can abort interpreter teardown ("terminate called without an active
+    # exception"); the result is written, so leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
