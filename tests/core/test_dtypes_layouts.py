@@ -41,3 +41,9 @@ def test_strides_of_each_format():
     assert format_strides("bhsd", 2, 4, 8, 16) == (4 * 8 * 16, 8 * 16, 16, 1)
     with pytest.raises(ConfigError):
         format_strides("bhsd", 2, 4, 8, 16, "3hd")
+
+
+def test_a_cudnn_type_without_a_counterpart_is_named_in_the_error():
+    with pytest.raises(ConfigError, match=r"data_type='DOUBLE': has no counterpart"):
+        dtypes.from_cudnn("DOUBLE")
+    assert dtypes.from_cudnn("data_type.BFLOAT16") == "bf16"

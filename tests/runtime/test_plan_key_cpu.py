@@ -103,3 +103,10 @@ def test_warmup_stores_plans_under_the_keys_dispatch_looks_up(name, warmup_keys)
 def test_keys_differ_between_problems_and_phases(warmup_keys):
     keys = [key for cfg in PROBLEMS.values() for key in warmup_keys(cfg)]
     assert len(set(keys)) == len(keys)
+
+
+def test_call_config_refuses_fields_a_call_does_not_set():
+    fields = dict(batch_size=1, num_heads_q=1, num_heads_kv=1, seqlen_q=8, seqlen_kv=8, head_dim_qk=64,
+                  qkv_layout="bshd_bshd_bshd", qkv_dtype="bf16", page_size=16)
+    with pytest.raises(TypeError, match=r"fields a call does not set: \['page_size'\]"):
+        plan_store.call_config(fields)
