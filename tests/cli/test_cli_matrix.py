@@ -107,13 +107,27 @@ def test_problems_not_in_the_snapshot_are_no_data_not_rejections(capsys, tmp_pat
     assert "total: 1/1 ?1" in out
 
 
-def test_compare_torch_on_snapshots_without_torch_answers_says_not_recorded(capsys):
-    code, out, err = run(capsys, "matrix", SUITE, "--target", "h100", "--compare", "torch")
+def test_compare_torch_on_snapshots_without_torch_answers_says_not_recorded(capsys, tmp_path):
+    # A snapshot as the recorder wrote it before it recorded torch's answers: the bundled one without them.
+    data = json.loads(BUNDLED.read_text())
+    data.pop("torch", None)
+    for entry in data["entries"]:
+        entry.pop("torch", None)
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(data))
+    code, out, err = run(capsys, "matrix", SUITE, "--snapshot", older, "--compare", "torch")
     total = _accepted_in_snapshot(BUNDLED)[1]
     assert code == 3, err
     assert f"torch not recorded: {total}" in out and "disagree: 0" in out
     assert "recorded before snapshots held torch's answers" in out
     assert "re-record the snapshot" in out
+
+
+def test_compare_torch_on_the_bundled_h100_snapshot_counts_recorded_disagreements(capsys):
+    code, out, err = run(capsys, "matrix", SUITE, "--target", "h100", "--compare", "torch")
+    counts = dict(re.findall(r"(disagree|agree|torch not recorded): (\d+)", out))
+    assert int(counts["disagree"]) > 0 and int(counts["agree"]) > 0, out[-600:]
+    assert counts["torch not recorded"] == "0"
 
 
 # ----- --compare torch on a format fixture -------------------------------------------------------
@@ -144,7 +158,9 @@ def torch_fixture(tmp_path):
     assert len(names) == 5, "the bundled snapshot lost an entry this test relies on"
     data = json.loads(BUNDLED.read_text())
     data["torch"] = {"version": "fixture", "cudnn_version": 0, "device_name": "format fixture"}
-    data["entries"] = [{**entries[n], **({"torch": FIXTURE_TORCH[n]} if n in FIXTURE_TORCH else {})} for n in names]
+    # The last entry keeps no torch answer (as if recorded before torch's answers were).
+    data["entries"] = [{**{k: v for k, v in entries[n].items() if k != "torch"},
+                        **({"torch": FIXTURE_TORCH[n]} if n in FIXTURE_TORCH else {})} for n in names]
     snapshot = tmp_path / "format-fixture.json"
     snapshot.write_text(json.dumps(data))
     suite = tmp_path / "suite.yaml"
