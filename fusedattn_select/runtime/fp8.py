@@ -20,6 +20,11 @@ hold for every input (computed on the device from amaxes and row norms of the in
 Where the platform lets O and dQ/dK/dV be written in fp16/bf16 (cuDNN on Blackwell), they are,
 with unit scales; elsewhere (Hopper) they are FP8 with the bound scales above and are dequantized
 to the input precision before they are returned.
+
+Delayed scaling (`FP8History`, TransformerEngine's delayed recipe with power-of-two scales): q, k
+and v are scaled from the amaxes recorded by earlier calls of the same call site, so each is cast
+in one pass with no amax pass before it; the pass records the call's amaxes. The casts, amaxes and
+dequantization run in fp8_kernels (Triton where available, else torch, with the same results).
 """
 
 from __future__ import annotations
@@ -28,17 +33,20 @@ from dataclasses import dataclass
 
 import torch
 
-FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.runtime import fp8_kernels as fp8k
+from fusedattn_select.runtime.fp8_kernels import FP8_MAX, MAX_SCALE, STATE, Delayed
+
 # Largest power of two used for tensors quantized inside the kernel (P, dP): cudnn-frontend's test
 # convention for e4m3 (its largest power of two of a 240-max e4m3 variant), leaving headroom.
 INTERNAL_RANGE = 128.0
 S_SCALE = 64.0
-# The largest power-of-two scale a compute dtype can hold (fp16 overflows above 2**15).
-_MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32: 2.0 ** 100}
-_TINY = 2.0 ** -100
+HISTORY_ALGOS = ("max", "most_recent")
+MAX_HISTORY = 1024
+MAX_MARGIN = 64
 
-# The saved FP8 state of one call: a float32 vector with these entries.
-STATE = ("descale_q", "descale_k", "descale_v", "amax_q", "amax_k", "amax_v", "vnorm", "descale_o")
+# The saved FP8 state of one call is a float32 vector with the entries STATE names (vnorm: NaN
+# unless quantized for training).
 _AT = {name: i for i, name in enumerate(STATE)}
 
 
@@ -76,42 +84,97 @@ def output_recipes(cfg, training: bool) -> list[dict]:
     recipes: list[dict] = [{}]
     if training:
         recipes += [
-            dict(o_dtype="fp8_e4m3", do_dtype="fp8_e5m2", dqkv_dtype="fp8_e5m2"),
-            dict(o_dtype="fp8_e4m3", do_dtype="fp8_e4m3", dqkv_dtype="fp8_e4m3"),
+            {"o_dtype": "fp8_e4m3", "do_dtype": "fp8_e5m2", "dqkv_dtype": "fp8_e5m2"},
+            {"o_dtype": "fp8_e4m3", "do_dtype": "fp8_e4m3", "dqkv_dtype": "fp8_e4m3"},
         ]
     else:
-        recipes += [dict(o_dtype="fp8_e4m3")]
+        recipes += [{"o_dtype": "fp8_e4m3"}]
     return recipes
+
+
+class FP8History:
+    """Delayed scaling for attention(q, k, v, fp8=FP8History(...)) with fp16/bf16 q, k, v.
+
+    Each call scales q, k and v by powers of two computed from the amaxes that earlier calls
+    recorded: the largest amax of the last `length` calls (algo="max") or the latest one
+    ("most_recent"), with `margin` powers of two of headroom. Values beyond a delayed scale's
+    range saturate. The first call (nothing recorded) uses current scaling. Every call records
+    its amaxes on the device (no host sync; capture-safe once the first call has run eagerly).
+
+    One history belongs to one call site (one attention layer): sharing it across layers mixes
+    their amaxes. It is not thread-safe: concurrent calls with one history race on its buffer.
+    """
+
+    def __init__(self, length: int = 16, algo: str = "max", margin: int = 0) -> None:
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_HISTORY:
+            raise ConfigError("FP8History.length", length, f"must be an int from 1 to {MAX_HISTORY}")
+        if algo not in HISTORY_ALGOS:
+            raise ConfigError("FP8History.algo", algo, "must be one of " + ", ".join(map(repr, HISTORY_ALGOS)))
+        if isinstance(margin, bool) or not isinstance(margin, int) or not 0 <= margin <= MAX_MARGIN:
+            raise ConfigError("FP8History.margin", margin, f"must be an int from 0 to {MAX_MARGIN}")
+        self.length, self.algo, self.margin = length, algo, margin
+        self.calls = 0  # calls recorded (host side)
+        self._buf: torch.Tensor | None = None
+
+    def __repr__(self) -> str:
+        return f"FP8History(length={self.length}, algo={self.algo!r}, margin={self.margin}, calls={self.calls})"
+
+    @property
+    def amax_history(self) -> torch.Tensor | None:
+        """(length, 3) float32 amaxes of q, k, v per call, row 0 the latest (zeros where no call
+        was recorded); None before the first call."""
+        return None if self._buf is None else self._buf[:self.length * 3].view(self.length, 3)
+
+    def reset(self) -> None:
+        """Forget the recorded amaxes: the next call uses current scaling again."""
+        self.calls = 0
+        if self._buf is not None:
+            self._buf.zero_()
+
+    def take(self, device: torch.device) -> Delayed:
+        """The history for one call on `device` (its buffer is created on the first call)."""
+        if self._buf is None:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("FP8History: run one call outside CUDA-graph capture first "
+                                   "(its buffer must be created and zeroed eagerly)")
+            self._buf = torch.zeros((self.length + 2) * 3, dtype=torch.float32, device=device)
+        elif self._buf.device != device:
+            raise ValueError(f"FP8History: created for {self._buf.device}, used with tensors on {device}: "
+                             "use one history per call site")
+        fresh = self.calls == 0
+        self.calls += 1
+        return Delayed(self._buf, self.length, self.margin, self.algo == "most_recent", fresh)
 
 
 def pow2_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, limit: float = 0.0,
                compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Largest power of two s with amax * s <= limit (default: the dtype's max), as float32."""
     top = limit or FP8_MAX[fp8_dtype]
-    amax = amax.float().clamp(min=_TINY)
-    scale = torch.exp2(torch.floor(torch.log2(top / amax)))
-    return scale.clamp(max=_MAX_SCALE.get(compute_dtype, 2.0 ** 100))
+    return fp8k.pow2_scale_torch(amax, top, MAX_SCALE.get(compute_dtype, 2.0 ** 100))
 
 
 def dequantize(x8: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (x8.float() * descale).to(dtype)
+    """x8 * descale in `dtype`, one pass (fp8_kernels.dequantize)."""
+    return fp8k.dequantize(x8, descale, dtype)
 
 
 def _row_norm_max(x: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(x.detach().float(), dim=-1).amax()
+    return torch.linalg.vector_norm(x.detach(), dim=-1, dtype=torch.float32).amax()
 
 
-def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8_dtype: torch.dtype
+def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8_dtype: torch.dtype, *,
+                 training: bool = False, history: FP8History | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q8, k8, v8, state): state holds STATE (descale_o filled in by forward_feeds)."""
+    """(q8, k8, v8, state): state holds STATE (descale_o filled in by forward_feeds).
+
+    Current scaling, or delayed scaling from `history` (which records this call's amaxes). vnorm
+    (the largest row norm of v, which only the FP8 backward pass needs) is computed only when
+    `training`; otherwise its entry is NaN."""
     q, k, v = q.detach(), k.detach(), v.detach()
-    amax = torch.stack([q.abs().amax(), k.abs().amax(), v.abs().amax()]).float()
-    scale = pow2_scale(amax, fp8_dtype, compute_dtype=q.dtype)
-    low = scale.to(q.dtype)
-    q8 = (q * low[0]).to(fp8_dtype)
-    k8 = (k * low[1]).to(fp8_dtype)
-    v8 = (v * low[2]).to(fp8_dtype)
-    state = torch.cat([scale.reciprocal(), amax, _row_norm_max(v).reshape(1), torch.ones(1, device=q.device)])
+    hist = history.take(q.device) if history is not None else None
+    (q8, k8, v8), state = fp8k.quantize((q, k, v), fp8_dtype, hist)
+    if training:
+        torch.amax(torch.linalg.vector_norm(v, dim=-1, dtype=torch.float32), out=state[_AT["vnorm"]])
     return q8, k8, v8, state
 
 
@@ -148,6 +211,20 @@ def forward_feeds(plan, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, st
     return feeds
 
 
+def _grad_out_feeds(plan, feeds: dict, grad_out: torch.Tensor) -> torch.Tensor:
+    """Feed dO (quantized with current scaling where the graph takes FP8); returns amax(dO), (1,)."""
+    do_dtype = plan.specs["dO"].dtype
+    if not is_fp8_dtype(do_dtype):
+        feeds["dO"] = plan.conform("dO", grad_out)
+        if plan.has("descale_dO"):
+            feeds["descale_dO"] = plan.constant("descale_dO", 1.0)
+        return fp8k.amax([grad_out])
+    (do8,), info = fp8k.quantize([grad_out], do_dtype)
+    feeds["dO"] = plan.conform("dO", do8)
+    feeds["descale_dO"] = plan.conform("descale_dO", info[0:1])
+    return info[3:4]
+
+
 def backward_feeds(plan, cfg, saved: tuple, out: torch.Tensor, grad_out: torch.Tensor, stats: torch.Tensor
                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(inputs of an sdpa_fp8_backward graph except masks/sink/seqlens, descales of its FP8 outputs).
@@ -165,23 +242,14 @@ def backward_feeds(plan, cfg, saved: tuple, out: torch.Tensor, grad_out: torch.T
     o_dtype = plan.specs["o"].dtype
     if is_fp8_dtype(o_dtype):
         descale_o = at(state, "descale_o")
-        feeds["o"] = plan.conform("o", (out.detach() * descale_o.reciprocal().to(out.dtype)).to(o_dtype))
+        feeds["o"] = plan.conform("o", fp8k.scaled_cast(out.detach(), descale_o, o_dtype, inverse=True))
         feeds["descale_o"] = plan.conform("descale_o", descale_o)
     else:
         feeds["o"] = plan.conform("o", out.detach())
         if plan.has("descale_o"):
             feeds["descale_o"] = plan.constant("descale_o", 1.0)
-    do_dtype = plan.specs["dO"].dtype
     grad_out = grad_out.detach()
-    amax_do = grad_out.abs().amax().float().reshape(1)
-    if is_fp8_dtype(do_dtype):
-        scale = pow2_scale(amax_do, do_dtype, compute_dtype=grad_out.dtype)
-        feeds["dO"] = plan.conform("dO", (grad_out * scale.to(grad_out.dtype)).to(do_dtype))
-        feeds["descale_dO"] = plan.conform("descale_dO", scale.reciprocal())
-    else:
-        feeds["dO"] = plan.conform("dO", grad_out)
-        if plan.has("descale_dO"):
-            feeds["descale_dO"] = plan.constant("descale_dO", 1.0)
+    amax_do = _grad_out_feeds(plan, feeds, grad_out)
     if plan.has("scale_s"):
         feeds["scale_s"] = plan.constant("scale_s", S_SCALE)
     if plan.has("descale_s"):

@@ -74,7 +74,6 @@ def measure(torch: Any, r: dict, args: Mapping) -> None:
 
 def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> None:
     from fusedattn_select.runtime.api import attention, dispatch_info
-    from fusedattn_select.runtime.fp8 import quantize_qkv
 
     q, k, v = tensors
     with torch.no_grad():
@@ -89,9 +88,35 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
         rows.add("fp8 attention(fp8=True) fwd incl. quantization (inference)",
                  lambda _: attention(q, k, v, fp8=True, **kwargs), work=flops, base=base)
         qb, kb, vb = (to_bhsd(t, kwargs["layout"]) for t in (q, k, v))
-        rows.add("quantize_qkv alone (amax + scale + cast of q, k, v)",
-                 lambda _: quantize_qkv(qb, kb, vb, torch.float8_e4m3fn), base=base)
+        _quantize_rows(torch, rows, (qb, kb, vb), base)
     del ref, out8
+
+
+def _quantize_rows(torch: Any, rows: _Rows, tensors: tuple, base: dict) -> None:
+    """quantize_qkv (current and delayed scaling) and O's dequantization, per kernel implementation."""
+    from fusedattn_select.runtime import fp8_kernels
+    from fusedattn_select.runtime.fp8 import FP8History, dequantize, quantize_qkv
+
+    qb, kb, vb = tensors
+    e4m3 = torch.float8_e4m3fn
+    o8 = torch.empty_like(qb, dtype=e4m3).copy_(qb.clamp(-448, 448))  # an O-sized fp8 tensor, q's layout
+    descale = torch.ones(1, device=qb.device)
+    saved = fp8_kernels._backend
+    try:
+        for impl in ("triton", "torch"):
+            if impl == "triton" and fp8_kernels._load_triton() is not None:
+                continue
+            fp8_kernels._backend = impl
+            rows.add(f"quantize_qkv, current scaling ({impl}: amax + scale + cast of q, k, v)",
+                     lambda _: quantize_qkv(qb, kb, vb, e4m3), base=base)
+            hist = FP8History()
+            quantize_qkv(qb, kb, vb, e4m3, history=hist)
+            rows.add(f"quantize_qkv, delayed scaling ({impl}: cast of q, k, v + amax history)",
+                     lambda _, hist=hist: quantize_qkv(qb, kb, vb, e4m3, history=hist), base=base)
+            rows.add(f"dequantize of O ({impl}: fp8 -> {qb.dtype})".replace("torch.", ""),
+                     lambda _: dequantize(o8, descale, qb.dtype), base=base)
+    finally:
+        fp8_kernels._backend = saved
 
 
 def _training(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> None:

@@ -1,0 +1,428 @@
+"""FP8 quantization kernels: amax, saturating scaled cast (optionally recording the input's amax),
+delayed-scaling history update, and dequantization.
+
+Every operation has a Triton kernel and a torch fallback with the same results (the same fp8 bytes
+for the same scale, for finite inputs; NaN/inf inputs give NaN/saturated bytes, but their amax
+and scale are unspecified). The Triton kernels run on CUDA tensors whose memory is dense in some
+dim order (a BHSD view of BSHD, SBHD or BHSD memory): they walk the memory in storage order, and
+outputs get the input's strides. Anything else (CPU tensors, views into packed buffers, Triton
+missing, a GPU without FP8 conversions) runs the fallback, whose outputs also keep the input's
+strides where it is dense. Scales are read from device memory and nothing waits for the host, so
+both paths can be captured in a CUDA graph (call once before capturing: Triton compiles on the
+first call).
+
+Scales are powers of two: `scale = 2**floor(log2(top / amax))`, times `2**-margin`, at most the
+largest power of two the compute dtype holds. The quotient is rounded to float32 before its
+exponent is taken; for amax and top on the float32 grid that never crosses a power of two, so the
+scale is exact and `amax * scale <= top`.
+
+FUSEDATTN_SELECT_FP8_KERNELS picks the implementation once: "auto" (default: Triton where it can be
+imported), "triton" (an error where it cannot) or "torch".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from fusedattn_select.errors import ConfigError
+
+log = logging.getLogger("fusedattn_select")
+
+ENV_VAR = "FUSEDATTN_SELECT_FP8_KERNELS"
+CHOICES = ("auto", "triton", "torch")
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+# The largest power-of-two scale a compute dtype can hold (fp16 overflows above 2**15).
+MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32: 2.0 ** 100}
+# The saved FP8 state of one call: a float32 vector with these entries (written by quantize()).
+STATE = ("descale_q", "descale_k", "descale_v", "amax_q", "amax_k", "amax_v", "vnorm", "descale_o")
+
+_AMAX_BLOCK = 4096
+_CAST_BLOCK = 8192
+_DEQUANT_BLOCK = 8192
+_MAX_PARTIALS = 1024  # literal in _t_scale_of: programs of the amax kernel per tensor, at most
+_MAX_NUMEL = 2 ** 31 - 2 ** 24  # int32 offsets in the kernels
+_EXPONENT = 0x7F800000
+_FROM_PARTIALS, _FROM_AMAX, _FROM_SCALE, _FROM_DESCALE = 0, 1, 2, 3
+
+_backend: str | None = None
+_kernels: dict = {}
+_capable: dict = {}
+tl = None  # triton.language once _load_triton() has run: the kernels below name it
+
+
+class Delayed(NamedTuple):
+    """A delayed-scaling history as the kernels see it (see fp8.FP8History).
+
+    `buf` is float32 ((length + 2) * 3,): rows 0..length-1 the amax history (row 0 most recent),
+    row `length` the reduced amax the next call scales with, row `length + 1` scratch for the
+    running amax (zero between calls)."""
+
+    buf: torch.Tensor
+    length: int
+    margin: int
+    most_recent: bool
+    fresh: bool  # nothing recorded yet: scale from the current amax, then record it
+
+
+# ----- implementation choice ---------------------------------------------------------------------
+def configured_choice() -> str:
+    """The value of FUSEDATTN_SELECT_FP8_KERNELS ("auto" when unset); ConfigError if not allowed."""
+    raw = os.environ.get(ENV_VAR, "auto")
+    value = raw.strip().lower() or "auto"
+    if value not in CHOICES:
+        raise ConfigError(ENV_VAR, raw, "must be one of " + ", ".join(CHOICES))
+    return value
+
+
+def backend(refresh: bool = False) -> str:
+    """"triton" or "torch": what CUDA tensors get, decided once (again with refresh=True)."""
+    global _backend
+    if _backend is None or refresh:
+        choice = configured_choice()
+        if choice == "torch":
+            chosen, why = "torch", f"{ENV_VAR}=torch"
+        else:
+            error = _load_triton()
+            if error is None:
+                chosen, why = "triton", f"{ENV_VAR}={choice}"
+            elif choice == "triton":
+                raise RuntimeError(f"{ENV_VAR}=triton, but Triton cannot be used: {error}")
+            else:
+                chosen, why = "torch", f"Triton cannot be used: {error}"
+        _backend = chosen
+        log.debug("fp8 quantization kernels: %s (%s)", chosen, why)
+    return _backend
+
+
+def _load_triton() -> str | None:
+    """Import Triton and JIT the kernels (once); None, or why Triton cannot be used."""
+    global tl
+    if _kernels:
+        return None
+    try:
+        import triton
+        from triton import language
+    except Exception as err:  # noqa: BLE001  (ImportError, or a broken install)
+        return f"{type(err).__name__}: {err}"
+    tl = language
+    names = globals()
+    for name in ("_t_pow2", "_t_amax_range", "_t_scale_of", "_t_cast_one"):
+        names[name] = triton.jit(names[name])
+    for name in ("_k_amax", "_k_cast", "_k_commit", "_k_dequant"):
+        _kernels[name] = triton.jit(names[name])
+    return None
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """True when x covers its memory without gaps or overlaps, in any dim order."""
+    expect = 1
+    for stride, size in sorted((s, n) for n, s in zip(x.shape, x.stride()) if n != 1):
+        if stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def _device_info(device: torch.device) -> tuple[bool, int]:
+    """(has FP8 conversions, SM count), cached per device."""
+    if device not in _capable:
+        props = torch.cuda.get_device_properties(device)
+        _capable[device] = ((props.major, props.minor) >= (8, 9), props.multi_processor_count)
+    return _capable[device]
+
+
+def uses_triton(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors go to the Triton kernels (else the torch fallback)."""
+    return (all(t.is_cuda and 0 < t.numel() < _MAX_NUMEL and _dense(t) for t in tensors)
+            and backend() == "triton" and _device_info(tensors[0].device)[0])
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """The memory of a dense tensor as a 1-D tensor in storage order."""
+    return x.as_strided((x.numel(),), (1,))
+
+
+def _like(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=x.device)
+
+
+# ----- torch fallbacks ---------------------------------------------------------------------------
+def pow2_scale_torch(amax: torch.Tensor, top: float, max_scale: float, margin: int = 0) -> torch.Tensor:
+    """2**floor(log2(top / amax)) * 2**-margin, at most max_scale (float32, amax's shape)."""
+    ratio = torch.div(torch.tensor(top, dtype=torch.float32), amax.float())
+    scale = torch.bitwise_and(ratio.view(torch.int32), _EXPONENT).view(torch.float32)
+    if margin:
+        scale = scale.mul_(2.0 ** -margin)
+    return scale.clamp_(max=max_scale)
+
+
+def _torch_amax(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(torch._foreach_norm(list(xs), float("inf"))).float()
+
+
+def _torch_cast(x: torch.Tensor, scale: torch.Tensor, top: float, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """saturate(x * scale) as fp8; scale a 0-dim tensor of x's dtype (exact: a power of two)."""
+    return torch.mul(x, scale).clamp_(-top, top).to(fp8_dtype)
+
+
+def _torch_commit(hist: Delayed, amax: torch.Tensor) -> None:
+    rows = hist.buf[:hist.length * 3].view(hist.length, 3)
+    if hist.length > 1:
+        rows[1:].copy_(rows[:-1].clone())
+    rows[0].copy_(amax)
+    reduced = hist.buf[hist.length * 3:hist.length * 3 + 3]
+    reduced.copy_(amax if hist.most_recent else rows.amax(dim=0))
+
+
+def _torch_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: torch.Tensor,
+                    hist: Delayed | None) -> list[torch.Tensor]:
+    top, count = FP8_MAX[fp8_dtype], len(xs)
+    max_scale = MAX_SCALE.get(xs[0].dtype, 2.0 ** 100)
+    amax = info[3:3 + count]
+    if hist is None or hist.fresh:
+        amax.copy_(_torch_amax(xs))
+        scale = pow2_scale_torch(amax, top, max_scale)
+    else:
+        scale = pow2_scale_torch(hist.buf[hist.length * 3:hist.length * 3 + count], top, max_scale, hist.margin)
+    torch.reciprocal(scale, out=info[:count])
+    low = scale.to(xs[0].dtype)
+    outs = [_torch_cast(x, low[i], top, fp8_dtype) for i, x in enumerate(xs)]
+    if hist is not None and not hist.fresh:
+        amax.copy_(_torch_amax(xs))
+    if hist is not None:
+        _torch_commit(hist, amax)
+    return outs
+
+
+# ----- public operations -------------------------------------------------------------------------
+def quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, hist: Delayed | None = None
+             ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(fp8 copies of 1 to 3 same-dtype tensors, a float32 (8,) vector laid out as STATE).
+
+    Entry i of the vector is tensor i's descale, entry 3 + i its amax; entry 6 is NaN and entry 7
+    is 1. Current scaling (scale from each tensor's amax) unless `hist` holds a recorded history:
+    then the scales come from it (no amax pass before the cast) and values beyond the delayed scale
+    saturate. With `hist`, the amaxes of this call are recorded into it (rows shift down one).
+    """
+    if not 1 <= len(xs) <= 3:
+        raise ValueError(f"quantize takes 1 to 3 tensors, got {len(xs)}")
+    if uses_triton(*xs):  # the kernels write every entry of the tensors given
+        info = torch.empty(len(STATE), dtype=torch.float32, device=xs[0].device)
+        return _triton_quantize(xs, fp8_dtype, info, hist), info
+    info = torch.full((len(STATE),), float("nan"), dtype=torch.float32, device=xs[0].device)
+    info[7:].fill_(1.0)
+    return _torch_quantize(xs, fp8_dtype, info, hist), info
+
+
+def amax(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """max |x| of each of 1 to 3 tensors, as a float32 (len(xs),) tensor on their device."""
+    if not uses_triton(*xs):
+        return _torch_amax(xs)
+    out = torch.zeros(len(xs), dtype=torch.float32, device=xs[0].device)
+    _launch_amax(xs, out, atomic=True)
+    return out
+
+
+def scaled_cast(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *, inverse: bool = False,
+                amax_out: torch.Tensor | None = None) -> torch.Tensor:
+    """saturate(x * s) as fp8 with x's strides, s = scale[0] (or 1 / scale[0] with inverse=True),
+    a power of two in float32 device memory. With amax_out (float32, 1 element), max |x| is
+    folded into it in the same pass (amax_out = max(amax_out, amax(x)))."""
+    top = FP8_MAX[fp8_dtype]
+    scale = scale.reshape(-1)[:1]
+    if not uses_triton(x):
+        s = scale.reciprocal() if inverse else scale
+        out = _torch_cast(x, s.to(x.dtype)[0], top, fp8_dtype)
+        if amax_out is not None:
+            torch.maximum(amax_out.view(-1)[:1], _torch_amax([x]), out=amax_out.view(-1)[:1])
+        return out
+    out = _like(x, fp8_dtype)
+    blocks = -(-x.numel() // _CAST_BLOCK)
+    flat, dst = _flat(x), _flat(out)
+    record = amax_out is not None
+    _kernels["_k_cast"][(blocks,)](
+        (flat, flat, flat), (dst, dst, dst), (x.numel(), 0, 0), (blocks, blocks), (scale, 0, 0, 0, 0),
+        (scale, amax_out if record else scale), (top, 1.0, 1.0, float("nan")),
+        MODE=_FROM_DESCALE if inverse else _FROM_SCALE, RECORD=record, BLOCK=_CAST_BLOCK, num_warps=8)
+    return out
+
+
+def dequantize(x8: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x8 * descale[0] in `dtype` (computed in float32, rounded once), with x8's strides."""
+    descale = descale.reshape(-1)[:1]
+    if not uses_triton(x8):
+        out = torch.empty_like(x8, dtype=dtype)
+        return torch.mul(x8.to(dtype), descale.float(), out=out)
+    out = _like(x8, dtype)
+    n = x8.numel()
+    _kernels["_k_dequant"][(-(-n // _DEQUANT_BLOCK),)](
+        _flat(x8), _flat(out), n, descale, BLOCK=_DEQUANT_BLOCK, num_warps=8)
+    return out
+
+
+# ----- Triton launches ---------------------------------------------------------------------------
+def _padded(xs: Sequence[torch.Tensor], fill) -> tuple:
+    return tuple(xs) + (fill,) * (3 - len(xs))
+
+
+def _ends(counts: Sequence[int]) -> tuple[int, int, int]:
+    e0 = counts[0]
+    e1 = e0 + counts[1]
+    return e0, e1, e1 + counts[2]
+
+
+def _launch_amax(xs: Sequence[torch.Tensor], out: torch.Tensor, atomic: bool) -> tuple[int, int, int]:
+    """Run the amax kernel; returns the end of each tensor's programs (their partials' slots)."""
+    ns = [x.numel() for x in xs] + [0] * (3 - len(xs))
+    total = sum(ns)
+    target = 3 * _device_info(xs[0].device)[1]
+    counts = [min(-(-n // _AMAX_BLOCK), _MAX_PARTIALS, max(1, round(target * n / total))) for n in ns]
+    ends = _ends(counts)
+    flats = _padded([_flat(x) for x in xs], _flat(xs[0]))
+    _kernels["_k_amax"][(ends[2],)](flats, tuple(ns), ends, out, ATOMIC=atomic, BLOCK=_AMAX_BLOCK, num_warps=8)
+    return ends
+
+
+def _triton_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: torch.Tensor,
+                     hist: Delayed | None) -> list[torch.Tensor]:
+    top = FP8_MAX[fp8_dtype]
+    max_scale = MAX_SCALE.get(xs[0].dtype, 2.0 ** 100)
+    outs = [_like(x, fp8_dtype) for x in xs]
+    ns = tuple(x.numel() for x in xs) + (0,) * (3 - len(xs))
+    blocks = _ends([-(-n // _CAST_BLOCK) for n in ns])
+    delayed = hist is not None and not hist.fresh
+    if delayed:
+        length = hist.length
+        src = (hist.buf[length * 3:], 0, 0, 0, 0)
+        cur = hist.buf[(length + 1) * 3:]
+        mode, margin = _FROM_AMAX, 2.0 ** -hist.margin
+    else:
+        partials = torch.empty(3 * _MAX_PARTIALS, dtype=torch.float32, device=xs[0].device)
+        src = (partials, 0) + _launch_amax(xs, partials, atomic=False)
+        cur, mode, margin = info, _FROM_PARTIALS, 1.0
+    _kernels["_k_cast"][(blocks[2],)](
+        _padded([_flat(x) for x in xs], _flat(xs[0])), _padded([_flat(y) for y in outs], _flat(outs[0])),
+        ns, blocks[:2], src, (info, cur), (top, max_scale, margin, float("nan")),
+        MODE=mode, RECORD=delayed, BLOCK=_CAST_BLOCK, num_warps=8)
+    if hist is not None:
+        source = cur if delayed else info[3:]
+        lb = 1 << max(hist.length - 1, 0).bit_length()
+        _kernels["_k_commit"][(1,)](hist.buf, source, info, hist.length,
+                                     MOST_RECENT=hist.most_recent, FROM_CUR=delayed, LB=lb, num_warps=4)
+    return outs
+
+
+# ----- Triton kernels (plain functions here; _load_triton() JITs them) ---------------------------
+def _t_pow2(amax, top, max_scale, margin):
+    bits = tl.math.div_rn(top, amax).to(tl.int32, bitcast=True) & 0x7F800000
+    return tl.minimum(bits.to(tl.float32, bitcast=True) * margin, max_scale)
+
+
+def _t_amax_range(x, n, p, g, BLOCK: tl.constexpr):
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for base in range(p * BLOCK, n, g * BLOCK):
+        offs = base + tl.arange(0, BLOCK)
+        acc = tl.maximum(acc, tl.abs(tl.load(x + offs, mask=offs < n, other=0.0).to(tl.float32)))
+    return tl.max(acc, axis=0)
+
+
+def _k_amax(xs, ns, ends, out, ATOMIC: tl.constexpr, BLOCK: tl.constexpr):
+    # Programs [0, ends[0]) read xs[0], [ends[0], ends[1]) xs[1], [ends[1], ends[2]) xs[2]; each
+    # writes its max to out[program] (or folds it into out[tensor] with ATOMIC).
+    pid = tl.program_id(0)
+    if pid < ends[0]:
+        m = _t_amax_range(xs[0], ns[0], pid, ends[0], BLOCK)
+    elif pid < ends[1]:
+        m = _t_amax_range(xs[1], ns[1], pid - ends[0], ends[1] - ends[0], BLOCK)
+    else:
+        m = _t_amax_range(xs[2], ns[2], pid - ends[1], ends[2] - ends[1], BLOCK)
+    if ATOMIC:
+        t = (pid >= ends[0]).to(tl.int32) + (pid >= ends[1]).to(tl.int32)
+        tl.atomic_max(out + t, m, sem="relaxed")
+    else:
+        tl.store(out + pid, m)
+
+
+def _t_scale_of(T: tl.constexpr, b, src, info, consts, MODE: tl.constexpr):
+    if MODE == 0:  # current scaling: the max of tensor T's partials, src[1 + T] <= slot < src[2 + T]
+        slots = src[1 + T] + tl.arange(0, 1024)
+        amax = tl.max(tl.load(src[0] + slots, mask=slots < src[2 + T], other=0.0), axis=0)
+        scale = _t_pow2(amax, consts[0], consts[1], 1.0)
+    elif MODE == 1:  # delayed scaling: the history's reduced amax, with the margin
+        amax = tl.load(src[0] + T)
+        scale = _t_pow2(amax, consts[0], consts[1], consts[2])
+    elif MODE == 2:
+        scale = tl.load(src[0] + T)
+    else:
+        scale = tl.math.div_rn(1.0, tl.load(src[0] + T))
+    if MODE < 2:  # noqa: SIM102  (MODE is static, b is not)
+        if b == 0:
+            tl.store(info + T, tl.math.div_rn(1.0, scale))
+            if MODE == 0:
+                tl.store(info + 3 + T, amax)
+            if T == 0:
+                tl.store(info + 6, consts[3])
+                tl.store(info + 7, 1.0)
+    return scale
+
+
+def _t_cast_one(x, y, n, b, T: tl.constexpr, src, outs, consts, MODE: tl.constexpr,
+                RECORD: tl.constexpr, BLOCK: tl.constexpr):
+    scale = _t_scale_of(T, b, src, outs[0], consts, MODE)
+    top = consts[0]
+    offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    s = v * scale
+    s = tl.where(s != s, s,  # noqa: PLR0124  (NaN test)
+                  tl.minimum(tl.maximum(s, -top), top))  # saturate, keeping NaN
+    tl.store(y + offs, s.to(y.dtype.element_ty), mask=mask)
+    if RECORD:
+        tl.atomic_max(outs[1] + T, tl.max(tl.abs(v), axis=0), sem="relaxed")
+
+
+def _k_cast(xs, ys, ns, ends, src, outs, consts, MODE: tl.constexpr, RECORD: tl.constexpr,
+            BLOCK: tl.constexpr):
+    # ys[i] = saturate(xs[i] * scale_i) for the programs of tensor i (ends as in _k_amax); outs is
+    # (info, running amax); consts is (top, max scale, margin factor, NaN).
+    pid = tl.program_id(0)
+    if pid < ends[0]:
+        _t_cast_one(xs[0], ys[0], ns[0], pid, 0, src, outs, consts, MODE, RECORD, BLOCK)
+    elif pid < ends[1]:
+        _t_cast_one(xs[1], ys[1], ns[1], pid - ends[0], 1, src, outs, consts, MODE, RECORD, BLOCK)
+    else:
+        _t_cast_one(xs[2], ys[2], ns[2], pid - ends[1], 2, src, outs, consts, MODE, RECORD, BLOCK)
+
+
+def _k_commit(buf, src, info, length, MOST_RECENT: tl.constexpr, FROM_CUR: tl.constexpr,
+              LB: tl.constexpr):
+    # One program: rows shift down one, row 0 = src[0:3], the reduced amax row is updated; with
+    # FROM_CUR src is the running amax: it is copied to info[3:6] and zeroed.
+    cols = tl.arange(0, 4)
+    valid = cols < 3
+    new = tl.load(src + cols, mask=valid, other=0.0)
+    rows = tl.arange(0, LB)[:, None]
+    keep = (rows < length - 1) & valid[None, :]
+    old = tl.load(buf + rows * 3 + cols[None, :], mask=keep, other=0.0)
+    tl.debug_barrier()  # every load above before any store below (they overlap)
+    tl.store(buf + (rows + 1) * 3 + cols[None, :], old, mask=keep)
+    tl.store(buf + cols, new, mask=valid)
+    if MOST_RECENT:
+        tl.store(buf + length * 3 + cols, new, mask=valid)
+    else:
+        tl.store(buf + length * 3 + cols, tl.maximum(tl.max(old, axis=0), new), mask=valid)
+    if FROM_CUR:
+        tl.store(info + 3 + cols, new, mask=valid)
+        tl.store(src + cols, tl.zeros([4], dtype=tl.float32), mask=valid)
+
+
+def _k_dequant(x, y, n, descale, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32) * tl.load(descale)
+    tl.store(y + offs, v.to(y.dtype.element_ty), mask=mask)
