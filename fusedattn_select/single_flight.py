@@ -14,7 +14,7 @@ class OncePerKey(Generic[V]):
     """Values by key; `get_or_build` runs `build` once per missing key while other threads asking
     for that key wait for it, and threads asking for other keys build theirs at the same time.
 
-    A read of a present key takes no lock (values are only ever added whole or cleared).
+    A read of a present key takes no lock (values are only ever added, replaced whole or cleared).
     """
 
     def __init__(self) -> None:
@@ -41,6 +41,14 @@ class OncePerKey(Generic[V]):
                 self._values[key] = value
                 self._building.pop(key, None)
             return value, True
+
+    def replace(self, key: Hashable, value: V) -> None:
+        """Put `value` in place of the present value of `key`."""
+        with self._guard:
+            self._values[key] = value
+
+    def items(self) -> Iterator[tuple[Hashable, V]]:
+        return iter(list(self._values.items()))
 
     def values(self) -> Iterator[V]:
         return iter(list(self._values.values()))

@@ -54,7 +54,7 @@ from fusedattn_select.runtime.args import Arguments, call_options, check_args, s
 from fusedattn_select.runtime.entries import entries as _entries
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
 from fusedattn_select.runtime.fp8 import FP8Scales
-from fusedattn_select.runtime.fused import FusedAttention, fused_forward
+from fusedattn_select.runtime.fused import FusedAttention, LeanAttention, fused_forward, lean_forward
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.problem import config
@@ -120,30 +120,43 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         The output in the caller's layout (..., head_dim_v), and the lse if `return_lse`.
     """
     arguments = Arguments(layout, mask, window_size, attn_scale, dropout, softmax, deterministic, fp8, return_lse)
-    inputs = OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv)
     if torch.compiler.is_compiling():
-        return ops.compiled_attention(q, k, v, inputs, arguments)
-    scales = fp8 if isinstance(fp8, FP8Scales) else None
-    found = None
-    # The hot-path key holds every value validation looks at, so validation runs once per call
-    # signature; arguments whose type alone is wrong never make a key.
-    if type(deterministic) is bool and type(return_lse) is bool and (type(fp8) is bool or scales is not None):
+        return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),
+                                      arguments)
+    found = call_key = None
+    # The hot path: a call with no optional tensors is found by its arguments as given and its
+    # tensors' properties. The key holds every value validation looks at, so validation runs once
+    # per call signature; arguments whose type alone is wrong never make a key.
+    if (bias is None and alibi_slopes is None and sink is None and seqlens_q is None and seqlens_kv is None
+            and type(fp8) is bool and type(deterministic) is bool and type(return_lse) is bool):
+        training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         try:
-            found = _entries.get(entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs))
-        except (TypeError, AttributeError, ValueError):
-            found = None
+            call_key = entries.fast_key(q, k, v, arguments, training)
+            found = entries.by_call.get(call_key)
+        except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
+            call_key = None
+    inputs = OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv)
     if found is None:
-        check_args(q, k, v, inputs, arguments)
-        signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
-        found = entries.entry(signature, q, k, v, inputs, scales)
+        found = _decide(q, k, v, inputs, arguments)
+        if call_key is not None:
+            entries.remember_call(call_key, found)
     counters = entries.counters
     counters["calls"] += 1
     if not found.fused:
         counters["fallback_calls"] += 1
         entries.log_fallback(found)
+        scales = fp8 if isinstance(fp8, FP8Scales) else None
         out, lse = fallback_forward(found.fallback, found.opts, q, k, v, inputs, scales)
         return (out, lse) if return_lse else out
     counters["fused_calls"] += 1
+    if found.bucketed:
+        found = entries.count_call(found, q, k, v)
+    if found.lean and not return_lse:
+        if not found.opts.training:
+            return lean_forward(found, q, k, v)[0]
+        if found.lean_backward:
+            return LeanAttention.apply(found, q, k, v)
+    scales = fp8 if isinstance(fp8, FP8Scales) else None
     if found.opts.training:
         out, lse = FusedAttention.apply(found, scales, q, k, v, *inputs)
     else:
@@ -151,6 +164,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         qb = bhsd(q, found.opts.layout)
         lse = found.lse(stats, qb.shape[0], qb.shape[2])
     return (out, lse) if return_lse else out
+
+
+def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+            arguments: Arguments) -> entries.Entry:
+    """The entry of a call: found by its full key, else decided now (after checking the arguments)."""
+    scales = arguments.fp8 if isinstance(arguments.fp8, FP8Scales) else None
+    if type(arguments.deterministic) is bool and type(arguments.return_lse) is bool and (
+            type(arguments.fp8) is bool or scales is not None):
+        try:
+            found = _entries.get(entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs))
+        except (TypeError, AttributeError, ValueError):
+            found = None
+        if found is not None:
+            return found
+    check_args(q, k, v, inputs, arguments)
+    signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
+    return entries.entry(signature, q, k, v, inputs, scales)
 
 
 # ----- introspection -----------------------------------------------------------------------------
@@ -174,6 +204,7 @@ def clear_plans() -> None:
     """Forget every decided call signature and this process's plans (the next call of each decides
     again, loading its plans from the persistent store where they are stored)."""
     _entries.clear()
+    entries.by_call.clear()
     for name in entries.counters:
         entries.counters[name] = 0
     plans.clear_plan_cache()

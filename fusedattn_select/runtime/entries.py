@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -49,6 +52,13 @@ class Entry:
     call_cfg: Optional[AttnConfig] = None
     ragged_forward: Optional[dict[str, torch.Tensor]] = None
     ragged_backward: Optional[dict[str, torch.Tensor]] = None
+    calls: int = 0                       # bucket plans only: calls so far (see promote)
+    promotion: str = ""                  # "" = not tried; "dense" = promoted; else why it stays
+    # Dense plans only: q, k, v bind as they come and nothing else is fed (the lean hot path);
+    # `qkv_order` is the order of q, k, v among the forward plan's inputs.
+    lean: bool = False
+    lean_backward: bool = False
+    qkv_order: tuple[int, ...] = ()
 
     @property
     def fused(self) -> bool:
@@ -66,7 +76,10 @@ class Entry:
 
 
 entries: OncePerKey[Entry] = OncePerKey()
-counters = {"calls": 0, "fused_calls": 0, "fallback_calls": 0, "entries_built": 0}
+# The hot path's first table: entries by `fast_key` (calls with no optional tensors and fp8 a bool),
+# filled from `entries` when a call of such a signature is first decided.
+by_call: dict[tuple, Entry] = {}
+counters = {"calls": 0, "fused_calls": 0, "fallback_calls": 0, "entries_built": 0, "promotions": 0}
 
 
 def _signature(t: Optional[torch.Tensor]) -> Any:
@@ -136,7 +149,112 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if new.fused and opts.dropout > 0:
         new.rng = torch.tensor([int(torch.randint(2 ** 62, (1,))), 0], dtype=torch.int64, device=q.device)
         new.rng_step = math.prod(qb.shape[:3]) * kb.shape[2]
+    if new.fused and not new.bucketed:
+        _mark_lean(new, qb, kb, vb, inputs)
     return new
+
+
+def _mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, inputs: OptionalInputs) -> None:
+    """Mark a dense entry lean when its plans take q, k, v as they come and nothing else."""
+    forward, backward = new.forward, new.backward
+    if new.opts.fp8 or new.rng is not None or any(t is not None for t in inputs):
+        return
+    if sorted(forward.inputs) != ["k", "q", "v"]:
+        return
+    if any(forward.conform(n, t) is not t for n, t in (("q", qb), ("k", kb), ("v", vb))):
+        return
+    new.qkv_order = tuple("qkv".index(n) for n in forward.inputs)
+    new.lean = True
+    if backward is not None:
+        # The backward binds q, k, v, o and stats as the forward holds them; only dO is conformed.
+        new.lean_backward = (sorted(backward.inputs) == ["dO", "k", "o", "q", "stats", "v"]
+                             and all(backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats"))
+                             and all(backward.specs["d" + n.upper()].dtype == forward.specs[n].dtype
+                                     for n in ("q", "k", "v")))
+
+
+def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple, training: bool) -> tuple:
+    """The key of `by_call`: attention()'s non-tensor arguments as given, whether the call trains,
+    and the tensor properties `key` holds (for calls without optional tensors)."""
+    return (arguments, training, q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+            q.is_cuda and _capturing())
+
+
+def remember_call(call_key: tuple, found: Entry) -> None:
+    """File a decided entry under its `fast_key` too."""
+    with _table_lock:
+        by_call[call_key] = found
+
+
+# ----- from bucket plans to the shape's own plans -------------------------------------------------
+_table_lock = threading.Lock()
+
+
+def _dense_after() -> int:
+    value = os.environ.get(DENSE_AFTER_ENV, "")
+    if value == "":
+        return DEFAULT_DENSE_AFTER
+    if not value.isdigit():
+        raise ConfigError(DENSE_AFTER_ENV, value, "must be a whole number of calls (0 = never leave the bucket plans)")
+    return int(value)
+
+
+DENSE_AFTER_ENV = "FUSEDATTN_SELECT_DENSE_AFTER"
+# A call signature run by bucket plans this many times gets its shape's own plans (built once, or
+# loaded from the store): a shape seen again and again runs at the dense plan's speed, a shape seen
+# a few times (a generation step's length) never pays a build.
+DEFAULT_DENSE_AFTER = 16
+dense_after = _dense_after()
+
+
+def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
+    """Count a fused call of `found`; the entry to run it with: its dense successor once a bucketed
+    signature reaches `dense_after` calls and its own graphs are selected and built."""
+    if not found.bucketed or found.promotion:
+        return found
+    found.calls += 1  # a benign race under threads: promotion happens once either way
+    if found.calls < dense_after or dense_after == 0:
+        return found
+    return promote(found, q, k, v)
+
+
+def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
+    """Replace a bucketed entry by one running its shape's own plans (once; the bucket entry stays
+    where the dense graphs are rejected or fail to build, with the reason in `promotion`)."""
+    if q.is_cuda and _capturing():  # building is unsafe under CUDA-graph capture: later
+        return old
+    with _table_lock:
+        if old.promotion:
+            return old
+        old.promotion = "trying"
+    selector = default_selector()
+    cfg = old.call_cfg
+    started = time.perf_counter()
+    selection = selector.select_dense(cfg)
+    dense = dataclasses.replace(old, cfg=cfg, selection=selection, call_cfg=None, forward=None, backward=None,
+                                ragged_forward=None, ragged_backward=None, calls=0, promotion="dense", logged=False)
+    if selection.selected:
+        _build_plans(dense, selector, q.device)
+    if not (selection.selected and dense.fused):
+        old.promotion = selection.message if not selection.selected else dense.reason
+        log.info("fusedattn_select: %s stays on its bucket plans after %d calls: its own graphs %s (%s)",
+                 cfg.cache_key(), old.calls, "are not selected" if not selection.selected else "did not build",
+                 old.promotion)
+        return old
+    opts = old.opts
+    qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
+    _mark_lean(dense, qb, kb, vb, OptionalInputs())
+    with _table_lock:
+        for call_key, value in list(by_call.items()):
+            if value is old:
+                by_call[call_key] = dense
+        for signature in [s for s, value in entries.items() if value is old]:
+            entries.replace(signature, dense)
+        old.promotion = "dense"
+    counters["promotions"] += 1
+    log.info("fusedattn_select: %s ran %d calls on bucket plans; its own plans run it now (%.0f ms to obtain)",
+             cfg.cache_key(), old.calls, (time.perf_counter() - started) * 1e3)
+    return dense
 
 
 def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device) -> bool:

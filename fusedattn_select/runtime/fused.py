@@ -10,7 +10,7 @@ from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime import ragged
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fp8 import FP8Scales
-from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
+from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD, bhsd
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.plans import Plan
 
@@ -159,6 +159,48 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
     if opts.sink_grad and "dSink_token" in outs:
         dsink = outs["dSink_token"].reshape(inputs.sink.shape).to(inputs.sink.dtype)
     return dq, dk, dv, dbias, dsink
+
+
+# ----- the lean path: dense plans that take q, k, v as they come (Entry.lean) -------------------
+def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(out in the caller's layout, softmax stats or None) of a lean entry's call."""
+    plan = entry.forward
+    perm = TO_BHSD[entry.opts.layout]
+    qkv = (q.permute(perm), k.permute(perm), v.permute(perm))
+    first, second, third = entry.qkv_order
+    outs = tuple(plan.allocate(name) for name in plan.outputs)
+    plan.run((qkv[first], qkv[second], qkv[third]) + outs)
+    stats = outs[plan.position["stats"]] if "stats" in plan.position else None
+    return outs[plan.position["o"]].permute(FROM_BHSD[entry.opts.layout]), stats
+
+
+def lean_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  out: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of a lean entry's call (Entry.lean_backward), in the caller's layout."""
+    plan = entry.backward
+    perm = TO_BHSD[entry.opts.layout]
+    feeds = {"q": q.permute(perm), "k": k.permute(perm), "v": v.permute(perm), "o": out.permute(perm),
+             "stats": stats, "dO": plan.conform("dO", grad_out.permute(perm))}
+    outs = plan.execute(feeds)
+    back = FROM_BHSD[entry.opts.layout]
+    return outs["dQ"].permute(back), outs["dK"].permute(back), outs["dV"].permute(back)
+
+
+class LeanAttention(torch.autograd.Function):
+    """Eager autograd for lean entries: q, k, v only, no options to carry."""
+
+    @staticmethod
+    def forward(ctx, entry, q, k, v):
+        out, stats = lean_forward(entry, q, k, v)
+        ctx.entry = entry
+        ctx.save_for_backward(q, k, v, out, stats)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, stats = ctx.saved_tensors
+        return (None,) + lean_backward(ctx.entry, grad_out, q, k, v, out, stats)
 
 
 class FusedAttention(torch.autograd.Function):

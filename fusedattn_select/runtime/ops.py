@@ -75,6 +75,8 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
     if tensors["descale_q"] is not None:
         scales = FP8Scales(*(tensors[name] for name in _DESCALES), dtypes.torch_dtype(opts.o_dtype, torch))
     found = entries.entry(entries.key(q, k, v, opts, inputs), q, k, v, inputs, scales)
+    if found.fused and found.bucketed:
+        found = entries.count_call(found, q, k, v)
     specs = _attention_fwd_fake(*(_meta(t) for t in args))
     saved: tuple = (None,) * 4
     entries.counters["calls"] += 1

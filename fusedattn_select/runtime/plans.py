@@ -115,11 +115,14 @@ class Plan:
         written = OUTPUT_NAMES[phase]
         self.outputs = tuple(n for n in self.cudnn_tensors if n in written)
         self.inputs = tuple(n for n in self.cudnn_tensors if n not in written)
-        # (name, graph tensor) pairs, so execute() builds its variant pack without lookups.
-        self._input_slots = tuple((n, self.cudnn_tensors[n]) for n in self.inputs)
-        self._output_slots = tuple((n, self.cudnn_tensors[n]) for n in self.outputs)
+        self.position = {name: i for i, name in enumerate(self.outputs)}  # of each output in self.outputs
+        # The graph's tensors in execute()'s binding order (inputs, then outputs), and their uids for
+        # the frontend's ordered binding (None where this frontend has no uids to give).
+        self._slots = tuple(self.cudnn_tensors[n] for n in self.inputs + self.outputs)
+        self._uids: Optional[tuple[int, ...]] = _uids(self._slots)
         self.zeroed = frozenset(ZEROED_WITH_PADDING & set(self.outputs)) if cfg.has_padding else frozenset()
         self.constants: dict[str, torch.Tensor] = {}
+        self._ordered_checked = False  # whether an execute with ordered binding has run
         # The GraphBuild of a freshly built plan, until obtain_plan has serialized it.
         self.source: Any = build
 
@@ -170,17 +173,50 @@ class Plan:
         """Run the graph on the current stream. `feeds` must hold every input (already conformed);
         outputs not given in `outputs` are allocated here. Returns all outputs by name."""
         outs = {} if outputs is None else outputs
-        pack = {slot: feeds[name] for name, slot in self._input_slots}
-        for name, slot in self._output_slots:
-            tensor = outs.get(name)
-            if tensor is None:
-                tensor = outs[name] = self.allocate(name)
-            pack[slot] = tensor
+        for name in self.outputs:
+            if name not in outs:
+                outs[name] = self.allocate(name)
+        self.run(tuple(feeds[n] for n in self.inputs) + tuple(outs[n] for n in self.outputs))
+        return outs
+
+    def run(self, buffers: tuple[torch.Tensor, ...]) -> None:
+        """Run the graph on the current stream with `buffers`: the inputs in `self.inputs` order, then
+        the outputs in `self.outputs` order, each already as the graph declared it."""
         handle = _prepare_handle(self.device)
         workspace = workspace_for(self.device, self.workspace_size)
-        self.graph.execute(pack, workspace, handle=handle)
-        _stats["executes"] += 1  # a benign race under threads: the counter is for tests and logs
-        return outs
+        uids = self._uids
+        if uids is not None:
+            try:
+                self.graph.execute(buffers, workspace, handle=handle, tensor_uids=uids)
+                self._ordered_checked = True
+                _stats["executes"] += 1  # a benign race under threads: the counter is for tests and logs
+                return
+            except TypeError as err:  # a frontend without ordered binding (before 1.32): bind by map
+                if self._ordered_checked:
+                    raise
+                log.debug("fusedattn_select: ordered binding unavailable (%s); binding by map", err)
+                self._uids = None
+        self._ordered_checked = True
+        self.graph.execute(dict(zip(self._slots, buffers)), workspace, handle=handle)
+        _stats["executes"] += 1
+
+
+def _uids(slots: tuple[Any, ...]) -> Optional[tuple[int, ...]]:
+    """The uids of graph tensors (a deserialized graph's tensors are uids already); None if any has none."""
+    uids = []
+    for tensor in slots:
+        if isinstance(tensor, int):
+            uids.append(tensor)
+            continue
+        uid = getattr(tensor, "uid", None)
+        if uid is None and hasattr(tensor, "get_uid"):
+            uid = tensor.get_uid()
+        if callable(uid):
+            uid = uid()
+        if not isinstance(uid, int):
+            return None
+        uids.append(uid)
+    return tuple(uids)
 
 
 # ----- handles and streams ----------------------------------------------------------------------

@@ -163,6 +163,14 @@ class Selector:
                 self._by_problem[(key, depth)] = dataclasses.replace(cached.hit, **changes)
         return dataclasses.replace(bucketed, **changes)
 
+    def select_dense(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
+        """The answer of `cfg`'s own (dense) graphs, whether or not a shape bucket answers `cfg`: what
+        attention() asks before it runs a shape it keeps seeing with that shape's own plans."""
+        if not isinstance(cfg, AttnConfig):
+            raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
+        depth = probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
+        return dataclasses.replace(self._select_exact(cfg, cfg.cache_key(), depth), plan_form="dense")
+
     def bucket_for(self, cfg: AttnConfig) -> AttnConfig | None:
         """The bucket form whose graphs answer (and run) `cfg`: the smallest bucket of its class already
         answered "yes" that holds its shape, else its own bucket; None when it has no bucket form or

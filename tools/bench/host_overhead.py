@@ -65,25 +65,50 @@ def measure(torch: Any, F: Any, r: dict, args: Mapping) -> None:
             r["raw_check_rel_err"] = rel_err(to_bhsd(attention(q, k, v), "bshd"), raw.tensors["o"])
         except Exception as err:  # noqa: BLE001
             rows.append({"name": "raw cuDNN graph execute", "status": error_status(err)})
-        add("torch SDPA (its default backend choice)", lambda: F.scaled_dot_product_attention(qb, kb, vb))
-        try:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                add("torch SDPA CUDNN_ATTENTION", lambda: F.scaled_dot_product_attention(qb, kb, vb))
-        except Exception as err:  # noqa: BLE001
-            rows.append({"name": "torch SDPA CUDNN_ATTENTION", "status": f"n/a: {first_line(err)}"})
+        _sdpa_rows(F, add, rows, "", lambda: F.scaled_dot_product_attention(qb, kb, vb))
+    _training_rows(torch, F, add, rows, (q, k, v))
     r["status"] = RESULT_STATUS_OK
+
+
+def _sdpa_rows(F: Any, add: Callable, rows: list, suffix: str, fn: Callable[[], Any]) -> None:
+    """torch SDPA with its default choice and with each backend forced."""
+    add("torch SDPA (its default backend choice)" + suffix, fn)
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as err:
+        rows.append({"name": "torch SDPA backends" + suffix, "status": f"n/a: {first_line(err)}"})
+        return
+    for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+        try:
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                add(f"torch SDPA {backend}{suffix}", fn)
+        except Exception as err:  # noqa: BLE001
+            rows.append({"name": f"torch SDPA {backend}{suffix}", "status": f"n/a: {first_line(err)}"})
+
+
+def _training_rows(torch: Any, F: Any, add: Callable, rows: list, tensors: tuple) -> None:
+    """Forward + backward (torch.autograd.grad of q, k, v) per call: attention() vs torch SDPA."""
+    from fusedattn_select.runtime.api import attention
+
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in tensors)
+    grad = torch.randn_like(q)
+    add("attention() fwd+bwd (training)", lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad))
+    qb, kb, vb = (to_bhsd(t, "bshd").detach().contiguous().requires_grad_(True) for t in (q, k, v))
+    grad_b = to_bhsd(grad, "bshd").contiguous()
+    _sdpa_rows(F, add, rows, " fwd+bwd (training)", lambda: torch.autograd.grad(
+        F.scaled_dot_product_attention(qb, kb, vb), (qb, kb, vb), grad_b))
 
 
 def render(tiny: Mapping) -> str:
     if tiny.get("rows"):
-        base = next((r.get("us") for r in tiny["rows"] if r.get("name") == "attention()"), None)
-        return (f"Per-call host+GPU time on a tiny problem ({tiny.get('shape', '')}, inference), "
-                f"{tiny.get('calls', '?')} back-to-back calls per timed batch:\n\n" + md_table(
-                    ("call", "µs per call", "ratio to attention()"),
+        def base(row: Mapping) -> Any:
+            name = "attention() fwd+bwd (training)" if "training" in str(row.get("name")) else "attention()"
+            return next((r.get("us") for r in tiny["rows"] if r.get("name") == name), None)
+        return (f"Per-call host+GPU time on a tiny problem ({tiny.get('shape', '')}), inference and training "
+                f"(forward+backward), {tiny.get('calls', '?')} back-to-back calls per timed batch:\n\n" + md_table(
+                    ("call", "µs per call", "ratio to attention() (of its kind)"),
                     [(r.get("name"), fmt_stat(r.get("us")) if r.get("us") else r.get("status", "n/a"),
-                      fmt_ratio(ratio(r.get("us"), base))) for r in tiny["rows"]]))
+                      fmt_ratio(ratio(r.get("us"), base(r)))) for r in tiny["rows"]]))
     if tiny.get("status"):
         return f"Tiny problem: {tiny.get('status')}"
     return ""

@@ -1,0 +1,142 @@
+"""The hot path on a real GPU: a call signature seen `dense_after` times leaves its bucket plans for
+its own (dense) plans, once; the lean path (q, k, v bound as they come) matches the float64
+reference forward and backward in every layout, under CUDA-graph capture too."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
+
+from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
+from fusedattn_select.runtime.layouts import FROM_BHSD  # noqa: E402
+from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
+
+pytestmark = GPU_MARKS
+TOL_OUT, TOL_GRAD = 2e-2, 4e-2
+
+
+def _tensors(layout, b=2, s=96, hq=8, hkv=2, d=64, seed=0, grad=True):
+    gen = torch.Generator(device=CUDA).manual_seed(seed)
+    order = FROM_BHSD[layout]
+
+    def make(h):
+        dims = (b, h, s, d)
+        t = torch.randn(*(dims[i] for i in order), generator=gen, device=CUDA).to(torch.bfloat16)
+        return t.requires_grad_(grad)
+    return make(hq), make(hkv), make(hkv)
+
+
+def _reference(q, k, v, layout, grad_out=None, **kwargs):
+    perm = FROM_BHSD[layout]  # its own inverse for these three orders
+    qd, kd, vd = (t.detach().permute(perm).double().requires_grad_(True) for t in (q, k, v))
+    out = reference_attention(qd, kd, vd, **kwargs)
+    if grad_out is not None:
+        out.backward(grad_out.permute(perm).double())
+    return out.permute(perm), tuple(t.grad.permute(perm) if t.grad is not None else None for t in (qd, kd, vd))
+
+
+def _entry_of_last_call():
+    return list(dispatch_entries.by_call.values())[-1]
+
+
+@pytest.fixture
+def dense_after(monkeypatch):
+    def set_to(n):
+        monkeypatch.setattr(dispatch_entries, "dense_after", n)
+    clear_plans()
+    yield set_to
+    clear_plans()
+
+
+def test_a_signature_seen_dense_after_times_gets_its_own_plans_once(dense_after):
+    dense_after(3)
+    q, k, v = _tensors("bshd", grad=False)
+    before = dispatch_info()["promotions"]
+    with torch.no_grad():
+        outs = [attention(q, k, v, mask="causal") for _ in range(2)]
+        bucket_entry = _entry_of_last_call()
+        assert bucket_entry.bucketed and bucket_entry.calls == 2
+        builds = dispatch_info()["plan_builds"] + dispatch_info()["plan_loads"]
+        outs += [attention(q, k, v, mask="causal") for _ in range(3)]
+    entry = _entry_of_last_call()
+    assert not entry.bucketed and entry.lean and entry.promotion == "dense"
+    assert bucket_entry.promotion == "dense"
+    assert dispatch_info()["promotions"] == before + 1
+    assert dispatch_info()["plan_builds"] + dispatch_info()["plan_loads"] == builds + 1  # the dense forward
+    want, _ = _reference(q, k, v, "bshd", mask="causal")
+    for out in outs:
+        assert_close(out, want, TOL_OUT, "out")
+    assert torch.equal(outs[-1], outs[-2])
+
+
+def test_training_across_the_promotion_gives_reference_gradients(dense_after):
+    dense_after(2)
+    q, k, v = _tensors("bshd")
+    grad = torch.randn(q.shape, device=CUDA, dtype=torch.bfloat16)
+    want, want_grads = _reference(q, k, v, "bshd", grad, mask="causal")
+    pending = [attention(q, k, v, mask="causal") for _ in range(3)]  # bucket, bucket, promoted
+    assert dispatch_info()["promotions"] >= 1
+    for out in pending:  # each backward runs with the plans its forward ran with
+        q.grad = k.grad = v.grad = None
+        out.backward(grad)
+        assert_close(out, want, TOL_OUT, "out")
+        for name, got, expected in zip("qkv", (q.grad, k.grad, v.grad), want_grads):
+            assert_close(got, expected, TOL_GRAD, "d" + name)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+@pytest.mark.parametrize("mask", ["no_mask", "causal"])
+def test_the_lean_path_matches_the_reference_in_every_layout(dense_after, layout, mask):
+    dense_after(1)
+    q, k, v = _tensors(layout, s=80)
+    with torch.no_grad():
+        attention(q, k, v, layout=layout, mask=mask)
+        entry = _entry_of_last_call()
+        assert entry.lean and not entry.bucketed, entry.promotion or entry.reason
+        inference = attention(q, k, v, layout=layout, mask=mask)
+    grad = torch.randn_like(inference)
+    want, want_grads = _reference(q, k, v, layout, grad, mask=mask)
+    assert_close(inference, want, TOL_OUT, "inference out")
+    attention(q, k, v, layout=layout, mask=mask)  # the training signature: promoted at its first call
+    out = attention(q, k, v, layout=layout, mask=mask)
+    assert _entry_of_last_call().lean_backward
+    out.backward(grad)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_close(out, want, TOL_OUT, "out")
+    for name, got, expected in zip("qkv", (q.grad, k.grad, v.grad), want_grads):
+        assert got.shape == expected.shape
+        assert_close(got, expected, TOL_GRAD, "d" + name)
+
+
+def test_the_lean_path_replays_under_cuda_graph_capture(dense_after):
+    dense_after(1)
+    q, k, v = _tensors("bshd", grad=False)
+    with torch.no_grad():
+        attention(q, k, v, mask="causal")
+        eager = attention(q, k, v, mask="causal")
+        assert _entry_of_last_call().lean
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            attention(q, k, v, mask="causal")
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = attention(q, k, v, mask="causal")
+        fresh = torch.randn_like(q)
+        q.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, attention(q, k, v, mask="causal"))
+        assert not torch.equal(captured, eager)
+
+
+def test_dense_after_zero_keeps_bucket_plans(dense_after):
+    dense_after(0)
+    q, k, v = _tensors("bshd", grad=False)
+    with torch.no_grad():
+        for _ in range(20):
+            attention(q, k, v, mask="causal")
+    entry = _entry_of_last_call()
+    assert entry.bucketed and entry.promotion == ""
