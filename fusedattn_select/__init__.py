@@ -18,6 +18,8 @@ __all__ = [
     "AttnConfig",
     "Backend",
     "ConfigError",
+    "FP8History",
+    "FP8Scales",
     "FusedAttnSelectError",
     "Selection",
     "Verdict",
@@ -37,10 +39,10 @@ __all__ = [
 def __getattr__(name: str):
     # attention() and dispatch_info() need torch and warmup() may need cuDNN: import them only when
     # asked for, so importing the package works on a machine with neither.
-    if name == "attention":
-        from fusedattn_select.runtime.api import attention
+    if name in ("attention", "FP8History", "FP8Scales"):
+        from fusedattn_select.runtime import api
 
-        return attention
+        return getattr(api, name)
     if name == "dispatch_info":
         from fusedattn_select.runtime.api import dispatch_info
 

@@ -53,7 +53,7 @@ from fusedattn_select.runtime import entries, ops, plans
 from fusedattn_select.runtime.args import Arguments, call_options, check_args, split_keywords
 from fusedattn_select.runtime.entries import entries as _entries
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
-from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.fused import FusedAttention, LeanAttention, fused_forward, lean_forward
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
 from fusedattn_select.runtime.options import OptionalInputs
@@ -62,6 +62,7 @@ from fusedattn_select.runtime.problem import config
 __all__ = [
     "FALLBACK_REFERENCE",
     "FALLBACK_TORCH",
+    "FP8History",
     "FP8Scales",
     "LAYOUTS",
     "attention",
@@ -113,7 +114,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         seqlens_q, seqlens_kv: actual lengths (B,) for the padding masks.
         deterministic: ask cuDNN for a deterministic backward pass.
         fp8: True quantizes fp16/bf16 inputs per tensor (current scaling) and runs cuDNN's FP8
-            kernels, returning the input precision; `FP8Scales(...)` for float8 inputs.
+            kernels, returning the input precision; an `FP8History` (one per call site) scales from
+            the amaxes of earlier calls instead (delayed scaling: no amax pass); `FP8Scales(...)`
+            for float8 inputs.
         return_lse: also return the softmax log-sum-exp (B, Hq, Sq, 1) float32 (not differentiable).
 
     Returns:
@@ -156,7 +159,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             return lean_forward(found, q, k, v)[0]
         if found.lean_backward:
             return LeanAttention.apply(found, q, k, v)
-    scales = fp8 if isinstance(fp8, FP8Scales) else None
+    scales = fp8 if isinstance(fp8, (FP8Scales, FP8History)) else None
     if found.opts.training:
         out, lse = FusedAttention.apply(found, scales, q, k, v, *inputs)
     else:
@@ -171,7 +174,7 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
     """The entry of a call: found by its full key, else decided now (after checking the arguments)."""
     scales = arguments.fp8 if isinstance(arguments.fp8, FP8Scales) else None
     if type(arguments.deterministic) is bool and type(arguments.return_lse) is bool and (
-            type(arguments.fp8) is bool or scales is not None):
+            type(arguments.fp8) is bool or isinstance(arguments.fp8, (FP8Scales, FP8History))):
         try:
             found = _entries.get(entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs))
         except (TypeError, AttributeError, ValueError):

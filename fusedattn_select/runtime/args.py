@@ -12,7 +12,7 @@ from fusedattn_select import dtypes
 from fusedattn_select.config import MASKS, SOFTMAXES
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8 as fp8q
-from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
 from fusedattn_select.runtime.options import DEFAULT_LAYOUT, CallOptions, OptionalInputs
 
@@ -70,7 +70,8 @@ def call_options(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Opti
     scales = fp8 if isinstance(fp8, FP8Scales) else None
     return CallOptions(
         arguments.layout or DEFAULT_LAYOUT, arguments.mask, tuple(arguments.window_size), arguments.attn_scale,
-        float(arguments.dropout), arguments.softmax, arguments.deterministic, scales is not None or fp8 is True,
+        float(arguments.dropout), arguments.softmax, arguments.deterministic,
+        scales is not None or fp8 is True or isinstance(fp8, FP8History),
         "" if scales is None else O_DTYPE_NAMES.get(scales.o_dtype, repr(scales.o_dtype)), training,
         training and inputs.bias is not None and inputs.bias.requires_grad,
         training and inputs.sink is not None and inputs.sink.requires_grad, arguments.return_lse,
@@ -195,9 +196,10 @@ def _check_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: Any) -> N
             raise ConfigError("fp8.o_dtype", fp8.o_dtype, "must be torch.float16 or torch.bfloat16")
     elif isinstance(fp8, FP8Scales):
         raise ConfigError("fp8", "FP8Scales", f"descale factors are for float8 inputs; q is {q.dtype} (use fp8=True)")
-    elif not isinstance(fp8, bool):
-        raise ConfigError("fp8", fp8, "must be True, False, or FP8Scales for float8 inputs")
-    elif fp8 and q.dtype not in O_DTYPE_NAMES:
-        raise ConfigError("fp8", True, f"quantizes fp16/bf16 inputs; q is {q.dtype}")
+    elif not isinstance(fp8, (bool, FP8History)):
+        raise ConfigError("fp8", fp8, "must be True, False, an FP8History (delayed scaling), or FP8Scales for "
+                                      "float8 inputs")
+    elif fp8 is not False and q.dtype not in O_DTYPE_NAMES:
+        raise ConfigError("fp8", fp8, f"quantizes fp16/bf16 inputs; q is {q.dtype}")
     if float8_inputs and any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
         raise ConfigError("q", q.dtype, "float8 inputs are for inference; they cannot require grad")

@@ -23,14 +23,16 @@ from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.layouts import Formats, bhsd, formats
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
-from fusedattn_select.runtime.problem import config
+from fusedattn_select.runtime.problem import FUSED_DTYPES, config
 from fusedattn_select.runtime.ragged import Shape
+from fusedattn_select.selection import fp8_speed
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.single_flight import OncePerKey
-from fusedattn_select.types import Phase
+from fusedattn_select.types import Backend, Phase
 
 log = logging.getLogger("fusedattn_select")
+FUSED_F16 = {dtype: name for dtype, name in FUSED_DTYPES.items() if name in ("fp16", "bf16")}
 
 
 @dataclass(eq=False)
@@ -52,6 +54,8 @@ class Entry:
     call_cfg: Optional[AttnConfig] = None
     ragged_forward: Optional[dict[str, torch.Tensor]] = None
     ragged_backward: Optional[dict[str, torch.Tensor]] = None
+    # FP8 training whose backward runs in bf16 (fp8_speed: measured slower in FP8 here): its config.
+    backward_cfg: Optional[AttnConfig] = None
     calls: int = 0                       # bucket plans only: calls so far (see promote)
     promotion: str = ""                  # "" = not tried; "dense" = promoted; else why it stays
     # Dense plans only: q, k, v bind as they come and nothing else is fed (the lean hot path);
@@ -63,6 +67,10 @@ class Entry:
     @property
     def fused(self) -> bool:
         return not self.reason
+
+    @property
+    def f16_backward(self) -> bool:
+        return self.backward_cfg is not None
 
     @property
     def bucketed(self) -> bool:
@@ -139,6 +147,7 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if not (q.is_cuda and _bucketed(new, selector, Shape(qb.shape[0], qb.shape[2], kb.shape[2]), q.device)):
         if not _select(new, selector):
             return new
+        _route_fp8_backward(new, selector, q.dtype)
         if not q.is_cuda:
             new.reason = (f"{new.selection.backend.value} was selected ({new.selection.engine}) but the tensors "
                           f"are on {q.device}")
@@ -317,16 +326,33 @@ def _recipe(cfg: AttnConfig) -> str:
     return text
 
 
+def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype) -> None:
+    """FP8 training from fp16/bf16 inputs: run the backward in the input precision where the FP8
+    backward graph was measured slower than it on this platform (and the bf16 one is selected)."""
+    cfg = new.cfg
+    if not (cfg.is_fp8 and cfg.is_training and input_dtype in FUSED_F16):
+        return
+    reason = fp8_speed.f16_backward_reason(selector.fingerprint)
+    if not reason:
+        return
+    f16 = cfg.replace(qkv_dtype=FUSED_F16[input_dtype], o_dtype=None, do_dtype=None, dqkv_dtype=None,
+                      scaling_mode=None)
+    if selector.select_dense(f16).selected:
+        new.backward_cfg = f16
+
+
 def _build_plans(new: Entry, selector: Selector, device: torch.device) -> None:
     cfg = new.cfg
     backend = new.selection.backend
     # An inference call that wants the log-sum-exp needs the forward graph that writes the softmax
     # stats, which is the training forward graph.
     forward_cfg = cfg.replace(is_training=True) if new.opts.return_lse and not cfg.is_training else cfg
+    wanted = [(forward_cfg, backend, Phase.FORWARD)]
+    if cfg.is_training:
+        wanted.append((new.backward_cfg, Backend.F16, Phase.BACKWARD) if new.f16_backward
+                      else (cfg, backend, Phase.BACKWARD))
     try:
-        built = [plans.obtain_plan(forward_cfg if phase is Phase.FORWARD else cfg, backend, phase, device,
-                                   selector=selector)
-                 for phase in cfg.phases]
+        built = [plans.obtain_plan(c, b, phase, device, selector=selector) for c, b, phase in wanted]
     except plans.PlanBuildError as err:
         selector.record_build_failure(cfg, err.verdict)
         new.reason = err.verdict.reason()

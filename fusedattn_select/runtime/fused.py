@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime import ragged
 from fusedattn_select.runtime.entries import Entry
-from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD, bhsd
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.plans import Plan
@@ -96,8 +96,10 @@ def _bucket_backward(entry: Entry, gb: torch.Tensor, qb: torch.Tensor, kb: torch
 
 
 def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
-                  scales: Optional[FP8Scales]) -> Saved:
-    """(out in the caller's layout, stats or None, rng or None, fp8 saved (q8, k8, v8, state) or None)."""
+                  scales: Union[FP8Scales, FP8History, None]) -> Saved:
+    """(out in the caller's layout, stats or None, rng or None, fp8 saved (q8, k8, v8, state) or None).
+
+    `scales`: the descales of float8 inputs, or the caller's FP8History (delayed scaling)."""
     opts, plan = entry.opts, entry.forward
     if entry.bucketed:
         return _bucket_forward(entry, bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout), inputs)
@@ -105,10 +107,12 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     saved_fp8 = None
     if opts.fp8:
-        if scales is not None:
+        if isinstance(scales, FP8Scales):
             q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales, vb)
-        else:
-            q8, k8, v8, state = fp8q.quantize_qkv(qb, kb, vb, plan.specs["q"].dtype)
+        else:  # quantized here: current scaling, or delayed from the caller's FP8History
+            fp8_backward = opts.training and not entry.f16_backward
+            q8, k8, v8, state = fp8q.quantize_qkv(qb, kb, vb, plan.specs["q"].dtype, training=fp8_backward,
+                                                  history=scales)
         feeds = fp8q.forward_feeds(plan, q8, k8, v8, state)
         saved_fp8 = (q8, k8, v8, state)
     else:
@@ -118,7 +122,10 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     outs = plan.execute(feeds)
     o = outs["o"]
     if saved_fp8 is not None and fp8q.is_fp8_dtype(o.dtype):
-        o = fp8q.dequantize(o, fp8q.at(saved_fp8[3], "descale_o"), scales.o_dtype if scales is not None else q.dtype)
+        o_dtype = scales.o_dtype if isinstance(scales, FP8Scales) else q.dtype
+        o = fp8q.dequantize(o, fp8q.at(saved_fp8[3], "descale_o"), o_dtype)
+    if entry.f16_backward:
+        saved_fp8 = None  # the backward runs in the input precision from q, k, v themselves
     return Saved(o.permute(FROM_BHSD[opts.layout]), outs.get("stats"), rng, saved_fp8)
 
 
@@ -132,7 +139,7 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
     descales: dict = {}
     if entry.bucketed:
         outs = _bucket_backward(entry, gb, bhsd(q, layout), bhsd(k, layout), bhsd(v, layout), inputs, saved)
-    elif saved.fp8 is not None:
+    elif saved.fp8 is not None and not entry.f16_backward:
         feeds, descales = fp8q.backward_feeds(plan, entry.cfg, saved.fp8, ob, gb, saved.stats)
     else:
         feeds = {

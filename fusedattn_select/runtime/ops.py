@@ -14,11 +14,12 @@ from typing import Any, Optional, Sequence
 import torch
 
 from fusedattn_select import dtypes
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import entries, options
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import Arguments, call_options, check_args
 from fusedattn_select.runtime.fallback import fallback_backward, fallback_forward
-from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.fused import Saved, fused_backward, fused_forward
 from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd, empty_bhsd, physical_format
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
@@ -181,6 +182,9 @@ def compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs
                        arguments: Arguments) -> Any:
     """attention() while torch.compile traces: checks, then the forward op."""
     check_args(q, k, v, inputs, arguments)
+    if isinstance(arguments.fp8, FP8History):
+        raise ConfigError("fp8", arguments.fp8, "delayed scaling (FP8History) runs eagerly only; under "
+                                                "torch.compile use fp8=True (current scaling)")
     scales = arguments.fp8 if isinstance(arguments.fp8, FP8Scales) else None
     opts = call_options(q, k, v, inputs, arguments)
     descales = (None, None, None) if scales is None else (scales.descale_q, scales.descale_k, scales.descale_v)

@@ -1,0 +1,96 @@
+"""attention(fp8=...) on a real GPU: current scaling, delayed scaling (FP8History) and training,
+against bf16 attention() (cosine similarity), and FP8 training routed to the bf16 backward where
+this platform's FP8 speed record measured the FP8 backward slower."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from gpu_setup import CUDA, GPU_MARKS, torch
+
+from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime.api import FP8History, attention, clear_plans  # noqa: E402
+from fusedattn_select.selection import fp8_speed  # noqa: E402
+from fusedattn_select.selection.selector import default_selector  # noqa: E402
+
+pytestmark = GPU_MARKS
+
+
+def _cos(a, b):
+    a, b = a.detach().double().flatten(), b.detach().double().flatten()
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+def _qkv(seed=0, b=1, s=512, hq=8, hkv=2, d=128, grad=False):
+    gen = torch.Generator(device=CUDA).manual_seed(seed)
+    make = lambda h: torch.randn(b, s, h, d, generator=gen, device=CUDA).to(torch.bfloat16).requires_grad_(grad)  # noqa: E731
+    return make(hq), make(hkv), make(hkv)
+
+
+def _fused_fp8(entry):
+    return entry.fused and entry.opts.fp8
+
+
+def test_fp8_inference_matches_bf16():
+    q, k, v = _qkv()
+    with torch.no_grad():
+        want = attention(q, k, v, mask="causal")
+        got = attention(q, k, v, mask="causal", fp8=True)
+    entry = list(dispatch_entries.by_call.values())[-1]
+    if not _fused_fp8(entry):
+        pytest.skip(f"no FP8 forward here: {entry.reason}")
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    assert _cos(got, want) >= 0.995
+
+
+def test_delayed_scaling_records_amaxes_and_matches_bf16():
+    history = FP8History(length=4)
+    with torch.no_grad():
+        for seed in range(3):
+            q, k, v = _qkv(seed)
+            want = attention(q, k, v, mask="causal")
+            got = attention(q, k, v, mask="causal", fp8=history)
+            entry = list(dispatch_entries.entries.values())[-1]
+            if not entry.fused:
+                pytest.skip(f"no FP8 forward here: {entry.reason}")
+            assert _cos(got, want) >= 0.995, f"call {seed}"
+    assert history.calls == 3
+    rows = history.amax_history
+    assert rows.shape == (4, 3)
+    assert (rows[:3] > 0).all() and (rows[3] == 0).all()
+    expected = torch.stack([t.abs().amax().float() for t in (q, k, v)])
+    assert torch.equal(rows[0], expected)
+
+
+def test_delayed_scaling_is_refused_under_torch_compile():
+    from fusedattn_select.errors import ConfigError
+
+    q, k, v = _qkv()
+    compiled = torch.compile(lambda a, b, c: attention(a, b, c, fp8=FP8History()), fullgraph=True)
+    with pytest.raises((ConfigError, Exception), match="FP8History"):
+        compiled(q, k, v)
+
+
+def test_fp8_training_gradients_match_bf16_and_follow_the_speed_record(caplog):
+    caplog.set_level(logging.WARNING, logger="fusedattn_select")
+    clear_plans()
+    fp8_speed._told.clear()  # logged once per process: an earlier test may have been first
+    q, k, v = _qkv(grad=True)
+    grad = torch.randn_like(q)
+    want = attention(q, k, v, mask="causal")
+    want_grads = torch.autograd.grad(want, (q, k, v), grad)
+    got = attention(q, k, v, mask="causal", fp8=True)
+    entry = list(dispatch_entries.by_call.values())[-1]
+    if not _fused_fp8(entry):
+        pytest.skip(f"no FP8 training here: {entry.reason}")
+    got_grads = torch.autograd.grad(got, (q, k, v), grad)
+    assert _cos(got, want) >= 0.995
+    for name, g, w in zip("qkv", got_grads, want_grads):
+        assert _cos(g, w) >= 0.99, f"d{name}"
+    record = fp8_speed.record_for(default_selector().fingerprint)
+    routed = record is not None and record.backward_slower
+    assert entry.f16_backward == routed
+    if routed:
+        assert entry.backward.specs["dQ"].dtype == torch.bfloat16
+        assert any("runs the FP8 forward and the bf16 backward" in r.getMessage() for r in caplog.records)

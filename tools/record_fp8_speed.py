@@ -1,0 +1,125 @@
+"""Record the speed of cuDNN's FP8 attention graphs against bf16 ones on this GPU.
+
+    python -m tools.record_fp8_speed -o fusedattn_select/snapshots/h100-fp8-speed.json
+
+Builds the raw forward and backward graphs of each problem in bf16 and in FP8 (TransformerEngine's
+HYBRID recipe: e4m3 forward, e5m2 gradients; FP8 outputs), times each with CUDA events (median of
+20 after 5 warm-up runs) and writes a record fusedattn_select.selection.fp8_speed reads, with the
+device fingerprint and versions inside. Exit status 0 when every graph was timed, 1 otherwise
+(nothing is written then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+# (batch, q heads, kv heads, seqlen, head dim): llama-3-8b's heads, the shapes issue benches use.
+PROBLEMS = ((2, 32, 8, 4096, 128), (2, 32, 8, 8192, 128))
+REPS, WARMUP = 20, 5
+
+
+def _graph(torch: Any, cfg: Any, backend: Any, phase: Any) -> Callable[[], None]:
+    """The raw graph of `phase`, bound to random inputs (unit scales), as a no-argument runner."""
+    import cudnn
+
+    from fusedattn_select.dtypes import from_cudnn, torch_dtype
+    from fusedattn_select.probing import cudnn as probe
+    from fusedattn_select.types import ProbeDepth
+
+    handle = probe.handle_for(0)
+    with probe.device_context(0):
+        build = probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL)
+    tensors = {}
+    for name in build.tensors:
+        dims, strides = build.dims_strides[name]
+        dtype = torch_dtype(from_cudnn(build.data_types[name]), torch)
+        t = torch.empty_strided(dims, strides, dtype=torch.float32, device="cuda")
+        if name.startswith(("scale", "descale")):
+            t.fill_(1.0)
+        elif name == "stats":
+            t.fill_(5.0)
+        else:
+            t.normal_()
+        tensors[build.tensors[name]] = t.to(dtype)
+    workspace = torch.empty(max(1, build.workspace_size), dtype=torch.uint8, device="cuda")
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    return lambda: build.graph.execute(tensors, workspace, handle=handle)
+
+
+def _median_ms(torch: Any, run: Callable[[], None]) -> float:
+    for _ in range(WARMUP):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def record() -> dict:
+    """Time every problem's graphs; the record as JSON data."""
+    import torch
+
+    from fusedattn_select.config import AttnConfig
+    from fusedattn_select.probing.cudnn.engine import CudnnEngine
+    from fusedattn_select.selection.fp8_speed import SCHEMA
+    from fusedattn_select.types import Backend, Phase
+
+    fingerprint = CudnnEngine().fingerprint()
+    rows = []
+    for b, hq, hkv, s, d in PROBLEMS:
+        base = dict(batch_size=b, num_heads_q=hq, num_heads_kv=hkv, seqlen_q=s, seqlen_kv=s, head_dim_qk=d,
+                    mask="causal", is_training=True, qkv_layout="bshd_bshd_bshd")
+        bf16 = AttnConfig(qkv_dtype="bf16", **base)
+        fp8 = AttnConfig(qkv_dtype="fp8_e4m3", o_dtype="fp8_e4m3", do_dtype="fp8_e5m2", dqkv_dtype="fp8_e5m2",
+                         scaling_mode="delayed", **base)
+        problem = f"b{b} h{hq}/{hkv} s{s} d{d} causal"
+        for phase in (Phase.FORWARD, Phase.BACKWARD):
+            times = {}
+            for name, cfg, backend in (("bf16", bf16, Backend.F16), ("fp8", fp8, Backend.FP8)):
+                times[name] = round(_median_ms(torch, _graph(torch, cfg, backend, phase)), 4)
+                torch.cuda.empty_cache()
+            rows.append({"problem": problem, "phase": phase.value, "bf16_ms": times["bf16"], "fp8_ms": times["fp8"]})
+            print(f"{problem} {phase.value}: bf16 {times['bf16']} ms, fp8 {times['fp8']} ms", flush=True)
+    import cudnn
+
+    return {
+        "schema": SCHEMA,
+        "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "recorder": "tools/record_fp8_speed.py",
+        "fingerprint": dataclasses.asdict(fingerprint),
+        "versions": {"torch": torch.__version__, "cudnn_frontend": cudnn.__version__,
+                     "cudnn_backend": cudnn.backend_version()},
+        "method": f"raw graphs built at FULL depth, CUDA-event median of {REPS} runs after {WARMUP}; "
+                  "FP8 = e4m3 q/k/v/O, e5m2 dO/dQ/dK/dV, unit scales; inputs normal(0, 1)",
+        "rows": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--output", required=True, type=Path, help="record JSON to write")
+    args = parser.parse_args(argv)
+    try:
+        data = record()
+    except Exception as err:  # noqa: BLE001 - any failure: say so in the exit status, write nothing
+        print(f"record_fp8_speed: not recorded: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    args.output.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"record_fp8_speed: wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
