@@ -65,7 +65,7 @@ def _raw_runner(plan, feeds: dict, outputs: dict):
     pack = {plan.cudnn_tensors[name]: feeds[name] for name in plan.inputs}
     pack.update({plan.cudnn_tensors[name]: outputs[name] for name in plan.outputs})
     workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
-    handle = dispatch_plans._prepare_handle(plan.device)
+    handle, _ = dispatch_plans._prepare_handle(plan.device)
     graph = plan.graph
 
     def run():

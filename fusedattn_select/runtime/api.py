@@ -122,10 +122,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     Returns:
         The output in the caller's layout (..., head_dim_v), and the lse if `return_lse`.
     """
-    arguments = Arguments(layout, mask, window_size, attn_scale, dropout, softmax, deterministic, fp8, return_lse)
+    given = (layout, mask, window_size, attn_scale, dropout, softmax, deterministic, fp8, return_lse)
     if torch.compiler.is_compiling():
         return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),
-                                      arguments)
+                                      Arguments._make(given))
     found = call_key = None
     # The hot path: a call with no optional tensors is found by its arguments as given and its
     # tensors' properties. The key holds every value validation looks at, so validation runs once
@@ -134,13 +134,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             and type(fp8) is bool and type(deterministic) is bool and type(return_lse) is bool):
         training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         try:
-            call_key = entries.fast_key(q, k, v, arguments, training)
+            call_key = entries.fast_key(q, k, v, given, training)
             found = entries.by_call.get(call_key)
         except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
             call_key = None
     inputs = OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv)
     if found is None:
-        found = _decide(q, k, v, inputs, arguments)
+        found = _decide(q, k, v, inputs, Arguments._make(given))
         if call_key is not None:
             entries.remember_call(call_key, found)
     counters = entries.counters
@@ -154,10 +154,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     counters["fused_calls"] += 1
     if found.bucketed:
         found = entries.count_call(found, q, k, v)
-    if found.lean and not return_lse:
+    lean = found.lean
+    if lean is not None and not return_lse:
         if not found.opts.training:
             return lean_forward(found, q, k, v)[0]
-        if found.lean_backward:
+        if lean.grad_shapes is not None:
             return LeanAttention.apply(found, q, k, v)
     scales = fp8 if isinstance(fp8, (FP8Scales, FP8History)) else None
     if found.opts.training:

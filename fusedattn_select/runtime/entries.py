@@ -21,7 +21,7 @@ from fusedattn_select.runtime import fallback_log, plans, ragged
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
-from fusedattn_select.runtime.layouts import Formats, bhsd, formats
+from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD, Formats, bhsd, formats
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import FUSED_DTYPES, config
 from fusedattn_select.runtime.ragged import Shape
@@ -58,11 +58,8 @@ class Entry:
     backward_cfg: Optional[AttnConfig] = None
     calls: int = 0                       # bucket plans only: calls so far (see promote)
     promotion: str = ""                  # "" = not tried; "dense" = promoted; else why it stays
-    # Dense plans only: q, k, v bind as they come and nothing else is fed (the lean hot path);
-    # `qkv_order` is the order of q, k, v among the forward plan's inputs.
-    lean: bool = False
-    lean_backward: bool = False
-    qkv_order: tuple[int, ...] = ()
+    # Dense plans only: how the lean hot path binds a call's tensors (None: the general path).
+    lean: Optional[Lean] = None
 
     @property
     def fused(self) -> bool:
@@ -163,23 +160,66 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return new
 
 
+@dataclass(frozen=True)
+class Lean:
+    """How a dense entry's plans take a call's tensors by address, with no views or copies: q, k, v
+    as they come, outputs allocated contiguous in the caller's layout."""
+
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    # Training: dq, dk, dv shapes (caller's layout) and the strides dO must have; None when the
+    # backward binds through the general path.
+    grad_shapes: Optional[tuple[tuple[int, ...], ...]] = None
+    do_strides: tuple[int, ...] = ()
+
+
+def _caller_dense(spec: plans.TensorSpec, layout: str) -> Optional[tuple[int, ...]]:
+    """The caller-layout shape of a graph tensor whose declared strides are those of a contiguous
+    tensor in the caller's layout; None otherwise."""
+    shape = tuple(spec.dims[i] for i in FROM_BHSD[layout])
+    contiguous = _contiguous(shape)
+    strides = tuple(contiguous[i] for i in TO_BHSD[layout])  # those of its BHSD view
+    return shape if _same_memory(spec.dims, spec.strides, strides) else None
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _same_memory(dims: tuple[int, ...], want: tuple[int, ...], got: tuple[int, ...]) -> bool:
+    """Strides that address the same elements (those of size-1 dims never do)."""
+    return all(n == 1 or a == b for n, a, b in zip(dims, want, got))
+
+
 def _mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, inputs: OptionalInputs) -> None:
-    """Mark a dense entry lean when its plans take q, k, v as they come and nothing else."""
-    forward, backward = new.forward, new.backward
-    if new.opts.fp8 or new.rng is not None or any(t is not None for t in inputs):
+    """Give a dense entry its Lean binding when its plans take q, k, v by address and nothing else."""
+    forward, backward, layout = new.forward, new.backward, new.opts.layout
+    if new.opts.fp8 or new.rng is not None or any(t is not None for t in inputs) or not forward.binds_addresses:
         return
-    if sorted(forward.inputs) != ["k", "q", "v"]:
+    if sorted(forward.inputs) != ["k", "q", "v"] or sorted(forward.outputs) not in (["o"], ["o", "stats"]):
         return
-    if any(forward.conform(n, t) is not t for n, t in (("q", qb), ("k", kb), ("v", vb))):
+    for name, t in (("q", qb), ("k", kb), ("v", vb)):
+        spec = forward.specs[name]
+        if t.dtype != spec.dtype or tuple(t.shape) != spec.dims or not _same_memory(spec.dims, spec.strides,
+                                                                                    t.stride()):
+            return
+    out_shape = _caller_dense(forward.specs["o"], layout)
+    if out_shape is None:
         return
-    new.qkv_order = tuple("qkv".index(n) for n in forward.inputs)
-    new.lean = True
-    if backward is not None:
-        # The backward binds q, k, v, o and stats as the forward holds them; only dO is conformed.
-        new.lean_backward = (sorted(backward.inputs) == ["dO", "k", "o", "q", "stats", "v"]
-                             and all(backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats"))
-                             and all(backward.specs["d" + n.upper()].dtype == forward.specs[n].dtype
-                                     for n in ("q", "k", "v")))
+    lean = Lean(out_shape, forward.specs["o"].dtype)
+    if backward is not None and backward.binds_addresses and sorted(backward.inputs) == [
+            "dO", "k", "o", "q", "stats", "v"] and sorted(backward.outputs) == ["dK", "dQ", "dV"] and all(
+            backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats")):
+        grads = tuple(_caller_dense(backward.specs[g], layout) for g in ("dQ", "dK", "dV"))
+        do_shape = _caller_dense(backward.specs["dO"], layout)
+        if None not in grads and do_shape is not None and all(
+                backward.specs["d" + n].dtype == forward.specs[n.lower()].dtype for n in ("Q", "K", "V")):
+            lean = dataclasses.replace(lean, grad_shapes=grads, do_strides=_contiguous(do_shape))
+    new.lean = lean
 
 
 def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple, training: bool) -> tuple:

@@ -10,7 +10,7 @@ from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime import ragged
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
-from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD, bhsd
+from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.plans import Plan
 
@@ -168,30 +168,33 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
     return dq, dk, dv, dbias, dsink
 
 
-# ----- the lean path: dense plans that take q, k, v as they come (Entry.lean) -------------------
+# ----- the lean path: dense plans that take q, k, v by address (Entry.lean) -----------------------
 def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out in the caller's layout, softmax stats or None) of a lean entry's call."""
-    plan = entry.forward
-    perm = TO_BHSD[entry.opts.layout]
-    qkv = (q.permute(perm), k.permute(perm), v.permute(perm))
-    first, second, third = entry.qkv_order
-    outs = tuple(plan.allocate(name) for name in plan.outputs)
-    plan.run((qkv[first], qkv[second], qkv[third]) + outs)
-    stats = outs[plan.position["stats"]] if "stats" in plan.position else None
-    return outs[plan.position["o"]].permute(FROM_BHSD[entry.opts.layout]), stats
+    plan, lean = entry.forward, entry.lean
+    out = torch.empty(lean.out_shape, dtype=lean.out_dtype, device=q.device)
+    named = {"q": q, "k": k, "v": v, "o": out}
+    stats = None
+    if "stats" in plan.position:
+        stats = named["stats"] = plan.allocate("stats")
+    plan.run(tuple(named[name].data_ptr() for name in plan.order))
+    return out, stats
 
 
 def lean_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of a lean entry's call (Entry.lean_backward), in the caller's layout."""
-    plan = entry.backward
-    perm = TO_BHSD[entry.opts.layout]
-    feeds = {"q": q.permute(perm), "k": k.permute(perm), "v": v.permute(perm), "o": out.permute(perm),
-             "stats": stats, "dO": plan.conform("dO", grad_out.permute(perm))}
-    outs = plan.execute(feeds)
-    back = FROM_BHSD[entry.opts.layout]
-    return outs["dQ"].permute(back), outs["dK"].permute(back), outs["dV"].permute(back)
+    """dq, dk, dv of a lean entry's call (Lean.grad_shapes set), in the caller's layout."""
+    plan, lean = entry.backward, entry.lean
+    if grad_out.stride() != lean.do_strides:
+        grad_out = grad_out.contiguous()  # e.g. the expanded gradient of a sum
+    dq_shape, dk_shape, dv_shape = lean.grad_shapes
+    dq = torch.empty(dq_shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(dk_shape, dtype=k.dtype, device=q.device)
+    dv = torch.empty(dv_shape, dtype=v.dtype, device=q.device)
+    named = {"q": q, "k": k, "v": v, "o": out, "stats": stats, "dO": grad_out, "dQ": dq, "dK": dk, "dV": dv}
+    plan.run(tuple(named[name].data_ptr() for name in plan.order))
+    return dq, dk, dv
 
 
 class LeanAttention(torch.autograd.Function):

@@ -19,6 +19,7 @@ hot path (and a process started over a warmed cache) builds nothing.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import threading
@@ -118,8 +119,9 @@ class Plan:
         self.position = {name: i for i, name in enumerate(self.outputs)}  # of each output in self.outputs
         # The graph's tensors in execute()'s binding order (inputs, then outputs), and their uids for
         # the frontend's ordered binding (None where this frontend has no uids to give).
-        self._slots = tuple(self.cudnn_tensors[n] for n in self.inputs + self.outputs)
-        self._uids: Optional[tuple[int, ...]] = _uids(self._slots)
+        self.order = self.inputs + self.outputs
+        self._slots = tuple(self.cudnn_tensors[n] for n in self.order)
+        self._uids: Optional[tuple[int, ...]] = _uids(self._slots) if _binds_in_order(self.graph) else None
         self.zeroed = frozenset(ZEROED_WITH_PADDING & set(self.outputs)) if cfg.has_padding else frozenset()
         self.constants: dict[str, torch.Tensor] = {}
         self._ordered_checked = False  # whether an execute with ordered binding has run
@@ -179,11 +181,16 @@ class Plan:
         self.run(tuple(feeds[n] for n in self.inputs) + tuple(outs[n] for n in self.outputs))
         return outs
 
-    def run(self, buffers: tuple[torch.Tensor, ...]) -> None:
-        """Run the graph on the current stream with `buffers`: the inputs in `self.inputs` order, then
-        the outputs in `self.outputs` order, each already as the graph declared it."""
-        handle = _prepare_handle(self.device)
-        workspace = workspace_for(self.device, self.workspace_size)
+    @property
+    def binds_addresses(self) -> bool:
+        """Whether `run` may be given device addresses (ints) instead of tensors (ordered binding)."""
+        return self._uids is not None
+
+    def run(self, buffers: tuple[Any, ...]) -> None:
+        """Run the graph on the current stream with `buffers` in `self.order` (inputs, then outputs):
+        tensors already as the graph declared them, or, where `binds_addresses`, their addresses."""
+        handle, stream = _prepare_handle(self.device)
+        workspace = workspace_for(self.device, self.workspace_size, stream)
         uids = self._uids
         if uids is not None:
             try:
@@ -199,6 +206,14 @@ class Plan:
         self._ordered_checked = True
         self.graph.execute(dict(zip(self._slots, buffers)), workspace, handle=handle)
         _stats["executes"] += 1
+
+
+def _binds_in_order(graph: Any) -> bool:
+    """Whether the graph's execute() takes `tensor_uids` (ordered binding, cudnn-frontend 1.32+)."""
+    try:
+        return "tensor_uids" in inspect.signature(graph.execute).parameters
+    except (TypeError, ValueError):  # a compiled method without a signature: an older frontend
+        return False
 
 
 def _uids(slots: tuple[Any, ...]) -> Optional[tuple[int, ...]]:
@@ -234,8 +249,8 @@ def _current_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _prepare_handle(device: torch.device) -> Any:
-    """The cuDNN handle of this thread and device, pointed at the current torch stream.
+def _prepare_handle(device: torch.device) -> tuple[Any, int]:
+    """(the cuDNN handle of this thread and device, pointed at the current torch stream; that stream).
 
     Handles come from probing.cudnn.handle_for (one per thread and device, as cuDNN requires) and
     are remembered here per thread, so the hot path makes no driver calls to find them.
@@ -255,7 +270,7 @@ def _prepare_handle(device: torch.device) -> Any:
 
         cudnn.set_stream(handle=slot[0], stream=stream)
         slot[1] = stream
-    return slot[0]
+    return slot[0], stream
 
 
 # ----- workspace --------------------------------------------------------------------------------
@@ -263,8 +278,9 @@ _workspaces: dict[tuple[int, int], torch.Tensor] = {}
 _workspace_lock = threading.Lock()
 
 
-def workspace_for(device: torch.device, size: int) -> torch.Tensor:
-    """The workspace of (device, current stream), grown to at least `size` bytes.
+def workspace_for(device: torch.device, size: int, stream: Optional[int] = None) -> torch.Tensor:
+    """The workspace of (device, current stream), grown to at least `size` bytes (`stream`: the
+    current stream's handle, when the caller has it already).
 
     One buffer per stream: kernels on one stream run in order, so reuse is safe; a buffer is never
     shared across streams. Growth replaces the buffer (the caching allocator keeps the old one
@@ -275,7 +291,8 @@ def workspace_for(device: torch.device, size: int) -> torch.Tensor:
     size = max(size, 1)  # some frontend versions want a buffer even when the plan needs none
     if _capturing():
         return torch.empty(size, dtype=torch.uint8, device=device)
-    key = (device.index if device.index is not None else torch.cuda.current_device(), _current_stream(device))
+    key = (device.index if device.index is not None else torch.cuda.current_device(),
+           _current_stream(device) if stream is None else stream)
     buffer = _workspaces.get(key)
     if buffer is None or buffer.numel() < size:
         with _workspace_lock:

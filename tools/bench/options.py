@@ -67,6 +67,8 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
     parser.add_argument("--budget", type=float, default=None,
                         help=f"time budget in seconds (default {FULL_BUDGET_S:.0f}, quick {QUICK_BUDGET_S:.0f})")
     parser.add_argument("--sections", default="all", help="'all' or a comma list of 1-7 / section names")
+    parser.add_argument("--dispatch-files", default=None,
+                        help="comma list of configs/ stems the dispatch section measures (default: the mode's)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-args", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
@@ -79,6 +81,10 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
         args.sections = parse_sections(args.sections)
     except argparse.ArgumentTypeError as err:
         parser.error(str(err))
+    if args.dispatch_files is not None:
+        args.dispatch_files = tuple(p.strip() for p in args.dispatch_files.split(",") if p.strip())
+        if not args.dispatch_files:
+            parser.error("--dispatch-files: name at least one configs/ stem")
     return args
 
 

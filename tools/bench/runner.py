@@ -22,6 +22,8 @@ class Runner:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.plan = plan_for(args.quick)
+        if getattr(args, "dispatch_files", None):
+            self.plan["dispatch_files"] = args.dispatch_files
         self.start = time.time()
         self.deadline = self.start + args.budget
         order = [s for s in RUN_ORDER if s in args.sections]
