@@ -1,0 +1,232 @@
+"""runtime/entries.py hot-path logic on CPU: stride arithmetic of the lean binding, the
+FUSEDATTN_SELECT_DENSE_AFTER setting, `fast_key`, `count_call`, and attention()'s `by_call` table
+on a machine without a GPU (every call falls back to torch's SDPA)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.runtime import api, entries, plans
+from fusedattn_select.runtime.args import Arguments
+from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
+from fusedattn_select.runtime.options import CallOptions
+
+BF16 = torch.bfloat16
+# Caller-layout shapes, all dims distinct and > 1 (B=2, S=5, H=3, D=4 in each order).
+CALLER_SHAPES = {"bshd": (2, 5, 3, 4), "sbhd": (5, 2, 3, 4), "bhsd": (2, 3, 5, 4)}
+
+
+def _bhsd_view(layout: str, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.empty(shape).permute(TO_BHSD[layout])
+
+
+def _spec(view: torch.Tensor, dtype=BF16) -> plans.TensorSpec:
+    return plans.TensorSpec(tuple(view.shape), tuple(view.stride()), dtype)
+
+
+# ----- _contiguous / _same_memory --------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(2, 5, 3, 4), (1, 7, 1, 8), (3,), (6, 1)])
+def test_contiguous_strides_are_torchs(shape):
+    assert entries._contiguous(shape) == torch.empty(shape).stride()
+
+
+def test_contiguous_treats_a_zero_dim_as_one():
+    assert entries._contiguous((2, 0, 3)) == (3, 3, 1)
+
+
+def test_same_memory_compares_strides_except_of_size_one_dims():
+    assert entries._same_memory((2, 3), (3, 1), (3, 1))
+    assert not entries._same_memory((2, 3), (3, 1), (1, 2))
+    assert entries._same_memory((1, 3), (3, 1), (99, 1))
+    assert not entries._same_memory((1, 3), (3, 1), (99, 2))
+    assert entries._same_memory((1, 1), (5, 6), (7, 8))
+
+
+# ----- _caller_dense ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_caller_dense_gives_the_caller_shape_of_a_contiguous_caller_layout_tensor(layout):
+    shape = CALLER_SHAPES[layout]
+    assert entries._caller_dense(_spec(_bhsd_view(layout, shape)), layout) == shape
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("memory", LAYOUTS)
+def test_caller_dense_is_none_for_the_strides_of_another_memory_layout(layout, memory):
+    caller = CALLER_SHAPES[layout]
+    dims = tuple(_bhsd_view(layout, caller).shape)  # (B, H, S, D)
+    # A tensor with the same BHSD dims stored contiguously in `memory`'s dim order.
+    stored = tuple(dims[i] for i in _from_bhsd(memory))
+    spec = _spec(_bhsd_view(memory, stored))
+    assert spec.dims == dims
+    expected = caller if memory == layout else None
+    assert entries._caller_dense(spec, layout) == expected
+
+
+def _from_bhsd(layout: str) -> tuple[int, ...]:
+    perm = TO_BHSD[layout]
+    return tuple(perm.index(i) for i in range(4))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_caller_dense_is_none_for_a_non_dense_view(layout):
+    # A slice along the last dim of a wider caller-layout buffer: same dims, padded strides.
+    shape = CALLER_SHAPES[layout]
+    wide = torch.empty(shape[:-1] + (shape[-1] * 2,))[..., :shape[-1]]
+    view = wide.permute(TO_BHSD[layout])
+    assert entries._caller_dense(_spec(view), layout) is None
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_caller_dense_ignores_strides_of_size_one_dims(layout):
+    # B = 1 and H = 1: their strides address nothing, any value matches.
+    shape = tuple(1 if n in (2, 3) else n for n in CALLER_SHAPES[layout])
+    view = _bhsd_view(layout, shape)
+    dims, strides = tuple(view.shape), list(view.stride())
+    assert dims[0] == 1 and dims[1] == 1
+    strides[0], strides[1] = 12345, 777
+    assert entries._caller_dense(plans.TensorSpec(dims, tuple(strides), BF16), layout) == shape
+    # ... while a wrong stride of a dim larger than one still fails.
+    strides[2] += 1
+    assert entries._caller_dense(plans.TensorSpec(dims, tuple(strides), BF16), layout) is None
+
+
+# ----- FUSEDATTN_SELECT_DENSE_AFTER ------------------------------------------------------------------
+@pytest.mark.parametrize("value, expected", [("", 16), ("0", 0), ("5", 5), ("120", 120)])
+def test_dense_after_reads_the_environment(monkeypatch, value, expected):
+    monkeypatch.setenv("FUSEDATTN_SELECT_DENSE_AFTER", value)
+    assert entries._dense_after() == expected
+
+
+def test_dense_after_defaults_to_16_when_unset(monkeypatch):
+    monkeypatch.delenv("FUSEDATTN_SELECT_DENSE_AFTER", raising=False)
+    assert entries._dense_after() == entries.DEFAULT_DENSE_AFTER == 16
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "1.5", " 3"])
+def test_dense_after_refuses_what_is_not_a_whole_number(monkeypatch, value):
+    monkeypatch.setenv("FUSEDATTN_SELECT_DENSE_AFTER", value)
+    with pytest.raises(ConfigError, match="FUSEDATTN_SELECT_DENSE_AFTER") as err:
+        entries._dense_after()
+    assert err.value.field == "FUSEDATTN_SELECT_DENSE_AFTER"
+    assert err.value.value == value
+
+
+# ----- fast_key --------------------------------------------------------------------------------------
+ARGS = tuple(Arguments())
+
+
+def _qkv(shape=(2, 5, 4, 8), dtype=BF16):
+    return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+
+
+def test_fast_key_is_equal_for_identical_calls_on_other_tensors():
+    assert entries.fast_key(*_qkv(), ARGS, False) == entries.fast_key(*_qkv(), ARGS, False)
+    assert hash(entries.fast_key(*_qkv(), ARGS, False)) == hash(entries.fast_key(*_qkv(), ARGS, False))
+
+
+def test_fast_key_differs_with_shape_stride_dtype_training_and_arguments():
+    q, k, v = _qkv()
+    base = entries.fast_key(q, k, v, ARGS, False)
+    transposed = torch.zeros(2, 4, 5, 8, dtype=BF16).transpose(1, 2)  # q's shape, other strides
+    assert transposed.shape == q.shape and transposed.stride() != q.stride()
+    others = [
+        entries.fast_key(torch.zeros(2, 6, 4, 8, dtype=BF16), k, v, ARGS, False),   # q shape
+        entries.fast_key(q, torch.zeros(2, 7, 4, 8, dtype=BF16), v, ARGS, False),   # k shape
+        entries.fast_key(q, k, torch.zeros(2, 5, 4, 16, dtype=BF16), ARGS, False),  # v shape
+        entries.fast_key(transposed, k, v, ARGS, False),                              # q strides
+        entries.fast_key(q, transposed, v, ARGS, False),                              # k strides
+        entries.fast_key(q, k, transposed, ARGS, False),                              # v strides
+        entries.fast_key(*_qkv(dtype=torch.float16), ARGS, False),                    # dtype
+        entries.fast_key(q, k, v, ARGS, True),                                        # training
+        entries.fast_key(q, k, v, tuple(Arguments(mask="causal")), False),
+        entries.fast_key(q, k, v, tuple(Arguments(layout="bshd")), False),          # None vs "bshd"
+        entries.fast_key(q, k, v, tuple(Arguments(attn_scale=0.5)), False),
+        entries.fast_key(q, k, v, tuple(Arguments(fp8=True)), False),
+        entries.fast_key(q, k, v, tuple(Arguments(deterministic=True)), False),
+    ]
+    assert all(other != base for other in others)
+    assert len(set(others)) == len(others)
+
+
+# ----- count_call ------------------------------------------------------------------------------------
+def _options() -> CallOptions:
+    return CallOptions("bshd", "no_mask", (-1, -1), None, 0.0, "vanilla", False, False, "", False, False,
+                       False, False)
+
+
+def test_count_call_leaves_a_dense_entry_alone():
+    found = entries.Entry(_options())
+    assert not found.bucketed
+    q, k, v = _qkv()
+    for _ in range(40):
+        assert entries.count_call(found, q, k, v) is found
+    assert found.calls == 0 and found.promotion == ""
+
+
+def test_count_call_counts_a_bucketed_entry_below_the_threshold(monkeypatch):
+    monkeypatch.setattr(entries, "dense_after", 5)
+    found = entries.Entry(_options(), ragged_forward={})
+    assert found.bucketed
+    q, k, v = _qkv()
+    for n in range(1, 5):
+        assert entries.count_call(found, q, k, v) is found
+        assert found.calls == n
+    assert found.promotion == ""
+
+
+def test_count_call_never_promotes_when_dense_after_is_zero(monkeypatch):
+    monkeypatch.setattr(entries, "dense_after", 0)
+    found = entries.Entry(_options(), ragged_forward={})
+    q, k, v = _qkv()
+    for _ in range(20):
+        assert entries.count_call(found, q, k, v) is found
+    assert found.calls == 20 and found.promotion == ""
+
+
+def test_count_call_stops_counting_once_promotion_was_tried():
+    found = entries.Entry(_options(), ragged_forward={}, promotion="not selected")
+    q, k, v = _qkv()
+    assert entries.count_call(found, q, k, v) is found
+    assert found.calls == 0
+
+
+# ----- attention() on CPU: fallback through by_call --------------------------------------------------
+@pytest.mark.usefixtures("no_platform")
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+def test_attention_on_cpu_falls_back_to_sdpa_and_files_its_call(dtype):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 4, 8, generator=gen).to(dtype)   # bshd, GQA 4/2
+    k = torch.randn(2, 9, 2, 8, generator=gen).to(dtype)
+    v = torch.randn(2, 9, 2, 8, generator=gen).to(dtype)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True).transpose(1, 2)
+    assert not entries.by_call
+    call_key = entries.fast_key(q, k, v, tuple(Arguments(mask="causal")), False)
+
+    first = api.attention(q, k, v, mask="causal")
+    assert call_key in entries.by_call
+    filed = entries.by_call[call_key]
+    assert not filed.fused and filed.fallback == api.FALLBACK_TORCH
+    built = entries.counters["entries_built"]
+
+    second = api.attention(q, k, v, mask="causal")
+    assert entries.by_call[call_key] is filed and len(entries.by_call) == 1
+    assert entries.counters["entries_built"] == built == 1
+    assert entries.counters["fallback_calls"] == 2
+    for out in (first, second):
+        assert out.shape == q.shape and out.dtype == dtype
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)  # the same SDPA call: bit-identical
+
+
+@pytest.mark.usefixtures("no_platform")
+def test_clear_plans_empties_by_call():
+    q, k, v = _qkv(dtype=torch.float32)
+    api.attention(q, k, v)
+    assert len(entries.by_call) == 1 and len(entries.entries) == 1
+    api.clear_plans()
+    assert entries.by_call == {}
+    assert len(entries.entries) == 0
+    assert entries.counters["calls"] == 0
