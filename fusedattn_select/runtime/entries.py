@@ -160,17 +160,26 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return new
 
 
+# The order the lean path hands a call's tensors over in: forward, then backward.
+LEAN_FORWARD = ("q", "k", "v", "o", "stats")
+LEAN_BACKWARD = ("q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV")
+
+
 @dataclass(frozen=True)
 class Lean:
-    """How a dense entry's plans take a call's tensors by address, with no views or copies: q, k, v
-    as they come, outputs allocated contiguous in the caller's layout."""
+    """How a dense entry's plans take a call's tensors as they are, with no views or copies: q, k,
+    v in the caller's dim order (their memory is what the graph declared; the frontend binds them
+    by the declaration), outputs allocated contiguous in the caller's layout."""
 
     out_shape: tuple[int, ...]
     out_dtype: torch.dtype
-    # Training: dq, dk, dv shapes (caller's layout) and the strides dO must have; None when the
-    # backward binds through the general path.
+    # Positions in LEAN_FORWARD of the forward plan's tensors, in its binding order.
+    forward_index: tuple[int, ...]
+    # Training: dq, dk, dv shapes (caller's layout), the strides dO must have, and the positions in
+    # LEAN_BACKWARD of the backward plan's tensors; grad_shapes None: the general path.
     grad_shapes: Optional[tuple[tuple[int, ...], ...]] = None
     do_strides: tuple[int, ...] = ()
+    backward_index: tuple[int, ...] = ()
 
 
 def _caller_dense(spec: plans.TensorSpec, layout: str) -> Optional[tuple[int, ...]]:
@@ -196,9 +205,9 @@ def _same_memory(dims: tuple[int, ...], want: tuple[int, ...], got: tuple[int, .
 
 
 def _mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, inputs: OptionalInputs) -> None:
-    """Give a dense entry its Lean binding when its plans take q, k, v by address and nothing else."""
+    """Give a dense entry its Lean binding when its plans take q, k, v and nothing else."""
     forward, backward, layout = new.forward, new.backward, new.opts.layout
-    if new.opts.fp8 or new.rng is not None or any(t is not None for t in inputs) or not forward.binds_addresses:
+    if new.opts.fp8 or new.rng is not None or any(t is not None for t in inputs) or not forward.binds_by_declaration:
         return
     if sorted(forward.inputs) != ["k", "q", "v"] or sorted(forward.outputs) not in (["o"], ["o", "stats"]):
         return
@@ -210,15 +219,16 @@ def _mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
     out_shape = _caller_dense(forward.specs["o"], layout)
     if out_shape is None:
         return
-    lean = Lean(out_shape, forward.specs["o"].dtype)
-    if backward is not None and backward.binds_addresses and sorted(backward.inputs) == [
+    lean = Lean(out_shape, forward.specs["o"].dtype, tuple(LEAN_FORWARD.index(n) for n in forward.order))
+    if backward is not None and backward.binds_by_declaration and sorted(backward.inputs) == [
             "dO", "k", "o", "q", "stats", "v"] and sorted(backward.outputs) == ["dK", "dQ", "dV"] and all(
             backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats")):
         grads = tuple(_caller_dense(backward.specs[g], layout) for g in ("dQ", "dK", "dV"))
         do_shape = _caller_dense(backward.specs["dO"], layout)
         if None not in grads and do_shape is not None and all(
                 backward.specs["d" + n].dtype == forward.specs[n.lower()].dtype for n in ("Q", "K", "V")):
-            lean = dataclasses.replace(lean, grad_shapes=grads, do_strides=_contiguous(do_shape))
+            lean = dataclasses.replace(lean, grad_shapes=grads, do_strides=_contiguous(do_shape),
+                                       backward_index=tuple(LEAN_BACKWARD.index(n) for n in backward.order))
     new.lean = lean
 
 

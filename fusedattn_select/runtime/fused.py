@@ -168,17 +168,15 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
     return dq, dk, dv, dbias, dsink
 
 
-# ----- the lean path: dense plans that take q, k, v by address (Entry.lean) -----------------------
+# ----- the lean path: dense plans that take the caller's tensors as they are (Entry.lean) --------
 def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out in the caller's layout, softmax stats or None) of a lean entry's call."""
     plan, lean = entry.forward, entry.lean
     out = torch.empty(lean.out_shape, dtype=lean.out_dtype, device=q.device)
-    named = {"q": q, "k": k, "v": v, "o": out}
-    stats = None
-    if "stats" in plan.position:
-        stats = named["stats"] = plan.allocate("stats")
-    plan.run(tuple(named[name].data_ptr() for name in plan.order))
+    stats = plan.allocate("stats") if len(lean.forward_index) == 5 else None
+    given = (q, k, v, out, stats)
+    plan.run(tuple([given[i] for i in lean.forward_index]))
     return out, stats
 
 
@@ -192,8 +190,8 @@ def lean_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torc
     dq = torch.empty(dq_shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(dk_shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(dv_shape, dtype=v.dtype, device=q.device)
-    named = {"q": q, "k": k, "v": v, "o": out, "stats": stats, "dO": grad_out, "dQ": dq, "dK": dk, "dV": dv}
-    plan.run(tuple(named[name].data_ptr() for name in plan.order))
+    given = (q, k, v, out, stats, grad_out, dq, dk, dv)
+    plan.run(tuple([given[i] for i in lean.backward_index]))
     return dq, dk, dv
 
 

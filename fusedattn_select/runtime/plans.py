@@ -182,13 +182,14 @@ class Plan:
         return outs
 
     @property
-    def binds_addresses(self) -> bool:
-        """Whether `run` may be given device addresses (ints) instead of tensors (ordered binding)."""
+    def binds_by_declaration(self) -> bool:
+        """Whether `run` may be given tensors whose memory is the declared one under other dims (the
+        caller's dim order): ordered binding describes each buffer by the graph's declaration."""
         return self._uids is not None
 
     def run(self, buffers: tuple[Any, ...]) -> None:
         """Run the graph on the current stream with `buffers` in `self.order` (inputs, then outputs):
-        tensors already as the graph declared them, or, where `binds_addresses`, their addresses."""
+        tensors as the graph declared them (or, where `binds_by_declaration`, holding that memory)."""
         handle, stream = _prepare_handle(self.device)
         workspace = workspace_for(self.device, self.workspace_size, stream)
         uids = self._uids

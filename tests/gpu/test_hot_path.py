@@ -109,6 +109,24 @@ def test_the_lean_path_matches_the_reference_in_every_layout(dense_after, layout
         assert_close(got, expected, TOL_GRAD, "d" + name)
 
 
+def test_the_lean_path_takes_views_whose_memory_is_another_layout(dense_after):
+    # bshd-ordered views of BHSD memory (what transposing SDPA-style tensors gives)
+    dense_after(1)
+    gen = torch.Generator(device=CUDA).manual_seed(5)
+    q, k, v = (torch.randn(2, h, 96, 64, generator=gen, device=CUDA).to(torch.bfloat16).transpose(1, 2)
+               .requires_grad_(True) for h in (8, 2, 2))
+    attention(q, k, v, mask="causal")
+    out = attention(q, k, v, mask="causal")
+    entry = _entry_of_last_call()
+    assert entry.lean is not None and not entry.bucketed, entry.promotion or entry.reason
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    want, want_grads = _reference(q, k, v, "bshd", grad, mask="causal")
+    assert_close(out, want, TOL_OUT, "out")
+    for name, got, expected in zip("qkv", (q.grad, k.grad, v.grad), want_grads):
+        assert_close(got, expected, TOL_GRAD, "d" + name)
+
+
 def test_the_lean_path_replays_under_cuda_graph_capture(dense_after):
     dense_after(1)
     q, k, v = _tensors("bshd", grad=False)
