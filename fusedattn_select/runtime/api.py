@@ -158,7 +158,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     if lean is not None and not return_lse:
         if not found.opts.training:
             return lean_forward(found, q, k, v)[0]
-        if lean.grad_shapes is not None:
+        if lean.grads is not None:
             return LeanAttention.apply(found, q, k, v)
     scales = fp8 if isinstance(fp8, (FP8Scales, FP8History)) else None
     if found.opts.training:

@@ -21,7 +21,7 @@ from fusedattn_select.runtime import fallback_log, plans, ragged
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
-from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD, Formats, bhsd, formats
+from fusedattn_select.runtime.layouts import FROM_BHSD, Formats, bhsd, formats
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import FUSED_DTYPES, config
 from fusedattn_select.runtime.ragged import Shape
@@ -169,34 +169,23 @@ LEAN_BACKWARD = ("q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV")
 class Lean:
     """How a dense entry's plans take a call's tensors as they are, with no views or copies: q, k,
     v in the caller's dim order (their memory is what the graph declared; the frontend binds them
-    by the declaration), outputs allocated contiguous in the caller's layout."""
+    by the declaration), outputs allocated in the caller's dim order with the declared memory."""
 
-    out_shape: tuple[int, ...]
+    out: tuple[tuple[int, ...], tuple[int, ...]]  # (shape, strides) of o in the caller's dim order
     out_dtype: torch.dtype
     # Positions in LEAN_FORWARD of the forward plan's tensors, in its binding order.
     forward_index: tuple[int, ...]
-    # Training: dq, dk, dv shapes (caller's layout), the strides dO must have, and the positions in
-    # LEAN_BACKWARD of the backward plan's tensors; grad_shapes None: the general path.
-    grad_shapes: Optional[tuple[tuple[int, ...], ...]] = None
+    # Training: (shape, strides) of dq, dk, dv and the strides dO must have (caller's dim order),
+    # and the positions in LEAN_BACKWARD of the backward plan's tensors; grads None: general path.
+    grads: Optional[tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]] = None
     do_strides: tuple[int, ...] = ()
     backward_index: tuple[int, ...] = ()
 
 
-def _caller_dense(spec: plans.TensorSpec, layout: str) -> Optional[tuple[int, ...]]:
-    """The caller-layout shape of a graph tensor whose declared strides are those of a contiguous
-    tensor in the caller's layout; None otherwise."""
-    shape = tuple(spec.dims[i] for i in FROM_BHSD[layout])
-    contiguous = _contiguous(shape)
-    strides = tuple(contiguous[i] for i in TO_BHSD[layout])  # those of its BHSD view
-    return shape if _same_memory(spec.dims, spec.strides, strides) else None
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
+def caller_geometry(spec: plans.TensorSpec, layout: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, strides) in the caller's dim order of a graph tensor declared in logical BHSD."""
+    order = FROM_BHSD[layout]
+    return tuple(spec.dims[i] for i in order), tuple(spec.strides[i] for i in order)
 
 
 def _same_memory(dims: tuple[int, ...], want: tuple[int, ...], got: tuple[int, ...]) -> bool:
@@ -216,19 +205,16 @@ def _mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
         if t.dtype != spec.dtype or tuple(t.shape) != spec.dims or not _same_memory(spec.dims, spec.strides,
                                                                                     t.stride()):
             return
-    out_shape = _caller_dense(forward.specs["o"], layout)
-    if out_shape is None:
-        return
-    lean = Lean(out_shape, forward.specs["o"].dtype, tuple(LEAN_FORWARD.index(n) for n in forward.order))
+    lean = Lean(caller_geometry(forward.specs["o"], layout), forward.specs["o"].dtype,
+                tuple(LEAN_FORWARD.index(n) for n in forward.order))
     if backward is not None and backward.binds_by_declaration and sorted(backward.inputs) == [
             "dO", "k", "o", "q", "stats", "v"] and sorted(backward.outputs) == ["dK", "dQ", "dV"] and all(
-            backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats")):
-        grads = tuple(_caller_dense(backward.specs[g], layout) for g in ("dQ", "dK", "dV"))
-        do_shape = _caller_dense(backward.specs["dO"], layout)
-        if None not in grads and do_shape is not None and all(
-                backward.specs["d" + n].dtype == forward.specs[n.lower()].dtype for n in ("Q", "K", "V")):
-            lean = dataclasses.replace(lean, grad_shapes=grads, do_strides=_contiguous(do_shape),
-                                       backward_index=tuple(LEAN_BACKWARD.index(n) for n in backward.order))
+            backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats")) and all(
+            backward.specs["d" + n].dtype == forward.specs[n.lower()].dtype for n in ("Q", "K", "V")):
+        lean = dataclasses.replace(
+            lean, grads=tuple(caller_geometry(backward.specs[g], layout) for g in ("dQ", "dK", "dV")),
+            do_strides=caller_geometry(backward.specs["dO"], layout)[1],
+            backward_index=tuple(LEAN_BACKWARD.index(n) for n in backward.order))
     new.lean = lean
 
 

@@ -173,7 +173,8 @@ def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out in the caller's layout, softmax stats or None) of a lean entry's call."""
     plan, lean = entry.forward, entry.lean
-    out = torch.empty(lean.out_shape, dtype=lean.out_dtype, device=q.device)
+    shape, strides = lean.out
+    out = torch.empty_strided(shape, strides, dtype=lean.out_dtype, device=q.device)
     stats = plan.allocate("stats") if len(lean.forward_index) == 5 else None
     given = (q, k, v, out, stats)
     plan.run(tuple([given[i] for i in lean.forward_index]))
@@ -182,14 +183,16 @@ def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 def lean_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of a lean entry's call (Lean.grad_shapes set), in the caller's layout."""
+    """dq, dk, dv of a lean entry's call (Lean.grads set), in the caller's layout."""
     plan, lean = entry.backward, entry.lean
-    if grad_out.stride() != lean.do_strides:
-        grad_out = grad_out.contiguous()  # e.g. the expanded gradient of a sum
-    dq_shape, dk_shape, dv_shape = lean.grad_shapes
-    dq = torch.empty(dq_shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(dk_shape, dtype=k.dtype, device=q.device)
-    dv = torch.empty(dv_shape, dtype=v.dtype, device=q.device)
+    device = q.device
+    if grad_out.stride() != lean.do_strides:  # e.g. the expanded gradient of a sum: into the declared memory
+        grad_out = torch.empty_strided(grad_out.shape, lean.do_strides, dtype=grad_out.dtype,
+                                       device=device).copy_(grad_out)
+    (dq_shape, dq_strides), (dk_shape, dk_strides), (dv_shape, dv_strides) = lean.grads
+    dq = torch.empty_strided(dq_shape, dq_strides, dtype=q.dtype, device=device)
+    dk = torch.empty_strided(dk_shape, dk_strides, dtype=k.dtype, device=device)
+    dv = torch.empty_strided(dv_shape, dv_strides, dtype=v.dtype, device=device)
     given = (q, k, v, out, stats, grad_out, dq, dk, dv)
     plan.run(tuple([given[i] for i in lean.backward_index]))
     return dq, dk, dv

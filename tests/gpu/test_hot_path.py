@@ -100,7 +100,7 @@ def test_the_lean_path_matches_the_reference_in_every_layout(dense_after, layout
     assert_close(inference, want, TOL_OUT, "inference out")
     attention(q, k, v, layout=layout, mask=mask)  # the training signature: promoted at its first call
     out = attention(q, k, v, layout=layout, mask=mask)
-    assert _entry_of_last_call().lean.grad_shapes is not None
+    assert _entry_of_last_call().lean.grads is not None
     out.backward(grad)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert_close(out, want, TOL_OUT, "out")

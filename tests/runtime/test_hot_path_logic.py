@@ -27,16 +27,7 @@ def _spec(view: torch.Tensor, dtype=BF16) -> plans.TensorSpec:
     return plans.TensorSpec(tuple(view.shape), tuple(view.stride()), dtype)
 
 
-# ----- _contiguous / _same_memory --------------------------------------------------------------------
-@pytest.mark.parametrize("shape", [(2, 5, 3, 4), (1, 7, 1, 8), (3,), (6, 1)])
-def test_contiguous_strides_are_torchs(shape):
-    assert entries._contiguous(shape) == torch.empty(shape).stride()
-
-
-def test_contiguous_treats_a_zero_dim_as_one():
-    assert entries._contiguous((2, 0, 3)) == (3, 3, 1)
-
-
+# ----- _same_memory / caller_geometry ----------------------------------------------------------------
 def test_same_memory_compares_strides_except_of_size_one_dims():
     assert entries._same_memory((2, 3), (3, 1), (3, 1))
     assert not entries._same_memory((2, 3), (3, 1), (1, 2))
@@ -45,53 +36,21 @@ def test_same_memory_compares_strides_except_of_size_one_dims():
     assert entries._same_memory((1, 1), (5, 6), (7, 8))
 
 
-# ----- _caller_dense ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_caller_dense_gives_the_caller_shape_of_a_contiguous_caller_layout_tensor(layout):
-    shape = CALLER_SHAPES[layout]
-    assert entries._caller_dense(_spec(_bhsd_view(layout, shape)), layout) == shape
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("memory", LAYOUTS)
-def test_caller_dense_is_none_for_the_strides_of_another_memory_layout(layout, memory):
-    caller = CALLER_SHAPES[layout]
-    dims = tuple(_bhsd_view(layout, caller).shape)  # (B, H, S, D)
-    # A tensor with the same BHSD dims stored contiguously in `memory`'s dim order.
-    stored = tuple(dims[i] for i in _from_bhsd(memory))
-    spec = _spec(_bhsd_view(memory, stored))
-    assert spec.dims == dims
-    expected = caller if memory == layout else None
-    assert entries._caller_dense(spec, layout) == expected
+def test_caller_geometry_is_the_caller_view_of_the_declared_memory(layout, memory):
+    # A graph tensor declared over memory stored in `memory`'s dim order; the caller sees `layout`.
+    dims = tuple(_bhsd_view(layout, CALLER_SHAPES[layout]).shape)  # (B, H, S, D)
+    stored = torch.empty(tuple(dims[i] for i in _from_bhsd(memory)))
+    spec = _spec(stored.permute(TO_BHSD[memory]))
+    want = stored.permute(TO_BHSD[memory]).permute(_from_bhsd(layout))  # the caller's view of that memory
+    assert entries.caller_geometry(spec, layout) == (tuple(want.shape), want.stride())
+    assert entries.caller_geometry(spec, layout)[0] == CALLER_SHAPES[layout]
 
 
 def _from_bhsd(layout: str) -> tuple[int, ...]:
     perm = TO_BHSD[layout]
     return tuple(perm.index(i) for i in range(4))
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_caller_dense_is_none_for_a_non_dense_view(layout):
-    # A slice along the last dim of a wider caller-layout buffer: same dims, padded strides.
-    shape = CALLER_SHAPES[layout]
-    wide = torch.empty(shape[:-1] + (shape[-1] * 2,))[..., :shape[-1]]
-    view = wide.permute(TO_BHSD[layout])
-    assert entries._caller_dense(_spec(view), layout) is None
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_caller_dense_ignores_strides_of_size_one_dims(layout):
-    # B = 1 and H = 1: their strides address nothing, any value matches.
-    shape = tuple(1 if n in (2, 3) else n for n in CALLER_SHAPES[layout])
-    view = _bhsd_view(layout, shape)
-    dims, strides = tuple(view.shape), list(view.stride())
-    assert dims[0] == 1 and dims[1] == 1
-    strides[0], strides[1] = 12345, 777
-    assert entries._caller_dense(plans.TensorSpec(dims, tuple(strides), BF16), layout) == shape
-    # ... while a wrong stride of a dim larger than one still fails.
-    strides[2] += 1
-    assert entries._caller_dense(plans.TensorSpec(dims, tuple(strides), BF16), layout) is None
-
 
 # ----- FUSEDATTN_SELECT_DENSE_AFTER ------------------------------------------------------------------
 @pytest.mark.parametrize("value, expected", [("", 16), ("0", 0), ("5", 5), ("120", 120)])
