@@ -42,6 +42,7 @@ from fusedattn_select.probing.cudnn.plan_blob import (
     serialize_build,
 )
 from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
+from fusedattn_select.runtime import launch
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.store.protocol import Store
@@ -125,6 +126,8 @@ class Plan:
         self.zeroed = frozenset(ZEROED_WITH_PADDING & set(self.outputs)) if cfg.has_padding else frozenset()
         self.constants: dict[str, torch.Tensor] = {}
         self._ordered_checked = False  # whether an execute with ordered binding has run
+        self._direct: Optional[launch.Launcher] = None  # see runtime/launch.py
+        self._direct_proven = False
         # The GraphBuild of a freshly built plan, until obtain_plan has serialized it.
         self.source: Any = build
 
@@ -192,12 +195,17 @@ class Plan:
         tensors as the graph declared them (or, where `binds_by_declaration`, holding that memory)."""
         handle, stream = _prepare_handle(self.device)
         workspace = workspace_for(self.device, self.workspace_size, stream)
+        direct = self._direct
+        if direct is not None and self._launch(direct, buffers, workspace, handle):
+            return
         uids = self._uids
         if uids is not None:
             try:
                 self.graph.execute(buffers, workspace, handle=handle, tensor_uids=uids)
-                self._ordered_checked = True
                 _stats["executes"] += 1  # a benign race under threads: the counter is for tests and logs
+                if not self._ordered_checked:
+                    self._ordered_checked = True
+                    self._direct = launch.direct_launcher(self.graph, uids)
                 return
             except TypeError as err:  # a frontend without ordered binding (before 1.32): bind by map
                 if self._ordered_checked:
@@ -207,6 +215,24 @@ class Plan:
         self._ordered_checked = True
         self.graph.execute(dict(zip(self._slots, buffers)), workspace, handle=handle)
         _stats["executes"] += 1
+
+
+    def _launch(self, direct: launch.Launcher, buffers: tuple[Any, ...], workspace: torch.Tensor, handle: Any
+                ) -> bool:
+        """Run through the direct launcher; False (and never again) when its first call fails."""
+        if self._direct_proven:
+            direct(buffers, workspace, handle)
+        else:
+            try:
+                direct(buffers, workspace, handle)
+            except Exception as err:  # noqa: BLE001 - frontend internals differ: the public execute
+                log.debug("fusedattn_select: direct launch unavailable (%s: %s); using execute()",
+                          type(err).__name__, err)
+                self._direct = None
+                return False
+            self._direct_proven = True
+        _stats["executes"] += 1
+        return True
 
 
 def _binds_in_order(graph: Any) -> bool:

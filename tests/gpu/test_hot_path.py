@@ -158,3 +158,17 @@ def test_dense_after_zero_keeps_bucket_plans(dense_after):
             attention(q, k, v, mask="causal")
     entry = _entry_of_last_call()
     assert entry.bucketed and entry.promotion == ""
+
+
+def test_the_direct_launch_gives_the_public_executes_result(dense_after):
+    dense_after(1)
+    q, k, v = _tensors("bshd", grad=False)
+    with torch.no_grad():
+        for _ in range(3):  # promoted at the first call; the second call's public execute arms the launcher
+            attention(q, k, v, mask="causal")
+        plan = _entry_of_last_call().forward
+        assert plan._direct is not None and plan._direct_proven
+        direct = attention(q, k, v, mask="causal")
+        plan._direct = None  # the public execute from here on
+        public = attention(q, k, v, mask="causal")
+    assert torch.equal(direct, public)

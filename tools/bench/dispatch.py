@@ -16,6 +16,8 @@ from tools.bench.runner import Runner
 from tools.bench.tensors import cuda_times, from_layout, qkv, rel_err, to_bhsd
 
 SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+# The FP8 comparisons' result keys, one per entry of the worker's "fp8_entries".
+FP8_KEYS = ("fp8", "fp8_2")
 
 _NOTES = [
     "TFLOPS from nominal FLOPs: fwd 4*B*H*Sq*Skv*D (2*B*H*Sq*Skv*(Dqk+Dv) when they differ), halved "
@@ -43,12 +45,13 @@ def run(runner: Runner) -> dict:
         entries += [(stem, e.name) for e in pick_dispatch_entries(cf.entries, plan["dispatch_per_file"])]
     res = runner.worker("dispatch", {
         "entries": entries, "reps": plan["dispatch_reps"], "warmup": plan["dispatch_warmup"],
-        "raw_dynamic": plan["raw_dynamic"], "fp8_entry": ("llama-3-8b", "train-bf16"),
+        "raw_dynamic": plan["raw_dynamic"], "fp8_entries": (("llama-3-8b", "train-bf16"), ("llama-3-8b", "train-bf16-sbhd")),
         "tiny_calls": plan["tiny_calls"], "tiny_batches": plan["tiny_batches"],
     }, "dispatch")
     if common.is_ok(res.get("status")):
         parts = [dict(c, key=f"{c.get('file')} {c.get('name')}") for c in res.get("configs") or []]
-        parts += [dict(res.get(k) or {"status": common.failed("not measured")}, key=k) for k in ("fp8", "tiny")]
+        parts += [dict(res.get(k) or {"status": common.failed("not measured")}, key=k)
+                  for k in (*FP8_KEYS, "tiny")]
         res["status"] = common.combined_status(parts, key="key")
     elif res.get("configs") and not str(res.get("status", "")).startswith("partial"):
         res["status"] = "partial: " + str(res.get("status"))
@@ -101,14 +104,15 @@ def worker(args: Mapping, res: common.Partial) -> None:
         res["tiny"]["status"] = common.error_status(err)
         common.log(traceback.format_exc())
     res.save()
-    res["fp8"] = {}
-    try:
-        fp8.measure(torch, res["fp8"], args)
-    except Exception as err:  # noqa: BLE001
-        res["fp8"]["status"] = common.error_status(err)
-        common.log(traceback.format_exc())
-    common.settle(torch, "fp8")
-    res.save()
+    for key, entry in zip(FP8_KEYS, args["fp8_entries"]):
+        res[key] = {}
+        try:
+            fp8.measure(torch, res[key], dict(args, fp8_entry=entry))
+        except Exception as err:  # noqa: BLE001
+            res[key]["status"] = common.error_status(err)
+            common.log(traceback.format_exc())
+        common.settle(torch, key)
+        res.save()
     res["configs"] = []
     for stem, name in args["entries"]:
         c: dict[str, Any] = {"file": stem, "name": name, "impls": []}
@@ -370,7 +374,7 @@ def render(s: Mapping) -> str:
                c.get("check", "")) for c in s.get("configs") or [] if c.get("shape")]
     if shapes:
         parts.append(common.md_table(("config", "shape", "fwd TFLOP (nominal)", "check"), shapes))
-    for part in (fp8.render(s.get("fp8") or {}), host_overhead.render(s.get("tiny") or {})):
+    for part in (*(fp8.render(s.get(key) or {}) for key in FP8_KEYS), host_overhead.render(s.get("tiny") or {})):
         if part:
             parts.append(part)
     return "\n\n".join(parts)
