@@ -109,6 +109,20 @@ def test_greedy_generation_gives_the_same_tokens(name, other):
     assert torch.equal(tokens["fusedattn"], tokens[other])
 
 
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_greedy_generation_with_a_static_cache_gives_the_same_tokens(padding):
+    # A compileable cache makes generate() build each step's mask before the forward pass and
+    # hand it back to the model as attention_mask (it failed with "'CudnnMask' has no 'ndim'").
+    model = model_of("llama")
+    ids, mask = TINY.inputs(padding)
+    tokens = {}
+    for impl in ("fusedattn", "sdpa"):
+        model.set_attn_implementation(impl)
+        tokens[impl] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                      cache_implementation="static", disable_compile=True)
+    assert torch.equal(tokens["fusedattn"], tokens["sdpa"])
+
+
 def test_soft_capping_runs_on_the_reference_and_says_so(caplog):
     model = model_of("gemma2")
     ids, _ = TINY.inputs(None)

@@ -149,6 +149,8 @@ def fusedattn_mask(
     allow_is_causal_skip, allow_is_bidirectional_skip, use_vmap, device, config, cache_position,
     dtype, ...).
     """
+    if isinstance(attention_mask, CudnnMask):  # prepared by generate() for this very step
+        return attention_mask
     masking_utils = loaded().masking_utils
     if mask_function is None:
         mask_function = masking_utils.causal_mask_function

@@ -53,6 +53,17 @@ class CudnnMask(NamedTuple):
     q_start: "Tensor | None" = None
     kv_start: "Tensor | None" = None
 
+    # generate() with a compileable (static) cache makes the step's mask before the forward pass,
+    # calls .contiguous() on it and hands it back to the model as `attention_mask`, whose mask
+    # creation reads .ndim (2 = a padding mask to apply). A CudnnMask stands for a prepared 4-D
+    # mask there, and the "fusedattn" mask function returns it unchanged.
+    @property
+    def ndim(self) -> int:
+        return 4
+
+    def contiguous(self) -> "CudnnMask":
+        return self
+
 
 class _Runs(NamedTuple):
     """Per sequence of a (B, S) validity mask: first valid row, number of valid rows, and whether
