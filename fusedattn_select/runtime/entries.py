@@ -9,6 +9,7 @@ import math
 import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -56,7 +57,9 @@ class Entry:
     ragged_backward: Optional[dict[str, torch.Tensor]] = None
     # FP8 training whose backward runs in bf16 (fp8_speed: measured slower in FP8 here): its config.
     backward_cfg: Optional[AttnConfig] = None
-    calls: int = 0                       # bucket plans only: calls so far (see promote)
+    calls: int = 0                       # bucket plans only: calls so far (see count_call)
+    shape_class: str = ""                # bucket plans only: the call's problem class
+    class_calls_before: int = 0          # bucket plans only: its class's calls before this entry's first
     promotion: str = ""                  # "" = not tried; "dense" = promoted; else why it stays
     # Dense plans only: how the lean hot path binds a call's tensors (None: the general path).
     lean: Optional[Lean] = None
@@ -245,21 +248,30 @@ def _dense_after() -> int:
 
 
 DENSE_AFTER_ENV = "FUSEDATTN_SELECT_DENSE_AFTER"
-# A call signature run by bucket plans this many times gets its shape's own plans (built once, or
-# loaded from the store): a shape seen again and again runs at the dense plan's speed, a shape seen
-# a few times (a generation step's length) never pays a build.
+# A call signature run by bucket plans gets its shape's own plans (built once, or loaded from the
+# store) at its `dense_after`-th call if it had at least STEADY_SHARE of its problem class's calls
+# since its first: a shape a training loop or a static cache repeats runs at the dense plan's
+# speed, while the lengths of a decode loop (each used by every layer once per token, then again
+# by the next generate()) and a new length per step never pay a build.
 DEFAULT_DENSE_AFTER = 16
+STEADY_SHARE = 0.5
 dense_after = _dense_after()
+# Calls per problem class (AttnConfig.shape_class_key) run by bucket plans.
+class_calls: Counter[str] = Counter()
 
 
 def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
     """Count a fused call of `found`; the entry to run it with: its dense successor once a bucketed
-    signature reaches `dense_after` calls and its own graphs are selected and built."""
+    signature is steady (see DEFAULT_DENSE_AFTER) and its own graphs are selected and built."""
     if not found.bucketed or found.promotion:
         return found
-    found.calls += 1  # a benign race under threads: promotion happens once either way
+    # Benign races under threads: the counts decide when, and promotion happens once either way.
+    found.calls += 1
+    class_calls[found.shape_class] += 1
     if found.calls < dense_after or dense_after == 0:
         return found
+    if found.calls < STEADY_SHARE * (class_calls[found.shape_class] - found.class_calls_before):
+        return found  # its class keeps changing shape
     return promote(found, q, k, v)
 
 
@@ -320,6 +332,8 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
         log.info("fusedattn_select: bucket plans of %s did not build (%s); dense plans for %s",
                  form.cache_key(), trial.reason, new.cfg.cache_key())
         return False
+    trial.shape_class = new.cfg.shape_class_key()
+    trial.class_calls_before = class_calls[trial.shape_class]
     trial.ragged_forward = ragged.binding(trial.forward, shape, device)
     if trial.backward is not None:
         trial.ragged_backward = ragged.binding(trial.backward, shape, device)

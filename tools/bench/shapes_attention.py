@@ -203,6 +203,12 @@ def _steady_shape(torch: Any, row: dict, args: Mapping, flash: dict) -> None:
     after = dispatch_info()
     row["attention_plan_builds"] = after.get("plan_builds", 0) - before.get("plan_builds", 0)
     row["attention_fused"] = after.get("fallback_calls", 0) == before.get("fallback_calls", 0)
+    # A repeated shape gets its own plans at its dense_after-th call: time the steady state.
+    from fusedattn_select.runtime import entries
+
+    for _ in range(entries.dense_after):
+        att(*tensors)
+    row["attention_plan"] = "bucket" if list(entries.by_call.values())[-1].bucketed else "dense"
     row["impls"][ATTENTION] = _timed(torch, lambda _: att(*tensors), reps, warm)
     row["impls"][RAW_DENSE] = _raw_dense(torch, row, tensors, out_att, (reps, warm))
     if "step" not in flash:
