@@ -218,11 +218,15 @@ class AttnConfig:
 
     def shape_class_key(self) -> str:
         """The cache key without batch size and sequence lengths (what a kernel is compiled for)."""
-        data = self.resolved()
-        for name in ("batch_size", "seqlen_q", "seqlen_kv", "num_pages"):
-            data.pop(name, None)
-        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+        key = self.__dict__.get("_shape_class_key")
+        if key is None:  # computed once per (immutable) config, as cache_key
+            data = self.resolved()
+            for name in ("batch_size", "seqlen_q", "seqlen_kv", "num_pages"):
+                data.pop(name, None)
+            text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+            key = hashlib.sha256(text.encode()).hexdigest()[:32]
+            object.__setattr__(self, "_shape_class_key", key)
+        return key
 
     def replace(self, **changes: Any) -> "AttnConfig":
         return dataclasses.replace(self, **changes)

@@ -43,8 +43,12 @@ def _offsets(plan: Plan, offset_name: str, shape: Shape, device: torch.device) -
     token_stride = plan.specs[tensor].strides[2]  # logical (B, H, S, D): the sequence stride
     seqlen = shape.seqlen_q if tensor in _QUERY_AXIS else shape.seqlen_kv
     slots = plan.specs[offset_name].dims[0]
+    step = seqlen * token_stride
+    if slots * step < 2 ** 31:  # two kernels: made for every new shape
+        offsets = torch.arange(0, slots * step, step, device=device, dtype=torch.int32).clamp_(max=shape.batch * step)
+        return offsets.view(slots, 1, 1, 1)
     index = torch.arange(slots, device=device, dtype=torch.int64).clamp_(max=shape.batch)
-    return (index * (seqlen * token_stride)).to(torch.int32).view(slots, 1, 1, 1)
+    return (index * step).to(torch.int32).view(slots, 1, 1, 1)
 
 
 def _lengths(slots: int, used: int, length: int, device: torch.device) -> torch.Tensor:

@@ -44,6 +44,10 @@ class _Entry:
     exact_depth: bool = False
 
 
+# bucket_for answers remembered (by problem key) before the memo starts over.
+_BUCKET_MEMO_SIZE = 65536
+
+
 def _no_data(verdicts: tuple[Verdict, ...]) -> bool:
     return any(v.outcome is Outcome.NO_DATA for v in verdicts)
 
@@ -114,6 +118,8 @@ class Selector:
         # Buckets answered "yes", by problem class: a shape any of them holds is answered by it.
         self._selected_buckets: dict[str, list[Bucket]] = {}
         self._scanned: set[tuple[str, Bucket]] = set()  # (class, bucket) looked up in the store
+        self._buckets_known = 0  # buckets remembered so far: bucket_for's answers hold until it grows
+        self._bucket_memo: dict[tuple[str, int, int], AttnConfig | None] = {}
         self._bucket_forms = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
         self._in_flight: dict[str, Future] = {}
         self._stats: Counter[str] = Counter()
@@ -175,7 +181,19 @@ class Selector:
         """The bucket form whose graphs answer (and run) `cfg`: the smallest bucket of its class already
         answered "yes" that holds its shape, else its own bucket; None when it has no bucket form or
         this selector answers problems by their own graphs."""
-        own = bucket_form(cfg) if self._bucket_forms else None
+        if not self._bucket_forms:
+            return None
+        memo_key = (cfg.cache_key(), len(self._scanned), self._buckets_known)
+        if memo_key in self._bucket_memo:  # the same answer until a bucket is learned or scanned
+            return self._bucket_memo[memo_key]
+        form = self._find_bucket(cfg)
+        if len(self._bucket_memo) >= _BUCKET_MEMO_SIZE:
+            self._bucket_memo.clear()
+        self._bucket_memo[(cfg.cache_key(), len(self._scanned), self._buckets_known)] = form
+        return form
+
+    def _find_bucket(self, cfg: AttnConfig) -> AttnConfig | None:
+        own = bucket_form(cfg)
         if own is None:
             return None
         held = self._selected_buckets.get(own.shape_class_key(), ())
@@ -206,6 +224,7 @@ class Selector:
             held = self._selected_buckets.setdefault(form.shape_class_key(), [])
             if bucket not in held:
                 held.append(bucket)
+                self._buckets_known += 1
 
     def _select_exact(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         """The answer for exactly `cfg`'s graphs: rules, memory, store, then the engine."""
@@ -307,6 +326,7 @@ class Selector:
             self._by_problem.clear()
             self._selected_buckets.clear()
             self._scanned.clear()
+            self._bucket_memo.clear()
             self._stats.clear()
         if persistent and self.store is not None:
             self.store.clear()
