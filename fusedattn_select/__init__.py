@@ -20,6 +20,7 @@ __all__ = [
     "ConfigError",
     "FP8History",
     "FP8Scales",
+    "FP8Tensor",
     "FusedAttnSelectError",
     "Selection",
     "Verdict",
@@ -39,7 +40,7 @@ __all__ = [
 def __getattr__(name: str):
     # attention() and dispatch_info() need torch and warmup() may need cuDNN: import them only when
     # asked for, so importing the package works on a machine with neither.
-    if name in ("attention", "FP8History", "FP8Scales"):
+    if name in ("attention", "FP8History", "FP8Scales", "FP8Tensor"):
         from fusedattn_select.runtime import api
 
         return getattr(api, name)

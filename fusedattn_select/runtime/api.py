@@ -50,10 +50,11 @@ import torch
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import entries, ops, plans
+from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import Arguments, call_options, check_args, split_keywords
 from fusedattn_select.runtime.entries import entries as _entries
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
-from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
+from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
 from fusedattn_select.runtime.fused import FusedAttention, LeanAttention, fused_forward, lean_forward
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
 from fusedattn_select.runtime.options import OptionalInputs
@@ -64,6 +65,7 @@ __all__ = [
     "FALLBACK_TORCH",
     "FP8History",
     "FP8Scales",
+    "FP8Tensor",
     "LAYOUTS",
     "attention",
     "clear_plans",
@@ -116,7 +118,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         fp8: True quantizes fp16/bf16 inputs per tensor (current scaling) and runs cuDNN's FP8
             kernels, returning the input precision; an `FP8History` (one per call site) scales from
             the amaxes of earlier calls instead (delayed scaling: no amax pass); `FP8Scales(...)`
-            for float8 inputs.
+            for float8 inputs (`o_dtype=torch.float8_e4m3fn` returns the kernel's FP8 output as an
+            `FP8Tensor(data, descale)`, skipping the pass that converts it).
         return_lse: also return the softmax log-sum-exp (B, Hq, Sq, 1) float32 (not differentiable).
 
     Returns:
@@ -150,6 +153,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         entries.log_fallback(found)
         scales = fp8 if isinstance(fp8, FP8Scales) else None
         out, lse = fallback_forward(found.fallback, found.opts, q, k, v, inputs, scales)
+        if scales is not None and fp8q.is_fp8_dtype(scales.o_dtype):
+            out = fp8q.quantize_output(out, scales.o_dtype)
         return (out, lse) if return_lse else out
     counters["fused_calls"] += 1
     if found.bucketed:
@@ -164,7 +169,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     if found.opts.training:
         out, lse = FusedAttention.apply(found, scales, q, k, v, *inputs)
     else:
-        out, stats, _, _ = fused_forward(found, q, k, v, inputs, scales)
+        out, stats, _, saved_fp8 = fused_forward(found, q, k, v, inputs, scales)
+        if fp8q.is_fp8_dtype(out.dtype):  # FP8Scales asked for FP8 output
+            out = FP8Tensor(out, fp8q.at(saved_fp8[3], "descale_o"))
         qb = bhsd(q, found.opts.layout)
         lse = found.lse(stats, qb.shape[0], qb.shape[2])
     return (out, lse) if return_lse else out

@@ -16,8 +16,10 @@ from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
 from fusedattn_select.runtime.options import DEFAULT_LAYOUT, CallOptions, OptionalInputs
 
-# Names of the output precisions float8 inputs may ask for (FP8Scales.o_dtype).
-O_DTYPE_NAMES = {dtypes.torch_dtype(name, torch): name for name in dtypes.F16_DTYPES}
+# Precisions fp8=True quantizes from, and the output precisions float8 inputs may ask for
+# (FP8Scales.o_dtype: fp16/bf16, or FP8 e4m3 returned as an FP8Tensor).
+F16_NAMES = {dtypes.torch_dtype(name, torch): name for name in dtypes.F16_DTYPES}
+O_DTYPE_NAMES = {**F16_NAMES, torch.float8_e4m3fn: "fp8_e4m3"}
 
 
 class Arguments(NamedTuple):
@@ -193,13 +195,14 @@ def _check_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: Any) -> N
         if not isinstance(fp8, FP8Scales):
             raise ConfigError("fp8", fp8, "float8 q/k/v need fp8=FP8Scales(descale_q, descale_k, descale_v)")
         if not isinstance(fp8.o_dtype, torch.dtype) or fp8.o_dtype not in O_DTYPE_NAMES:
-            raise ConfigError("fp8.o_dtype", fp8.o_dtype, "must be torch.float16 or torch.bfloat16")
+            raise ConfigError("fp8.o_dtype", fp8.o_dtype, "must be torch.float16, torch.bfloat16 or "
+                                                          "torch.float8_e4m3fn (an FP8Tensor is returned)")
     elif isinstance(fp8, FP8Scales):
         raise ConfigError("fp8", "FP8Scales", f"descale factors are for float8 inputs; q is {q.dtype} (use fp8=True)")
     elif not isinstance(fp8, (bool, FP8History)):
         raise ConfigError("fp8", fp8, "must be True, False, an FP8History (delayed scaling), or FP8Scales for "
                                       "float8 inputs")
-    elif fp8 is not False and q.dtype not in O_DTYPE_NAMES:
+    elif fp8 is not False and q.dtype not in F16_NAMES:
         raise ConfigError("fp8", fp8, f"quantizes fp16/bf16 inputs; q is {q.dtype}")
     if float8_inputs and any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
         raise ConfigError("q", q.dtype, "float8 inputs are for inference; they cannot require grad")

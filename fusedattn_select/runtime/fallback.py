@@ -70,10 +70,11 @@ def fallback_forward(kind: str, options: CallOptions, q: torch.Tensor, k: torch.
                      ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out in the caller's layout, lse or None), differentiable with plain autograd."""
     qb, kb, vb = bhsd(q, options.layout), bhsd(k, options.layout), bhsd(v, options.layout)
-    if scales is not None:  # float8 inputs: compute in the requested output precision
-        qb = _dequantized(qb, scales.descale_q, scales.o_dtype)
-        kb = _dequantized(kb, scales.descale_k, scales.o_dtype)
-        vb = _dequantized(vb, scales.descale_v, scales.o_dtype)
+    if scales is not None:  # float8 inputs: compute in the requested output precision (bf16 for FP8)
+        dtype = torch.bfloat16 if scales.o_dtype.itemsize == 1 else scales.o_dtype
+        qb = _dequantized(qb, scales.descale_q, dtype)
+        kb = _dequantized(kb, scales.descale_k, dtype)
+        vb = _dequantized(vb, scales.descale_v, dtype)
     lse = None
     if kind == FALLBACK_TORCH:
         out = _torch_sdpa(options, qb, kb, vb, inputs.bias)

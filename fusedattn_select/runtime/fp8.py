@@ -30,6 +30,7 @@ dequantization run in fp8_kernels (Triton where available, else torch, with the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -68,6 +69,25 @@ class FP8Scales:
     descale_k: torch.Tensor
     descale_v: torch.Tensor
     o_dtype: torch.dtype = torch.bfloat16
+
+
+class FP8Tensor(NamedTuple):
+    """An FP8 result and its descale: the real value of an element is `data * descale`.
+
+    attention() returns one for `FP8Scales(..., o_dtype=torch.float8_e4m3fn)`: the kernel's FP8
+    output, without the pass that would turn it into fp16/bf16."""
+
+    data: torch.Tensor
+    descale: torch.Tensor  # float32, one element
+
+    def dequantize(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return fp8k.dequantize(self.data, self.descale, dtype)
+
+
+def quantize_output(out: torch.Tensor, fp8_dtype: torch.dtype) -> FP8Tensor:
+    """`out` as an FP8Tensor with a power-of-two scale from its amax (current scaling)."""
+    scale = pow2_scale(fp8k.amax([out.detach()]), fp8_dtype)
+    return FP8Tensor(fp8k.scaled_cast(out.detach(), scale, fp8_dtype), scale.reciprocal())
 
 
 def is_fp8_dtype(dtype: torch.dtype) -> bool:

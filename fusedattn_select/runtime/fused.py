@@ -121,8 +121,8 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     _common_feeds(plan, feeds, inputs, rng)
     outs = plan.execute(feeds)
     o = outs["o"]
-    if saved_fp8 is not None and fp8q.is_fp8_dtype(o.dtype):
-        o_dtype = scales.o_dtype if isinstance(scales, FP8Scales) else q.dtype
+    o_dtype = scales.o_dtype if isinstance(scales, FP8Scales) else q.dtype
+    if saved_fp8 is not None and fp8q.is_fp8_dtype(o.dtype) and not fp8q.is_fp8_dtype(o_dtype):
         o = fp8q.dequantize(o, fp8q.at(saved_fp8[3], "descale_o"), o_dtype)
     if entry.f16_backward:
         saved_fp8 = None  # the backward runs in the input precision from q, k, v themselves

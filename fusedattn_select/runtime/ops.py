@@ -185,6 +185,9 @@ def compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs
     if isinstance(arguments.fp8, FP8History):
         raise ConfigError("fp8", arguments.fp8, "delayed scaling (FP8History) runs eagerly only; under "
                                                 "torch.compile use fp8=True (current scaling)")
+    if isinstance(arguments.fp8, FP8Scales) and fp8q.is_fp8_dtype(arguments.fp8.o_dtype):
+        raise ConfigError("fp8.o_dtype", arguments.fp8.o_dtype, "FP8 output (an FP8Tensor) runs eagerly only; "
+                                                                "under torch.compile use torch.float16 or torch.bfloat16")
     scales = arguments.fp8 if isinstance(arguments.fp8, FP8Scales) else None
     opts = call_options(q, k, v, inputs, arguments)
     descales = (None, None, None) if scales is None else (scales.descale_q, scales.descale_k, scales.descale_v)

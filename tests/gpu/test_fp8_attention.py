@@ -94,3 +94,23 @@ def test_fp8_training_gradients_match_bf16_and_follow_the_speed_record(caplog):
     if routed:
         assert entry.backward.specs["dQ"].dtype == torch.bfloat16
         assert any("runs the FP8 forward and the bf16 backward" in r.getMessage() for r in caplog.records)
+
+
+def test_fp8_output_is_the_kernels_output_without_the_conversion():
+    from fusedattn_select.runtime.api import FP8Scales, FP8Tensor
+
+    q, k, v = _qkv(seed=3)
+    scale = 16.0
+    q8, k8, v8 = ((t * scale).to(torch.float8_e4m3fn) for t in (q, k, v))
+    descale = [torch.tensor([1 / scale], device=CUDA) for _ in range(3)]
+    with torch.no_grad():
+        out = attention(q8, k8, v8, mask="causal", fp8=FP8Scales(*descale, o_dtype=torch.float8_e4m3fn))
+        entry = list(dispatch_entries.entries.values())[-1]
+        if not entry.fused:
+            pytest.skip(f"no FP8 forward with FP8 output here: {entry.reason}")
+        converted = attention(q8, k8, v8, mask="causal", fp8=FP8Scales(*descale, o_dtype=torch.bfloat16))
+        want = attention(q, k, v, mask="causal")
+    assert isinstance(out, FP8Tensor) and out.data.dtype == torch.float8_e4m3fn and out.data.shape == q.shape
+    if list(dispatch_entries.entries.values())[-1].forward is entry.forward:  # the same FP8-output graph
+        assert torch.equal(out.dequantize(torch.bfloat16), converted)
+    assert _cos(out.dequantize(torch.bfloat16), want) >= 0.99
