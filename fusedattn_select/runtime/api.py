@@ -146,6 +146,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         found = _decide(q, k, v, inputs, Arguments._make(given))
         if call_key is not None:
             entries.remember_call(call_key, found)
+    return _run(found, q, k, v, inputs, fp8, return_lse)
+
+
+def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+         fp8: Any, return_lse: bool) -> Any:
+    """Run a decided call: the lean path, the general fused path, or the fallback."""
     counters = entries.counters
     counters["calls"] += 1
     if not found.fused:
