@@ -334,9 +334,10 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
         return False
     trial.shape_class = new.cfg.shape_class_key()
     trial.class_calls_before = class_calls[trial.shape_class]
-    trial.ragged_forward = ragged.binding(trial.forward, shape, device)
+    made: dict = {}
+    trial.ragged_forward = ragged.binding(trial.forward, shape, device, made)
     if trial.backward is not None:
-        trial.ragged_backward = ragged.binding(trial.backward, shape, device)
+        trial.ragged_backward = ragged.binding(trial.backward, shape, device, made)
     for field in dataclasses.fields(Entry):
         setattr(new, field.name, getattr(trial, field.name))
     return True

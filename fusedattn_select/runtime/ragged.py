@@ -37,32 +37,43 @@ def _offset_tensor_name(offset_name: str) -> str:
     return _AXIS_TENSOR.get(suffix, suffix)
 
 
-def _offsets(plan: Plan, offset_name: str, shape: Shape, device: torch.device) -> torch.Tensor:
+def _offsets(plan: Plan, offset_name: str, shape: Shape, device: torch.device, made: dict) -> torch.Tensor:
     """(B+1, 1, 1, 1) int32 element offsets of the sequences of one tensor of `plan`."""
     tensor = _offset_tensor_name(offset_name)
     token_stride = plan.specs[tensor].strides[2]  # logical (B, H, S, D): the sequence stride
     seqlen = shape.seqlen_q if tensor in _QUERY_AXIS else shape.seqlen_kv
     slots = plan.specs[offset_name].dims[0]
     step = seqlen * token_stride
-    if slots * step < 2 ** 31:  # two kernels: made for every new shape
-        offsets = torch.arange(0, slots * step, step, device=device, dtype=torch.int32).clamp_(max=shape.batch * step)
-        return offsets.view(slots, 1, 1, 1)
-    index = torch.arange(slots, device=device, dtype=torch.int64).clamp_(max=shape.batch)
-    return (index * step).to(torch.int32).view(slots, 1, 1, 1)
+    key = ("offsets", slots, step, shape.batch)
+    if key not in made:  # tensors of equal token strides (q and dQ, o and dO, ...) share one
+        if slots * step < 2 ** 31:  # two kernels: made for every new shape
+            offsets = torch.arange(0, slots * step, step, device=device, dtype=torch.int32)
+            made[key] = offsets.clamp_(max=shape.batch * step).view(slots, 1, 1, 1)
+        else:
+            index = torch.arange(slots, device=device, dtype=torch.int64).clamp_(max=shape.batch)
+            made[key] = (index * step).to(torch.int32).view(slots, 1, 1, 1)
+    return made[key]
 
 
-def _lengths(slots: int, used: int, length: int, device: torch.device) -> torch.Tensor:
-    lengths = torch.zeros(slots, 1, 1, 1, dtype=torch.int32, device=device)
-    lengths[:used] = length
-    return lengths
+def _lengths(slots: int, used: int, length: int, device: torch.device, made: dict) -> torch.Tensor:
+    key = ("lengths", slots, used, length)
+    if key not in made:
+        lengths = torch.zeros(slots, 1, 1, 1, dtype=torch.int32, device=device)
+        lengths[:used] = length
+        made[key] = lengths
+    return made[key]
 
 
-def binding(plan: Plan, shape: Shape, device: torch.device) -> dict[str, torch.Tensor]:
-    """The offset and length tensors that run `shape` through `plan` (made once per shape)."""
-    feeds = {name: _offsets(plan, name, shape, device) for name in plan.inputs if name.startswith(_OFFSET_PREFIX)}
+def binding(plan: Plan, shape: Shape, device: torch.device, made: Optional[dict] = None) -> dict[str, torch.Tensor]:
+    """The offset and length tensors that run `shape` through `plan` (made once per shape; `made`
+    shares equal tensors between the plans of one shape, forward and backward). Read only: plans
+    never write them."""
+    made = {} if made is None else made
+    feeds = {name: _offsets(plan, name, shape, device, made) for name in plan.inputs
+             if name.startswith(_OFFSET_PREFIX)}
     slots = plan.specs["seq_len_q"].dims[0]
-    feeds["seq_len_q"] = _lengths(slots, shape.batch, shape.seqlen_q, device)
-    feeds["seq_len_kv"] = _lengths(slots, shape.batch, shape.seqlen_kv, device)
+    feeds["seq_len_q"] = _lengths(slots, shape.batch, shape.seqlen_q, device, made)
+    feeds["seq_len_kv"] = _lengths(slots, shape.batch, shape.seqlen_kv, device, made)
     return feeds
 
 

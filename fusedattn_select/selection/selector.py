@@ -120,6 +120,7 @@ class Selector:
         self._scanned: set[tuple[str, Bucket]] = set()  # (class, bucket) looked up in the store
         self._buckets_known = 0  # buckets remembered so far: bucket_for's answers hold until it grows
         self._bucket_memo: dict[tuple[str, int, int], AttnConfig | None] = {}
+        self._forms: dict[tuple[str, Bucket], AttnConfig | None] = {}  # see _form
         self._bucket_forms = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
         self._in_flight: dict[str, Future] = {}
         self._stats: Counter[str] = Counter()
@@ -193,14 +194,24 @@ class Selector:
         return form
 
     def _find_bucket(self, cfg: AttnConfig) -> AttnConfig | None:
-        own = bucket_form(cfg)
+        own = self._form(cfg)
         if own is None:
             return None
         held = self._selected_buckets.get(own.shape_class_key(), ())
         holding = [b for b in held if b.holds(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)]
         if holding:
-            return bucket_form(cfg, min(holding, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch)))
+            return self._form(cfg, min(holding, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch)))
         return self._stored_bucket(cfg, own) or own
+
+    def _form(self, cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | None:
+        """bucket_form(cfg, bucket), one instance per problem class and bucket (its keys computed once)."""
+        bucket = bucket or Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
+        key = (cfg.shape_class_key(), bucket)
+        if key not in self._forms:
+            if len(self._forms) >= _BUCKET_MEMO_SIZE:
+                self._forms.clear()
+            self._forms[key] = bucket_form(cfg, bucket)
+        return self._forms[key]
 
     def _stored_bucket(self, cfg: AttnConfig, own: AttnConfig) -> AttnConfig | None:
         """A larger bucket of `cfg`'s class the store already answered "yes" (warmed by another
@@ -211,7 +222,7 @@ class Selector:
             return None
         self._scanned.add(scan)
         for larger in larger_buckets(bucket):
-            form = bucket_form(cfg, larger)
+            form = self._form(cfg, larger)
             stored = self.store.get(self._fingerprint, form.cache_key())
             if stored is not None and all(v.supported for v in stored[0]):
                 self._remember_bucket(form)
