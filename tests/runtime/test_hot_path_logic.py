@@ -4,6 +4,8 @@ on a machine without a GPU (every call falls back to torch's SDPA)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -143,6 +145,22 @@ def test_count_call_never_promotes_when_dense_after_is_zero(monkeypatch):
     for _ in range(20):
         assert entries.count_call(found, q, k, v) is found
     assert found.calls == 20 and found.promotion == ""
+
+
+def test_a_signature_whose_class_keeps_changing_shape_is_never_promoted(monkeypatch):
+    # Decode-like: every layer calls length n once, then length n+1 is new; across two generate()
+    # calls each length reaches dense_after calls, but never half of its class's calls since its first.
+    monkeypatch.setattr(entries, "dense_after", 4)
+    monkeypatch.setattr(entries, "class_calls", Counter())
+    q, k, v = _qkv()
+    lengths = {}
+    for _ in range(2):  # two generate() calls
+        for n in range(10):
+            found = lengths.setdefault(n, entries.Entry(_options(), ragged_forward={}, shape_class="c",
+                                                        class_calls_before=entries.class_calls["c"]))
+            for _ in range(3):  # three layers
+                assert entries.count_call(found, q, k, v) is found
+    assert all(e.calls == 6 and e.promotion == "" for e in lengths.values())
 
 
 def test_count_call_stops_counting_once_promotion_was_tried():
