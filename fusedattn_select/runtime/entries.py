@@ -20,11 +20,12 @@ from fusedattn_select.errors import ConfigError
 from fusedattn_select.result import Selection
 from fusedattn_select.runtime import fallback_log, plans, ragged
 from fusedattn_select.runtime import fp8 as fp8q
+from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.layouts import FROM_BHSD, Formats, bhsd, formats
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
-from fusedattn_select.runtime.problem import FUSED_DTYPES, config
+from fusedattn_select.runtime.problem import config
 from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.selection import fp8_speed
 from fusedattn_select.selection.rules import apply_rules
@@ -33,7 +34,6 @@ from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.types import Backend, Phase
 
 log = logging.getLogger("fusedattn_select")
-FUSED_F16 = {dtype: name for dtype, name in FUSED_DTYPES.items() if name in ("fp16", "bf16")}
 
 
 @dataclass(eq=False)
@@ -381,12 +381,12 @@ def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype
     """FP8 training from fp16/bf16 inputs: run the backward in the input precision where the FP8
     backward graph was measured slower than it on this platform (and the bf16 one is selected)."""
     cfg = new.cfg
-    if not (cfg.is_fp8 and cfg.is_training and input_dtype in FUSED_F16):
+    if not (cfg.is_fp8 and cfg.is_training and input_dtype in F16_NAMES):
         return
     reason = fp8_speed.f16_backward_reason(selector.fingerprint)
     if not reason:
         return
-    f16 = cfg.replace(qkv_dtype=FUSED_F16[input_dtype], o_dtype=None, do_dtype=None, dqkv_dtype=None,
+    f16 = cfg.replace(qkv_dtype=F16_NAMES[input_dtype], o_dtype=None, do_dtype=None, dqkv_dtype=None,
                       scaling_mode=None)
     if selector.select_dense(f16).selected:
         new.backward_cfg = f16

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from fusedattn_select.buckets import Bucket, bucket_form, larger_buckets
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.result import Selection
+from fusedattn_select.selection.bucket_index import BucketIndex
 from fusedattn_select.selection.rules import apply_rules, no_platform_verdict
 from fusedattn_select.single_flight import read_or_make
 from fusedattn_select.store import open_default_store, protocol
@@ -42,10 +42,6 @@ class _Entry:
     depth: ProbeDepth
     hit: Selection | None = None
     exact_depth: bool = False
-
-
-# bucket_for answers remembered (by problem key) before the memo starts over.
-_BUCKET_MEMO_SIZE = 65536
 
 
 def _no_data(verdicts: tuple[Verdict, ...]) -> bool:
@@ -115,12 +111,7 @@ class Selector:
         self._memory: dict[str, _Entry] = {}
         # Final answers by (problem key, depth) for problems answered through their bucket form.
         self._by_problem: dict[tuple[str, ProbeDepth], Selection] = {}
-        # Buckets answered "yes", by problem class: a shape any of them holds is answered by it.
-        self._selected_buckets: dict[str, list[Bucket]] = {}
-        self._scanned: set[tuple[str, Bucket]] = set()  # (class, bucket) looked up in the store
-        self._buckets_known = 0  # buckets remembered so far: bucket_for's answers hold until it grows
-        self._bucket_memo: dict[tuple[str, int, int], AttnConfig | None] = {}
-        self._forms: dict[tuple[str, Bucket], AttnConfig | None] = {}  # see _form
+        self._buckets = BucketIndex(store, self._fingerprint)
         self._bucket_forms = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
         self._in_flight: dict[str, Future] = {}
         self._stats: Counter[str] = Counter()
@@ -153,7 +144,7 @@ class Selector:
         form_key = form.cache_key()
         bucketed = self._select_exact(form, form_key, depth)
         if bucketed.selected:
-            self._remember_bucket(form)
+            self._buckets.remember(form)
         if not bucketed.selected and any(v.outcome is not Outcome.UNSUPPORTED for v in bucketed.verdicts
                                          if not v.supported):
             # An incident (or no data) says nothing about support: report it, do not probe again.
@@ -182,60 +173,7 @@ class Selector:
         """The bucket form whose graphs answer (and run) `cfg`: the smallest bucket of its class already
         answered "yes" that holds its shape, else its own bucket; None when it has no bucket form or
         this selector answers problems by their own graphs."""
-        if not self._bucket_forms:
-            return None
-        memo_key = (cfg.cache_key(), len(self._scanned), self._buckets_known)
-        if memo_key in self._bucket_memo:  # the same answer until a bucket is learned or scanned
-            return self._bucket_memo[memo_key]
-        form = self._find_bucket(cfg)
-        if len(self._bucket_memo) >= _BUCKET_MEMO_SIZE:
-            self._bucket_memo.clear()
-        self._bucket_memo[(cfg.cache_key(), len(self._scanned), self._buckets_known)] = form
-        return form
-
-    def _find_bucket(self, cfg: AttnConfig) -> AttnConfig | None:
-        own = self._form(cfg)
-        if own is None:
-            return None
-        held = self._selected_buckets.get(own.shape_class_key(), ())
-        holding = [b for b in held if b.holds(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)]
-        if holding:
-            return self._form(cfg, min(holding, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch)))
-        return self._stored_bucket(cfg, own) or own
-
-    def _form(self, cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | None:
-        """bucket_form(cfg, bucket), one instance per problem class and bucket (its keys computed once)."""
-        bucket = bucket or Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
-        key = (cfg.shape_class_key(), bucket)
-        if key not in self._forms:
-            if len(self._forms) >= _BUCKET_MEMO_SIZE:
-                self._forms.clear()
-            self._forms[key] = bucket_form(cfg, bucket)
-        return self._forms[key]
-
-    def _stored_bucket(self, cfg: AttnConfig, own: AttnConfig) -> AttnConfig | None:
-        """A larger bucket of `cfg`'s class the store already answered "yes" (warmed by another
-        process), looked for once per class and bucket; None when there is none."""
-        bucket = Bucket(own.batch_size, own.seqlen_q, own.seqlen_kv)
-        scan = (own.shape_class_key(), bucket)
-        if self.store is None or scan in self._scanned:
-            return None
-        self._scanned.add(scan)
-        for larger in larger_buckets(bucket):
-            form = self._form(cfg, larger)
-            stored = self.store.get(self._fingerprint, form.cache_key())
-            if stored is not None and all(v.supported for v in stored[0]):
-                self._remember_bucket(form)
-                return form
-        return None
-
-    def _remember_bucket(self, form: AttnConfig) -> None:
-        bucket = Bucket(form.batch_size, form.seqlen_q, form.seqlen_kv)
-        with self._lock:
-            held = self._selected_buckets.setdefault(form.shape_class_key(), [])
-            if bucket not in held:
-                held.append(bucket)
-                self._buckets_known += 1
+        return self._buckets.find(cfg) if self._bucket_forms else None
 
     def _select_exact(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         """The answer for exactly `cfg`'s graphs: rules, memory, store, then the engine."""
@@ -300,10 +238,7 @@ class Selector:
             )
             self._memory[key] = self._entry(cfg, key, verdicts, ProbeDepth.FULL)
             self._by_problem.clear()
-            held = self._selected_buckets.get(cfg.shape_class_key(), [])
-            bucket = Bucket(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
-            if bucket in held:
-                held.remove(bucket)
+        self._buckets.forget(cfg)
         if self.store is not None:
             self.store.put(self._fingerprint, key, verdicts, ProbeDepth.FULL)
         log.warning("fusedattn_select: %s; cached answer flipped to NONE", failed.reason())
@@ -335,10 +270,8 @@ class Selector:
         with self._lock:
             self._memory.clear()
             self._by_problem.clear()
-            self._selected_buckets.clear()
-            self._scanned.clear()
-            self._bucket_memo.clear()
             self._stats.clear()
+        self._buckets.clear()
         if persistent and self.store is not None:
             self.store.clear()
 

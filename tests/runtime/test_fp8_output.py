@@ -56,3 +56,15 @@ def test_other_output_dtypes_are_refused_naming_the_allowed_ones(dtype):
     with pytest.raises(ConfigError, match="float8_e4m3fn") as err:
         attention(q8, k8, v8, fp8=FP8Scales(dq, dk, dv, o_dtype=dtype))
     assert "fp8.o_dtype" in str(err.value)
+
+
+def test_fp8_output_is_refused_under_torch_compile_naming_the_field():
+    from fusedattn_select.runtime import ops
+    from fusedattn_select.runtime.args import Arguments
+    from fusedattn_select.runtime.options import OptionalInputs
+
+    (q8, k8, v8), (dq, dk, dv) = _float8_inputs()
+    arguments = Arguments(fp8=FP8Scales(dq, dk, dv, o_dtype=E4M3))
+    with pytest.raises(ConfigError, match="eagerly only") as err:
+        ops.compiled_attention(q8, k8, v8, OptionalInputs(), arguments)
+    assert "fp8.o_dtype" in str(err.value)

@@ -127,24 +127,17 @@ def test_count_call_leaves_a_dense_entry_alone():
     assert found.calls == 0 and found.promotion == ""
 
 
-def test_count_call_counts_a_bucketed_entry_below_the_threshold(monkeypatch):
-    monkeypatch.setattr(entries, "dense_after", 5)
+@pytest.mark.parametrize("dense_after,calls", [(5, 4), (0, 20)])
+def test_count_call_counts_a_bucketed_entry_without_promoting_below_the_threshold_or_at_zero(
+        monkeypatch, dense_after, calls):
+    monkeypatch.setattr(entries, "dense_after", dense_after)
     found = entries.Entry(_options(), ragged_forward={})
     assert found.bucketed
     q, k, v = _qkv()
-    for n in range(1, 5):
+    for n in range(1, calls + 1):
         assert entries.count_call(found, q, k, v) is found
         assert found.calls == n
     assert found.promotion == ""
-
-
-def test_count_call_never_promotes_when_dense_after_is_zero(monkeypatch):
-    monkeypatch.setattr(entries, "dense_after", 0)
-    found = entries.Entry(_options(), ragged_forward={})
-    q, k, v = _qkv()
-    for _ in range(20):
-        assert entries.count_call(found, q, k, v) is found
-    assert found.calls == 20 and found.promotion == ""
 
 
 def test_a_signature_whose_class_keeps_changing_shape_is_never_promoted(monkeypatch):

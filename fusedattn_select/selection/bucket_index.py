@@ -1,0 +1,102 @@
+"""Which shape bucket answers (and runs) a problem: the buckets a selector learned were answered
+"yes", by problem class, looked for in the store once per class and bucket, and remembered answers."""
+
+from __future__ import annotations
+
+import threading
+
+from fusedattn_select.buckets import Bucket, bucket_form, larger_buckets
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.store import protocol
+from fusedattn_select.types import Fingerprint
+
+# Answers and bucket forms remembered before each memo starts over.
+_MEMO_SIZE = 65536
+
+
+def _bucket(form: AttnConfig) -> Bucket:
+    return Bucket(form.batch_size, form.seqlen_q, form.seqlen_kv)
+
+
+class BucketIndex:
+    """The bucket forms a Selector answers problems by (thread-safe for its callers' use)."""
+
+    def __init__(self, store: protocol.Store | None, fingerprint: Fingerprint) -> None:
+        self._store = store
+        self._fingerprint = fingerprint
+        self._lock = threading.Lock()
+        self._selected: dict[str, list[Bucket]] = {}  # buckets answered "yes", by problem class
+        self._scanned: set[tuple[str, Bucket]] = set()  # (class, bucket) looked up in the store
+        self._changes = 0  # buckets learned or forgotten so far: remembered answers hold until it moves
+        self._answers: dict[tuple[str, int, int], AttnConfig | None] = {}
+        self._forms: dict[tuple[str, Bucket], AttnConfig | None] = {}
+
+    def find(self, cfg: AttnConfig) -> AttnConfig | None:
+        """The smallest bucket of `cfg`'s class answered "yes" (here, or in the store) that holds its
+        shape, else its own bucket; None when it has no bucket form."""
+        memo_key = (cfg.cache_key(), len(self._scanned), self._changes)
+        if memo_key in self._answers:
+            return self._answers[memo_key]
+        form = self._find(cfg)
+        if len(self._answers) >= _MEMO_SIZE:
+            self._answers.clear()
+        self._answers[(cfg.cache_key(), len(self._scanned), self._changes)] = form
+        return form
+
+    def remember(self, form: AttnConfig) -> None:
+        """A bucket form answered "yes": shapes of its class it holds are answered by it."""
+        with self._lock:
+            held = self._selected.setdefault(form.shape_class_key(), [])
+            if _bucket(form) not in held:
+                held.append(_bucket(form))
+                self._changes += 1
+
+    def forget(self, form: AttnConfig) -> None:
+        """A bucket form no longer answers "yes" (its plans failed to build)."""
+        with self._lock:
+            held = self._selected.get(form.shape_class_key(), [])
+            if _bucket(form) in held:
+                held.remove(_bucket(form))
+                self._changes += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._selected.clear()
+            self._scanned.clear()
+            self._answers.clear()
+            self._changes += 1
+
+    def _find(self, cfg: AttnConfig) -> AttnConfig | None:
+        own = self._form(cfg)
+        if own is None:
+            return None
+        held = self._selected.get(own.shape_class_key(), ())
+        holding = [b for b in held if b.holds(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)]
+        if holding:
+            return self._form(cfg, min(holding, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch)))
+        return self._stored(cfg, own) or own
+
+    def _form(self, cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | None:
+        """bucket_form(cfg, bucket), one instance per problem class and bucket (its keys computed once)."""
+        bucket = bucket or Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
+        key = (cfg.shape_class_key(), bucket)
+        if key not in self._forms:
+            if len(self._forms) >= _MEMO_SIZE:
+                self._forms.clear()
+            self._forms[key] = bucket_form(cfg, bucket)
+        return self._forms[key]
+
+    def _stored(self, cfg: AttnConfig, own: AttnConfig) -> AttnConfig | None:
+        """A larger bucket of `cfg`'s class the store already answered "yes" (warmed by another
+        process), looked for once per class and bucket; None when there is none."""
+        scan = (own.shape_class_key(), _bucket(own))
+        if self._store is None or scan in self._scanned:
+            return None
+        self._scanned.add(scan)
+        for larger in larger_buckets(_bucket(own)):
+            form = self._form(cfg, larger)
+            stored = self._store.get(self._fingerprint, form.cache_key())
+            if stored is not None and all(v.supported for v in stored[0]):
+                self.remember(form)
+                return form
+        return None
