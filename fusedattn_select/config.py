@@ -311,7 +311,7 @@ def _validate(cfg: AttnConfig) -> None:
     _check_choice(cfg, "qkv_layout", tuple(LAYOUTS))
     _check_choice(cfg, "o_format", FORMATS, optional=True)
     _check_choice(cfg, "do_format", FORMATS, optional=True)
-    _check_choice(cfg, "dqkv_layout", tuple(n for n, l in LAYOUTS.items() if not l.paged), optional=True)
+    _check_choice(cfg, "dqkv_layout", tuple(n for n, lay in LAYOUTS.items() if not lay.paged), optional=True)
     _check_choice(cfg, "mask", MASKS)
     _check_choice(cfg, "bias", BIASES)
     _check_choice(cfg, "bias_shape", BIAS_SHAPES, optional=True)

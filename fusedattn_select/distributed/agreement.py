@@ -68,12 +68,22 @@ class Disagreement:
 
 @dataclass(frozen=True)
 class PlatformGroup:
-    """Ranks on one platform (fingerprint and kind of engine)."""
+    """Ranks on one platform (fingerprint and kind of engine), described by its first rank's facts."""
 
     ranks: tuple[int, ...]
-    fingerprint: Fingerprint
-    source: str
-    description: str
+    first: RankFacts
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint.from_dict(self.first.fingerprint)
+
+    @property
+    def source(self) -> str:
+        return self.first.source
+
+    @property
+    def description(self) -> str:
+        return self.first.describe()
 
 
 @dataclass(frozen=True)
@@ -218,8 +228,7 @@ def platform_groups(facts: Sequence[RankFacts]) -> tuple[PlatformGroup, ...]:
     for f in facts:
         groups.setdefault(f.platform, []).append(f)
     return tuple(
-        PlatformGroup(tuple(f.rank for f in members), Fingerprint.from_dict(members[0].fingerprint),
-                      members[0].source, members[0].describe())
+        PlatformGroup(tuple(f.rank for f in members), members[0])
         for members in groups.values()
     )
 

@@ -246,8 +246,8 @@ def scaled_cast(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *,
     flat, dst = _flat(x), _flat(out)
     record = amax_out is not None
     _kernels["_k_cast"][(blocks,)](
-        (flat, flat, flat), (dst, dst, dst), (x.numel(), 0, 0), (blocks, blocks), (scale, 0, 0, 0, 0),
-        (scale, amax_out if record else scale), (top, 1.0, 1.0, float("nan")),
+        ((flat, flat, flat), (dst, dst, dst), (x.numel(), 0, 0)), (blocks, blocks),
+        ((scale, 0, 0, 0, 0), (scale, amax_out if record else scale), (top, 1.0, 1.0, float("nan"))),
         MODE=_FROM_DESCALE if inverse else _FROM_SCALE, RECORD=record, BLOCK=_CAST_BLOCK, num_warps=8)
     return out
 
@@ -306,8 +306,9 @@ def _triton_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: t
         src = (partials, 0) + _launch_amax(xs, partials, atomic=False)
         cur, mode, margin = info, _FROM_PARTIALS, 1.0
     _kernels["_k_cast"][(blocks[2],)](
-        _padded([_flat(x) for x in xs], _flat(xs[0])), _padded([_flat(y) for y in outs], _flat(outs[0])),
-        ns, blocks[:2], src, (info, cur), (top, max_scale, margin, float("nan")),
+        (_padded([_flat(x) for x in xs], _flat(xs[0])), _padded([_flat(y) for y in outs], _flat(outs[0])),
+         ns),
+        blocks[:2], (src, (info, cur), (top, max_scale, margin, float("nan"))),
         MODE=mode, RECORD=delayed, BLOCK=_CAST_BLOCK, num_warps=8)
     if hist is not None:
         source = cur if delayed else info[3:]
@@ -371,8 +372,10 @@ def _t_scale_of(T: tl.constexpr, b, src, info, consts, MODE: tl.constexpr):
     return scale
 
 
-def _t_cast_one(x, y, n, b, T: tl.constexpr, src, outs, consts, MODE: tl.constexpr,
-                RECORD: tl.constexpr, BLOCK: tl.constexpr):
+def _t_cast_one(io, b, T: tl.constexpr, scaling, MODE: tl.constexpr, RECORD: tl.constexpr,
+                BLOCK: tl.constexpr):
+    x, y, n = io[0][T], io[1][T], io[2][T]
+    src, outs, consts = scaling
     scale = _t_scale_of(T, b, src, outs[0], consts, MODE)
     top = consts[0]
     offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -386,17 +389,17 @@ def _t_cast_one(x, y, n, b, T: tl.constexpr, src, outs, consts, MODE: tl.constex
         tl.atomic_max(outs[1] + T, tl.max(tl.abs(v), axis=0), sem="relaxed")
 
 
-def _k_cast(xs, ys, ns, ends, src, outs, consts, MODE: tl.constexpr, RECORD: tl.constexpr,
-            BLOCK: tl.constexpr):
-    # ys[i] = saturate(xs[i] * scale_i) for the programs of tensor i (ends as in _k_amax); outs is
-    # (info, running amax); consts is (top, max scale, margin factor, NaN).
+def _k_cast(io, ends, scaling, MODE: tl.constexpr, RECORD: tl.constexpr, BLOCK: tl.constexpr):
+    # io is (xs, ys, ns): ys[i] = saturate(xs[i] * scale_i) for the programs of tensor i (ends as in
+    # _k_amax). scaling is (src, outs, consts): src as _t_scale_of reads it, outs (info, running
+    # amax), consts (top, max scale, margin factor, NaN).
     pid = tl.program_id(0)
     if pid < ends[0]:
-        _t_cast_one(xs[0], ys[0], ns[0], pid, 0, src, outs, consts, MODE, RECORD, BLOCK)
+        _t_cast_one(io, pid, 0, scaling, MODE, RECORD, BLOCK)
     elif pid < ends[1]:
-        _t_cast_one(xs[1], ys[1], ns[1], pid - ends[0], 1, src, outs, consts, MODE, RECORD, BLOCK)
+        _t_cast_one(io, pid - ends[0], 1, scaling, MODE, RECORD, BLOCK)
     else:
-        _t_cast_one(xs[2], ys[2], ns[2], pid - ends[1], 2, src, outs, consts, MODE, RECORD, BLOCK)
+        _t_cast_one(io, pid - ends[1], 2, scaling, MODE, RECORD, BLOCK)
 
 
 def _k_commit(buf, src, info, length, MOST_RECENT: tl.constexpr, FROM_CUR: tl.constexpr,

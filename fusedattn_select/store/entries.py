@@ -54,11 +54,11 @@ def fingerprint_key(fingerprint: Fingerprint | str | None) -> str | None:
 class NewEntry:
     """A decision handed to put(): checked, encoded and sized once for whichever store keeps it."""
 
-    verdicts: tuple[Verdict, ...]
-    depth: ProbeDepth
     fp_key: str
     key: str
     text: str  # the verdicts as the JSON a database row and an export file hold
+    verdicts: tuple[Verdict, ...]
+    depth: ProbeDepth
     size: int  # what it counts against max_bytes: the encoded verdicts and the two keys
 
 
@@ -83,7 +83,7 @@ def new_entry(fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], d
     fp_key = fingerprint.key()
     # Not sort_keys: timings_ms is an ordered mapping (the cuDNN steps in the order they ran).
     text = json.dumps([v.to_dict() for v in verdicts], separators=(",", ":"))
-    return NewEntry(verdicts, depth, fp_key, key, text, len(text.encode()) + len(fp_key) + len(key))
+    return NewEntry(fp_key, key, text, verdicts, depth, len(text.encode()) + len(fp_key) + len(key))
 
 
 def plan_to_store(fingerprint: Fingerprint, plan_key: str, blob: bytes, max_bytes: int) -> bytes | None:
