@@ -176,8 +176,10 @@ def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         out, lse = FusedAttention.apply(found, scales, q, k, v, *inputs)
     else:
         out, stats, _, saved_fp8 = fused_forward(found, q, k, v, inputs, scales)
-        if fp8q.is_fp8_dtype(out.dtype):  # FP8Scales asked for FP8 output
+        if saved_fp8 is not None and fp8q.is_fp8_dtype(out.dtype):  # FP8Scales asked for FP8 output
             out = FP8Tensor(out, fp8q.at(saved_fp8[3], "descale_o"))
+        if not return_lse:
+            return out
         qb = bhsd(q, found.opts.layout)
         lse = found.lse(stats, qb.shape[0], qb.shape[2])
     return (out, lse) if return_lse else out

@@ -322,6 +322,16 @@ def test_an_all_ones_padding_mask_is_no_padding():
     assert mask == fa_hf.CudnnMask("causal", (-1, -1), 4, 4)
 
 
+def test_an_all_ones_padding_mask_in_decode_is_bottom_right_causal_without_lengths():
+    # generate() hands the whole (B, positions) mask each step; a decode step reads its last query row.
+    ones = torch.ones(2, 12, dtype=torch.bool)
+    step = fa_hf.cudnn_mask(q_length=1, kv_length=12, q_offset=11, kv_offset=0, padding_mask=ones)
+    assert step == fa_hf.CudnnMask("causal_bottom_right", (-1, -1), 1, 12)
+    ones[1, 0] = False  # one left-padded sequence: lengths again
+    step = fa_hf.cudnn_mask(q_length=1, kv_length=12, q_offset=11, kv_offset=0, padding_mask=ones)
+    assert step.mask == "padding_causal_bottom_right" and step.seqlens_kv.tolist() == [12, 11]
+
+
 def test_right_padding_gives_key_lengths_and_no_roll():
     mask = fa_hf.cudnn_mask(q_length=5, kv_length=5, padding_mask=padded([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
     assert mask.mask == "padding_causal"

@@ -162,6 +162,11 @@ def _padded(padding_mask: "Tensor", q_length: int, kv_length: int, q_offset: int
 
     mask = padding_mask.to(torch.bool)
     needed = kv_offset + kv_length
+    # The common case (generate() with an all-ones mask) in one reduction and one read back: every
+    # key and query position valid.
+    lo, hi = (min(kv_offset, q_offset), max(needed, q_offset + q_length)) if causal else (kv_offset, needed)
+    if hi <= mask.shape[-1] and bool(mask[:, lo:hi].all()):
+        return _unpadded(q_length, kv_length, q_offset - kv_offset, causal, sliding_window, mask.shape[0], mask.device)
     if mask.shape[-1] < needed:
         # Positions past the 2D mask are padding (transformers pads it with False the same way).
         mask = torch.nn.functional.pad(mask, (0, needed - mask.shape[-1]))
