@@ -130,14 +130,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),
                                       Arguments._make(given))
     found = call_key = None
-    # The hot path: a call with no optional tensors is found by its arguments as given and its
-    # tensors' properties. The key holds every value validation looks at, so validation runs once
-    # per call signature; arguments whose type alone is wrong never make a key.
-    if (bias is None and alibi_slopes is None and sink is None and seqlens_q is None and seqlens_kv is None
+    # The hot path: a call with no optional tensors but sequence lengths is found by its arguments
+    # as given and its tensors' properties. The key holds every value validation looks at, so
+    # validation runs once per call signature; arguments whose type alone is wrong never make a key.
+    if (bias is None and alibi_slopes is None and sink is None
             and type(fp8) is bool and type(deterministic) is bool and type(return_lse) is bool):
         training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         try:
-            call_key = entries.fast_key(q, k, v, given, training)
+            call_key = entries.fast_key(q, k, v, given, training, seqlens_q, seqlens_kv)
             found = entries.by_call.get(call_key)
         except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
             call_key = None

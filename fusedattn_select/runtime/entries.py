@@ -84,7 +84,7 @@ class Entry:
 
 
 entries: OncePerKey[Entry] = OncePerKey()
-# The hot path's first table: entries by `fast_key` (calls with no optional tensors and fp8 a bool),
+# The hot path's first table: entries by `fast_key` (calls with no optional tensors but lengths, fp8 a bool),
 # filled from `entries` when a call of such a signature is first decided.
 by_call: dict[tuple, Entry] = {}
 counters = {"calls": 0, "fused_calls": 0, "fallback_calls": 0, "entries_built": 0, "promotions": 0}
@@ -108,8 +108,7 @@ def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions,
     return (
         options, q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), tuple(v.shape),
         v.stride(), _signature(bias), None if alibi is None else tuple(alibi.shape), _signature(sink),
-        None if seqlens_q is None else (seqlens_q.dtype, seqlens_q.device),
-        None if seqlens_kv is None else (seqlens_kv.dtype, seqlens_kv.device),
+        _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv),
         capturing,
     )
 
@@ -221,11 +220,16 @@ def _mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
     new.lean = lean
 
 
-def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple, training: bool) -> tuple:
+def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple, training: bool,
+             seqlens_q: Optional[torch.Tensor] = None, seqlens_kv: Optional[torch.Tensor] = None) -> tuple:
     """The key of `by_call`: attention()'s non-tensor arguments as given, whether the call trains,
-    and the tensor properties `key` holds (for calls without optional tensors)."""
+    and the tensor properties `key` holds (for calls whose only optional tensors are the lengths)."""
     return (arguments, training, q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-            q.is_cuda and _capturing())
+            _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv), q.is_cuda and _capturing())
+
+
+def _lengths_signature(t: Optional[torch.Tensor]) -> Any:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
 def remember_call(call_key: tuple, found: Entry) -> None:

@@ -246,6 +246,18 @@ def test_under_tracing_a_sliding_window_is_taken_from_local_size_and_the_config(
 
 
 @mask_protocol_5
+def test_a_static_cache_decode_step_that_forbids_skipping_gets_a_cudnn_mask():
+    # transformers sets allow_is_causal_skip=False for a decode step of a compileable cache; the
+    # step's mask (keys up to the query's position, the empty slots after it) is exact in cuDNN's terms.
+    step = fa_hf.fusedattn_mask(**mask_args(q_length=1, kv_length=16, q_offset=11, allow_is_causal_skip=False))
+    assert (step.mask, step.q_length, step.kv_length) == ("padding_causal_bottom_right", 1, 16)
+    assert step.seqlens_kv.tolist() == [12, 12] and step.seqlens_q.tolist() == [1, 1]
+    # a prefill that forbids skipping (packed sequences, block masks) stays materialised
+    dense = fa_hf.fusedattn_mask(**mask_args(allow_is_causal_skip=False))
+    assert isinstance(dense, torch.Tensor) and dense.shape == (2, 1, SEQ, SEQ)
+
+
+@mask_protocol_5
 def test_mask_function_materialises_custom_mask_functions():
     mask = fa_hf.fusedattn_mask(**mask_args(use_vmap=True, allow_is_causal_skip=False))
     assert isinstance(mask, torch.Tensor) and mask.shape == (2, 1, SEQ, SEQ)

@@ -77,6 +77,7 @@ def test_dense_after_refuses_what_is_not_a_whole_number(monkeypatch, value):
 
 # ----- fast_key --------------------------------------------------------------------------------------
 ARGS = tuple(Arguments())
+LENS = torch.full((2,), 5, dtype=torch.int32)
 
 
 def _qkv(shape=(2, 5, 4, 8), dtype=BF16):
@@ -107,6 +108,9 @@ def test_fast_key_differs_with_shape_stride_dtype_training_and_arguments():
         entries.fast_key(q, k, v, tuple(Arguments(attn_scale=0.5)), False),
         entries.fast_key(q, k, v, tuple(Arguments(fp8=True)), False),
         entries.fast_key(q, k, v, tuple(Arguments(deterministic=True)), False),
+        entries.fast_key(q, k, v, ARGS, False, LENS, LENS),                          # lengths
+        entries.fast_key(q, k, v, ARGS, False, LENS.long(), LENS),                   # their dtype
+        entries.fast_key(q, k, v, ARGS, False, LENS, torch.full((3,), 5, dtype=torch.int32)),  # shape
     ]
     assert all(other != base for other in others)
     assert len(set(others)) == len(others)
@@ -189,6 +193,18 @@ def test_attention_on_cpu_falls_back_to_sdpa_and_files_its_call(dtype):
     for out in (first, second):
         assert out.shape == q.shape and out.dtype == dtype
         torch.testing.assert_close(out, expected, rtol=0, atol=0)  # the same SDPA call: bit-identical
+
+
+@pytest.mark.usefixtures("no_platform")
+def test_calls_with_lengths_take_the_hot_path_and_lengths_of_another_shape_are_still_refused():
+    q, k, v = _qkv(dtype=torch.float32)
+    lens = torch.tensor([5, 3], dtype=torch.int32)
+    for _ in range(2):
+        api.attention(q, k, v, mask="padding", seqlens_q=lens, seqlens_kv=lens)
+    assert len(entries.by_call) == 1 and entries.counters["entries_built"] == 1
+    with pytest.raises(ConfigError, match="seqlens_q"):
+        api.attention(q, k, v, mask="padding", seqlens_q=torch.tensor([5, 3, 1], dtype=torch.int32),
+                      seqlens_kv=lens)
 
 
 @pytest.mark.usefixtures("no_platform")

@@ -166,15 +166,17 @@ def fusedattn_mask(
     try:
         tracing = is_tracing(attention_mask)
         pattern = _recognise(mask_function, received["local_size"], received["use_vmap"], received["config"], tracing)
-        if pattern.causal and not received["allow_is_causal_skip"]:
-            raise MaskNotExpressible(
-                "the model asks for a materialised causal mask (packed sequences, block masks, or a "
-                "compiled decode step with a static cache)"
-            )
-        if not pattern.causal and not received["allow_is_bidirectional_skip"]:
-            raise MaskNotExpressible("the model asks for a materialised bidirectional mask")
         if q_length is None:
             q_length, q_offset = _query_positions(cache_position, tracing)
+        # transformers forbids skipping a causal mask for packed sequences and block masks (their
+        # mask functions are not recognised above either) and for a decode step with a
+        # compileable (static) cache, where a fixed-shape mask tensor only serves torch.compile:
+        # a single query row with a recognised mask function is that case, and a CudnnMask states
+        # its mask exactly (padding of the empty cache slots included).
+        if pattern.causal and not received["allow_is_causal_skip"] and q_length != 1:
+            raise MaskNotExpressible("the model asks for a materialised causal mask (packed sequences or block masks)")
+        if not pattern.causal and not received["allow_is_bidirectional_skip"]:
+            raise MaskNotExpressible("the model asks for a materialised bidirectional mask")
         q_offset, kv_offset = _host_offsets(q_offset, kv_offset, tracing)
         if attention_mask is not None and tracing:
             raise MaskNotExpressible(
