@@ -92,6 +92,9 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
     return config(qb, kb, vb, formats(qb, kb, vb, opts.layout), opts, inputs, scales)
 
 
+_NO_INPUTS = OptionalInputs(None, None, None, None, None)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Optional[str] = None,
               mask: str = "no_mask", window_size: tuple[int, int] = (-1, -1), attn_scale: Optional[float] = None,
               dropout: float = 0.0, bias: Optional[torch.Tensor] = None, alibi_slopes: Optional[torch.Tensor] = None,
@@ -141,7 +144,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             found = entries.by_call.get(call_key)
         except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
             call_key = None
-    inputs = OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv)
+    if bias is None and alibi_slopes is None and sink is None and seqlens_q is None and seqlens_kv is None:
+        inputs = _NO_INPUTS
+    else:
+        inputs = OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv)
     if found is None:
         found = _decide(q, k, v, inputs, Arguments._make(given))
         if call_key is not None:
@@ -189,16 +195,19 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
             arguments: Arguments) -> entries.Entry:
     """The entry of a call: found by its full key, else decided now (after checking the arguments)."""
     scales = arguments.fp8 if isinstance(arguments.fp8, FP8Scales) else None
+    signature = None
     if type(arguments.deterministic) is bool and type(arguments.return_lse) is bool and (
             type(arguments.fp8) is bool or isinstance(arguments.fp8, (FP8Scales, FP8History))):
         try:
-            found = _entries.get(entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs))
+            signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
+            found = _entries.get(signature)
         except (TypeError, AttributeError, ValueError):
-            found = None
+            signature = found = None
         if found is not None:
             return found
-    check_args(q, k, v, inputs, arguments)
-    signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
+    check_args(q, k, v, inputs, arguments)  # a new signature: its arguments checked once
+    if signature is None:
+        signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
     return entries.entry(signature, q, k, v, inputs, scales)
 
 

@@ -224,8 +224,10 @@ def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple
              seqlens_q: Optional[torch.Tensor] = None, seqlens_kv: Optional[torch.Tensor] = None) -> tuple:
     """The key of `by_call`: attention()'s non-tensor arguments as given, whether the call trains,
     and the tensor properties `key` holds (for calls whose only optional tensors are the lengths)."""
+    lengths = None if seqlens_q is None and seqlens_kv is None else (_lengths_signature(seqlens_q),
+                                                                     _lengths_signature(seqlens_kv))
     return (arguments, training, q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-            _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv), q.is_cuda and _capturing())
+            lengths, q.is_cuda and _capturing())
 
 
 def _lengths_signature(t: Optional[torch.Tensor]) -> Any:
@@ -336,12 +338,14 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
         log.info("fusedattn_select: bucket plans of %s did not build (%s); dense plans for %s",
                  form.cache_key(), trial.reason, new.cfg.cache_key())
         return False
+    try:
+        fed = ragged.bindings([p for p in (trial.forward, trial.backward) if p is not None], shape, device)
+    except ValueError as err:
+        log.info("fusedattn_select: %s runs dense plans (%s)", new.cfg.cache_key(), err)
+        return False
+    trial.ragged_forward, trial.ragged_backward = fed[0], (fed[1] if len(fed) > 1 else None)
     trial.shape_class = new.cfg.shape_class_key()
     trial.class_calls_before = class_calls[trial.shape_class]
-    made: dict = {}
-    trial.ragged_forward = ragged.binding(trial.forward, shape, device, made)
-    if trial.backward is not None:
-        trial.ragged_backward = ragged.binding(trial.backward, shape, device, made)
     for field in dataclasses.fields(Entry):
         setattr(new, field.name, getattr(trial, field.name))
     return True

@@ -57,11 +57,11 @@ def direct_launcher(graph: Any, uids: tuple[int, ...]) -> Optional[Launcher]:
         return None
 
     def launch(buffers: tuple, workspace: Any, handle: Any) -> None:
-        backend_handle = handle.backend_handle if hasattr(handle, "backend_handle") else handle
-        result = execute_ordered(schema, buffers, uids, bindings, workspace, None, None, None, backend_handle or 0,
+        backend_handle = getattr(handle, "backend_handle", handle) or 0
+        result = execute_ordered(schema, buffers, uids, bindings, workspace, None, None, None, backend_handle,
                                  cpp_index)
         if result is not None:  # a buffer the compiled reader could not describe: the frontend's completion
             pack = finish(schema, result, workspace, None)
-            execute_pack(pack.native, pack.workspace, backend_handle or 0, cpp_index)
+            execute_pack(pack.native, pack.workspace, backend_handle, cpp_index)
 
     return launch

@@ -287,11 +287,13 @@ def _prepare_handle(device: torch.device) -> tuple[Any, int]:
     handles = getattr(_local, "handles", None)
     if handles is None:
         handles = _local.handles = {}
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device.index
+    if index is None:
+        index = torch.cuda.current_device()
     slot = handles.get(index)
     if slot is None:
         slot = handles[index] = [cudnn_probe.handle_for(index), None]
-    stream = _current_stream(device)
+    stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
     if slot[1] != stream:
         import cudnn
 

@@ -3,11 +3,13 @@ batch size and lengths, bound to the caller's tensors held in contiguous BSHD me
 
 Each sequence i of a (b, s, h, d) tensor starts at element i * s * h * d (its ragged offset); the
 bucket's unused batch slots start at the end and have length 0, so the kernels skip them. The
-offsets and lengths of one shape are made once, on the device, when the shape is first seen.
+offsets and lengths of one shape are made once, on the host, and copied to the device in one
+transfer when the shape is first seen.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,44 +39,51 @@ def _offset_tensor_name(offset_name: str) -> str:
     return _AXIS_TENSOR.get(suffix, suffix)
 
 
-def _offsets(plan: Plan, offset_name: str, shape: Shape, device: torch.device, made: dict) -> torch.Tensor:
-    """(B+1, 1, 1, 1) int32 element offsets of the sequences of one tensor of `plan`."""
+def _offsets(plan: Plan, offset_name: str, shape: Shape) -> tuple[tuple, list[int]]:
+    """(sharing key, the (B+1) element offsets) of the sequences of one tensor of `plan`."""
     tensor = _offset_tensor_name(offset_name)
     token_stride = plan.specs[tensor].strides[2]  # logical (B, H, S, D): the sequence stride
     seqlen = shape.seqlen_q if tensor in _QUERY_AXIS else shape.seqlen_kv
     slots = plan.specs[offset_name].dims[0]
     step = seqlen * token_stride
-    key = ("offsets", slots, step, shape.batch)
-    if key not in made:  # tensors of equal token strides (q and dQ, o and dO, ...) share one
-        if slots * step < 2 ** 31:  # two kernels: made for every new shape
-            offsets = torch.arange(0, slots * step, step, device=device, dtype=torch.int32)
-            made[key] = offsets.clamp_(max=shape.batch * step).view(slots, 1, 1, 1)
-        else:
-            index = torch.arange(slots, device=device, dtype=torch.int64).clamp_(max=shape.batch)
-            made[key] = (index * step).to(torch.int32).view(slots, 1, 1, 1)
-    return made[key]
+    return ("offsets", slots, step, shape.batch), [min(i, shape.batch) * step for i in range(slots)]
 
 
-def _lengths(slots: int, used: int, length: int, device: torch.device, made: dict) -> torch.Tensor:
-    key = ("lengths", slots, used, length)
-    if key not in made:
-        lengths = torch.zeros(slots, 1, 1, 1, dtype=torch.int32, device=device)
-        lengths[:used] = length
-        made[key] = lengths
-    return made[key]
+def bindings(plans: Sequence[Plan], shape: Shape, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """For each plan, the offset and length tensors that run `shape` through it (equal tensors
+    shared between the plans, all made in one transfer). Read only: plans never write them.
+    ValueError when an offset does not fit the graphs' int32 offsets."""
+    keys: list[dict[str, tuple]] = []
+    new: dict[tuple, list[int]] = {}
+    for plan in plans:
+        slots = plan.specs["seq_len_q"].dims[0]
+        named: dict[str, tuple] = {}
+        for name in plan.inputs:
+            if name.startswith(_OFFSET_PREFIX):
+                named[name], values = _offsets(plan, name, shape)
+                new[named[name]] = values
+        for name, length in (("seq_len_q", shape.seqlen_q), ("seq_len_kv", shape.seqlen_kv)):
+            named[name] = ("lengths", slots, shape.batch, length)
+            new[named[name]] = [length] * shape.batch + [0] * (slots - shape.batch)
+        keys.append(named)
+    made = _upload(new, device)
+    return [{name: made[key] for name, key in named.items()} for named in keys]
 
 
-def binding(plan: Plan, shape: Shape, device: torch.device, made: Optional[dict] = None) -> dict[str, torch.Tensor]:
-    """The offset and length tensors that run `shape` through `plan` (made once per shape; `made`
-    shares equal tensors between the plans of one shape, forward and backward). Read only: plans
-    never write them."""
-    made = {} if made is None else made
-    feeds = {name: _offsets(plan, name, shape, device, made) for name in plan.inputs
-             if name.startswith(_OFFSET_PREFIX)}
-    slots = plan.specs["seq_len_q"].dims[0]
-    feeds["seq_len_q"] = _lengths(slots, shape.batch, shape.seqlen_q, device, made)
-    feeds["seq_len_kv"] = _lengths(slots, shape.batch, shape.seqlen_kv, device, made)
-    return feeds
+def _upload(new: dict[tuple, list[int]], device: torch.device) -> dict[tuple, torch.Tensor]:
+    """`new` as (n, 1, 1, 1) int32 tensors on `device`, each 16-byte aligned, from one host-to-device
+    copy (a new shape costs one transfer, not a few kernels per tensor)."""
+    flat: list[int] = []
+    spans = []
+    for key, values in new.items():
+        if values and max(values) >= 2 ** 31:
+            raise ValueError(f"a ragged offset of {max(values)} elements does not fit the graph's int32 offsets")
+        spans.append((key, len(flat), len(values)))
+        flat.extend(values)
+        flat.extend([0] * (-len(flat) % 4))
+    host = torch.tensor(flat, dtype=torch.int32, pin_memory=device.type == "cuda")
+    whole = host.to(device, non_blocking=True)  # the pinned block is kept until the copy is done
+    return {key: whole[start:start + count].view(count, 1, 1, 1) for key, start, count in spans}
 
 
 def caller_lengths(plan: Plan, seqlens: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
