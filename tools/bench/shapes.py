@@ -45,7 +45,7 @@ def shapes_plan(quick: bool) -> dict[str, dict]:
                    "seqlens": [129, 777, 2048, 4096] if quick else [129, 512, 777, 1024, 2048, 4096],
                    "reps": 10 if quick else 20, "warmup": 3 if quick else 5},
         "generate": {"models": list(hf.MODELS), "prompt": 200, "new_tokens": 32, "logit_extra": 8,
-                     "reps": 2 if quick else 3, "caches": ["dynamic", "static"], "seed": 0,
+                     "reps": 2 if quick else 5, "caches": ["dynamic", "static"], "seed": 0,
                      "impls": [hf.FUSEDATTN, hf.SDPA, hf.SDPA_FLASH]},
         "finetune": {"model": "llama-small", "layers": 4, "batch": 4, "steps": 6 if quick else 10,
                      "lengths": [300, 1100], "seed": 0, "warm_length": 200,
@@ -65,10 +65,14 @@ _NOTES = [
     "C: random-init Llama (torch.manual_seed(0)), bf16, batch 1, greedy, min_new_tokens = max_new_tokens "
     "(no early stop), eager (generation_config.disable_compile=True: a static cache would otherwise "
     "compile the forward); tokens/s = new tokens / wall s of generate() including the prefill; one "
-    "short generate() first. Logits: one forward over prompt + a few tokens, no cache.",
+    "short generate() first, then one full-length generate() reported apart ('first': it meets every "
+    "decode length once), then the median of the repetitions. Logits: one forward over prompt + a few "
+    "tokens, no cache.",
     "D: each step is batch x length tokens with one length per step (the batch padded to its longest "
     "sequence, here all full length, so every implementation runs the same causal problem); forward, "
-    "backward, AdamW step, wall ms with synchronize; one step at an unrelated length first.",
+    "backward, AdamW step, wall ms with synchronize; one step at an unrelated length first. The second "
+    "pass runs as many new lengths of the same range (seed + 1) right after: the targets are read from "
+    "the first pass.",
 ]
 
 
@@ -322,10 +326,14 @@ def render_generate(p: Mapping) -> str:
                          _status_or(r, lambda x: common.fmt_stat(x.get("tokens_per_s"))),
                          common.fmt_ratio(common.ratio(r.get("tokens_per_s"), flash.get("tokens_per_s"))),
                          "/".join(str(calls.get(k, "")) for k in ("fused_calls", "fallback_calls", "plan_builds"))
-                         if calls else ""))
+                         if calls else "", common.fmt_num(r.get("first_tokens_per_s"))
+                         + (" (" + "/".join(str(first.get(k, "")) for k in ("fused_calls", "fallback_calls",
+                                                                              "plan_builds")) + ")"
+                            if (first := r.get("first_attention_calls")) else "")))
         if rows:
             lines.append(common.md_table(("cache", "implementation", "tokens/s", "vs flash",
-                                   "attention() fused/fallback calls, plan builds"), rows))
+                                          "attention() fused/fallback calls, plan builds",
+                                          "first generate() tokens/s (calls, builds)"), rows))
         parts.append("\n\n".join(lines))
     return "\n\n".join(parts)
 
@@ -334,21 +342,29 @@ def render_finetune(p: Mapping) -> str:
     runs = p.get("runs") or []
     if not runs:
         return ""
-    fa = _run_of(runs, impl=hf.FUSEDATTN).get("total_ms")
+    fa = _run_of(runs, impl=hf.FUSEDATTN)
     rows = []
     for r in runs:
         calls = r.get("attention_calls") or {}
+        second = r.get("second_attention_calls") or {}
         losses = r.get("losses") or []
         rows.append((r.get("impl") + (f" ({r['note']})" if r.get("note") else ""),
                      _status_or(r, lambda x: common.fmt_num(x.get("total_ms"))),
-                     common.fmt_stat(r.get("per_step_ms")), common.fmt_ratio(common.ratio(fa, r.get("total_ms"))),
+                     common.fmt_stat(r.get("per_step_ms")),
+                     common.fmt_ratio(common.ratio(fa.get("total_ms"), r.get("total_ms"))),
                      common.fmt_num(losses[-1]) if losses else "",
                      "/".join(str(calls.get(k, "")) for k in ("fused_calls", "fallback_calls", "plan_builds"))
-                     if calls else ""))
+                     if calls else "",
+                     common.fmt_num(r.get("second_total_ms")),
+                     common.fmt_ratio(common.ratio(fa.get("second_total_ms"), r.get("second_total_ms"))),
+                     "/".join(str(second.get(k, "")) for k in ("fused_calls", "fallback_calls", "plan_builds"))
+                     if second else ""))
     return (f"{p.get('model', '')}; batch {p.get('batch')}, step lengths {p.get('step_lengths')} "
-            f"(warm step at {p.get('warm_length')}):\n\n"
+            f"(warm step at {p.get('warm_length')}), then a second pass at as many new lengths:\n\n"
             + common.md_table(("implementation", "total ms", "per-step ms", "fusedattn total / this",
-                        "last loss", "attention() fused/fallback calls, plan builds"), rows))
+                               "last loss", "attention() fused/fallback calls, plan builds",
+                               "second pass total ms", "fusedattn / this (second pass)",
+                               "second pass calls, builds"), rows))
 
 
 RENDER_PARTS = {"first_call": render_first_call, "steady": render_steady, "generate": render_generate,
