@@ -182,6 +182,10 @@ class Lean:
     grads: Optional[tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]] = None
     do_strides: tuple[int, ...] = ()
     backward_index: tuple[int, ...] = ()
+    # Whether o (dq, dk, dv) has exactly q's (q's, k's, v's) geometry and dtype: then empty_like,
+    # the cheaper allocation, makes it.
+    out_like_q: bool = False
+    grads_like_qkv: bool = False
 
 
 def caller_geometry(spec: plans.TensorSpec, layout: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -207,16 +211,20 @@ def _mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
         if t.dtype != spec.dtype or tuple(t.shape) != spec.dims or not _same_memory(spec.dims, spec.strides,
                                                                                     t.stride()):
             return
-    lean = Lean(caller_geometry(forward.specs["o"], layout), forward.specs["o"].dtype,
-                tuple(LEAN_FORWARD.index(n) for n in forward.order))
+    order = FROM_BHSD[layout]
+    given = [(tuple(t.permute(order).shape), t.permute(order).stride()) for t in (qb, kb, vb)]
+    out = caller_geometry(forward.specs["o"], layout)
+    lean = Lean(out, forward.specs["o"].dtype, tuple(LEAN_FORWARD.index(n) for n in forward.order),
+                out_like_q=out == given[0] and forward.specs["o"].dtype == qb.dtype)
     if backward is not None and backward.binds_by_declaration and sorted(backward.inputs) == [
             "dO", "k", "o", "q", "stats", "v"] and sorted(backward.outputs) == ["dK", "dQ", "dV"] and all(
             backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats")) and all(
             backward.specs["d" + n].dtype == forward.specs[n.lower()].dtype for n in ("Q", "K", "V")):
+        grads = tuple(caller_geometry(backward.specs[g], layout) for g in ("dQ", "dK", "dV"))
         lean = dataclasses.replace(
-            lean, grads=tuple(caller_geometry(backward.specs[g], layout) for g in ("dQ", "dK", "dV")),
-            do_strides=caller_geometry(backward.specs["dO"], layout)[1],
-            backward_index=tuple(LEAN_BACKWARD.index(n) for n in backward.order))
+            lean, grads=grads, do_strides=caller_geometry(backward.specs["dO"], layout)[1],
+            backward_index=tuple(LEAN_BACKWARD.index(n) for n in backward.order),
+            grads_like_qkv=list(grads) == given)
     new.lean = lean
 
 

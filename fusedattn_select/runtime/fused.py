@@ -173,8 +173,11 @@ def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out in the caller's layout, softmax stats or None) of a lean entry's call."""
     plan, lean = entry.forward, entry.lean
-    shape, strides = lean.out
-    out = torch.empty_strided(shape, strides, dtype=lean.out_dtype, device=q.device)
+    if lean.out_like_q:
+        out = torch.empty_like(q)
+    else:
+        shape, strides = lean.out
+        out = torch.empty_strided(shape, strides, dtype=lean.out_dtype, device=q.device)
     stats = plan.allocate("stats") if len(lean.forward_index) == 5 else None
     given = (q, k, v, out, stats)
     plan.run(tuple([given[i] for i in lean.forward_index]))
@@ -189,10 +192,13 @@ def lean_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torc
     if grad_out.stride() != lean.do_strides:  # e.g. the expanded gradient of a sum: into the declared memory
         grad_out = torch.empty_strided(grad_out.shape, lean.do_strides, dtype=grad_out.dtype,
                                        device=device).copy_(grad_out)
-    (dq_shape, dq_strides), (dk_shape, dk_strides), (dv_shape, dv_strides) = lean.grads
-    dq = torch.empty_strided(dq_shape, dq_strides, dtype=q.dtype, device=device)
-    dk = torch.empty_strided(dk_shape, dk_strides, dtype=k.dtype, device=device)
-    dv = torch.empty_strided(dv_shape, dv_strides, dtype=v.dtype, device=device)
+    if lean.grads_like_qkv:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    else:
+        (dq_shape, dq_strides), (dk_shape, dk_strides), (dv_shape, dv_strides) = lean.grads
+        dq = torch.empty_strided(dq_shape, dq_strides, dtype=q.dtype, device=device)
+        dk = torch.empty_strided(dk_shape, dk_strides, dtype=k.dtype, device=device)
+        dv = torch.empty_strided(dv_shape, dv_strides, dtype=v.dtype, device=device)
     given = (q, k, v, out, stats, grad_out, dq, dk, dv)
     plan.run(tuple([given[i] for i in lean.backward_index]))
     return dq, dk, dv
