@@ -24,7 +24,7 @@ from tools.bench.common import (
     tflops,
 )
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file
-from tools.bench.tensors import cuda_times, qkv, rel_err, to_bhsd
+from tools.bench.tensors import cosine, cuda_times, qkv, rel_err, to_bhsd
 
 
 @dataclass
@@ -74,6 +74,7 @@ def measure(torch: Any, r: dict, args: Mapping) -> None:
 
 def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> None:
     from fusedattn_select.runtime.api import attention, dispatch_info
+    from fusedattn_select.runtime.fp8 import FP8History
 
     q, k, v = tensors
     with torch.no_grad():
@@ -83,13 +84,20 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
         torch.cuda.synchronize()
         after = dispatch_info()
         r["fp8_fallback_calls"] = after.get("fallback_calls", 0) - before.get("fallback_calls", 0)
-        r["fp8_vs_bf16_rel_err"] = rel_err(out8, ref)
+        r["fp8_vs_bf16_rel_err"], r["fp8_vs_bf16_cosine"] = rel_err(out8, ref), cosine(out8, ref)
         base = rows.add("bf16 attention() fwd (inference)", lambda _: attention(q, k, v, **kwargs), work=flops)
         rows.add("fp8 attention(fp8=True) fwd incl. quantization (inference)",
                  lambda _: attention(q, k, v, fp8=True, **kwargs), work=flops, base=base)
+        # Delayed scaling: the scales come from the amax history of earlier calls (no amax pass).
+        history = FP8History()
+        attention(q, k, v, fp8=history, **kwargs)  # the first call scales from its own amax and records it
+        delayed = attention(q, k, v, fp8=history, **kwargs)
+        r["fp8_delayed_vs_bf16_rel_err"], r["fp8_delayed_vs_bf16_cosine"] = rel_err(delayed, ref), cosine(delayed, ref)
+        rows.add("fp8 attention(fp8=FP8History()) fwd incl. quantization, delayed scaling (inference)",
+                 lambda _: attention(q, k, v, fp8=history, **kwargs), work=flops, base=base)
         qb, kb, vb = (to_bhsd(t, kwargs["layout"]) for t in (q, k, v))
         _quantize_rows(torch, rows, (qb, kb, vb), base)
-    del ref, out8
+    del out8
 
 
 def _quantize_rows(torch: Any, rows: _Rows, tensors: tuple, base: dict) -> None:
@@ -142,6 +150,10 @@ def _training(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, fl
              work=work, base=base)
 
 
+def _cos(x: Any) -> str:
+    return f"{x:.5f}" if isinstance(x, float) else "n/a"
+
+
 def render(fp8: Mapping) -> str:
     if fp8.get("rows"):
         return (f"FP8 ({fp8.get('shape', '')}): `attention(fp8=True)` (quantization of q, k, v "
@@ -149,7 +161,11 @@ def render(fp8: Mapping) -> str:
                     ("measurement", "ms", "TFLOPS", "ratio to bf16"),
                     [(r.get("name"), fmt_stat(r.get("ms")) if r.get("ms") else r.get("status", "n/a"),
                       fmt_num(r.get("tflops")), fmt_ratio(r.get("ratio_to_bf16")))
-                     for r in fp8["rows"]]))
+                     for r in fp8["rows"]])
+                + "\n\nOutput against bf16 `attention()`: current scaling relative error "
+                f"{fmt_num(fp8.get('fp8_vs_bf16_rel_err'))}, cosine {_cos(fp8.get('fp8_vs_bf16_cosine'))}; "
+                f"delayed scaling relative error {fmt_num(fp8.get('fp8_delayed_vs_bf16_rel_err'))}, cosine "
+                f"{_cos(fp8.get('fp8_delayed_vs_bf16_cosine'))}.")
     if fp8.get("status"):
         return f"FP8: {fp8.get('status')}"
     return ""

@@ -64,3 +64,9 @@ def cuda_times(torch: Any, fn: Callable[[Any], Any], reps: int, warmup: int,
 def rel_err(a: Any, b: Any) -> float:
     a, b = a.float(), b.float()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def cosine(a: Any, b: Any) -> float:
+    """The cosine similarity of two tensors taken as vectors."""
+    a, b = a.float().flatten(), b.float().flatten()
+    return float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-30))
