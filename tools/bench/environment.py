@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import subprocess
+from pathlib import Path
 from typing import Mapping
 
 from tools.bench.common import ROOT, Partial, first_line
@@ -117,12 +118,17 @@ def _torch_text(res: Mapping) -> str:
 
 
 def _git_rev() -> str:
-    """The checkout's commit: git, else $FUSEDATTN_BENCH_REV (a copy of the tree without .git)."""
+    """$FUSEDATTN_BENCH_REV where set (a copy of the tree, e.g. `git archive`), else the commit of the
+    git checkout whose top level is this tree (not of a checkout it merely sits inside)."""
+    named = os.environ.get("FUSEDATTN_BENCH_REV")
+    if named:
+        return named
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=str(ROOT), timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=str(ROOT), timeout=10)
+        lines = out.stdout.split()
+        if out.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == Path(ROOT).resolve():
+            return lines[1]
     except Exception:  # noqa: BLE001
         pass
-    return os.environ.get("FUSEDATTN_BENCH_REV") or "n/a"
+    return "n/a"
