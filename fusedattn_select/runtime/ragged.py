@@ -82,10 +82,11 @@ def _upload(new: dict[tuple, list[int]], device: torch.device) -> dict[tuple, to
         flat.extend(values)
         flat.extend([0] * (-len(flat) % 4))
     # From pageable memory without waiting: CUDA stages the host values before the call returns and
-    # does not wait for queued work (H100: 26 us a new shape, against 68 us through pinned memory
-    # and 113 us for the few kernels per tensor it replaces; a blocking copy waits for the queue).
+    # does not wait for queued work, where a blocking copy waits for the whole queue. On the H100 a
+    # new shape's tensors take 49 us this way against 145 us by the few kernels per tensor it
+    # replaced (tools/bench_bindings.py, tools/results/bindings-h100.json).
     whole = torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True)
-    return {key: whole[start:start + count].view(count, 1, 1, 1) for key, start, count in spans}
+    return {key: whole.as_strided((count, 1, 1, 1), (1, 1, 1, 1), start) for key, start, count in spans}
 
 
 def caller_lengths(plan: Plan, seqlens: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
