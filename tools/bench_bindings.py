@@ -51,12 +51,15 @@ def _ways(torch: Any, plan: Any, device: Any) -> dict[str, Callable[[Any], Any]]
         return flat + [shape.seqlen_q, shape.seqlen_kv]
 
     def kernels(shape: Any) -> dict:
-        feeds = {}
+        feeds, made = {}, {}
         for name in plan.inputs:
             if name.startswith("ragged_offset_"):
-                (_, slots, step, batch), _ = ragged._offsets(plan, name, shape)
-                offsets = torch.arange(0, slots * step, step, device=device, dtype=torch.int32)
-                feeds[name] = offsets.clamp_(max=batch * step).view(slots, 1, 1, 1)
+                key, _ = ragged._offsets(plan, name, shape)
+                if key not in made:  # tensors of one token stride share their offsets, as before
+                    _, slots, step, batch = key
+                    offsets = torch.arange(0, slots * step, step, device=device, dtype=torch.int32)
+                    made[key] = offsets.clamp_(max=batch * step).view(slots, 1, 1, 1)
+                feeds[name] = made[key]
         for name, length in (("seq_len_q", shape.seqlen_q), ("seq_len_kv", shape.seqlen_kv)):
             lengths = torch.zeros(1, 1, 1, 1, dtype=torch.int32, device=device)
             lengths[:shape.batch] = length

@@ -143,8 +143,11 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if q.is_cuda and alibi is not None and not _standard_alibi(alibi, new.cfg.num_heads_q):
         new.reason = "alibi_slopes differ from the fixed ALiBi slopes cuDNN computes (2^(-8i/H))"
         return new
-    if not (q.is_cuda and _bucketed(new, selector, Shape(qb.shape[0], qb.shape[2], kb.shape[2]), q.device)):
-        if not _select(new, selector):
+    # A call too large for int32 ragged offsets runs, and is answered by, its own (dense) graphs.
+    fits = ragged.offsets_fit(qb, kb, vb)
+    if not (q.is_cuda and fits and _bucketed(new, selector, Shape(qb.shape[0], qb.shape[2], kb.shape[2]),
+                                            q.device)):
+        if not _select(new, selector, dense=not fits):
             return new
         _route_fp8_backward(new, selector, q.dtype)
         if not q.is_cuda:
@@ -346,11 +349,7 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
         log.info("fusedattn_select: bucket plans of %s did not build (%s); dense plans for %s",
                  form.cache_key(), trial.reason, new.cfg.cache_key())
         return False
-    try:
-        fed = ragged.bindings([p for p in (trial.forward, trial.backward) if p is not None], shape, device)
-    except ValueError as err:
-        log.info("fusedattn_select: %s runs dense plans (%s)", new.cfg.cache_key(), err)
-        return False
+    fed = ragged.bindings([p for p in (trial.forward, trial.backward) if p is not None], shape, device)
     trial.ragged_forward, trial.ragged_backward = fed[0], (fed[1] if len(fed) > 1 else None)
     trial.shape_class = new.cfg.shape_class_key()
     trial.class_calls_before = class_calls[trial.shape_class]
@@ -359,10 +358,11 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
     return True
 
 
-def _select(new: Entry, selector: Selector) -> bool:
-    """Select the entry's config (and FP8 output recipes); False, with the reason set, when none runs."""
+def _select(new: Entry, selector: Selector, dense: bool = False) -> bool:
+    """Select the entry's config (and FP8 output recipes; `dense`: by its own graphs, not a shape
+    bucket's); False, with the reason set, when none runs."""
     cfg = new.cfg
-    selection = selector.select(cfg)
+    selection = selector.select_dense(cfg) if dense else selector.select(cfg)
     if cfg.is_fp8 and not selection.selected:
         # FP8 outputs in fp16/bf16 need a newer GPU (cuDNN: Blackwell); try FP8 outputs before
         # giving up, and report every recipe's reasons if none is supported.

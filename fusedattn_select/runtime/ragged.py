@@ -39,6 +39,17 @@ def _offset_tensor_name(offset_name: str) -> str:
     return _AXIS_TENSOR.get(suffix, suffix)
 
 
+# Ragged offsets are int32 element offsets into the caller's tensors.
+_OFFSET_LIMIT = 2 ** 31
+
+
+def offsets_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether every ragged offset of a call (at most the element count of q, k, v and the output,
+    o having q's shape with v's head dim) fits the graphs' int32 offsets."""
+    o_numel = q.numel() // max(q.shape[-1], 1) * v.shape[-1]
+    return max(q.numel(), k.numel(), v.numel(), o_numel) < _OFFSET_LIMIT
+
+
 def _offsets(plan: Plan, offset_name: str, shape: Shape) -> tuple[tuple, list[int]]:
     """(sharing key, the (B+1) element offsets) of the sequences of one tensor of `plan`."""
     tensor = _offset_tensor_name(offset_name)
@@ -76,7 +87,7 @@ def _upload(new: dict[tuple, list[int]], device: torch.device) -> dict[tuple, to
     flat: list[int] = []
     spans = []
     for key, values in new.items():
-        if values and max(values) >= 2 ** 31:
+        if values and max(values) >= _OFFSET_LIMIT:  # callers check offsets_fit first
             raise ValueError(f"a ragged offset of {max(values)} elements does not fit the graph's int32 offsets")
         spans.append((key, len(flat), len(values)))
         flat.extend(values)

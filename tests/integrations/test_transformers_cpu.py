@@ -25,7 +25,7 @@ from transformers import (  # noqa: E402
 
 from fusedattn_select import Backend, ConfigError  # noqa: E402
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
-from fusedattn_select.integrations.transformers import mask_interface, tracing  # noqa: E402
+from fusedattn_select.integrations.transformers import mask_interface, masks, tracing  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import Selector  # noqa: E402
 
@@ -246,15 +246,53 @@ def test_under_tracing_a_sliding_window_is_taken_from_local_size_and_the_config(
 
 
 @mask_protocol_5
-def test_a_static_cache_decode_step_that_forbids_skipping_gets_a_cudnn_mask():
-    # transformers sets allow_is_causal_skip=False for a decode step of a compileable cache; the
-    # step's mask (keys up to the query's position, the empty slots after it) is exact in cuDNN's terms.
-    step = fa_hf.fusedattn_mask(**mask_args(q_length=1, kv_length=16, q_offset=11, allow_is_causal_skip=False))
+def test_a_decode_step_that_forbids_skipping_gets_a_tensor_whose_prefix_is_recognised():
+    # transformers forbids skipping for a static cache's decode step, and models that edit the mask
+    # ask for it the same way: the mask function makes the tensor...
+    args = mask_args(q_length=1, kv_length=16, q_offset=11, allow_is_causal_skip=False)
+    dense = fa_hf.fusedattn_mask(**args)
+    assert isinstance(dense, torch.Tensor) and torch.equal(dense, masking_utils.sdpa_mask(**args))
+    # ...and the attention function runs its one query row over the filled slots, fused.
+    step = masks.one_row_mask(dense, 2, 16)
     assert (step.mask, step.q_length, step.kv_length) == ("padding_causal_bottom_right", 1, 16)
     assert step.seqlens_kv.tolist() == [12, 12] and step.seqlens_q.tolist() == [1, 1]
-    # a prefill that forbids skipping (packed sequences, block masks) stays materialised
-    dense = fa_hf.fusedattn_mask(**mask_args(allow_is_causal_skip=False))
-    assert isinstance(dense, torch.Tensor) and dense.shape == (2, 1, SEQ, SEQ)
+    assert masks.one_row_mask(dense, 2, 16) is step  # every layer of the step: read once
+
+
+def test_one_row_masks_that_are_not_a_prefix_of_the_keys_stay_dense():
+    seen = torch.tensor([[True] * 5 + [False] * 3, [False] * 2 + [True] * 6])  # the second: left padding
+    assert masks.one_row_mask(seen[:, None, None, :], 2, 8) is None
+    assert masks.one_row_mask(torch.zeros(2, 1, 1, 8, dtype=torch.bool), 2, 8) is None  # sees nothing
+    assert masks.one_row_mask(torch.ones(2, 1, 2, 8, dtype=torch.bool), 2, 8) is None   # two query rows
+    low = torch.finfo(torch.float32).min
+    additive = torch.tensor([0.0] * 6 + [low] * 2)[None, None, None, :]
+    step = masks.one_row_mask(additive, 3, 8)  # eager's float mask, one row for the whole batch
+    assert step.seqlens_kv.tolist() == [6, 6, 6]
+    biased = additive.clone()
+    biased[..., 0] = -0.5  # a bias is not a mask: its row is not "seen or not"
+    assert masks.one_row_mask(biased, 3, 8) is None
+
+
+def test_one_row_mask_reads_a_mask_again_after_it_is_edited():
+    mask = torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    assert masks.one_row_mask(mask, 1, 8).seqlens_kv.tolist() == [8]
+    mask[..., 5:] = False
+    assert masks.one_row_mask(mask, 1, 8).seqlens_kv.tolist() == [5]
+
+
+def test_a_model_that_edits_its_mask_generates_as_with_sdpa():
+    # Doge asks create_causal_mask for the tensor (allow_is_causal_skip=False) and reads its dtype.
+    config = transformers.DogeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                                     keep_window_size=8, is_moe=False)
+    torch.manual_seed(0)
+    model = transformers.DogeForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
+    tokens = {}
+    for impl in ("fusedattn", "sdpa"):
+        model.set_attn_implementation(impl)
+        tokens[impl] = model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert torch.equal(tokens["fusedattn"], tokens["sdpa"])
 
 
 @mask_protocol_5

@@ -56,3 +56,13 @@ def test_an_offset_beyond_int32_is_refused():
     plan.specs["q"] = _spec((4, 2, 8, 4), (2 ** 30, 4, 2 ** 28, 1))
     with pytest.raises(ValueError, match="int32"):
         ragged.bindings([plan], ragged.Shape(3, 5, 5), torch.device("cpu"))
+
+
+def test_offsets_fit_counts_every_tensor_the_offsets_address():
+    def meta(*shape):
+        return torch.empty(shape, device="meta")
+
+    assert ragged.offsets_fit(meta(4, 65536, 32, 128), meta(4, 65536, 8, 128), meta(4, 65536, 8, 128))
+    assert not ragged.offsets_fit(meta(4, 65536, 64, 128), meta(4, 65536, 8, 128), meta(4, 65536, 8, 128))
+    # o has q's heads and v's head dim: 2**31 elements here though q has half of that
+    assert not ragged.offsets_fit(meta(4, 65536, 64, 64), meta(4, 65536, 1, 64), meta(4, 65536, 1, 128))

@@ -1,7 +1,9 @@
 """The attention function registered with transformers' `AttentionInterface` as "fusedattn".
 
 For a `CudnnMask` it runs `fusedattn_select.runtime.api.attention` (the fused backend `select()`
-picks, or dispatch's own fallback); for a dense mask it does what attn_implementation="sdpa" does.
+picks, or dispatch's own fallback), and so for a decode step's dense mask that lets its one query
+row see a prefix of the keys (`masks.one_row_mask`); for any other dense mask it does what
+attn_implementation="sdpa" does.
 Attention sinks (gpt-oss `s_aux`) run as softmax="learnable"; logit soft-capping (Gemma 2), which
 cuDNN does not have, runs on the float32 reference with the same mask, logged once.
 transformers passes module, query, key, value and attention_mask by position, the rest by keyword.
@@ -13,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fusedattn_select.integrations.transformers.dependencies import loaded
-from fusedattn_select.integrations.transformers.masks import CudnnMask
-from fusedattn_select.integrations.transformers.tracing import log_once
+from fusedattn_select.integrations.transformers.masks import CudnnMask, one_row_mask
+from fusedattn_select.integrations.transformers.tracing import is_tracing, log_once
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -131,5 +133,10 @@ def fusedattn_attention(
                 f"layer has Sq={query.shape[2]}, Skv={key.shape[2]}"
             )
     else:
-        return _dense_attention(module, query, key, value, attention_mask, options, **kwargs)
+        one_row = None
+        if query.shape[2] == 1 and not is_tracing(attention_mask):
+            one_row = one_row_mask(attention_mask, query.shape[0], key.shape[2])
+        if one_row is None:
+            return _dense_attention(module, query, key, value, attention_mask, options, **kwargs)
+        plan = one_row
     return _fused_attention(query, key, value, plan, options).transpose(1, 2).contiguous(), None

@@ -166,17 +166,18 @@ def fusedattn_mask(
     try:
         tracing = is_tracing(attention_mask)
         pattern = _recognise(mask_function, received["local_size"], received["use_vmap"], received["config"], tracing)
-        if q_length is None:
-            q_length, q_offset = _query_positions(cache_position, tracing)
-        # transformers forbids skipping a causal mask for packed sequences and block masks (their
-        # mask functions are not recognised above either) and for a decode step with a
-        # compileable (static) cache, where a fixed-shape mask tensor only serves torch.compile:
-        # a single query row with a recognised mask function is that case, and a CudnnMask states
-        # its mask exactly (padding of the empty cache slots included).
-        if pattern.causal and not received["allow_is_causal_skip"] and q_length != 1:
-            raise MaskNotExpressible("the model asks for a materialised causal mask (packed sequences or block masks)")
+        # A model may ask for the tensor to edit it (several call create_causal_mask with
+        # allow_is_causal_skip=False themselves), so one is always made here; a decode step's
+        # one-row mask is recognised again in the attention function (masks.one_row_mask).
+        if pattern.causal and not received["allow_is_causal_skip"]:
+            raise MaskNotExpressible(
+                "the model asks for a materialised causal mask (packed sequences, block masks, a mask "
+                "the model edits, or a decode step with a static cache)"
+            )
         if not pattern.causal and not received["allow_is_bidirectional_skip"]:
             raise MaskNotExpressible("the model asks for a materialised bidirectional mask")
+        if q_length is None:
+            q_length, q_offset = _query_positions(cache_position, tracing)
         q_offset, kv_offset = _host_offsets(q_offset, kv_offset, tracing)
         if attention_mask is not None and tracing:
             raise MaskNotExpressible(
@@ -192,7 +193,8 @@ def fusedattn_mask(
     except MaskNotExpressible as why:
         log_once(
             ("mask", str(why)),
-            "fusedattn: %s; this mask is materialised densely and its layers run on torch SDPA", why,
+            "fusedattn: %s; this mask is materialised densely and its layers run on torch SDPA (a single "
+            "query row that sees a prefix of the keys runs fused)", why,
         )
         # Only what the caller passed: the two transformers generations take different arguments.
         return masking_utils.sdpa_mask(**{k: v for k, v in received.items() if v is not None})

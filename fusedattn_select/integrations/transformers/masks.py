@@ -23,6 +23,8 @@ functions that build tensors: `report()` imports this module without torch.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fusedattn_select.errors import FusedAttnSelectError
@@ -215,3 +217,42 @@ def _padded(padding_mask: "Tensor", q_length: int, kv_length: int, q_offset: int
         q_start=q.start if q_shifted else None,
         kv_start=kv.start if kv_shifted else None,
     )
+
+
+# The last dense mask one_row_mask answered, per thread: (a weak reference to it, its version, batch,
+# the answer). Every layer of a decode step gets the same mask tensor, so the step reads it once.
+_last = threading.local()
+
+
+def one_row_mask(mask: "Tensor", batch_size: int, kv_length: int) -> CudnnMask | None:
+    """A decode step's dense mask (one query row) as a CudnnMask when the keys it lets the row see
+    are a non-empty prefix [0, n) in every sequence (what a static cache's step asks for: the filled
+    slots), else None. The mask is (B or 1, 1, 1, Skv), bool (True = seen) or float (0 = seen,
+    -inf or the dtype's lowest = not seen); reading it costs one read back, once per mask tensor."""
+    import torch
+
+    if mask.dim() != 4 or mask.shape[1:] != (1, 1, kv_length) or mask.shape[0] not in (1, batch_size):
+        return None
+    cached = getattr(_last, "entry", None)
+    if cached is not None and cached[0]() is mask and cached[1] == mask._version and cached[2] == batch_size:
+        return cached[3]
+    rows = mask[:, 0, 0, :]
+    if rows.dtype == torch.bool:
+        seen, exact = rows, None
+    elif rows.is_floating_point():
+        seen = rows == 0
+        exact = seen | (rows == float("-inf")) | (rows == torch.finfo(rows.dtype).min)
+    else:
+        return None
+    counts = seen.sum(-1)
+    prefix = torch.arange(kv_length, device=mask.device) < counts[:, None]
+    ok = (seen == prefix).all() & (counts > 0).all()
+    if exact is not None:
+        ok = ok & exact.all()
+    answer = None
+    if bool(ok):
+        lengths = counts.to(torch.int32).expand(batch_size).contiguous()
+        answer = CudnnMask("padding_causal_bottom_right", (-1, -1), 1, kv_length,
+                           seqlens_q=torch.ones_like(lengths), seqlens_kv=lengths)
+    _last.entry = (weakref.ref(mask), mask._version, batch_size, answer)
+    return answer
