@@ -94,7 +94,7 @@ def _upload(new: dict[tuple, list[int]], device: torch.device) -> dict[tuple, to
         flat.extend([0] * (-len(flat) % 4))
     # From pageable memory without waiting: CUDA stages the host values before the call returns and
     # does not wait for queued work, where a blocking copy waits for the whole queue. On the H100 a
-    # new shape's tensors take 49 us this way against 145 us by the few kernels per tensor it
+    # new shape's tensors take 46 us this way against 113 us by the few kernels per tensor it
     # replaced (tools/bench_bindings.py, tools/results/bindings-h100.json).
     whole = torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True)
     return {key: whole.as_strided((count, 1, 1, 1), (1, 1, 1, 1), start) for key, start, count in spans}
