@@ -95,6 +95,14 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
 _NO_INPUTS = OptionalInputs(None, None, None, None, None)
 
 
+def _no_bools(given: tuple) -> bool:
+    """Whether attn_scale, dropout and window_size hold no bool: True == 1 and False == 0.0, so a key
+    holding one would find the entry of the number and skip the check that refuses it."""
+    window = given[2]
+    return (given[3].__class__ is not bool and given[4].__class__ is not bool
+            and (window.__class__ is not tuple or bool not in map(type, window)))
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Optional[str] = None,
               mask: str = "no_mask", window_size: tuple[int, int] = (-1, -1), attn_scale: Optional[float] = None,
               dropout: float = 0.0, bias: Optional[torch.Tensor] = None, alibi_slopes: Optional[torch.Tensor] = None,
@@ -136,8 +144,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     # The hot path: a call with no optional tensors but sequence lengths is found by its arguments
     # as given and its tensors' properties. The key holds every value validation looks at, so
     # validation runs once per call signature; arguments whose type alone is wrong never make a key.
-    if (bias is None and alibi_slopes is None and sink is None
-            and type(fp8) is bool and type(deterministic) is bool and type(return_lse) is bool):
+    if (bias is None and alibi_slopes is None and sink is None and type(fp8) is bool
+            and type(deterministic) is bool and type(return_lse) is bool and _no_bools(given)):
         training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         try:
             call_key = entries.fast_key(q, k, v, given, training, seqlens_q, seqlens_kv)
@@ -196,7 +204,7 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
     """The entry of a call: found by its full key, else decided now (after checking the arguments)."""
     scales = arguments.fp8 if isinstance(arguments.fp8, FP8Scales) else None
     signature = None
-    if type(arguments.deterministic) is bool and type(arguments.return_lse) is bool and (
+    if type(arguments.deterministic) is bool and type(arguments.return_lse) is bool and _no_bools(arguments) and (
             type(arguments.fp8) is bool or isinstance(arguments.fp8, (FP8Scales, FP8History))):
         try:
             signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)

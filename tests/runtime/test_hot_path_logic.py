@@ -208,6 +208,16 @@ def test_calls_with_lengths_take_the_hot_path_and_lengths_of_another_shape_are_s
 
 
 @pytest.mark.usefixtures("no_platform")
+@pytest.mark.parametrize("valid,bad", [({"dropout": 0.0}, {"dropout": False}), ({"attn_scale": 1.0}, {"attn_scale": True}),
+                                       ({"window_size": (1, 0)}, {"window_size": (True, 0)})])
+def test_a_bool_is_refused_after_a_call_with_the_number_it_equals(valid, bad):
+    q, k, v = _qkv(dtype=torch.float32)
+    api.attention(q, k, v, mask="causal", **valid)
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        api.attention(q, k, v, mask="causal", **bad)
+
+
+@pytest.mark.usefixtures("no_platform")
 def test_clear_plans_empties_by_call():
     q, k, v = _qkv(dtype=torch.float32)
     api.attention(q, k, v)
