@@ -243,6 +243,9 @@ def test_under_tracing_a_sliding_window_is_taken_from_local_size_and_the_config(
     chunked_config = types.SimpleNamespace(sliding_window=None, attention_chunk_size=WINDOW)
     with pytest.raises(fa_hf.MaskNotExpressible):
         mask_interface._recognise(sliding, WINDOW, False, chunked_config, tracing=True)
+    no_window_config = types.SimpleNamespace(attention_chunk_size=WINDOW)  # Llama 4's: no sliding_window at all
+    with pytest.raises(fa_hf.MaskNotExpressible):
+        mask_interface._recognise(sliding, WINDOW, False, no_window_config, tracing=True)
 
 
 @mask_protocol_5

@@ -51,7 +51,10 @@ def _recognise(mask_function: Callable, local_size: int | None, use_vmap: bool, 
     # local_size=w. Under torch.compile neither the closure's cells nor string methods on its name
     # can be traced (torch 2.11), so there the guess rests on local_size == config.sliding_window
     # alone; `_confirm` then evaluates the function to check it.
-    sliding_window = getattr(config, "sliding_window", local_size) if config is not None else local_size
+    # Under tracing the window must be the config's own (a chunked-attention config, Llama 4's, has
+    # no sliding_window but passes local_size); eagerly `_confirm` samples the function anyway.
+    default = None if tracing else local_size
+    sliding_window = getattr(config, "sliding_window", default) if config is not None else local_size
     name = "a traced function" if tracing else getattr(mask_function, "__qualname__", type(mask_function).__name__)
     and_mask = tracing or name.endswith("and_masks.<locals>.and_mask")
     if and_mask and local_size is not None and sliding_window == local_size:
