@@ -98,8 +98,8 @@ _NO_INPUTS = OptionalInputs(None, None, None, None, None)
 def _no_bools(given: tuple) -> bool:
     """Whether attn_scale, dropout and window_size hold no bool: True == 1 and False == 0.0, so a key
     holding one would find the entry of the number and skip the check that refuses it."""
-    window = given[2]
-    return (given[3].__class__ is not bool and given[4].__class__ is not bool
+    _, _, window, attn_scale, dropout = given[:5]  # Arguments' order
+    return (attn_scale.__class__ is not bool and dropout.__class__ is not bool
             and (window.__class__ is not tuple or bool not in map(type, window)))
 
 

@@ -242,7 +242,8 @@ def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple
 
 
 def _lengths_signature(t: Optional[torch.Tensor]) -> Any:
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+    """`_signature` and the device: the kernels read the lengths where they are."""
+    return None if t is None else (_signature(t), t.device)
 
 
 def remember_call(call_key: tuple, found: Entry) -> None:
