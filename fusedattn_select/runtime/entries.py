@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -18,7 +19,7 @@ import torch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.result import Selection
-from fusedattn_select.runtime import fallback_log, plans, ragged
+from fusedattn_select.runtime import dense_builds, fallback_log, plans, ragged
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
@@ -31,7 +32,6 @@ from fusedattn_select.selection import fp8_speed
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.single_flight import OncePerKey
-from fusedattn_select.types import Backend, Phase
 
 log = logging.getLogger("fusedattn_select")
 
@@ -60,7 +60,8 @@ class Entry:
     calls: int = 0                       # bucket plans only: calls so far (see count_call)
     shape_class: str = ""                # bucket plans only: the call's problem class
     class_calls_before: int = 0          # bucket plans only: its class's calls before this entry's first
-    promotion: str = ""                  # "" = not tried; "dense" = promoted; else why it stays
+    promotion: str = ""                  # "" = not tried; "pending" (a worker builds); "dense"; else why not
+    pending: Optional[Future] = None     # bucket plans only: the worker's job building the dense plans
     # Dense plans only: how the lean hot path binds a call's tensors (None: the general path).
     lean: Optional[Lean] = None
 
@@ -282,6 +283,8 @@ def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     """Count a fused call of `found`; the entry to run it with: its dense successor once a bucketed
     signature is steady (see DEFAULT_DENSE_AFTER) and its own graphs are selected and built."""
     if not found.bucketed or found.promotion:
+        if found.pending is not None and found.pending.done():
+            return promote(found, q, k, v)
         return found
     # Benign races under threads: the counts decide when, and promotion happens once either way.
     found.calls += 1
@@ -295,15 +298,26 @@ def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
 
 def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
     """Replace a bucketed entry by one running its shape's own plans (once; the bucket entry stays
-    where the dense graphs are rejected or fail to build, with the reason in `promotion`)."""
-    if q.is_cuda and _capturing():  # building is unsafe under CUDA-graph capture: later
+    where the dense graphs are rejected or fail to build, with the reason in `promotion`). Where a
+    worker process can build them (dense_builds), the first call asks it and returns `old`; a call
+    after the worker is done reads its answer and loads its plans."""
+    if q.is_cuda and _capturing():  # building or loading is unsafe under CUDA-graph capture: later
         return old
     with _table_lock:
-        if old.promotion:
+        if old.promotion not in ("", "pending") or (old.pending is not None and not old.pending.done()):
             return old
-        old.promotion = "trying"
+        asked, old.promotion = old.pending, "trying"
     selector = default_selector()
     cfg = old.call_cfg
+    where = dense_builds.in_background(selector) if asked is None else None
+    if where is not None:
+        old.pending, old.promotion = dense_builds.submit(cfg, old.opts.return_lse, where), "pending"
+        return old
+    old.pending = None
+    worker_error = asked.exception() if asked is not None else None
+    if worker_error is not None:  # the worker died: nothing about this problem; built here instead
+        log.warning("fusedattn_select: the worker building %s's own plans failed (%s: %s); building them here",
+                    cfg.cache_key(), type(worker_error).__name__, worker_error)
     started = time.perf_counter()
     selection = selector.select_dense(cfg)
     dense = dataclasses.replace(old, cfg=cfg, selection=selection, call_cfg=None, forward=None, backward=None,
@@ -327,8 +341,9 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
             entries.replace(signature, dense)
         old.promotion = "dense"
     counters["promotions"] += 1
-    log.info("fusedattn_select: %s ran %d calls on bucket plans; its own plans run it now (%.0f ms to obtain)",
-             cfg.cache_key(), old.calls, (time.perf_counter() - started) * 1e3)
+    log.info("fusedattn_select: %s ran %d calls on bucket plans; its own plans run it now (%.0f ms to obtain%s)",
+             cfg.cache_key(), old.calls, (time.perf_counter() - started) * 1e3,
+             "" if asked is None else " from the store: the worker process built them")
     return dense
 
 
@@ -411,14 +426,7 @@ def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype
 
 def _build_plans(new: Entry, selector: Selector, device: torch.device) -> None:
     cfg = new.cfg
-    backend = new.selection.backend
-    # An inference call that wants the log-sum-exp needs the forward graph that writes the softmax
-    # stats, which is the training forward graph.
-    forward_cfg = cfg.replace(is_training=True) if new.opts.return_lse and not cfg.is_training else cfg
-    wanted = [(forward_cfg, backend, Phase.FORWARD)]
-    if cfg.is_training:
-        wanted.append((new.backward_cfg, Backend.F16, Phase.BACKWARD) if new.f16_backward
-                      else (cfg, backend, Phase.BACKWARD))
+    wanted = dense_builds.plan_phases(cfg, new.selection.backend, new.opts.return_lse, new.backward_cfg)
     try:
         built = [plans.obtain_plan(c, b, phase, device, selector=selector) for c, b, phase in wanted]
     except plans.PlanBuildError as err:
@@ -426,7 +434,7 @@ def _build_plans(new: Entry, selector: Selector, device: torch.device) -> None:
         new.reason = err.verdict.reason()
         return
     except ImportError as err:  # cudnn-frontend missing while a snapshot engine selected a backend
-        new.reason = f"{backend.value} was selected but cuDNN cannot run here: {err}"
+        new.reason = f"{new.selection.backend.value} was selected but cuDNN cannot run here: {err}"
         return
     new.forward = built[0]
     new.backward = built[1] if len(built) > 1 else None

@@ -157,7 +157,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     problems, duplicates = distinct_problems(configs)
     if selector is None:
         selector = default_selector()
-    plans, plan_note = _plan_target(selector, probe_depth)
+    plans, plan_note = plan_target(selector, probe_depth)
     if plan_note and problems and probe_depth is ProbeDepth.FULL:
         log.info("fusedattn_select: warmup builds no execution plans: %s", plan_note)
     use_processes = _use_processes(workers_kind, selector, plans, workers, len(problems))
@@ -226,20 +226,27 @@ def _executor(processes: bool, workers: int) -> Executor:
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
-_worker_selector: Selector | None = None
+_worker_selectors: dict[tuple[str, int], Selector] = {}
+
+
+def worker_selector(store_dir: str, device: int) -> Selector:
+    """The selector of a worker process: its own live engine on `device`, the caller's persistent store."""
+    selector = _worker_selectors.get((store_dir, device))
+    if selector is None:
+        # Imported here: only a worker process runs the live engine, which needs cuDNN.
+        from fusedattn_select.probing.cudnn.engine import CudnnEngine
+
+        selector = _worker_selectors[(store_dir, device)] = Selector(CudnnEngine(device),
+                                                                     store=PersistentStore(store_dir))
+    return selector
 
 
 def _warm_in_worker(name: str, config: dict, key: str, depth: str, store_dir: str, device: int) -> "WarmupRow":
     """Warm one problem in a worker process: its own live engine, the caller's persistent store."""
-    global _worker_selector
-    if _worker_selector is None:
-        # Imported here: only a worker process runs the live engine, which needs cuDNN.
-        from fusedattn_select.probing.cudnn.engine import CudnnEngine
-
-        _worker_selector = Selector(CudnnEngine(device), store=PersistentStore(store_dir))
+    selector = worker_selector(store_dir, device)
     probe_depth = ProbeDepth.parse(depth)
-    plans, _ = _plan_target(_worker_selector, probe_depth)
-    return _warm_one(_worker_selector, name, AttnConfig.from_dict(config), key, probe_depth, plans)
+    plans, _ = plan_target(selector, probe_depth)
+    return _warm_one(selector, name, AttnConfig.from_dict(config), key, probe_depth, plans)
 
 
 def _jobs(jobs: int | None) -> int:
@@ -291,7 +298,7 @@ def describe(cfg: AttnConfig) -> str:
     )
 
 
-def _plan_target(selector: Selector, depth: ProbeDepth) -> tuple[tuple | None, str]:
+def plan_target(selector: Selector, depth: ProbeDepth) -> tuple[tuple | None, str]:
     """((store, fingerprint, device) to build plans for, "") or (None, why no plans are built)."""
     if depth is not ProbeDepth.FULL:
         return None, "depth fast builds nothing"

@@ -4,9 +4,12 @@ reference forward and backward in every layout, under CUDA-graph capture too."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
+from fusedattn_select.runtime import dense_builds  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD  # noqa: E402
@@ -44,6 +47,9 @@ def _entry_of_last_call():
 def dense_after(monkeypatch):
     def set_to(n):
         monkeypatch.setattr(dispatch_entries, "dense_after", n)
+    # The tests below check what a promotion does, made at the call that decides it; the worker
+    # process (the default) is tested on its own at the end.
+    monkeypatch.setattr(dense_builds, "configured", "inline")
     clear_plans()
     yield set_to
     clear_plans()
@@ -172,3 +178,32 @@ def test_the_direct_launch_gives_the_public_executes_result(dense_after):
         plan._direct = None  # the public execute from here on
         public = attention(q, k, v, mask="causal")
     assert torch.equal(direct, public)
+
+
+def test_a_worker_process_builds_the_dense_plans_while_the_caller_runs_its_bucket_plans(dense_after, monkeypatch):
+    dense_after(3)
+    monkeypatch.setattr(dense_builds, "configured", "process")
+    q, k, v = _tensors("bshd", s=112)
+    grad = torch.randn(q.shape, device=CUDA, dtype=torch.bfloat16)
+    want, want_grads = _reference(q, k, v, "bshd", grad, mask="causal")
+    outs = [attention(q, k, v, mask="causal")]  # builds the bucket plans
+    builds, loads = dispatch_info()["plan_builds"], dispatch_info()["plan_loads"]
+    outs += [attention(q, k, v, mask="causal") for _ in range(2)]
+    bucket_entry = _entry_of_last_call()
+    assert bucket_entry.bucketed and bucket_entry.promotion == "pending" and bucket_entry.pending is not None
+    deadline = time.monotonic() + 240  # the first job starts the worker: imports, CUDA context, cuDNN
+    while _entry_of_last_call().bucketed and time.monotonic() < deadline:
+        outs.append(attention(q, k, v, mask="causal"))  # never waits: bucket plans until the plans are stored
+        time.sleep(0.05)
+    entry = _entry_of_last_call()
+    assert not entry.bucketed and entry.lean and entry.promotion == "dense", bucket_entry.promotion
+    assert bucket_entry.pending is None and bucket_entry.promotion == "dense"
+    assert dispatch_info()["plan_builds"] == builds, "the dense plans were built in this process"
+    assert dispatch_info()["plan_loads"] - loads == 2  # forward and backward
+    outs.append(attention(q, k, v, mask="causal"))
+    for out in (outs[0], outs[-2], outs[-1]):  # bucket plans, the promoting call, the dense plans
+        q.grad = k.grad = v.grad = None
+        out.backward(grad)
+        assert_close(out, want, TOL_OUT, "out")
+        for name, got, expected in zip("qkv", (q.grad, k.grad, v.grad), want_grads):
+            assert_close(got, expected, TOL_GRAD, "d" + name)

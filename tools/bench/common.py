@@ -252,3 +252,20 @@ def time_calls(fn: Callable[[], Any], calls: int, batches: int) -> list[float]:
 
 def past(deadline: float | None, margin: float = 0.0) -> bool:
     return deadline is not None and time.time() + margin > deadline
+
+
+def steady_plans(call: Callable[[], Any], timeout_s: float = 240.0) -> str:
+    """Call `call` (one attention() use of one shape) until its signature runs its own plans, as a
+    shape repeated for long does: its `dense_after` calls, then until the worker process has stored
+    them; "dense", or "bucket" when they did not come (rejected, or not within `timeout_s`)."""
+    from fusedattn_select.runtime import entries
+
+    for _ in range(entries.dense_after + 1):
+        call()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        last = list(entries.by_call.values())[-1]
+        if not last.bucketed or last.promotion not in ("pending", "trying") or time.monotonic() > deadline:
+            return "bucket" if last.bucketed else "dense"
+        time.sleep(0.05)
+        call()

@@ -11,7 +11,17 @@ import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
-from tools.bench.common import RESULT_STATUS_OK, Partial, error_status, first_line, log, ratio, settle, summarize
+from tools.bench.common import (
+    RESULT_STATUS_OK,
+    Partial,
+    error_status,
+    first_line,
+    log,
+    ratio,
+    settle,
+    steady_plans,
+    summarize,
+)
 from tools.bench.raw_graph import RawGraph
 from tools.bench.tensors import cuda_times, rel_err, to_bhsd
 
@@ -203,12 +213,9 @@ def _steady_shape(torch: Any, row: dict, args: Mapping, flash: dict) -> None:
     after = dispatch_info()
     row["attention_plan_builds"] = after.get("plan_builds", 0) - before.get("plan_builds", 0)
     row["attention_fused"] = after.get("fallback_calls", 0) == before.get("fallback_calls", 0)
-    # A repeated shape gets its own plans at its dense_after-th call: time the steady state.
-    from fusedattn_select.runtime import entries
-
-    for _ in range(entries.dense_after):
-        att(*tensors)
-    row["attention_plan"] = "bucket" if list(entries.by_call.values())[-1].bucketed else "dense"
+    # A repeated shape gets its own plans (built by a worker process after its dense_after-th call):
+    # time the steady state.
+    row["attention_plan"] = steady_plans(lambda: att(*tensors))
     row["impls"][ATTENTION] = _timed(torch, lambda _: att(*tensors), reps, warm)
     row["impls"][RAW_DENSE] = _raw_dense(torch, row, tensors, out_att, (reps, warm))
     if "step" not in flash:

@@ -1,0 +1,76 @@
+"""runtime/dense_builds.py on CPU: the FUSEDATTN_SELECT_DENSE_BUILDS setting, the plans a selected
+problem needs, where a process can hand plans over to a worker, and how count_call treats a bucketed
+entry whose dense plans a worker is building (the worker itself runs on the GPU: tests/gpu/test_hot_path.py)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.runtime import dense_builds, entries
+from fusedattn_select.runtime.options import CallOptions
+from fusedattn_select.selection.selector import Selector
+from fusedattn_select.store import MemoryStore, PersistentStore
+from fusedattn_select.types import Backend, Phase
+
+CFG = AttnConfig(batch_size=2, num_heads_q=8, num_heads_kv=2, seqlen_q=300, seqlen_kv=300, head_dim_qk=64,
+                 qkv_dtype="bf16", mask="causal", is_training=True)
+
+
+@pytest.mark.parametrize("value,expected", [("", "process"), ("process", "process"), ("inline", "inline")])
+def test_the_mode_reads_the_environment(monkeypatch, value, expected):
+    monkeypatch.setenv(dense_builds.ENV_VAR, value)
+    assert dense_builds.mode() == expected
+
+
+@pytest.mark.parametrize("value", ["thread", "Process", "0"])
+def test_another_mode_is_refused_naming_the_variable_and_the_choices(monkeypatch, value):
+    monkeypatch.setenv(dense_builds.ENV_VAR, value)
+    with pytest.raises(ConfigError, match="'process', 'inline'") as err:
+        dense_builds.mode()
+    assert err.value.field == dense_builds.ENV_VAR
+
+
+def test_training_needs_a_forward_and_a_backward_plan():
+    assert dense_builds.plan_phases(CFG, Backend.F16, False) == [(CFG, Backend.F16, Phase.FORWARD),
+                                                                  (CFG, Backend.F16, Phase.BACKWARD)]
+
+
+def test_inference_wanting_the_lse_runs_the_training_forward_only():
+    infer = CFG.replace(is_training=False)
+    assert dense_builds.plan_phases(infer, Backend.F16, False) == [(infer, Backend.F16, Phase.FORWARD)]
+    assert dense_builds.plan_phases(infer, Backend.F16, True) == [(CFG, Backend.F16, Phase.FORWARD)]
+
+
+def test_an_fp8_training_routed_to_an_f16_backward_builds_that_backward():
+    fp8 = CFG.replace(qkv_dtype="fp8_e4m3")
+    got = dense_builds.plan_phases(fp8, Backend.FP8, False, backward_cfg=CFG)
+    assert got == [(fp8, Backend.FP8, Phase.FORWARD), (CFG, Backend.F16, Phase.BACKWARD)]
+
+
+def test_no_worker_without_a_live_engine_a_persistent_store_or_with_inline(monkeypatch, tmp_path, recording_engine):
+    monkeypatch.setattr(dense_builds, "configured", "process")
+    # The test double is not live cuDNN on a CUDA device: nothing a worker could build for.
+    assert dense_builds.in_background(Selector(recording_engine, store=PersistentStore(tmp_path))) is None
+    assert dense_builds.in_background(Selector(recording_engine, store=MemoryStore())) is None
+    monkeypatch.setattr(dense_builds, "configured", "inline")
+    assert dense_builds.in_background(Selector(recording_engine, store=PersistentStore(tmp_path))) is None
+
+
+def _options() -> CallOptions:
+    return CallOptions("bshd", "no_mask", (-1, -1), None, 0.0, "vanilla", False, False, "", False, False,
+                       False, False)
+
+
+def test_an_entry_whose_worker_is_busy_runs_its_bucket_plans_without_counting():
+    q = k = v = torch.empty(1, 4, 1, 8)
+    busy: Future = Future()
+    found = entries.Entry(_options(), ragged_forward={}, promotion="pending", pending=busy)
+    for _ in range(5):
+        assert entries.count_call(found, q, k, v) is found
+    assert found.calls == 0 and found.promotion == "pending" and found.pending is busy
