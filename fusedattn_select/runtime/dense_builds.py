@@ -18,17 +18,19 @@ GPU memory) and lives as long as the process.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
-import multiprocessing
 import os
+import subprocess
+import sys
 import threading
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from typing import Optional
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.selection.selector import Selector
-from fusedattn_select.selection.warmup import plan_target, worker_selector
+from fusedattn_select.selection.warmup import plan_target
 from fusedattn_select.types import Backend, Phase, ProbeDepth
 
 log = logging.getLogger("fusedattn_select")
@@ -75,43 +77,73 @@ def in_background(selector: Selector) -> Optional[tuple[str, int]]:
     return str(store.directory), int(device)
 
 
+class _Worker:
+    """The worker process (`python -m fusedattn_select.runtime.dense_worker`) and its jobs: one JSON
+    line per job on its stdin, one per answer on its stdout. A plain subprocess, not multiprocessing:
+    a spawned multiprocessing child imports the caller's main module again, which runs a script
+    without an `if __name__ == "__main__"` guard a second time."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # what this process imports
+        self.process = subprocess.Popen([sys.executable, "-m", "fusedattn_select.runtime.dense_worker"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                                        bufsize=1)
+        self.jobs: dict[int, Future] = {}
+        self.next_id = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._answers, name="fusedattn-dense-builds", daemon=True).start()
+
+    def submit(self, job: dict) -> Future:
+        future: Future = Future()
+        with self.lock:
+            self.next_id += 1
+            self.jobs[self.next_id] = future
+            try:
+                self.process.stdin.write(json.dumps(dict(job, id=self.next_id)) + "\n")
+                self.process.stdin.flush()
+            except OSError as err:
+                self.jobs.pop(self.next_id)
+                future.set_exception(err)
+        return future
+
+    def _answers(self) -> None:
+        for line in self.process.stdout:
+            answer = json.loads(line)
+            with self.lock:
+                future = self.jobs.pop(answer["id"], None)
+            if future is None:
+                continue
+            if "error" in answer:
+                future.set_exception(RuntimeError(answer["error"]))
+            else:
+                future.set_result(answer["result"])
+        code = self.process.wait()
+        with self.lock:
+            left, self.jobs = list(self.jobs.values()), {}
+        for future in left:
+            future.set_exception(RuntimeError(f"the worker process exited with code {code}"))
+
+    def close(self) -> None:
+        """End the worker: it finishes the job it is on and exits at the end of its input."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+
+
 _lock = threading.Lock()
-_pool: Optional[ProcessPoolExecutor] = None
+_worker: Optional[_Worker] = None
 
 
 def submit(cfg: AttnConfig, return_lse: bool, where: tuple[str, int]) -> Future:
     """Select `cfg`'s own graphs and build their plans into the store, in the worker process; the
-    future's result is "" when the plans are stored, else why not (the answer or the build failure)."""
-    global _pool
+    future's result is "" when the plans are stored, else why not (the answer or the build failure);
+    its exception says the worker failed (it died, or could not start)."""
+    global _worker
     with _lock:
-        if _pool is None:
-            # spawn, not fork: a forked child of a process that initialised CUDA cannot use the GPU.
-            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            atexit.register(_shutdown)
-        pool = _pool
-    return pool.submit(_build_in_worker, cfg.to_dict(), return_lse, where[0], where[1])
-
-
-def _shutdown() -> None:
-    if _pool is not None:
-        _pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _build_in_worker(config: dict, return_lse: bool, store_dir: str, device: int) -> str:
-    """In the worker: the dense answer of `config` (stored), then its plans (stored); "" or why not."""
-    import torch
-
-    from fusedattn_select.runtime import plans
-
-    selector = worker_selector(store_dir, device)
-    cfg = AttnConfig.from_dict(config)
-    selection = selector.select_dense(cfg)
-    if not selection.selected:
-        return selection.message
-    for plan_cfg, backend, phase in plan_phases(cfg, selection.backend, return_lse):
-        try:
-            plans.obtain_plan(plan_cfg, backend, phase, torch.device("cuda", device), selector=selector)
-        except plans.PlanBuildError as err:
-            selector.record_build_failure(cfg, err.verdict)
-            return err.verdict.reason()
-    return ""
+        if _worker is None or _worker.process.poll() is not None:
+            _worker = _Worker()
+            atexit.register(_worker.close)
+        worker = _worker
+    return worker.submit({"config": cfg.to_dict(), "return_lse": return_lse, "store_dir": where[0],
+                          "device": where[1]})

@@ -74,3 +74,39 @@ def test_an_entry_whose_worker_is_busy_runs_its_bucket_plans_without_counting():
     for _ in range(5):
         assert entries.count_call(found, q, k, v) is found
     assert found.calls == 0 and found.promotion == "pending" and found.pending is busy
+
+
+# ----- the worker process: its protocol, on a machine where it cannot build ----------------------------
+@pytest.fixture
+def fresh_worker(monkeypatch):
+    try:
+        import cudnn  # noqa: F401
+        pytest.skip("cuDNN frontend installed: the worker would build (tests/gpu/test_hot_path.py)")
+    except ImportError:
+        pass
+    monkeypatch.setattr(dense_builds, "_worker", None)
+    yield
+    if dense_builds._worker is not None:
+        dense_builds._worker.close()
+        dense_builds._worker.process.wait(timeout=60)
+
+
+def test_a_job_the_worker_cannot_do_fails_its_future_with_the_workers_error(fresh_worker, tmp_path):
+    future = dense_builds.submit(CFG, False, (str(tmp_path), 0))
+    err = future.exception(timeout=120)
+    assert isinstance(err, RuntimeError) and "cudnn-frontend is not installed" in err.args[0]
+    again = dense_builds.submit(CFG, False, (str(tmp_path), 0))  # the same worker answers the next job
+    assert isinstance(again.exception(timeout=120), RuntimeError)
+    assert dense_builds._worker.process.poll() is None
+
+
+def test_a_worker_that_dies_fails_its_pending_jobs_and_the_next_job_starts_another(fresh_worker, tmp_path):
+    future = dense_builds.submit(CFG, False, (str(tmp_path), 0))
+    first = dense_builds._worker
+    first.process.kill()
+    err = future.exception(timeout=120)
+    if "exited with code" not in str(err):  # it answered before it was killed
+        assert "cudnn-frontend is not installed" in str(err)
+    first.process.wait(timeout=60)
+    dense_builds.submit(CFG, False, (str(tmp_path), 0)).exception(timeout=120)
+    assert dense_builds._worker is not first
