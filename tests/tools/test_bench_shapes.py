@@ -23,7 +23,7 @@ def test_plan_has_the_issue_shapes_and_quick_shrinks():
     assert full["generate"]["impls"] == ["fusedattn", "sdpa", "sdpa+flash"]
     assert full["generate"]["caches"] == ["dynamic", "static"]
     assert (full["generate"]["prompt"], full["generate"]["new_tokens"]) == (200, 32)
-    assert full["finetune"]["impls"] == ["fusedattn", "sdpa+flash", "sdpa+cudnn"]
+    assert full["finetune"]["impls"] == ["fusedattn", "sdpa+flash", "sdpa+cudnn", "no-attention"]
     assert (full["finetune"]["layers"], full["finetune"]["batch"], full["finetune"]["steps"]) == (4, 4, 10)
     assert full["finetune"]["lengths"] == [300, 1100]
     n = lambda p: len(p["steady"]["batches"]) * len(p["steady"]["seqlens"])  # noqa: E731
@@ -109,8 +109,8 @@ def test_run_gives_each_part_a_cumulative_deadline_and_evaluates_targets():
     assert out["status"] == "ok"
     assert out["parts"]["steady"]["wall_s"] == 1.5 and "_wall_s" not in out["parts"]["steady"]
     assert [(t["part"], t["met"]) for t in out["targets"]] == [
-        ("A", True), ("A", False), ("A", None), ("B", True), ("B", False), ("B", None), ("C", True), ("C", None),
-        ("D", True), ("D", False)]
+        ("A", True), ("A", False), ("A", None), ("B", True), ("B", False), ("B", None), ("B", True), ("B", True),
+        ("B", None), ("C", True), ("C", None), ("D", True), ("D", False), ("D", True), ("D", True)]
 
 
 def test_run_reports_failed_parts_and_unmeasured_targets():
@@ -122,7 +122,7 @@ def test_run_reports_failed_parts_and_unmeasured_targets():
     assert runner.calls[1][1]["reps"] == shapes.shapes_plan(True)["steady"]["reps"]
     assert {t["part"] for t in out["targets"]} == {"A", "D"}  # parts without rows have no targets
     d = [t for t in out["targets"] if t["part"] == "D"]
-    assert [(t["met"], t["why"]) for t in d] == [(None, "fusedattn: failed: RuntimeError: boom")] * 2
+    assert [(t["met"], t["why"]) for t in d] == [(None, "fusedattn: failed: RuntimeError: boom")] * 4
 
 
 # ----- targets -----------------------------------------------------------------------------------
@@ -147,8 +147,9 @@ def _steady_part() -> dict:
     def row(b, s, att, dense):
         return {"batch": b, "seqlen": s, "bucket": [b, 512], "status": "ok", "check_rel_err": 0.002,
                 "attention_over_dense": att / dense, "attention_over_flash": att / 2.0,
-                "impls": {sa.ATTENTION: {"status": "ok", "fwd_bwd_ms": ms(att)},
-                          sa.RAW_DENSE: {"status": "ok", "fwd_bwd_ms": ms(dense)},
+                "attention_over_dense_kernels": 1.0,
+                "impls": {sa.ATTENTION: {"status": "ok", "fwd_bwd_ms": ms(att), "kernel_ms": 0.5},
+                          sa.RAW_DENSE: {"status": "ok", "fwd_bwd_ms": ms(dense), "kernel_ms": 0.5},
                           sa.SDPA_FLASH: {"status": "ok", "fwd_bwd_ms": ms(2.0)}}}
 
     failed = {"batch": 4, "seqlen": 4096, "bucket": [4, 4096], "status": "ok", "attention_over_dense": None,
@@ -172,13 +173,13 @@ def _generate_part() -> dict:
 
 
 def _finetune_part() -> dict:
-    def run(impl, total):
+    def run(impl, total, second=None):
         return {"impl": impl, "status": "ok", "total_ms": total, "per_step_ms": common.summarize([total / 10] * 10),
-                "losses": [10.4, 10.3]}
+                "losses": [10.4, 10.3], "second_total_ms": second if second is not None else total}
 
     return {"status": "ok", "model": "llama-small 4 layers", "batch": 4, "step_lengths": [300, 1100],
-            "warm_length": 200, "runs": [run(hf.FUSEDATTN, 900.0), run(hf.SDPA_FLASH, 1000.0),
-                                         run(hf.SDPA_CUDNN, 1200.0)]}
+            "warm_length": 200, "runs": [run(hf.FUSEDATTN, 900.0, 500.0), run(hf.SDPA_FLASH, 1000.0),
+                                         run(hf.SDPA_CUDNN, 1200.0), run(hf.NO_ATTENTION, 400.0)]}
 
 
 def test_first_call_target_is_time_and_builds():
@@ -204,9 +205,11 @@ def test_a_fallback_misses_the_first_call_target():
 
 def test_steady_target_is_98_percent_of_dense_speed():
     t = shapes.steady_targets(_steady_part()["rows"])
-    assert [x["met"] for x in t] == [True, False, None]  # 1.02x time is within 1/0.98; 1.03x is not
+    # 1.02x time is within 1/0.98; 1.03x is not; then the same shapes by their kernels' time
+    assert [x["met"] for x in t] == [True, False, None, True, True, None]
     assert t[0]["figure"] == "1.020x time (0.980x speed)"
-    assert t[2]["why"] == "failed: CudnnError: no engine"
+    assert t[2]["why"] == t[5]["why"] == "failed: CudnnError: no engine"
+    assert (t[3]["item"], t[3]["figure"]) == ("b1 s512 (GPU kernels)", "1.000x time (1.000x speed)")
 
 
 def test_generate_target_is_95_percent_of_flash_and_names_a_missing_flash():
@@ -223,7 +226,8 @@ def test_generate_target_is_95_percent_of_flash_and_names_a_missing_flash():
 def test_finetune_targets_against_flash_and_cudnn():
     t = shapes.finetune_targets(_finetune_part()["runs"])
     assert [(x["item"], x["figure"], x["met"]) for x in t] == [
-        ("total vs sdpa+flash", "0.900x", True), ("total vs sdpa+cudnn", "0.750x", False)]
+        ("total vs sdpa+flash", "0.900x", True), ("total vs sdpa+cudnn", "0.750x", False),
+        ("total vs sdpa+flash (second pass)", "0.500x", True), ("total vs sdpa+cudnn (second pass)", "0.417x", True)]
     runs = _finetune_part()["runs"][:2] + [{"impl": hf.SDPA_CUDNN, "status": "failed: RuntimeError: x"}]
     assert shapes.finetune_targets(runs)[1] == shapes.target(
         "D", "total vs sdpa+cudnn", "n/a", "fusedattn / sdpa+cudnn total time <= 0.7", None, "failed: RuntimeError: x")
@@ -242,7 +246,7 @@ def test_render_shows_figures_targets_and_verdicts():
     md = shapes.render(_section())
     for needle in (
         "Measured on NVIDIA H100 80GB HBM3: torch 2.11.0+cu130", "cudnn-frontend 1.32.0", "transformers 4.57.0",
-        "Targets: 4 met, 3 MISSED, 3 not measured.",
+        "Targets: 8 met, 3 MISSED, 4 not measured.",
         "| A | b2 s1000 | 2.00 ms, 0 builds | <= 2.00 ms and 0 plan builds | met |",
         "| A | b2 s1100 | 1.00 ms, 2 builds | <= 2.00 ms and 0 plan builds | MISSED |",
         "| B | b2 s512 | 1.030x time (0.971x speed) | time / dense <= 1.0204 (speed >= 0.98x dense) | MISSED |",
@@ -253,7 +257,7 @@ def test_render_shows_figures_targets_and_verdicts():
         "torch SDPA CUDNN_ATTENTION: K/V repeated to 32 heads",
         "| b2 s1000 | 2x1024 | 2.00 (again 0.5) | 0 | 0 | 150 | failed: RuntimeError: no kernel | attention() |",
         "| b4 s777 | 4x1024 | skipped: time budget |",
-        "| b1 s512 | 1x512 | 1.02 [1.02–1.02] | 1.00 [1.00–1.00] | 2.00 [2.00–2.00] | 1.02x | 0.98x | 0.51x | 0.002 |",
+        "| b1 s512 | 1x512 | 1.02 [1.02–1.02] | 1.00 [1.00–1.00] | 2.00 [2.00–2.00] | 1.02x | 0.98x | 0.51x | 0.5 | 0.5 | 1.00x | 0.002 |",
         "failed: CudnnError: no engine",
         "Logits over 208 tokens, fusedattn vs sdpa: max abs diff 0.0312 (max |logit| 4.50), argmax agreement 99.5%",
         "| dynamic | fusedattn | 96.0 (96.0–96.0) | 0.96x | 100/0/0 |",

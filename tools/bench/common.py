@@ -269,3 +269,11 @@ def steady_plans(call: Callable[[], Any], timeout_s: float = 240.0) -> str:
             return "bucket" if last.bucketed else "dense"
         time.sleep(0.05)
         call()
+
+
+def rotated(items: Sequence[Any], shift: int) -> list[Any]:
+    """`items` rotated left by `shift` (which implementation goes first changes from shape to shape)."""
+    if not items:
+        return []
+    shift %= len(items)
+    return list(items[shift:]) + list(items[:shift])

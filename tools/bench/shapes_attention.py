@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from tools.bench.common import (
     RESULT_STATUS_OK,
@@ -18,12 +18,13 @@ from tools.bench.common import (
     first_line,
     log,
     ratio,
+    rotated,
     settle,
     steady_plans,
     summarize,
 )
 from tools.bench.raw_graph import RawGraph
-from tools.bench.tensors import cuda_times, rel_err, to_bhsd
+from tools.bench.tensors import cuda_times, kernel_ms, rel_err, to_bhsd
 
 HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 ATTENTION = "attention()"
@@ -36,14 +37,6 @@ Step = Callable[[Any, Any, Any, Any], Any]
 
 def problem_text() -> str:
     return f"h{HEADS_Q}/{HEADS_KV} d{HEAD_DIM} causal bf16, bshd tensors"
-
-
-def rotated(items: Sequence[Any], shift: int) -> list[Any]:
-    """`items` rotated left by `shift` (which implementation goes first changes from shape to shape)."""
-    if not items:
-        return []
-    shift %= len(items)
-    return list(items[shift:]) + list(items[:shift])
 
 
 def _tensors(torch: Any, batch: int, seqlen: int) -> tuple:
@@ -227,6 +220,18 @@ def _steady_shape(torch: Any, row: dict, args: Mapping, flash: dict) -> None:
         row["impls"][SDPA_FLASH] = {"status": flash["status"]}
     else:
         row["impls"][SDPA_FLASH] = _timed(torch, lambda _: flash["step"](*tensors), reps, warm, flash["note"])
+    for name in (ATTENTION, RAW_DENSE):
+        timed = row["impls"][name]
+        if timed.get("status") == RESULT_STATUS_OK:
+            fn = (lambda _: att(*tensors)) if name == ATTENTION else timed.pop("_call")
+            try:
+                timed["kernel_ms"] = kernel_ms(torch, fn, reps)
+            except Exception as err:  # noqa: BLE001
+                log(traceback.format_exc())
+                timed["kernel_status"] = error_status(err)
+        timed.pop("_call", None)
+    row["attention_over_dense_kernels"] = ratio(row["impls"][ATTENTION].get("kernel_ms"),
+                                                row["impls"][RAW_DENSE].get("kernel_ms"))
     base = row["impls"][ATTENTION].get("fwd_bwd_ms")
     row["attention_over_dense"] = ratio(base, row["impls"][RAW_DENSE].get("fwd_bwd_ms"))
     row["attention_over_flash"] = ratio(base, row["impls"][SDPA_FLASH].get("fwd_bwd_ms"))
@@ -269,4 +274,5 @@ def _raw_dense(torch: Any, row: dict, tensors: tuple, out_att: Any, timing: tupl
 
     out = _timed(torch, both, *timing)
     out["build_ms"] = {"fwd": fwd.build_ms, "bwd": bwd.build_ms}
+    out["_call"] = both  # for the kernel time (not saved)
     return out

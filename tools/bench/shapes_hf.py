@@ -11,17 +11,29 @@ import contextlib
 import random
 import time
 import traceback
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
-from tools.bench.common import RESULT_STATUS_OK, Partial, error_status, first_line, log, settle, summarize
+from tools.bench.common import (
+    RESULT_STATUS_OK,
+    Partial,
+    error_status,
+    first_line,
+    log,
+    past,
+    rotated,
+    settle,
+    skipped,
+    summarize,
+)
 
 FUSEDATTN = "fusedattn"
 SDPA = "sdpa"
 SDPA_FLASH = "sdpa+flash"
 SDPA_CUDNN = "sdpa+cudnn"
+NO_ATTENTION = "no-attention"  # the floor of part D: a step without attention work
 # implementation label -> (attn_implementation, SDPBackend the call is pinned to or None)
 IMPLEMENTATIONS = {FUSEDATTN: (FUSEDATTN, None), SDPA: (SDPA, None), SDPA_FLASH: (SDPA, "FLASH_ATTENTION"),
-                   SDPA_CUDNN: (SDPA, "CUDNN_ATTENTION")}
+                   SDPA_CUDNN: (SDPA, "CUDNN_ATTENTION"), NO_ATTENTION: (NO_ATTENTION, None)}
 _SMALL = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16,
           "num_key_value_heads": 4, "vocab_size": 32000}
 MODELS = {
@@ -223,26 +235,59 @@ def _time_generate(torch: Any, model: Any, ids: Any, run: dict, sizes: tuple[int
 
 # ----- part D: fine-tuning with a new sequence length every step ---------------------------------
 def finetune(torch: Any, args: Mapping, res: Partial) -> None:
-    """Per implementation: one warm step at an unrelated length, then the timed steps (wall ms)."""
+    """Every implementation steps through the same lengths, interleaved: step i of each runs before
+    step i + 1 of any (the order rotating), so a noisy host weighs on all alike. Wall ms per step."""
     from fusedattn_select.integrations.transformers import register
 
     register()
+    _register_no_attention()
     lengths = draw_lengths(int(args["seed"]), int(args["steps"]), *args["lengths"])
+    again = draw_lengths(int(args["seed"]) + 1, len(lengths), min(lengths), max(lengths))
     res["model"] = model_text(args["model"], int(args["layers"]))
     res["batch"], res["step_lengths"], res["warm_length"] = int(args["batch"]), lengths, int(args["warm_length"])
+    res["second_lengths"] = again
     res["runs"] = []
+    loops = []
     for label in args["impls"]:
         run: dict[str, Any] = {"impl": label}
         res["runs"].append(run)
         if res.skipped_past(run, args.get("deadline"), 8):
             continue
         try:
-            _finetune_impl(torch, run, args, lengths)
+            loops.append((run, _FinetuneLoop(torch, run, args)))
         except Exception as err:  # noqa: BLE001
             run["status"] = error_status(err)
             log(traceback.format_exc())
-        settle(torch, label)
+    for key, seeds, pass_lengths in (("", 0, lengths), ("second_", 1000, again)):
+        # A second pass at new lengths of the same range (a second epoch): the shape buckets it needs
+        # exist by now, as after `warmup` over the ladder.
+        for i, length in enumerate(pass_lengths):
+            for run, loop in rotated(loops, i):
+                if run.get("status") and run["status"] != RESULT_STATUS_OK or past(args.get("deadline"), 8):
+                    continue
+                try:
+                    loop.step(length, seeds + i, key)
+                except Exception as err:  # noqa: BLE001
+                    run["status"] = error_status(err)
+                    log(traceback.format_exc())
+        for run, loop in loops:
+            loop.close(key)
         res.save()
+    for run, _ in loops:
+        run.setdefault("status", RESULT_STATUS_OK if len(run.get("second_step_ms", ())) == len(again)
+                       else skipped())
+    settle(torch, "finetune")
+
+
+def _register_no_attention() -> None:
+    """The floor: an attention function that does no attention (returns the queries), so its step
+    time is what the rest of the model costs; no attention implementation can be faster."""
+    from transformers import AttentionInterface
+
+    def no_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple:
+        return query.transpose(1, 2), None
+
+    AttentionInterface.register(NO_ATTENTION, no_attention)
 
 
 def _batch(torch: Any, vocab: int, batch: int, length: int, seed: int) -> Any:
@@ -250,44 +295,48 @@ def _batch(torch: Any, vocab: int, batch: int, length: int, seed: int) -> Any:
     return torch.randint(3, vocab, (batch, length), generator=gen).cuda()
 
 
-def _finetune_impl(torch: Any, run: dict, args: Mapping, lengths: Sequence[int]) -> None:
-    model = build_model(torch, args["model"], int(args["layers"]), seed=int(args["seed"]))
-    label = run["impl"]
-    set_implementation(model, label)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    vocab, batch = model.config.vocab_size, int(args["batch"])
+class _FinetuneLoop:
+    """One implementation's model, optimizer and pinned context (warmed by one step at the warm length)."""
 
-    def step(context: Callable, length: int, seed: int) -> tuple[float, float]:
-        ids = _batch(torch, vocab, batch, length, seed)
-        opt.zero_grad(set_to_none=True)  # a failed try leaves no gradients behind
+    def __init__(self, torch: Any, run: dict, args: Mapping) -> None:
+        self.torch, self.run = torch, run
+        self.model = build_model(torch, args["model"], int(args["layers"]), seed=int(args["seed"]))
+        set_implementation(self.model, run["impl"])
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.vocab, self.batch = self.model.config.vocab_size, int(args["batch"])
+        self.context, note = _runs(run["impl"], lambda c: self._step(c, int(args["warm_length"]), 10_000))
+        if note:
+            run["note"] = note
+        self.before = _counters()
+
+    def _step(self, context: Callable, length: int, seed: int) -> tuple[float, float]:
+        torch = self.torch
+        ids = _batch(torch, self.vocab, self.batch, length, seed)
+        self.opt.zero_grad(set_to_none=True)  # a failed try leaves no gradients behind
         torch.cuda.synchronize()
         started = time.perf_counter()
         with context():
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss = self.model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
-        opt.step()
+        self.opt.step()
         torch.cuda.synchronize()
         return (time.perf_counter() - started) * 1e3, float(loss.detach())
 
-    context, note = _runs(label, lambda c: step(c, int(args["warm_length"]), 10_000))
-    if note:
-        run["note"] = note
-    before = _counters()
-    out = [step(context, length, i) for i, length in enumerate(lengths)]
-    if label == FUSEDATTN:
-        run["attention_calls"] = _delta(before, _counters())
-    run["step_ms"] = [ms for ms, _ in out]
-    run["total_ms"] = sum(run["step_ms"])
-    run["per_step_ms"] = summarize(run["step_ms"], "ms")
-    run["losses"] = [loss for _, loss in out]
-    # A second pass at new lengths of the same range (a second epoch): the shape buckets it needs
-    # exist by now, as after `warmup` over the ladder.
-    again = draw_lengths(int(args["seed"]) + 1, len(lengths), min(lengths), max(lengths))
-    before = _counters()
-    run["second_step_ms"] = [step(context, length, 1000 + i)[0] for i, length in enumerate(again)]
-    run["second_total_ms"] = sum(run["second_step_ms"])
-    if label == FUSEDATTN:
-        run["second_attention_calls"] = _delta(before, _counters())
-    run["status"] = RESULT_STATUS_OK
+    def step(self, length: int, seed: int, key: str) -> None:
+        ms, loss = self._step(self.context, length, seed)
+        self.run.setdefault(key + "step_ms", []).append(ms)
+        if not key:
+            self.run.setdefault("losses", []).append(loss)
+
+    def close(self, key: str) -> None:
+        """Totals of a pass; attention() counters over it."""
+        steps = self.run.get(key + "step_ms") or []
+        self.run[key + "total_ms"] = sum(steps)
+        if not key:
+            self.run["per_step_ms"] = summarize(steps, "ms")
+        if self.run["impl"] == FUSEDATTN:
+            after = _counters()
+            self.run[("attention_calls" if not key else "second_attention_calls")] = _delta(self.before, after)
+            self.before = after
 

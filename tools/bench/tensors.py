@@ -61,6 +61,21 @@ def cuda_times(torch: Any, fn: Callable[[Any], Any], reps: int, warmup: int,
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+def kernel_ms(torch: Any, fn: Callable[[Any], Any], reps: int) -> float:
+    """GPU time per call of fn(None): the durations of the kernels, copies and fills it launched
+    (torch.profiler, CUDA activity), without the gaps where the GPU waited for the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(None)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn(None)
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == cuda) / reps / 1e3
+
+
 def rel_err(a: Any, b: Any) -> float:
     a, b = a.float(), b.float()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
