@@ -16,6 +16,7 @@ from tools.bench.common import (
     log,
     md_table,
     ratio,
+    steady_plans,
     summarize,
 )
 from tools.bench.raw_graph import RawGraph
@@ -57,6 +58,8 @@ def measure(torch: Any, F: Any, r: dict, args: Mapping) -> None:
             log(traceback.format_exc())
 
     with torch.no_grad():
+        # A repeated shape: timed once it runs its own plans (built by the worker process).
+        r["attention_plan"] = steady_plans(lambda: attention(q, k, v))
         add("attention()", lambda: attention(q, k, v))
         try:
             raw = RawGraph(torch, config_from_tensors(q, k, v, is_training=False), Phase.FORWARD,
@@ -66,7 +69,7 @@ def measure(torch: Any, F: Any, r: dict, args: Mapping) -> None:
         except Exception as err:  # noqa: BLE001
             rows.append({"name": "raw cuDNN graph execute", "status": error_status(err)})
         _sdpa_rows(F, add, rows, "", lambda: F.scaled_dot_product_attention(qb, kb, vb))
-    _training_rows(torch, F, add, rows, (q, k, v))
+    r["attention_plan_training"] = _training_rows(torch, F, add, rows, (q, k, v))
     r["status"] = RESULT_STATUS_OK
 
 
@@ -86,17 +89,20 @@ def _sdpa_rows(F: Any, add: Callable, rows: list, suffix: str, fn: Callable[[], 
             rows.append({"name": f"torch SDPA {backend}{suffix}", "status": f"n/a: {first_line(err)}"})
 
 
-def _training_rows(torch: Any, F: Any, add: Callable, rows: list, tensors: tuple) -> None:
-    """Forward + backward (torch.autograd.grad of q, k, v) per call: attention() vs torch SDPA."""
+def _training_rows(torch: Any, F: Any, add: Callable, rows: list, tensors: tuple) -> str:
+    """Forward + backward (torch.autograd.grad of q, k, v) per call: attention() vs torch SDPA; the
+    plans attention() ran ("dense" or "bucket")."""
     from fusedattn_select.runtime.api import attention
 
     q, k, v = (t.detach().clone().requires_grad_(True) for t in tensors)
     grad = torch.randn_like(q)
+    plan = steady_plans(lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad))
     add("attention() fwd+bwd (training)", lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad))
     qb, kb, vb = (to_bhsd(t, "bshd").detach().contiguous().requires_grad_(True) for t in (q, k, v))
     grad_b = to_bhsd(grad, "bshd").contiguous()
     _sdpa_rows(F, add, rows, " fwd+bwd (training)", lambda: torch.autograd.grad(
         F.scaled_dot_product_attention(qb, kb, vb), (qb, kb, vb), grad_b))
+    return plan
 
 
 def render(tiny: Mapping) -> str:
