@@ -37,9 +37,8 @@ def across_promotion(torch, mode: str, seqlen: int) -> dict:
 
 
 def main() -> None:
-    import torch
-
     import cudnn
+    import torch
 
     rows = [across_promotion(torch, "process", 300), across_promotion(torch, "process", 420),
             across_promotion(torch, "inline", 520)]
