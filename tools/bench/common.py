@@ -277,3 +277,15 @@ def rotated(items: Sequence[Any], shift: int) -> list[Any]:
         return []
     shift %= len(items)
     return list(items[shift:]) + list(items[:shift])
+
+
+def promotions_done(timeout_s: float = 240.0) -> None:
+    """Wait until the worker process has finished every dense-plan job asked so far (so its builds
+    do not run beside the timed calls of another implementation)."""
+    from concurrent.futures import wait
+
+    from fusedattn_select.runtime import entries
+
+    pending = [e.pending for e in list(entries.by_call.values()) if e.pending is not None]
+    if pending:
+        wait(pending, timeout=timeout_s)

@@ -71,8 +71,9 @@ _NOTES = [
     "(no early stop), eager (generation_config.disable_compile=True: a static cache would otherwise "
     "compile the forward); tokens/s = new tokens / wall s of generate() including the prefill; one "
     "short generate() first, then one full-length generate() reported apart ('first': it meets every "
-    "decode length once), then the median of the repetitions. Logits: one forward over prompt + a few "
-    "tokens, no cache.",
+    "decode length once), then the median of the repetitions, which the implementations take in turn "
+    "(the order rotating; after the worker process finished any plans it was asked for). Logits: one "
+    "forward over prompt + a few tokens, no cache.",
     "D: each step is batch x length tokens with one length per step (the batch padded to its longest "
     "sequence, here all full length, so every implementation runs the same causal problem); forward, "
     "backward, AdamW step, wall ms with synchronize; one step at an unrelated length first. The second "

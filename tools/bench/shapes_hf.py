@@ -20,6 +20,7 @@ from tools.bench.common import (
     first_line,
     log,
     past,
+    promotions_done,
     rotated,
     settle,
     skipped,
@@ -163,17 +164,32 @@ def _generate_model(torch: Any, model: Any, m: dict, args: Mapping, res: Partial
     m["logits"] = _compare_logits(torch, model, ids)
     res.save()
     for cache in args["caches"]:
+        timed = []
         for label in args["impls"]:
             run: dict[str, Any] = {"cache": cache, "impl": label}
             m["runs"].append(run)
             if res.skipped_past(run, args.get("deadline"), 6):
                 continue
             try:
-                _time_generate(torch, model, ids[:, :prompt].contiguous(), run, (new, int(args["reps"])))
+                timed.append(_GenerateRun(torch, model, ids[:, :prompt].contiguous(), run, new))
             except Exception as err:  # noqa: BLE001
                 run["status"] = error_status(err)
                 log(traceback.format_exc())
             res.save()
+        # The implementations take turns (the order rotating), so a noisy host weighs on all alike.
+        promotions_done()
+        for rep in range(int(args["reps"])):
+            for g in rotated(timed, rep):
+                if past(args.get("deadline"), 6) or g.run.get("status"):
+                    continue
+                try:
+                    g.sample()
+                except Exception as err:  # noqa: BLE001
+                    g.run["status"] = error_status(err)
+                    log(traceback.format_exc())
+        for g in timed:
+            g.close()
+        res.save()
 
 
 def _compare_logits(torch: Any, model: Any, ids: Any) -> dict:
@@ -196,41 +212,51 @@ def _compare_logits(torch: Any, model: Any, ids: Any) -> dict:
     return out
 
 
-def _time_generate(torch: Any, model: Any, ids: Any, run: dict, sizes: tuple[int, int]) -> None:
-    """Warm with one short generate(), then time `reps` generate() calls of `new` tokens (wall s)."""
-    new, reps = sizes
-    label = run["impl"]
-    set_implementation(model, label)
-    mask = torch.ones_like(ids)
-    kwargs: dict[str, Any] = {"do_sample": False, "attention_mask": mask, "pad_token_id": 0}
-    if run["cache"] == "static":
-        kwargs["cache_implementation"] = "static"
+class _GenerateRun:
+    """One implementation and cache on a model: warmed by one short generate(), then one full-length
+    generate() reported apart (it meets every decode length once: for fusedattn new signatures and
+    bucket plans), then `sample()` times one more each call (wall s)."""
 
-    def once(context: Callable, tokens: int) -> tuple[int, float]:
+    def __init__(self, torch: Any, model: Any, ids: Any, run: dict, new: int) -> None:
+        self.torch, self.model, self.ids, self.run, self.new = torch, model, ids, run, new
+        self.kwargs: dict[str, Any] = {"do_sample": False, "attention_mask": torch.ones_like(ids), "pad_token_id": 0}
+        if run["cache"] == "static":
+            self.kwargs["cache_implementation"] = "static"
+        self.samples: list[tuple[int, float]] = []
+        set_implementation(model, run["impl"])
+        self.context, note = _runs(run["impl"], lambda c: self._once(c, 4))
+        if note:
+            run["note"] = note
+        before = _counters()
+        tokens, seconds = self._once(self.context, new)
+        run["first_tokens_per_s"] = tokens / seconds
+        if run["impl"] == FUSEDATTN:
+            run["first_attention_calls"] = _delta(before, _counters())
+        self.before = _counters()
+
+    def _once(self, context: Callable, tokens: int) -> tuple[int, float]:
+        torch = self.torch
+        set_implementation(self.model, self.run["impl"])  # the implementations share the model
         torch.cuda.synchronize()
         started = time.perf_counter()
         with context(), torch.no_grad():
-            out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
+            out = self.model.generate(self.ids, max_new_tokens=tokens, min_new_tokens=tokens, **self.kwargs)
         torch.cuda.synchronize()
-        return int(out.shape[1] - ids.shape[1]), time.perf_counter() - started
+        return int(out.shape[1] - self.ids.shape[1]), time.perf_counter() - started
 
-    context, note = _runs(label, lambda c: once(c, 4))
-    if note:
-        run["note"] = note
-    before = _counters()
-    # The first full-length generate() meets every decode length once (fusedattn: new signatures,
-    # bucket plans, a promotion): reported apart from the median of the ones after it.
-    tokens, seconds = once(context, new)
-    run["first_tokens_per_s"] = tokens / seconds
-    if label == FUSEDATTN:
-        run["first_attention_calls"] = _delta(before, _counters())
-        before = _counters()
-    samples = [once(context, new) for _ in range(reps)]
-    if label == FUSEDATTN:
-        run["attention_calls"] = _delta(before, _counters())
-    run["new_tokens"] = samples[0][0]
-    run["tokens_per_s"] = summarize([n / s for n, s in samples], "tokens/s")
-    run["status"] = RESULT_STATUS_OK
+    def sample(self) -> None:
+        self.samples.append(self._once(self.context, self.new))
+
+    def close(self) -> None:
+        run = self.run
+        if run.get("status") or not self.samples:
+            run.setdefault("status", skipped())
+            return
+        if run["impl"] == FUSEDATTN:
+            run["attention_calls"] = _delta(self.before, _counters())
+        run["new_tokens"] = self.samples[0][0]
+        run["tokens_per_s"] = summarize([n / s for n, s in self.samples], "tokens/s")
+        run["status"] = RESULT_STATUS_OK
 
 
 # ----- part D: fine-tuning with a new sequence length every step ---------------------------------
