@@ -254,19 +254,39 @@ def past(deadline: float | None, margin: float = 0.0) -> bool:
     return deadline is not None and time.time() + margin > deadline
 
 
-def steady_plans(call: Callable[[], Any], timeout_s: float = 240.0) -> str:
-    """Call `call` (one attention() use of one shape) until its signature runs its own plans, as a
-    shape repeated for long does: its `dense_after` calls, then until the worker process has stored
-    them; "dense", or "bucket" when they did not come (rejected, or not within `timeout_s`)."""
+def call_entry(q: Any, k: Any, v: Any, training: bool, **arguments: Any) -> Any:
+    """The decision attention(q, k, v, **arguments) runs with (runtime.entries.Entry), found as
+    attention() finds it (None before its first call, or for calls with optional tensors)."""
+    import inspect
+
+    from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime.api import attention
+
+    defaults = inspect.signature(attention).parameters
+    # attention()'s arguments in the order its hot-path key holds them
+    given = tuple(arguments.get(n, defaults[n].default) for n in (
+        "layout", "mask", "window_size", "attn_scale", "dropout", "softmax", "deterministic", "fp8", "return_lse"))
+    key = entries.fast_key(q, k, v, given, training, arguments.get("seqlens_q"), arguments.get("seqlens_kv"))
+    return entries.by_call.get(key)
+
+
+def steady_plans(call: Callable[[], Any], q: Any, k: Any, v: Any, training: bool, timeout_s: float = 240.0,
+                 **arguments: Any) -> str:
+    """Call `call` (one use of attention(q, k, v, **arguments)) until that signature runs its own
+    plans, as a shape repeated for long does: its `dense_after` calls, then until the worker process
+    has stored them; "dense", "bucket" when they did not come (rejected, or not within `timeout_s`),
+    or "unknown" when the call is not on the hot path."""
     from fusedattn_select.runtime import entries
 
     for _ in range(entries.dense_after + 1):
         call()
     deadline = time.monotonic() + timeout_s
     while True:
-        last = list(entries.by_call.values())[-1]
-        if not last.bucketed or last.promotion not in ("pending", "trying") or time.monotonic() > deadline:
-            return "bucket" if last.bucketed else "dense"
+        found = call_entry(q, k, v, training, **arguments)
+        if found is None:
+            return "unknown"
+        if not found.bucketed or found.promotion not in ("pending", "trying") or time.monotonic() > deadline:
+            return "bucket" if found.bucketed else "dense"
         time.sleep(0.05)
         call()
 

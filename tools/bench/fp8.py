@@ -86,7 +86,7 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
         after = dispatch_info()
         r["fp8_fallback_calls"] = after.get("fallback_calls", 0) - before.get("fallback_calls", 0)
         r["fp8_vs_bf16_rel_err"], r["fp8_vs_bf16_cosine"] = rel_err(out8, ref), cosine(out8, ref)
-        r["bf16_plan"] = steady_plans(lambda: attention(q, k, v, **kwargs))  # a repeated shape's own plans
+        r["bf16_plan"] = steady_plans(lambda: attention(q, k, v, **kwargs), q, k, v, False, **kwargs)  # its own plans
         base = rows.add("bf16 attention() fwd (inference)", lambda _: attention(q, k, v, **kwargs), work=flops)
         rows.add("fp8 attention(fp8=True) fwd incl. quantization (inference)",
                  lambda _: attention(q, k, v, fp8=True, **kwargs), work=flops, base=base)
@@ -140,7 +140,8 @@ def _training(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, fl
     r["fp8_training_selection"] = train_sel.backend.value + (
         f": {first_line(train_sel.message)}" if train_sel.message else "")
     grad = torch.randn_like(attention(qg, kg, vg, **kwargs))
-    r["bf16_training_plan"] = steady_plans(lambda: torch.autograd.grad(attention(qg, kg, vg, **kwargs), grads_of, grad))
+    r["bf16_training_plan"] = steady_plans(
+        lambda: torch.autograd.grad(attention(qg, kg, vg, **kwargs), grads_of, grad), qg, kg, vg, True, **kwargs)
     before = dispatch_info()
     torch.autograd.grad(attention(qg, kg, vg, fp8=True, **kwargs), grads_of, grad)
     torch.cuda.synchronize()

@@ -59,7 +59,7 @@ def measure(torch: Any, F: Any, r: dict, args: Mapping) -> None:
 
     with torch.no_grad():
         # A repeated shape: timed once it runs its own plans (built by the worker process).
-        r["attention_plan"] = steady_plans(lambda: attention(q, k, v))
+        r["attention_plan"] = steady_plans(lambda: attention(q, k, v), q, k, v, False)
         add("attention()", lambda: attention(q, k, v))
         try:
             raw = RawGraph(torch, config_from_tensors(q, k, v, is_training=False), Phase.FORWARD,
@@ -96,7 +96,7 @@ def _training_rows(torch: Any, F: Any, add: Callable, rows: list, tensors: tuple
 
     q, k, v = (t.detach().clone().requires_grad_(True) for t in tensors)
     grad = torch.randn_like(q)
-    plan = steady_plans(lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad))
+    plan = steady_plans(lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad), q, k, v, True)
     add("attention() fwd+bwd (training)", lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad))
     qb, kb, vb = (to_bhsd(t, "bshd").detach().contiguous().requires_grad_(True) for t in (q, k, v))
     grad_b = to_bhsd(grad, "bshd").contiguous()

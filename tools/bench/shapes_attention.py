@@ -208,7 +208,7 @@ def _steady_shape(torch: Any, row: dict, args: Mapping, flash: dict) -> None:
     row["attention_fused"] = after.get("fallback_calls", 0) == before.get("fallback_calls", 0)
     # A repeated shape gets its own plans (built by a worker process after its dense_after-th call):
     # time the steady state.
-    row["attention_plan"] = steady_plans(lambda: att(*tensors))
+    row["attention_plan"] = steady_plans(lambda: att(*tensors), q, k, v, True, layout="bshd", mask="causal")
     row["impls"][ATTENTION] = _timed(torch, lambda _: att(*tensors), reps, warm)
     row["impls"][RAW_DENSE] = _raw_dense(torch, row, tensors, out_att, (reps, warm))
     if "step" not in flash:
