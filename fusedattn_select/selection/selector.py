@@ -239,7 +239,9 @@ class Selector:
             self._memory[key] = self._entry(cfg, key, verdicts, ProbeDepth.FULL)
             self._by_problem.clear()
         self._buckets.forget(cfg)
-        if self.store is not None:
+        # A rejection is stored for every process; an incident (out of memory, a CUDA error) says
+        # nothing about support, so only this process stops asking (the store refuses it anyway).
+        if self.store is not None and failed.outcome is Outcome.UNSUPPORTED:
             self.store.put(self._fingerprint, key, verdicts, ProbeDepth.FULL)
         log.warning("fusedattn_select: %s; cached answer flipped to NONE", failed.reason())
 

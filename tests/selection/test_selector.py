@@ -187,6 +187,24 @@ def test_build_failure_after_a_fast_yes_flips_the_cached_answer_to_none():
     assert len(engine.calls) == 2
 
 
+def test_a_build_incident_flips_this_process_only_and_a_rejection_is_stored(tmp_path):
+    from fusedattn_select.store import PersistentStore
+
+    cfg = config()
+    selector = Selector(ScriptedTestEngine(), store=PersistentStore(tmp_path), bucket_forms=False)
+    assert selector.select(cfg).backend is Backend.F16
+    incident = Verdict(Backend.F16, Phase.BACKWARD, Outcome.FAILED, "build_plans", "CUDA out of memory",
+                       depth=ProbeDepth.FULL)
+    selector.record_build_failure(cfg, incident)  # the store refuses incidents: not offered to it
+    assert selector.select(cfg).backend is Backend.NONE
+    again = Selector(ScriptedTestEngine(), store=PersistentStore(tmp_path), bucket_forms=False)
+    assert again.select(cfg).backend is Backend.F16  # another process asks again
+    rejected = dataclasses.replace(incident, outcome=Outcome.UNSUPPORTED, message="no kernel")
+    again.record_build_failure(cfg, rejected)
+    third = Selector(ScriptedTestEngine(), store=PersistentStore(tmp_path), bucket_forms=False)
+    assert third.select(cfg).backend is Backend.NONE
+
+
 # ----- rules and messages ----------------------------------------------------------------------
 def test_rule_rejection_answers_without_a_probe():
     engine = ScriptedTestEngine()
