@@ -77,21 +77,60 @@ def in_background(selector: Selector) -> Optional[tuple[str, int]]:
     return str(store.directory), int(device)
 
 
+def ask(selector: Selector, cfg: AttnConfig, return_lse: bool) -> Optional[Future]:
+    """The worker's job building `cfg`'s own plans into the store, or None: build them inline (see
+    `in_background`; or the worker cannot start, or died at startup twice in this process)."""
+    where = in_background(selector)
+    if where is None or _deaths >= MAX_DEATHS:
+        return None
+    try:
+        return _submit({"config": cfg.to_dict(), "return_lse": return_lse, "store_dir": where[0],
+                        "device": where[1]})
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        log.warning("fusedattn_select: no worker process for dense plans (%s: %s); building them inline",
+                    type(err).__name__, err)
+        return None
+
+
+def report(job: Future, key: str) -> bool:
+    """Log a finished job's outcome when it is not "plans stored"; whether the worker stored them."""
+    err = job.exception()
+    if err is not None:  # nothing about this problem: the caller builds the plans itself
+        log.warning("fusedattn_select: the worker building %s's own plans failed (%s: %s); building them here",
+                    key, type(err).__name__, err)
+        return False
+    if job.result():
+        log.info("fusedattn_select: the worker stored no plans for %s: %s", key, job.result())
+        return False
+    return True
+
+
 class _Worker:
-    """The worker process (`python -m fusedattn_select.runtime.dense_worker`) and its jobs: one JSON
-    line per job on its stdin, one per answer on its stdout. A plain subprocess, not multiprocessing:
-    a spawned multiprocessing child imports the caller's main module again, which runs a script
-    without an `if __name__ == "__main__"` guard a second time."""
+    """The worker process (`python -m fusedattn_select.runtime.dense_worker FD`) and its jobs: one
+    JSON line per job on its stdin, one per answer on its own pipe FD (so what the libraries it loads
+    print cannot corrupt them). A plain subprocess, not multiprocessing: a spawned multiprocessing
+    child imports the caller's main module again, which runs a script without an
+    `if __name__ == "__main__"` guard a second time."""
 
     def __init__(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # what this process imports
-        self.process = subprocess.Popen([sys.executable, "-m", "fusedattn_select.runtime.dense_worker"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
-                                        bufsize=1)
+        read_fd, write_fd = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "fusedattn_select.runtime.dense_worker", str(write_fd)],
+                stdin=subprocess.PIPE, env=env, text=True, bufsize=1, pass_fds=(write_fd,))
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        self.answers = os.fdopen(read_fd, "r")
         self.jobs: dict[int, Future] = {}
         self.next_id = 0
+        self.answered = 0
+        self.closed = False
         self.lock = threading.Lock()
-        threading.Thread(target=self._answers, name="fusedattn-dense-builds", daemon=True).start()
+        threading.Thread(target=self._read_answers, name="fusedattn-dense-builds", daemon=True).start()
 
     def submit(self, job: dict) -> Future:
         future: Future = Future()
@@ -101,49 +140,57 @@ class _Worker:
             try:
                 self.process.stdin.write(json.dumps(dict(job, id=self.next_id)) + "\n")
                 self.process.stdin.flush()
-            except OSError as err:
+            except (OSError, ValueError):
                 self.jobs.pop(self.next_id)
-                future.set_exception(err)
+                raise
         return future
 
-    def _answers(self) -> None:
-        for line in self.process.stdout:
-            answer = json.loads(line)
+    def _read_answers(self) -> None:
+        global _deaths
+        try:
+            for line in self.answers:
+                try:
+                    answer = json.loads(line)
+                    with self.lock:
+                        future = self.jobs.pop(answer["id"], None)
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if future is None:
+                    continue
+                self.answered += 1
+                if "error" in answer:
+                    future.set_exception(RuntimeError(answer["error"]))
+                else:
+                    future.set_result(str(answer.get("result", "")))
+        finally:
+            code = self.process.wait()
             with self.lock:
-                future = self.jobs.pop(answer["id"], None)
-            if future is None:
-                continue
-            if "error" in answer:
-                future.set_exception(RuntimeError(answer["error"]))
-            else:
-                future.set_result(answer["result"])
-        code = self.process.wait()
-        with self.lock:
-            left, self.jobs = list(self.jobs.values()), {}
-        for future in left:
-            future.set_exception(RuntimeError(f"the worker process exited with code {code}"))
+                left, self.jobs = list(self.jobs.values()), {}
+            if not self.closed and self.answered == 0:
+                _deaths += 1  # it never answered: it may not be able to start at all
+            for future in left:
+                future.set_exception(RuntimeError(f"the worker process exited with code {code}"))
 
     def close(self) -> None:
         """End the worker: it finishes the job it is on and exits at the end of its input."""
+        self.closed = True
         try:
             self.process.stdin.close()
         except OSError:
             pass
 
 
+MAX_DEATHS = 2  # workers that died before answering anything: then this process builds inline
+_deaths = 0
 _lock = threading.Lock()
 _worker: Optional[_Worker] = None
 
 
-def submit(cfg: AttnConfig, return_lse: bool, where: tuple[str, int]) -> Future:
-    """Select `cfg`'s own graphs and build their plans into the store, in the worker process; the
-    future's result is "" when the plans are stored, else why not (the answer or the build failure);
-    its exception says the worker failed (it died, or could not start)."""
+def _submit(job: dict) -> Future:
     global _worker
     with _lock:
         if _worker is None or _worker.process.poll() is not None:
             _worker = _Worker()
             atexit.register(_worker.close)
         worker = _worker
-    return worker.submit({"config": cfg.to_dict(), "return_lse": return_lse, "store_dir": where[0],
-                          "device": where[1]})
+    return worker.submit(job)

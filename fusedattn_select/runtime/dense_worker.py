@@ -1,10 +1,10 @@
-"""The worker process of dense_builds: `python -m fusedattn_select.runtime.dense_worker`.
+"""The worker process of dense_builds: `python -m fusedattn_select.runtime.dense_worker FD`.
 
 Reads one JSON job per line on stdin ({"id", "config", "return_lse", "store_dir", "device"}), selects
 the problem's own graphs and builds their plans into the persistent store, and answers one JSON line
-per job on stdout: {"id", "result": ""} when the plans are stored, {"id", "result": why} when the
-graphs are rejected or do not build, {"id", "error": ...} when the job itself failed. Exits at the
-end of its input. Anything else written to stdout by the libraries it loads goes to stderr.
+per job on the pipe FD: {"id", "result": ""} when the plans are stored, {"id", "result": why} when
+the graphs are rejected or do not build, {"id", "error": ...} when the job itself failed. Exits at
+the end of its input.
 """
 
 from __future__ import annotations
@@ -39,9 +39,7 @@ def build(config: dict, return_lse: bool, store_dir: str, device: int) -> str:
 
 
 def main() -> None:
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # stray prints of the libraries must not corrupt the answers
-    sys.stdout = sys.stderr
+    answers = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     for line in sys.stdin:
         job = json.loads(line)
         try:

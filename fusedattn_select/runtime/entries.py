@@ -62,6 +62,7 @@ class Entry:
     class_calls_before: int = 0          # bucket plans only: its class's calls before this entry's first
     promotion: str = ""                  # "" = not tried; "pending" (a worker builds); "dense"; else why not
     pending: Optional[Future] = None     # bucket plans only: the worker's job building the dense plans
+    replaced: Optional[Entry] = None     # a promoted entry's bucket entry: CUDA graphs captured with it read its memory
     # Dense plans only: how the lean hot path binds a call's tensors (None: the general path).
     lean: Optional[Lean] = None
 
@@ -283,9 +284,8 @@ def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     """Count a fused call of `found`; the entry to run it with: its dense successor once a bucketed
     signature is steady (see DEFAULT_DENSE_AFTER) and its own graphs are selected and built."""
     if not found.bucketed or found.promotion:
-        if found.pending is not None and found.pending.done():
-            return promote(found, q, k, v)
-        return found
+        job = found.pending  # read once: the promoting thread clears it
+        return promote(found, q, k, v) if job is not None and job.done() else found
     # Benign races under threads: the counts decide when, and promotion happens once either way.
     found.calls += 1
     class_calls[found.shape_class] += 1
@@ -304,24 +304,25 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
     if q.is_cuda and _capturing():  # building or loading is unsafe under CUDA-graph capture: later
         return old
     with _table_lock:
-        if old.promotion not in ("", "pending") or (old.pending is not None and not old.pending.done()):
+        job = old.pending
+        if old.promotion not in ("", "pending") or (job is not None and not job.done()):
             return old
-        asked, old.promotion = old.pending, "trying"
+        old.promotion = "trying"
     selector = default_selector()
     cfg = old.call_cfg
-    where = dense_builds.in_background(selector) if asked is None else None
-    if where is not None:
-        old.pending, old.promotion = dense_builds.submit(cfg, old.opts.return_lse, where), "pending"
-        return old
+    if job is None:
+        old.pending = dense_builds.ask(selector, cfg, old.opts.return_lse)
+        if old.pending is not None:
+            old.promotion = "pending"
+            return old
     old.pending = None
-    worker_error = asked.exception() if asked is not None else None
-    if worker_error is not None:  # the worker died: nothing about this problem; built here instead
-        log.warning("fusedattn_select: the worker building %s's own plans failed (%s: %s); building them here",
-                    cfg.cache_key(), type(worker_error).__name__, worker_error)
+    stored = job is not None and dense_builds.report(job, cfg.cache_key())
+    builds = plans.plan_stats()["builds"]
     started = time.perf_counter()
     selection = selector.select_dense(cfg)
     dense = dataclasses.replace(old, cfg=cfg, selection=selection, call_cfg=None, forward=None, backward=None,
-                                ragged_forward=None, ragged_backward=None, calls=0, promotion="dense", logged=False)
+                                ragged_forward=None, ragged_backward=None, calls=0, promotion="dense", logged=False,
+                                pending=None, replaced=old)
     if selection.selected:
         _build_plans(dense, selector, q.device)
     if not (selection.selected and dense.fused):
@@ -343,7 +344,8 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
     counters["promotions"] += 1
     log.info("fusedattn_select: %s ran %d calls on bucket plans; its own plans run it now (%.0f ms to obtain%s)",
              cfg.cache_key(), old.calls, (time.perf_counter() - started) * 1e3,
-             "" if asked is None else " from the store: the worker process built them")
+             ", from the store: the worker process built them" if stored and plans.plan_stats()["builds"] == builds
+             else "")
     return dense
 
 

@@ -77,6 +77,10 @@ def test_an_entry_whose_worker_is_busy_runs_its_bucket_plans_without_counting():
 
 
 # ----- the worker process: its protocol, on a machine where it cannot build ----------------------------
+def _job(tmp_path) -> dict:
+    return {"config": CFG.to_dict(), "return_lse": False, "store_dir": str(tmp_path), "device": 0}
+
+
 @pytest.fixture
 def fresh_worker(monkeypatch):
     try:
@@ -85,6 +89,7 @@ def fresh_worker(monkeypatch):
     except ImportError:
         pass
     monkeypatch.setattr(dense_builds, "_worker", None)
+    monkeypatch.setattr(dense_builds, "_deaths", 0)
     yield
     if dense_builds._worker is not None:
         dense_builds._worker.close()
@@ -92,21 +97,46 @@ def fresh_worker(monkeypatch):
 
 
 def test_a_job_the_worker_cannot_do_fails_its_future_with_the_workers_error(fresh_worker, tmp_path):
-    future = dense_builds.submit(CFG, False, (str(tmp_path), 0))
+    future = dense_builds._submit(_job(tmp_path))
     err = future.exception(timeout=120)
     assert isinstance(err, RuntimeError) and "cudnn-frontend is not installed" in err.args[0]
-    again = dense_builds.submit(CFG, False, (str(tmp_path), 0))  # the same worker answers the next job
+    again = dense_builds._submit(_job(tmp_path))  # the same worker answers the next job
     assert isinstance(again.exception(timeout=120), RuntimeError)
-    assert dense_builds._worker.process.poll() is None
+    assert dense_builds._worker.process.poll() is None and dense_builds._deaths == 0
+    assert not dense_builds.report(again, CFG.cache_key())  # logged: the caller builds the plans itself
 
 
-def test_a_worker_that_dies_fails_its_pending_jobs_and_the_next_job_starts_another(fresh_worker, tmp_path):
-    future = dense_builds.submit(CFG, False, (str(tmp_path), 0))
+def test_a_worker_that_dies_before_answering_fails_its_jobs_counts_a_death_and_the_next_job_starts_another(
+        fresh_worker, tmp_path):
+    future = dense_builds._submit(_job(tmp_path))
     first = dense_builds._worker
-    first.process.kill()
-    err = future.exception(timeout=120)
-    if "exited with code" not in str(err):  # it answered before it was killed
-        assert "cudnn-frontend is not installed" in str(err)
+    first.process.kill()  # long before it has imported what it needs to answer
+    assert "exited with code" in str(future.exception(timeout=120))
     first.process.wait(timeout=60)
-    dense_builds.submit(CFG, False, (str(tmp_path), 0)).exception(timeout=120)
-    assert dense_builds._worker is not first
+    dense_builds._submit(_job(tmp_path)).exception(timeout=120)
+    assert dense_builds._worker is not first and dense_builds._deaths == 1
+
+
+def test_after_two_workers_died_before_answering_the_process_builds_inline(monkeypatch, tmp_path):
+    monkeypatch.setattr(dense_builds, "in_background", lambda selector: (str(tmp_path), 0))
+    monkeypatch.setattr(dense_builds, "_deaths", dense_builds.MAX_DEATHS)
+    assert dense_builds.ask(None, CFG, False) is None
+
+
+def test_a_worker_that_cannot_start_means_building_inline(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(dense_builds, "in_background", lambda selector: (str(tmp_path), 0))
+    monkeypatch.setattr(dense_builds, "_worker", None)
+    monkeypatch.setattr(dense_builds.sys, "executable", str(tmp_path / "no-python-here"))
+    with caplog.at_level("WARNING", logger="fusedattn_select"):
+        assert dense_builds.ask(None, CFG, False) is None
+    assert "no worker process for dense plans" in caplog.text and dense_builds._worker is None
+
+
+def test_what_the_workers_libraries_print_does_not_corrupt_its_answers(fresh_worker, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('a library says hello', flush=True)\n")
+    monkeypatch.syspath_prepend(str(site))  # the worker imports what this process imports
+    future = dense_builds._submit(_job(tmp_path))
+    assert "cudnn-frontend is not installed" in str(future.exception(timeout=120))
+    assert dense_builds._deaths == 0

@@ -229,7 +229,9 @@ def finetune_targets(runs: Sequence[Mapping]) -> list[dict]:
             r = common.ratio(fa.get(key), other.get(key))
             item = f"total vs {impl}{label}"
             if r is None:
-                why = str(other.get("status")) if fa.get(key) is not None else "fusedattn: " + str(fa.get("status"))
+                status = key.replace("total_ms", "pass_status")
+                why = str(other.get(status) or other.get("status")) if fa.get(key) is not None \
+                    else "fusedattn: " + str(fa.get(status) or fa.get("status"))
                 out.append(target("D", item, "n/a", goal, None, why))
                 continue
             out.append(target("D", item, f"{r:.3f}x", goal, r <= limit))

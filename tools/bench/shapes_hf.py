@@ -297,11 +297,10 @@ def finetune(torch: Any, args: Mapping, res: Partial) -> None:
                     run["status"] = error_status(err)
                     log(traceback.format_exc())
         for run, loop in loops:
-            loop.close(key)
+            loop.close(key, len(pass_lengths))
         res.save()
-    for run, _ in loops:
-        run.setdefault("status", RESULT_STATUS_OK if len(run.get("second_step_ms", ())) == len(again)
-                       else skipped())
+    for run, _ in loops:  # the first pass decides; an unfinished second pass has its own status
+        run.setdefault("status", RESULT_STATUS_OK if "total_ms" in run else skipped())
     settle(torch, "finetune")
 
 
@@ -355,9 +354,13 @@ class _FinetuneLoop:
         if not key:
             self.run.setdefault("losses", []).append(loss)
 
-    def close(self, key: str) -> None:
-        """Totals of a pass; attention() counters over it."""
+    def close(self, key: str, steps_wanted: int) -> None:
+        """Totals of a finished pass (none for a pass cut short: its total would not compare);
+        attention() counters over it."""
         steps = self.run.get(key + "step_ms") or []
+        if len(steps) != steps_wanted:
+            self.run[key + "pass_status"] = self.run.get("status") or skipped()
+            return
         self.run[key + "total_ms"] = sum(steps)
         if not key:
             self.run["per_step_ms"] = summarize(steps, "ms")
