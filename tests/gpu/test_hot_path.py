@@ -207,3 +207,30 @@ def test_a_worker_process_builds_the_dense_plans_while_the_caller_runs_its_bucke
         assert_close(out, want, TOL_OUT, "out")
         for name, got, expected in zip("qkv", (q.grad, k.grad, v.grad), want_grads):
             assert_close(got, expected, TOL_GRAD, "d" + name)
+
+
+def test_a_graph_captured_on_bucket_plans_still_replays_right_after_the_promotion(dense_after, monkeypatch):
+    dense_after(2)
+    monkeypatch.setattr(dense_builds, "configured", "process")
+    q, k, v = _tensors("bshd", s=120, grad=False)
+    with torch.no_grad():
+        for _ in range(2):
+            attention(q, k, v, mask="causal")
+        bucket_entry = _entry_of_last_call()
+        assert bucket_entry.bucketed and bucket_entry.promotion == "pending"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # on the bucket plans: nothing is promoted while capturing
+            captured = attention(q, k, v, mask="causal")
+        deadline = time.monotonic() + 240
+        while _entry_of_last_call().bucketed and time.monotonic() < deadline:
+            attention(q, k, v, mask="causal")
+            time.sleep(0.05)
+        assert not _entry_of_last_call().bucketed, bucket_entry.promotion
+        del bucket_entry
+        junk = [torch.full((1 << 16,), 7, dtype=torch.int32, device=CUDA) for _ in range(64)]  # reuse freed memory
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+    want, _ = _reference(q, k, v, "bshd", mask="causal")
+    assert_close(captured, want, TOL_OUT, "replayed out")
+    del junk
