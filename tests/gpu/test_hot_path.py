@@ -217,6 +217,11 @@ def test_a_graph_captured_on_bucket_plans_still_replays_right_after_the_promotio
         for _ in range(2):
             attention(q, k, v, mask="causal")
         bucket_entry = _entry_of_last_call()
+        stream = torch.cuda.Stream()  # warm on a side stream, as CUDA-graph capture wants
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            attention(q, k, v, mask="causal")
+        torch.cuda.current_stream().wait_stream(stream)
         assert bucket_entry.bucketed and bucket_entry.promotion == "pending"
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):  # on the bucket plans: nothing is promoted while capturing
