@@ -4,7 +4,9 @@
 
 Builds the raw forward and backward graphs of each problem in bf16 and in FP8 (TransformerEngine's
 HYBRID recipe: e4m3 forward, e5m2 gradients; FP8 outputs), times each with CUDA events (median of
-20 back-to-back runs after 5 warm-up runs) and writes a record fusedattn_select.selection.fp8_speed reads, with the
+20 back-to-back runs after 5 warm-up runs), then times attention(fp8=True) (quantization of q, k, v
+and the pass back to bf16 included) against bf16 attention() on its own plans, for inference
+("forward_quantized" rows), and writes a record fusedattn_select.selection.fp8_speed reads, with the
 device fingerprint and versions inside. Exit status 0 when every graph was timed, 1 otherwise
 (nothing is written then).
 """
@@ -59,13 +61,29 @@ def _median_ms(torch: Any, run: Callable[[], None]) -> float:
     return statistics.median(cuda_times(torch, lambda _: run(), REPS, WARMUP))
 
 
+def _attention_forward_ms(torch: Any, b: int, hq: int, hkv: int, s: int, d: int) -> tuple[float, float]:
+    """(bf16 attention(), attention(fp8=True)) inference ms on bshd tensors, causal; the bf16 call
+    on its shape's own plans (promoted at its first call, built here)."""
+    from fusedattn_select.runtime import dense_builds, entries
+    from fusedattn_select.runtime.api import attention
+
+    dense_builds.configured, entries.dense_after = dense_builds.INLINE, 1
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv))
+    with torch.no_grad():
+        for _ in range(3):
+            attention(q, k, v, mask="causal")
+            attention(q, k, v, mask="causal", fp8=True)
+        return (_median_ms(torch, lambda: attention(q, k, v, mask="causal")),
+                _median_ms(torch, lambda: attention(q, k, v, mask="causal", fp8=True)))
+
+
 def record() -> dict:
     """Time every problem's graphs; the record as JSON data."""
     import torch
 
     from fusedattn_select.config import AttnConfig
     from fusedattn_select.probing.cudnn.engine import CudnnEngine
-    from fusedattn_select.selection.fp8_speed import SCHEMA
+    from fusedattn_select.selection.fp8_speed import FORWARD_QUANTIZED, SCHEMA
     from fusedattn_select.types import Backend, Phase
 
     fingerprint = CudnnEngine().fingerprint()
@@ -84,6 +102,10 @@ def record() -> dict:
                 torch.cuda.empty_cache()
             rows.append({"problem": problem, "phase": phase.value, "bf16_ms": times["bf16"], "fp8_ms": times["fp8"]})
             print(f"{problem} {phase.value}: bf16 {times['bf16']} ms, fp8 {times['fp8']} ms", flush=True)
+        bf16_ms, fp8_ms = (round(t, 4) for t in _attention_forward_ms(torch, b, hq, hkv, s, d))
+        rows.append({"problem": problem, "phase": FORWARD_QUANTIZED, "bf16_ms": bf16_ms, "fp8_ms": fp8_ms})
+        print(f"{problem} {FORWARD_QUANTIZED}: bf16 {bf16_ms} ms, fp8 {fp8_ms} ms", flush=True)
+        torch.cuda.empty_cache()
     import cudnn
 
     return {
@@ -95,7 +117,9 @@ def record() -> dict:
                      "cudnn_backend": cudnn.backend_version()},
         "method": f"raw graphs built at FULL depth, median of {REPS} back-to-back CUDA-event-timed runs after "
                   f"{WARMUP}; "
-                  "FP8 = e4m3 q/k/v/O, e5m2 dO/dQ/dK/dV, unit scales; inputs normal(0, 1)",
+                  "FP8 = e4m3 q/k/v/O, e5m2 dO/dQ/dK/dV, unit scales; inputs normal(0, 1); forward_quantized = "
+                  "attention(fp8=True) (current scaling, bf16 in and out) vs bf16 attention() on its own "
+                  "plans, inference, bshd",
         "rows": rows,
     }
 

@@ -297,10 +297,9 @@ def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
 
 
 def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
-    """Replace a bucketed entry by one running its shape's own plans (once; the bucket entry stays
-    where the dense graphs are rejected or fail to build, with the reason in `promotion`). Where a
-    worker process can build them (dense_builds), the first call asks it and returns `old`; a call
-    after the worker is done reads its answer and loads its plans."""
+    """Replace a bucketed entry by one running its shape's own plans, once (the bucket entry stays,
+    with the reason in `promotion`, where they are rejected or fail to build); where a worker process
+    builds them (dense_builds), this call asks it, and a call after it is done loads them."""
     if q.is_cuda and _capturing():  # building or loading is unsafe under CUDA-graph capture: later
         return old
     with _table_lock:
@@ -412,13 +411,14 @@ def _recipe(cfg: AttnConfig) -> str:
 
 
 def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype) -> None:
-    """FP8 training from fp16/bf16 inputs: run the backward in the input precision where the FP8
-    backward graph was measured slower than it on this platform (and the bf16 one is selected)."""
+    """FP8 from fp16/bf16 inputs: say once where its forward was measured no faster than bf16 here;
+    in training, run the backward in the input precision where the FP8 backward graph was measured
+    slower than it on this platform (and the bf16 one is selected)."""
     cfg = new.cfg
-    if not (cfg.is_fp8 and cfg.is_training and input_dtype in F16_NAMES):
+    if not (cfg.is_fp8 and input_dtype in F16_NAMES):
         return
-    reason = fp8_speed.f16_backward_reason(selector.fingerprint)
-    if not reason:
+    fp8_speed.forward_note(selector.fingerprint)
+    if not (cfg.is_training and fp8_speed.f16_backward_reason(selector.fingerprint)):
         return
     f16 = cfg.replace(qkv_dtype=F16_NAMES[input_dtype], o_dtype=None, do_dtype=None, dqkv_dtype=None,
                       scaling_mode=None)

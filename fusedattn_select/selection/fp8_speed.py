@@ -3,8 +3,10 @@
 `tools/record_fp8_speed.py` times the raw FP8 and bf16 graphs of the same problems on a GPU and
 writes `snapshots/<device>-fp8-speed.json` with the device fingerprint inside. attention(fp8=True)
 reads the record of its own platform: where the FP8 backward graph was measured slower than the
-bf16 one, a training call runs the FP8 forward and the bf16 backward, and says so once in the log.
-A platform with no record has no data: the FP8 backward runs as asked.
+bf16 one, a training call runs the FP8 forward and the bf16 backward, and says so once in the log;
+where attention(fp8=True)'s forward, quantization included, was measured no faster than bf16
+attention() ("forward_quantized" rows), the first FP8 call says that once too. A platform with no
+record has no data: FP8 runs as asked, silently.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ SCHEMA = "fusedattn-select-fp8-speed/1"
 SUFFIX = "-fp8-speed.json"
 # Fingerprint fields a record must match: the same GPU and the same cuDNN.
 MATCHED = ("device_name", "compute_capability", "cudnn_backend_version")
+# Phases of the rows: the raw graphs, and attention(fp8=True) against bf16 attention() (inference).
+FORWARD, BACKWARD, FORWARD_QUANTIZED = "forward", "backward", "forward_quantized"
+PHASE_TEXT = {FORWARD_QUANTIZED: "forward of attention(fp8=True), quantization included,"}
+NOT_FASTER = 1.05  # a speedup under this is "no faster" (within the runs' spread)
 
 
 @dataclass(frozen=True)
@@ -55,15 +61,20 @@ class SpeedRecord:
     @property
     def backward_slower(self) -> bool:
         """The FP8 backward graph was slower than the bf16 one at every problem measured."""
-        rows = self._rows("backward")
+        rows = self._rows(BACKWARD)
         return bool(rows) and all(r.fp8_ms > r.bf16_ms for r in rows)
+
+    @property
+    def forward_not_faster(self) -> bool:
+        """attention(fp8=True)'s forward was no faster than bf16 at some problem measured."""
+        return any(r.speedup < NOT_FASTER for r in self._rows(FORWARD_QUANTIZED))
 
     def summary(self, phase: str) -> str:
         """"FP8 backward 0.61x bf16 speed (b2 h32/8 s4096 d128 causal: 2.59 vs 1.58 ms; ...)"."""
         rows = self._rows(phase)
         worst = min(r.speedup for r in rows) if rows else 0.0
         detail = "; ".join(f"{r.problem}: {r.fp8_ms:.3g} vs {r.bf16_ms:.3g} ms" for r in rows)
-        return f"FP8 {phase} at {worst:.2f}x the bf16 speed ({detail})"
+        return f"FP8 {PHASE_TEXT.get(phase, phase)} at {worst:.2f}x the bf16 speed ({detail})"
 
 
 def parse(data: Any, source: str) -> SpeedRecord:
@@ -97,7 +108,7 @@ def record_for(fingerprint: Fingerprint, records: Optional[tuple[SpeedRecord, ..
     return None
 
 
-_told: set[str] = set()
+_told: set = set()  # what was logged: fingerprint keys (backward), (phase, key) pairs
 
 
 def f16_backward_reason(fingerprint: Fingerprint) -> str:
@@ -113,3 +124,21 @@ def f16_backward_reason(fingerprint: Fingerprint) -> str:
         _told.add(key)
         log.warning("fusedattn_select: fp8=True training runs the FP8 forward and the bf16 backward: %s", reason)
     return reason
+
+
+def forward_note(fingerprint: Fingerprint) -> str:
+    """Where attention(fp8=True)'s forward, quantization included, was measured no faster than bf16
+    on this platform ("" when it was faster everywhere measured, or no data). Logged once per
+    process and platform."""
+    record = record_for(fingerprint)
+    if record is None or not record.forward_not_faster:
+        return ""
+    note = (f"{record.summary(FORWARD_QUANTIZED)} on {fingerprint.device_name} with cuDNN "
+            f"{fingerprint.cudnn_backend_version} (measured {record.recorded_at[:10]}, {record.source})")
+    key = (FORWARD_QUANTIZED, fingerprint.key())
+    if key not in _told:
+        _told.add(key)
+        log.warning("fusedattn_select: fp8=True may not be faster than bf16 here: %s; delayed scaling "
+                    "(fp8=FP8History()) skips the amax pass, and FP8 output (FP8Scales(o_dtype=torch.float8_e4m3fn)) "
+                    "the pass back to bf16", note)
+    return note

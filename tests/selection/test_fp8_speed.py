@@ -208,3 +208,29 @@ def test_h100_reason_names_the_device_and_is_logged_once(caplog):
     warnings = _warnings(caplog)
     assert len(warnings) == 1
     assert "bf16 backward" in warnings[0].getMessage() and first in warnings[0].getMessage()
+
+
+# ----- forward_note ----------------------------------------------------------------------------------
+def _quantized(bf16_ms: float, fp8_ms: float, problem: str = "p1") -> SpeedRow:
+    return SpeedRow(problem, fp8_speed.FORWARD_QUANTIZED, bf16_ms, fp8_ms)  # FORMAT FIXTURE numbers
+
+
+def test_forward_not_faster_when_one_quantized_row_is_under_the_margin():
+    assert _record([_quantized(1.0, 0.5), _quantized(1.0, 0.99, "p2")]).forward_not_faster
+    assert not _record([_quantized(1.0, 0.5), _quantized(1.0, 0.9, "p2")]).forward_not_faster  # 1.11x
+    assert not _record([SpeedRow("p1", "forward", 1.0, 2.0)]).forward_not_faster  # raw graphs only: no data
+
+
+def test_forward_note_names_the_rows_and_is_logged_once(caplog, monkeypatch):
+    caplog.set_level(logging.DEBUG, logger="fusedattn_select")
+    record = _record([_quantized(0.911, 0.925, "b4 s4096"), _quantized(1.73, 1.53, "b2 s8192")])
+    monkeypatch.setattr(fp8_speed, "bundled_records", lambda: (record,))
+    first = fp8_speed.forward_note(record.fingerprint)
+    assert "attention(fp8=True), quantization included, at 0.98x the bf16 speed" in first
+    assert "b4 s4096: 0.925 vs 0.911 ms" in first and "b2 s8192: 1.53 vs 1.73 ms" in first
+    assert fp8_speed.forward_note(record.fingerprint) == first
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "FP8History" in warnings[0].getMessage()
+    fast = _record([_quantized(1.73, 1.33)])
+    monkeypatch.setattr(fp8_speed, "bundled_records", lambda: (fast,))
+    assert fp8_speed.forward_note(fast.fingerprint) == ""
