@@ -108,7 +108,19 @@ def record_for(fingerprint: Fingerprint, records: Optional[tuple[SpeedRecord, ..
     return None
 
 
-_told: set = set()  # what was logged: fingerprint keys (backward), (phase, key) pairs
+_told: set[tuple[str, str]] = set()  # (phase, fingerprint key) already logged
+
+
+def _tell_once(record: SpeedRecord, phase: str, fingerprint: Fingerprint, message: str) -> str:
+    """`record`'s summary of `phase` on this platform, logged once per process, platform and phase
+    as `message` % summary."""
+    text = (f"{record.summary(phase)} on {fingerprint.device_name} with cuDNN "
+            f"{fingerprint.cudnn_backend_version} (measured {record.recorded_at[:10]}, {record.source})")
+    key = (phase, fingerprint.key())
+    if key not in _told:
+        _told.add(key)
+        log.warning(message, text)
+    return text
 
 
 def f16_backward_reason(fingerprint: Fingerprint) -> str:
@@ -117,13 +129,8 @@ def f16_backward_reason(fingerprint: Fingerprint) -> str:
     record = record_for(fingerprint)
     if record is None or not record.backward_slower:
         return ""
-    reason = (f"{record.summary('backward')} on {fingerprint.device_name} with cuDNN "
-              f"{fingerprint.cudnn_backend_version} (measured {record.recorded_at[:10]}, {record.source})")
-    key = fingerprint.key()
-    if key not in _told:
-        _told.add(key)
-        log.warning("fusedattn_select: fp8=True training runs the FP8 forward and the bf16 backward: %s", reason)
-    return reason
+    return _tell_once(record, BACKWARD, fingerprint,
+                      "fusedattn_select: fp8=True training runs the FP8 forward and the bf16 backward: %s")
 
 
 def forward_note(fingerprint: Fingerprint) -> str:
@@ -133,12 +140,7 @@ def forward_note(fingerprint: Fingerprint) -> str:
     record = record_for(fingerprint)
     if record is None or not record.forward_not_faster:
         return ""
-    note = (f"{record.summary(FORWARD_QUANTIZED)} on {fingerprint.device_name} with cuDNN "
-            f"{fingerprint.cudnn_backend_version} (measured {record.recorded_at[:10]}, {record.source})")
-    key = (FORWARD_QUANTIZED, fingerprint.key())
-    if key not in _told:
-        _told.add(key)
-        log.warning("fusedattn_select: fp8=True may not be faster than bf16 here: %s; delayed scaling "
-                    "(fp8=FP8History()) skips the amax pass, and FP8 output (FP8Scales(o_dtype=torch.float8_e4m3fn)) "
-                    "the pass back to bf16", note)
-    return note
+    return _tell_once(record, FORWARD_QUANTIZED, fingerprint,
+                      "fusedattn_select: fp8=True may not be faster than bf16 here: %s; delayed scaling "
+                      "(fp8=FP8History()) skips the amax pass, and FP8 output "
+                      "(FP8Scales(o_dtype=torch.float8_e4m3fn)) the pass back to bf16")

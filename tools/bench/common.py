@@ -257,15 +257,11 @@ def past(deadline: float | None, margin: float = 0.0) -> bool:
 def call_entry(q: Any, k: Any, v: Any, training: bool, **arguments: Any) -> Any:
     """The decision attention(q, k, v, **arguments) runs with (runtime.entries.Entry), found as
     attention() finds it (None before its first call, or for calls with optional tensors)."""
-    import inspect
-
     from fusedattn_select.runtime import entries
-    from fusedattn_select.runtime.api import attention
+    from fusedattn_select.runtime.args import Arguments
 
-    defaults = inspect.signature(attention).parameters
-    # attention()'s arguments in the order its hot-path key holds them
-    given = tuple(arguments.get(n, defaults[n].default) for n in (
-        "layout", "mask", "window_size", "attn_scale", "dropout", "softmax", "deterministic", "fp8", "return_lse"))
+    # attention()'s non-tensor arguments as its hot-path key holds them (Arguments: order and defaults)
+    given = tuple(Arguments(**{n: arguments[n] for n in Arguments._fields if n in arguments}))
     key = entries.fast_key(q, k, v, given, training, arguments.get("seqlens_q"), arguments.get("seqlens_kv"))
     return entries.by_call.get(key)
 
