@@ -4,7 +4,7 @@ Reads one JSON job per line on stdin ({"id", "config", "return_lse", "store_dir"
 the problem's own graphs and builds their plans into the persistent store, and answers one JSON line
 per job on the pipe FD: {"id", "result": ""} when the plans are stored, {"id", "result": why} when
 the graphs are rejected or do not build, {"id", "error": ...} when the job itself failed. Exits at
-the end of its input.
+the end of its input, and quietly when the answer pipe is closed (the calling process is gone).
 """
 
 from __future__ import annotations
@@ -47,7 +47,10 @@ def main() -> None:
                                                        job["device"])}
         except Exception as err:  # noqa: BLE001 - reported to the caller, who builds inline instead
             answer = {"id": job["id"], "error": f"{type(err).__name__}: {err}"}
-        answers.write(json.dumps(answer) + "\n")
+        try:
+            answers.write(json.dumps(answer) + "\n")
+        except BrokenPipeError:  # the calling process exited while this job ran: nobody to answer
+            os._exit(0)
 
 
 if __name__ == "__main__":

@@ -140,3 +140,19 @@ def test_what_the_workers_libraries_print_does_not_corrupt_its_answers(fresh_wor
     future = dense_builds._submit(_job(tmp_path))
     assert "cudnn-frontend is not installed" in str(future.exception(timeout=120))
     assert dense_builds._deaths == 0
+
+
+def test_a_worker_whose_caller_is_gone_exits_quietly_when_it_answers():
+    # The calling process exited (its end of the answer pipe closed) while the worker ran a job.
+    import os
+    import subprocess
+    import sys
+
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    worker = subprocess.run(
+        [sys.executable, "-m", "fusedattn_select.runtime.dense_worker", str(write_fd)], pass_fds=(write_fd,),
+        input='{"id": 0}\n', capture_output=True, text=True, env=env, timeout=120)
+    os.close(write_fd)
+    assert worker.returncode == 0 and "Traceback" not in worker.stderr, worker.stderr
