@@ -55,8 +55,9 @@ from fusedattn_select.runtime.args import Arguments, call_options, check_args, s
 from fusedattn_select.runtime.entries import entries as _entries
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
-from fusedattn_select.runtime.fused import FusedAttention, LeanAttention, fused_forward, lean_forward
+from fusedattn_select.runtime.fused import FusedAttention, fused_forward
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
+from fusedattn_select.runtime.lean import LeanAttention, lean_forward
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.problem import config
 

@@ -24,7 +24,8 @@ from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
-from fusedattn_select.runtime.layouts import FROM_BHSD, Formats, bhsd, formats
+from fusedattn_select.runtime.layouts import Formats, bhsd, formats
+from fusedattn_select.runtime.lean import Lean, mark_lean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config
 from fusedattn_select.runtime.ragged import Shape
@@ -63,7 +64,7 @@ class Entry:
     promotion: str = ""                  # "" = not tried; "pending" (a worker builds); "dense"; else why not
     pending: Optional[Future] = None     # bucket plans only: the worker's job building the dense plans
     replaced: Optional[Entry] = None     # a promoted entry's bucket entry: CUDA graphs captured with it read its memory
-    # Dense plans only: how the lean hot path binds a call's tensors (None: the general path).
+    # How the lean hot path binds a call's tensors (None: the general path).
     lean: Optional[Lean] = None
 
     @property
@@ -162,75 +163,9 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if new.fused and opts.dropout > 0:
         new.rng = torch.tensor([int(torch.randint(2 ** 62, (1,))), 0], dtype=torch.int64, device=q.device)
         new.rng_step = math.prod(qb.shape[:3]) * kb.shape[2]
-    if new.fused and not new.bucketed:
-        _mark_lean(new, qb, kb, vb, inputs)
+    if new.fused:
+        mark_lean(new, qb, kb, vb, inputs)
     return new
-
-
-# The order the lean path hands a call's tensors over in: forward, then backward.
-LEAN_FORWARD = ("q", "k", "v", "o", "stats")
-LEAN_BACKWARD = ("q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV")
-
-
-@dataclass(frozen=True)
-class Lean:
-    """How a dense entry's plans take a call's tensors as they are, with no views or copies: q, k,
-    v in the caller's dim order (their memory is what the graph declared; the frontend binds them
-    by the declaration), outputs allocated in the caller's dim order with the declared memory."""
-
-    out: tuple[tuple[int, ...], tuple[int, ...]]  # (shape, strides) of o in the caller's dim order
-    out_dtype: torch.dtype
-    # Positions in LEAN_FORWARD of the forward plan's tensors, in its binding order.
-    forward_index: tuple[int, ...]
-    # Training: (shape, strides) of dq, dk, dv and the strides dO must have (caller's dim order),
-    # and the positions in LEAN_BACKWARD of the backward plan's tensors; grads None: general path.
-    grads: Optional[tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]] = None
-    do_strides: tuple[int, ...] = ()
-    backward_index: tuple[int, ...] = ()
-    # Whether o (dq, dk, dv) has exactly q's (q's, k's, v's) geometry and dtype: then empty_like,
-    # the cheaper allocation, makes it.
-    out_like_q: bool = False
-    grads_like_qkv: bool = False
-
-
-def caller_geometry(spec: plans.TensorSpec, layout: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(shape, strides) in the caller's dim order of a graph tensor declared in logical BHSD."""
-    order = FROM_BHSD[layout]
-    return tuple(spec.dims[i] for i in order), tuple(spec.strides[i] for i in order)
-
-
-def _same_memory(dims: tuple[int, ...], want: tuple[int, ...], got: tuple[int, ...]) -> bool:
-    """Strides that address the same elements (those of size-1 dims never do)."""
-    return all(n == 1 or a == b for n, a, b in zip(dims, want, got))
-
-
-def _mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, inputs: OptionalInputs) -> None:
-    """Give a dense entry its Lean binding when its plans take q, k, v and nothing else."""
-    forward, backward, layout = new.forward, new.backward, new.opts.layout
-    if new.opts.fp8 or new.rng is not None or any(t is not None for t in inputs) or not forward.binds_by_declaration:
-        return
-    if sorted(forward.inputs) != ["k", "q", "v"] or sorted(forward.outputs) not in (["o"], ["o", "stats"]):
-        return
-    for name, t in (("q", qb), ("k", kb), ("v", vb)):
-        spec = forward.specs[name]
-        if t.dtype != spec.dtype or tuple(t.shape) != spec.dims or not _same_memory(spec.dims, spec.strides,
-                                                                                    t.stride()):
-            return
-    order = FROM_BHSD[layout]
-    given = [(tuple(t.permute(order).shape), t.permute(order).stride()) for t in (qb, kb, vb)]
-    out = caller_geometry(forward.specs["o"], layout)
-    lean = Lean(out, forward.specs["o"].dtype, tuple(LEAN_FORWARD.index(n) for n in forward.order),
-                out_like_q=out == given[0] and forward.specs["o"].dtype == qb.dtype)
-    if backward is not None and backward.binds_by_declaration and sorted(backward.inputs) == [
-            "dO", "k", "o", "q", "stats", "v"] and sorted(backward.outputs) == ["dK", "dQ", "dV"] and all(
-            backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats")) and all(
-            backward.specs["d" + n].dtype == forward.specs[n.lower()].dtype for n in ("Q", "K", "V")):
-        grads = tuple(caller_geometry(backward.specs[g], layout) for g in ("dQ", "dK", "dV"))
-        lean = dataclasses.replace(
-            lean, grads=grads, do_strides=caller_geometry(backward.specs["dO"], layout)[1],
-            backward_index=tuple(LEAN_BACKWARD.index(n) for n in backward.order),
-            grads_like_qkv=list(grads) == given)
-    new.lean = lean
 
 
 def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple, training: bool,
@@ -321,7 +256,7 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
     selection = selector.select_dense(cfg)
     dense = dataclasses.replace(old, cfg=cfg, selection=selection, call_cfg=None, forward=None, backward=None,
                                 ragged_forward=None, ragged_backward=None, calls=0, promotion="dense", logged=False,
-                                pending=None, replaced=old)
+                                pending=None, replaced=old, lean=None)
     if selection.selected:
         _build_plans(dense, selector, q.device)
     if not (selection.selected and dense.fused):
@@ -332,7 +267,7 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
         return old
     opts = old.opts
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
-    _mark_lean(dense, qb, kb, vb, OptionalInputs())
+    mark_lean(dense, qb, kb, vb, OptionalInputs())
     with _table_lock:
         for call_key, value in list(by_call.items()):
             if value is old:

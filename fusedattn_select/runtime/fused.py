@@ -168,58 +168,6 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
     return dq, dk, dv, dbias, dsink
 
 
-# ----- the lean path: dense plans that take the caller's tensors as they are (Entry.lean) --------
-def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(out in the caller's layout, softmax stats or None) of a lean entry's call."""
-    plan, lean = entry.forward, entry.lean
-    if lean.out_like_q:
-        out = torch.empty_like(q)
-    else:
-        shape, strides = lean.out
-        out = torch.empty_strided(shape, strides, dtype=lean.out_dtype, device=q.device)
-    stats = plan.allocate("stats") if len(lean.forward_index) == 5 else None
-    given = (q, k, v, out, stats)
-    plan.run(tuple([given[i] for i in lean.forward_index]))
-    return out, stats
-
-
-def lean_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  out: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of a lean entry's call (Lean.grads set), in the caller's layout."""
-    plan, lean = entry.backward, entry.lean
-    device = q.device
-    if grad_out.stride() != lean.do_strides:  # e.g. the expanded gradient of a sum: into the declared memory
-        grad_out = torch.empty_strided(grad_out.shape, lean.do_strides, dtype=grad_out.dtype,
-                                       device=device).copy_(grad_out)
-    if lean.grads_like_qkv:
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    else:
-        (dq_shape, dq_strides), (dk_shape, dk_strides), (dv_shape, dv_strides) = lean.grads
-        dq = torch.empty_strided(dq_shape, dq_strides, dtype=q.dtype, device=device)
-        dk = torch.empty_strided(dk_shape, dk_strides, dtype=k.dtype, device=device)
-        dv = torch.empty_strided(dv_shape, dv_strides, dtype=v.dtype, device=device)
-    given = (q, k, v, out, stats, grad_out, dq, dk, dv)
-    plan.run(tuple([given[i] for i in lean.backward_index]))
-    return dq, dk, dv
-
-
-class LeanAttention(torch.autograd.Function):
-    """Eager autograd for lean entries: q, k, v only, no options to carry."""
-
-    @staticmethod
-    def forward(ctx, entry, q, k, v):
-        out, stats = lean_forward(entry, q, k, v)
-        ctx.entry = entry
-        ctx.save_for_backward(q, k, v, out, stats)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, stats = ctx.saved_tensors
-        return (None,) + lean_backward(ctx.entry, grad_out, q, k, v, out, stats)
-
-
 class FusedAttention(torch.autograd.Function):
     """Eager autograd for the fused path: cuDNN forward (saving its softmax stats) and backward.
 

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.runtime import api, entries, plans
+from fusedattn_select.runtime import api, entries, lean, plans
 from fusedattn_select.runtime.args import Arguments
 from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
 from fusedattn_select.runtime.options import CallOptions
@@ -31,11 +31,11 @@ def _spec(view: torch.Tensor, dtype=BF16) -> plans.TensorSpec:
 
 # ----- _same_memory / caller_geometry ----------------------------------------------------------------
 def test_same_memory_compares_strides_except_of_size_one_dims():
-    assert entries._same_memory((2, 3), (3, 1), (3, 1))
-    assert not entries._same_memory((2, 3), (3, 1), (1, 2))
-    assert entries._same_memory((1, 3), (3, 1), (99, 1))
-    assert not entries._same_memory((1, 3), (3, 1), (99, 2))
-    assert entries._same_memory((1, 1), (5, 6), (7, 8))
+    assert lean.same_memory((2, 3), (3, 1), (3, 1))
+    assert not lean.same_memory((2, 3), (3, 1), (1, 2))
+    assert lean.same_memory((1, 3), (3, 1), (99, 1))
+    assert not lean.same_memory((1, 3), (3, 1), (99, 2))
+    assert lean.same_memory((1, 1), (5, 6), (7, 8))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -46,8 +46,8 @@ def test_caller_geometry_is_the_caller_view_of_the_declared_memory(layout, memor
     stored = torch.empty(tuple(dims[i] for i in _from_bhsd(memory)))
     spec = _spec(stored.permute(TO_BHSD[memory]))
     want = stored.permute(TO_BHSD[memory]).permute(_from_bhsd(layout))  # the caller's view of that memory
-    assert entries.caller_geometry(spec, layout) == (tuple(want.shape), want.stride())
-    assert entries.caller_geometry(spec, layout)[0] == CALLER_SHAPES[layout]
+    assert lean.caller_geometry(spec, layout) == (tuple(want.shape), want.stride())
+    assert lean.caller_geometry(spec, layout)[0] == CALLER_SHAPES[layout]
 
 
 def _from_bhsd(layout: str) -> tuple[int, ...]:

@@ -1,0 +1,176 @@
+"""The lean hot path: an entry's plans fed the caller's tensors as they are, with no views, copies or
+dicts per call. Dense plans take q, k, v in the caller's dim order (their memory is what the graph
+declared; the frontend binds each buffer by the declaration); bucket plans take them where their
+memory is contiguous BSHD, with the shape's ragged offsets and lengths made once per signature.
+
+`mark_lean` gives an entry its Lean where its plans take q, k, v and nothing the caller varies per call
+(no bias, ALiBi slopes, sink, lengths, dropout or FP8); every other entry runs the general path
+(fused.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from fusedattn_select.runtime import plans
+from fusedattn_select.runtime.layouts import FROM_BHSD
+from fusedattn_select.runtime.options import OptionalInputs
+
+if TYPE_CHECKING:
+    from fusedattn_select.runtime.entries import Entry
+
+# The order the lean path hands a call's tensors over in (then a bucket plan's offsets and lengths).
+LEAN_FORWARD = ("q", "k", "v", "o", "stats")
+LEAN_BACKWARD = ("q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV")
+
+Geometry = tuple[tuple[int, ...], tuple[int, ...]]  # (shape, strides)
+
+
+@dataclass(frozen=True)
+class Lean:
+    """How an entry's plans take a call's tensors: outputs allocated in the caller's dim order with
+    the memory the plans write, and where each plan finds its tensors."""
+
+    out: Geometry                      # o in the caller's dim order
+    out_dtype: torch.dtype
+    # Positions in LEAN_FORWARD + the forward's offsets and lengths of the forward plan's tensors,
+    # in its binding order.
+    forward_index: tuple[int, ...]
+    stats: bool = False                # whether the forward plan writes softmax stats
+    # Training: dq, dk, dv in the caller's dim order and the strides dO must have, and the
+    # positions in LEAN_BACKWARD + the backward's offsets and lengths; grads None: general path.
+    grads: Optional[tuple[Geometry, Geometry, Geometry]] = None
+    do_strides: tuple[int, ...] = ()
+    backward_index: tuple[int, ...] = ()
+    # Whether o (dq, dk, dv) has exactly q's (q's, k's, v's) geometry and dtype: then empty_like,
+    # the cheaper allocation, makes it.
+    out_like_q: bool = False
+    grads_like_qkv: bool = False
+    # Bucket plans: the offset and length tensors of the call's shape, in binding-name order.
+    ragged_forward: tuple[torch.Tensor, ...] = ()
+    ragged_backward: tuple[torch.Tensor, ...] = ()
+
+
+def caller_geometry(spec: plans.TensorSpec, layout: str) -> Geometry:
+    """(shape, strides) in the caller's dim order of a graph tensor declared in logical BHSD."""
+    order = FROM_BHSD[layout]
+    return tuple(spec.dims[i] for i in order), tuple(spec.strides[i] for i in order)
+
+
+def bshd_geometry(dims: tuple[int, ...], layout: str) -> Geometry:
+    """(shape, strides) in the caller's dim order of logical (B, H, S, D) `dims` held in contiguous
+    BSHD memory: how bucket plans read and write the caller's tensors."""
+    b, h, s, d = dims
+    strides = (s * h * d, d, h * d, 1)
+    order = FROM_BHSD[layout]
+    return tuple(dims[i] for i in order), tuple(strides[i] for i in order)
+
+
+def same_memory(dims: tuple[int, ...], want: tuple[int, ...], got: tuple[int, ...]) -> bool:
+    """Strides that address the same elements (those of size-1 dims never do)."""
+    return all(n == 1 or a == b for n, a, b in zip(dims, want, got))
+
+
+def _takes_qkv(plan: plans.Plan, inputs: tuple[str, ...], outputs: tuple[tuple[str, ...], ...],
+               ragged: tuple[str, ...]) -> bool:
+    return (plan.binds_by_declaration and sorted(n for n in plan.inputs if n not in ragged) == sorted(inputs)
+            and tuple(sorted(plan.outputs)) in outputs)
+
+
+def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, inputs: OptionalInputs) -> None:
+    """Give a fused entry its Lean where its plans take the call's q, k, v and nothing else."""
+    forward, backward, layout = new.forward, new.backward, new.opts.layout
+    if new.opts.fp8 or new.rng is not None or any(t is not None for t in inputs):
+        return
+    bucketed = new.bucketed
+    ragged_fwd = tuple(new.ragged_forward) if bucketed else ()
+    if not _takes_qkv(forward, ("k", "q", "v"), (("o",), ("o", "stats")), ragged_fwd):
+        return
+    given = []
+    for name, t in (("q", qb), ("k", kb), ("v", vb)):
+        spec = forward.specs[name]
+        want_dims, want_strides = (t.shape, bshd_geometry(tuple(t.shape), "bhsd")[1]) if bucketed else (
+            spec.dims, spec.strides)
+        if t.dtype != spec.dtype or tuple(t.shape) != tuple(want_dims) or not same_memory(
+                tuple(want_dims), want_strides, t.stride()):
+            return
+        given.append((tuple(t.permute(FROM_BHSD[layout]).shape), t.permute(FROM_BHSD[layout]).stride()))
+    if bucketed:
+        out = bshd_geometry((qb.shape[0], qb.shape[1], qb.shape[2], vb.shape[3]), layout)
+    else:
+        out = caller_geometry(forward.specs["o"], layout)
+    names = LEAN_FORWARD + ragged_fwd
+    lean = Lean(out, forward.specs["o"].dtype, tuple(names.index(n) for n in forward.order),
+                stats="stats" in forward.outputs, out_like_q=out == given[0] and forward.specs["o"].dtype == qb.dtype,
+                ragged_forward=tuple(new.ragged_forward[n] for n in ragged_fwd))
+    ragged_bwd = tuple(new.ragged_backward) if bucketed and new.ragged_backward is not None else ()
+    if backward is not None and _takes_qkv(backward, ("dO", "k", "o", "q", "stats", "v"), (("dK", "dQ", "dV"),),
+                                           ragged_bwd) and all(
+            backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats")) and all(
+            backward.specs["d" + n].dtype == forward.specs[n.lower()].dtype for n in ("Q", "K", "V")):
+        if bucketed:
+            grads = tuple(bshd_geometry(tuple(t.shape), layout) for t in (qb, kb, vb))
+            do_strides = out[1]
+        else:
+            grads = tuple(caller_geometry(backward.specs[g], layout) for g in ("dQ", "dK", "dV"))
+            do_strides = caller_geometry(backward.specs["dO"], layout)[1]
+        names = LEAN_BACKWARD + ragged_bwd
+        lean = dataclasses.replace(
+            lean, grads=grads, do_strides=do_strides, backward_index=tuple(names.index(n) for n in backward.order),
+            grads_like_qkv=list(grads) == given, ragged_backward=tuple(new.ragged_backward[n] for n in ragged_bwd))
+    new.lean = lean
+
+
+def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(out in the caller's layout, softmax stats or None) of a lean entry's call."""
+    plan, lean = entry.forward, entry.lean
+    if lean.out_like_q:
+        out = torch.empty_like(q)
+    else:
+        shape, strides = lean.out
+        out = torch.empty_strided(shape, strides, dtype=lean.out_dtype, device=q.device)
+    stats = plan.allocate("stats") if lean.stats else None
+    given = (q, k, v, out, stats) + lean.ragged_forward
+    plan.run(tuple([given[i] for i in lean.forward_index]))
+    return out, stats
+
+
+def lean_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  out: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of a lean entry's call (Lean.grads set), in the caller's layout."""
+    plan, lean = entry.backward, entry.lean
+    device = q.device
+    if grad_out.stride() != lean.do_strides:  # e.g. the expanded gradient of a sum: into the declared memory
+        grad_out = torch.empty_strided(grad_out.shape, lean.do_strides, dtype=grad_out.dtype,
+                                       device=device).copy_(grad_out)
+    if lean.grads_like_qkv:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    else:
+        (dq_shape, dq_strides), (dk_shape, dk_strides), (dv_shape, dv_strides) = lean.grads
+        dq = torch.empty_strided(dq_shape, dq_strides, dtype=q.dtype, device=device)
+        dk = torch.empty_strided(dk_shape, dk_strides, dtype=k.dtype, device=device)
+        dv = torch.empty_strided(dv_shape, dv_strides, dtype=v.dtype, device=device)
+    given = (q, k, v, out, stats, grad_out, dq, dk, dv) + lean.ragged_backward
+    plan.run(tuple([given[i] for i in lean.backward_index]))
+    return dq, dk, dv
+
+
+class LeanAttention(torch.autograd.Function):
+    """Eager autograd for lean entries: q, k, v only, no options to carry."""
+
+    @staticmethod
+    def forward(ctx, entry, q, k, v):
+        out, stats = lean_forward(entry, q, k, v)
+        ctx.entry = entry
+        ctx.save_for_backward(q, k, v, out, stats)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, stats = ctx.saved_tensors
+        return (None,) + lean_backward(ctx.entry, grad_out, q, k, v, out, stats)
