@@ -94,6 +94,30 @@ def bucket_form(cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | N
     )
 
 
+def heads_as_batch(cfg: AttnConfig) -> AttnConfig | None:
+    """The problem a decode step (one query row) with keys and values in BHSD memory runs as, or None.
+
+    Each (sequence, KV head) pair becomes a sequence of its own with one head, whose rows are the
+    KV head's group of query heads: a head of a BHSD tensor is contiguous memory, so bucket plans
+    address the caller's keys and values without copying them into BSHD. The query row sees every
+    key (no mask, or a bottom-right causal mask with no window), so the group's rows see the same.
+    """
+    if cfg.mask == "no_mask":
+        windows = {(-1, -1)}
+    elif cfg.mask in ("causal", "causal_bottom_right") and cfg.resolved_bottom_right_diagonal:
+        windows = {(-1, -1), (-1, 0)}  # the row is the last query: it sees every key
+    else:
+        return None
+    if (cfg.seqlen_q != 1 or cfg.is_training or tuple(cfg.window_size) not in windows
+            or cfg.qkv_layout != "bhsd_bhsd_bhsd" or cfg.bias != "no_bias" or cfg.softmax != "vanilla"
+            or cfg.dropout or cfg.is_fp8 or cfg.return_max_logit or cfg.cuda_graph or cfg.page_size is not None
+            or why_not_bucketed(cfg)):
+        return None
+    return cfg.replace(batch_size=cfg.batch_size * cfg.num_heads_kv, num_heads_q=1, num_heads_kv=1,
+                       seqlen_q=cfg.num_heads_q // cfg.num_heads_kv, qkv_layout="bshd_bshd_bshd", o_format=None,
+                       mask="no_mask", window_size=(-1, -1), bottom_right_diagonal=None)
+
+
 def larger_buckets(bucket: Bucket, batch_doublings: int = 3, length_doublings: int = 6) -> list[Bucket]:
     """Buckets above `bucket` on the ladder, smallest first: up to `batch_doublings` larger batch
     sizes times `length_doublings` longer lengths (both lengths for self-attention, where they are

@@ -56,6 +56,7 @@ from fusedattn_select.runtime.entries import entries as _entries
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
 from fusedattn_select.runtime.fused import FusedAttention, fused_forward
+from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
 from fusedattn_select.runtime.lean import LeanAttention, lean_forward
 from fusedattn_select.runtime.options import OptionalInputs
@@ -167,6 +168,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
 def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
          fp8: Any, return_lse: bool) -> Any:
     """Run a decided call: the lean path, the general fused path, or the fallback."""
+    heads = found.heads
+    if heads is not None:  # a decode step run with its heads as batch (runtime/heads.py)
+        return back(heads, _run(heads.entry, *as_heads(heads, q, k, v), inputs, fp8, return_lse))
     counters = entries.counters
     counters["calls"] += 1
     if not found.fused:

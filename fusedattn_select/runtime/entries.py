@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.result import Selection
@@ -24,6 +25,7 @@ from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
+from fusedattn_select.runtime.heads import HeadsAsBatch, views
 from fusedattn_select.runtime.layouts import Formats, bhsd, formats
 from fusedattn_select.runtime.lean import Lean, mark_lean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
@@ -31,7 +33,7 @@ from fusedattn_select.runtime.problem import config
 from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.selection import fp8_speed
 from fusedattn_select.selection.rules import apply_rules
-from fusedattn_select.selection.selector import Selector, default_selector
+from fusedattn_select.selection.selector import HEADS_AS_BATCH, Selector, default_selector
 from fusedattn_select.single_flight import OncePerKey
 
 log = logging.getLogger("fusedattn_select")
@@ -66,6 +68,8 @@ class Entry:
     replaced: Optional[Entry] = None     # a promoted entry's bucket entry: CUDA graphs captured with it read its memory
     # How the lean hot path binds a call's tensors (None: the general path).
     lean: Optional[Lean] = None
+    # A decode step run with its KV heads as batch: the entry that runs it, and the views (runtime/heads.py).
+    heads: Optional[HeadsAsBatch] = None
 
     @property
     def fused(self) -> bool:
@@ -145,6 +149,8 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     alibi = inputs.alibi_slopes
     if q.is_cuda and alibi is not None and not _standard_alibi(alibi, new.cfg.num_heads_q):
         new.reason = "alibi_slopes differ from the fixed ALiBi slopes cuDNN computes (2^(-8i/H))"
+        return new
+    if q.is_cuda and _heads_as_batch(new, selector, qb, kb, vb):
         return new
     # A call too large for int32 ragged offsets runs, and is answered by, its own (dense) graphs.
     fits = ragged.offsets_fit(qb, kb, vb)
@@ -272,8 +278,11 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
         for call_key, value in list(by_call.items()):
             if value is old:
                 by_call[call_key] = dense
-        for signature in [s for s, value in entries.items() if value is old]:
-            entries.replace(signature, dense)
+        for signature, value in entries.items():
+            if value is old:
+                entries.replace(signature, dense)
+            elif value.heads is not None and value.heads.entry is old:  # decode steps it ran with their heads as batch
+                value.heads = dataclasses.replace(value.heads, entry=dense)
         old.promotion = "dense"
     counters["promotions"] += 1
     log.info("fusedattn_select: %s ran %d calls on bucket plans; its own plans run it now (%.0f ms to obtain%s)",
@@ -281,6 +290,30 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
              ", from the store: the worker process built them" if stored and plans.plan_stats()["builds"] == builds
              else "")
     return dense
+
+
+def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> bool:
+    """Run a decode step as its heads-as-batch call (buckets.heads_as_batch) where that problem
+    answers it; False, with the entry untouched, otherwise."""
+    decode = None if new.opts.return_lse else heads_as_batch(new.cfg)
+    dims = views(qb, kb, vb) if decode is not None else None
+    if dims is None:
+        return False
+    selection = selector.select(new.cfg)
+    if not (selection.selected and selection.plan_form.startswith(HEADS_AS_BATCH)):
+        return False
+    q_dims, k_dims, v_dims, out_dims = dims
+    qh, kh, vh = qb.view(q_dims), kb.view(k_dims), vb.view(v_dims)
+    opts = dataclasses.replace(new.opts, layout="bshd", mask="no_mask", window_size=(-1, -1))
+    none = OptionalInputs(None, None, None, None, None)
+    inner = entry(key(qh, kh, vh, opts, none), qh, kh, vh, none, None)
+    ran = inner.call_cfg or inner.cfg
+    if not inner.fused or ran is None or ran.cache_key() != decode.cache_key():
+        log.debug("fusedattn_select: %s keeps its heads (%s)", new.cfg.cache_key(), inner.reason or "another problem")
+        return False
+    new.selection = selection
+    new.heads = HeadsAsBatch(inner, q_dims, k_dims, v_dims, out_dims, new.opts.layout)
+    return True
 
 
 def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device) -> bool:

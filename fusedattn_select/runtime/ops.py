@@ -21,6 +21,7 @@ from fusedattn_select.runtime.args import Arguments, call_options, check_args
 from fusedattn_select.runtime.fallback import fallback_backward, fallback_forward
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.fused import Saved, fused_backward, fused_forward
+from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd, empty_bhsd, physical_format
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 
@@ -76,15 +77,20 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
     if tensors["descale_q"] is not None:
         scales = FP8Scales(*(tensors[name] for name in _DESCALES), dtypes.torch_dtype(opts.o_dtype, torch))
     found = entries.entry(entries.key(q, k, v, opts, inputs), q, k, v, inputs, scales)
+    specs = _attention_fwd_fake(*(_meta(t) for t in args))
+    heads = found.heads
+    if heads is not None:  # a decode step run with its heads as batch (runtime/heads.py)
+        found, (q, k, v) = heads.entry, as_heads(heads, q, k, v)
     if found.fused and found.bucketed:
         found = entries.count_call(found, q, k, v)
-    specs = _attention_fwd_fake(*(_meta(t) for t in args))
     saved: tuple = (None,) * 4
     entries.counters["calls"] += 1
     entries.counters["fused_calls" if found.fused else "fallback_calls"] += 1
     if found.fused:
         out, stats, rng, fp8_saved = fused_forward(found, q, k, v, inputs, scales)
-        qb = bhsd(q, opts.layout)
+        if heads is not None:
+            out = back(heads, out)
+        qb = bhsd(q, found.opts.layout)
         stats = found.lse(stats, qb.shape[0], qb.shape[2])
         if fp8_saved is not None and specs[3].numel():
             # float8 travels as its bytes: opcheck and AOT autograd treat op outputs as numbers

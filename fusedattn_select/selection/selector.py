@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
@@ -85,6 +86,13 @@ def _selection(cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bo
     )
 
 
+HEADS_AS_BATCH = "heads as batch"
+
+
+def _heads_description(decode: AttnConfig) -> str:
+    return f"{HEADS_AS_BATCH} (B={decode.batch_size} H=1 S_q={decode.seqlen_q}: one sequence per KV head)"
+
+
 def _bucket_description(form: AttnConfig) -> str:
     return (f"bucket B={form.batch_size} S_q={form.seqlen_q} S_kv={form.seqlen_kv} "
             f"(ragged {form.qkv_layout}, {form.mask})")
@@ -138,6 +146,15 @@ class Selector:
             with self._lock:
                 self._stats["hits"] += 1
             return answered
+        decode = heads_as_batch(cfg) if self._bucket_forms else None
+        if decode is not None:
+            answer = self.select(decode, depth)
+            if answer.selected:  # else the problem's own forms answer it, as attention() then runs them
+                answer = dataclasses.replace(answer, config=cfg, cache_key=key,
+                                             plan_form=f"{_heads_description(decode)}; {answer.plan_form}")
+                with self._lock:
+                    self._by_problem[(key, depth)] = dataclasses.replace(answer, from_cache=True)
+                return answer
         form = self.bucket_for(cfg)
         if form is None:
             return self._select_exact(cfg, key, depth)

@@ -34,12 +34,13 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
+from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.result import Selection
-from fusedattn_select.selection.selector import Selector, default_selector
+from fusedattn_select.selection.selector import HEADS_AS_BATCH, Selector, default_selector
 from fusedattn_select.store import PersistentStore
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, TextEnum
 
@@ -314,8 +315,11 @@ def plan_target(selector: Selector, depth: ProbeDepth) -> tuple[tuple | None, st
 def plan_forms(selector: Selector, cfg: AttnConfig, selection: Selection) -> tuple[list[AttnConfig], str]:
     """The problems whose plans attention() runs for `cfg`: its bucket's form when it is answered by
     its shape bucket (every smaller shape of its class runs in that bucket too), else its own dense
-    problem; and why there are none."""
-    if selection.plan_form.startswith("bucket"):
+    problem (a decode step answered with its heads as batch: that problem's); and why there are none."""
+    form = selection.plan_form
+    if form.startswith(HEADS_AS_BATCH):
+        cfg, form = heads_as_batch(cfg), form.split("; ", 1)[1]
+    if form.startswith("bucket"):
         return [selector.bucket_for(cfg)], ""
     dispatched = plan_store.dispatch_config(cfg)
     if dispatched is None:

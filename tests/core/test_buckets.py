@@ -11,6 +11,7 @@ from fusedattn_select.buckets import (
     bucket_batch,
     bucket_form,
     bucket_seqlen,
+    heads_as_batch,
     larger_buckets,
     why_not_bucketed,
 )
@@ -78,3 +79,35 @@ def test_larger_buckets_climb_the_ladder_smallest_first():
     decode = larger_buckets(Bucket(1, 1, 256), batch_doublings=0, length_doublings=2)
     assert decode == [Bucket(1, 1, 512), Bucket(1, 1, 1024)]
     assert all(b.holds(2, 256, 256) for b in above)
+
+
+# ----- heads_as_batch: a decode step with BHSD keys and values -------------------------------------
+DECODE = AttnConfig(batch_size=3, num_heads_q=32, num_heads_kv=8, seqlen_q=1, seqlen_kv=233, head_dim_qk=128,
+                    qkv_layout="bhsd_bhsd_bhsd", is_training=False)
+
+
+def test_a_decode_step_runs_one_sequence_per_kv_head_with_its_query_group_as_rows():
+    form = heads_as_batch(DECODE)
+    assert (form.batch_size, form.num_heads_q, form.num_heads_kv, form.seqlen_q, form.seqlen_kv) == (24, 1, 1, 4, 233)
+    assert form.qkv_layout == "bshd_bshd_bshd" and form.mask == "no_mask" and form.head_dim_qk == 128
+    assert form.resolved_attn_scale == DECODE.resolved_attn_scale  # the scale of the caller's head dim
+    mha = heads_as_batch(DECODE.replace(num_heads_q=8))
+    assert (mha.batch_size, mha.seqlen_q) == (24, 1)
+
+
+@pytest.mark.parametrize("changes", [
+    dict(mask="causal_bottom_right"), dict(mask="causal", bottom_right_diagonal=True),
+    dict(mask="causal_bottom_right", window_size=(-1, 0)),
+])
+def test_a_mask_that_lets_the_query_row_see_every_key_is_the_same_problem(changes):
+    assert heads_as_batch(DECODE.replace(**changes)) == heads_as_batch(DECODE)
+
+
+@pytest.mark.parametrize("changes", [
+    dict(seqlen_q=2), dict(is_training=True), dict(mask="causal"), dict(mask="padding"),
+    dict(window_size=(128, 0), mask="causal_bottom_right"), dict(qkv_layout="bshd_bshd_bshd"),
+    dict(bias="post_scale_bias", bias_shape="1hss"), dict(softmax="off_by_one"), dict(dropout=0.1),
+    dict(qkv_dtype="fp8_e4m3"), dict(cuda_graph=True),
+])
+def test_other_problems_keep_their_heads(changes):
+    assert heads_as_batch(DECODE.replace(**changes)) is None

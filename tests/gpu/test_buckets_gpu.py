@@ -10,6 +10,7 @@ from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 from fusedattn_select.buckets import Bucket, bucket_form  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info  # noqa: E402
+from fusedattn_select.runtime.options import CallOptions, OptionalInputs  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention_bshd  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
 
@@ -102,3 +103,66 @@ def test_the_selection_dispatch_relies_on_is_the_bucket_graphs():
     assert (form.batch_size, form.seqlen_q) == (Bucket.of(3, 700, 700).batch, Bucket.of(3, 700, 700).seqlen_q)
     assert entry.selection.plan_form.startswith("bucket B=4 S_q=1024 S_kv=1024")
     assert entry.forward.specs["q"].dims == (4, 8, 1024, 64)
+
+
+# ----- decode steps with BHSD keys and values (a DynamicCache): KV heads as batch --------------------
+def _decode_tensors(b, skv, hq, hkv, d=64, seed=0):
+    gen = torch.Generator(device=CUDA).manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, d, generator=gen, device=CUDA).to(torch.bfloat16)
+               for h, s in ((hq, 1), (hkv, skv), (hkv, skv)))
+    return q, k, v
+
+
+def _decode_reference(q, k, v, **kwargs):
+    as_bshd = [t.transpose(1, 2).double() for t in (q, k, v)]
+    return reference_attention_bshd(*as_bshd, **kwargs).transpose(1, 2)
+
+
+def _entry_of(q, k, v, layout, mask):
+    options = CallOptions(layout, mask, (-1, -1), None, 0.0, "vanilla", False, False, "", False, False, False, False)
+    return dispatch_entries.entries.get(dispatch_entries.key(q, k, v, options, OptionalInputs(None, None, None, None,
+                                                                                              None)))
+
+
+@pytest.mark.parametrize("skv", [1, 2, 63, 64, 65, 129, 256, 1500])
+@pytest.mark.parametrize("hq, hkv", [(8, 2), (4, 4), (8, 1)])
+@pytest.mark.parametrize("mask", ["no_mask", "causal_bottom_right"])
+def test_a_decode_step_runs_its_heads_as_batch_without_copies_and_matches_the_reference(skv, hq, hkv, mask):
+    q, k, v = _decode_tensors(3, skv, hq, hkv)
+    with torch.no_grad():
+        out = attention(q, k, v, layout="bhsd", mask=mask)
+    assert out.shape == (3, hq, 1, 64) and out.is_contiguous()
+    assert_close(out, _decode_reference(q, k, v, mask=mask), TOL_OUT, "out")
+    entry = _entry_of(q, k, v, "bhsd", mask)
+    assert entry.heads is not None, entry.reason or "ran with its heads"
+    inner = entry.heads.entry
+    assert inner.bucketed and inner.lean is not None  # the caller's K/V memory, as it is
+    assert (inner.call_cfg.batch_size, inner.call_cfg.num_heads_q, inner.call_cfg.seqlen_q) == (3 * hkv, 1, hq // hkv)
+    selection = default_selector().select(config_from_tensors(q, k, v, layout="bhsd", mask=mask, is_training=False))
+    assert selection.plan_form.startswith("heads as batch") and entry.selection == selection
+
+
+def test_the_next_decode_steps_build_nothing_and_a_bshd_view_of_the_cache_runs_the_same():
+    q, k, v = _decode_tensors(2, 300, 8, 2, seed=1)
+    with torch.no_grad():
+        attention(q, k, v, layout="bhsd")
+        builds = dispatch_info()["plan_builds"]
+        for skv in (301, 302, 400, 512):
+            q, k, v = _decode_tensors(2, skv, 8, 2, seed=skv)
+            assert_close(attention(q, k, v, layout="bhsd"), _decode_reference(q, k, v), TOL_OUT, "out")
+        assert dispatch_info()["plan_builds"] == builds
+        # The same memory passed as (B, S, H, D) views: the same problem, the same plans.
+        out = attention(*(t.transpose(1, 2) for t in (q, k, v)), layout="bshd")
+    assert out.shape == (2, 1, 8, 64)
+    assert_close(out.transpose(1, 2), _decode_reference(q, k, v), TOL_OUT, "out (bshd views)")
+    assert _entry_of(*(t.transpose(1, 2) for t in (q, k, v)), "bshd", "no_mask").heads is not None
+    assert dispatch_info()["plan_builds"] == builds
+
+
+def test_a_compiled_decode_step_matches_eager_mode():
+    q, k, v = _decode_tensors(2, 333, 8, 2, seed=2)
+    step = torch.compile(lambda q, k, v: attention(q, k, v, layout="bhsd"), fullgraph=True)
+    with torch.no_grad():
+        eager = attention(q, k, v, layout="bhsd")
+        compiled = step(q, k, v)
+    assert torch.equal(compiled, eager)

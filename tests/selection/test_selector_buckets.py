@@ -9,7 +9,7 @@ from __future__ import annotations
 from test_selector import SUPPORTED, ScriptedTestEngine, answer
 
 from fusedattn_select import AttnConfig
-from fusedattn_select.buckets import bucket_form
+from fusedattn_select.buckets import bucket_form, heads_as_batch
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Backend, Outcome
 
@@ -103,3 +103,39 @@ def test_a_fresh_process_runs_a_shape_in_a_larger_bucket_another_process_stored(
     assert selection.selected and selection.plan_form.startswith("bucket B=8 S_q=4096 S_kv=4096")
     assert engine.calls == []  # nothing probed: the stored bucket answers
     assert fresh.bucket_for(config(batch_size=1, seqlen_q=100, seqlen_kv=100)).batch_size == 8
+
+
+# ----- a decode step with BHSD keys and values: answered with its heads as batch ---------------------
+DECODE = dict(batch_size=2, num_heads_q=32, num_heads_kv=8, seqlen_q=1, seqlen_kv=233, head_dim_qk=128,
+              qkv_layout="bhsd_bhsd_bhsd", mask="no_mask", is_training=False)
+
+
+def test_a_decode_step_is_answered_by_the_bucket_graphs_of_its_heads_as_batch_problem():
+    engine = ScriptedTestEngine()
+    selection = Selector(engine).select(config(**DECODE))
+    form = bucket_form(heads_as_batch(config(**DECODE)))
+    assert {key for key, _, _ in engine.calls} == {form.cache_key()}
+    assert selection.plan_form.startswith("heads as batch (B=16 H=1 S_q=4") and "bucket B=16 S_q=64 S_kv=256" in \
+        selection.plan_form
+    assert selection.config == config(**DECODE) and selection.cache_key == config(**DECODE).cache_key()
+
+
+def test_the_next_decode_steps_inside_the_bucket_cost_no_probe():
+    engine = ScriptedTestEngine()
+    selector = Selector(engine)
+    selector.select(config(**DECODE))
+    for seqlen_kv in (234, 240, 256, 200):
+        again = selector.select(config(**dict(DECODE, seqlen_kv=seqlen_kv)))
+        assert again.from_cache and again.plan_form.startswith("heads as batch")
+    assert len(engine.calls) == 1  # the forward graph of one bucket form
+
+
+def test_where_the_heads_as_batch_graphs_are_rejected_the_step_keeps_its_heads():
+    def reject_one_head(cfg, backend, phase, depth):
+        if cfg.num_heads_q == 1:
+            return answer(Outcome.UNSUPPORTED, "check_support", "one head rejected (test double)")(
+                cfg, backend, phase, depth)
+        return SUPPORTED(cfg, backend, phase, depth)
+
+    selection = Selector(ScriptedTestEngine(reject_one_head)).select(config(**DECODE))
+    assert selection.backend is Backend.F16 and selection.plan_form.startswith("bucket B=2 S_q=1 S_kv=256")

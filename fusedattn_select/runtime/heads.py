@@ -1,0 +1,61 @@
+"""A decode step with keys and values in BHSD memory, run with its KV heads as batch (see
+buckets.heads_as_batch): the call's q, k, v are re-described, without copies, as a call of one
+head per (sequence, KV head) whose query rows are that head's group of query heads, and that call
+runs its own entry (bucket plans, lean path). A transformers DynamicCache holds its keys and values
+this way, so generate()'s decode steps run without copying the cache each step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
+
+if TYPE_CHECKING:
+    from fusedattn_select.runtime.entries import Entry
+
+Dims = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class HeadsAsBatch:
+    """The entry running a decode call with its heads as batch, and the views between the two."""
+
+    entry: Entry
+    q: Dims            # (B * Hkv, group, 1, D): views of the caller's tensors in BSHD order
+    k: Dims
+    v: Dims
+    out: Dims          # (B, Hq, 1, Dv): the output viewed back in logical BHSD
+    layout: str        # the caller's dim order
+
+
+def views(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> Optional[tuple[Dims, Dims, Dims, Dims]]:
+    """(q, k, v, out) dims of the heads-as-batch call of logical-BHSD q, k, v, or None when their
+    memory cannot be viewed that way (q's heads not contiguous rows, k or v not contiguous BHSD)."""
+    b, hq, sq, d = qb.shape
+    _, hkv, skv, _ = kb.shape
+    dv = vb.shape[3]
+    if sq != 1 or hq % hkv or not (kb.is_contiguous() and vb.is_contiguous()):
+        return None
+    q_strides = (hq * d, d, qb.stride(2), 1)
+    if not all(n == 1 or a == w for n, a, w in zip(qb.shape, qb.stride(), q_strides)):
+        return None
+    rows = b * hkv
+    return (rows, hq // hkv, 1, d), (rows, skv, 1, d), (rows, skv, 1, dv), (b, hq, 1, dv)
+
+
+def as_heads(heads: HeadsAsBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The caller's q, k, v as the heads-as-batch call's ("bshd")."""
+    if heads.layout == "bhsd":
+        return q.view(heads.q), k.view(heads.k), v.view(heads.v)
+    layout = heads.layout
+    return bhsd(q, layout).view(heads.q), bhsd(k, layout).view(heads.k), bhsd(v, layout).view(heads.v)
+
+
+def back(heads: HeadsAsBatch, out: torch.Tensor) -> torch.Tensor:
+    """The heads-as-batch call's output as the caller's (its layout, head_dim_v last)."""
+    out = out.view(heads.out)
+    return out if heads.layout == "bhsd" else out.permute(FROM_BHSD[heads.layout])
