@@ -169,7 +169,7 @@ def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
          fp8: Any, return_lse: bool) -> Any:
     """Run a decided call: the lean path, the general fused path, or the fallback."""
     heads = found.heads
-    if heads is not None:  # a decode step run with its heads as batch (runtime/heads.py)
+    if heads is not None and found.lean is None:  # a decode step run with its heads as batch (runtime/heads.py)
         return back(heads, _run(heads.entry, *as_heads(heads, q, k, v), inputs, fp8, return_lse))
     counters = entries.counters
     counters["calls"] += 1

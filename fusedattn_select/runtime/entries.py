@@ -25,8 +25,8 @@ from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
-from fusedattn_select.runtime.heads import HeadsAsBatch, views
-from fusedattn_select.runtime.layouts import Formats, bhsd, formats
+from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
+from fusedattn_select.runtime.layouts import FROM_BHSD, Formats, bhsd, formats
 from fusedattn_select.runtime.lean import Lean, mark_lean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config
@@ -313,6 +313,11 @@ def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.
         return False
     new.selection = selection
     new.heads = HeadsAsBatch(inner, q_dims, k_dims, v_dims, out_dims, new.opts.layout)
+    if inner.lean is not None:  # the plans bind memory, not views: the caller's tensors as they are
+        out = caller_out(new.heads)
+        new.forward, new.lean = inner.forward, dataclasses.replace(
+            inner.lean, out=out, out_like_q=out == (tuple(qb.permute(FROM_BHSD[new.opts.layout]).shape),
+                                                    qb.permute(FROM_BHSD[new.opts.layout]).stride()))
     return True
 
 

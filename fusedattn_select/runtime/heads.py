@@ -1,7 +1,8 @@
 """A decode step with keys and values in BHSD memory, run with its KV heads as batch (see
 buckets.heads_as_batch): the call's q, k, v are re-described, without copies, as a call of one
 head per (sequence, KV head) whose query rows are that head's group of query heads, and that call
-runs its own entry (bucket plans, lean path). A transformers DynamicCache holds its keys and values
+runs its own entry (bucket plans). Where that entry is lean, the decode step's entry takes its
+plans and Lean with the output in the caller's geometry, so the hot path makes no views at all. A transformers DynamicCache holds its keys and values
 this way, so generate()'s decode steps run without copying the cache each step."""
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ def views(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> Optional[tupl
         return None
     rows = b * hkv
     return (rows, hq // hkv, 1, d), (rows, skv, 1, d), (rows, skv, 1, dv), (b, hq, 1, dv)
+
+
+def caller_out(heads: HeadsAsBatch) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, strides) in the caller's dim order of the output the heads-as-batch call writes:
+    (B, Hq, 1, Dv) in contiguous memory, the query group's rows of each KV head one after another."""
+    b, hq, _, dv = heads.out
+    strides = (hq * dv, dv, dv, 1)
+    order = FROM_BHSD[heads.layout]
+    return tuple(heads.out[i] for i in order), tuple(strides[i] for i in order)
 
 
 def as_heads(heads: HeadsAsBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -139,7 +139,9 @@ def test_a_decode_step_runs_its_heads_as_batch_without_copies_and_matches_the_re
     assert inner.bucketed and inner.lean is not None  # the caller's K/V memory, as it is
     assert (inner.call_cfg.batch_size, inner.call_cfg.num_heads_q, inner.call_cfg.seqlen_q) == (3 * hkv, 1, hq // hkv)
     selection = default_selector().select(config_from_tensors(q, k, v, layout="bhsd", mask=mask, is_training=False))
-    assert selection.plan_form.startswith("heads as batch") and entry.selection == selection
+    assert selection.plan_form.startswith("heads as batch")
+    assert (entry.selection.plan_form, entry.selection.verdicts) == (selection.plan_form, selection.verdicts)
+    assert entry.lean is not None and entry.forward is inner.forward  # no views on the hot path
 
 
 def test_the_next_decode_steps_build_nothing_and_a_bshd_view_of_the_cache_runs_the_same():
