@@ -45,7 +45,7 @@ def shapes_plan(quick: bool) -> dict[str, dict]:
                    "seqlens": [129, 777, 2048, 4096] if quick else [129, 512, 777, 1024, 2048, 4096],
                    "reps": 10 if quick else 20, "warmup": 3 if quick else 5},
         "generate": {"models": list(hf.MODELS), "prompt": 200, "new_tokens": 32, "logit_extra": 8,
-                     "reps": 2 if quick else 5, "caches": ["dynamic", "static"], "seed": 0,
+                     "reps": 2 if quick else 7, "caches": ["dynamic", "static"], "seed": 0,
                      "impls": [hf.FUSEDATTN, hf.SDPA, hf.SDPA_FLASH]},
         "finetune": {"model": "llama-small", "layers": 4, "batch": 4, "steps": 6 if quick else 10,
                      "lengths": [300, 1100], "seed": 0, "warm_length": 200,
@@ -69,10 +69,12 @@ _NOTES = [
     "targets (B rows, and B rows marked '(GPU kernels)').",
     "C: random-init Llama (torch.manual_seed(0)), bf16, batch 1, greedy, min_new_tokens = max_new_tokens "
     "(no early stop), eager (generation_config.disable_compile=True: a static cache would otherwise "
-    "compile the forward); tokens/s = new tokens / wall s of generate() including the prefill; one "
-    "short generate() first, then one full-length generate() reported apart ('first': it meets every "
-    "decode length once), then the median of the repetitions, which the implementations take in turn "
-    "(the order rotating; after the worker process finished any plans it was asked for). Logits: one "
+    "compile the forward); tokens/s = new tokens / wall s of generate() including the prefill; short "
+    "generate()s first (enough for the prompt's shape, called once per layer each, to reach its own "
+    "plans), then one full-length generate() reported apart ('first': it meets every decode length "
+    "once), then the median of the repetitions, which the implementations take in turn (the order "
+    "rotating; after the worker process finished any plans it was asked for and one more short "
+    "generate() each). Logits: one "
     "forward over prompt + a few tokens, no cache.",
     "D: each step is batch x length tokens with one length per step (the batch padded to its longest "
     "sequence, here all full length, so every implementation runs the same causal problem); forward, "
