@@ -8,14 +8,11 @@ this way, so generate()'s decode steps run without copying the cache each step."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 import torch
 
 from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
-
-if TYPE_CHECKING:
-    from fusedattn_select.runtime.entries import Entry
 
 Dims = tuple[int, int, int, int]
 
@@ -24,7 +21,7 @@ Dims = tuple[int, int, int, int]
 class HeadsAsBatch:
     """The entry running a decode call with its heads as batch, and the views between the two."""
 
-    entry: Entry
+    entry: Any         # the runtime.entries.Entry of the heads-as-batch call
     q: Dims            # (B * Hkv, group, 1, D): views of the caller's tensors in BSHD order
     k: Dims
     v: Dims

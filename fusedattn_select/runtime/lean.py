@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 import torch
 
 from fusedattn_select.runtime import plans
 from fusedattn_select.runtime.layouts import FROM_BHSD
-from fusedattn_select.runtime.options import OptionalInputs
-
-if TYPE_CHECKING:
-    from fusedattn_select.runtime.entries import Entry
+from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 
 # The order the lean path hands a call's tensors over in (then a bucket plan's offsets and lengths).
 LEAN_FORWARD = ("q", "k", "v", "o", "stats")
@@ -53,6 +50,21 @@ class Lean:
     # Bucket plans: the offset and length tensors of the call's shape, in binding-name order.
     ragged_forward: tuple[torch.Tensor, ...] = ()
     ragged_backward: tuple[torch.Tensor, ...] = ()
+
+
+class Entry(Protocol):
+    """What the lean path reads of a decided call (a runtime.entries.Entry)."""
+
+    opts: CallOptions
+    forward: Optional[plans.Plan]
+    backward: Optional[plans.Plan]
+    rng: Optional[torch.Tensor]
+    ragged_forward: Optional[dict[str, torch.Tensor]]
+    ragged_backward: Optional[dict[str, torch.Tensor]]
+    lean: Optional[Lean]
+
+    @property
+    def bucketed(self) -> bool: ...
 
 
 def caller_geometry(spec: plans.TensorSpec, layout: str) -> Geometry:
