@@ -327,7 +327,7 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
     form = selector.bucket_for(new.cfg)
     if form is None:
         return False
-    selection = selector.select(new.cfg)  # answered by the bucket form's graphs where cuDNN runs them
+    selection = selector.select_own(new.cfg)  # answered by the bucket form's graphs where cuDNN runs them
     if not (selection.selected and selection.plan_form.startswith("bucket")):
         log.debug("fusedattn_select: %s runs dense plans (%s)", new.cfg.cache_key(),
                   selection.message or selection.plan_form)
@@ -352,7 +352,7 @@ def _select(new: Entry, selector: Selector, dense: bool = False) -> bool:
     """Select the entry's config (and FP8 output recipes; `dense`: by its own graphs, not a shape
     bucket's); False, with the reason set, when none runs."""
     cfg = new.cfg
-    selection = selector.select_dense(cfg) if dense else selector.select(cfg)
+    selection = selector.select_dense(cfg) if dense else selector.select_own(cfg)
     if cfg.is_fp8 and not selection.selected:
         # FP8 outputs in fp16/bf16 need a newer GPU (cuDNN: Blackwell); try FP8 outputs before
         # giving up, and report every recipe's reasons if none is supported.

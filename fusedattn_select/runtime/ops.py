@@ -79,9 +79,9 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
     found = entries.entry(entries.key(q, k, v, opts, inputs), q, k, v, inputs, scales)
     specs = _attention_fwd_fake(*(_meta(t) for t in args))
     heads = found.heads
-    if heads is not None:  # a decode step run with its heads as batch (runtime/heads.py)
-        found, (q, k, v) = heads.entry, as_heads(heads, q, k, v)
-    if found.fused and found.bucketed:
+    if heads is not None:  # a decode step run with its heads as batch (runtime/heads.py): never promoted,
+        found, (q, k, v) = heads.entry, as_heads(heads, q, k, v)  # as in eager mode
+    elif found.fused and found.bucketed:
         found = entries.count_call(found, q, k, v)
     saved: tuple = (None,) * 4
     entries.counters["calls"] += 1

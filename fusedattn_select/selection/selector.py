@@ -118,7 +118,9 @@ class Selector:
         self._lock = threading.Lock()
         self._memory: dict[str, _Entry] = {}
         # Final answers by (problem key, depth) for problems answered through their bucket form.
-        self._by_problem: dict[tuple[str, ProbeDepth], Selection] = {}
+        # Keyed (problem key, depth) and, for answers through a decode step's heads as batch,
+        # (problem key, depth, HEADS_AS_BATCH).
+        self._by_problem: dict[tuple, Selection] = {}
         self._buckets = BucketIndex(store, self._fingerprint)
         self._bucket_forms = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
         self._in_flight: dict[str, Future] = {}
@@ -141,20 +143,35 @@ class Selector:
             raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
         depth = probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
         key = cfg.cache_key()
+        decode = heads_as_batch(cfg) if self._bucket_forms else None
+        if decode is not None:
+            answered = self._by_problem.get((key, depth, HEADS_AS_BATCH))
+            if answered is not None:
+                with self._lock:
+                    self._stats["hits"] += 1
+                return answered
+            answer = self.select(decode, depth)
+            # Only on bucket plans (one per bucket, no build per step); else the step's own forms answer
+            # it, as attention() then runs them.
+            if answer.selected and answer.plan_form.startswith("bucket"):
+                answer = dataclasses.replace(answer, config=cfg, cache_key=key,
+                                             plan_form=f"{_heads_description(decode)}; {answer.plan_form}")
+                with self._lock:
+                    self._by_problem[(key, depth, HEADS_AS_BATCH)] = dataclasses.replace(answer, from_cache=True)
+                return answer
+        return self.select_own(cfg, depth)
+
+    def select_own(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
+        """The answer for `cfg` by its own forms (its shape bucket where cuDNN runs it, else its dense
+        graphs), never by its heads-as-batch problem: what attention() runs a decode step with when
+        its tensors cannot be viewed that way or it asks for the log-sum-exp."""
+        depth = probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
+        key = cfg.cache_key()
         answered = self._by_problem.get((key, depth))
         if answered is not None:
             with self._lock:
                 self._stats["hits"] += 1
             return answered
-        decode = heads_as_batch(cfg) if self._bucket_forms else None
-        if decode is not None:
-            answer = self.select(decode, depth)
-            if answer.selected:  # else the problem's own forms answer it, as attention() then runs them
-                answer = dataclasses.replace(answer, config=cfg, cache_key=key,
-                                             plan_form=f"{_heads_description(decode)}; {answer.plan_form}")
-                with self._lock:
-                    self._by_problem[(key, depth)] = dataclasses.replace(answer, from_cache=True)
-                return answer
         form = self.bucket_for(cfg)
         if form is None:
             return self._select_exact(cfg, key, depth)
@@ -246,6 +263,7 @@ class Selector:
         """A graph that passed a fast probe failed to build: flip the cached answer to NONE."""
         key = cfg.cache_key()
         with self._lock:
+            self._by_problem.clear()  # answers given through this graph (its bucket, its heads as batch)
             entry = self._memory.get(key)
             if entry is None:
                 return
@@ -254,7 +272,6 @@ class Selector:
                 for v in entry.verdicts
             )
             self._memory[key] = self._entry(cfg, key, verdicts, ProbeDepth.FULL)
-            self._by_problem.clear()
         self._buckets.forget(cfg)
         # A rejection is stored for every process; an incident (out of memory, a CUDA error) says
         # nothing about support, so only this process stops asking (the store refuses it anyway).
@@ -269,8 +286,8 @@ class Selector:
         entry = self._entry(cfg, key, tuple(verdicts), depth)
         with self._lock:
             self._memory[key] = entry
-            for asked in ProbeDepth:
-                self._by_problem[(key, asked)] = entry.hit
+            for asked in ProbeDepth:  # over its bucket form and its heads as batch too
+                self._by_problem[(key, asked)] = self._by_problem[(key, asked, HEADS_AS_BATCH)] = entry.hit
         return entry.hit
 
     def cache_info(self) -> dict[str, object]:

@@ -11,7 +11,7 @@ from fusedattn_select.buckets import Bucket, bucket_form  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs  # noqa: E402
-from fusedattn_select.runtime.reference import reference_attention_bshd  # noqa: E402
+from fusedattn_select.runtime.reference import reference_attention, reference_attention_bshd  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
 
 pytestmark = GPU_MARKS
@@ -163,7 +163,22 @@ def test_a_query_whose_heads_are_not_rows_of_contiguous_memory_keeps_its_heads()
         out = attention(q, k, v, layout="bhsd")
     assert_close(out, _decode_reference(q, k, v), TOL_OUT, "out")
     entry = _entry_of(q, k, v, "bhsd", "no_mask")
-    assert entry is not None and entry.heads is None
+    assert entry.heads is None and entry.bucketed  # its own bucket plans: no plan per step
+    assert entry.selection.plan_form.startswith("bucket B=2 S_q=1 S_kv=512")
+
+
+def test_a_decode_step_asking_for_the_lse_runs_its_own_bucket_and_the_next_step_builds_nothing():
+    q, k, v = _decode_tensors(2, 300, 8, 2, seed=4)
+    with torch.no_grad():
+        out, lse = attention(q, k, v, layout="bhsd", return_lse=True)
+        builds = dispatch_info()["plan_builds"]
+        q2, k2, v2 = _decode_tensors(2, 301, 8, 2, seed=5)
+        out2, lse2 = attention(q2, k2, v2, layout="bhsd", return_lse=True)
+    assert dispatch_info()["plan_builds"] == builds
+    for got, got_lse, (a, b, c) in ((out, lse, (q, k, v)), (out2, lse2, (q2, k2, v2))):
+        ref, ref_lse = reference_attention(a.double(), b.double(), c.double(), return_lse=True)  # BHSD
+        assert_close(got, ref, TOL_OUT, "out")
+        assert_close(got_lse, ref_lse, 1e-2, "lse")
 
 
 def test_a_compiled_decode_step_matches_eager_mode():

@@ -139,3 +139,29 @@ def test_where_the_heads_as_batch_graphs_are_rejected_the_step_keeps_its_heads()
 
     selection = Selector(ScriptedTestEngine(reject_one_head)).select(config(**DECODE))
     assert selection.backend is Backend.F16 and selection.plan_form.startswith("bucket B=2 S_q=1 S_kv=256")
+
+
+def test_where_the_heads_as_batch_problem_would_run_dense_plans_the_step_keeps_its_heads():
+    def one_head_dense_only(cfg, backend, phase, depth):  # a plan per step would be built otherwise
+        if cfg.num_heads_q == 1 and cfg.qkv_layout == "thd_thd_thd":
+            return answer(Outcome.UNSUPPORTED, "check_support", "one-head ragged rejected (test double)")(
+                cfg, backend, phase, depth)
+        return SUPPORTED(cfg, backend, phase, depth)
+
+    selection = Selector(ScriptedTestEngine(one_head_dense_only)).select(config(**DECODE))
+    assert selection.selected and selection.plan_form.startswith("bucket B=2 S_q=1 S_kv=256")
+
+
+def test_select_own_answers_a_decode_step_by_its_own_forms_beside_its_heads_as_batch_answer():
+    selector = Selector(ScriptedTestEngine())
+    own = selector.select_own(config(**DECODE))
+    heads = selector.select(config(**DECODE))
+    assert own.plan_form.startswith("bucket B=2 S_q=1 S_kv=256") and heads.plan_form.startswith("heads as batch")
+    assert selector.select_own(config(**DECODE)).plan_form == own.plan_form  # each remembered apart
+    assert selector.select(config(**DECODE)).plan_form == heads.plan_form
+
+
+def test_a_pinned_answer_wins_over_the_heads_as_batch_answer():
+    selector = Selector(ScriptedTestEngine())
+    pinned = selector.pin(config(**DECODE), selector.select_own(config(**DECODE)).verdicts)
+    assert selector.select(config(**DECODE)) == pinned and selector.select(config(**DECODE), "full") == pinned

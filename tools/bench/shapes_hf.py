@@ -179,7 +179,11 @@ def _generate_model(torch: Any, model: Any, m: dict, args: Mapping, res: Partial
         # The implementations take turns (the order rotating), so a noisy host weighs on all alike.
         promotions_done()
         for g in timed:  # plans the worker stored are loaded here, not in a timed generate()
-            g.warm()
+            try:
+                g.warm()
+            except Exception as err:  # noqa: BLE001
+                g.run["status"] = error_status(err)
+                log(traceback.format_exc())
         for rep in range(int(args["reps"])):
             for g in rotated(timed, rep):
                 if past(args.get("deadline"), 6) or g.run.get("status"):
