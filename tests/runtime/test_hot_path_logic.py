@@ -50,6 +50,16 @@ def test_caller_geometry_is_the_caller_view_of_the_declared_memory(layout, memor
     assert lean.caller_geometry(spec, layout)[0] == CALLER_SHAPES[layout]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bshd_geometry_is_the_caller_view_of_contiguous_bshd_memory(layout):
+    # What bucket plans read and write: (B, S, H, D) contiguous memory, seen in the caller's dim order.
+    memory = torch.empty(2, 5, 3, 4)  # B, S, H, D
+    dims = tuple(memory.permute(0, 2, 1, 3).shape)  # logical (B, H, S, D)
+    want = memory.permute(0, 2, 1, 3).permute(_from_bhsd(layout))
+    assert lean.bshd_geometry(dims, layout) == (tuple(want.shape), want.stride())
+    assert lean.bshd_geometry(dims, layout)[0] == CALLER_SHAPES[layout]
+
+
 def _from_bhsd(layout: str) -> tuple[int, ...]:
     perm = TO_BHSD[layout]
     return tuple(perm.index(i) for i in range(4))
