@@ -102,15 +102,17 @@ def heads_as_batch(cfg: AttnConfig) -> AttnConfig | None:
     address the caller's keys and values without copying them into BSHD. The query row sees every
     key (no mask, or a bottom-right causal mask with no window), so the group's rows see the same.
     """
+    if cfg.seqlen_q != 1 or cfg.is_training:  # first: select() asks this of every problem it answers
+        return None
     if cfg.mask == "no_mask":
         windows = {(-1, -1)}
     elif cfg.mask in ("causal", "causal_bottom_right") and cfg.resolved_bottom_right_diagonal:
         windows = {(-1, -1), (-1, 0)}  # the row is the last query: it sees every key
     else:
         return None
-    if (cfg.seqlen_q != 1 or cfg.is_training or tuple(cfg.window_size) not in windows
-            or cfg.qkv_layout != "bhsd_bhsd_bhsd" or cfg.bias != "no_bias" or cfg.softmax != "vanilla"
-            or cfg.dropout or cfg.is_fp8 or cfg.return_max_logit or cfg.cuda_graph or cfg.page_size is not None
+    # why_not_bucketed refuses FP8 and cuda_graph=True problems.
+    if (tuple(cfg.window_size) not in windows or cfg.qkv_layout != "bhsd_bhsd_bhsd" or cfg.bias != "no_bias"
+            or cfg.softmax != "vanilla" or cfg.dropout or cfg.return_max_logit or cfg.page_size is not None
             or why_not_bucketed(cfg)):
         return None
     return cfg.replace(batch_size=cfg.batch_size * cfg.num_heads_kv, num_heads_q=1, num_heads_kv=1,

@@ -314,10 +314,9 @@ def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.
     new.selection = selection
     new.heads = HeadsAsBatch(inner, q_dims, k_dims, v_dims, out_dims, new.opts.layout)
     if inner.lean is not None:  # the plans bind memory, not views: the caller's tensors as they are
-        out = caller_out(new.heads)
-        new.forward, new.lean = inner.forward, dataclasses.replace(
-            inner.lean, out=out, out_like_q=out == (tuple(qb.permute(FROM_BHSD[new.opts.layout]).shape),
-                                                    qb.permute(FROM_BHSD[new.opts.layout]).stride()))
+        out, q = caller_out(new.heads), qb.permute(FROM_BHSD[new.opts.layout])
+        new.forward = inner.forward
+        new.lean = dataclasses.replace(inner.lean, out=out, out_like_q=out == (tuple(q.shape), q.stride()))
     return True
 
 
