@@ -26,6 +26,8 @@ BIASES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
 BIAS_SHAPES = ("1hss", "b1ss", "bhss", "11ss")
 SOFTMAXES = ("vanilla", "off_by_one", "learnable")
 SCALING_MODES = ("delayed", "current", "mxfp8")
+# The fields a problem class leaves out (AttnConfig.shape_class_key): its shape.
+_SHAPE_FIELDS = ("batch_size", "seqlen_q", "seqlen_kv", "num_pages")
 
 # Bounds of the problem description, not of a GPU: each dimension fits an int32 (a chosen bound far
 # above any real problem: PyTorch sends no batch size or head dim above 65535 to cuDNN SDPA,
@@ -209,24 +211,26 @@ class AttnConfig:
         compiled for the same problem class are reused by cuDNN), not cold.
         """
         key = self.__dict__.get("_cache_key")
-        if key is None:
-            # Computed once per (immutable) config: the selector's cache hit is a dict lookup on it.
-            text = json.dumps(self.resolved(), sort_keys=True, separators=(",", ":"))
-            key = hashlib.sha256(text.encode()).hexdigest()[:32]
-            object.__setattr__(self, "_cache_key", key)
-        return key
+        return key if key is not None else self._keys()[0]
 
     def shape_class_key(self) -> str:
         """The cache key without batch size and sequence lengths (what a kernel is compiled for)."""
         key = self.__dict__.get("_shape_class_key")
-        if key is None:  # computed once per (immutable) config, as cache_key
-            data = self.resolved()
-            for name in ("batch_size", "seqlen_q", "seqlen_kv", "num_pages"):
+        return key if key is not None else self._keys()[1]
+
+    def _keys(self) -> tuple[str, str]:
+        """(cache_key, shape_class_key), computed together once per (immutable) config: dispatch asks
+        both of every new shape, and the selector's cache hit is a dict lookup on the first."""
+        data = self.resolved()
+        digests = []
+        for drop in ((), _SHAPE_FIELDS):
+            for name in drop:
                 data.pop(name, None)
             text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-            key = hashlib.sha256(text.encode()).hexdigest()[:32]
-            object.__setattr__(self, "_shape_class_key", key)
-        return key
+            digests.append(hashlib.sha256(text.encode()).hexdigest()[:32])
+        object.__setattr__(self, "_cache_key", digests[0])
+        object.__setattr__(self, "_shape_class_key", digests[1])
+        return digests[0], digests[1]
 
     def replace(self, **changes: Any) -> "AttnConfig":
         return dataclasses.replace(self, **changes)

@@ -10,7 +10,6 @@ memory is contiguous BSHD, with the shape's ragged offsets and lengths made once
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
@@ -73,11 +72,16 @@ def caller_geometry(spec: plans.TensorSpec, layout: str) -> Geometry:
     return tuple(spec.dims[i] for i in order), tuple(spec.strides[i] for i in order)
 
 
+def _bshd_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of logical (B, H, S, D) `dims` held in contiguous BSHD memory."""
+    _, h, s, d = dims
+    return (s * h * d, d, h * d, 1)
+
+
 def bshd_geometry(dims: tuple[int, ...], layout: str) -> Geometry:
     """(shape, strides) in the caller's dim order of logical (B, H, S, D) `dims` held in contiguous
     BSHD memory: how bucket plans read and write the caller's tensors."""
-    b, h, s, d = dims
-    strides = (s * h * d, d, h * d, 1)
+    strides = _bshd_strides(dims)
     order = FROM_BHSD[layout]
     return tuple(dims[i] for i in order), tuple(strides[i] for i in order)
 
@@ -102,23 +106,24 @@ def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, 
     ragged_fwd = tuple(new.ragged_forward) if bucketed else ()
     if not _takes_qkv(forward, ("k", "q", "v"), (("o",), ("o", "stats")), ragged_fwd):
         return
-    given = []
+    order = FROM_BHSD[layout]
+    given = []  # q, k, v in the caller's dim order (read off the BHSD views: no torch calls)
     for name, t in (("q", qb), ("k", kb), ("v", vb)):
         spec = forward.specs[name]
-        want_dims, want_strides = (t.shape, bshd_geometry(tuple(t.shape), "bhsd")[1]) if bucketed else (
-            spec.dims, spec.strides)
-        if t.dtype != spec.dtype or tuple(t.shape) != tuple(want_dims) or not same_memory(
-                tuple(want_dims), want_strides, t.stride()):
+        dims, strides = tuple(t.shape), t.stride()
+        want_dims, want_strides = (dims, _bshd_strides(dims)) if bucketed else (spec.dims, spec.strides)
+        if t.dtype != spec.dtype or dims != want_dims or not same_memory(want_dims, want_strides, strides):
             return
-        given.append((tuple(t.permute(FROM_BHSD[layout]).shape), t.permute(FROM_BHSD[layout]).stride()))
+        given.append((tuple(dims[i] for i in order), tuple(strides[i] for i in order)))
     if bucketed:
         out = bshd_geometry((qb.shape[0], qb.shape[1], qb.shape[2], vb.shape[3]), layout)
     else:
         out = caller_geometry(forward.specs["o"], layout)
     names = LEAN_FORWARD + ragged_fwd
-    lean = Lean(out, forward.specs["o"].dtype, tuple(names.index(n) for n in forward.order),
-                stats="stats" in forward.outputs, out_like_q=out == given[0] and forward.specs["o"].dtype == qb.dtype,
-                ragged_forward=tuple(new.ragged_forward[n] for n in ragged_fwd))
+    fields = dict(
+        out=out, out_dtype=forward.specs["o"].dtype, forward_index=tuple(names.index(n) for n in forward.order),
+        stats="stats" in forward.outputs, out_like_q=out == given[0] and forward.specs["o"].dtype == qb.dtype,
+        ragged_forward=tuple(new.ragged_forward[n] for n in ragged_fwd))
     ragged_bwd = tuple(new.ragged_backward) if bucketed and new.ragged_backward is not None else ()
     if backward is not None and _takes_qkv(backward, ("dO", "k", "o", "q", "stats", "v"), (("dK", "dQ", "dV"),),
                                            ragged_bwd) and all(
@@ -131,10 +136,11 @@ def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, 
             grads = tuple(caller_geometry(backward.specs[g], layout) for g in ("dQ", "dK", "dV"))
             do_strides = caller_geometry(backward.specs["dO"], layout)[1]
         names = LEAN_BACKWARD + ragged_bwd
-        lean = dataclasses.replace(
-            lean, grads=grads, do_strides=do_strides, backward_index=tuple(names.index(n) for n in backward.order),
-            grads_like_qkv=list(grads) == given, ragged_backward=tuple(new.ragged_backward[n] for n in ragged_bwd))
-    new.lean = lean
+        fields.update(grads=grads, do_strides=do_strides,
+                      backward_index=tuple(names.index(n) for n in backward.order),
+                      grads_like_qkv=list(grads) == given,
+                      ragged_backward=tuple(new.ragged_backward[n] for n in ragged_bwd))
+    new.lean = Lean(**fields)
 
 
 def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
