@@ -127,14 +127,41 @@ def test_greedy_generation_gives_the_same_tokens(name, other):
         tested.set_attn_implementation(impl)
         runs[impl] = tested.generate(ids, attention_mask=mask, max_new_tokens=WINDOW + 4, do_sample=False,
                                      output_scores=True, return_dict_in_generate=True)
-    ours, theirs = runs["fusedattn"].sequences, runs[other].sequences
-    if not torch.equal(ours, theirs):
-        # Only a near-tie of the other implementation's top two logits (within a few percent,
-        # bf16's noise between two implementations) may go either way.
-        row, column = (ours != theirs).nonzero()[0].tolist()
-        top2 = runs[other].scores[column - ids.shape[1]][row].float().topk(2).values
+    same_tokens(runs["fusedattn"], runs[other], ids.shape[1])
+
+
+def same_tokens(ours, theirs, prompt: int) -> None:
+    """Greedy generate() outputs agree: only a near-tie of the other implementation's top two
+    logits (within a few percent, bf16's noise between two implementations) may go either way."""
+    if not torch.equal(ours.sequences, theirs.sequences):
+        row, column = (ours.sequences != theirs.sequences).nonzero()[0].tolist()
+        top2 = theirs.scores[column - prompt][row].float().topk(2).values
         gap, tie = (top2[0] - top2[1]).item(), 0.03 * top2[0].abs().item() + 0.03
-        assert gap < tie, f"tokens differ at step {column - ids.shape[1]} where the top-2 gap is {gap:.3f}"
+        assert gap < tie, f"tokens differ at step {column - prompt} where the top-2 gap is {gap:.3f}"
+
+
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_static_cache_generation_runs_every_step_fused(padding, caplog):
+    # A static cache's decode step asks for its mask as a tensor; the mask function tags it with
+    # its description, so each step runs fused with no read of the tensor (no fallback, no log).
+    if not hopper():
+        pytest.skip("the fused path is checked where cuDNN runs it (Hopper)")
+    tested, _ = models_of("llama")
+    ids, mask = inputs(padding)
+    runs = {}
+    for impl in ("fusedattn", "sdpa"):
+        tested.set_attn_implementation(impl)
+        before = dispatch_info()
+        runs[impl] = tested.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                     cache_implementation="static", disable_compile=True,
+                                     output_scores=True, return_dict_in_generate=True)
+        if impl == "fusedattn":
+            after = dispatch_info()
+            layers = tested.config.num_hidden_layers
+            assert after["fused_calls"] - before["fused_calls"] == 8 * layers, fallbacks(caplog)
+            assert after["fallback_calls"] == before["fallback_calls"], fallbacks(caplog)
+    assert "did not describe" not in caplog.text
+    same_tokens(runs["fusedattn"], runs["sdpa"], ids.shape[1])
 
 
 SCENARIOS = {

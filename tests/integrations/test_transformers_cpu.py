@@ -249,17 +249,50 @@ def test_under_tracing_a_sliding_window_is_taken_from_local_size_and_the_config(
 
 
 @mask_protocol_5
-def test_a_decode_step_that_forbids_skipping_gets_a_tensor_whose_prefix_is_recognised():
+def test_a_decode_step_that_forbids_skipping_gets_the_sdpa_tensor_tagged_with_its_description():
     # transformers forbids skipping for a static cache's decode step, and models that edit the mask
-    # ask for it the same way: the mask function makes the tensor...
+    # ask for it the same way: the mask function makes the tensor "sdpa" makes...
     args = mask_args(q_length=1, kv_length=16, q_offset=11, allow_is_causal_skip=False)
     dense = fa_hf.fusedattn_mask(**args)
     assert isinstance(dense, torch.Tensor) and torch.equal(dense, masking_utils.sdpa_mask(**args))
-    # ...and the attention function runs its one query row over the filled slots, fused.
-    step = masks.one_row_mask(dense, 2, 16)
-    assert (step.mask, step.q_length, step.kv_length) == ("padding_causal_bottom_right", 1, 16)
-    assert step.seqlens_kv.tolist() == [12, 12] and step.seqlens_q.tolist() == [1, 1]
-    assert masks.one_row_mask(dense, 2, 16) is step  # every layer of the step: read once
+    # ...tagged with the description it would have returned had transformers allowed one
+    described = fa_hf.fusedattn_mask(**{**args, "allow_is_causal_skip": True})
+    ours, step = masks.tagged(dense, 1, 16)
+    assert ours and step.mask == described.mask == "padding_causal_bottom_right"
+    assert (step.q_length, step.kv_length, step.window_size) == (1, 16, (-1, -1))
+    assert step.seqlens_kv.tolist() == described.seqlens_kv.tolist() == [12, 12]
+    assert step.seqlens_q.tolist() == [1, 1]
+    assert masks.tagged(dense, 2, 16) == (True, None)  # not this layer's lengths
+    # A model may edit a tagged tensor in place: then the description no longer holds.
+    owned = masks.tag(dense.clone(), step)
+    assert masks.tagged(owned, 1, 16) == (True, step)
+    owned[..., 3] = False
+    assert masks.tagged(owned, 1, 16) == (False, None)
+    # A tensor the mask function did not make carries nothing.
+    assert masks.tagged(masking_utils.sdpa_mask(**args), 1, 16) == (False, None)
+
+
+@mask_protocol_5
+def test_a_tensor_the_mask_function_could_not_describe_is_tagged_as_logged(caplog):
+    args = mask_args(use_vmap=True, allow_is_causal_skip=False)
+    with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
+        dense = fa_hf.fusedattn_mask(**args)
+    assert isinstance(dense, torch.Tensor) and masks.tagged(dense, SEQ, SEQ) == (True, None)
+    assert caplog.text.count("materialised densely") == 1
+
+
+@mask_protocol_5
+def test_a_tagged_step_mask_runs_like_its_dense_mask():
+    # The attention function takes the tag's description: the same output as "sdpa" on the tensor.
+    args = mask_args(q_length=1, kv_length=16, q_offset=11, allow_is_causal_skip=False)
+    dense = fa_hf.fusedattn_mask(**args)
+    module = types.SimpleNamespace(is_causal=True, num_key_value_groups=2, training=False)
+    q, k, v = (torch.randn(2, h, length, 8) for h, length in ((4, 1), (2, 16), (2, 16)))
+    out, _ = fa_hf.fusedattn_attention(module, q, k, v, dense)
+    want, _ = fa_hf.fusedattn_attention(module, q, k, v, masks.tagged(dense, 1, 16)[1])
+    sdpa, _ = transformers.integrations.sdpa_attention.sdpa_attention_forward(module, q, k, v, dense)
+    assert torch.equal(out, want)
+    torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=1e-5)
 
 
 def test_one_row_masks_that_are_not_a_prefix_of_the_keys_stay_dense():
@@ -283,7 +316,7 @@ def test_one_row_mask_reads_a_mask_again_after_it_is_edited():
     assert masks.one_row_mask(mask, 1, 8).seqlens_kv.tolist() == [5]
 
 
-def test_a_model_that_edits_its_mask_generates_as_with_sdpa():
+def test_a_model_that_edits_its_mask_generates_as_with_sdpa(caplog):
     # Doge asks create_causal_mask for the tensor (allow_is_causal_skip=False) and reads its dtype.
     config = transformers.DogeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
@@ -292,10 +325,13 @@ def test_a_model_that_edits_its_mask_generates_as_with_sdpa():
     model = transformers.DogeForCausalLM(config).eval()
     ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
     tokens = {}
-    for impl in ("fusedattn", "sdpa"):
-        model.set_attn_implementation(impl)
-        tokens[impl] = model.generate(ids, max_new_tokens=3, do_sample=False)
+    with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
+        for impl in ("fusedattn", "sdpa"):
+            model.set_attn_implementation(impl)
+            tokens[impl] = model.generate(ids, max_new_tokens=3, do_sample=False)
     assert torch.equal(tokens["fusedattn"], tokens["sdpa"])
+    # Its layers get a mask it made from the one the mask function made: they run on torch SDPA, said once.
+    assert caplog.text.count("did not describe (the model made or changed it)") == 1
 
 
 @mask_protocol_5

@@ -1,9 +1,10 @@
 """The attention function registered with transformers' `AttentionInterface` as "fusedattn".
 
 For a `CudnnMask` it runs `fusedattn_select.runtime.api.attention` (the fused backend `select()`
-picks, or dispatch's own fallback), and so for a decode step's dense mask that lets its one query
-row see a prefix of the keys (`masks.one_row_mask`); for any other dense mask it does what
-attn_implementation="sdpa" does.
+picks, or dispatch's own fallback), and so for a dense mask that the "fusedattn" mask function made
+and tagged with its description (`masks.tag`: transformers asked for a tensor), unchanged since, and
+for a decode step's dense mask that lets its one query row see a prefix of the keys
+(`masks.one_row_mask`); for any other dense mask it does what attn_implementation="sdpa" does.
 Attention sinks (gpt-oss `s_aux`) run as softmax="learnable"; logit soft-capping (Gemma 2), which
 cuDNN does not have, runs on the float32 reference with the same mask, logged once.
 transformers passes module, query, key, value and attention_mask by position, the rest by keyword.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fusedattn_select.integrations.transformers.dependencies import loaded
-from fusedattn_select.integrations.transformers.masks import CudnnMask, one_row_mask
+from fusedattn_select.integrations.transformers.masks import CudnnMask, one_row_mask, tagged
 from fusedattn_select.integrations.transformers.tracing import is_tracing, log_once
 
 if TYPE_CHECKING:
@@ -133,10 +134,14 @@ def fusedattn_attention(
                 f"layer has Sq={query.shape[2]}, Skv={key.shape[2]}"
             )
     else:
-        one_row = None
-        if query.shape[2] == 1 and not is_tracing(attention_mask):
-            one_row = one_row_mask(attention_mask, query.shape[0], key.shape[2])
-        if one_row is None:
+        ours, plan = True, None
+        if not is_tracing(attention_mask):
+            ours, plan = tagged(attention_mask, query.shape[2], key.shape[2])
+            if plan is None and query.shape[2] == 1:
+                plan = one_row_mask(attention_mask, query.shape[0], key.shape[2])
+        if plan is None:
+            if not ours:  # a mask the mask function did not make (or made and the model changed): say so once
+                log_once("dense mask", "fusedattn: a layer got a dense attention mask that the fusedattn mask "
+                         "function did not describe (the model made or changed it); such layers run on torch SDPA")
             return _dense_attention(module, query, key, value, attention_mask, options, **kwargs)
-        plan = one_row
     return _fused_attention(query, key, value, plan, options).transpose(1, 2).contiguous(), None

@@ -13,7 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from fusedattn_select.integrations.transformers.dependencies import loaded
-from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask
+from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask, tag
 from fusedattn_select.integrations.transformers.tracing import is_tracing, log_once
 
 if TYPE_CHECKING:
@@ -166,19 +166,16 @@ def fusedattn_mask(
     device = received["device"]
     if device is None:
         device = cache_position.device if cache_position is not None else "cpu"
+    tracing = is_tracing(attention_mask)
     try:
-        tracing = is_tracing(attention_mask)
         pattern = _recognise(mask_function, received["local_size"], received["use_vmap"], received["config"], tracing)
-        # A model may ask for the tensor to edit it (several call create_causal_mask with
-        # allow_is_causal_skip=False themselves), so one is always made here; a decode step's
-        # one-row mask is recognised again in the attention function (masks.one_row_mask).
-        if pattern.causal and not received["allow_is_causal_skip"]:
-            raise MaskNotExpressible(
-                "the model asks for a materialised causal mask (packed sequences, block masks, a mask "
-                "the model edits, or a decode step with a static cache)"
-            )
-        if not pattern.causal and not received["allow_is_bidirectional_skip"]:
-            raise MaskNotExpressible("the model asks for a materialised bidirectional mask")
+        # transformers asks for the tensor where it may not skip the mask: a static cache's decode
+        # step, packed sequences and block overlays (whose mask functions are refused above), and
+        # models that edit their mask. The tensor is made as "sdpa" makes it and tagged with the
+        # description (masks.tag), which the attention function takes while the tensor is unchanged.
+        wants_tensor = not received["allow_is_causal_skip" if pattern.causal else "allow_is_bidirectional_skip"]
+        if wants_tensor and tracing:
+            raise MaskNotExpressible("the model asks for a materialised mask, which cannot be described under tracing")
         if q_length is None:
             q_length, q_offset = _query_positions(cache_position, tracing)
         q_offset, kv_offset = _host_offsets(q_offset, kv_offset, tracing)
@@ -188,16 +185,23 @@ def fusedattn_mask(
                 "without a graph break"
             )
         _confirm(pattern, mask_function, device, tracing)
-        return cudnn_mask(
+        description = cudnn_mask(
             q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
             causal=pattern.causal, sliding_window=pattern.sliding_window, padding_mask=attention_mask,
             batch_size=batch_size, device=device,
         )
+        return tag(_sdpa_mask(masking_utils, received), description) if wants_tensor else description
     except MaskNotExpressible as why:
         log_once(
             ("mask", str(why)),
             "fusedattn: %s; this mask is materialised densely and its layers run on torch SDPA (a single "
             "query row that sees a prefix of the keys runs fused)", why,
         )
-        # Only what the caller passed: the two transformers generations take different arguments.
-        return masking_utils.sdpa_mask(**{k: v for k, v in received.items() if v is not None})
+        dense = _sdpa_mask(masking_utils, received)
+        return dense if dense is None or tracing else tag(dense, None)
+
+
+def _sdpa_mask(masking_utils: Any, received: dict[str, Any]) -> "Tensor | None":
+    """What transformers' "sdpa" mask function returns for the arguments the caller passed (the two
+    transformers generations take different ones)."""
+    return masking_utils.sdpa_mask(**{k: v for k, v in received.items() if v is not None})

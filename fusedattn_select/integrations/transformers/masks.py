@@ -219,6 +219,31 @@ def _padded(padding_mask: "Tensor", q_length: int, kv_length: int, q_offset: int
     )
 
 
+# A tensor the "fusedattn" mask function returned carries (the CudnnMask it stands for, or None when
+# it stands for none and the reason was logged; the tensor's version then): transformers asks for a
+# tensor where it may not skip the mask (a static cache's decode step; packed sequences; models that
+# edit their mask), and the attention function takes the description while the tensor is unchanged.
+_TAG = "_fusedattn_description"
+
+
+def tag(dense: "Tensor", description: CudnnMask | None) -> "Tensor":
+    """`dense` (the mask transformers' "sdpa" function made), marked as standing for `description`."""
+    setattr(dense, _TAG, (description, dense._version))
+    return dense
+
+
+def tagged(mask: "Tensor", q_length: int, kv_length: int) -> tuple[bool, CudnnMask | None]:
+    """(whether `mask` is a tensor the mask function returned, unchanged since; the CudnnMask it stands
+    for, if any, for a layer of these lengths)."""
+    found = getattr(mask, _TAG, None)
+    if found is None or found[1] != mask._version:
+        return False, None
+    description = found[0]
+    if description is not None and (description.q_length, description.kv_length) != (q_length, kv_length):
+        return True, None
+    return True, description
+
+
 # The last dense mask one_row_mask answered, per thread: (a weak reference to it, its version, batch,
 # the answer). Every layer of a decode step gets the same mask tensor, so the step reads it once.
 _last = threading.local()
