@@ -246,7 +246,7 @@ def clear_plans() -> None:
     again, loading its plans from the persistent store where they are stored)."""
     _entries.clear()
     entries.by_call.clear()
-    entries.class_calls.clear()
+    entries.forget_counts()
     for name in entries.counters:
         entries.counters[name] = 0
     plans.clear_plan_cache()

@@ -214,27 +214,49 @@ DENSE_AFTER_ENV = "FUSEDATTN_SELECT_DENSE_AFTER"
 # since its first: a shape a training loop or a static cache repeats runs at the dense plan's
 # speed, while the lengths of a decode loop (each used by every layer once per token, then again
 # by the next generate()) and a new length per step never pay a build.
+# A deep model calls one shape once per layer in a pass, so a signature is promoted only once it
+# has had more than twice the calls its class's previous signature had when this one came: a decode
+# length (called by every layer, then never again) or a step's new length stays on bucket plans.
 DEFAULT_DENSE_AFTER = 16
 STEADY_SHARE = 0.5
 dense_after = _dense_after()
 # Calls per problem class (AttnConfig.shape_class_key) run by bucket plans.
 class_calls: Counter[str] = Counter()
+# Per problem class: the signature called most recently for the first time, and the calls its
+# predecessor had by then (what one pass over the model's layers makes of a shape).
+newest: dict[str, Entry] = {}
+class_pass: Counter[str] = Counter()
 
 
 def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
     """Count a fused call of `found`; the entry to run it with: its dense successor once a bucketed
     signature is steady (see DEFAULT_DENSE_AFTER) and its own graphs are selected and built."""
-    if not found.bucketed or found.promotion:
+    if not found.bucketed:
+        return found
+    # Benign races under threads: the counts decide when, and promotion happens once either way.
+    shape_class = found.shape_class
+    if found.calls == 0:
+        previous = newest.get(shape_class)
+        if previous is not None:
+            class_pass[shape_class] = previous.calls
+        newest[shape_class] = found
+    found.calls += 1
+    class_calls[shape_class] += 1
+    if found.promotion:  # tried already: swap in the worker's plans once they are ready
         job = found.pending  # read once: the promoting thread clears it
         return promote(found, q, k, v) if job is not None and job.done() else found
-    # Benign races under threads: the counts decide when, and promotion happens once either way.
-    found.calls += 1
-    class_calls[found.shape_class] += 1
-    if found.calls < dense_after or dense_after == 0:
+    if found.calls < dense_after or dense_after == 0 or found.calls <= 2 * class_pass[shape_class]:
         return found
-    if found.calls < STEADY_SHARE * (class_calls[found.shape_class] - found.class_calls_before):
+    if found.calls < STEADY_SHARE * (class_calls[shape_class] - found.class_calls_before):
         return found  # its class keeps changing shape
     return promote(found, q, k, v)
+
+
+def forget_counts() -> None:
+    """Forget the call counts of every problem class (clear_plans)."""
+    class_calls.clear()
+    newest.clear()
+    class_pass.clear()
 
 
 def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
@@ -308,7 +330,8 @@ def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.
     none = OptionalInputs(None, None, None, None, None)
     inner = entry(key(qh, kh, vh, opts, none), qh, kh, vh, none, None)
     ran = inner.call_cfg or inner.cfg
-    if not inner.fused or ran is None or ran.cache_key() != decode.cache_key():
+    on_buckets = inner.bucketed or inner.promotion == "dense"  # (or their successor: a length it keeps seeing)
+    if not inner.fused or not on_buckets or ran is None or ran.cache_key() != decode.cache_key():
         log.debug("fusedattn_select: %s keeps its heads (%s)", new.cfg.cache_key(), inner.reason or "another problem")
         return False
     new.selection = selection

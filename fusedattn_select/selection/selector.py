@@ -121,6 +121,8 @@ class Selector:
         # Keyed (problem key, depth) and, for answers through a decode step's heads as batch,
         # (problem key, depth, HEADS_AS_BATCH).
         self._by_problem: dict[tuple, Selection] = {}
+        # Bumped whenever _by_problem is cleared: an answer computed before a clear is not filed after it.
+        self._answers_generation = 0
         self._buckets = BucketIndex(store, self._fingerprint)
         self._bucket_forms = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
         self._in_flight: dict[str, Future] = {}
@@ -150,14 +152,14 @@ class Selector:
                 with self._lock:
                     self._stats["hits"] += 1
                 return answered
+            generation = self._answers_generation
             answer = self.select(decode, depth)
             # Only on bucket plans (one per bucket, no build per step); else the step's own forms answer
             # it, as attention() then runs them.
             if answer.selected and answer.plan_form.startswith("bucket"):
                 answer = dataclasses.replace(answer, config=cfg, cache_key=key,
                                              plan_form=f"{_heads_description(decode)}; {answer.plan_form}")
-                with self._lock:
-                    self._by_problem[(key, depth, HEADS_AS_BATCH)] = dataclasses.replace(answer, from_cache=True)
+                self._file((key, depth, HEADS_AS_BATCH), dataclasses.replace(answer, from_cache=True), generation)
                 return answer
         return self.select_own(cfg, depth)
 
@@ -172,6 +174,7 @@ class Selector:
             with self._lock:
                 self._stats["hits"] += 1
             return answered
+        generation = self._answers_generation
         form = self.bucket_for(cfg)
         if form is None:
             return self._select_exact(cfg, key, depth)
@@ -191,9 +194,15 @@ class Selector:
         cached = self._memory.get(answer_key)
         if cached is not None and _satisfies(cached, depth):
             # Later calls get the cached answer, as a hit of the graphs' own key would.
-            with self._lock:
-                self._by_problem[(key, depth)] = dataclasses.replace(cached.hit, **changes)
+            self._file((key, depth), dataclasses.replace(cached.hit, **changes), generation)
         return dataclasses.replace(bucketed, **changes)
+
+    def _file(self, key: tuple, answer: Selection, generation: int) -> None:
+        """Remember an answer given through another problem's graphs, unless the answers were
+        cleared (a build failure) while it was being computed."""
+        with self._lock:
+            if self._answers_generation == generation:
+                self._by_problem[key] = answer
 
     def select_dense(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
         """The answer of `cfg`'s own (dense) graphs, whether or not a shape bucket answers `cfg`: what
@@ -264,6 +273,7 @@ class Selector:
         key = cfg.cache_key()
         with self._lock:
             self._by_problem.clear()  # answers given through this graph (its bucket, its heads as batch)
+            self._answers_generation += 1
             entry = self._memory.get(key)
             if entry is None:
                 return
@@ -286,6 +296,7 @@ class Selector:
         entry = self._entry(cfg, key, tuple(verdicts), depth)
         with self._lock:
             self._memory[key] = entry
+            self._answers_generation += 1  # an answer being computed now does not overwrite the pin
             for asked in ProbeDepth:  # over its bucket form and its heads as batch too
                 self._by_problem[(key, asked)] = self._by_problem[(key, asked, HEADS_AS_BATCH)] = entry.hit
         return entry.hit
@@ -306,6 +317,7 @@ class Selector:
         with self._lock:
             self._memory.clear()
             self._by_problem.clear()
+            self._answers_generation += 1
             self._stats.clear()
         self._buckets.clear()
         if persistent and self.store is not None:

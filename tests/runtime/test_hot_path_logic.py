@@ -170,11 +170,62 @@ def test_a_signature_whose_class_keeps_changing_shape_is_never_promoted(monkeypa
     assert all(e.calls == 6 and e.promotion == "" for e in lengths.values())
 
 
-def test_count_call_stops_counting_once_promotion_was_tried():
+@pytest.fixture
+def promotions(monkeypatch):
+    """count_call's promotions, recorded instead of made (they build plans on a GPU)."""
+    made = []
+
+    def promote(found, q, k, v):
+        made.append((found, found.calls))
+        found.promotion = "dense"
+        return found
+
+    monkeypatch.setattr(entries, "promote", promote)
+    for name in ("class_calls", "class_pass"):
+        monkeypatch.setattr(entries, name, Counter())
+    monkeypatch.setattr(entries, "newest", {})
+    monkeypatch.setattr(entries, "dense_after", 16)
+    return made
+
+
+def _bucketed(shape_class: str = "c") -> entries.Entry:
+    return entries.Entry(_options(), ragged_forward={}, shape_class=shape_class,
+                         class_calls_before=entries.class_calls[shape_class])
+
+
+def test_a_deep_models_decode_lengths_stay_on_bucket_plans(promotions):
+    # 32 layers call each decode length once per token: 32 calls, more than dense_after. Once the
+    # class has shown that one pass makes 32 calls of a shape, no later length is promoted.
+    q, k, v = _qkv()
+    lengths = [_bucketed() for _ in range(20)]
+    for found in lengths:
+        for _ in range(32):
+            entries.count_call(found, q, k, v)
+    assert promotions == [(lengths[0], 16)]  # before the first pass was known
+    assert entries.class_pass["c"] == 32
+
+
+def test_a_shape_a_deep_model_keeps_calling_is_promoted(promotions):
+    q, k, v = _qkv()
+    fixed = _bucketed()
+    for _ in range(100):  # one shape every step (a training loop, a static cache): promoted at dense_after
+        entries.count_call(fixed, q, k, v)
+    assert promotions == [(fixed, 16)]
+    zeroth, first, second = _bucketed("d"), _bucketed("d"), _bucketed("d")
+    for found in (zeroth, first, second, first, second, first):  # a length that comes back pass after pass
+        for _ in range(32):
+            entries.count_call(found, q, k, v)
+    # The first at dense_after (before its class's pass was known); the one that keeps coming back
+    # once past two passes of its class (65 calls) with half its class's calls since its first (96).
+    assert promotions == [(fixed, 16), (zeroth, 16), (first, 96)] and entries.class_pass["d"] == 32
+
+
+def test_count_call_tries_promotion_once(promotions):
     found = entries.Entry(_options(), ragged_forward={}, promotion="not selected")
     q, k, v = _qkv()
-    assert entries.count_call(found, q, k, v) is found
-    assert found.calls == 0
+    for _ in range(40):
+        assert entries.count_call(found, q, k, v) is found
+    assert found.calls == 40 and promotions == []  # counted (its class's pass), never tried again
 
 
 # ----- attention() on CPU: fallback through by_call --------------------------------------------------

@@ -165,3 +165,22 @@ def test_a_pinned_answer_wins_over_the_heads_as_batch_answer():
     selector = Selector(ScriptedTestEngine())
     pinned = selector.pin(config(**DECODE), selector.select_own(config(**DECODE)).verdicts)
     assert selector.select(config(**DECODE)) == pinned and selector.select(config(**DECODE), "full") == pinned
+
+
+def test_an_answer_computed_across_a_build_failure_is_not_remembered():
+    # A build failure clears the answers given through other problems' graphs. One computed while it
+    # happened (another thread) must not be filed after the clear, where it would outlive it.
+    selector = None
+
+    def fail_meanwhile(cfg, backend, phase, depth):
+        selector.record_build_failure(config(batch_size=64), answer(Outcome.UNSUPPORTED, "build_plans", "x")(
+            cfg, backend, phase, depth))
+        return SUPPORTED(cfg, backend, phase, depth)
+
+    selector = Selector(ScriptedTestEngine(fail_meanwhile))
+    assert selector.select(config(**DECODE)).plan_form.startswith("heads as batch")
+    assert selector.select_own(config(seqlen_q=900, seqlen_kv=900)).plan_form.startswith("bucket")
+    assert not selector._by_problem  # noqa: SLF001 - the memo of answers through other graphs
+    selector = Selector(ScriptedTestEngine())
+    selector.select(config(**DECODE))
+    assert selector._by_problem  # noqa: SLF001 - without a failure, both are remembered
