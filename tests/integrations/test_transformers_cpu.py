@@ -249,71 +249,76 @@ def test_under_tracing_a_sliding_window_is_taken_from_local_size_and_the_config(
 
 
 @mask_protocol_5
-def test_a_decode_step_that_forbids_skipping_gets_the_sdpa_tensor_tagged_with_its_description():
-    # transformers forbids skipping for a static cache's decode step, and models that edit the mask
-    # ask for it the same way: the mask function makes the tensor "sdpa" makes...
-    args = mask_args(q_length=1, kv_length=16, q_offset=11, allow_is_causal_skip=False)
+def test_a_mask_transformers_wants_as_a_tensor_is_the_sdpa_tensor_tagged_with_its_description():
+    # transformers forbids skipping for packed sequences and block masks, and models that edit their
+    # mask ask for it the same way: the mask function makes the tensor "sdpa" makes...
+    args = mask_args(q_length=4, kv_length=16, q_offset=12, allow_is_causal_skip=False)
     dense = fa_hf.fusedattn_mask(**args)
     assert isinstance(dense, torch.Tensor) and torch.equal(dense, masking_utils.sdpa_mask(**args))
     # ...tagged with the description it would have returned had transformers allowed one
     described = fa_hf.fusedattn_mask(**{**args, "allow_is_causal_skip": True})
-    ours, step = masks.tagged(dense, 1, 16)
-    assert ours and step.mask == described.mask == "padding_causal_bottom_right"
-    assert (step.q_length, step.kv_length, step.window_size) == (1, 16, (-1, -1))
-    assert step.seqlens_kv.tolist() == described.seqlens_kv.tolist() == [12, 12]
-    assert step.seqlens_q.tolist() == [1, 1]
-    assert masks.tagged(dense, 2, 16) == (True, None)  # not this layer's lengths
+    ours, prefill = masks.tagged(dense, 4, 16)
+    assert ours and prefill == described and prefill.mask == "causal_bottom_right"
+    assert masks.tagged(dense, 1, 16) == (True, None)  # not this layer's lengths
     # A model may edit a tagged tensor in place: then the description no longer holds.
-    owned = masks.tag(dense.clone(), step)
-    assert masks.tagged(owned, 1, 16) == (True, step)
+    owned = masks.tag(dense.clone(), prefill)
+    assert masks.tagged(owned, 4, 16) == (True, prefill)
     owned[..., 3] = False
-    assert masks.tagged(owned, 1, 16) == (False, None)
+    assert masks.tagged(owned, 4, 16) == (False, None)
     # A tensor the mask function did not make carries nothing.
-    assert masks.tagged(masking_utils.sdpa_mask(**args), 1, 16) == (False, None)
+    assert masks.tagged(masking_utils.sdpa_mask(**args), 4, 16) == (False, None)
 
 
 @mask_protocol_5
-def test_a_tensor_the_mask_function_could_not_describe_is_tagged_as_logged(caplog):
-    args = mask_args(use_vmap=True, allow_is_causal_skip=False)
-    with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
-        dense = fa_hf.fusedattn_mask(**args)
-    assert isinstance(dense, torch.Tensor) and masks.tagged(dense, SEQ, SEQ) == (True, None)
-    assert caplog.text.count("materialised densely") == 1
+def test_a_decode_step_that_forbids_skipping_gets_the_sdpa_tensor_without_a_read_back(monkeypatch):
+    # A static cache's decode step: the tensor is made as "sdpa" makes it, and its one row runs as a
+    # bias in the attention function, so the step reads nothing back (a read waits for the GPU).
+    args = mask_args(q_length=1, kv_length=16, q_offset=11, allow_is_causal_skip=False,
+                     attention_mask=torch.ones(2, 12, dtype=torch.bool))
+    for read in ("__bool__", "tolist", "item"):
+        monkeypatch.setattr(torch.Tensor, read, lambda *_: pytest.fail("the mask function read a tensor back"))
+    dense = fa_hf.fusedattn_mask(**args)
+    monkeypatch.undo()
+    assert torch.equal(dense, masking_utils.sdpa_mask(**args))
+    bias = masks.one_row_bias(dense, 2, 16, torch.bfloat16)
+    want = torch.zeros(2, 1, 1, 16, dtype=torch.bfloat16).masked_fill(~dense.expand(2, 1, 1, 16), float("-inf"))
+    assert bias.dtype == torch.bfloat16 and torch.equal(bias.expand(2, 1, 1, 16), want)
+    assert masks.one_row_bias(dense, 2, 16, torch.bfloat16) is bias  # every layer of the step: made once
 
 
 @mask_protocol_5
-def test_a_tagged_step_mask_runs_like_its_dense_mask():
+def test_a_tagged_mask_runs_like_its_dense_mask():
     # The attention function takes the tag's description: the same output as "sdpa" on the tensor.
-    args = mask_args(q_length=1, kv_length=16, q_offset=11, allow_is_causal_skip=False)
+    args = mask_args(q_length=4, kv_length=16, q_offset=12, allow_is_causal_skip=False)
     dense = fa_hf.fusedattn_mask(**args)
     module = types.SimpleNamespace(is_causal=True, num_key_value_groups=2, training=False)
-    q, k, v = (torch.randn(2, h, length, 8) for h, length in ((4, 1), (2, 16), (2, 16)))
+    q, k, v = (torch.randn(2, h, length, 8) for h, length in ((4, 4), (2, 16), (2, 16)))
     out, _ = fa_hf.fusedattn_attention(module, q, k, v, dense)
-    want, _ = fa_hf.fusedattn_attention(module, q, k, v, masks.tagged(dense, 1, 16)[1])
+    want, _ = fa_hf.fusedattn_attention(module, q, k, v, masks.tagged(dense, 4, 16)[1])
     sdpa, _ = transformers.integrations.sdpa_attention.sdpa_attention_forward(module, q, k, v, dense)
     assert torch.equal(out, want)
     torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=1e-5)
 
 
-def test_one_row_masks_that_are_not_a_prefix_of_the_keys_stay_dense():
-    seen = torch.tensor([[True] * 5 + [False] * 3, [False] * 2 + [True] * 6])  # the second: left padding
-    assert masks.one_row_mask(seen[:, None, None, :], 2, 8) is None
-    assert masks.one_row_mask(torch.zeros(2, 1, 1, 8, dtype=torch.bool), 2, 8) is None  # sees nothing
-    assert masks.one_row_mask(torch.ones(2, 1, 2, 8, dtype=torch.bool), 2, 8) is None   # two query rows
-    low = torch.finfo(torch.float32).min
-    additive = torch.tensor([0.0] * 6 + [low] * 2)[None, None, None, :]
-    step = masks.one_row_mask(additive, 3, 8)  # eager's float mask, one row for the whole batch
-    assert step.seqlens_kv.tolist() == [6, 6, 6]
-    biased = additive.clone()
-    biased[..., 0] = -0.5  # a bias is not a mask: its row is not "seen or not"
-    assert masks.one_row_mask(biased, 3, 8) is None
+@pytest.mark.parametrize("row", ["prefix", "left-padded", "float"])
+def test_a_decode_steps_dense_mask_runs_as_a_bias_like_sdpa(row):
+    seen = torch.tensor([[True] * 5 + [False] * 3, [False] * 2 + [True] * 6])[:, None, None, :]
+    mask = {"prefix": seen[:1].expand(2, 1, 1, 8), "left-padded": seen,
+            "float": torch.zeros(2, 1, 1, 8).masked_fill(~seen, torch.finfo(torch.float32).min)}[row]
+    module = types.SimpleNamespace(is_causal=True, num_key_value_groups=2, training=False)
+    q, k, v = (torch.randn(2, h, length, 8) for h, length in ((4, 1), (2, 8), (2, 8)))
+    out, _ = fa_hf.fusedattn_attention(module, q, k, v, mask)
+    sdpa, _ = transformers.integrations.sdpa_attention.sdpa_attention_forward(module, q, k, v, mask)
+    torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=1e-5)
 
 
-def test_one_row_mask_reads_a_mask_again_after_it_is_edited():
+def test_one_row_bias_takes_one_query_row_and_makes_it_again_after_an_edit():
+    assert masks.one_row_bias(torch.ones(2, 1, 2, 8, dtype=torch.bool), 2, 8, torch.float32) is None  # two rows
+    assert masks.one_row_bias(torch.ones(2, 1, 1, 8, dtype=torch.int32), 2, 8, torch.float32) is None  # not a mask
     mask = torch.ones(1, 1, 1, 8, dtype=torch.bool)
-    assert masks.one_row_mask(mask, 1, 8).seqlens_kv.tolist() == [8]
+    assert masks.one_row_bias(mask, 1, 8, torch.float32).eq(0).all()
     mask[..., 5:] = False
-    assert masks.one_row_mask(mask, 1, 8).seqlens_kv.tolist() == [5]
+    assert masks.one_row_bias(mask, 1, 8, torch.float32)[0, 0, 0].tolist() == [0.0] * 5 + [float("-inf")] * 3
 
 
 def test_a_model_that_edits_its_mask_generates_as_with_sdpa(caplog):

@@ -3,8 +3,8 @@
 For a `CudnnMask` it runs `fusedattn_select.runtime.api.attention` (the fused backend `select()`
 picks, or dispatch's own fallback), and so for a dense mask that the "fusedattn" mask function made
 and tagged with its description (`masks.tag`: transformers asked for a tensor), unchanged since, and
-for a decode step's dense mask that lets its one query row see a prefix of the keys
-(`masks.one_row_mask`); for any other dense mask it does what attn_implementation="sdpa" does.
+for a decode step's dense mask, whose one row runs as an additive bias (`masks.one_row_bias`: no
+read back); for any other dense mask it does what attn_implementation="sdpa" does.
 Attention sinks (gpt-oss `s_aux`) run as softmax="learnable"; logit soft-capping (Gemma 2), which
 cuDNN does not have, runs on the float32 reference with the same mask, logged once.
 transformers passes module, query, key, value and attention_mask by position, the rest by keyword.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fusedattn_select.integrations.transformers.dependencies import loaded
-from fusedattn_select.integrations.transformers.masks import CudnnMask, one_row_mask, tagged
+from fusedattn_select.integrations.transformers.masks import CudnnMask, one_row_bias, tagged
 from fusedattn_select.integrations.transformers.tracing import is_tracing, log_once
 
 if TYPE_CHECKING:
@@ -72,8 +72,9 @@ def _dense_attention(module: Any, query: "Tensor", key: "Tensor", value: "Tensor
 
 
 def _fused_attention(query: "Tensor", key: "Tensor", value: "Tensor", plan: CudnnMask,
-                     options: _LayerOptions) -> "Tensor":
-    """(B, H, Sq, Dv) attention under a cuDNN mask description, left padding rolled in and out."""
+                     options: _LayerOptions, bias: "Tensor | None" = None) -> "Tensor":
+    """(B, H, Sq, Dv) attention under a cuDNN mask description (and an additive `bias`), left padding
+    rolled in and out."""
     import torch
 
     if plan.q_start is not None:
@@ -83,7 +84,7 @@ def _fused_attention(query: "Tensor", key: "Tensor", value: "Tensor", plan: Cudn
     arguments = dict(
         mask=plan.mask, window_size=plan.window_size, attn_scale=options.scaling, dropout=options.dropout,
         softmax="learnable" if options.sinks is not None else "vanilla", sink=options.sinks,
-        seqlens_q=plan.seqlens_q, seqlens_kv=plan.seqlens_kv,
+        seqlens_q=plan.seqlens_q, seqlens_kv=plan.seqlens_kv, bias=bias,
     )
     if options.softcap:
         log_once(
@@ -134,14 +135,16 @@ def fusedattn_attention(
                 f"layer has Sq={query.shape[2]}, Skv={key.shape[2]}"
             )
     else:
-        ours, plan = True, None
+        ours, plan, bias = True, None, None
         if not is_tracing(attention_mask):
             ours, plan = tagged(attention_mask, query.shape[2], key.shape[2])
-            if plan is None and query.shape[2] == 1:
-                plan = one_row_mask(attention_mask, query.shape[0], key.shape[2])
+            if plan is None and query.shape[2] == 1:  # a decode step: its one row of the mask is a bias
+                bias = one_row_bias(attention_mask, query.shape[0], key.shape[2], query.dtype)
+                plan = None if bias is None else CudnnMask("no_mask", (-1, -1), 1, key.shape[2])
         if plan is None:
             if not ours:  # a mask the mask function did not make (or made and the model changed): say so once
                 log_once("dense mask", "fusedattn: a layer got a dense attention mask that the fusedattn mask "
                          "function did not describe (the model made or changed it); such layers run on torch SDPA")
             return _dense_attention(module, query, key, value, attention_mask, options, **kwargs)
+        return _fused_attention(query, key, value, plan, options, bias).transpose(1, 2).contiguous(), None
     return _fused_attention(query, key, value, plan, options).transpose(1, 2).contiguous(), None

@@ -178,6 +178,10 @@ def fusedattn_mask(
             raise MaskNotExpressible("the model asks for a materialised mask, which cannot be described under tracing")
         if q_length is None:
             q_length, q_offset = _query_positions(cache_position, tracing)
+        if wants_tensor and q_length == 1:
+            # A decode step (a static cache's): the attention function runs the tensor's one row as
+            # a bias, with no read back; describing it would read the 2D mask back every step.
+            return _sdpa_mask(masking_utils, received)
         q_offset, kv_offset = _host_offsets(q_offset, kv_offset, tracing)
         if attention_mask is not None and tracing:
             raise MaskNotExpressible(

@@ -244,40 +244,28 @@ def tagged(mask: "Tensor", q_length: int, kv_length: int) -> tuple[bool, CudnnMa
     return True, description
 
 
-# The last dense mask one_row_mask answered, per thread: (a weak reference to it, its version, batch,
-# the answer). Every layer of a decode step gets the same mask tensor, so the step reads it once.
+# The last one-row mask one_row_bias answered, per thread: (a weak reference to it, its version, the
+# dtype asked for, the bias). Every layer of a decode step gets the same mask tensor.
 _last = threading.local()
 
 
-def one_row_mask(mask: "Tensor", batch_size: int, kv_length: int) -> CudnnMask | None:
-    """A decode step's dense mask (one query row) as a CudnnMask when the keys it lets the row see
-    are a non-empty prefix [0, n) in every sequence (what a static cache's step asks for: the filled
-    slots), else None. The mask is (B or 1, 1, 1, Skv), bool (True = seen) or float (0 = seen,
-    -inf or the dtype's lowest = not seen); reading it costs one read back, once per mask tensor."""
+def one_row_bias(mask: "Tensor", batch_size: int, kv_length: int, dtype: Any) -> "Tensor | None":
+    """A decode step's dense mask (one query row: (B or 1, 1, 1, Skv)) as the additive bias it
+    stands for, in `dtype`: 0 where a key is seen and -inf where not for a bool mask; a float mask
+    is one already (eager's 0 and lowest, or a model's own). None for any other mask. Nothing is
+    read back, and it is made once per mask tensor."""
     import torch
 
     if mask.dim() != 4 or mask.shape[1:] != (1, 1, kv_length) or mask.shape[0] not in (1, batch_size):
         return None
     cached = getattr(_last, "entry", None)
-    if cached is not None and cached[0]() is mask and cached[1] == mask._version and cached[2] == batch_size:
+    if cached is not None and cached[0]() is mask and cached[1] == mask._version and cached[2] == dtype:
         return cached[3]
-    rows = mask[:, 0, 0, :]
-    if rows.dtype == torch.bool:
-        seen, exact = rows, None
-    elif rows.is_floating_point():
-        seen = rows == 0
-        exact = seen | (rows == float("-inf")) | (rows == torch.finfo(rows.dtype).min)
+    if mask.dtype == torch.bool:
+        bias = torch.full(mask.shape, float("-inf"), dtype=dtype, device=mask.device).masked_fill_(mask, 0.0)
+    elif mask.is_floating_point():
+        bias = mask.to(dtype)
     else:
         return None
-    counts = seen.sum(-1)
-    prefix = torch.arange(kv_length, device=mask.device) < counts[:, None]
-    ok = (seen == prefix).all() & (counts > 0).all()
-    if exact is not None:
-        ok = ok & exact.all()
-    answer = None
-    if bool(ok):
-        lengths = counts.to(torch.int32).expand(batch_size).contiguous()
-        answer = CudnnMask("padding_causal_bottom_right", (-1, -1), 1, kv_length,
-                           seqlens_q=torch.ones_like(lengths), seqlens_kv=lengths)
-    _last.entry = (weakref.ref(mask), mask._version, batch_size, answer)
-    return answer
+    _last.entry = (weakref.ref(mask), mask._version, dtype, bias)
+    return bias
