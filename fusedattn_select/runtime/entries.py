@@ -215,10 +215,13 @@ DENSE_AFTER_ENV = "FUSEDATTN_SELECT_DENSE_AFTER"
 # speed, while the lengths of a decode loop (each used by every layer once per token, then again
 # by the next generate()) and a new length per step never pay a build.
 # A deep model calls one shape once per layer in a pass, so a signature is promoted only once it
-# has had more than twice the calls its class's previous signature had when this one came: a decode
-# length (called by every layer, then never again) or a step's new length stays on bucket plans.
+# has had more than twice the calls its class's previous signature had when this one came, up to
+# MAX_PASS (a pass is at most that many calls: more is a shape used for long, not a pass): a
+# decode length (called by every layer, then never again) or a step's new length stays on bucket
+# plans, while a shape that follows a long-used one is promoted after at most 2 * MAX_PASS calls.
 DEFAULT_DENSE_AFTER = 16
 STEADY_SHARE = 0.5
+MAX_PASS = 128
 dense_after = _dense_after()
 # Calls per problem class (AttnConfig.shape_class_key) run by bucket plans.
 class_calls: Counter[str] = Counter()
@@ -238,7 +241,7 @@ def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     if found.calls == 0:
         previous = newest.get(shape_class)
         if previous is not None:
-            class_pass[shape_class] = previous.calls
+            class_pass[shape_class] = min(previous.calls, MAX_PASS)
         newest[shape_class] = found
     found.calls += 1
     class_calls[shape_class] += 1

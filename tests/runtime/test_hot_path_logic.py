@@ -220,6 +220,18 @@ def test_a_shape_a_deep_model_keeps_calling_is_promoted(promotions):
     assert promotions == [(fixed, 16), (zeroth, 16), (first, 96)] and entries.class_pass["d"] == 32
 
 
+def test_a_shape_after_a_long_used_one_is_promoted_within_two_max_passes(promotions):
+    q, k, v = _qkv()
+    long_used = _bucketed()
+    for _ in range(1000):
+        entries.count_call(long_used, q, k, v)
+    after = _bucketed()
+    for _ in range(400):
+        entries.count_call(after, q, k, v)
+    assert entries.class_pass["c"] == entries.MAX_PASS == 128  # 1000 calls are no pass
+    assert promotions == [(long_used, 16), (after, 2 * entries.MAX_PASS + 1)]
+
+
 def test_count_call_tries_promotion_once(promotions):
     found = entries.Entry(_options(), ragged_forward={}, promotion="not selected")
     q, k, v = _qkv()

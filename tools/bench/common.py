@@ -276,14 +276,20 @@ def steady_plans(call: Callable[[], Any], q: Any, k: Any, v: Any, training: bool
 
     for _ in range(entries.dense_after + 1):
         call()
+    # A shape whose class's previous one had many calls waits for more (entries.MAX_PASS).
+    untried = 2 * entries.MAX_PASS
     deadline = time.monotonic() + timeout_s
     while True:
         found = call_entry(q, k, v, training, **arguments)
         if found is None:
             return "unknown"
-        if not found.bucketed or found.promotion not in ("pending", "trying") or time.monotonic() > deadline:
+        waiting = found.promotion in ("pending", "trying") or (found.promotion == "" and untried > 0)
+        if not found.bucketed or not waiting or time.monotonic() > deadline:
             return "bucket" if found.bucketed else "dense"
-        time.sleep(0.05)
+        if found.promotion:
+            time.sleep(0.05)
+        else:
+            untried -= 1
         call()
 
 

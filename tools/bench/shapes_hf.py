@@ -224,7 +224,9 @@ def _promotion_warmups(model: Any) -> int:
     from fusedattn_select.runtime import entries
 
     layers = int(model.config.num_hidden_layers)
-    return 0 if entries.dense_after == 0 else -(-entries.dense_after // layers)
+    # Past dense_after calls and two passes of its class (one per layer: entries.count_call).
+    needed = max(entries.dense_after, 2 * min(layers, entries.MAX_PASS) + 1)
+    return 0 if entries.dense_after == 0 else -(-needed // layers)
 
 
 class _GenerateRun:
