@@ -211,14 +211,10 @@ def _dense_after() -> int:
 DENSE_AFTER_ENV = "FUSEDATTN_SELECT_DENSE_AFTER"
 # A call signature run by bucket plans gets its shape's own plans (built once, or loaded from the
 # store) at its `dense_after`-th call if it had at least STEADY_SHARE of its problem class's calls
-# since its first: a shape a training loop or a static cache repeats runs at the dense plan's
-# speed, while the lengths of a decode loop (each used by every layer once per token, then again
-# by the next generate()) and a new length per step never pay a build.
-# A deep model calls one shape once per layer in a pass, so a signature is promoted only once it
-# has had more than twice the calls its class's previous signature had when this one came, up to
-# MAX_PASS (a pass is at most that many calls: more is a shape used for long, not a pass): a
-# decode length (called by every layer, then never again) or a step's new length stays on bucket
-# plans, while a shape that follows a long-used one is promoted after at most 2 * MAX_PASS calls.
+# since its first and more than twice the calls its class's previous signature had when it came
+# (one pass over a model's layers, counted up to MAX_PASS: more is a shape used for long). A shape
+# a training loop or a static cache repeats runs at the dense plan's speed; a decode length (called
+# by every layer, then never again) or a step's new length never pays a build, at any depth.
 DEFAULT_DENSE_AFTER = 16
 STEADY_SHARE = 0.5
 MAX_PASS = 128

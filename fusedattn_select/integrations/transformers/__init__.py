@@ -11,12 +11,13 @@ Use::
 - a mask function (`fusedattn_mask`, mask_interface.py) that describes the model's mask the way
   cuDNN does, as a `CudnnMask` (masks.py: mask kind, window, per-sequence lengths), instead of
   materialising a dense (B, 1, Sq, Skv) tensor, whenever it can show that description is exact;
-  where transformers asks for a tensor (a static cache's decode step, models that edit their
-  mask) it returns the "sdpa" mask tagged with that description; otherwise it returns what
-  transformers' "sdpa" mask function returns, and logs why once;
+  where transformers asks for a tensor (models that edit their mask) it returns the "sdpa" mask
+  tagged with that description; otherwise it returns what transformers' "sdpa" mask function
+  returns, and logs why once;
 - an attention function (`fusedattn_attention`, attention.py) that runs
-  `fusedattn_select.runtime.api.attention` for a `CudnnMask` or a tagged tensor the model did not
-  change and, for any other dense mask, does what attn_implementation="sdpa" does.
+  `fusedattn_select.runtime.api.attention` for a `CudnnMask`, a tagged tensor the model did not
+  change, or a decode step's dense mask (its one row as an additive bias) and, for any other dense
+  mask, does what attn_implementation="sdpa" does.
 
 What falls back to the dense "sdpa" mask and torch SDPA, logged once with the reason: packed
 sequences, chunked attention, image-token overlays, holes in the 2D mask, a 2D mask under

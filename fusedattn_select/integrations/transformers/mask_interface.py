@@ -171,8 +171,9 @@ def fusedattn_mask(
         pattern = _recognise(mask_function, received["local_size"], received["use_vmap"], received["config"], tracing)
         # transformers asks for the tensor where it may not skip the mask: a static cache's decode
         # step, packed sequences and block overlays (whose mask functions are refused above), and
-        # models that edit their mask. The tensor is made as "sdpa" makes it and tagged with the
-        # description (masks.tag), which the attention function takes while the tensor is unchanged.
+        # models that edit their mask. The tensor is made as "sdpa" makes it; with more than one
+        # query row it is tagged with the description (masks.tag), which the attention function
+        # takes while the tensor is unchanged.
         wants_tensor = not received["allow_is_causal_skip" if pattern.causal else "allow_is_bidirectional_skip"]
         if wants_tensor and tracing:
             raise MaskNotExpressible("the model asks for a materialised mask, which cannot be described under tracing")
@@ -198,8 +199,8 @@ def fusedattn_mask(
     except MaskNotExpressible as why:
         log_once(
             ("mask", str(why)),
-            "fusedattn: %s; this mask is materialised densely and its layers run on torch SDPA (a single "
-            "query row that sees a prefix of the keys runs fused)", why,
+            "fusedattn: %s; this mask is materialised densely and its layers run on torch SDPA (a decode "
+            "step's single query row runs fused, its mask row as a bias)", why,
         )
         dense = _sdpa_mask(masking_utils, received)
         return dense if dense is None or tracing else tag(dense, None)

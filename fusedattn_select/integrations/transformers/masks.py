@@ -221,8 +221,9 @@ def _padded(padding_mask: "Tensor", q_length: int, kv_length: int, q_offset: int
 
 # A tensor the "fusedattn" mask function returned carries (the CudnnMask it stands for, or None when
 # it stands for none and the reason was logged; the tensor's version then): transformers asks for a
-# tensor where it may not skip the mask (a static cache's decode step; packed sequences; models that
-# edit their mask), and the attention function takes the description while the tensor is unchanged.
+# tensor where it may not skip the mask (packed sequences, block masks, models that edit their mask;
+# a decode step's tensor is run as a bias instead, one_row_bias), and the attention function takes
+# the description while the tensor is unchanged.
 _TAG = "_fusedattn_description"
 
 
