@@ -147,7 +147,7 @@ def _steady_part() -> dict:
     def row(b, s, att, dense):
         return {"batch": b, "seqlen": s, "bucket": [b, 512], "status": "ok", "check_rel_err": 0.002,
                 "attention_over_dense": att / dense, "attention_over_flash": att / 2.0,
-                "attention_over_dense_kernels": 1.0,
+                "attention_over_dense_kernels": 1.0, "same_kernels": b == 1,
                 "impls": {sa.ATTENTION: {"status": "ok", "fwd_bwd_ms": ms(att), "kernel_ms": 0.5},
                           sa.RAW_DENSE: {"status": "ok", "fwd_bwd_ms": ms(dense), "kernel_ms": 0.5},
                           sa.SDPA_FLASH: {"status": "ok", "fwd_bwd_ms": ms(2.0)}}}
@@ -257,7 +257,8 @@ def test_render_shows_figures_targets_and_verdicts():
         "torch SDPA CUDNN_ATTENTION: K/V repeated to 32 heads",
         "| b2 s1000 | 2x1024 | 2.00 (again 0.5) | 0 | 0 | 150 | failed: RuntimeError: no kernel | attention() |",
         "| b4 s777 | 4x1024 | skipped: time budget |",
-        "| b1 s512 | 1x512 | 1.02 [1.02–1.02] | 1.00 [1.00–1.00] | 2.00 [2.00–2.00] | 1.02x | 0.98x | 0.51x | 0.5 | 0.5 | 1.00x | 0.002 |",
+        "| b1 s512 | 1x512 | 1.02 [1.02–1.02] | 1.00 [1.00–1.00] | 2.00 [2.00–2.00] | 1.02x | 0.98x | 0.51x | 0.5 | 0.5 | 1.00x | yes | 0.002 |",
+            "| b2 s512 | 2x512 | 1.03 [1.03–1.03] | 1.00 [1.00–1.00] | 2.00 [2.00–2.00] | 1.03x | 0.971x | 0.515x | 0.5 | 0.5 | 1.00x | no | 0.002 |",
         "failed: CudnnError: no engine",
         "Logits over 208 tokens, fusedattn vs sdpa: max abs diff 0.0312 (max |logit| 4.50), argmax agreement 99.5%",
         "| dynamic | fusedattn | 96.0 (96.0–96.0) | 0.96x | 100/0/0 |",

@@ -65,8 +65,9 @@ _NOTES = [
     "its own plans (its dense_after calls, then until the worker process stored them). CUDA events "
     "around an eager call include the time the GPU waits for the host, which on small shapes is most "
     "of attention()'s (autograd, Python) and none of the raw graph's; 'kernels' is the GPU time of the "
-    "kernels, copies and fills each launched (torch.profiler), i.e. the plans' own speed. Both are "
-    "targets (B rows, and B rows marked '(GPU kernels)').",
+    "kernels, copies and fills each launched (torch.profiler: the median of 3 profiles of 100 calls, "
+    "attention() and the dense graph in turns), i.e. the plans' own speed; 'same kernels' says whether "
+    "both launched kernels of the same names. Both are targets (B rows, and B rows marked '(GPU kernels)').",
     "C: random-init Llama (torch.manual_seed(0)), bf16, batch 1, greedy, min_new_tokens = max_new_tokens "
     "(no early stop), eager (generation_config.disable_compile=True: a static cache would otherwise "
     "compile the forward); tokens/s = new tokens / wall s of generate() including the prefill; short "
@@ -310,7 +311,7 @@ def render_steady(p: Mapping) -> str:
         label = f"b{row.get('batch')} s{row.get('seqlen')}"
         if not row.get("impls"):
             rows.append((label, "x".join(str(x) for x in row.get("bucket") or []), row.get("status", "n/a"),
-                         "", "", "", "", "", "", "", "", ""))
+                         "", "", "", "", "", "", "", "", "", ""))
             continue
         r = row.get("attention_over_dense")
         fell = " (fell back)" if row.get("attention_fused") is False else ""
@@ -321,6 +322,7 @@ def render_steady(p: Mapping) -> str:
                      common.fmt_ratio(r), common.fmt_ratio(1 / r if r else None),
                      common.fmt_ratio(row.get("attention_over_flash")), *kernels,
                      common.fmt_ratio(row.get("attention_over_dense_kernels")),
+                     {True: "yes", False: "no"}.get(row.get("same_kernels"), "n/a"),
                      common.fmt_num(row.get("check_rel_err"))))
     if not rows:
         return ""
@@ -328,7 +330,7 @@ def render_steady(p: Mapping) -> str:
             + common.md_table(("shape", "bucket (B x S)", "attention()", "dense cuDNN graph", "torch flash",
                                "attention() / dense time", "attention() speed vs dense", "attention() / flash time",
                                "attention() kernels ms", "dense kernels ms", "kernels: attention() / dense",
-                               "check"), rows))
+                               "same kernels", "check"), rows))
 
 
 def render_generate(p: Mapping) -> str:

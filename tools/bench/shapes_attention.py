@@ -7,6 +7,7 @@ torch is passed in by the caller; the library and cuDNN are imported inside the 
 
 from __future__ import annotations
 
+import statistics
 import time
 import traceback
 from typing import Any, Callable, Mapping
@@ -24,7 +25,7 @@ from tools.bench.common import (
     summarize,
 )
 from tools.bench.raw_graph import RawGraph
-from tools.bench.tensors import cuda_times, kernel_ms, rel_err, to_bhsd
+from tools.bench.tensors import cuda_times, kernel_profile, rel_err, to_bhsd
 
 HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 ATTENTION = "attention()"
@@ -220,21 +221,45 @@ def _steady_shape(torch: Any, row: dict, args: Mapping, flash: dict) -> None:
         row["impls"][SDPA_FLASH] = {"status": flash["status"]}
     else:
         row["impls"][SDPA_FLASH] = _timed(torch, lambda _: flash["step"](*tensors), reps, warm, flash["note"])
-    for name in (ATTENTION, RAW_DENSE):
-        timed = row["impls"][name]
-        if timed.get("status") == RESULT_STATUS_OK:
-            fn = (lambda _: att(*tensors)) if name == ATTENTION else timed.pop("_call")
-            try:
-                timed["kernel_ms"] = kernel_ms(torch, fn, reps)
-            except Exception as err:  # noqa: BLE001
-                log(traceback.format_exc())
-                timed["kernel_status"] = error_status(err)
-        timed.pop("_call", None)
+    _kernel_times(torch, row, lambda _: att(*tensors), reps)
     row["attention_over_dense_kernels"] = ratio(row["impls"][ATTENTION].get("kernel_ms"),
                                                 row["impls"][RAW_DENSE].get("kernel_ms"))
     base = row["impls"][ATTENTION].get("fwd_bwd_ms")
     row["attention_over_dense"] = ratio(base, row["impls"][RAW_DENSE].get("fwd_bwd_ms"))
     row["attention_over_flash"] = ratio(base, row["impls"][SDPA_FLASH].get("fwd_bwd_ms"))
+
+
+# GPU kernel time of attention() and the dense graph: KERNEL_ROUNDS profiles of each, taken in turns,
+# of at least KERNEL_REPS calls (a single 20-call profile moved a 0.056 ms shape by 2%).
+KERNEL_ROUNDS, KERNEL_REPS = 3, 100
+
+
+def _kernel_times(torch: Any, row: dict, att: Callable[[Any], Any], reps: int) -> None:
+    """`kernel_ms` (median of the rounds), its rounds and kernel names for attention() and the dense
+    graph, and whether both launched the same kernels."""
+    calls = {}
+    for name in (ATTENTION, RAW_DENSE):
+        timed = row["impls"][name]
+        fn = att if name == ATTENTION else timed.pop("_call", None)
+        if timed.get("status") == RESULT_STATUS_OK and fn is not None:
+            calls[name] = fn
+        timed.pop("_call", None)
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in calls}
+    try:
+        for _ in range(KERNEL_ROUNDS):
+            for name, fn in calls.items():
+                rounds[name].append(kernel_profile(torch, fn, max(reps, KERNEL_REPS)))
+    except Exception as err:  # noqa: BLE001
+        log(traceback.format_exc())
+        for name in calls:
+            row["impls"][name]["kernel_status"] = error_status(err)
+        return
+    for name, profiles in rounds.items():
+        totals = [sum(p.values()) for p in profiles]
+        row["impls"][name].update(kernel_ms=statistics.median(totals), kernel_rounds_ms=totals,
+                                  kernels=sorted(profiles[0]))
+    if len(rounds) == 2:
+        row["same_kernels"] = row["impls"][ATTENTION]["kernels"] == row["impls"][RAW_DENSE]["kernels"]
 
 
 def _timed(torch: Any, fn: Callable[[Any], Any], reps: int, warm: int, note: str = "") -> dict:

@@ -61,9 +61,9 @@ def cuda_times(torch: Any, fn: Callable[[Any], Any], reps: int, warmup: int,
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def kernel_ms(torch: Any, fn: Callable[[Any], Any], reps: int) -> float:
-    """GPU time per call of fn(None): the durations of the kernels, copies and fills it launched
-    (torch.profiler, CUDA activity), without the gaps where the GPU waited for the host."""
+def kernel_profile(torch: Any, fn: Callable[[Any], Any], reps: int) -> dict[str, float]:
+    """GPU ms per call of fn(None) by kernel name: the durations of the kernels, copies and fills it
+    launched (torch.profiler, CUDA activity), without the gaps where the GPU waited for the host."""
     from torch.profiler import ProfilerActivity, profile
 
     fn(None)
@@ -73,7 +73,11 @@ def kernel_ms(torch: Any, fn: Callable[[Any], Any], reps: int) -> float:
             fn(None)
         torch.cuda.synchronize()
     cuda = torch.autograd.DeviceType.CUDA
-    return sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == cuda) / reps / 1e3
+    by_name: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == cuda:
+            by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / reps / 1e3
+    return by_name
 
 
 def rel_err(a: Any, b: Any) -> float:
