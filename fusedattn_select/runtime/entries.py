@@ -58,6 +58,7 @@ class Entry:
     call_cfg: Optional[AttnConfig] = None
     ragged_forward: Optional[dict[str, torch.Tensor]] = None
     ragged_backward: Optional[dict[str, torch.Tensor]] = None
+    kv_steps: tuple[int, int] = (0, 0)   # K and V read as rows of longer buffers (ragged.kv_steps)
     # FP8 training whose backward runs in bf16 (fp8_speed: measured slower in FP8 here): its config.
     backward_cfg: Optional[AttnConfig] = None
     calls: int = 0                       # bucket plans only: calls so far (see count_call)
@@ -153,8 +154,9 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if q.is_cuda and _heads_as_batch(new, selector, qb, kb, vb):
         return new
     # A call too large for int32 ragged offsets runs, and is answered by, its own (dense) graphs.
-    fits = ragged.offsets_fit(qb, kb, vb)
-    if not (q.is_cuda and fits and _bucketed(new, selector, Shape(qb.shape[0], qb.shape[2], kb.shape[2]),
+    steps = (0, 0) if opts.training else ragged.kv_steps(kb, vb)
+    fits = ragged.offsets_fit(qb, kb, vb, *steps)
+    if not (q.is_cuda and fits and _bucketed(new, selector, Shape(qb.shape[0], qb.shape[2], kb.shape[2], *steps),
                                             q.device)):
         if not _select(new, selector, dense=not fits):
             return new
@@ -282,7 +284,8 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
     started = time.perf_counter()
     selection = selector.select_dense(cfg)
     dense = dataclasses.replace(old, cfg=cfg, selection=selection, call_cfg=None, forward=None, backward=None,
-                                ragged_forward=None, ragged_backward=None, calls=0, promotion="dense", logged=False,
+                                ragged_forward=None, ragged_backward=None, kv_steps=(0, 0), calls=0,
+                                promotion="dense", logged=False,
                                 pending=None, replaced=old, lean=None)
     if selection.selected:
         _build_plans(dense, selector, q.device)
@@ -362,6 +365,9 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
         return False
     fed = ragged.bindings([p for p in (trial.forward, trial.backward) if p is not None], shape, device)
     trial.ragged_forward, trial.ragged_backward = fed[0], (fed[1] if len(fed) > 1 else None)
+    trial.kv_steps = (shape.k_step, shape.v_step)
+    if shape.k_step:  # never promoted: a dense plan declares contiguous K and V, so it would copy them
+        trial.promotion = "K and V are read in place as rows of longer buffers (dense plans would copy them)"
     trial.shape_class = new.cfg.shape_class_key()
     trial.class_calls_before = class_calls[trial.shape_class]
     for field in dataclasses.fields(Entry):

@@ -65,7 +65,8 @@ def _bucket_forward(entry: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.
                     inputs: OptionalInputs) -> Saved:
     """The forward of a call run by its bucket plan; stats cover the whole bucket."""
     plan = entry.forward
-    q, k, v = ragged.bshd_memory(qb), ragged.bshd_memory(kb), ragged.bshd_memory(vb)
+    k_step, v_step = entry.kv_steps
+    q, k, v = ragged.bshd_memory(qb), ragged.bshd_memory(kb, k_step), ragged.bshd_memory(vb, v_step)
     feeds = {"q": q, "k": k, "v": v, **entry.ragged_forward}
     padded = _lengths(plan, feeds, inputs)
     rng = _next_rng(entry)

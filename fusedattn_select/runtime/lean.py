@@ -1,7 +1,8 @@
 """The lean hot path: an entry's plans fed the caller's tensors as they are, with no views, copies or
 dicts per call. Dense plans take q, k, v in the caller's dim order (their memory is what the graph
 declared; the frontend binds each buffer by the declaration); bucket plans take them where their
-memory is contiguous BSHD, with the shape's ragged offsets and lengths made once per signature.
+memory is contiguous BSHD (or, for K and V of a forward call, rows of longer BSHD buffers: a slice
+of a cache), with the shape's ragged offsets and lengths made once per signature.
 
 `mark_lean` gives an entry its Lean where its plans take q, k, v and nothing the caller varies per call
 (no bias, ALiBi slopes, sink, lengths, dropout or FP8); every other entry runs the general path
@@ -60,6 +61,7 @@ class Entry(Protocol):
     rng: Optional[torch.Tensor]
     ragged_forward: Optional[dict[str, torch.Tensor]]
     ragged_backward: Optional[dict[str, torch.Tensor]]
+    kv_steps: tuple[int, int]
     lean: Optional[Lean]
 
     @property
@@ -72,10 +74,11 @@ def caller_geometry(spec: plans.TensorSpec, layout: str) -> Geometry:
     return tuple(spec.dims[i] for i in order), tuple(spec.strides[i] for i in order)
 
 
-def _bshd_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
-    """Strides of logical (B, H, S, D) `dims` held in contiguous BSHD memory."""
+def _bshd_strides(dims: tuple[int, ...], step: int = 0) -> tuple[int, ...]:
+    """Strides of logical (B, H, S, D) `dims` held in BSHD memory: contiguous, or sequences `step`
+    elements apart (rows of a longer buffer)."""
     _, h, s, d = dims
-    return (s * h * d, d, h * d, 1)
+    return (step or s * h * d, d, h * d, 1)
 
 
 def bshd_geometry(dims: tuple[int, ...], layout: str) -> Geometry:
@@ -108,10 +111,10 @@ def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, 
         return
     order = FROM_BHSD[layout]
     given = []  # q, k, v in the caller's dim order (read off the BHSD views: no torch calls)
-    for name, t in (("q", qb), ("k", kb), ("v", vb)):
+    for name, t, step in (("q", qb, 0), ("k", kb, new.kv_steps[0]), ("v", vb, new.kv_steps[1])):
         spec = forward.specs[name]
         dims, strides = tuple(t.shape), t.stride()
-        want_dims, want_strides = (dims, _bshd_strides(dims)) if bucketed else (spec.dims, spec.strides)
+        want_dims, want_strides = (dims, _bshd_strides(dims, step)) if bucketed else (spec.dims, spec.strides)
         if t.dtype != spec.dtype or dims != want_dims or not same_memory(want_dims, want_strides, strides):
             return
         given.append((tuple(dims[i] for i in order), tuple(strides[i] for i in order)))

@@ -5,6 +5,11 @@ Each sequence i of a (b, s, h, d) tensor starts at element i * s * h * d (its ra
 bucket's unused batch slots start at the end and have length 0, so the kernels skip them. The
 offsets and lengths of one shape are made once, on the host, and copied to the device in one
 transfer when the shape is first seen.
+
+K and V of a forward call may instead be rows of longer BSHD buffers (k_cache[:, :L] of a
+preallocated cache): their sequences then start `k_step` / `v_step` elements apart, the buffers'
+batch strides, and are read where they are, with no copy. The backward graphs give dK and dV the
+offsets of K and V, so training calls always bind contiguous memory.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ class Shape:
     batch: int
     seqlen_q: int
     seqlen_kv: int
+    # Elements between the starts of consecutive sequences of K (V) where they are rows of longer
+    # BSHD buffers (kv_steps); 0: contiguous BSHD memory.
+    k_step: int = 0
+    v_step: int = 0
 
 
 def _offset_tensor_name(offset_name: str) -> str:
@@ -43,11 +52,32 @@ def _offset_tensor_name(offset_name: str) -> str:
 _OFFSET_LIMIT = 2 ** 31
 
 
-def offsets_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def offsets_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_step: int = 0, v_step: int = 0) -> bool:
     """Whether every ragged offset of a call (at most the element count of q, k, v and the output,
-    o having q's shape with v's head dim) fits the graphs' int32 offsets."""
+    o having q's shape with v's head dim, or batch x step for K and V read as rows of longer
+    buffers) fits the graphs' int32 offsets."""
     o_numel = q.numel() // max(q.shape[-1], 1) * v.shape[-1]
-    return max(q.numel(), k.numel(), v.numel(), o_numel) < _OFFSET_LIMIT
+    batch = q.shape[0]
+    return max(q.numel(), k.numel(), v.numel(), o_numel, batch * k_step, batch * v_step) < _OFFSET_LIMIT
+
+
+def _row_step(t_bhsd: torch.Tensor) -> int:
+    """The batch stride of a logical-BHSD tensor whose sequences are BSHD rows (heads d apart,
+    tokens h * d apart) of a longer buffer; 0 where it is contiguous BSHD or not such rows."""
+    b, h, s, d = t_bhsd.shape
+    batch, head, token, element = t_bhsd.stride()
+    rows = (element == 1 or d == 1) and (head == d or h == 1) and (token == h * d or s == 1)
+    return batch if b > 1 and rows and batch > s * h * d else 0
+
+
+def kv_steps(k_bhsd: torch.Tensor, v_bhsd: torch.Tensor) -> tuple[int, int]:
+    """(k_step, v_step) of a forward call whose K and V are rows of longer BSHD buffers (a slice of
+    a cache), read where they are; (0, 0) where either is contiguous BSHD or not such rows, or
+    where K and V share their offsets (one head dim) but not their batch stride."""
+    k_step, v_step = _row_step(k_bhsd), _row_step(v_bhsd)
+    if not (k_step and v_step) or (k_bhsd.shape[3] == v_bhsd.shape[3] and k_step != v_step):
+        return 0, 0
+    return k_step, v_step
 
 
 def _offsets(plan: Plan, offset_name: str, shape: Shape) -> tuple[tuple, list[int]]:
@@ -56,7 +86,7 @@ def _offsets(plan: Plan, offset_name: str, shape: Shape) -> tuple[tuple, list[in
     token_stride = plan.specs[tensor].strides[2]  # logical (B, H, S, D): the sequence stride
     seqlen = shape.seqlen_q if tensor in _QUERY_AXIS else shape.seqlen_kv
     slots = plan.specs[offset_name].dims[0]
-    step = seqlen * token_stride
+    step = {"k": shape.k_step, "v": shape.v_step}.get(tensor) or seqlen * token_stride
     return ("offsets", slots, step, shape.batch), [min(i, shape.batch) * step for i in range(slots)]
 
 
@@ -67,6 +97,9 @@ def bindings(plans: Sequence[Plan], shape: Shape, device: torch.device) -> list[
     keys: list[dict[str, tuple]] = []
     new: dict[tuple, list[int]] = {}
     for plan in plans:
+        if (shape.k_step or shape.v_step) and "dK" in plan.specs:
+            raise ValueError("K and V read as rows of longer buffers bind forward plans only (dK and dV "
+                             "share their offsets)")
         slots = plan.specs["seq_len_q"].dims[0]
         named: dict[str, tuple] = {}
         for name in plan.inputs:
@@ -109,10 +142,11 @@ def caller_lengths(plan: Plan, seqlens: Optional[torch.Tensor], name: str) -> Op
     return torch.nn.functional.pad(lengths, (0, slots - lengths.numel())).view(slots, 1, 1, 1)
 
 
-def bshd_memory(t_bhsd: torch.Tensor) -> torch.Tensor:
-    """A logical-BHSD tensor as contiguous (B, S, H, D) memory: itself when it already is, else a copy."""
+def bshd_memory(t_bhsd: torch.Tensor, step: int = 0) -> torch.Tensor:
+    """A logical-BHSD tensor as (B, S, H, D) memory: itself where it is contiguous, or rows `step`
+    elements apart (a call's k_step / v_step); else a contiguous copy."""
     t = t_bhsd.transpose(1, 2)
-    return t if t.is_contiguous() else t.contiguous()
+    return t if t.is_contiguous() or (step and _row_step(t_bhsd) == step) else t.contiguous()
 
 
 def empty_like_bshd(t_bshd: torch.Tensor, head_dim: int, heads: int, zeroed: bool) -> torch.Tensor:

@@ -181,6 +181,43 @@ def test_a_decode_step_asking_for_the_lse_runs_its_own_bucket_and_the_next_step_
         assert_close(got_lse, ref_lse, 1e-2, "lse")
 
 
+def _allocations():
+    return torch.cuda.memory_stats()["allocation.all.allocated"]
+
+
+@pytest.mark.parametrize("sq, mask", [(1, "no_mask"), (3, "causal_bottom_right")])
+def test_k_and_v_sliced_from_a_bshd_cache_are_read_in_place(sq, mask):
+    """k_cache[:, :L] of a preallocated BSHD cache: the bucket plans read the cache's rows where they
+    are (no copy: a call allocates what one on contiguous K/V does), the output is the reference's,
+    the next lengths build nothing, and no dense plan (which would copy K and V) is asked for."""
+    b, hq, hkv, d, capacity = 3, 8, 2, 64, 1024
+    gen = torch.Generator(device=CUDA).manual_seed(7)
+    k_cache, v_cache = (torch.randn(b, capacity, hkv, d, generator=gen, device=CUDA).to(torch.bfloat16)
+                        for _ in range(2))
+    with torch.no_grad():
+        builds = None
+        for length in (300, 301, 400):
+            q = torch.randn(b, sq, hq, d, generator=gen, device=CUDA).to(torch.bfloat16)
+            k, v = k_cache[:, :length], v_cache[:, :length]
+            out = attention(q, k, v, layout="bshd", mask=mask)
+            ref = reference_attention_bshd(q.double(), k.double(), v.double(), mask=mask)
+            assert_close(out, ref, TOL_OUT, "out")
+            entry = _entry_of(q, k, v, "bshd", mask)
+            assert entry.fused and entry.bucketed and entry.heads is None, entry.reason
+            assert entry.kv_steps == (capacity * hkv * d,) * 2 and entry.lean is not None
+            assert entry.promotion.startswith("K and V are read in place")
+            builds = dispatch_info()["plan_builds"] if builds is None else builds
+        assert dispatch_info()["plan_builds"] == builds
+        k_own, v_own = k.contiguous(), v.contiguous()
+        attention(q, k_own, v_own, layout="bshd", mask=mask)
+        counts = []
+        for pair in ((k, v), (k_own, v_own)):
+            before = _allocations()
+            attention(q, *pair, layout="bshd", mask=mask)
+            counts.append(_allocations() - before)
+        assert counts[0] == counts[1], f"sliced K/V allocated {counts[0]}, contiguous {counts[1]}"
+
+
 def test_a_compiled_decode_step_matches_eager_mode():
     q, k, v = _decode_tensors(2, 333, 8, 2, seed=2)
     step = torch.compile(lambda q, k, v: attention(q, k, v, layout="bhsd"), fullgraph=True)
