@@ -3,7 +3,9 @@ buckets.heads_as_batch): the call's q, k, v are re-described, without copies, as
 head per (sequence, KV head) whose query rows are that head's group of query heads, and that call
 runs its own entry (bucket plans). Where that entry is lean, the decode step's entry takes its
 plans and Lean with the output in the caller's geometry, so the hot path makes no views at all. A transformers DynamicCache holds its keys and values
-this way, so generate()'s decode steps run without copying the cache each step."""
+this way, so generate()'s decode steps run without copying the cache each step. Keys and values that
+are a slice of a longer BHSD cache (k_cache[:, :, :L]) view the same way: each (sequence, KV head)
+is then a run of tokens a cache row apart, which the bucket plans read in place (ragged.kv_steps)."""
 
 from __future__ import annotations
 
@@ -29,13 +31,23 @@ class HeadsAsBatch:
     layout: str        # the caller's dim order
 
 
+def _head_runs(t: torch.Tensor) -> bool:
+    """Whether a logical-BHSD tensor's (sequence, head) pairs are evenly spaced runs of contiguous
+    tokens: contiguous BHSD memory, or a slice of a longer BHSD buffer along the sequence."""
+    b, h, s, d = t.shape
+    batch, head, token, element = t.stride()
+    return ((d == 1 or element == 1) and (s == 1 or token == d) and (h == 1 or head >= s * d)
+            and (b == 1 or batch == h * head))
+
+
 def views(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> Optional[tuple[Dims, Dims, Dims, Dims]]:
     """(q, k, v, out) dims of the heads-as-batch call of logical-BHSD q, k, v, or None when their
-    memory cannot be viewed that way (q's heads not contiguous rows, k or v not contiguous BHSD)."""
+    memory cannot be viewed that way (q's heads not contiguous rows; k or v not runs of contiguous
+    tokens per (sequence, head): contiguous BHSD, or a slice of a longer BHSD buffer)."""
     b, hq, sq, d = qb.shape
     _, hkv, skv, _ = kb.shape
     dv = vb.shape[3]
-    if sq != 1 or hq % hkv or not (kb.is_contiguous() and vb.is_contiguous()):
+    if sq != 1 or hq % hkv or not (_head_runs(kb) and _head_runs(vb)):
         return None
     q_strides = (hq * d, d, qb.stride(2), 1)
     if not all(n == 1 or a == w for n, a, w in zip(qb.shape, qb.stride(), q_strides)):

@@ -218,6 +218,36 @@ def test_k_and_v_sliced_from_a_bshd_cache_are_read_in_place(sq, mask):
         assert counts[0] == counts[1], f"sliced K/V allocated {counts[0]}, contiguous {counts[1]}"
 
 
+def test_a_decode_step_on_a_slice_of_a_bhsd_cache_runs_its_heads_as_batch_in_place():
+    """k_cache[:, :, :L] of a preallocated BHSD cache: one run of tokens per (sequence, KV head), which
+    the heads-as-batch bucket plans read where it is (a call allocates what one on a contiguous
+    cache does), with the reference's output and no plan build for the next lengths."""
+    b, hq, hkv, d, capacity = 3, 8, 2, 64, 1024
+    gen = torch.Generator(device=CUDA).manual_seed(8)
+    k_cache, v_cache = (torch.randn(b, hkv, capacity, d, generator=gen, device=CUDA).to(torch.bfloat16)
+                        for _ in range(2))
+    with torch.no_grad():
+        builds = None
+        for length in (300, 301, 400):
+            q = torch.randn(b, hq, 1, d, generator=gen, device=CUDA).to(torch.bfloat16)
+            k, v = k_cache[:, :, :length], v_cache[:, :, :length]
+            assert_close(attention(q, k, v, layout="bhsd"), _decode_reference(q, k, v), TOL_OUT, "out")
+            entry = _entry_of(q, k, v, "bhsd", "no_mask")
+            assert entry.heads is not None, entry.reason or "kept its heads"
+            inner = entry.heads.entry
+            assert inner.bucketed and inner.kv_steps == (capacity * d,) * 2 and entry.lean is not None
+            builds = dispatch_info()["plan_builds"] if builds is None else builds
+        assert dispatch_info()["plan_builds"] == builds
+        k_own, v_own = k.contiguous(), v.contiguous()
+        attention(q, k_own, v_own, layout="bhsd")
+        counts = []
+        for pair in ((k, v), (k_own, v_own)):
+            before = _allocations()
+            attention(q, *pair, layout="bhsd")
+            counts.append(_allocations() - before)
+        assert counts[0] == counts[1], f"the cache slice allocated {counts[0]}, a contiguous cache {counts[1]}"
+
+
 def test_a_compiled_decode_step_matches_eager_mode():
     q, k, v = _decode_tensors(2, 333, 8, 2, seed=2)
     step = torch.compile(lambda q, k, v: attention(q, k, v, layout="bhsd"), fullgraph=True)

@@ -26,9 +26,20 @@ def test_a_decode_step_in_bhsd_memory_is_one_sequence_per_kv_head():
                                     (B, HQ, 1, DV))
 
 
+def test_a_slice_of_a_longer_bhsd_cache_is_one_run_of_tokens_per_kv_head():
+    _, (q, k, v) = _decode("bhsd")
+    ks, vs = k[:, :, :5], v[:, :, :5]  # k_cache[:, :, :L]: each (sequence, head) a run a cache row apart
+    assert heads.views(q, ks, vs) == ((B * HKV, HQ // HKV, 1, D), (B * HKV, 5, 1, D), (B * HKV, 5, 1, DV),
+                                      (B, HQ, 1, DV))
+    kh = ks.view(B * HKV, 5, 1, D)  # the view the decode step runs: no copy, the cache's rows
+    assert kh.data_ptr() == k.data_ptr() and torch.equal(kh[1 * HKV + 1, 3, 0], k[1, 1, 3])
+
+
 def test_memory_that_cannot_be_viewed_so_is_refused():
     _, (q, k, v) = _decode("bhsd")
-    assert heads.views(q, k[:, :, :5], v[:, :, :5]) is None            # a slice of a longer cache
+    assert heads.views(q, k[:1].expand(B, -1, -1, -1), v) is None      # sequences sharing memory
+    assert heads.views(q, k[:, :1].expand(-1, HKV, -1, -1), v) is None  # heads sharing memory
+    assert heads.views(q, k.transpose(1, 2).contiguous().transpose(1, 2), v) is None  # BSHD: heads interleaved
     assert heads.views(q.transpose(1, 3).contiguous().transpose(1, 3), k, v) is None  # D not innermost
     assert heads.views(torch.randn(B, HQ, 2, D), k, v) is None           # two query rows
 
