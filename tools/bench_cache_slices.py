@@ -1,9 +1,10 @@
-"""Decode steps whose K and V are slices of a preallocated BSHD cache (k_cache[:, :L]), side by side.
+"""Decode steps whose K and V are slices of a preallocated cache, side by side.
 
     python -m tools.bench_cache_slices [-o results.json]
 
-b4, 32/8 heads, d128, bf16, one query token, a (4, 16384, 8, 128) K and V cache. attention() on the
-slices as they are (its bucket plans read the cache's rows in place), attention() on contiguous
+b4, 32/8 heads, d128, bf16, one query token, K and V caches of 16384 tokens, in BSHD memory
+(k_cache[:, :L]) and in BHSD memory (k_cache[:, :, :L], run with the KV heads as batch). attention()
+on the slices as they are (its bucket plans read the cache's rows in place), attention() on contiguous
 copies of the slices (what every such step cost before: a copy of K and V, then the plans), and
 torch SDPA pinned to flash on the same slices. Host+GPU µs per call over 48 consecutive lengths
 from about 1024, 4000 and 12000 (each length decided by an untimed pass first: the per-call cost,
@@ -36,45 +37,62 @@ def _per_call_us(torch: Any, fn: Callable[[int], Any], lengths: list[int]) -> fl
     return (time.perf_counter() - started) / len(lengths) * 1e6
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", default=None, help="write the figures as JSON here")
-    args = parser.parse_args(argv)
-
-    import torch
+def _layout(torch: Any, layout: str) -> dict[str, dict[str, float]]:
+    """µs per call of each way, per case, with caches in `layout` memory."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from fusedattn_select.runtime.api import attention
-    from tools.bench.environment import _cudnn_versions, _git_rev
 
-    k_cache, v_cache = (torch.randn(B, CAPACITY, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    q = torch.randn(B, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+    bhsd = layout == "bhsd"
+    dims = (B, HKV, CAPACITY, D) if bhsd else (B, CAPACITY, HKV, D)
+    k_cache, v_cache = (torch.randn(*dims, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(*((B, HQ, 1, D) if bhsd else (B, 1, HQ, D)), device="cuda", dtype=torch.bfloat16)
 
-    def flash(length: int) -> Any:
+    def sliced(n: int) -> tuple[Any, Any]:
+        return (k_cache[:, :, :n], v_cache[:, :, :n]) if bhsd else (k_cache[:, :n], v_cache[:, :n])
+
+    def as_bhsd(t: Any) -> Any:
+        return t if bhsd else t.transpose(1, 2)
+
+    def flash(n: int) -> Any:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[:, :length].transpose(1, 2),
-                                                  v_cache[:, :length].transpose(1, 2), enable_gqa=True)
+            return F.scaled_dot_product_attention(as_bhsd(q), *(as_bhsd(t) for t in sliced(n)), enable_gqa=True)
 
     ways = {
-        "attention() on the slices (read in place)": lambda n: attention(q, k_cache[:, :n], v_cache[:, :n]),
+        "attention() on the slices (read in place)": lambda n: attention(q, *sliced(n), layout=layout),
         "attention() on contiguous copies (copy, then the plans: as before)": lambda n: attention(
-            q, k_cache[:, :n].contiguous(), v_cache[:, :n].contiguous()),
+            q, *(t.contiguous() for t in sliced(n)), layout=layout),
         "torch SDPA FLASH_ATTENTION on the slices": flash,
     }
-    record: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              **_cudnn_versions(), "fusedattn_select": _git_rev(),
-                              "shape": f"b{B} h{HQ}/{HKV} d{D} bf16, s_q 1, cache {CAPACITY}", "us_per_call": {}}
     cases = {f"lengths {s}..{s + 47} (+300 per round)": lambda r, s=s: list(range(s + 300 * r, s + 300 * r + 48))
              for s in STARTS}
-    cases[f"fixed length {FIXED} (copies: promoted to dense plans)"] = lambda r: [FIXED] * 300
+    cases[f"fixed length {FIXED} (copies: promoted to dense plans where not heads as batch)"] = lambda r: [FIXED] * 300
+    out = {}
     with torch.no_grad():
         for case, lengths in cases.items():
             times: dict[str, list[float]] = {name: [] for name in ways}
             for r in range(3):
                 for name, way in ways.items():
                     times[name].append(_per_call_us(torch, way, lengths(r)))
-            record["us_per_call"][case] = {name: round(statistics.median(t), 1) for name, t in times.items()}
+            out[case] = {name: round(statistics.median(t), 1) for name, t in times.items()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--output", default=None, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from tools.bench.environment import _cudnn_versions, _git_rev
+
+    record: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              **_cudnn_versions(), "fusedattn_select": _git_rev(),
+                              "shape": f"b{B} h{HQ}/{HKV} d{D} bf16, s_q 1, cache {CAPACITY}", "us_per_call": {}}
+    for layout in ("bshd", "bhsd"):
+        record["us_per_call"][layout] = _layout(torch, layout)
     print(json.dumps(record, indent=1))
     if args.output:
         with open(args.output, "w") as out:
