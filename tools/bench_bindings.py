@@ -15,7 +15,6 @@ Prints the device, versions and figures; writes them as JSON with -o.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -90,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cuda")
     ways = _ways(torch, _plan(torch), device)
-    record: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "host_us_per_new_shape": {}, "with_queued_work": {}}
+    from tools.bench.environment import emit, standalone_record
+
+    record: dict[str, Any] = dict(standalone_record(torch), host_us_per_new_shape={}, with_queued_work={})
     times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(5):
         for name, way in ways.items():
@@ -114,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         record["with_queued_work"][name] = {"host_ms": round(host, 3),
                                             "gpu_ms_left": round((time.perf_counter() - started) * 1e3, 2)}
         record["host_us_per_new_shape"][name] = round(statistics.median(times[name]), 1)
-    print(json.dumps(record, indent=1))
-    if args.output:
-        with open(args.output, "w") as out:
-            json.dump(record, out, indent=1)
+    emit(record, args.output)
     return 0
 
 

@@ -15,7 +15,6 @@ Prints the device, versions and figures; writes them as JSON with -o.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -86,17 +85,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from tools.bench.environment import _cudnn_versions, _git_rev
+    from tools.bench.environment import emit, standalone_record
 
-    record: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              **_cudnn_versions(), "fusedattn_select": _git_rev(),
-                              "shape": f"b{B} h{HQ}/{HKV} d{D} bf16, s_q 1, cache {CAPACITY}", "us_per_call": {}}
-    for layout in ("bshd", "bhsd"):
-        record["us_per_call"][layout] = _layout(torch, layout)
-    print(json.dumps(record, indent=1))
-    if args.output:
-        with open(args.output, "w") as out:
-            json.dump(record, out, indent=1)
+    record = dict(standalone_record(torch), shape=f"b{B} h{HQ}/{HKV} d{D} bf16, s_q 1, cache {CAPACITY}",
+                  us_per_call={layout: _layout(torch, layout) for layout in ("bshd", "bhsd")})
+    emit(record, args.output)
     return 0
 
 

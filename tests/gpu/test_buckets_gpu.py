@@ -185,15 +185,30 @@ def _allocations():
     return torch.cuda.memory_stats()["allocation.all.allocated"]
 
 
+def _assert_allocates_as_contiguous(q, k, v, **kwargs):
+    """A call on the cache slices k, v allocates what one on contiguous copies of them does (no copy)."""
+    k_own, v_own = k.contiguous(), v.contiguous()
+    attention(q, k_own, v_own, **kwargs)  # decided before counting
+    counts = []
+    for pair in ((k, v), (k_own, v_own)):
+        before = _allocations()
+        attention(q, *pair, **kwargs)
+        counts.append(_allocations() - before)
+    assert counts[0] == counts[1], f"the cache slices allocated {counts[0]}, contiguous K/V {counts[1]}"
+
+
+def _caches(dims, seed):
+    gen = torch.Generator(device=CUDA).manual_seed(seed)
+    return gen, [torch.randn(*dims, generator=gen, device=CUDA).to(torch.bfloat16) for _ in range(2)]
+
+
 @pytest.mark.parametrize("sq, mask", [(1, "no_mask"), (3, "causal_bottom_right")])
 def test_k_and_v_sliced_from_a_bshd_cache_are_read_in_place(sq, mask):
     """k_cache[:, :L] of a preallocated BSHD cache: the bucket plans read the cache's rows where they
     are (no copy: a call allocates what one on contiguous K/V does), the output is the reference's,
     the next lengths build nothing, and no dense plan (which would copy K and V) is asked for."""
     b, hq, hkv, d, capacity = 3, 8, 2, 64, 1024
-    gen = torch.Generator(device=CUDA).manual_seed(7)
-    k_cache, v_cache = (torch.randn(b, capacity, hkv, d, generator=gen, device=CUDA).to(torch.bfloat16)
-                        for _ in range(2))
+    gen, (k_cache, v_cache) = _caches((b, capacity, hkv, d), 7)
     with torch.no_grad():
         builds = None
         for length in (300, 301, 400):
@@ -208,14 +223,7 @@ def test_k_and_v_sliced_from_a_bshd_cache_are_read_in_place(sq, mask):
             assert entry.promotion.startswith("K and V are read in place")
             builds = dispatch_info()["plan_builds"] if builds is None else builds
         assert dispatch_info()["plan_builds"] == builds
-        k_own, v_own = k.contiguous(), v.contiguous()
-        attention(q, k_own, v_own, layout="bshd", mask=mask)
-        counts = []
-        for pair in ((k, v), (k_own, v_own)):
-            before = _allocations()
-            attention(q, *pair, layout="bshd", mask=mask)
-            counts.append(_allocations() - before)
-        assert counts[0] == counts[1], f"sliced K/V allocated {counts[0]}, contiguous {counts[1]}"
+        _assert_allocates_as_contiguous(q, k, v, layout="bshd", mask=mask)
 
 
 def test_a_decode_step_on_a_slice_of_a_bhsd_cache_runs_its_heads_as_batch_in_place():
@@ -223,9 +231,7 @@ def test_a_decode_step_on_a_slice_of_a_bhsd_cache_runs_its_heads_as_batch_in_pla
     the heads-as-batch bucket plans read where it is (a call allocates what one on a contiguous
     cache does), with the reference's output and no plan build for the next lengths."""
     b, hq, hkv, d, capacity = 3, 8, 2, 64, 1024
-    gen = torch.Generator(device=CUDA).manual_seed(8)
-    k_cache, v_cache = (torch.randn(b, hkv, capacity, d, generator=gen, device=CUDA).to(torch.bfloat16)
-                        for _ in range(2))
+    gen, (k_cache, v_cache) = _caches((b, hkv, capacity, d), 8)
     with torch.no_grad():
         builds = None
         for length in (300, 301, 400):
@@ -238,14 +244,7 @@ def test_a_decode_step_on_a_slice_of_a_bhsd_cache_runs_its_heads_as_batch_in_pla
             assert inner.bucketed and inner.kv_steps == (capacity * d,) * 2 and entry.lean is not None
             builds = dispatch_info()["plan_builds"] if builds is None else builds
         assert dispatch_info()["plan_builds"] == builds
-        k_own, v_own = k.contiguous(), v.contiguous()
-        attention(q, k_own, v_own, layout="bhsd")
-        counts = []
-        for pair in ((k, v), (k_own, v_own)):
-            before = _allocations()
-            attention(q, *pair, layout="bhsd")
-            counts.append(_allocations() - before)
-        assert counts[0] == counts[1], f"the cache slice allocated {counts[0]}, a contiguous cache {counts[1]}"
+        _assert_allocates_as_contiguous(q, k, v, layout="bhsd")
 
 
 def test_a_compiled_decode_step_matches_eager_mode():

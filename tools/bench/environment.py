@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from tools.bench.common import ROOT, Partial, first_line
 from tools.bench.runner import Runner
@@ -132,3 +133,17 @@ def _git_rev() -> str:
     except Exception:  # noqa: BLE001
         pass
     return "n/a"
+
+
+def standalone_record(torch: Any) -> dict:
+    """The device and versions a standalone tool (tools/bench_*.py) writes beside its figures."""
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, **_cudnn_versions(),
+            "fusedattn_select": _git_rev()}
+
+
+def emit(record: Mapping, path: str | None) -> None:
+    """Print a standalone tool's record as JSON, and write it to `path` where one is given."""
+    print(json.dumps(record, indent=1))
+    if path:
+        with open(path, "w") as out:
+            json.dump(record, out, indent=1)
