@@ -7,6 +7,7 @@ import difflib
 import hashlib
 import json
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -104,7 +105,14 @@ class AttnConfig:
             object.__setattr__(self, "attn_scale", float(self.attn_scale))
         if isinstance(self.dropout, int) and not isinstance(self.dropout, bool):
             object.__setattr__(self, "dropout", float(self.dropout))
-        _validate(self)
+        problem_class = _class_of(self)
+        if problem_class is not None and problem_class in _classes:
+            _validate_shape(self)  # every other field was validated with an earlier config of its class
+        else:
+            _validate(self)
+            if problem_class is not None:
+                _remember_class(problem_class, None)
+        object.__setattr__(self, "_class", problem_class)
 
     # ----- derived values -------------------------------------------------------------------
     @property
@@ -220,17 +228,22 @@ class AttnConfig:
 
     def _keys(self) -> tuple[str, str]:
         """(cache_key, shape_class_key), computed together once per (immutable) config: dispatch asks
-        both of every new shape, and the selector's cache hit is a dict lookup on the first."""
-        data = self.resolved()
-        digests = []
-        for drop in ((), _SHAPE_FIELDS):
-            for name in drop:
-                data.pop(name, None)
-            text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-            digests.append(hashlib.sha256(text.encode()).hexdigest()[:32])
+        both of every new shape, and the selector's cache hit is a dict lookup on the first.
+
+        Each is the digest of the resolved fields as sorted JSON (the class's without the shape
+        fields). The class's JSON text is made once per class, and a config's is that text with its
+        shape values put in (ClassKeys), so a new shape of a known class costs one digest."""
+        problem_class = self.__dict__.get("_class")
+        keys = _classes.get(problem_class) if problem_class is not None else None
+        if keys is None:
+            keys = ClassKeys.of(self.resolved())
+            if problem_class is not None:
+                _remember_class(problem_class, keys)
+        text = keys.text(self)
+        digests = (_digest(text), keys.class_key)
         object.__setattr__(self, "_cache_key", digests[0])
         object.__setattr__(self, "_shape_class_key", digests[1])
-        return digests[0], digests[1]
+        return digests
 
     def replace(self, **changes: Any) -> "AttnConfig":
         return dataclasses.replace(self, **changes)
@@ -271,6 +284,79 @@ class AttnConfig:
             also = f" (missing: {', '.join(missing)})" if len(missing) > 1 else ""
             raise ConfigError(missing[0], None, "required field is missing" + also)
         return cls(**dict(data))
+
+
+# ----- problem classes ------------------------------------------------------------------------
+def _json(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# Marks where a shape field's value goes in a class's JSON text: no valid field value holds a NUL.
+_MARKS = {name: "\x00" + name for name in _SHAPE_FIELDS}
+
+
+@dataclass(frozen=True)
+class ClassKeys:
+    """The keys of one problem class: its shape_class_key, and its JSON text cut where the shape
+    fields' values go (in sorted field order), from which each config's cache_key text is made."""
+
+    class_key: str
+    pieces: tuple[str, ...]  # len(_SHAPE_FIELDS) + 1 pieces around the shape values
+    order: tuple[str, ...]   # the shape fields in the order their values go in
+
+    @classmethod
+    def of(cls, resolved: dict[str, Any]) -> "ClassKeys":
+        """From a config's resolved() fields."""
+        data = {name: value for name, value in resolved.items() if name not in _SHAPE_FIELDS}
+        class_key = _digest(_json(data))
+        marked = _json(dict(data, **_MARKS))
+        order = tuple(sorted(_SHAPE_FIELDS))
+        pieces, rest = [], marked
+        for name in order:
+            before, _, rest = rest.partition(json.dumps(_MARKS[name]))
+            pieces.append(before)
+        pieces.append(rest)
+        return cls(class_key, tuple(pieces), order)
+
+    def text(self, cfg: "AttnConfig") -> str:
+        """The JSON text of `cfg`'s resolved fields (what json.dumps writes: ints, or null)."""
+        parts = [self.pieces[0]]
+        for name, piece in zip(self.order, self.pieces[1:]):
+            value = getattr(cfg, name)
+            parts.append("null" if value is None else int.__repr__(value))
+            parts.append(piece)
+        return "".join(parts)
+
+
+# Every field but the shape: what makes a problem class.
+_CLASS_FIELDS = tuple(f.name for f in dataclasses.fields(AttnConfig) if f.name not in _SHAPE_FIELDS)
+_class_values = operator.attrgetter(*_CLASS_FIELDS)
+# Problem classes validated in this process (by `_class_of`), with their ClassKeys once made.
+_classes: dict[tuple, ClassKeys | None] = {}
+_CLASSES_KEPT = 65536
+
+
+def _class_of(cfg: AttnConfig) -> tuple | None:
+    """The values of every non-shape field and their types (True and 1 are equal values), or None
+    where one is unhashable (such a config is validated whole, and fails)."""
+    values = _class_values(cfg)
+    window = cfg.window_size
+    key = (values, tuple(map(type, values)), tuple(map(type, window)) if type(window) is tuple else None)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _remember_class(problem_class: tuple, keys: ClassKeys | None) -> None:
+    if len(_classes) >= _CLASSES_KEPT:
+        _classes.clear()
+    _classes[problem_class] = keys
 
 
 # ----- validation ---------------------------------------------------------------------------
@@ -344,6 +430,17 @@ def _validate(cfg: AttnConfig) -> None:
     _check_extents(cfg)
 
 
+def _validate_shape(cfg: AttnConfig) -> None:
+    """The checks that read the shape fields, in _validate's order: all a config still needs when
+    another config of its class (every other field equal) passed _validate."""
+    for name in ("batch_size", "seqlen_q", "seqlen_kv"):
+        _check_int(cfg, name)
+    _check_int(cfg, "num_pages", optional=True)
+    _validate_packing(cfg)
+    _validate_paging(cfg)
+    _check_extents(cfg)
+
+
 def _check_extents(cfg: AttnConfig) -> None:
     """Each tensor's element count fits int64 strides (each dim alone is at most INT32_MAX)."""
     kv_rows = (cfg.num_pages, cfg.page_size) if cfg.layout.paged else (cfg.batch_size, cfg.seqlen_kv)
@@ -370,26 +467,8 @@ def _validate_cross_fields(cfg: AttnConfig) -> None:
             "mask", cfg.mask,
             f"qkv_layout={cfg.qkv_layout!r} is ragged (THD) and needs a padding mask: " + allowed(PADDING_MASKS),
         )
-    if layout.packing in ("3hd", "h3d") and (
-        cfg.seqlen_q != cfg.seqlen_kv or cfg.num_heads_q != cfg.num_heads_kv
-        or cfg.resolved_head_dim_v != cfg.head_dim_qk
-    ):
-        raise ConfigError(
-            "qkv_layout", cfg.qkv_layout,
-            "interleaved QKV needs seqlen_q == seqlen_kv, num_heads_q == num_heads_kv and head_dim_v == head_dim_qk",
-        )
-    if layout.packing in ("2hd", "h2d") and cfg.resolved_head_dim_v != cfg.head_dim_qk:
-        raise ConfigError("qkv_layout", cfg.qkv_layout, "interleaved KV needs head_dim_v == head_dim_qk")
-    if layout.paged:
-        if cfg.page_size is None or cfg.num_pages is None:
-            raise ConfigError("page_size", cfg.page_size, f"qkv_layout={cfg.qkv_layout!r} (paged KV) needs page_size and num_pages")
-        if cfg.is_training:
-            raise ConfigError("is_training", True, "paged KV caches are for inference only; set is_training: false")
-        if not cfg.has_padding:
-            raise ConfigError("mask", cfg.mask, "paged KV needs a padding mask (sequence lengths): " + allowed(PADDING_MASKS))
-    elif cfg.page_size is not None or cfg.num_pages is not None:
-        field_name = "page_size" if cfg.page_size is not None else "num_pages"
-        raise ConfigError(field_name, getattr(cfg, field_name), "only allowed with a paged_kv_* qkv_layout")
+    _validate_packing(cfg)
+    _validate_paging(cfg)
     for name in ("o_format", "do_format"):
         value = getattr(cfg, name)
         if value == "thd" and cfg.q_format != "thd" or value not in (None, "thd") and cfg.q_format == "thd":
@@ -418,3 +497,30 @@ def _validate_cross_fields(cfg: AttnConfig) -> None:
         for name in ("do_dtype", "dqkv_dtype", "do_format", "dqkv_layout"):
             if getattr(cfg, name) is not None:
                 raise ConfigError(name, getattr(cfg, name), "describes the backward pass; only allowed with is_training: true")
+
+
+def _validate_packing(cfg: AttnConfig) -> None:
+    packing = cfg.layout.packing
+    if packing in ("3hd", "h3d") and (
+        cfg.seqlen_q != cfg.seqlen_kv or cfg.num_heads_q != cfg.num_heads_kv
+        or cfg.resolved_head_dim_v != cfg.head_dim_qk
+    ):
+        raise ConfigError(
+            "qkv_layout", cfg.qkv_layout,
+            "interleaved QKV needs seqlen_q == seqlen_kv, num_heads_q == num_heads_kv and head_dim_v == head_dim_qk",
+        )
+    if packing in ("2hd", "h2d") and cfg.resolved_head_dim_v != cfg.head_dim_qk:
+        raise ConfigError("qkv_layout", cfg.qkv_layout, "interleaved KV needs head_dim_v == head_dim_qk")
+
+
+def _validate_paging(cfg: AttnConfig) -> None:
+    if cfg.layout.paged:
+        if cfg.page_size is None or cfg.num_pages is None:
+            raise ConfigError("page_size", cfg.page_size, f"qkv_layout={cfg.qkv_layout!r} (paged KV) needs page_size and num_pages")
+        if cfg.is_training:
+            raise ConfigError("is_training", True, "paged KV caches are for inference only; set is_training: false")
+        if not cfg.has_padding:
+            raise ConfigError("mask", cfg.mask, "paged KV needs a padding mask (sequence lengths): " + allowed(PADDING_MASKS))
+    elif cfg.page_size is not None or cfg.num_pages is not None:
+        field_name = "page_size" if cfg.page_size is not None else "num_pages"
+        raise ConfigError(field_name, getattr(cfg, field_name), "only allowed with a paged_kv_* qkv_layout")

@@ -58,7 +58,7 @@ from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
 from fusedattn_select.runtime.fused import FusedAttention, fused_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
-from fusedattn_select.runtime.lean import LeanAttention, lean_forward
+from fusedattn_select.runtime.lean import apply_lean, lean_forward
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.problem import config
 
@@ -189,7 +189,7 @@ def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if not found.opts.training:
             return lean_forward(found, q, k, v)[0]
         if lean.grads is not None:
-            return LeanAttention.apply(found, q, k, v)
+            return apply_lean(found, q, k, v)
     scales = fp8 if isinstance(fp8, (FP8Scales, FP8History)) else None
     if found.opts.training:
         out, lse = FusedAttention.apply(found, scales, q, k, v, *inputs)

@@ -3,6 +3,7 @@ back), made once and found again by one dict lookup."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -147,8 +148,7 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if signature[-1]:  # capturing
         return _captured_entry(signature, new)
     selector = default_selector()
-    alibi = inputs.alibi_slopes
-    if q.is_cuda and alibi is not None and not _standard_alibi(alibi, new.cfg.num_heads_q):
+    if q.is_cuda and inputs.alibi_slopes is not None and not _standard_alibi(inputs.alibi_slopes, new.cfg.num_heads_q):
         new.reason = "alibi_slopes differ from the fixed ALiBi slopes cuDNN computes (2^(-8i/H))"
         return new
     if q.is_cuda and _heads_as_batch(new, selector, qb, kb, vb):
@@ -357,7 +357,8 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
                   selection.message or selection.plan_form)
         return False
     form = selector.bucket_for(new.cfg) or form  # the bucket answered "yes" that holds this shape
-    trial = dataclasses.replace(new, cfg=form, selection=selection, call_cfg=new.cfg)
+    trial = copy.copy(new)
+    trial.cfg, trial.selection, trial.call_cfg = form, selection, new.cfg
     _build_plans(trial, selector, device)
     if not trial.fused:
         log.info("fusedattn_select: bucket plans of %s did not build (%s); dense plans for %s",
@@ -370,8 +371,7 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
         trial.promotion = "K and V are read in place as rows of longer buffers (dense plans would copy them)"
     trial.shape_class = new.cfg.shape_class_key()
     trial.class_calls_before = class_calls[trial.shape_class]
-    for field in dataclasses.fields(Entry):
-        setattr(new, field.name, getattr(trial, field.name))
+    vars(new).update(vars(trial))
     return True
 
 

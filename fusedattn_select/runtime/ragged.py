@@ -14,6 +14,7 @@ offsets of K and V, so training calls always bind contiguous memory.
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -86,8 +87,9 @@ def _offsets(plan: Plan, offset_name: str, shape: Shape) -> tuple[tuple, list[in
     token_stride = plan.specs[tensor].strides[2]  # logical (B, H, S, D): the sequence stride
     seqlen = shape.seqlen_q if tensor in _QUERY_AXIS else shape.seqlen_kv
     slots = plan.specs[offset_name].dims[0]
-    step = {"k": shape.k_step, "v": shape.v_step}.get(tensor) or seqlen * token_stride
-    return ("offsets", slots, step, shape.batch), [min(i, shape.batch) * step for i in range(slots)]
+    step = (shape.k_step if tensor == "k" else shape.v_step if tensor == "v" else 0) or seqlen * token_stride
+    batch = shape.batch
+    return ("offsets", slots, step, batch), [i * step for i in range(batch)] + [batch * step] * (slots - batch)
 
 
 def bindings(plans: Sequence[Plan], shape: Shape, device: torch.device) -> list[dict[str, torch.Tensor]]:
@@ -117,19 +119,21 @@ def bindings(plans: Sequence[Plan], shape: Shape, device: torch.device) -> list[
 def _upload(new: dict[tuple, list[int]], device: torch.device) -> dict[tuple, torch.Tensor]:
     """`new` as (n, 1, 1, 1) int32 tensors on `device`, each 16-byte aligned, from one host-to-device
     copy (a new shape costs one transfer, not a few kernels per tensor)."""
-    flat: list[int] = []
+    flat = array.array("i")  # int32: an offset that does not fit raises OverflowError here
     spans = []
     for key, values in new.items():
-        if values and max(values) >= _OFFSET_LIMIT:  # callers check offsets_fit first
-            raise ValueError(f"a ragged offset of {max(values)} elements does not fit the graph's int32 offsets")
         spans.append((key, len(flat), len(values)))
-        flat.extend(values)
+        try:
+            flat.extend(values)
+        except OverflowError:  # callers check offsets_fit first
+            raise ValueError(f"a ragged offset of {max(values)} elements does not fit the graph's int32 "
+                             "offsets") from None
         flat.extend([0] * (-len(flat) % 4))
     # From pageable memory without waiting: CUDA stages the host values before the call returns and
     # does not wait for queued work, where a blocking copy waits for the whole queue. On the H100 a
     # new shape's tensors take 46 us this way against 113 us by the few kernels per tensor it
     # replaced (tools/bench_bindings.py, tools/results/bindings-h100.json).
-    whole = torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True)
+    whole = torch.frombuffer(flat, dtype=torch.int32).to(device, non_blocking=True)
     return {key: whole.as_strided((count, 1, 1, 1), (1, 1, 1, 1), start) for key, start, count in spans}
 
 

@@ -388,6 +388,77 @@ def test_cache_key_is_stable_across_processes():
     assert out.stdout.strip() == cfg.cache_key()
 
 
+def _json_digests(cfg: AttnConfig) -> tuple[str, str]:
+    """(cache_key, shape_class_key) by their definition: digests of the resolved fields as sorted
+    JSON, with and without the shape fields."""
+    import hashlib
+
+    data = cfg.resolved()
+    digests = []
+    for drop in ((), ("batch_size", "seqlen_q", "seqlen_kv", "num_pages")):
+        for name in drop:
+            data.pop(name)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        digests.append(hashlib.sha256(text.encode()).hexdigest()[:32])
+    return digests[0], digests[1]
+
+
+@pytest.mark.parametrize("base, change", KEY_CHANGES, ids=[",".join(c) for _, c in KEY_CHANGES])
+def test_keys_are_the_digests_of_the_resolved_fields_for_every_shape_of_a_class(base, change):
+    # A class's keys are made from its JSON text once; each shape's must be what json.dumps gives.
+    first = AttnConfig(**{**TRAIN, **base, **change})
+    shapes = [dict(batch_size=1, seqlen_q=1, seqlen_kv=1), dict(batch_size=7, seqlen_q=333, seqlen_kv=999),
+              dict(batch_size=2**31 - 1, seqlen_q=1, seqlen_kv=1)]
+    for shape in shapes:
+        if first.qkv_layout.startswith("t3hd") or "3hd" in first.qkv_layout:
+            shape = dict(shape, seqlen_kv=shape["seqlen_q"])
+        cfg = first.replace(**shape)
+        assert (cfg.cache_key(), cfg.shape_class_key()) == _json_digests(cfg)
+    assert (first.cache_key(), first.shape_class_key()) == _json_digests(first)
+
+
+def test_paged_keys_hold_num_pages():
+    paged = dict(TRAIN, qkv_layout="paged_kv_bshd_bshd_bshd", mask="padding", page_size=16, num_pages=64,
+                 is_training=False)
+    for pages in (64, 65, 4096):
+        cfg = AttnConfig(**dict(paged, num_pages=pages))
+        assert (cfg.cache_key(), cfg.shape_class_key()) == _json_digests(cfg)
+
+
+SHAPE_ERRORS = [
+    (dict(), dict(batch_size=0), "batch_size"),
+    (dict(), dict(batch_size=True), "batch_size"),
+    (dict(), dict(seqlen_q=-1), "seqlen_q"),
+    (dict(), dict(seqlen_kv=2.0), "seqlen_kv"),
+    (dict(), dict(batch_size=2**31 - 1, seqlen_q=2**31 - 1), "batch_size*seqlen_q*num_heads_q*head_dim_qk"),
+    (dict(qkv_layout="t3hd", mask="padding", num_heads_kv=32), dict(seqlen_kv=512), "qkv_layout"),
+    (dict(qkv_layout="paged_kv_bshd_bshd_bshd", mask="padding", page_size=16, num_pages=64, is_training=False),
+     dict(num_pages=None), "page_size"),
+    (dict(qkv_layout="paged_kv_bshd_bshd_bshd", mask="padding", page_size=16, num_pages=64, is_training=False),
+     dict(num_pages=0), "num_pages"),
+]
+
+
+@pytest.mark.parametrize("base, shape, field", SHAPE_ERRORS, ids=[f"{f}:{s}" for _, s, f in SHAPE_ERRORS])
+def test_a_validated_class_still_checks_each_shape(base, shape, field):
+    # The class's other fields were validated with the first config; the shape fields never are skipped.
+    valid = AttnConfig(**{**TRAIN, **base})
+    with pytest.raises(ConfigError) as info:
+        valid.replace(**shape)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("name, number, flag", [("num_heads_kv", 1, True), ("dropout", 0.0, False),
+                                                ("deterministic", False, 0), ("window_size", (1, 0), (True, 0))])
+def test_a_bool_is_not_the_number_it_equals_for_a_validated_class(name, number, flag):
+    # True == 1 and False == 0.0: the class of a valid config must not vouch for the bool (or the int).
+    changes = dict(num_heads_q=1) if name == "num_heads_kv" else {}
+    AttnConfig(**{**TRAIN, **changes, name: number})
+    with pytest.raises(ConfigError) as info:
+        AttnConfig(**{**TRAIN, **changes, name: flag})
+    assert info.value.field == name
+
+
 def test_equal_configs_have_equal_keys_and_window_list_equals_tuple():
     assert make(window_size=[128, 0], mask="causal") == make(window_size=(128, 0), mask="causal")
     assert make(window_size=[128, 0], mask="causal").cache_key() == make(window_size=(128, 0), mask="causal").cache_key()

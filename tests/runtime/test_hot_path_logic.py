@@ -299,3 +299,62 @@ def test_clear_plans_empties_by_call():
     assert entries.by_call == {}
     assert len(entries.entries) == 0
     assert entries.counters["calls"] == 0
+
+
+# ----- apply_lean ----------------------------------------------------------------------------------
+class _Doubling:
+    """A stand-in for a built plan (autograd plumbing only, no cuDNN): its forward writes 2*q and
+    ones as stats, its backward 2*dO into dQ and dO's row sums into dK and dV."""
+
+    def __init__(self, backward: bool) -> None:
+        self.backward = backward
+
+    def run(self, buffers: tuple) -> None:
+        if self.backward:
+            q, k, v, o, stats, d_o, dq, dk, dv = buffers
+            dq.copy_(2 * d_o)
+            dk.copy_(d_o.sum(-1, keepdim=True).expand_as(dk))
+            dv.copy_(d_o.sum(-1, keepdim=True).expand_as(dv))
+        else:
+            q, k, v, o, stats = buffers
+            o.copy_(2 * q)
+            stats.fill_(1.0)
+
+
+def _lean_entry(q: torch.Tensor):
+    geometry = (tuple(q.shape), q.stride())
+    stats = plans.TensorSpec((q.shape[0], q.shape[2], q.shape[1], 1), (q.shape[1] * q.shape[2], 1, q.shape[2], 1),
+                             torch.float32)
+    shape = lean.Lean(out=geometry, out_dtype=q.dtype, forward_index=(0, 1, 2, 3, 4), stats=stats,
+                      grads=(geometry,) * 3, do_strides=q.stride(), backward_index=tuple(range(9)),
+                      out_like_q=True, grads_like_qkv=True)
+
+    class _Entry:
+        forward, backward = _Doubling(False), _Doubling(True)
+
+    found = _Entry()
+    found.lean = shape
+    return found
+
+
+def test_apply_lean_records_the_same_autograd_node_as_function_apply():
+    q, k, v = (torch.randn(2, 5, 3, 4, requires_grad=True) for _ in range(3))
+    found = _lean_entry(q)
+    out = lean.apply_lean(found, q, k, v)
+    assert type(out.grad_fn).__name__ == "LeanAttentionBackward"
+    assert torch.equal(out, 2 * q.detach())
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert torch.equal(grads[0], torch.full_like(q, 2.0)) and torch.equal(grads[1], torch.full_like(k, 4.0))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out = lean.apply_lean(found, q, k, v)
+        with torch.no_grad():
+            q.add_(1)  # in-place change of a saved input: backward must refuse, as with Function.apply
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+
+def test_apply_lean_defers_to_function_apply_under_functorch_transforms():
+    q, k, v = (torch.randn(2, 5, 3, 4) for _ in range(3))
+    found = _lean_entry(q)
+    # Function.apply refuses a Function without setup_context under a transform; apply_lean must too.
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda x: lean.apply_lean(found, x, k, v).sum())(q)
