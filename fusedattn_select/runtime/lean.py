@@ -100,6 +100,38 @@ def _takes_qkv(plan: plans.Plan, inputs: tuple[str, ...], outputs: tuple[tuple[s
             and tuple(sorted(plan.outputs)) in outputs)
 
 
+@dataclass(frozen=True)
+class _PlanFacts:
+    """What the lean path reads of an entry's plans, the same for every call they run: where each
+    plan finds its tensors (None: that plan takes more than q, k, v and runs the general path)."""
+
+    forward_index: Optional[tuple[int, ...]]
+    stats: Optional[plans.TensorSpec]
+    backward_index: Optional[tuple[int, ...]]
+
+
+def _plan_facts(forward: plans.Plan, backward: Optional[plans.Plan], ragged_fwd: tuple[str, ...],
+                ragged_bwd: tuple[str, ...]) -> _PlanFacts:
+    """The _PlanFacts of a forward plan (with its backward plan and offset names), made once."""
+    key = ("lean", backward, ragged_fwd, ragged_bwd)
+    facts = forward.derived.get(key)
+    if facts is not None:
+        return facts
+    forward_index = backward_index = None
+    if _takes_qkv(forward, ("k", "q", "v"), (("o",), ("o", "stats")), ragged_fwd):
+        names = LEAN_FORWARD + ragged_fwd
+        forward_index = tuple(names.index(n) for n in forward.order)
+        if backward is not None and _takes_qkv(backward, ("dO", "k", "o", "q", "stats", "v"), (("dK", "dQ", "dV"),),
+                                               ragged_bwd) and all(
+                backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats")) and all(
+                backward.specs["d" + n].dtype == forward.specs[n.lower()].dtype for n in ("Q", "K", "V")):
+            names = LEAN_BACKWARD + ragged_bwd
+            backward_index = tuple(names.index(n) for n in backward.order)
+    stats = forward.specs["stats"] if "stats" in forward.outputs else None
+    facts = forward.derived[key] = _PlanFacts(forward_index, stats, backward_index)
+    return facts
+
+
 def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, inputs: OptionalInputs) -> None:
     """Give a fused entry its Lean where its plans take the call's q, k, v and nothing else."""
     forward, backward, layout = new.forward, new.backward, new.opts.layout
@@ -107,7 +139,9 @@ def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, 
         return
     bucketed = new.bucketed
     ragged_fwd = tuple(new.ragged_forward) if bucketed else ()
-    if not _takes_qkv(forward, ("k", "q", "v"), (("o",), ("o", "stats")), ragged_fwd):
+    ragged_bwd = tuple(new.ragged_backward) if bucketed and new.ragged_backward is not None else ()
+    facts = _plan_facts(forward, backward, ragged_fwd, ragged_bwd)
+    if facts.forward_index is None:
         return
     order = FROM_BHSD[layout]
     given = []  # q, k, v in the caller's dim order (read off the BHSD views: no torch calls)
@@ -118,29 +152,23 @@ def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, 
         if t.dtype != spec.dtype or dims != want_dims or not same_memory(want_dims, want_strides, strides):
             return
         given.append((tuple(dims[i] for i in order), tuple(strides[i] for i in order)))
+    o_spec = forward.specs["o"]
     if bucketed:
         out = bshd_geometry((qb.shape[0], qb.shape[1], qb.shape[2], vb.shape[3]), layout)
     else:
-        out = caller_geometry(forward.specs["o"], layout)
-    names = LEAN_FORWARD + ragged_fwd
+        out = caller_geometry(o_spec, layout)
     fields = dict(
-        out=out, out_dtype=forward.specs["o"].dtype, forward_index=tuple(names.index(n) for n in forward.order),
-        stats=forward.specs["stats"] if "stats" in forward.outputs else None, out_like_q=out == given[0] and forward.specs["o"].dtype == qb.dtype,
+        out=out, out_dtype=o_spec.dtype, forward_index=facts.forward_index, stats=facts.stats,
+        out_like_q=out == given[0] and o_spec.dtype == qb.dtype,
         ragged_forward=tuple(new.ragged_forward[n] for n in ragged_fwd))
-    ragged_bwd = tuple(new.ragged_backward) if bucketed and new.ragged_backward is not None else ()
-    if backward is not None and _takes_qkv(backward, ("dO", "k", "o", "q", "stats", "v"), (("dK", "dQ", "dV"),),
-                                           ragged_bwd) and all(
-            backward.specs[n] == forward.specs[n] for n in ("q", "k", "v", "o", "stats")) and all(
-            backward.specs["d" + n].dtype == forward.specs[n.lower()].dtype for n in ("Q", "K", "V")):
+    if facts.backward_index is not None:
         if bucketed:
             grads = tuple(bshd_geometry(tuple(t.shape), layout) for t in (qb, kb, vb))
             do_strides = out[1]
         else:
             grads = tuple(caller_geometry(backward.specs[g], layout) for g in ("dQ", "dK", "dV"))
             do_strides = caller_geometry(backward.specs["dO"], layout)[1]
-        names = LEAN_BACKWARD + ragged_bwd
-        fields.update(grads=grads, do_strides=do_strides,
-                      backward_index=tuple(names.index(n) for n in backward.order),
+        fields.update(grads=grads, do_strides=do_strides, backward_index=facts.backward_index,
                       grads_like_qkv=list(grads) == given,
                       ragged_backward=tuple(new.ragged_backward[n] for n in ragged_bwd))
     new.lean = Lean(**fields)

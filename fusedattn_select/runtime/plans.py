@@ -130,6 +130,8 @@ class Plan:
         self._direct_proven = False
         # The GraphBuild of a freshly built plan, until obtain_plan has serialized it.
         self.source: Any = build
+        # Facts the runtime derives from this plan once and reads at every new call shape (lean.py).
+        self.derived: dict[Any, Any] = {}
 
     # ----- binding ----------------------------------------------------------------------------
     def has(self, name: str) -> bool:
