@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import json
 import math
-import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from fusedattn_select.dtypes import DTYPES, F16_DTYPES, FP8_DTYPES
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.layouts import FORMATS, LAYOUTS, Layout
+from fusedattn_select.problem_classes import SHAPE_FIELDS, ClassKeys, ProblemClasses, digest
 from fusedattn_select.types import Backend, Phase
 
 MASKS = (
@@ -27,8 +25,6 @@ BIASES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
 BIAS_SHAPES = ("1hss", "b1ss", "bhss", "11ss")
 SOFTMAXES = ("vanilla", "off_by_one", "learnable")
 SCALING_MODES = ("delayed", "current", "mxfp8")
-# The fields a problem class leaves out (AttnConfig.shape_class_key): its shape.
-_SHAPE_FIELDS = ("batch_size", "seqlen_q", "seqlen_kv", "num_pages")
 
 # Bounds of the problem description, not of a GPU: each dimension fits an int32 (a chosen bound far
 # above any real problem: PyTorch sends no batch size or head dim above 65535 to cuDNN SDPA,
@@ -105,13 +101,13 @@ class AttnConfig:
             object.__setattr__(self, "attn_scale", float(self.attn_scale))
         if isinstance(self.dropout, int) and not isinstance(self.dropout, bool):
             object.__setattr__(self, "dropout", float(self.dropout))
-        problem_class = _class_of(self)
+        problem_class = _classes.of(self)
         if problem_class is not None and problem_class in _classes:
             _validate_shape(self)  # every other field was validated with an earlier config of its class
         else:
             _validate(self)
             if problem_class is not None:
-                _remember_class(problem_class, None)
+                _classes.remember(problem_class, None)
         object.__setattr__(self, "_class", problem_class)
 
     # ----- derived values -------------------------------------------------------------------
@@ -234,13 +230,12 @@ class AttnConfig:
         fields). The class's JSON text is made once per class, and a config's is that text with its
         shape values put in (ClassKeys), so a new shape of a known class costs one digest."""
         problem_class = self.__dict__.get("_class")
-        keys = _classes.get(problem_class) if problem_class is not None else None
+        keys = _classes.keys(problem_class) if problem_class is not None else None
         if keys is None:
             keys = ClassKeys.of(self.resolved())
             if problem_class is not None:
-                _remember_class(problem_class, keys)
-        text = keys.text(self)
-        digests = (_digest(text), keys.class_key)
+                _classes.remember(problem_class, keys)
+        digests = (digest(keys.text(self)), keys.class_key)
         object.__setattr__(self, "_cache_key", digests[0])
         object.__setattr__(self, "_shape_class_key", digests[1])
         return digests
@@ -286,77 +281,8 @@ class AttnConfig:
         return cls(**dict(data))
 
 
-# ----- problem classes ------------------------------------------------------------------------
-def _json(data: Mapping[str, Any]) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-# Marks where a shape field's value goes in a class's JSON text: no valid field value holds a NUL.
-_MARKS = {name: "\x00" + name for name in _SHAPE_FIELDS}
-
-
-@dataclass(frozen=True)
-class ClassKeys:
-    """The keys of one problem class: its shape_class_key, and its JSON text cut where the shape
-    fields' values go (in sorted field order), from which each config's cache_key text is made."""
-
-    class_key: str
-    pieces: tuple[str, ...]  # len(_SHAPE_FIELDS) + 1 pieces around the shape values
-    order: tuple[str, ...]   # the shape fields in the order their values go in
-
-    @classmethod
-    def of(cls, resolved: dict[str, Any]) -> "ClassKeys":
-        """From a config's resolved() fields."""
-        data = {name: value for name, value in resolved.items() if name not in _SHAPE_FIELDS}
-        class_key = _digest(_json(data))
-        marked = _json(dict(data, **_MARKS))
-        order = tuple(sorted(_SHAPE_FIELDS))
-        pieces, rest = [], marked
-        for name in order:
-            before, _, rest = rest.partition(json.dumps(_MARKS[name]))
-            pieces.append(before)
-        pieces.append(rest)
-        return cls(class_key, tuple(pieces), order)
-
-    def text(self, cfg: "AttnConfig") -> str:
-        """The JSON text of `cfg`'s resolved fields (what json.dumps writes: ints, or null)."""
-        parts = [self.pieces[0]]
-        for name, piece in zip(self.order, self.pieces[1:]):
-            value = getattr(cfg, name)
-            parts.append("null" if value is None else int.__repr__(value))
-            parts.append(piece)
-        return "".join(parts)
-
-
-# Every field but the shape: what makes a problem class.
-_CLASS_FIELDS = tuple(f.name for f in dataclasses.fields(AttnConfig) if f.name not in _SHAPE_FIELDS)
-_class_values = operator.attrgetter(*_CLASS_FIELDS)
-# Problem classes validated in this process (by `_class_of`), with their ClassKeys once made.
-_classes: dict[tuple, ClassKeys | None] = {}
-_CLASSES_KEPT = 65536
-
-
-def _class_of(cfg: AttnConfig) -> tuple | None:
-    """The values of every non-shape field and their types (True and 1 are equal values), or None
-    where one is unhashable (such a config is validated whole, and fails)."""
-    values = _class_values(cfg)
-    window = cfg.window_size
-    key = (values, tuple(map(type, values)), tuple(map(type, window)) if type(window) is tuple else None)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _remember_class(problem_class: tuple, keys: ClassKeys | None) -> None:
-    if len(_classes) >= _CLASSES_KEPT:
-        _classes.clear()
-    _classes[problem_class] = keys
+# Every field but the shape: what makes a problem class (problem_classes.py).
+_classes = ProblemClasses(tuple(f.name for f in dataclasses.fields(AttnConfig) if f.name not in SHAPE_FIELDS))
 
 
 # ----- validation ---------------------------------------------------------------------------
