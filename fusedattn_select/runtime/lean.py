@@ -228,13 +228,17 @@ class LeanAttention(torch.autograd.Function):
 
 # Function.apply's own work, without its Python wrapper: that wrapper binds default arguments (this
 # Function has no setup_context) and unwraps dead functorch wrappers, then makes this same call.
-_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, LeanAttention)
-_functorch_active = torch._C._are_functorch_transforms_active
-_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+# These are torch internals: where a torch version lacks one, apply_lean is Function.apply.
+try:
+    _apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, LeanAttention)
+    _functorch_active = torch._C._are_functorch_transforms_active
+    _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+except (AttributeError, KeyError):
+    _apply = None
 
 
 def apply_lean(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """LeanAttention.apply(entry, q, k, v), a few microseconds sooner outside functorch transforms."""
-    if _functorch_active():
+    if _apply is None or _functorch_active():
         return LeanAttention.apply(entry, q, k, v)
     return _apply(entry, _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v))

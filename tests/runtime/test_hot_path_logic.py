@@ -337,7 +337,10 @@ def _lean_entry(q: torch.Tensor):
     return found
 
 
-def test_apply_lean_records_the_same_autograd_node_as_function_apply():
+@pytest.mark.parametrize("internals", [True, False], ids=["C apply", "torch without its internals"])
+def test_apply_lean_records_the_same_autograd_node_as_function_apply(internals, monkeypatch):
+    if not internals:  # a torch version lacking the internals apply_lean uses: Function.apply itself
+        monkeypatch.setattr(lean, "_apply", None)
     q, k, v = (torch.randn(2, 5, 3, 4, requires_grad=True) for _ in range(3))
     found = _lean_entry(q)
     out = lean.apply_lean(found, q, k, v)
