@@ -323,3 +323,26 @@ def test_set_implementation_switches_a_model():
     assert model.config._attn_implementation == "sdpa"
     with torch.no_grad():  # the switched model still runs (CPU: fusedattn falls back, sdpa is torch's)
         assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 100)
+
+
+def test_in_turns_rotates_rounds_gathers_samples_and_drops_a_failing_timer():
+    from tools.bench import common
+
+    calls: list[tuple[str, bool]] = []
+
+    def timer(name: str, fail_at: int = -1) -> common.Timer:
+        def run(first: bool) -> dict:
+            calls.append((name, first))
+            if sum(1 for n, _ in calls if n == name) - 1 == fail_at:
+                raise RuntimeError(f"{name} broke")
+            return {"ms": [float(len(calls))], "n": [1.0, 2.0]}
+        return run
+
+    out = common.in_turns([("a", timer("a")), ("b", timer("b")), ("c", timer("c", fail_at=1))], 3)
+    # One round of each before the next round of any, the first mover rotating; c fails in its second
+    # round and takes no third turn.
+    assert [n for n, _ in calls] == ["a", "b", "c", "b", "c", "a", "a", "b"]
+    assert [f for _, f in calls] == [True, True, True, False, False, False, False, False]
+    assert out["a"] == {"ms": [1.0, 6.0, 7.0], "n": [1.0, 2.0] * 3}
+    assert out["b"]["ms"] == [2.0, 4.0, 8.0]
+    assert set(out["c"]) == {"error"} and str(out["c"]["error"]) == "c broke"

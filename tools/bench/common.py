@@ -301,6 +301,31 @@ def rotated(items: Sequence[Any], shift: int) -> list[Any]:
     return list(items[shift:]) + list(items[:shift])
 
 
+# A timer of in_turns: called once per round with whether it is its first, it returns its samples of
+# that round by quantity (e.g. {"fwd_ms": [...], "bwd_ms": [...]}).
+Timer = Callable[[bool], Mapping[str, Sequence[float]]]
+
+
+def in_turns(timers: Sequence[tuple[str, Timer]], rounds: int) -> dict[str, dict[str, Any]]:
+    """Run every timer `rounds` times, one round of each before the next round of any, the order
+    rotating from round to round, so a host that is busy for a while weighs on every implementation
+    alike. Returns, by timer name, its samples gathered over the rounds by quantity, or
+    {"error": exception} for a timer that raised (it takes no further turns)."""
+    out: dict[str, dict[str, Any]] = {name: {} for name, _ in timers}
+    live = list(timers)
+    for index in range(max(1, rounds)):
+        for name, timer in rotated(live, index):
+            try:
+                samples = timer(index == 0)
+            except Exception as err:  # noqa: BLE001 -- recorded as that implementation's status
+                out[name] = {"error": err}
+                live = [t for t in live if t[0] != name]
+                continue
+            for quantity, values in samples.items():
+                out[name].setdefault(quantity, []).extend(values)
+    return out
+
+
 def promotions_done(timeout_s: float = 240.0) -> None:
     """Wait until the worker process has finished every dense-plan job asked so far (so its builds
     do not run beside the timed calls of another implementation)."""

@@ -4,9 +4,10 @@ also holds the FP8 comparison (fp8) and the per-call time on a tiny problem (hos
 
 from __future__ import annotations
 
+import contextlib
 import re
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tools.bench import common, fp8, host_overhead
@@ -57,8 +58,10 @@ def run(runner: Runner) -> dict:
         res["status"] = "partial: " + str(res.get("status"))
     res["notes"] = [
         f"CUDA-event times of {plan['dispatch_reps']} repetitions after {plan['dispatch_warmup']} "
-        "warm-up calls; inputs normal(0, 1). bwd = the backward call alone (forward run untimed before "
-        "it); fwd+bwd = both, as one training step sees them. attention() and SDPA include autograd.",
+        f"warm-up calls, in {min(ROUNDS, plan['dispatch_reps'])} rounds with the implementations of a config "
+        "in turns (the order rotating), so a host busy for a while weighs on all alike; inputs "
+        "normal(0, 1). bwd = the backward call alone (forward run untimed before it); fwd+bwd = both, "
+        "as one training step sees them. attention() and SDPA include autograd.",
         *_NOTES,
     ]
     return res
@@ -130,6 +133,10 @@ def worker(args: Mapping, res: common.Partial) -> None:
     res["dispatch_info"] = dispatch_info()
 
 
+# Section 5 times its implementations in this many rounds, taken in turns (common.in_turns).
+ROUNDS = 5
+
+
 @dataclass
 class _Case:
     """One training config under measurement: its tensors, attention() arguments and result row."""
@@ -145,29 +152,46 @@ class _Case:
     reps: int
     warm: int
     deadline: float | None
+    timers: list = field(default_factory=list)
 
     def record(self, name: str, fwd: Callable, setup_bwd: Callable | None, bwd: Callable, fwd_bwd: Callable,
-               note: str = "") -> dict:
-        """Time one implementation's fwd, bwd and fwd+bwd into a new entry of the row's impls."""
+               note: str = "", context: Callable[[], Any] = contextlib.nullcontext) -> dict:
+        """A new entry of the row's impls, whose fwd, bwd and fwd+bwd `measure` times (each call
+        inside `context()`)."""
         impl: dict[str, Any] = {"name": name}
         if note:
             impl["note"] = note
         self.row["impls"].append(impl)
-        try:
-            impl["fwd_ms"] = common.summarize(cuda_times(self.torch, fwd, self.reps, self.warm), "ms")
-            impl["bwd_ms"] = common.summarize(cuda_times(self.torch, bwd, self.reps, self.warm, setup_bwd), "ms")
-            impl["fwd_bwd_ms"] = common.summarize(cuda_times(self.torch, fwd_bwd, self.reps, self.warm), "ms")
-            impl["fwd_tflops"] = common.tflops(self.fwd_flops, common.median_of(impl["fwd_ms"]))
-            impl["bwd_tflops"] = common.tflops(self.fwd_flops * common.BACKWARD_FLOP_FACTOR,
-                                               common.median_of(impl["bwd_ms"]))
-            impl["fwd_bwd_tflops"] = common.tflops(self.fwd_flops * (1 + common.BACKWARD_FLOP_FACTOR),
-                                            common.median_of(impl["fwd_bwd_ms"]))
-            impl["status"] = common.RESULT_STATUS_OK
-        except Exception as err:  # noqa: BLE001
-            impl["status"] = common.error_status(err)
-            common.log(traceback.format_exc())
-        self.res.save()
+        rounds = min(ROUNDS, self.reps)
+        reps = -(-self.reps // rounds)
+
+        def timer(first: bool) -> dict[str, list[float]]:
+            warm = self.warm if first else 1
+            with context():
+                return {"fwd_ms": cuda_times(self.torch, fwd, reps, warm),
+                        "bwd_ms": cuda_times(self.torch, bwd, reps, warm, setup_bwd),
+                        "fwd_bwd_ms": cuda_times(self.torch, fwd_bwd, reps, warm)}
+
+        self.timers.append((impl, timer))
         return impl
+
+    def measure(self) -> None:
+        """Time every recorded implementation, in turns (ROUNDS rounds), into its impls entry."""
+        rounds = min(ROUNDS, self.reps)
+        by_name = common.in_turns([(str(id(impl)), timer) for impl, timer in self.timers], rounds)
+        for impl, _ in self.timers:
+            got = by_name[str(id(impl))]
+            if "error" in got:
+                impl["status"] = common.error_status(got["error"])
+                continue
+            for quantity in ("fwd_ms", "bwd_ms", "fwd_bwd_ms"):
+                impl[quantity] = common.summarize(got[quantity], "ms")
+            factors = {"fwd": 1, "bwd": common.BACKWARD_FLOP_FACTOR, "fwd_bwd": 1 + common.BACKWARD_FLOP_FACTOR}
+            for part, factor in factors.items():
+                impl[f"{part}_tflops"] = common.tflops(self.fwd_flops * factor, common.median_of(impl[f"{part}_ms"]))
+            impl["status"] = common.RESULT_STATUS_OK
+        self.timers.clear()
+        self.res.save()
 
 
 def _shape_text(cfg: Any, layout: str) -> str:
@@ -191,6 +215,7 @@ def _measure_config(torch: Any, F: Any, c: dict, cfg: Any, args: Mapping, res: c
     checks: list[str] = []
     _measure_raw_graphs(case, out_att, checks, bool(args.get("raw_dynamic")))
     _measure_sdpa(case, F, out_att, grad, checks)
+    case.measure()
     c["check"] = "; ".join(checks)
 
 
@@ -326,8 +351,10 @@ def _measure_sdpa(case: _Case, F: Any, out_att: Any, grad: Any, checks: list[str
                               f"{rel_err(to_bhsd(out_att.detach(), layout), out.detach()):.1e}")
                 g_bhsd = from_layout(grad, layout, out)
                 del out
-                case.record(label, sdpa, sdpa, lambda o: torch.autograd.grad(o, tensors, g_bhsd),
-                            lambda _: torch.autograd.grad(sdpa(), tensors, g_bhsd))
+                # Timed later, in turns with the others: the functions take this backend's values.
+                case.record(label, sdpa, sdpa, lambda o, g=g_bhsd: torch.autograd.grad(o, tensors, g),
+                            lambda _, g=g_bhsd, f=sdpa: torch.autograd.grad(f(), tensors, g),
+                            context=lambda b=backend: sdpa_kernel(b))
         except Exception as err:  # noqa: BLE001
             c["impls"].append({"name": label, "status": common.error_status(err)})
 

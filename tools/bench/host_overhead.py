@@ -1,8 +1,10 @@
 """Section 5, tiny-problem part: per-call host+GPU time of attention() vs a raw cuDNN graph execute
-vs torch SDPA on a problem small enough that the host's work per call dominates."""
+vs torch SDPA on a problem small enough that the host's work per call dominates. The timed batches
+of the implementations take turns (common.in_turns): a host busy for a while weighs on all alike."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from typing import Any, Callable, Mapping
@@ -13,6 +15,7 @@ from tools.bench.common import (
     first_line,
     fmt_ratio,
     fmt_stat,
+    in_turns,
     log,
     md_table,
     ratio,
@@ -23,22 +26,25 @@ from tools.bench.raw_graph import RawGraph
 from tools.bench.tensors import rel_err, to_bhsd
 
 
-def _per_call_us(torch: Any, fn: Callable[[], Any], calls: int, batches: int) -> list[float]:
-    """µs per call over `batches` timed batches of `calls` back-to-back calls, synchronized."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(batches):
-        started = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter_ns() - started) / calls / 1e3)
-    return samples
+def _batch_timer(torch: Any, fn: Callable[[], Any], calls: int, context: Callable[[], Any]) -> Any:
+    """A common.in_turns timer: µs per call over one batch of `calls` back-to-back calls of fn (inside
+    `context()`), synchronized; 50 calls to warm up before the first batch."""
+    def timer(first: bool) -> dict[str, list[float]]:
+        with context():
+            for _ in range(50 if first else 1):
+                fn()
+            torch.cuda.synchronize()
+            started = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            return {"us": [(time.perf_counter_ns() - started) / calls / 1e3]}
+
+    return timer
 
 
 def measure(torch: Any, F: Any, r: dict, args: Mapping) -> None:
+    """Per-call time of each implementation, inference and training, the batches taken in turns."""
     from fusedattn_select.runtime.api import attention, config_from_tensors
     from fusedattn_select.types import Phase
 
@@ -47,35 +53,44 @@ def measure(torch: Any, F: Any, r: dict, args: Mapping) -> None:
     calls, batches = int(args["tiny_calls"]), int(args["tiny_batches"])
     r["calls"] = calls
     r["rows"] = rows = []
+    timers: list[tuple[str, Any]] = []
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     qb, kb, vb = (to_bhsd(t, "bshd") for t in (q, k, v))
 
-    def add(name: str, fn: Callable[[], Any]) -> None:
-        try:
-            rows.append({"name": name, "us": summarize(_per_call_us(torch, fn, calls, batches), "us")})
-        except Exception as err:  # noqa: BLE001
-            rows.append({"name": name, "status": error_status(err)})
-            log(traceback.format_exc())
+    def add(name: str, fn: Callable[[], Any], context: Callable[[], Any] = contextlib.nullcontext) -> None:
+        rows.append({"name": name})
+        timers.append((name, _batch_timer(torch, fn, calls, context)))
 
     with torch.no_grad():
         # A repeated shape: timed once it runs its own plans (built by the worker process).
         r["attention_plan"] = steady_plans(lambda: attention(q, k, v), q, k, v, False)
-        add("attention()", lambda: attention(q, k, v))
+        add("attention()", lambda: attention(q, k, v), torch.no_grad)
         try:
             raw = RawGraph(torch, config_from_tensors(q, k, v, is_training=False), Phase.FORWARD,
                            {"q": qb, "k": kb, "v": vb}, kernel_cache=True)
-            add("raw cuDNN graph execute (preallocated output)", raw)
+            add("raw cuDNN graph execute (preallocated output)", raw, torch.no_grad)
             r["raw_check_rel_err"] = rel_err(to_bhsd(attention(q, k, v), "bshd"), raw.tensors["o"])
         except Exception as err:  # noqa: BLE001
             rows.append({"name": "raw cuDNN graph execute", "status": error_status(err)})
-        _sdpa_rows(F, add, rows, "", lambda: F.scaled_dot_product_attention(qb, kb, vb))
+    _sdpa_rows(torch, F, add, rows, "", lambda: F.scaled_dot_product_attention(qb, kb, vb), torch.no_grad)
     r["attention_plan_training"] = _training_rows(torch, F, add, rows, (q, k, v))
+    by_name = in_turns(timers, batches)
+    for row in rows:
+        got = by_name.get(row["name"])
+        if got is None or "status" in row:
+            continue
+        if "error" in got:
+            row["status"] = error_status(got["error"])
+            log("".join(traceback.format_exception(got["error"])))
+        else:
+            row["us"] = summarize(got["us"], "us")
     r["status"] = RESULT_STATUS_OK
 
 
-def _sdpa_rows(F: Any, add: Callable, rows: list, suffix: str, fn: Callable[[], Any]) -> None:
-    """torch SDPA with its default choice and with each backend forced."""
-    add("torch SDPA (its default backend choice)" + suffix, fn)
+def _sdpa_rows(torch: Any, F: Any, add: Callable, rows: list, suffix: str, fn: Callable[[], Any],
+               grad_mode: Callable[[], Any] = contextlib.nullcontext) -> None:
+    """torch SDPA with its default choice and with each backend forced (each in `grad_mode()`)."""
+    add("torch SDPA (its default backend choice)" + suffix, fn, grad_mode)
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError as err:
@@ -84,9 +99,18 @@ def _sdpa_rows(F: Any, add: Callable, rows: list, suffix: str, fn: Callable[[], 
     for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
         try:
             with sdpa_kernel(getattr(SDPBackend, backend)):
-                add(f"torch SDPA {backend}{suffix}", fn)
+                fn()  # a backend that cannot run this problem says so here, not in a timed batch
         except Exception as err:  # noqa: BLE001
             rows.append({"name": f"torch SDPA {backend}{suffix}", "status": f"n/a: {first_line(err)}"})
+            continue
+
+        def context(b: Any = getattr(SDPBackend, backend)) -> Any:
+            stack = contextlib.ExitStack()
+            stack.enter_context(grad_mode())
+            stack.enter_context(sdpa_kernel(b))
+            return stack
+
+        add(f"torch SDPA {backend}{suffix}", fn, context)
 
 
 def _training_rows(torch: Any, F: Any, add: Callable, rows: list, tensors: tuple) -> str:
@@ -100,7 +124,7 @@ def _training_rows(torch: Any, F: Any, add: Callable, rows: list, tensors: tuple
     add("attention() fwd+bwd (training)", lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad))
     qb, kb, vb = (to_bhsd(t, "bshd").detach().contiguous().requires_grad_(True) for t in (q, k, v))
     grad_b = to_bhsd(grad, "bshd").contiguous()
-    _sdpa_rows(F, add, rows, " fwd+bwd (training)", lambda: torch.autograd.grad(
+    _sdpa_rows(torch, F, add, rows, " fwd+bwd (training)", lambda: torch.autograd.grad(
         F.scaled_dot_product_attention(qb, kb, vb), (qb, kb, vb), grad_b))
     return plan
 
@@ -111,7 +135,8 @@ def render(tiny: Mapping) -> str:
             name = "attention() fwd+bwd (training)" if "training" in str(row.get("name")) else "attention()"
             return next((r.get("us") for r in tiny["rows"] if r.get("name") == name), None)
         return (f"Per-call host+GPU time on a tiny problem ({tiny.get('shape', '')}), inference and training "
-                f"(forward+backward), {tiny.get('calls', '?')} back-to-back calls per timed batch:\n\n" + md_table(
+                f"(forward+backward), {tiny.get('calls', '?')} back-to-back calls per timed batch, the "
+                f"implementations' batches in turns:\n\n" + md_table(
                     ("call", "µs per call", "ratio to attention() (of its kind)"),
                     [(r.get("name"), fmt_stat(r.get("us")) if r.get("us") else r.get("status", "n/a"),
                       fmt_ratio(ratio(r.get("us"), base(r)))) for r in tiny["rows"]]))
