@@ -11,8 +11,9 @@ of a cache), with the shape's ragged offsets and lengths made once per signature
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Protocol
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 
@@ -50,6 +51,22 @@ class Lean:
     # Bucket plans: the offset and length tensors of the call's shape, in binding-name order.
     ragged_forward: tuple[torch.Tensor, ...] = ()
     ragged_backward: tuple[torch.Tensor, ...] = ()
+    # forward_index and backward_index as functions of the call's tuple (itemgetter: no Python loop).
+    pick_forward: Callable[[tuple], tuple] = field(init=False, repr=False, compare=False)
+    pick_backward: Optional[Callable[[tuple], tuple]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pick_forward", _picker(self.forward_index))
+        object.__setattr__(self, "pick_backward", _picker(self.backward_index) if self.backward_index else None)
+
+
+def _picker(index: tuple[int, ...]) -> Callable[[tuple], tuple]:
+    """A function taking the items at `index` of a tuple, as a tuple (for any number of them)."""
+    if len(index) == 1:
+        first = index[0]
+        return lambda items: (items[first],)
+    get: Any = itemgetter(*index)
+    return get
 
 
 class Entry(Protocol):
@@ -185,8 +202,7 @@ def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         out = torch.empty_strided(shape, strides, dtype=lean.out_dtype, device=q.device)
     spec = lean.stats
     stats = None if spec is None else torch.empty_strided(spec.dims, spec.strides, dtype=spec.dtype, device=q.device)
-    given = (q, k, v, out, stats) + lean.ragged_forward
-    plan.run(tuple([given[i] for i in lean.forward_index]))
+    plan.run(lean.pick_forward((q, k, v, out, stats) + lean.ragged_forward))
     return out, stats
 
 
@@ -205,8 +221,7 @@ def lean_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torc
         dq = torch.empty_strided(dq_shape, dq_strides, dtype=q.dtype, device=device)
         dk = torch.empty_strided(dk_shape, dk_strides, dtype=k.dtype, device=device)
         dv = torch.empty_strided(dv_shape, dv_strides, dtype=v.dtype, device=device)
-    given = (q, k, v, out, stats, grad_out, dq, dk, dv) + lean.ragged_backward
-    plan.run(tuple([given[i] for i in lean.backward_index]))
+    plan.run(lean.pick_backward((q, k, v, out, stats, grad_out, dq, dk, dv) + lean.ragged_backward))
     return dq, dk, dv
 
 
