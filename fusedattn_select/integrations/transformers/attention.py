@@ -71,32 +71,40 @@ def _dense_attention(module: Any, query: "Tensor", key: "Tensor", value: "Tensor
     return out.transpose(1, 2).contiguous(), None
 
 
+def _dispatch(query: "Tensor", key: "Tensor", value: "Tensor", plan: CudnnMask, dropout: float,
+              scaling: float | None, sinks: "Tensor | None" = None, bias: "Tensor | None" = None) -> "Tensor":
+    """(B, H, Sq, Dv) attention() of (B, H, S, D) tensors under a cuDNN mask description whose valid
+    rows start at row 0."""
+    dependencies = loaded()
+    return dependencies.dispatch_attention(
+        query, key, value, layout="bhsd", mask=plan.mask, window_size=plan.window_size, attn_scale=scaling,
+        dropout=dropout, softmax="vanilla" if sinks is None else "learnable", sink=sinks,
+        seqlens_q=plan.seqlens_q, seqlens_kv=plan.seqlens_kv, bias=bias, deterministic=dependencies.deterministic(),
+    )
+
+
 def _fused_attention(query: "Tensor", key: "Tensor", value: "Tensor", plan: CudnnMask,
                      options: _LayerOptions, bias: "Tensor | None" = None) -> "Tensor":
     """(B, H, Sq, Dv) attention under a cuDNN mask description (and an additive `bias`), left padding
     rolled in and out."""
-    import torch
-
     if plan.q_start is not None:
         query = _roll_rows(query, plan.q_start)
     if plan.kv_start is not None:
         key, value = _roll_rows(key, plan.kv_start), _roll_rows(value, plan.kv_start)
-    arguments = dict(
-        mask=plan.mask, window_size=plan.window_size, attn_scale=options.scaling, dropout=options.dropout,
-        softmax="learnable" if options.sinks is not None else "vanilla", sink=options.sinks,
-        seqlens_q=plan.seqlens_q, seqlens_kv=plan.seqlens_kv, bias=bias,
-    )
     if options.softcap:
         log_once(
             ("softcap", options.softcap),
             "fusedattn: attention logit soft-capping (softcap=%s) has no cuDNN equivalent; these layers run "
             "on the float32 reference", options.softcap,
         )
-        out = loaded().reference_attention(query, key, value, softcap=options.softcap, **arguments)
-    else:
-        out = loaded().dispatch_attention(
-            query, key, value, layout="bhsd", deterministic=torch.are_deterministic_algorithms_enabled(), **arguments
+        out = loaded().reference_attention(
+            query, key, value, mask=plan.mask, window_size=plan.window_size, attn_scale=options.scaling,
+            dropout=options.dropout, softmax="learnable" if options.sinks is not None else "vanilla",
+            sink=options.sinks, seqlens_q=plan.seqlens_q, seqlens_kv=plan.seqlens_kv, bias=bias,
+            softcap=options.softcap,
         )
+    else:
+        out = _dispatch(query, key, value, plan, options.dropout, options.scaling, options.sinks, bias)
     if plan.q_start is not None:
         out = _roll_rows(out, -plan.q_start)
     return out
@@ -120,31 +128,42 @@ def fusedattn_attention(
     "sdpa" for a dense mask.
     """
     kwargs.pop("sliding_window", None)
-    options = _LayerOptions(
-        dropout, scaling, kwargs.pop("softcap", None), kwargs.pop("s_aux", None), kwargs.pop("is_causal", None)
-    )
+    softcap, sinks, is_causal = kwargs.pop("softcap", None), kwargs.pop("s_aux", None), kwargs.pop("is_causal", None)
     if kwargs.get("output_attentions", False):
         log_once("output_attentions", "fusedattn: output_attentions=True is not supported; attention weights are None")
-    if attention_mask is None:
-        plan = _mask_without_tensor(query, key, options.is_causal, module)
-    elif isinstance(attention_mask, CudnnMask):
+    if isinstance(attention_mask, CudnnMask):
         plan = attention_mask
         if (query.shape[2], key.shape[2]) != (plan.q_length, plan.kv_length):
             raise ValueError(
                 f"fusedattn: the mask was built for Sq={plan.q_length}, Skv={plan.kv_length} but the "
                 f"layer has Sq={query.shape[2]}, Skv={key.shape[2]}"
             )
-    else:
-        ours, plan, bias = True, None, None
-        if not is_tracing(attention_mask):
-            ours, plan = tagged(attention_mask, query.shape[2], key.shape[2])
-            if plan is None and query.shape[2] == 1:  # a decode step: its one row of the mask is a bias
-                bias = one_row_bias(attention_mask, query.shape[0], key.shape[2], query.dtype)
-                plan = None if bias is None else CudnnMask("no_mask", (-1, -1), 1, key.shape[2])
-        if plan is None:
-            if not ours:  # a mask the mask function did not make (or made and the model changed): say so once
-                log_once("dense mask", "fusedattn: a layer got a dense attention mask that the fusedattn mask "
-                         "function did not describe (the model made or changed it); such layers run on torch SDPA")
-            return _dense_attention(module, query, key, value, attention_mask, options, **kwargs)
-        return _fused_attention(query, key, value, plan, options, bias).transpose(1, 2).contiguous(), None
+        if not softcap and plan.q_start is None and plan.kv_start is None:
+            # The common case (every decode step, and prefill without left padding), in one call: its
+            # host time is part of every generated token's.
+            return _dispatch(query, key, value, plan, dropout, scaling, sinks).transpose(1, 2).contiguous(), None
+    options = _LayerOptions(dropout, scaling, softcap, sinks, is_causal)
+    if attention_mask is None:
+        plan = _mask_without_tensor(query, key, options.is_causal, module)
+    elif not isinstance(attention_mask, CudnnMask):
+        return _tensor_mask_attention(module, query, key, value, attention_mask, options, **kwargs)
+    # else: the CudnnMask `plan` above, with left padding to roll or soft-capping
     return _fused_attention(query, key, value, plan, options).transpose(1, 2).contiguous(), None
+
+
+def _tensor_mask_attention(module: Any, query: "Tensor", key: "Tensor", value: "Tensor", attention_mask: "Tensor",
+                           options: _LayerOptions, **kwargs: Any) -> tuple["Tensor", None]:
+    """A layer given a dense mask: fused where the fusedattn mask function described it (and nothing
+    changed it since) or where it is a decode step's one row (a bias), else what "sdpa" does."""
+    ours, plan, bias = True, None, None
+    if not is_tracing(attention_mask):
+        ours, plan = tagged(attention_mask, query.shape[2], key.shape[2])
+        if plan is None and query.shape[2] == 1:  # a decode step: its one row of the mask is a bias
+            bias = one_row_bias(attention_mask, query.shape[0], key.shape[2], query.dtype)
+            plan = None if bias is None else CudnnMask("no_mask", (-1, -1), 1, key.shape[2])
+    if plan is None:
+        if not ours:  # a mask the mask function did not make (or made and the model changed): say so once
+            log_once("dense mask", "fusedattn: a layer got a dense attention mask that the fusedattn mask "
+                     "function did not describe (the model made or changed it); such layers run on torch SDPA")
+        return _dense_attention(module, query, key, value, attention_mask, options, **kwargs)
+    return _fused_attention(query, key, value, plan, options, bias).transpose(1, 2).contiguous(), None

@@ -16,6 +16,7 @@ class Dependencies(NamedTuple):
     sdpa_attention_forward: Callable
     dispatch_attention: Callable
     reference_attention: Callable
+    deterministic: Callable[[], bool]  # torch.are_deterministic_algorithms_enabled
 
 
 _loaded: Dependencies | None = None
@@ -25,13 +26,15 @@ def load() -> Dependencies:
     """Import the dependencies (once); call before any tracing."""
     global _loaded
     if _loaded is None:
+        import torch
         from transformers import masking_utils
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         from fusedattn_select.runtime.api import attention
         from fusedattn_select.runtime.reference import reference_attention
 
-        _loaded = Dependencies(masking_utils, sdpa_attention_forward, attention, reference_attention)
+        _loaded = Dependencies(masking_utils, sdpa_attention_forward, attention, reference_attention,
+                               torch.are_deterministic_algorithms_enabled)
     return _loaded
 
 
