@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import torch
 
@@ -51,22 +51,14 @@ class Lean:
     # Bucket plans: the offset and length tensors of the call's shape, in binding-name order.
     ragged_forward: tuple[torch.Tensor, ...] = ()
     ragged_backward: tuple[torch.Tensor, ...] = ()
-    # forward_index and backward_index as functions of the call's tuple (itemgetter: no Python loop).
+    # forward_index and backward_index as functions of the call's tuple (itemgetter: no Python loop;
+    # a plan binds at least q, k, v and o, so each returns a tuple).
     pick_forward: Callable[[tuple], tuple] = field(init=False, repr=False, compare=False)
     pick_backward: Optional[Callable[[tuple], tuple]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pick_forward", _picker(self.forward_index))
-        object.__setattr__(self, "pick_backward", _picker(self.backward_index) if self.backward_index else None)
-
-
-def _picker(index: tuple[int, ...]) -> Callable[[tuple], tuple]:
-    """A function taking the items at `index` of a tuple, as a tuple (for any number of them)."""
-    if len(index) == 1:
-        first = index[0]
-        return lambda items: (items[first],)
-    get: Any = itemgetter(*index)
-    return get
+        object.__setattr__(self, "pick_forward", itemgetter(*self.forward_index))
+        object.__setattr__(self, "pick_backward", itemgetter(*self.backward_index) if self.backward_index else None)
 
 
 class Entry(Protocol):

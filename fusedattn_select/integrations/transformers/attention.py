@@ -65,10 +65,15 @@ def _dense_attention(module: Any, query: "Tensor", key: "Tensor", value: "Tensor
         bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
     out = loaded().reference_attention(
         query, key, value, bias=bias, attn_scale=options.scaling, dropout=options.dropout,
-        softcap=options.softcap or None, softmax="learnable" if options.sinks is not None else "vanilla",
+        softcap=options.softcap or None, softmax=_softmax(options.sinks),
         sink=options.sinks,
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _softmax(sinks: "Tensor | None") -> str:
+    """attention()'s softmax for a layer with (gpt-oss) attention sinks, or without."""
+    return "vanilla" if sinks is None else "learnable"
 
 
 def _dispatch(query: "Tensor", key: "Tensor", value: "Tensor", plan: CudnnMask, dropout: float,
@@ -78,7 +83,7 @@ def _dispatch(query: "Tensor", key: "Tensor", value: "Tensor", plan: CudnnMask, 
     dependencies = loaded()
     return dependencies.dispatch_attention(
         query, key, value, layout="bhsd", mask=plan.mask, window_size=plan.window_size, attn_scale=scaling,
-        dropout=dropout, softmax="vanilla" if sinks is None else "learnable", sink=sinks,
+        dropout=dropout, softmax=_softmax(sinks), sink=sinks,
         seqlens_q=plan.seqlens_q, seqlens_kv=plan.seqlens_kv, bias=bias, deterministic=dependencies.deterministic(),
     )
 
@@ -99,7 +104,7 @@ def _fused_attention(query: "Tensor", key: "Tensor", value: "Tensor", plan: Cudn
         )
         out = loaded().reference_attention(
             query, key, value, mask=plan.mask, window_size=plan.window_size, attn_scale=options.scaling,
-            dropout=options.dropout, softmax="learnable" if options.sinks is not None else "vanilla",
+            dropout=options.dropout, softmax=_softmax(options.sinks),
             sink=options.sinks, seqlens_q=plan.seqlens_q, seqlens_kv=plan.seqlens_kv, bias=bias,
             softcap=options.softcap,
         )
