@@ -13,6 +13,7 @@ from fusedattn_select.cli.cache import register_cache
 from fusedattn_select.cli.exit_codes import EPILOG, EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from fusedattn_select.cli.info import register_info
 from fusedattn_select.cli.matrix import register_matrix
+from fusedattn_select.cli.native import register_native
 from fusedattn_select.cli.snapshot import register_snapshot
 from fusedattn_select.cli.warmup import register_warmup
 from fusedattn_select.cli.why import register_why
@@ -24,7 +25,7 @@ log = logging.getLogger("fusedattn_select")
 # Each subcommand adds itself (its parser and its `func`) through one `register_*` function here.
 Register = Callable[[Any, argparse.ArgumentParser], None]
 COMMANDS: tuple[Register, ...] = (register_why, register_info, register_snapshot, register_warmup, register_cache,
-                                  register_matrix)
+                                  register_matrix, register_native)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -58,7 +58,7 @@ from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
 from fusedattn_select.runtime.fused import FusedAttention, fused_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
-from fusedattn_select.runtime.lean import apply_lean, lean_forward
+from fusedattn_select.runtime.lean import apply_lean, functorch_active, lean_forward
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.problem import config
 
@@ -186,6 +186,8 @@ def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         found = entries.count_call(found, q, k, v)
     lean = found.lean
     if lean is not None and not return_lse:
+        if lean.native is not None and not functorch_active():
+            return lean.native(q, k, v)
         if not found.opts.training:
             return lean_forward(found, q, k, v)[0]
         if lean.grads is not None:

@@ -28,7 +28,7 @@ from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
 from fusedattn_select.runtime.layouts import FROM_BHSD, Formats, bhsd, formats
-from fusedattn_select.runtime.lean import Lean, mark_lean
+from fusedattn_select.runtime.lean import Lean, mark_lean, relean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config
 from fusedattn_select.runtime.ragged import Shape
@@ -341,7 +341,7 @@ def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.
     if inner.lean is not None:  # the plans bind memory, not views: the caller's tensors as they are
         out, q = caller_out(new.heads), qb.permute(FROM_BHSD[new.opts.layout])
         new.forward = inner.forward
-        new.lean = dataclasses.replace(inner.lean, out=out, out_like_q=out == (tuple(q.shape), q.stride()))
+        new.lean = relean(new, inner.lean, out=out, out_like_q=out == (tuple(q.shape), q.stride()))
     return True
 
 

@@ -11,13 +11,14 @@ of a cache), with the shape's ragged offsets and lengths made once per signature
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 
-from fusedattn_select.runtime import plans
+from fusedattn_select.runtime import native, plans
 from fusedattn_select.runtime.layouts import FROM_BHSD
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 
@@ -55,6 +56,8 @@ class Lean:
     # a plan binds at least q, k, v and o, so each returns a tuple).
     pick_forward: Callable[[tuple], tuple] = field(init=False, repr=False, compare=False)
     pick_backward: Optional[Callable[[tuple], tuple]] = field(init=False, repr=False, compare=False)
+    # The compiled LeanPlan that runs these calls instead (runtime/native), or None: the Python path.
+    native: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pick_forward", itemgetter(*self.forward_index))
@@ -180,7 +183,13 @@ def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, 
         fields.update(grads=grads, do_strides=do_strides, backward_index=facts.backward_index,
                       grads_like_qkv=list(grads) == given,
                       ragged_backward=tuple(new.ragged_backward[n] for n in ragged_bwd))
-    new.lean = Lean(**fields)
+    new.lean = relean(new, Lean(**fields))
+
+
+def relean(entry: Entry, lean: Lean, **changes: Any) -> Lean:
+    """`lean` with `changes`, and the compiled LeanPlan of the result where one can run it."""
+    lean = dataclasses.replace(lean, **changes)
+    return dataclasses.replace(lean, native=native.lean_plan(entry, lean))
 
 
 def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -233,12 +242,14 @@ class LeanAttention(torch.autograd.Function):
         return (None,) + lean_backward(ctx.entry, grad_out, q, k, v, out, stats)
 
 
+# Whether a functorch transform (vmap, grad, ...) wraps this call; where torch cannot say, assume one
+# does, so only Function.apply (which handles them) runs it.
+functorch_active: Callable[[], bool] = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 # Function.apply's own work, without its Python wrapper: that wrapper binds default arguments (this
 # Function has no setup_context) and unwraps dead functorch wrappers, then makes this same call.
 # These are torch internals: where a torch version lacks one, apply_lean is Function.apply.
 try:
     _apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, LeanAttention)
-    _functorch_active = torch._C._are_functorch_transforms_active
     _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 except (AttributeError, KeyError):
     _apply = None
@@ -246,6 +257,6 @@ except (AttributeError, KeyError):
 
 def apply_lean(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """LeanAttention.apply(entry, q, k, v), a few microseconds sooner outside functorch transforms."""
-    if _apply is None or _functorch_active():
+    if _apply is None or functorch_active():
         return LeanAttention.apply(entry, q, k, v)
     return _apply(entry, _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v))

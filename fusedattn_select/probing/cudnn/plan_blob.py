@@ -122,7 +122,8 @@ def _uid(tensor: Any) -> int:
     return int(uid)
 
 
-def _graph_bytes(graph: Any) -> bytes:
+def graph_bytes(graph: Any) -> bytes:
+    """The frontend's serialization of a built graph."""
     try:
         data = graph.serialize(as_bytes=True)
     except TypeError:  # frontends before 1.30: a list of byte values
@@ -139,7 +140,7 @@ def serialize_build(build: Any, plan_key: str) -> bytes:
         tensors[name] = TensorRecord(_uid(tensor), tuple(dims), tuple(strides), cudnn_type_name(build.data_types[name]))
     header = PlanHeader(plan_key, str(build.operation), int(build.workspace_size), tensors,
                         frontend_features().version)
-    return pack(header, _graph_bytes(build.graph))
+    return pack(header, graph_bytes(build.graph))
 
 
 @dataclass

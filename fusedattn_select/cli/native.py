@@ -1,0 +1,51 @@
+"""`native build|status`: build the optional compiled lean path, or say whether it is built and used."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from fusedattn_select.cli.exit_codes import EXIT_NOT_DONE, EXIT_SELECTED
+from fusedattn_select.cli.table import render_table
+
+EPILOG = ("exit codes: 0 built (build: and tested); 1 not built: the reason is on stderr; 2 bad input (an invalid "
+          "FUSEDATTN_SELECT_NATIVE); 130 interrupted")
+
+
+def _cmd_native(args: argparse.Namespace) -> int:
+    from fusedattn_select.runtime import native
+
+    if args.action == "build":
+        try:
+            path = native.build(verbose=args.verbose >= 2)
+        except native.NativeBuildError as err:
+            print(f"error: native build: {err}", file=sys.stderr)
+            return EXIT_NOT_DONE
+        print(f"built and tested {path}")
+        if not native.enabled():
+            print(f"note: {native.ENV_VAR}=0 keeps calls on the Python path", file=sys.stderr)
+        return EXIT_SELECTED
+    info = native.status()
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(render_table(None, info.items()))
+    if not info.get("built"):
+        print(f"native: not built{': ' + info['problem'] if info.get('problem') else ''} "
+              "(`fusedattn-select native build` builds it)", file=sys.stderr)
+        return EXIT_NOT_DONE
+    return EXIT_SELECTED
+
+
+def register_native(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser("native", parents=[common], epilog=EPILOG,
+                                   help="build the optional compiled hot path, or show whether it is built")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("build", parents=[common], epilog=EPILOG,
+                       help="compile and test the module for this torch and cudnn-frontend (about a minute)")
+    status = actions.add_parser("status", parents=[common], epilog=EPILOG,
+                                help="whether the module for this torch and frontend is built and used")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=_cmd_native)

@@ -1,0 +1,272 @@
+"""The optional compiled lean path: lean.cpp runs a lean entry's call (runtime/lean.py) in C++, with a
+C++ autograd node for training, so a call costs torch's own per-op overhead instead of Python's.
+
+It is built on request, never during a call: `build()` (or `fusedattn-select native build`) compiles
+lean.cpp with torch's extension builder, which needs a C++ compiler (torch's choice, or $CXX), the
+CUDA headers, cuDNN's headers (the nvidia-cudnn wheel torch installs) and cudnn-frontend's headers
+(its wheel ships them), then tests the module in a child process before keeping it. Modules live in
+$FUSEDATTN_SELECT_NATIVE_DIR (default: native/ in the cache directory), named by a hash of the
+source and of the versions they compile against, so a changed torch or frontend never loads a stale
+build. Where none is built, it cannot load, or FUSEDATTN_SELECT_NATIVE=0, every call runs the
+pure-Python lean path, which computes the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Optional
+
+log = logging.getLogger("fusedattn_select")
+
+ENV_VAR = "FUSEDATTN_SELECT_NATIVE"
+DIR_ENV = "FUSEDATTN_SELECT_NATIVE_DIR"
+SOURCE = Path(__file__).with_name("lean.cpp")
+
+_lock = threading.Lock()
+_loaded: dict[str, Optional[ModuleType]] = {}  # module name -> the module, or None (did not load)
+
+
+class NativeBuildError(RuntimeError):
+    """The compiled lean path could not be built: what was missing or what the compiler said."""
+
+
+def enabled() -> bool:
+    """Whether a built module may be used ("0" turns it off; "" and "1" leave it on)."""
+    value = os.environ.get(ENV_VAR, "")
+    if value not in ("", "0", "1"):
+        from fusedattn_select.errors import ConfigError
+
+        raise ConfigError(ENV_VAR, value, "must be 0 (off) or 1 (on where built, the default)")
+    return value != "0"
+
+
+def include_dirs() -> list[Path]:
+    """cudnn-frontend's and cuDNN's header directories (NativeBuildError naming what is missing)."""
+    dirs = []
+    for package, marker in (("cudnn", "cudnn_frontend.h"), ("nvidia.cudnn", "cudnn.h")):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
+        roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+        # The frontend's wheel puts include/ beside its package; nvidia-cudnn puts it inside.
+        found = [d for r in roots for d in (r.parent / "include", r / "include") if (d / marker).is_file()]
+        if not found:
+            raise NativeBuildError(f"no {marker} found beside the {package!r} package: install "
+                                   f"{'nvidia-cudnn-frontend' if package == 'cudnn' else 'nvidia-cudnn-cu12 or -cu13'}")
+        dirs.append(found[0])
+    return dirs
+
+
+def module_name() -> str:
+    """The build's name: a hash of the source and of the versions it compiles against."""
+    import torch
+
+    try:
+        from importlib.metadata import version
+
+        frontend = version("nvidia-cudnn-frontend")
+    except Exception:  # noqa: BLE001 - metadata missing: the headers' directory stands in
+        frontend = "unknown"
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), torch.__version__.encode(), str(torch.version.cuda).encode(),
+                 frontend.encode(), sys.implementation.cache_tag.encode()):
+        digest.update(part + b"\0")
+    return "fusedattn_select_native_" + digest.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    """Where built modules live: $FUSEDATTN_SELECT_NATIVE_DIR, else native/ in the cache directory."""
+    configured = os.environ.get(DIR_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    from fusedattn_select.store.settings import default_cache_dir
+
+    return default_cache_dir() / "native"
+
+
+def _module_path(name: str) -> Path:
+    return build_dir() / name / f"{name}.so"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile lean.cpp for this torch and frontend (a minute or so) and test it; the module's path.
+
+    Raises NativeBuildError with the reason when it cannot be built here or fails its test (then
+    nothing is kept, and calls keep the Python path)."""
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError as err:
+        raise NativeBuildError(f"torch is needed to build the compiled path ({err})") from None
+    if cpp_extension.CUDA_HOME is None:
+        raise NativeBuildError("no CUDA toolkit found (set CUDA_HOME)")
+    includes = include_dirs()
+    torch.backends.cudnn.version()  # the module finds the cuDNN torch loaded when it is imported
+    name = module_name()
+    where = build_dir() / name
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(where),
+                           extra_include_paths=[str(d) for d in includes],
+                           extra_cflags=["-O3", "-fvisibility=hidden", "-std=c++17"], with_cuda=True,
+                           verbose=verbose, is_python_module=False)
+    except Exception as err:  # noqa: BLE001 - the compiler's or ninja's own error, passed on whole
+        raise NativeBuildError(f"compiling {SOURCE.name} failed: {err}") from None
+    _test_in_child(_module_path(name))
+    with _lock:
+        _loaded.pop(name, None)
+    log.info("fusedattn_select: compiled lean path built and tested: %s", _module_path(name))
+    return _module_path(name)
+
+
+def _test_in_child(path: Path) -> None:
+    """Run self_test() in a child process (a module that crashes must not take this one down);
+    remove the module and raise NativeBuildError when it fails."""
+    env = dict(os.environ, **{DIR_ENV: str(build_dir()), ENV_VAR: "1", "FUSEDATTN_SELECT_CACHE": "off"})
+    code = "from fusedattn_select.runtime import native; native.self_test()"
+    try:
+        child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        failed = child.returncode != 0
+        detail = f"exit code {child.returncode}: {(child.stderr or child.stdout)[-2000:]}"
+    except subprocess.TimeoutExpired:
+        failed, detail = True, "no answer within 600 s"
+    if failed:
+        path.unlink(missing_ok=True)
+        raise NativeBuildError(f"the built module failed its test ({detail}); if it crashed, build with the "
+                               f"compiler of the C++ runtime torch runs with (set CXX)")
+
+
+def self_test() -> None:
+    """Load the built module and check it: the C++ runtime, and on a GPU a tiny forward and backward
+    against the Python path (AssertionError or a crash when it is wrong)."""
+    import torch
+
+    module = load()
+    assert module is not None, f"no module loads from {_module_path(module_name())}"
+    assert module.stream_check(7) == "eng7"
+    if not torch.cuda.is_available():
+        return
+    from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime.api import attention
+
+    q, k, v = (torch.randn(2, 64, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    got = {}
+    for label in ("native", "python"):
+        out = attention(q, k, v, mask="causal")
+        got[label] = (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+        for found in entries.by_call.values():
+            if found.lean is not None:
+                assert label == "python" or found.lean.native is not None, "the compiled path did not run"
+                found.lean = dataclasses.replace(found.lean, native=None)
+    for a, b in zip(got["native"], got["python"]):
+        assert torch.allclose(a.float(), b.float(), atol=2e-2), "compiled and Python paths differ"
+
+
+def status() -> dict[str, Any]:
+    """Whether the compiled path is on, where its module for this torch and frontend belongs, and
+    whether it is built there (`problem`: why it cannot be, when that is known without building)."""
+    info: dict[str, Any] = {"enabled": enabled(), "dir": str(build_dir())}
+    try:
+        import torch  # noqa: F401 - module_name() needs it
+    except ImportError:
+        return dict(info, built=False, problem="torch is not installed")
+    path = _module_path(module_name())
+    info.update(module=str(path), built=path.is_file())
+    try:
+        info["include_dirs"] = [str(d) for d in include_dirs()]
+    except NativeBuildError as err:
+        info["problem"] = str(err)
+    return info
+
+
+def load() -> Optional[ModuleType]:
+    """The built module for this torch and frontend, or None (not built, off, or failed to load)."""
+    if not enabled():
+        return None
+    name = module_name()
+    if name in _loaded:
+        return _loaded[name]
+    with _lock:
+        if name not in _loaded:
+            _loaded[name] = _import(name)
+    return _loaded[name]
+
+
+def _import(name: str) -> Optional[ModuleType]:
+    path = _module_path(name)
+    if not path.is_file():
+        log.debug("fusedattn_select: compiled lean path not built for this torch and frontend (%s)", path)
+        return None
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        import torch
+
+        torch.backends.cudnn.version()  # loads the cuDNN the module binds to
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 - any load failure means the pure-Python path
+        log.warning("fusedattn_select: compiled lean path did not load (%s: %s); using the Python path",
+                    type(err).__name__, err)
+        return None
+    sys.modules[name] = module
+    log.info("fusedattn_select: compiled lean path loaded from %s", path)
+    return module
+
+
+def _graph(module: ModuleType, plan: Any, call_index: tuple[int, ...]) -> Optional[Any]:
+    """The plan's graph deserialized in C++ (made once per plan and binding), or None."""
+    key = ("native", call_index)
+    if key in plan.derived:
+        return plan.derived[key]
+    graph = None
+    uids = plan._uids
+    if uids is not None:
+        from fusedattn_select.probing.cudnn.plan_blob import graph_bytes
+
+        try:
+            graph = module.load_graph(plan.device.index or 0, graph_bytes(plan.graph), list(uids), list(call_index))
+        except Exception as err:  # noqa: BLE001 - the frontend's refusal: this plan runs the Python path
+            log.info("fusedattn_select: compiled lean path cannot load a %s plan (%s); using the Python path",
+                     plan.phase.value, err)
+    plan.derived[key] = graph
+    return graph
+
+
+def lean_plan(entry: Any, lean: Any) -> Optional[Any]:
+    """The compiled LeanPlan of a lean entry, or None where the Python path must run it."""
+    if entry.opts.training and lean.grads is None:
+        return None
+    module = load()
+    if module is None:
+        return None
+    import torch
+
+    forward = _graph(module, entry.forward, lean.forward_index)
+    if forward is None:
+        return None
+    shape, strides = lean.out
+    plan = module.LeanPlan(forward, list(shape), list(strides), lean.out_dtype, lean.out_like_q,
+                           list(lean.ragged_forward))
+    if lean.stats is not None:
+        if lean.stats.dtype != torch.float32:
+            return None
+        plan.set_stats(list(lean.stats.dims), list(lean.stats.strides))
+    if lean.grads is not None:
+        backward = _graph(module, entry.backward, lean.backward_index)
+        if backward is None:
+            return None
+        grads = [list(part) for geometry in lean.grads for part in geometry]
+        plan.set_backward(backward, grads, list(lean.do_strides), lean.grads_like_qkv, list(lean.ragged_backward))
+    return plan
