@@ -49,7 +49,7 @@ from typing import Any, Optional
 import torch
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.runtime import entries, ops, plans
+from fusedattn_select.runtime import entries, native, ops, plans
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import Arguments, call_options, check_args, split_keywords
 from fusedattn_select.runtime.entries import entries as _entries
@@ -239,7 +239,7 @@ def dispatch_info() -> dict[str, Any]:
     info.update(plan_builds=stats["builds"], plan_build_ms=stats["build_ms"],
                 plan_build_failures=stats["build_failures"], plan_loads=stats["loads"],
                 plan_load_ms=stats["load_ms"], plan_load_failures=stats["load_failures"],
-                executes=stats["executes"], workspace_bytes=plans.workspace_bytes())
+                executes=stats["executes"] + native.executes(), workspace_bytes=plans.workspace_bytes())
     return info
 
 

@@ -225,6 +225,11 @@ def _import(name: str) -> Optional[ModuleType]:
     return module
 
 
+def executes() -> int:
+    """Graphs the compiled path has run in this process (0 where it is not loaded)."""
+    return sum(int(module.executes()) for module in list(_loaded.values()) if module is not None)
+
+
 def _graph(module: ModuleType, plan: Any, call_index: tuple[int, ...]) -> Optional[Any]:
     """The plan's graph deserialized in C++ (made once per plan and binding), or None."""
     key = ("native", call_index)

@@ -22,6 +22,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -38,6 +39,7 @@ void *cudnn_dlhandle = nullptr;
 namespace {
 
 constexpr int kMaxBuffers = 32;
+std::atomic<int64_t> executes{0};  // graphs run (dispatch_info's "executes" adds them)
 
 // One cuDNN handle per thread and device (cuDNN's rule), pointed at the stream of the last call.
 struct HandleSlot {
@@ -119,6 +121,7 @@ void run(Graph &g, void *const *buffers, at::Tensor const &like) {
             pack[g.uids[i]] = buffers[g.call_index[i]];
         }
         check(g.graph->execute(handle, pack, workspace_ptr), "execute");
+        executes.fetch_add(1, std::memory_order_relaxed);
         std::vector<int> pick;
         for (int64_t uid : g.graph->get_variant_pack_uids_sorted()) {
             auto at = std::find(g.uids.begin(), g.uids.end(), uid);
@@ -134,6 +137,7 @@ void run(Graph &g, void *const *buffers, at::Tensor const &like) {
         ptrs[i] = buffers[g.sorted_pick[i]];
     }
     check(g.graph->execute(handle, ptrs, n, workspace_ptr), "execute");
+    executes.fetch_add(1, std::memory_order_relaxed);
 }
 
 struct Geometry {
@@ -264,6 +268,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     pybind11::class_<Graph, std::shared_ptr<Graph>>(m, "Graph")
         .def_readonly("workspace", &Graph::workspace)
         .def_readonly("uids", &Graph::uids);
+    m.def("executes", [] { return executes.load(std::memory_order_relaxed); }, "Graphs run so far");
     m.def("stream_check", &stream_check, "Format a number through std::ostream (the build's self-test)");
     m.def("load_graph", &load_graph, "Deserialize a graph on a device, with the call position of each uid");
     pybind11::class_<LeanPlan, c10::intrusive_ptr<LeanPlan>>(m, "LeanPlan")

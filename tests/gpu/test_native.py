@@ -1,0 +1,186 @@
+"""The compiled lean path on a real GPU: `native build` compiles and tests the module, and then every
+lean call (dense and bucket plans, inference and training, decode steps run with their heads as
+batch) runs through it with the Python path's results, under CUDA-graph capture, from several
+threads, and not at all where FUSEDATTN_SELECT_NATIVE=0."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
+from test_buckets_gpu import _decode_reference, _decode_tensors, _entry_of
+from test_hot_path import _entry_of_last_call, _reference, _tensors
+
+from fusedattn_select.cli.main import main  # noqa: E402
+from fusedattn_select.runtime import dense_builds, native  # noqa: E402
+from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime.api import attention, clear_plans  # noqa: E402
+
+pytestmark = GPU_MARKS
+TOL_OUT, TOL_GRAD = 2e-2, 4e-2
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The module for this torch and frontend: the one in $FUSEDATTN_SELECT_NATIVE_DIR where that
+    holds it, else built here by `native build` (a minute: compiled, then tested in a child process)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(native.ENV_VAR, raising=False)
+        patch.setattr(native, "_loaded", {})
+        if native.load() is None:
+            from torch.utils import cpp_extension
+
+            if cpp_extension.CUDA_HOME is None:
+                pytest.skip("no CUDA toolkit to compile the module with")
+            patch.setenv(native.DIR_ENV, str(tmp_path_factory.mktemp("native")))
+            assert main(["native", "build"]) == 0
+        yield native.load()
+
+
+@pytest.fixture
+def fresh(built, monkeypatch):
+    monkeypatch.setattr(dense_builds, "configured", "inline")
+    monkeypatch.setattr(dispatch_entries, "dense_after", 1)
+    clear_plans()
+    yield built
+    clear_plans()
+
+
+def _python_path(run):
+    """What `run()` returns with every lean entry made so far on the Python path."""
+    for found in list(dispatch_entries.by_call.values()) + list(dispatch_entries.entries.values()):
+        if found.lean is not None:
+            found.lean = dataclasses.replace(found.lean, native=None)
+    return run()
+
+
+def test_status_reports_the_built_module(built, capsys):
+    assert built is not None
+    assert main(["native", "status", "--json"]) == 0
+    assert '"built": true' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+@pytest.mark.parametrize("mask", ["no_mask", "causal"])
+def test_dense_calls_run_compiled_and_match_the_python_path_and_reference(fresh, layout, mask):
+    q, k, v = _tensors(layout, s=80)
+    grad = torch.randn_like(q)
+    attention(q, k, v, layout=layout, mask=mask)  # promoted to its own plans at its first call
+
+    def run():
+        q.grad = k.grad = v.grad = None
+        out = attention(q, k, v, layout=layout, mask=mask)
+        out.backward(grad)
+        with torch.no_grad():
+            inference = attention(q, k, v, layout=layout, mask=mask)
+        return out, q.grad, k.grad, v.grad, inference
+
+    got = run()
+    entry = _entry_of_last_call()
+    assert not entry.bucketed and entry.lean.native is not None
+    want = _python_path(run)
+    ref_out, ref_grads = _reference(q, k, v, layout, grad, mask=mask)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "inference"), got, want):
+        assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype, name
+        assert_close(a, b, TOL_OUT, name + " vs the Python path")
+    assert_close(got[0], ref_out, TOL_OUT, "out")
+    assert_close(got[4], ref_out, TOL_OUT, "inference out")
+    for name, g, expected in zip(("dq", "dk", "dv"), got[1:4], ref_grads):
+        assert_close(g, expected, TOL_GRAD, name)
+
+
+def test_bucket_plans_run_compiled_at_new_shapes(fresh, monkeypatch):
+    monkeypatch.setattr(dispatch_entries, "dense_after", 10**9)  # stay on the bucket plans
+    for b, s in ((2, 96), (3, 77), (1, 129)):
+        q, k, v = _tensors("bshd", b=b, s=s, seed=s)
+        grad = torch.randn_like(q)
+        out = attention(q, k, v, mask="causal")
+        entry = _entry_of_last_call()
+        assert entry.bucketed and entry.lean.native is not None, entry.reason
+        out.backward(grad)
+        ref_out, ref_grads = _reference(q, k, v, "bshd", grad, mask="causal")
+        assert_close(out, ref_out, TOL_OUT, f"out b{b} s{s}")
+        for name, g, expected in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref_grads):
+            assert_close(g, expected, TOL_GRAD, f"{name} b{b} s{s}")
+
+
+@pytest.mark.parametrize("skv", [1, 65, 300])
+def test_decode_steps_run_their_heads_as_batch_compiled(fresh, skv):
+    q, k, v = _decode_tensors(3, skv, 8, 2, seed=skv)
+    with torch.no_grad():
+        out = attention(q, k, v, layout="bhsd")
+        entry = _entry_of(q, k, v, "bhsd", "no_mask")
+        assert entry.heads is not None and entry.lean.native is not None
+        again = attention(q, k, v, layout="bhsd")
+    assert_close(out, _decode_reference(q, k, v), TOL_OUT, "out")
+    assert torch.equal(out, again)
+
+
+def test_compiled_calls_replay_under_cuda_graph_capture(fresh):
+    q, k, v = _tensors("bshd", grad=False)
+    with torch.no_grad():
+        attention(q, k, v, mask="causal")
+        assert _entry_of_last_call().lean.native is not None
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            attention(q, k, v, mask="causal")
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = attention(q, k, v, mask="causal")
+        for seed in (1, 2):
+            for t in (q, k, v):
+                t.copy_(torch.randn(t.shape, generator=torch.Generator(device=CUDA).manual_seed(seed), device=CUDA))
+            graph.replay()
+            assert_close(captured, _reference(q, k, v, "bshd", mask="causal")[0], TOL_OUT, f"replay {seed}")
+
+
+def test_threads_each_run_forward_and_backward(fresh):
+    q, k, v = _tensors("bshd")
+    grad = torch.randn_like(q)
+    attention(q, k, v, mask="causal")
+    ref_out, ref_grads = _reference(q, k, v, "bshd", grad, mask="causal")
+    errors: list[BaseException] = []
+
+    def work():
+        try:
+            for _ in range(5):
+                qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+                out = attention(qq, kk, vv, mask="causal")
+                out.backward(grad)
+                torch.cuda.synchronize()
+                assert_close(out, ref_out, TOL_OUT, "out")
+                for name, g, expected in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad), ref_grads):
+                    assert_close(g, expected, TOL_GRAD, name)
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert _entry_of_last_call().lean.native is not None
+
+
+def test_switched_off_calls_run_the_python_path(fresh, monkeypatch):
+    monkeypatch.setenv(native.ENV_VAR, "0")
+    q, k, v = _tensors("bshd", grad=False)
+    with torch.no_grad():
+        attention(q, k, v, mask="causal")
+        out = attention(q, k, v, mask="causal")
+    entry = _entry_of_last_call()
+    assert entry.lean is not None and entry.lean.native is None
+    assert_close(out, _reference(q, k, v, "bshd", mask="causal")[0], TOL_OUT, "out")
+
+
+def test_compiled_graphs_under_torch_compile_are_unchanged(fresh):
+    q, k, v = _tensors("bshd", grad=False)
+    with torch.no_grad():
+        eager = attention(q, k, v, mask="causal")
+        compiled = torch.compile(lambda a, b, c: attention(a, b, c, mask="causal"), fullgraph=True)(q, k, v)
+    assert_close(compiled, eager, TOL_OUT, "compiled vs eager")

@@ -1,0 +1,151 @@
+"""The optional compiled lean path's logic on CPU: its switch, where builds live and what names them,
+that an unbuilt or unloadable module means the Python path (never an error at call time), and the
+`native` command's answers and exit codes."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusedattn_select.cli.main import main  # noqa: E402
+from fusedattn_select.errors import ConfigError  # noqa: E402
+from fusedattn_select.runtime import native  # noqa: E402
+
+
+@pytest.fixture
+def native_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(native.DIR_ENV, str(tmp_path / "native"))
+    monkeypatch.delenv(native.ENV_VAR, raising=False)
+    monkeypatch.setattr(native, "_loaded", {})
+    return tmp_path / "native"
+
+
+@pytest.mark.parametrize("value, on", [("", True), ("1", True), ("0", False)])
+def test_switch_values(monkeypatch, value, on):
+    monkeypatch.setenv(native.ENV_VAR, value)
+    assert native.enabled() is on
+
+
+@pytest.mark.parametrize("value", ["yes", "off", "2", " 1"])
+def test_switch_rejects_other_values_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv(native.ENV_VAR, value)
+    with pytest.raises(ConfigError) as err:
+        native.enabled()
+    assert native.ENV_VAR in str(err.value) and "0" in str(err.value) and "1" in str(err.value)
+
+
+def test_build_dir_follows_its_variable_else_the_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(native.DIR_ENV, str(tmp_path / "x"))
+    assert native.build_dir() == tmp_path / "x"
+    monkeypatch.delenv(native.DIR_ENV)
+    monkeypatch.setenv("FUSEDATTN_SELECT_CACHE_DIR", str(tmp_path / "cache"))
+    assert native.build_dir() == tmp_path / "cache" / "native"
+
+
+def test_module_name_is_stable_and_names_the_source(tmp_path, monkeypatch):
+    first = native.module_name()
+    assert first == native.module_name() and first.startswith("fusedattn_select_native_")
+    changed = tmp_path / "lean.cpp"
+    changed.write_bytes(native.SOURCE.read_bytes() + b"\n// changed\n")
+    monkeypatch.setattr(native, "SOURCE", changed)
+    assert native.module_name() != first
+
+
+def test_the_source_ships_with_the_package():
+    text = native.SOURCE.read_text()
+    assert "PYBIND11_MODULE" in text and "LeanFunction" in text
+
+
+def test_nothing_built_means_the_python_path(native_dir):
+    assert native.load() is None
+    assert native.lean_plan(_Entry(training=False), _Lean()) is None
+    info = native.status()
+    assert info["built"] is False and info["module"].startswith(str(native_dir))
+
+
+def test_switched_off_loads_nothing_even_where_built(native_dir, monkeypatch):
+    path = native_dir / native.module_name() / f"{native.module_name()}.so"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared object")
+    monkeypatch.setenv(native.ENV_VAR, "0")
+    assert native.load() is None
+    assert native._loaded == {}  # not even tried
+
+
+def test_a_module_that_does_not_load_is_the_python_path_with_a_warning(native_dir, caplog):
+    path = native_dir / native.module_name() / f"{native.module_name()}.so"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared object")
+    with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
+        assert native.load() is None
+        assert native.load() is None  # remembered: tried and warned once
+    warnings = [r for r in caplog.records if "did not load" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_training_entry_without_lean_grads_never_gets_a_compiled_plan(native_dir):
+    # Training calls whose backward is not lean keep the general path: a compiled forward alone
+    # would drop their gradients.
+    assert native.lean_plan(_Entry(training=True), _Lean(grads=None)) is None
+
+
+def test_build_without_a_cuda_toolkit_says_so(native_dir, monkeypatch):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    with pytest.raises(native.NativeBuildError, match="CUDA toolkit"):
+        native.build()
+    assert not native_dir.exists() or not any(native_dir.rglob("*.so"))
+
+
+def test_missing_headers_are_named(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cudnn" else real(name, *a))
+    with pytest.raises(native.NativeBuildError, match="cudnn_frontend.h.*nvidia-cudnn-frontend"):
+        native.include_dirs()
+
+
+def test_cli_status_exit_codes_and_json(native_dir, capsys):
+    assert main(["native", "status", "--json"]) == 1
+    out, err = capsys.readouterr()
+    info = json.loads(out)
+    assert info["built"] is False and info["enabled"] is True and "not built" in err
+    path = native_dir / native.module_name() / f"{native.module_name()}.so"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    assert main(["native", "status"]) == 0
+
+
+def test_cli_rejects_an_invalid_switch(native_dir, monkeypatch, capsys):
+    monkeypatch.setenv(native.ENV_VAR, "maybe")
+    assert main(["native", "status"]) == 2
+    assert native.ENV_VAR in capsys.readouterr().err
+
+
+def test_cli_build_failure_is_exit_1_with_the_reason(native_dir, monkeypatch, capsys):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    assert main(["native", "build"]) == 1
+    assert "CUDA toolkit" in capsys.readouterr().err
+
+
+class _Opts:
+    def __init__(self, training):
+        self.training = training
+
+
+class _Entry:
+    def __init__(self, training):
+        self.opts = _Opts(training)
+
+
+class _Lean:
+    def __init__(self, grads=((), (), ())):
+        self.grads = grads
