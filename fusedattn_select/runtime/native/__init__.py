@@ -33,6 +33,7 @@ SOURCE = Path(__file__).with_name("lean.cpp")
 
 _lock = threading.Lock()
 _loaded: dict[str, Optional[ModuleType]] = {}  # module name -> the module, or None (did not load)
+_names: dict[Path, str] = {}  # source -> module_name()
 
 
 class NativeBuildError(RuntimeError):
@@ -68,7 +69,15 @@ def include_dirs() -> list[Path]:
 
 
 def module_name() -> str:
-    """The build's name: a hash of the source and of the versions it compiles against."""
+    """The build's name: a hash of the source and of the versions it compiles against (worked out
+    once per process and source: every new call signature asks)."""
+    name = _names.get(SOURCE)
+    if name is None:
+        name = _names[SOURCE] = _hash_name()
+    return name
+
+
+def _hash_name() -> str:
     import torch
 
     try:
