@@ -167,6 +167,34 @@ def test_threads_each_run_forward_and_backward(fresh):
     assert _entry_of_last_call().lean.native is not None
 
 
+def test_threads_racing_on_a_new_signature_get_the_reference(fresh):
+    # Their first calls reach a graph's first run (binding by uid, then learning its slot order) at once.
+    q, k, v = _tensors("bshd", s=72, grad=False)
+    barrier = threading.Barrier(4)
+    outs: list = [None] * 4
+    errors: list[BaseException] = []
+
+    def work(i):
+        try:
+            barrier.wait()
+            with torch.no_grad():
+                outs[i] = attention(q, k, v, mask="causal")
+            torch.cuda.synchronize()
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    want = _reference(q, k, v, "bshd", mask="causal")[0]
+    for out in outs:
+        assert_close(out, want, TOL_OUT, "out")
+    assert _entry_of_last_call().lean.native is not None
+
+
 def test_switched_off_calls_run_the_python_path(fresh, monkeypatch):
     monkeypatch.setenv(native.ENV_VAR, "0")
     q, k, v = _tensors("bshd", grad=False)

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -82,6 +83,8 @@ struct Graph {
     std::vector<int64_t> uids;      // the graph's user tensors
     std::vector<int> call_index;    // the position in a call's buffers of each uid
     std::vector<int> sorted_pick;   // for each slot in the frontend's sorted uid order: a call position
+    std::atomic<bool> ready{false};  // sorted_pick is set (by the first run, under `first`)
+    std::mutex first;
     int64_t workspace = 0;
     int device        = 0;
 };
@@ -106,6 +109,10 @@ std::shared_ptr<Graph> load_graph(int device, std::string const &bytes, std::vec
 
 // Run `g` on the current stream with a call's buffers (`like`: a tensor on the graph's device).
 void run(Graph &g, void *const *buffers, at::Tensor const &like) {
+    c10::cuda::OptionalCUDAGuard guard;  // the graph's device current, as torch's ops make it
+    if (c10::cuda::current_device() != g.device) {
+        guard.set_index(static_cast<c10::DeviceIndex>(g.device));
+    }
     auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(g.device));
     cudnnHandle_t handle = handle_for(g.device, stream.stream());
     at::Tensor workspace;
@@ -114,22 +121,27 @@ void run(Graph &g, void *const *buffers, at::Tensor const &like) {
         workspace     = at::empty({g.workspace}, like.options().dtype(at::kByte));
         workspace_ptr = workspace.data_ptr();
     }
-    if (g.sorted_pick.empty()) {
-        // The first run binds by uid (the frontend checks every uid), then learns its slot order.
-        std::unordered_map<int64_t, void *> pack;
-        for (size_t i = 0; i < g.uids.size(); ++i) {
-            pack[g.uids[i]] = buffers[g.call_index[i]];
+    if (!g.ready.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> lock(g.first);
+        if (!g.ready.load(std::memory_order_relaxed)) {
+            // The first run binds by uid (the frontend checks every uid), then learns its slot order.
+            std::unordered_map<int64_t, void *> pack;
+            for (size_t i = 0; i < g.uids.size(); ++i) {
+                pack[g.uids[i]] = buffers[g.call_index[i]];
+            }
+            check(g.graph->execute(handle, pack, workspace_ptr), "execute");
+            executes.fetch_add(1, std::memory_order_relaxed);
+            std::vector<int> pick;
+            for (int64_t uid : g.graph->get_variant_pack_uids_sorted()) {
+                auto at = std::find(g.uids.begin(), g.uids.end(), uid);
+                TORCH_CHECK(at != g.uids.end(), "fusedattn_select native: the graph binds uid ", uid,
+                            " it was not given");
+                pick.push_back(g.call_index[at - g.uids.begin()]);
+            }
+            g.sorted_pick = std::move(pick);
+            g.ready.store(true, std::memory_order_release);
+            return;
         }
-        check(g.graph->execute(handle, pack, workspace_ptr), "execute");
-        executes.fetch_add(1, std::memory_order_relaxed);
-        std::vector<int> pick;
-        for (int64_t uid : g.graph->get_variant_pack_uids_sorted()) {
-            auto at = std::find(g.uids.begin(), g.uids.end(), uid);
-            TORCH_CHECK(at != g.uids.end(), "fusedattn_select native: the graph binds uid ", uid, " it was not given");
-            pick.push_back(g.call_index[at - g.uids.begin()]);
-        }
-        g.sorted_pick = std::move(pick);  // a benign race under threads: every thread writes the same
-        return;
     }
     void *ptrs[kMaxBuffers];
     int const n = static_cast<int>(g.sorted_pick.size());
