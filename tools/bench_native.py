@@ -22,12 +22,12 @@ printed and written to DIR/bench-native.json and .md with the device and version
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fusedattn_select.runtime import native  # noqa: E402
 from fusedattn_select.runtime.api import attention  # noqa: E402
 from tools.bench.common import call_entry, in_turns, steady_plans  # noqa: E402
+from tools.bench.host_overhead import _batch_timer  # noqa: E402
 
 # name: (b, s_q, s_kv, heads_q, heads_kv, d, mask, training, layout, calls per batch)
 PROBLEMS = {
@@ -57,17 +58,13 @@ def _sdpa_backends(enabled: tuple[str, ...]) -> None:
         getattr(torch.backends.cuda, f"enable_{name}_sdp")(name in enabled)
 
 
-def _batch_timer(setup, call, calls: int):
-    def timer(first: bool) -> dict[str, list[float]]:
+def _after(setup):
+    """A context (for host_overhead's batch timer) that runs `setup` before its batch."""
+    @contextlib.contextmanager
+    def context():
         setup()
-        call()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-        return {"us": [(time.perf_counter() - start) / calls * 1e6]}
-    return timer
+        yield
+    return context
 
 
 def measure(name: str, spec: tuple, rounds: int) -> dict:
@@ -111,9 +108,9 @@ def measure(name: str, spec: tuple, rounds: int) -> dict:
         def backend(enabled):
             return lambda: _sdpa_backends(enabled)
 
-        timers = [("compiled", _batch_timer(use(compiled), ours, calls)),
-                  ("python", _batch_timer(use(python), ours, calls))]
-        timers += [(label, _batch_timer(backend(enabled), sdpa, calls)) for label, enabled in SDPA.items()]
+        timers = [("compiled", _batch_timer(torch, ours, calls, _after(use(compiled)))),
+                  ("python", _batch_timer(torch, ours, calls, _after(use(python))))]
+        timers += [(label, _batch_timer(torch, sdpa, calls, _after(backend(enabled)))) for label, enabled in SDPA.items()]
         try:
             results = in_turns(timers, rounds)
         finally:

@@ -39,6 +39,19 @@ def _reference(q, k, v, layout, grad_out=None, **kwargs):
     return out.permute(back), tuple(t.grad.permute(back) if t.grad is not None else None for t in (qd, kd, vd))
 
 
+def capture(call):
+    """(a CUDA graph of `call()`, its output), after one run of `call` on a side stream as capture needs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
 def _entry_of_last_call():
     return list(dispatch_entries.by_call.values())[-1]
 
@@ -140,14 +153,7 @@ def test_the_lean_path_replays_under_cuda_graph_capture(dense_after):
         attention(q, k, v, mask="causal")
         eager = attention(q, k, v, mask="causal")
         assert _entry_of_last_call().lean
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            attention(q, k, v, mask="causal")
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = attention(q, k, v, mask="causal")
+        graph, captured = capture(lambda: attention(q, k, v, mask="causal"))
         fresh = torch.randn_like(q)
         q.copy_(fresh)
         graph.replay()

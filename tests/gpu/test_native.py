@@ -11,7 +11,7 @@ import threading
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 from test_buckets_gpu import _decode_reference, _decode_tensors, _entry_of
-from test_hot_path import _entry_of_last_call, _reference, _tensors
+from test_hot_path import _entry_of_last_call, _reference, _tensors, capture
 
 from fusedattn_select.cli.main import main  # noqa: E402
 from fusedattn_select.runtime import dense_builds, native  # noqa: E402
@@ -123,14 +123,7 @@ def test_compiled_calls_replay_under_cuda_graph_capture(fresh):
     with torch.no_grad():
         attention(q, k, v, mask="causal")
         assert _entry_of_last_call().lean.native is not None
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            attention(q, k, v, mask="causal")
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = attention(q, k, v, mask="causal")
+        graph, captured = capture(lambda: attention(q, k, v, mask="causal"))
         for seed in (1, 2):
             for t in (q, k, v):
                 t.copy_(torch.randn(t.shape, generator=torch.Generator(device=CUDA).manual_seed(seed), device=CUDA))

@@ -102,6 +102,15 @@ def test_build_without_a_cuda_toolkit_says_so(native_dir, monkeypatch):
     assert not native_dir.exists() or not any(native_dir.rglob("*.so"))
 
 
+def test_a_module_that_fails_its_test_is_removed_and_the_build_says_why(native_dir):
+    path = native_dir / native.module_name() / f"{native.module_name()}.so"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared object")  # what a broken build leaves: the child cannot load it
+    with pytest.raises(native.NativeBuildError, match="(?s)failed its test.*exit code 1.*no module loads.*set CXX"):
+        native._test_in_child(path)
+    assert not path.exists()
+
+
 def test_missing_headers_are_named(monkeypatch):
     import importlib.util
 
