@@ -22,37 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from tools.bench.raw_graph import graph_runner
+
 # (batch, q heads, kv heads, seqlen, head dim): llama-3-8b's heads, the shapes issue benches use.
 PROBLEMS = ((2, 32, 8, 4096, 128), (2, 32, 8, 8192, 128))
 REPS, WARMUP = 20, 5
-
-
-def _graph(torch: Any, cfg: Any, backend: Any, phase: Any) -> Callable[[], None]:
-    """The raw graph of `phase`, bound to random inputs (unit scales), as a no-argument runner."""
-    import cudnn
-
-    from fusedattn_select.dtypes import from_cudnn, torch_dtype
-    from fusedattn_select.probing import cudnn as probe
-    from fusedattn_select.types import ProbeDepth
-
-    handle = probe.handle_for(0)
-    with probe.device_context(0):
-        build = probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL)
-    tensors = {}
-    for name in build.tensors:
-        dims, strides = build.dims_strides[name]
-        dtype = torch_dtype(from_cudnn(build.data_types[name]), torch)
-        t = torch.empty_strided(dims, strides, dtype=torch.float32, device="cuda")
-        if name.startswith(("scale", "descale")):
-            t.fill_(1.0)
-        elif name == "stats":
-            t.fill_(5.0)
-        else:
-            t.normal_()
-        tensors[build.tensors[name]] = t.to(dtype)
-    workspace = torch.empty(max(1, build.workspace_size), dtype=torch.uint8, device="cuda")
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-    return lambda: build.graph.execute(tensors, workspace, handle=handle)
 
 
 def _median_ms(torch: Any, run: Callable[[], None]) -> float:
@@ -98,7 +72,7 @@ def record() -> dict:
         for phase in (Phase.FORWARD, Phase.BACKWARD):
             times = {}
             for name, cfg, backend in (("bf16", bf16, Backend.F16), ("fp8", fp8, Backend.FP8)):
-                times[name] = round(_median_ms(torch, _graph(torch, cfg, backend, phase)), 4)
+                times[name] = round(_median_ms(torch, graph_runner(torch, cfg, backend, phase)), 4)
                 torch.cuda.empty_cache()
             rows.append({"problem": problem, "phase": phase.value, "bf16_ms": times["bf16"], "fp8_ms": times["fp8"]})
             print(f"{problem} {phase.value}: bf16 {times['bf16']} ms, fp8 {times['fp8']} ms", flush=True)

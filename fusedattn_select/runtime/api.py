@@ -130,7 +130,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         deterministic: ask cuDNN for a deterministic backward pass.
         fp8: True quantizes fp16/bf16 inputs per tensor (current scaling) and runs cuDNN's FP8
             kernels, returning the input precision; an `FP8History` (one per call site) scales from
-            the amaxes of earlier calls instead (delayed scaling: no amax pass); `FP8Scales(...)`
+            the amaxes of earlier calls instead (delayed scaling: no amax pass; with
+            `o_dtype=torch.float8_e4m3fn`, inference returns an `FP8Tensor`); `FP8Scales(...)`
             for float8 inputs (`o_dtype=torch.float8_e4m3fn` returns the kernel's FP8 output as an
             `FP8Tensor(data, descale)`, skipping the pass that converts it).
         return_lse: also return the softmax log-sum-exp (B, Hq, Sq, 1) float32 (not differentiable).
@@ -178,8 +179,9 @@ def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         entries.log_fallback(found)
         scales = fp8 if isinstance(fp8, FP8Scales) else None
         out, lse = fallback_forward(found.fallback, found.opts, q, k, v, inputs, scales)
-        if scales is not None and fp8q.is_fp8_dtype(scales.o_dtype):
-            out = fp8q.quantize_output(out, scales.o_dtype)
+        wanted = getattr(fp8, "o_dtype", None)  # FP8Scales' or FP8History's output precision
+        if wanted is not None and fp8q.is_fp8_dtype(wanted):
+            out = fp8q.quantize_output(out, wanted)
         return (out, lse) if return_lse else out
     counters["fused_calls"] += 1
     if found.bucketed:
@@ -197,7 +199,7 @@ def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         out, lse = FusedAttention.apply(found, scales, q, k, v, *inputs)
     else:
         out, stats, _, saved_fp8 = fused_forward(found, q, k, v, inputs, scales)
-        if saved_fp8 is not None and fp8q.is_fp8_dtype(out.dtype):  # FP8Scales asked for FP8 output
+        if saved_fp8 is not None and fp8q.is_fp8_dtype(out.dtype):  # FP8 output asked for
             out = FP8Tensor(out, fp8q.at(saved_fp8[3], "descale_o"))
         if not return_lse:
             return out

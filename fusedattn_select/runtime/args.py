@@ -70,11 +70,12 @@ def call_options(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Opti
     training = is_training(q, k, v, inputs)
     fp8 = arguments.fp8
     scales = fp8 if isinstance(fp8, FP8Scales) else None
+    o_dtype = fp8.o_dtype if isinstance(fp8, (FP8Scales, FP8History)) else None
     return CallOptions(
         arguments.layout or DEFAULT_LAYOUT, arguments.mask, tuple(arguments.window_size), arguments.attn_scale,
         float(arguments.dropout), arguments.softmax, arguments.deterministic,
         scales is not None or fp8 is True or isinstance(fp8, FP8History),
-        "" if scales is None else O_DTYPE_NAMES.get(scales.o_dtype, repr(scales.o_dtype)), training,
+        "" if o_dtype is None else O_DTYPE_NAMES.get(o_dtype, repr(o_dtype)), training,
         training and inputs.bias is not None and inputs.bias.requires_grad,
         training and inputs.sink is not None and inputs.sink.requires_grad, arguments.return_lse,
     )
@@ -93,7 +94,7 @@ def check_args(q: Any, k: Any, v: Any, inputs: OptionalInputs, arguments: Argume
     for name in ("deterministic", "return_lse"):
         if not isinstance(getattr(arguments, name), bool):
             raise ConfigError(name, getattr(arguments, name), "must be True or False")
-    _check_fp8(q, k, v, arguments.fp8)
+    _check_fp8(q, k, v, arguments.fp8, is_training(q, k, v, inputs))
 
 
 def _check_qkv(q: Any, k: Any, v: Any) -> None:
@@ -189,7 +190,7 @@ def _check_seqlens(inputs: OptionalInputs, mask: str, batch: int) -> None:
             raise ConfigError(name, (tuple(lens.shape), lens.dtype), f"must be an integer tensor of shape ({batch},)")
 
 
-def _check_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: Any) -> None:
+def _check_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: Any, training: bool) -> None:
     float8_inputs = fp8q.is_fp8_dtype(q.dtype)
     if float8_inputs:
         if not isinstance(fp8, FP8Scales):
@@ -204,5 +205,8 @@ def _check_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: Any) -> N
                                       "float8 inputs")
     elif fp8 is not False and q.dtype not in F16_NAMES:
         raise ConfigError("fp8", fp8, f"quantizes fp16/bf16 inputs; q is {q.dtype}")
+    elif isinstance(fp8, FP8History) and fp8.o_dtype is not None and training:
+        raise ConfigError("fp8.o_dtype", fp8.o_dtype, "FP8 output (an FP8Tensor) is for inference; "
+                                                      "training returns the input precision (o_dtype=None)")
     if float8_inputs and any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
         raise ConfigError("q", q.dtype, "float8 inputs are for inference; they cannot require grad")

@@ -123,21 +123,30 @@ class FP8History:
 
     One history belongs to one call site (one attention layer): sharing it across layers mixes
     their amaxes. It is not thread-safe: concurrent calls with one history race on its buffer.
+
+    `o_dtype=torch.float8_e4m3fn` (inference only) returns the kernel's FP8 output as an
+    `FP8Tensor(data, descale)`, for a caller whose next operation takes FP8 (an FP8 GEMM), without
+    the pass that turns it into fp16/bf16; None (the default) returns the input precision.
     """
 
-    def __init__(self, length: int = 16, algo: str = "max", margin: int = 0) -> None:
+    def __init__(self, length: int = 16, algo: str = "max", margin: int = 0,
+                 o_dtype: torch.dtype | None = None) -> None:
         if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_HISTORY:
             raise ConfigError("FP8History.length", length, f"must be an int from 1 to {MAX_HISTORY}")
         if algo not in HISTORY_ALGOS:
             raise ConfigError("FP8History.algo", algo, "must be one of " + ", ".join(map(repr, HISTORY_ALGOS)))
         if isinstance(margin, bool) or not isinstance(margin, int) or not 0 <= margin <= MAX_MARGIN:
             raise ConfigError("FP8History.margin", margin, f"must be an int from 0 to {MAX_MARGIN}")
-        self.length, self.algo, self.margin = length, algo, margin
+        if o_dtype is not None and o_dtype != torch.float8_e4m3fn:
+            raise ConfigError("FP8History.o_dtype", o_dtype, "must be None (the input precision) or "
+                                                             "torch.float8_e4m3fn (an FP8Tensor is returned)")
+        self.length, self.algo, self.margin, self.o_dtype = length, algo, margin, o_dtype
         self.calls = 0  # calls recorded (host side)
         self._buf: torch.Tensor | None = None
 
     def __repr__(self) -> str:
-        return f"FP8History(length={self.length}, algo={self.algo!r}, margin={self.margin}, calls={self.calls})"
+        out = "" if self.o_dtype is None else f", o_dtype={self.o_dtype}"
+        return f"FP8History(length={self.length}, algo={self.algo!r}, margin={self.margin}{out}, calls={self.calls})"
 
     @property
     def amax_history(self) -> torch.Tensor | None:

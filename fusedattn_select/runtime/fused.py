@@ -122,7 +122,7 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     _common_feeds(plan, feeds, inputs, rng)
     outs = plan.execute(feeds)
     o = outs["o"]
-    o_dtype = scales.o_dtype if isinstance(scales, FP8Scales) else q.dtype
+    o_dtype = getattr(scales, "o_dtype", None) or q.dtype  # FP8Scales' or FP8History's wish
     if saved_fp8 is not None and fp8q.is_fp8_dtype(o.dtype) and not fp8q.is_fp8_dtype(o_dtype):
         o = fp8q.dequantize(o, fp8q.at(saved_fp8[3], "descale_o"), o_dtype)
     if entry.f16_backward:

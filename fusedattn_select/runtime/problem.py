@@ -33,8 +33,9 @@ def _precisions(dtype: torch.dtype, options: CallOptions, scales: Optional[FP8Sc
     if scales is not None:
         return FUSED_DTYPES[dtype], FUSED_DTYPES[scales.o_dtype]
     if options.fp8:
-        # Quantized from fp16/bf16 with current (per-call) scaling; results in the input precision.
-        return "fp8_e4m3", FUSED_DTYPES[dtype]
+        # Quantized from fp16/bf16 (current or delayed scaling): results in the input precision, or
+        # FP8 where an FP8History asks for it.
+        return "fp8_e4m3", options.o_dtype or FUSED_DTYPES[dtype]
     return FUSED_DTYPES[dtype], None
 
 

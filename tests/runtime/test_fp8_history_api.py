@@ -100,3 +100,36 @@ def test_fp8_history_training_on_cpu_falls_back_with_sdpa_gradients():
     for got, want in ((dq, rq), (dk, rk), (dv, rv)):
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# ----- FP8 output (o_dtype) ----------------------------------------------------------------------------
+def test_fp8_history_output_precision_is_checked_and_shown():
+    with pytest.raises(ConfigError) as err:
+        FP8History(o_dtype=torch.bfloat16)
+    assert err.value.field == "FP8History.o_dtype" and "float8_e4m3fn" in err.value.allowed
+    assert "o_dtype=torch.float8_e4m3fn" in repr(FP8History(o_dtype=torch.float8_e4m3fn))
+    assert "o_dtype" not in repr(FP8History())
+
+
+def test_fp8_output_is_refused_for_training_naming_the_field():
+    q, k, v = _qkv(grad=True)
+    with pytest.raises(ConfigError) as err:
+        api.attention(q, k, v, fp8=FP8History(o_dtype=torch.float8_e4m3fn))
+    assert err.value.field == "fp8.o_dtype" and "inference" in err.value.allowed
+    # The same call without FP8 output is a different signature and runs.
+    assert api.attention(q, k, v, fp8=FP8History()).dtype == torch.bfloat16
+
+
+def test_fp8_output_on_cpu_is_an_fp8_tensor_of_the_fallback_result():
+    from fusedattn_select.runtime.fp8 import FP8Tensor
+
+    q, k, v = _qkv()
+    out = api.attention(q, k, v, mask="causal", fp8=FP8History(o_dtype=torch.float8_e4m3fn))
+    assert isinstance(out, FP8Tensor)  # asked for FP8: never silently the input precision
+    assert out.data.dtype == torch.float8_e4m3fn and out.data.shape == q.shape
+    ref = _sdpa(q, k, v, is_causal=True).float()
+    got = out.dequantize(torch.float32)
+    # e4m3 keeps 3 mantissa bits: each value within 2**-4 of itself (plus the smallest step).
+    assert bool(((got - ref).abs() <= ref.abs() * 2 ** -4 + 2 ** -9 * ref.abs().max()).all())
+    plain = api.attention(q, k, v, mask="causal", fp8=FP8History())
+    assert plain.dtype == torch.bfloat16 and entries.counters["entries_built"] == 2  # separate signatures

@@ -25,7 +25,7 @@ from tools.bench.common import (
     tflops,
 )
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file
-from tools.bench.tensors import cosine, cuda_times, qkv, rel_err, to_bhsd
+from tools.bench.tensors import cosine, cuda_times, kernel_profile, qkv, rel_err, to_bhsd
 
 
 @dataclass
@@ -50,16 +50,29 @@ class _Rows:
             log(traceback.format_exc())
         return row
 
+    def kernels(self, name: str, fn: Callable, work: float, base: dict) -> None:
+        """A row of the GPU time of fn's kernels (torch.profiler; median of 3 profiles of 20 calls)."""
+        row: dict[str, Any] = {"name": name}
+        self.rows.append(row)
+        try:
+            row["ms"] = summarize([sum(kernel_profile(self.torch, fn, 20).values()) for _ in range(3)], "ms")
+            row["tflops"] = tflops(work, median_of(row["ms"]))
+            row["ratio_to_bf16"] = ratio(row["ms"], base["ms"]) if base.get("ms") else None
+        except Exception as err:  # noqa: BLE001
+            row["status"] = error_status(err)
+            log(traceback.format_exc())
+
 
 def measure(torch: Any, r: dict, args: Mapping) -> None:
     from fusedattn_select import select
     from fusedattn_select.runtime.api import config_from_tensors
 
-    stem, name = args["fp8_entry"]
-    cfg = load_file(stem).get(name).config
+    stem, name, *changes = args["fp8_entry"]  # (file, config[, AttnConfig changes])
+    cfg = load_file(stem).get(name).config.replace(**(changes[0] if changes else {}))
     layout = dispatch_format(cfg.qkv_layout)
     flops = config_flops(cfg)
-    r["shape"] = f"{stem} {name}: {layout} b{cfg.batch_size} h{cfg.num_heads_q}/{cfg.num_heads_kv} " \
+    changed = f" with {', '.join(f'{k}={v}' for k, v in changes[0].items())}" if changes else ""
+    r["shape"] = f"{stem} {name}{changed}: {layout} b{cfg.batch_size} h{cfg.num_heads_q}/{cfg.num_heads_kv} " \
                  f"s{cfg.seqlen_q} d{cfg.head_dim_qk} {cfg.mask}"
     rows = _Rows(torch, int(args["reps"]), int(args["warmup"]))
     r["rows"] = rows.rows
@@ -69,6 +82,7 @@ def measure(torch: Any, r: dict, args: Mapping) -> None:
     r["fp8_inference_selection"] = fp8_sel.backend.value + (
         f": {first_line(fp8_sel.message)}" if fp8_sel.message else "")
     _inference(torch, r, rows, (q, k, v), kwargs, flops)
+    _raw_rows(torch, rows, cfg, flops)
     _training(torch, r, rows, (q, k, v), kwargs, flops)
     r["status"] = RESULT_STATUS_OK
 
@@ -97,9 +111,39 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
         r["fp8_delayed_vs_bf16_rel_err"], r["fp8_delayed_vs_bf16_cosine"] = rel_err(delayed, ref), cosine(delayed, ref)
         rows.add("fp8 attention(fp8=FP8History()) fwd incl. quantization, delayed scaling (inference)",
                  lambda _: attention(q, k, v, fp8=history, **kwargs), work=flops, base=base)
+        # FP8 output (an FP8Tensor) for a caller whose next operation takes FP8: no conversion pass.
+        history8 = FP8History(o_dtype=torch.float8_e4m3fn)
+        r["fp8_output_vs_bf16_cosine"] = cosine(attention(q, k, v, fp8=history8, **kwargs).dequantize(ref.dtype), ref)
+        rows.add("fp8 attention(fp8=FP8History(o_dtype=float8_e4m3fn)) fwd incl. quantization, delayed scaling, "
+                 "FP8 output (inference)", lambda _: attention(q, k, v, fp8=history8, **kwargs), work=flops, base=base)
+        for label, fp8 in (("current scaling", True), ("delayed scaling", history)):
+            rows.kernels(f"GPU kernels of attention(fp8=...) fwd, {label} (the sum of its kernels' times: no host gaps)",
+                         lambda _, fp8=fp8: attention(q, k, v, fp8=fp8, **kwargs), flops, base)
         qb, kb, vb = (to_bhsd(t, kwargs["layout"]) for t in (q, k, v))
         _quantize_rows(torch, rows, (qb, kb, vb), base)
     del out8
+
+
+def _raw_rows(torch: Any, rows: _Rows, cfg: Any, flops: float) -> None:
+    """The raw cuDNN forward graphs, bf16 and FP8 (FP8 in and out, unit scales, no quantization):
+    the floors of the two attention() calls, measured in the same run."""
+    from fusedattn_select.types import Backend, Phase
+    from tools.bench.raw_graph import graph_runner
+
+    inference = cfg.replace(is_training=False)
+    for label, graph_cfg, backend in (
+            ("bf16", inference, Backend.F16),
+            ("FP8 (e4m3 q, k, v, O; no quantization)",
+             inference.replace(qkv_dtype="fp8_e4m3", o_dtype="fp8_e4m3", scaling_mode="delayed"), Backend.FP8)):
+        try:
+            run = graph_runner(torch, graph_cfg, backend, Phase.FORWARD)
+        except Exception as err:  # noqa: BLE001
+            rows.rows.append({"name": f"raw cuDNN {label} forward graph", "status": error_status(err)})
+            continue
+        rows.add(f"raw cuDNN {label} forward graph", lambda _, run=run: run(), work=flops,
+                 base=rows.rows[0] if rows.rows and rows.rows[0].get("ms") else None)
+        del run
+        torch.cuda.empty_cache()
 
 
 def _quantize_rows(torch: Any, rows: _Rows, tensors: tuple, base: dict) -> None:
@@ -169,7 +213,8 @@ def render(fp8: Mapping) -> str:
                 + "\n\nOutput against bf16 `attention()`: current scaling relative error "
                 f"{fmt_num(fp8.get('fp8_vs_bf16_rel_err'))}, cosine {_cos(fp8.get('fp8_vs_bf16_cosine'))}; "
                 f"delayed scaling relative error {fmt_num(fp8.get('fp8_delayed_vs_bf16_rel_err'))}, cosine "
-                f"{_cos(fp8.get('fp8_delayed_vs_bf16_cosine'))}.")
+                f"{_cos(fp8.get('fp8_delayed_vs_bf16_cosine'))}; FP8 output (dequantized) cosine "
+                f"{_cos(fp8.get('fp8_output_vs_bf16_cosine'))}.")
     if fp8.get("status"):
         return f"FP8: {fp8.get('status')}"
     return ""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 # Output tensor names of the forward and backward graphs (zeroed, never synthesized inputs).
 RAW_OUTPUTS = frozenset({"o", "stats", "dQ", "dK", "dV", "max_logit", "dBias", "dSink_token", "amax_s", "amax_o",
@@ -69,3 +69,32 @@ class RawGraph:
 
     def __call__(self, _: Any = None) -> None:
         self.build.graph.execute(self.pack, self.workspace, handle=self.handle)
+
+
+def graph_runner(torch: Any, cfg: Any, backend: Any, phase: Any) -> Callable[[], None]:
+    """The raw graph of `phase` for `backend` (F16 or FP8), bound to random inputs (normal(0, 1);
+    unit scales), as a no-argument runner: the floor of attention() in that precision."""
+    import cudnn
+
+    from fusedattn_select.dtypes import from_cudnn, torch_dtype
+    from fusedattn_select.probing import cudnn as probe
+    from fusedattn_select.types import ProbeDepth
+
+    handle = probe.handle_for(0)
+    with probe.device_context(0):
+        build = probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL)
+    tensors = {}
+    for name in build.tensors:
+        dims, strides = build.dims_strides[name]
+        dtype = torch_dtype(from_cudnn(build.data_types[name]), torch)
+        t = torch.empty_strided(dims, strides, dtype=torch.float32, device="cuda")
+        if name.startswith(("scale", "descale")):
+            t.fill_(1.0)
+        elif name == "stats":
+            t.fill_(5.0)
+        else:
+            t.normal_()
+        tensors[build.tensors[name]] = t.to(dtype)
+    workspace = torch.empty(max(1, build.workspace_size), dtype=torch.uint8, device="cuda")
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    return lambda: build.graph.execute(tensors, workspace, handle=handle)

@@ -84,7 +84,11 @@ _NOTES = [
     "built (as after `warmup` over the ladder): targets are read from both passes. The implementations "
     "step in turn (step i of each before step i + 1 of any, the order rotating), so a noisy host weighs "
     "on all alike. no-attention is the floor: an attention function that returns its queries, so its "
-    "time is what the rest of the step costs.",
+    "time is what the rest of the step costs. Before the timed steps at a length, one untimed step of the "
+    "floor at that length pays the costs a new shape brings to the whole process (cuBLAS's GEMM "
+    "heuristics, the caching allocator's new blocks), which otherwise fall on whichever implementation "
+    "goes first (measured: 10-17 ms a step); it does no attention work, so each implementation's own "
+    "new-shape cost (for fusedattn: its new call signature) stays in its time.",
 ]
 
 
