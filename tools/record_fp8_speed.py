@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from tools.bench.raw_graph import graph_runner
+from tools.bench.raw_graph import fp8_graph_config, graph_runner
 
 # (batch, q heads, kv heads, seqlen, head dim): llama-3-8b's heads, the shapes issue benches use.
 PROBLEMS = ((2, 32, 8, 4096, 128), (2, 32, 8, 8192, 128))
@@ -66,8 +66,7 @@ def record() -> dict:
         base = dict(batch_size=b, num_heads_q=hq, num_heads_kv=hkv, seqlen_q=s, seqlen_kv=s, head_dim_qk=d,
                     mask="causal", is_training=True, qkv_layout="bshd_bshd_bshd")
         bf16 = AttnConfig(qkv_dtype="bf16", **base)
-        fp8 = AttnConfig(qkv_dtype="fp8_e4m3", o_dtype="fp8_e4m3", do_dtype="fp8_e5m2", dqkv_dtype="fp8_e5m2",
-                         scaling_mode="delayed", **base)
+        fp8 = fp8_graph_config(bf16)
         problem = f"b{b} h{hq}/{hkv} s{s} d{d} causal"
         for phase in (Phase.FORWARD, Phase.BACKWARD):
             times = {}

@@ -81,13 +81,14 @@ def measure(torch: Any, r: dict, args: Mapping) -> None:
     fp8_sel = select(config_from_tensors(q, k, v, fp8=True, is_training=False, **kwargs))
     r["fp8_inference_selection"] = fp8_sel.backend.value + (
         f": {first_line(fp8_sel.message)}" if fp8_sel.message else "")
-    _inference(torch, r, rows, (q, k, v), kwargs, flops)
-    _raw_rows(torch, rows, cfg, flops)
+    base = _inference(torch, r, rows, (q, k, v), kwargs, flops)
+    _raw_rows(torch, rows, cfg, flops, base)
     _training(torch, r, rows, (q, k, v), kwargs, flops)
     r["status"] = RESULT_STATUS_OK
 
 
-def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> None:
+def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> dict:
+    """The inference rows; returns the bf16 attention() row the others are compared with."""
     from fusedattn_select.runtime.api import attention, dispatch_info
     from fusedattn_select.runtime.fp8 import FP8History
 
@@ -122,26 +123,25 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
         qb, kb, vb = (to_bhsd(t, kwargs["layout"]) for t in (q, k, v))
         _quantize_rows(torch, rows, (qb, kb, vb), base)
     del out8
+    return base
 
 
-def _raw_rows(torch: Any, rows: _Rows, cfg: Any, flops: float) -> None:
+def _raw_rows(torch: Any, rows: _Rows, cfg: Any, flops: float, base: dict) -> None:
     """The raw cuDNN forward graphs, bf16 and FP8 (FP8 in and out, unit scales, no quantization):
     the floors of the two attention() calls, measured in the same run."""
     from fusedattn_select.types import Backend, Phase
-    from tools.bench.raw_graph import graph_runner
+    from tools.bench.raw_graph import fp8_graph_config, graph_runner
 
     inference = cfg.replace(is_training=False)
     for label, graph_cfg, backend in (
             ("bf16", inference, Backend.F16),
-            ("FP8 (e4m3 q, k, v, O; no quantization)",
-             inference.replace(qkv_dtype="fp8_e4m3", o_dtype="fp8_e4m3", scaling_mode="delayed"), Backend.FP8)):
+            ("FP8 (e4m3 q, k, v, O; no quantization)", fp8_graph_config(inference), Backend.FP8)):
         try:
             run = graph_runner(torch, graph_cfg, backend, Phase.FORWARD)
         except Exception as err:  # noqa: BLE001
             rows.rows.append({"name": f"raw cuDNN {label} forward graph", "status": error_status(err)})
             continue
-        rows.add(f"raw cuDNN {label} forward graph", lambda _, run=run: run(), work=flops,
-                 base=rows.rows[0] if rows.rows and rows.rows[0].get("ms") else None)
+        rows.add(f"raw cuDNN {label} forward graph", lambda _, run=run: run(), work=flops, base=base)
         del run
         torch.cuda.empty_cache()
 

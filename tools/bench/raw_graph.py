@@ -71,6 +71,13 @@ class RawGraph:
         self.build.graph.execute(self.pack, self.workspace, handle=self.handle)
 
 
+def fp8_graph_config(cfg: Any) -> Any:
+    """`cfg` as the FP8 graph the raw timings build: TransformerEngine's HYBRID recipe (e4m3 q, k, v
+    and O; e5m2 dO and dQ/dK/dV when training), FP8 outputs, delayed scaling (scales as inputs)."""
+    backward = {"do_dtype": "fp8_e5m2", "dqkv_dtype": "fp8_e5m2"} if cfg.is_training else {}
+    return cfg.replace(qkv_dtype="fp8_e4m3", o_dtype="fp8_e4m3", scaling_mode="delayed", **backward)
+
+
 def graph_runner(torch: Any, cfg: Any, backend: Any, phase: Any) -> Callable[[], None]:
     """The raw graph of `phase` for `backend` (F16 or FP8), bound to random inputs (normal(0, 1);
     unit scales), as a no-argument runner: the floor of attention() in that precision."""
