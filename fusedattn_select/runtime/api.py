@@ -147,11 +147,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     # The hot path: a call with no optional tensors but sequence lengths is found by its arguments
     # as given and its tensors' properties. The key holds every value validation looks at, so
     # validation runs once per call signature; arguments whose type alone is wrong never make a key.
-    if (bias is None and alibi_slopes is None and sink is None and type(fp8) is bool
+    # An FP8History is keyed by its output precision: the history itself is per call, not per signature.
+    if (bias is None and alibi_slopes is None and sink is None and (type(fp8) is bool or type(fp8) is FP8History)
             and type(deterministic) is bool and type(return_lse) is bool and _no_bools(given)):
         training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        arguments = given if type(fp8) is bool else given[:7] + ((FP8History, fp8.o_dtype), return_lse)
         try:
-            call_key = entries.fast_key(q, k, v, given, training, seqlens_q, seqlens_kv)
+            call_key = entries.fast_key(q, k, v, arguments, training, seqlens_q, seqlens_kv)
             found = entries.by_call.get(call_key)
         except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
             call_key = None

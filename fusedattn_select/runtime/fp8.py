@@ -10,7 +10,9 @@ hold for every input (computed on the device from amaxes and row norms of the in
 
     P (softmax, "S")   in [0, 1]: S_SCALE = 64, the scale cudnn-frontend's own FP8 SDPA tests use
                        for an amax of 1 (headroom for kernels that defer the running-max rescale)
-    O = P V            |O| <= amax(V): each row of O is a convex combination of rows of V
+    O = P V            |O| <= the largest value V's FP8 copy holds, at most top / scale_v: each
+                       row of O is a convex combination of rows of V, so O (an FP8 of V's dtype)
+                       takes V's own scale, and no pass computes it
     dP (dS)            |dS_ij| <= P_ij (|dO_i . V_j| + |dO_i . O_i|) <= 2 |dO|max |V|max (L2 row norms)
     dQ = s dS K        |dQ| <= s amax(K) * 2 |dO|max |V|max            (rows of P sum to 1)
     dK = s dS^T Q      |dK| <= s amax(Q) * 2 |dO|max |V|max * Sq * g   (g = q heads per kv head)
@@ -194,7 +196,7 @@ def _row_norm_max(x: torch.Tensor) -> torch.Tensor:
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8_dtype: torch.dtype, *,
                  training: bool = False, history: FP8History | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q8, k8, v8, state): state holds STATE (descale_o filled in by forward_feeds).
+    """(q8, k8, v8, state): state holds STATE (amax_s and amax_o written by the forward graph).
 
     Current scaling, or delayed scaling from `history` (which records this call's amaxes). vnorm
     (the largest row norm of v, which only the FP8 backward pass needs) is computed only when
@@ -207,37 +209,39 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8_dtype: t
     return q8, k8, v8, state
 
 
-def explicit_state(scales: FP8Scales, v8: torch.Tensor) -> torch.Tensor:
-    """The state of caller-quantized inputs (inference): their descales, and amax(V) for O's scale."""
+def explicit_state(scales: FP8Scales, v8: torch.Tensor, o_dtype: torch.dtype) -> torch.Tensor:
+    """The state of caller-quantized inputs (inference): their descales, and O's scale from amax(V)."""
     descales = [p.detach().reshape(1).float() for p in (scales.descale_q, scales.descale_k, scales.descale_v)]
     amax_v = (v8.float().abs().amax() * descales[2]).reshape(1)
     unknown = torch.full_like(descales[0], float("nan"))
-    return torch.cat(descales + [unknown, unknown, amax_v, unknown, torch.ones_like(unknown)])
+    scale_o = pow2_scale(amax_v, o_dtype) if is_fp8_dtype(o_dtype) else torch.ones_like(amax_v)
+    return torch.cat(descales + [unknown, unknown, amax_v, unknown, scale_o.reciprocal(), scale_o, unknown, unknown])
+
+
+def cells(state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Every entry of a state as a (1, 1, 1, 1) view, in STATE order (one call: a graph's scale
+    tensors are declared with that shape)."""
+    return state.view(len(STATE), 1, 1, 1, 1).unbind(0)
 
 
 def forward_feeds(plan, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, state: torch.Tensor
-                  ) -> dict[str, torch.Tensor]:
-    """Inputs of an sdpa_fp8 forward graph, except masks/sink/seqlens (added by the caller).
-
-    Writes descale_o into `state` (1 when O is not FP8)."""
-    feeds = {
-        "q": plan.conform("q", q8), "k": plan.conform("k", k8), "v": plan.conform("v", v8),
-        "descale_q": plan.conform("descale_q", at(state, "descale_q")),
-        "descale_k": plan.conform("descale_k", at(state, "descale_k")),
-        "descale_v": plan.conform("descale_v", at(state, "descale_v")),
-    }
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(inputs of an sdpa_fp8 forward graph except masks/sink/seqlens, outputs it writes into
+    `state`). O's scale is the state's (V's, where quantize() made it)."""
+    c = cells(state)
+    feeds = {"q": plan.conform("q", q8), "k": plan.conform("k", k8), "v": plan.conform("v", v8)}
+    for name in ("descale_q", "descale_k", "descale_v"):
+        feeds[name] = plan.conform(name, c[_AT[name]])
     if plan.has("scale_s"):
         feeds["scale_s"] = plan.constant("scale_s", S_SCALE)
     if plan.has("descale_s"):
         feeds["descale_s"] = plan.constant("descale_s", 1.0 / S_SCALE)
-    o_dtype = plan.specs["o"].dtype
-    if is_fp8_dtype(o_dtype):
-        scale_o = pow2_scale(at(state, "amax_v"), o_dtype)
-        at(state, "descale_o").copy_(scale_o.reciprocal())
-        feeds["scale_o"] = plan.conform("scale_o", scale_o)
+    if is_fp8_dtype(plan.specs["o"].dtype):
+        feeds["scale_o"] = plan.conform("scale_o", c[_AT["scale_o"]])
     elif plan.has("scale_o"):
         feeds["scale_o"] = plan.constant("scale_o", 1.0)
-    return feeds
+    outputs = {name: plan.conform(name, c[_AT[name]]) for name in ("amax_s", "amax_o") if plan.has(name)}
+    return feeds, outputs
 
 
 def _grad_out_feeds(plan, feeds: dict, grad_out: torch.Tensor) -> torch.Tensor:

@@ -38,8 +38,10 @@ CHOICES = ("auto", "triton", "torch")
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 # The largest power-of-two scale a compute dtype can hold (fp16 overflows above 2**15).
 MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32: 2.0 ** 100}
-# The saved FP8 state of one call: a float32 vector with these entries (written by quantize()).
-STATE = ("descale_q", "descale_k", "descale_v", "amax_q", "amax_k", "amax_v", "vnorm", "descale_o")
+# The FP8 state of one call: a float32 vector with these entries. quantize() writes the first nine
+# (descale_o and scale_o as V's: see fp8.py); the forward graph writes amax_s and amax_o.
+STATE = ("descale_q", "descale_k", "descale_v", "amax_q", "amax_k", "amax_v", "vnorm", "descale_o", "scale_o",
+         "amax_s", "amax_o")
 
 _AMAX_BLOCK = 4096
 _CAST_BLOCK = 8192
@@ -190,6 +192,8 @@ def _torch_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: to
     else:
         scale = pow2_scale_torch(hist.buf[hist.length * 3:hist.length * 3 + count], top, max_scale, hist.margin)
     torch.reciprocal(scale, out=info[:count])
+    if count == 3:
+        info[7:9].copy_(torch.stack((info[2], scale[2])))
     low = scale.to(xs[0].dtype)
     outs = [_torch_cast(x, low[i], top, fp8_dtype) for i, x in enumerate(xs)]
     if hist is not None and not hist.fresh:
@@ -202,10 +206,10 @@ def _torch_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: to
 # ----- public operations -------------------------------------------------------------------------
 def quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, hist: Delayed | None = None
              ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """(fp8 copies of 1 to 3 same-dtype tensors, a float32 (8,) vector laid out as STATE).
+    """(fp8 copies of 1 to 3 same-dtype tensors, a float32 vector laid out as STATE).
 
-    Entry i of the vector is tensor i's descale, entry 3 + i its amax; entry 6 is NaN and entry 7
-    is 1. Current scaling (scale from each tensor's amax) unless `hist` holds a recorded history:
+    Entry i of the vector is tensor i's descale, entry 3 + i its amax; entry 6 is NaN; with three
+    tensors, entries 7 and 8 are the third's descale and scale again. Current scaling (scale from each tensor's amax) unless `hist` holds a recorded history:
     then the scales come from it (no amax pass before the cast) and values beyond the delayed scale
     saturate. With `hist`, the amaxes of this call are recorded into it (rows shift down one).
     """
@@ -215,7 +219,6 @@ def quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, hist: Delayed |
         info = torch.empty(len(STATE), dtype=torch.float32, device=xs[0].device)
         return _triton_quantize(xs, fp8_dtype, info, hist), info
     info = torch.full((len(STATE),), float("nan"), dtype=torch.float32, device=xs[0].device)
-    info[7:].fill_(1.0)
     return _torch_quantize(xs, fp8_dtype, info, hist), info
 
 
@@ -368,7 +371,9 @@ def _t_scale_of(T: tl.constexpr, b, src, info, consts, MODE: tl.constexpr):
                 tl.store(info + 3 + T, amax)
             if T == 0:
                 tl.store(info + 6, consts[3])
-                tl.store(info + 7, 1.0)
+            if T == 2:
+                tl.store(info + 7, tl.math.div_rn(1.0, scale))
+                tl.store(info + 8, scale)
     return scale
 
 

@@ -107,20 +107,21 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     # No detach: this runs without grad mode (inference, or inside the autograd Function / op).
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     saved_fp8 = None
+    outputs = None
     if opts.fp8:
         if isinstance(scales, FP8Scales):
-            q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales, vb)
-        else:  # quantized here: current scaling, or delayed from the caller's FP8History
+            q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales, vb, plan.specs["o"].dtype)
+        else:  # quantized here (e4m3, as O where O is FP8): current scaling, or delayed from an FP8History
             fp8_backward = opts.training and not entry.f16_backward
             q8, k8, v8, state = fp8q.quantize_qkv(qb, kb, vb, plan.specs["q"].dtype, training=fp8_backward,
                                                   history=scales)
-        feeds = fp8q.forward_feeds(plan, q8, k8, v8, state)
+        feeds, outputs = fp8q.forward_feeds(plan, q8, k8, v8, state)
         saved_fp8 = (q8, k8, v8, state)
     else:
         feeds = {"q": plan.conform("q", qb), "k": plan.conform("k", kb), "v": plan.conform("v", vb)}
     rng = _next_rng(entry)
     _common_feeds(plan, feeds, inputs, rng)
-    outs = plan.execute(feeds)
+    outs = plan.execute(feeds, outputs)
     o = outs["o"]
     o_dtype = getattr(scales, "o_dtype", None) or q.dtype  # FP8Scales' or FP8History's wish
     if saved_fp8 is not None and fp8q.is_fp8_dtype(o.dtype) and not fp8q.is_fp8_dtype(o_dtype):

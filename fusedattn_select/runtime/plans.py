@@ -42,7 +42,7 @@ from fusedattn_select.probing.cudnn.plan_blob import (
     serialize_build,
 )
 from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
-from fusedattn_select.runtime import launch
+from fusedattn_select.runtime import launch, native
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.store.protocol import Store
@@ -128,6 +128,7 @@ class Plan:
         self._ordered_checked = False  # whether an execute with ordered binding has run
         self._direct: Optional[launch.Launcher] = None  # see runtime/launch.py
         self._direct_proven = False
+        self._native: Optional[Any] = None  # run(buffers) through the compiled module (runtime/native)
         # The GraphBuild of a freshly built plan, until obtain_plan has serialized it.
         self.source: Any = build
         # Facts the runtime derives from this plan once and reads at every new call shape (lean.py).
@@ -194,7 +195,11 @@ class Plan:
 
     def run(self, buffers: tuple[Any, ...]) -> None:
         """Run the graph on the current stream with `buffers` in `self.order` (inputs, then outputs):
-        tensors as the graph declared them (or, where `binds_by_declaration`, holding that memory)."""
+        tensors as the graph declared them (or, where `binds_by_declaration`, holding that memory).
+        Once one run has bound them in order, the compiled module runs the plan where it is built."""
+        if self._native is not None:
+            self._native(buffers)
+            return
         handle, stream = _prepare_handle(self.device)
         workspace = workspace_for(self.device, self.workspace_size, stream)
         direct = self._direct
@@ -212,6 +217,7 @@ class Plan:
                 _stats["executes"] += 1  # a benign race under threads: the counter is for tests and logs
                 if not self._ordered_checked:
                     self._ordered_checked = True
+                    self._native = native.plan_runner(self)
                     self._direct = launch.direct_launcher(self.graph, uids)
                 return
             except TypeError as err:  # a frontend without ordered binding (before 1.32): bind by map

@@ -17,6 +17,7 @@ from fusedattn_select.cli.main import main  # noqa: E402
 from fusedattn_select.runtime import dense_builds, native  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans  # noqa: E402
+from fusedattn_select.runtime.fp8 import FP8History  # noqa: E402
 
 pytestmark = GPU_MARKS
 TOL_OUT, TOL_GRAD = 2e-2, 4e-2
@@ -186,6 +187,30 @@ def test_threads_racing_on_a_new_signature_get_the_reference(fresh):
     for out in outs:
         assert_close(out, want, TOL_OUT, "out")
     assert _entry_of_last_call().lean.native is not None
+
+
+def test_general_path_plans_run_compiled_with_the_python_paths_results(fresh):
+    """Calls the lean path does not take (a bias; FP8, current and delayed scaling) run their plans
+    through the compiled module once one run has bound them in order."""
+    q, k, v = _tensors("bshd", grad=False)
+    bias = torch.randn(1, q.shape[2], q.shape[1], k.shape[1], device=CUDA, dtype=q.dtype)
+    history = FP8History()
+    calls = {"bias": lambda: attention(q, k, v, bias=bias, mask="causal"),
+             "fp8": lambda: attention(q, k, v, mask="causal", fp8=True),
+             "fp8 delayed": lambda: attention(q, k, v, mask="causal", fp8=history)}
+    with torch.no_grad():
+        for name, call in calls.items():
+            known = set(map(id, dispatch_entries.entries.values()))
+            call()  # its plan's first run binds in order (Python)
+            entry = next(e for e in dispatch_entries.entries.values() if id(e) not in known)
+            assert entry.fused and entry.lean is None, (name, entry.reason)
+            assert entry.forward._native is not None, name
+            before = native.executes()
+            got = call()
+            assert native.executes() == before + 1, name
+            entry.forward._native = None  # the Python path, the same plan
+            want = call()
+            assert torch.equal(got, want), name
 
 
 def test_switched_off_calls_run_the_python_path(fresh, monkeypatch):

@@ -89,6 +89,23 @@ def test_fp8_history_calls_of_one_signature_share_one_decision():
     torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
+def test_fp8_history_calls_are_found_by_their_output_precision_not_the_history():
+    import gc
+    import weakref
+
+    q, k, v = _qkv()
+    history = FP8History()
+    alive = weakref.ref(history)
+    api.attention(q, k, v, fp8=history)
+    api.attention(q, k, v, fp8=FP8History(length=2))
+    assert len(entries.by_call) == 1  # one fast-path key for every history of this signature
+    api.attention(q, k, v, fp8=FP8History(o_dtype=torch.float8_e4m3fn))
+    assert len(entries.by_call) == 2 and entries.counters["entries_built"] == 2
+    del history
+    gc.collect()
+    assert alive() is None  # the tables hold no history
+
+
 def test_fp8_history_training_on_cpu_falls_back_with_sdpa_gradients():
     q, k, v = _qkv(grad=True)
     out = api.attention(q, k, v, fp8=FP8History())

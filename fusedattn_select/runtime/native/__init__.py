@@ -258,6 +258,19 @@ def _graph(module: ModuleType, plan: Any, call_index: tuple[int, ...]) -> Option
     return graph
 
 
+def plan_runner(plan: Any) -> Optional[Any]:
+    """run(buffers) for a plan whose buffers come in its binding order (Plan.run's), through the
+    compiled module; None where none is loaded or it cannot take the plan."""
+    module = load()
+    if module is None:
+        return None
+    graph = _graph(module, plan, tuple(range(len(plan.order))))
+    if graph is None:
+        return None
+    run = module.run_tensors
+    return lambda buffers: run(graph, buffers)
+
+
 def lean_plan(entry: Any, lean: Any) -> Optional[Any]:
     """The compiled LeanPlan of a lean entry, or None where the Python path must run it."""
     if entry.opts.training and lean.grads is None:

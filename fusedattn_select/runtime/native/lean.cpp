@@ -152,6 +152,21 @@ void run(Graph &g, void *const *buffers, at::Tensor const &like) {
     executes.fetch_add(1, std::memory_order_relaxed);
 }
 
+// Run `g` with tensors in its call positions (a Python Plan's binding order: runtime/plans.py).
+void run_tensors(std::shared_ptr<Graph> const &g, std::vector<at::Tensor> const &tensors) {
+    int needed = 0;
+    for (int position : g->call_index) {
+        needed = std::max(needed, position + 1);
+    }
+    TORCH_CHECK(static_cast<int>(tensors.size()) >= needed && tensors.size() <= kMaxBuffers,
+                "fusedattn_select native: the graph takes ", needed, " tensors, got ", tensors.size());
+    void *buffers[kMaxBuffers];
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        buffers[i] = tensors[i].data_ptr();
+    }
+    run(*g, buffers, tensors[0]);
+}
+
 struct Geometry {
     std::vector<int64_t> shape, strides;
 };
@@ -283,6 +298,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("executes", [] { return executes.load(std::memory_order_relaxed); }, "Graphs run so far");
     m.def("stream_check", &stream_check, "Format a number through std::ostream (the build's self-test)");
     m.def("load_graph", &load_graph, "Deserialize a graph on a device, with the call position of each uid");
+    m.def("run_tensors", &run_tensors, "Run a graph on the current stream with tensors in its call positions");
     pybind11::class_<LeanPlan, c10::intrusive_ptr<LeanPlan>>(m, "LeanPlan")
         .def(pybind11::init([](std::shared_ptr<Graph> forward_graph, std::vector<int64_t> out_shape,
                                std::vector<int64_t> out_strides, at::ScalarType out_dtype, bool out_like_q,
