@@ -168,7 +168,7 @@ class FP8History:
             if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("FP8History: run one call outside CUDA-graph capture first "
                                    "(its buffer must be created and zeroed eagerly)")
-            self._buf = torch.zeros((self.length + 2) * 3, dtype=torch.float32, device=device)
+            self._buf = torch.zeros((self.length + 2) * 3 + 1, dtype=torch.float32, device=device)
         elif self._buf.device != device:
             raise ValueError(f"FP8History: created for {self._buf.device}, used with tensors on {device}: "
                              "use one history per call site")

@@ -60,9 +60,10 @@ tl = None  # triton.language once _load_triton() has run: the kernels below name
 class Delayed(NamedTuple):
     """A delayed-scaling history as the kernels see it (see fp8.FP8History).
 
-    `buf` is float32 ((length + 2) * 3,): rows 0..length-1 the amax history (row 0 most recent),
-    row `length` the reduced amax the next call scales with, row `length + 1` scratch for the
-    running amax (zero between calls)."""
+    `buf` is float32 ((length + 2) * 3 + 1,): rows 0..length-1 the amax history (row 0 most
+    recent), row `length` the reduced amax the next call scales with, row `length + 1` scratch for
+    the running amax, and last an int32 count of the cast's finished programs (both zero between
+    calls)."""
 
     buf: torch.Tensor
     length: int
@@ -113,7 +114,7 @@ def _load_triton() -> str | None:
         return f"{type(err).__name__}: {err}"
     tl = language
     names = globals()
-    for name in ("_t_pow2", "_t_amax_range", "_t_scale_of", "_t_cast_one"):
+    for name in ("_t_pow2", "_t_amax_range", "_t_scale_of", "_t_cast_one", "_t_commit"):
         names[name] = triton.jit(names[name])
     for name in ("_k_amax", "_k_cast", "_k_commit", "_k_dequant"):
         _kernels[name] = triton.jit(names[name])
@@ -250,8 +251,9 @@ def scaled_cast(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *,
     record = amax_out is not None
     _kernels["_k_cast"][(blocks,)](
         ((flat, flat, flat), (dst, dst, dst), (x.numel(), 0, 0)), (blocks, blocks),
-        ((scale, 0, 0, 0, 0), (scale, amax_out if record else scale), (top, 1.0, 1.0, float("nan"))),
-        MODE=_FROM_DESCALE if inverse else _FROM_SCALE, RECORD=record, BLOCK=_CAST_BLOCK, num_warps=8)
+        ((scale, 0, 0, 0, 0), (scale, amax_out if record else scale), (top, 1.0, 1.0, float("nan"))), (scale, 0, 0),
+        MODE=_FROM_DESCALE if inverse else _FROM_SCALE, RECORD=record, COMMIT=False, MOST_RECENT=False, LB=1,
+        BLOCK=_CAST_BLOCK, num_warps=8)
     return out
 
 
@@ -308,16 +310,18 @@ def _triton_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: t
         partials = torch.empty(3 * _MAX_PARTIALS, dtype=torch.float32, device=xs[0].device)
         src = (partials, 0) + _launch_amax(xs, partials, atomic=False)
         cur, mode, margin = info, _FROM_PARTIALS, 1.0
+    lb = 1 << max(hist.length - 1, 0).bit_length() if hist is not None else 1
+    # Delayed scaling: the cast's last program records the amaxes (no second launch).
+    commit = (hist.buf, hist.length, blocks[2]) if delayed else (info, 0, 0)
     _kernels["_k_cast"][(blocks[2],)](
         (_padded([_flat(x) for x in xs], _flat(xs[0])), _padded([_flat(y) for y in outs], _flat(outs[0])),
          ns),
-        blocks[:2], (src, (info, cur), (top, max_scale, margin, float("nan"))),
-        MODE=mode, RECORD=delayed, BLOCK=_CAST_BLOCK, num_warps=8)
-    if hist is not None:
-        source = cur if delayed else info[3:]
-        lb = 1 << max(hist.length - 1, 0).bit_length()
-        _kernels["_k_commit"][(1,)](hist.buf, source, info, hist.length,
-                                     MOST_RECENT=hist.most_recent, FROM_CUR=delayed, LB=lb, num_warps=4)
+        blocks[:2], (src, (info, cur), (top, max_scale, margin, float("nan"))), commit,
+        MODE=mode, RECORD=delayed, COMMIT=delayed, MOST_RECENT=hist is not None and hist.most_recent, LB=lb,
+        BLOCK=_CAST_BLOCK, num_warps=8)
+    if hist is not None and not delayed:  # the first call of a history: its current-scaling amaxes
+        _kernels["_k_commit"][(1,)](hist.buf, info[3:], info, hist.length,
+                                     MOST_RECENT=hist.most_recent, FROM_CUR=False, LB=lb, num_warps=4)
     return outs
 
 
@@ -394,10 +398,12 @@ def _t_cast_one(io, b, T: tl.constexpr, scaling, MODE: tl.constexpr, RECORD: tl.
         tl.atomic_max(outs[1] + T, tl.max(tl.abs(v), axis=0), sem="relaxed")
 
 
-def _k_cast(io, ends, scaling, MODE: tl.constexpr, RECORD: tl.constexpr, BLOCK: tl.constexpr):
+def _k_cast(io, ends, scaling, commit, MODE: tl.constexpr, RECORD: tl.constexpr, COMMIT: tl.constexpr,
+            MOST_RECENT: tl.constexpr, LB: tl.constexpr, BLOCK: tl.constexpr):
     # io is (xs, ys, ns): ys[i] = saturate(xs[i] * scale_i) for the programs of tensor i (ends as in
     # _k_amax). scaling is (src, outs, consts): src as _t_scale_of reads it, outs (info, running
-    # amax), consts (top, max scale, margin factor, NaN).
+    # amax), consts (top, max scale, margin factor, NaN). With COMMIT, commit is (history buffer,
+    # length, programs): the last program to finish commits the running amax (as _k_commit).
     pid = tl.program_id(0)
     if pid < ends[0]:
         _t_cast_one(io, pid, 0, scaling, MODE, RECORD, BLOCK)
@@ -405,15 +411,28 @@ def _k_cast(io, ends, scaling, MODE: tl.constexpr, RECORD: tl.constexpr, BLOCK: 
         _t_cast_one(io, pid - ends[0], 1, scaling, MODE, RECORD, BLOCK)
     else:
         _t_cast_one(io, pid - ends[1], 2, scaling, MODE, RECORD, BLOCK)
+    if COMMIT:
+        buf, length, programs = commit
+        tl.debug_barrier()  # this program's amax folded in before it counts itself done
+        count = (buf + (length + 2) * 3).to(tl.pointer_type(tl.int32))
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == programs - 1:
+            _t_commit(buf, scaling[1][1], scaling[1][0], length, MOST_RECENT, True, LB)
+            tl.store(count, 0)
 
 
 def _k_commit(buf, src, info, length, MOST_RECENT: tl.constexpr, FROM_CUR: tl.constexpr,
               LB: tl.constexpr):
+    _t_commit(buf, src, info, length, MOST_RECENT, FROM_CUR, LB)
+
+
+def _t_commit(buf, src, info, length, MOST_RECENT: tl.constexpr, FROM_CUR: tl.constexpr,
+              LB: tl.constexpr):
     # One program: rows shift down one, row 0 = src[0:3], the reduced amax row is updated; with
-    # FROM_CUR src is the running amax: it is copied to info[3:6] and zeroed.
+    # FROM_CUR src is the running amax (read past the L1 cache: other programs folded into it): it
+    # is copied to info[3:6] and zeroed.
     cols = tl.arange(0, 4)
     valid = cols < 3
-    new = tl.load(src + cols, mask=valid, other=0.0)
+    new = tl.load(src + cols, mask=valid, other=0.0, volatile=True)
     rows = tl.arange(0, LB)[:, None]
     keep = (rows < length - 1) & valid[None, :]
     old = tl.load(buf + rows * 3 + cols[None, :], mask=keep, other=0.0)
