@@ -4,8 +4,8 @@ delayed-scaling history update, and dequantization.
 Every operation has a Triton kernel and a torch fallback with the same results (the same fp8 bytes
 for the same scale, for finite inputs; NaN/inf inputs give NaN/saturated bytes, but their amax
 and scale are unspecified). The Triton kernels run on CUDA tensors whose memory is dense in some
-dim order (a BHSD view of BSHD, SBHD or BHSD memory): they walk the memory in storage order, and
-outputs get the input's strides. Anything else (CPU tensors, views into packed buffers, Triton
+dim order (a BHSD view of BSHD, SBHD or BHSD memory): they walk the memory in storage order from
+the tensor's first element (the start of dense memory), and outputs get the input's strides. Anything else (CPU tensors, views into packed buffers, Triton
 missing, a GPU without FP8 conversions) runs the fallback, whose outputs also keep the input's
 strides where it is dense. Scales are read from device memory and nothing waits for the host, so
 both paths can be captured in a CUDA graph (call once before capturing: Triton compiles on the
@@ -145,11 +145,6 @@ def uses_triton(*tensors: torch.Tensor) -> bool:
             and backend() == "triton" and _device_info(tensors[0].device)[0])
 
 
-def _flat(x: torch.Tensor) -> torch.Tensor:
-    """The memory of a dense tensor as a 1-D tensor in storage order."""
-    return x.as_strided((x.numel(),), (1,))
-
-
 def _like(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=x.device)
 
@@ -247,10 +242,9 @@ def scaled_cast(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *,
         return out
     out = _like(x, fp8_dtype)
     blocks = -(-x.numel() // _CAST_BLOCK)
-    flat, dst = _flat(x), _flat(out)
     record = amax_out is not None
     _kernels["_k_cast"][(blocks,)](
-        ((flat, flat, flat), (dst, dst, dst), (x.numel(), 0, 0)), (blocks, blocks),
+        ((x, x, x), (out, out, out), (x.numel(), 0, 0)), (blocks, blocks),
         ((scale, 0, 0, 0, 0), (scale, amax_out if record else scale), (top, 1.0, 1.0, float("nan"))), (scale, 0, 0),
         MODE=_FROM_DESCALE if inverse else _FROM_SCALE, RECORD=record, COMMIT=False, MOST_RECENT=False, LB=1,
         BLOCK=_CAST_BLOCK, num_warps=8)
@@ -266,7 +260,7 @@ def dequantize(x8: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> t
     out = _like(x8, dtype)
     n = x8.numel()
     _kernels["_k_dequant"][(-(-n // _DEQUANT_BLOCK),)](
-        _flat(x8), _flat(out), n, descale, BLOCK=_DEQUANT_BLOCK, num_warps=8)
+        x8, out, n, descale, BLOCK=_DEQUANT_BLOCK, num_warps=8)
     return out
 
 
@@ -288,8 +282,7 @@ def _launch_amax(xs: Sequence[torch.Tensor], out: torch.Tensor, atomic: bool) ->
     target = 3 * _device_info(xs[0].device)[1]
     counts = [min(-(-n // _AMAX_BLOCK), _MAX_PARTIALS, max(1, round(target * n / total))) for n in ns]
     ends = _ends(counts)
-    flats = _padded([_flat(x) for x in xs], _flat(xs[0]))
-    _kernels["_k_amax"][(ends[2],)](flats, tuple(ns), ends, out, ATOMIC=atomic, BLOCK=_AMAX_BLOCK, num_warps=8)
+    _kernels["_k_amax"][(ends[2],)](_padded(xs, xs[0]), tuple(ns), ends, out, ATOMIC=atomic, BLOCK=_AMAX_BLOCK, num_warps=8)
     return ends
 
 
@@ -314,8 +307,7 @@ def _triton_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: t
     # Delayed scaling: the cast's last program records the amaxes (no second launch).
     commit = (hist.buf, hist.length, blocks[2]) if delayed else (info, 0, 0)
     _kernels["_k_cast"][(blocks[2],)](
-        (_padded([_flat(x) for x in xs], _flat(xs[0])), _padded([_flat(y) for y in outs], _flat(outs[0])),
-         ns),
+        (_padded(xs, xs[0]), _padded(outs, outs[0]), ns),
         blocks[:2], (src, (info, cur), (top, max_scale, margin, float("nan"))), commit,
         MODE=mode, RECORD=delayed, COMMIT=delayed, MOST_RECENT=hist is not None and hist.most_recent, LB=lb,
         BLOCK=_CAST_BLOCK, num_warps=8)

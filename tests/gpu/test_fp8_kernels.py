@@ -66,13 +66,13 @@ def test_current_scaling_matches_fallback(use, layout, dtype, fp8):
         assert a.stride() == {"q": q, "k": k, "v": v}[name].stride()
     assert torch.equal(got[3][:6], want[3][:6])
     assert got[3][6].item() == pytest.approx(want[3][6].item(), rel=1e-5)
-    assert got[3][7].item() == 1.0
+    assert torch.equal(got[3][7:9], want[3][7:9]) and got[3][7] == got[3][2]  # O's scales are V's
 
 
 @pytest.mark.parametrize("dims", [(1, 1, 1, 8), (2, 3, 4099, 64), (2, 32, 4096, 128)])
 def test_sizes_from_one_block_to_many_programs(use, dims):
     q, k, v = _qkv("bshd", dims=dims, hkv=max(1, dims[1] // 4), mult=(5.0, 0.2, 40.0))
-    fp8k._flat(q)[-1] = 2000.0  # the amax in the very last element of memory
+    q.as_strided((q.numel(),), (1,))[-1] = 2000.0  # the amax in the very last element of memory
     got, want = _both(use, lambda: quantize_qkv(q, k, v, E4M3))
     for name, a, b in zip("qkv", got[:3], want[:3]):
         _same(a, b, name)
