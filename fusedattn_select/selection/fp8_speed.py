@@ -143,4 +143,4 @@ def forward_note(fingerprint: Fingerprint) -> str:
     return _tell_once(record, FORWARD_QUANTIZED, fingerprint,
                       "fusedattn_select: fp8=True may not be faster than bf16 here: %s; delayed scaling "
                       "(fp8=FP8History()) skips the amax pass, and FP8 output "
-                      "(FP8Scales(o_dtype=torch.float8_e4m3fn)) the pass back to bf16")
+                      "(FP8History(o_dtype=torch.float8_e4m3fn)) the pass back to bf16")
