@@ -194,12 +194,10 @@ class Plan:
         return self._uids is not None
 
     def run(self, buffers: tuple[Any, ...]) -> None:
-        """Run the graph on the current stream with `buffers` in `self.order` (inputs, then outputs):
-        tensors as the graph declared them (or, where `binds_by_declaration`, holding that memory).
-        Once one run has bound them in order, the compiled module runs the plan where it is built."""
+        """Run the graph on the current stream, `buffers` in `self.order` (inputs, then outputs) as declared
+        or, where `binds_by_declaration`, holding that memory; once bound in order, by the compiled module."""
         if self._native is not None:
-            self._native(buffers)
-            return
+            return self._native(buffers)
         handle, stream = _prepare_handle(self.device)
         workspace = workspace_for(self.device, self.workspace_size, stream)
         direct = self._direct
@@ -228,7 +226,6 @@ class Plan:
         self._ordered_checked = True
         self.graph.execute(dict(zip(self._slots, buffers)), workspace, handle=handle)
         _stats["executes"] += 1
-
 
     def _launch(self, direct: launch.Launcher, buffers: tuple[Any, ...], workspace: torch.Tensor, handle: Any
                 ) -> bool:
