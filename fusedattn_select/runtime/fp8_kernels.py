@@ -5,9 +5,9 @@ Every operation has a Triton kernel and a torch fallback with the same results (
 for the same scale, for finite inputs; NaN/inf inputs give NaN/saturated bytes, but their amax
 and scale are unspecified). The Triton kernels run on CUDA tensors whose memory is dense in some
 dim order (a BHSD view of BSHD, SBHD or BHSD memory): they walk the memory in storage order from
-the tensor's first element (the start of dense memory), and outputs get the input's strides. Anything else (CPU tensors, views into packed buffers, Triton
-missing, a GPU without FP8 conversions) runs the fallback, whose outputs also keep the input's
-strides where it is dense. Scales are read from device memory and nothing waits for the host, so
+the tensor's first element (the start of dense memory), and outputs get the input's strides.
+Anything else (CPU tensors, views into packed buffers, Triton missing, a GPU without FP8
+conversions) runs the fallback, whose outputs also keep the input's strides where it is dense. Scales are read from device memory and nothing waits for the host, so
 both paths can be captured in a CUDA graph (call once before capturing: Triton compiles on the
 first call).
 
@@ -205,9 +205,9 @@ def quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, hist: Delayed |
     """(fp8 copies of 1 to 3 same-dtype tensors, a float32 vector laid out as STATE).
 
     Entry i of the vector is tensor i's descale, entry 3 + i its amax; entry 6 is NaN; with three
-    tensors, entries 7 and 8 are the third's descale and scale again. Current scaling (scale from each tensor's amax) unless `hist` holds a recorded history:
-    then the scales come from it (no amax pass before the cast) and values beyond the delayed scale
-    saturate. With `hist`, the amaxes of this call are recorded into it (rows shift down one).
+    tensors, entries 7 and 8 are the third's descale and scale again. Current scaling (scale from
+    each tensor's amax) unless `hist` holds a recorded history: then the scales come from it (no
+    amax pass before the cast) and values beyond the delayed scale saturate. With `hist`, the amaxes of this call are recorded into it (rows shift down one).
     """
     if not 1 <= len(xs) <= 3:
         raise ValueError(f"quantize takes 1 to 3 tensors, got {len(xs)}")
@@ -312,8 +312,8 @@ def _triton_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: t
         MODE=mode, RECORD=delayed, COMMIT=delayed, MOST_RECENT=hist is not None and hist.most_recent, LB=lb,
         BLOCK=_CAST_BLOCK, num_warps=8)
     if hist is not None and not delayed:  # the first call of a history: its current-scaling amaxes
-        _kernels["_k_commit"][(1,)](hist.buf, info[3:], info, hist.length,
-                                     MOST_RECENT=hist.most_recent, FROM_CUR=False, LB=lb, num_warps=4)
+        _kernels["_k_commit"][(1,)](hist.buf, info[3:], info, hist.length, MOST_RECENT=hist.most_recent, LB=lb,
+                                     num_warps=4)
     return outs
 
 
@@ -412,9 +412,9 @@ def _k_cast(io, ends, scaling, commit, MODE: tl.constexpr, RECORD: tl.constexpr,
             tl.store(count, 0)
 
 
-def _k_commit(buf, src, info, length, MOST_RECENT: tl.constexpr, FROM_CUR: tl.constexpr,
-              LB: tl.constexpr):
-    _t_commit(buf, src, info, length, MOST_RECENT, FROM_CUR, LB)
+def _k_commit(buf, src, info, length, MOST_RECENT: tl.constexpr, LB: tl.constexpr):
+    # A history's first call: its current-scaling amaxes (src, info[3:6]) recorded.
+    _t_commit(buf, src, info, length, MOST_RECENT, False, LB)
 
 
 def _t_commit(buf, src, info, length, MOST_RECENT: tl.constexpr, FROM_CUR: tl.constexpr,
