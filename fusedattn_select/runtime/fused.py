@@ -181,6 +181,7 @@ class FusedAttention(torch.autograd.Function):
         saved = fused_forward(entry, q, k, v, inputs, scales)
         ctx.entry = entry
         ctx.saved_fp8 = saved.fp8
+        ctx.set_materialize_grads(False)  # lse takes no gradient: no zeros made for it
         ctx.save_for_backward(q, k, v, saved.out, saved.stats, saved.rng, *inputs)
         qb = bhsd(q, entry.opts.layout)
         stats = entry.lse(saved.stats, qb.shape[0], qb.shape[2])
@@ -191,6 +192,8 @@ class FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, stats, rng, *optional = ctx.saved_tensors
+        if grad_out is None:  # (no gradient reached the output: grads are not materialized)
+            grad_out = torch.zeros_like(out)
         inputs = OptionalInputs(*optional)
         dq, dk, dv, dbias, dsink = fused_backward(ctx.entry, grad_out, q, k, v, inputs,
                                                   Saved(out, stats, rng, ctx.saved_fp8))

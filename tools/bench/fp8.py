@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from tools.bench.common import (
     BACKWARD_FLOP_FACTOR,
@@ -16,6 +16,7 @@ from tools.bench.common import (
     fmt_num,
     fmt_ratio,
     fmt_stat,
+    in_turns,
     log,
     md_table,
     median_of,
@@ -26,6 +27,8 @@ from tools.bench.common import (
 )
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file
 from tools.bench.tensors import cosine, cuda_times, kernel_profile, qkv, rel_err, to_bhsd
+
+TRAINING_ROUNDS = 5  # rounds of the training rows (each `reps` calls per implementation)
 
 
 @dataclass
@@ -50,17 +53,37 @@ class _Rows:
             log(traceback.format_exc())
         return row
 
-    def kernels(self, name: str, fn: Callable, work: float, base: dict) -> None:
+    def in_turns(self, calls: Sequence[tuple[str, Callable]], work: float) -> list[dict]:
+        """Rows of calls timed in turns: TRAINING_ROUNDS rounds of `reps` calls each, the order
+        rotating, so a GPU or host whose speed drifts during the run weighs on every call alike."""
+        rows = [{"name": name} for name, _ in calls]
+        self.rows.extend(rows)
+
+        def timer(fn: Callable) -> Callable:
+            return lambda first: {"ms": cuda_times(self.torch, fn, self.reps, self.warm if first else 2)}
+
+        samples = in_turns([(name, timer(fn)) for name, fn in calls], TRAINING_ROUNDS)
+        for row in rows:
+            got = samples[row["name"]]
+            if "error" in got:
+                row["status"] = error_status(got["error"])
+                continue
+            row["ms"] = summarize(got["ms"], "ms")
+            row["tflops"] = tflops(work, median_of(row["ms"]))
+        return rows
+
+    def kernels(self, name: str, fn: Callable, work: float, base: dict | None) -> dict:
         """A row of the GPU time of fn's kernels (torch.profiler; median of 3 profiles of 20 calls)."""
         row: dict[str, Any] = {"name": name}
         self.rows.append(row)
         try:
             row["ms"] = summarize([sum(kernel_profile(self.torch, fn, 20).values()) for _ in range(3)], "ms")
             row["tflops"] = tflops(work, median_of(row["ms"]))
-            row["ratio_to_bf16"] = ratio(row["ms"], base["ms"]) if base.get("ms") else None
+            row["ratio_to_bf16"] = ratio(row["ms"], base["ms"]) if base and base.get("ms") else None
         except Exception as err:  # noqa: BLE001
             row["status"] = error_status(err)
             log(traceback.format_exc())
+        return row
 
 
 def measure(torch: Any, r: dict, args: Mapping) -> None:
@@ -174,9 +197,11 @@ def _quantize_rows(torch: Any, rows: _Rows, tensors: tuple, base: dict) -> None:
 
 
 def _training(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> None:
-    """Forward + backward, bf16 vs fp8."""
+    """Forward + backward: bf16, FP8 with current scaling and FP8 with delayed scaling, timed in turns
+    (TRAINING_ROUNDS rounds, the order rotating), then the GPU time of each step's kernels."""
     from fusedattn_select import select
     from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info
+    from fusedattn_select.runtime.fp8 import FP8History
 
     qg, kg, vg = (t.detach().requires_grad_(True) for t in tensors)
     grads_of = (qg, kg, vg)
@@ -190,12 +215,26 @@ def _training(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, fl
     torch.autograd.grad(attention(qg, kg, vg, fp8=True, **kwargs), grads_of, grad)
     torch.cuda.synchronize()
     r["fp8_training_fallback_calls"] = dispatch_info().get("fallback_calls", 0) - before.get("fallback_calls", 0)
+    history = FP8History()  # steady-state training: scales from the amaxes the earlier steps recorded
+
+    def step(fp8: Any) -> Callable:
+        if fp8 is None:
+            return lambda _: torch.autograd.grad(attention(qg, kg, vg, **kwargs), grads_of, grad)
+        return lambda _: torch.autograd.grad(attention(qg, kg, vg, fp8=fp8, **kwargs), grads_of, grad)
+
     work = flops * (1 + BACKWARD_FLOP_FACTOR)
-    base = rows.add("bf16 attention() fwd+bwd (training)",
-                    lambda _: torch.autograd.grad(attention(qg, kg, vg, **kwargs), grads_of, grad), work=work)
-    rows.add("fp8 attention(fp8=True) fwd+bwd incl. quantization (training)",
-             lambda _: torch.autograd.grad(attention(qg, kg, vg, fp8=True, **kwargs), grads_of, grad),
-             work=work, base=base)
+    steps = (("bf16 attention() fwd+bwd (training)", step(None)),
+             ("fp8 attention(fp8=True) fwd+bwd incl. quantization (training)", step(True)),
+             ("fp8 attention(fp8=FP8History()) fwd+bwd incl. quantization, delayed scaling (training)",
+              step(history)))
+    timed = rows.in_turns(steps, work)
+    for row in timed[1:]:
+        row["ratio_to_bf16"] = ratio(row.get("ms"), timed[0].get("ms")) if timed[0].get("ms") else None
+    base = None  # the kernels of the bf16 step, which the FP8 steps' kernels are compared with
+    for label, fn in steps:
+        row = rows.kernels(f"GPU kernels of {label.split(' (')[0]} (the sum of its kernels' times: no host gaps)",
+                           fn, work, base)
+        base = base or row
 
 
 def _cos(x: Any) -> str:
