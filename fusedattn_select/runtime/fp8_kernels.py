@@ -43,7 +43,11 @@ MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32
 STATE = ("descale_q", "descale_k", "descale_v", "amax_q", "amax_k", "amax_v", "vnorm", "descale_o", "scale_o",
          "amax_s", "amax_o")
 
-_AMAX_BLOCK = 4096
+# The amax pass: BLOCK elements per program and step, AMAX_PROGRAMS_PER_SM programs per SM. On the
+# H100 (b2 h32/8 d128 q, k, v) this reads 2.8-3.0 TB/s against 2.4-2.5 with 4096 and 3 per SM
+# (tools/bench_amax.py, tools/results/fp8-amax-h100.json).
+_AMAX_BLOCK = 16384
+_AMAX_PROGRAMS_PER_SM = 6
 _CAST_BLOCK = 8192
 _DEQUANT_BLOCK = 8192
 _MAX_PARTIALS = 1024  # literal in _t_scale_of: programs of the amax kernel per tensor, at most
@@ -279,7 +283,7 @@ def _launch_amax(xs: Sequence[torch.Tensor], out: torch.Tensor, atomic: bool) ->
     """Run the amax kernel; returns the end of each tensor's programs (their partials' slots)."""
     ns = [x.numel() for x in xs] + [0] * (3 - len(xs))
     total = sum(ns)
-    target = 3 * _device_info(xs[0].device)[1]
+    target = _AMAX_PROGRAMS_PER_SM * _device_info(xs[0].device)[1]
     counts = [min(-(-n // _AMAX_BLOCK), _MAX_PARTIALS, max(1, round(target * n / total))) for n in ns]
     ends = _ends(counts)
     _kernels["_k_amax"][(ends[2],)](_padded(xs, xs[0]), tuple(ns), ends, out, ATOMIC=atomic, BLOCK=_AMAX_BLOCK, num_warps=8)
