@@ -29,7 +29,10 @@ MATCHED = ("device_name", "compute_capability", "cudnn_backend_version")
 # Phases of the rows: the raw graphs, and attention(fp8=True) against bf16 attention() (inference).
 FORWARD, BACKWARD, FORWARD_QUANTIZED = "forward", "backward", "forward_quantized"
 PHASE_TEXT = {FORWARD_QUANTIZED: "forward of attention(fp8=True), quantization included,"}
-NOT_FASTER = 1.05  # a speedup under this is "no faster" (within the runs' spread)
+# A speedup under this is "no faster": the spread between runs and hosts. On the H100 the forward
+# through attention(fp8=True) at b2 s4096 measured 0.95-1.04x in the benches (tools/results) and
+# 1.04-1.06x in the speed records; 1.05 would call it faster on one record and slower on a bench.
+NOT_FASTER = 1.10
 
 
 @dataclass(frozen=True)
