@@ -67,6 +67,7 @@ class _Rows:
             got = samples[row["name"]]
             if "error" in got:
                 row["status"] = error_status(got["error"])
+                log("".join(traceback.format_exception(got["error"])))
                 continue
             row["ms"] = summarize(got["ms"], "ms")
             row["tflops"] = tflops(work, median_of(row["ms"]))
