@@ -20,15 +20,6 @@ PROGRAMS_PER_SM = (3, 4, 6, 8)
 WARPS = (4, 8)
 
 
-def _launch(torch: Any, fk: Any, xs: tuple, out: Any, block: int, per_sm: int, warps: int) -> tuple:
-    ns = [x.numel() for x in xs]
-    target = per_sm * torch.cuda.get_device_properties(xs[0].device).multi_processor_count
-    counts = [min(-(-n // block), fk._MAX_PARTIALS, max(1, round(target * n / sum(ns)))) for n in ns]
-    ends = fk._ends(counts)
-    fk._kernels["_k_amax"][(ends[2],)](xs, tuple(ns), ends, out, ATOMIC=False, BLOCK=block, num_warps=warps)
-    return ends
-
-
 def _mean_us(torch: Any, fn: Any, launches: int = 50) -> float:
     for _ in range(5):
         fn()
@@ -71,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         out = torch.empty(3 * fk._MAX_PARTIALS, device="cuda")
         rows = []
         for block, per_sm, warps in itertools.product(BLOCKS, PROGRAMS_PER_SM, WARPS):
-            ends = _launch(torch, fk, xs, out, block, per_sm, warps)
+            ends = fk._launch_amax(xs, out, False, block, per_sm, warps)
             got = torch.stack([out[a:b].max() for a, b in zip((0,) + ends[:2], ends)])
             exact = torch.equal(got, want)
             failed |= not exact
-            us = _mean_us(torch, lambda b=block, p=per_sm, w=warps: _launch(torch, fk, xs, out, b, p, w))
+            us = _mean_us(torch, lambda b=block, p=per_sm, w=warps: fk._launch_amax(xs, out, False, b, p, w))
             rows.append({"block": block, "programs_per_sm": per_sm, "warps": warps, "us": round(us, 1),
                          "tb_per_s": round(gbytes / us * 1e3, 2), "exact": exact,
                          "used": (block, per_sm, warps) == used})

@@ -7,9 +7,9 @@ and scale are unspecified). The Triton kernels run on CUDA tensors whose memory 
 dim order (a BHSD view of BSHD, SBHD or BHSD memory): they walk the memory in storage order from
 the tensor's first element (the start of dense memory), and outputs get the input's strides.
 Anything else (CPU tensors, views into packed buffers, Triton missing, a GPU without FP8
-conversions) runs the fallback, whose outputs also keep the input's strides where it is dense. Scales are read from device memory and nothing waits for the host, so
-both paths can be captured in a CUDA graph (call once before capturing: Triton compiles on the
-first call).
+conversions) runs the fallback, whose outputs also keep the input's strides where it is dense.
+Scales are read from device memory and nothing waits for the host, so both paths can be captured
+in a CUDA graph (call once before capturing: Triton compiles on the first call).
 
 Scales are powers of two: `scale = 2**floor(log2(top / amax))`, times `2**-margin`, at most the
 largest power of two the compute dtype holds. The quotient is rounded to float32 before its
@@ -211,7 +211,8 @@ def quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, hist: Delayed |
     Entry i of the vector is tensor i's descale, entry 3 + i its amax; entry 6 is NaN; with three
     tensors, entries 7 and 8 are the third's descale and scale again. Current scaling (scale from
     each tensor's amax) unless `hist` holds a recorded history: then the scales come from it (no
-    amax pass before the cast) and values beyond the delayed scale saturate. With `hist`, the amaxes of this call are recorded into it (rows shift down one).
+    amax pass before the cast) and values beyond the delayed scale saturate. With `hist`, the
+    amaxes of this call are recorded into it (rows shift down one).
     """
     if not 1 <= len(xs) <= 3:
         raise ValueError(f"quantize takes 1 to 3 tensors, got {len(xs)}")
@@ -279,14 +280,17 @@ def _ends(counts: Sequence[int]) -> tuple[int, int, int]:
     return e0, e1, e1 + counts[2]
 
 
-def _launch_amax(xs: Sequence[torch.Tensor], out: torch.Tensor, atomic: bool) -> tuple[int, int, int]:
-    """Run the amax kernel; returns the end of each tensor's programs (their partials' slots)."""
+def _launch_amax(xs: Sequence[torch.Tensor], out: torch.Tensor, atomic: bool, block: int = _AMAX_BLOCK,
+                 programs_per_sm: int = _AMAX_PROGRAMS_PER_SM, warps: int = 8) -> tuple[int, int, int]:
+    """Run the amax kernel; returns the end of each tensor's programs (their partials' slots). The
+    launch shape is the defaults' except in tools/bench_amax.py, which compares others."""
     ns = [x.numel() for x in xs] + [0] * (3 - len(xs))
     total = sum(ns)
-    target = _AMAX_PROGRAMS_PER_SM * _device_info(xs[0].device)[1]
-    counts = [min(-(-n // _AMAX_BLOCK), _MAX_PARTIALS, max(1, round(target * n / total))) for n in ns]
+    target = programs_per_sm * _device_info(xs[0].device)[1]
+    counts = [min(-(-n // block), _MAX_PARTIALS, max(1, round(target * n / total))) for n in ns]
     ends = _ends(counts)
-    _kernels["_k_amax"][(ends[2],)](_padded(xs, xs[0]), tuple(ns), ends, out, ATOMIC=atomic, BLOCK=_AMAX_BLOCK, num_warps=8)
+    _kernels["_k_amax"][(ends[2],)](_padded(xs, xs[0]), tuple(ns), ends, out, ATOMIC=atomic, BLOCK=block,
+                                    num_warps=warps)
     return ends
 
 
