@@ -393,3 +393,28 @@ def test_tensor_views_follow_the_library_layouts():
     out = torch.zeros(2, 3, 5, 4)
     assert tuple(tensors.from_layout(t, "bshd", out).shape) == (2, 3, 5, 4)
     assert tensors.rel_err(torch.ones(3), torch.ones(3)) == 0.0
+
+
+def test_tiny_rows_compare_within_their_kind_and_name_the_path():
+    from tools.bench import host_overhead
+
+    def stat(us):
+        return common.summarize([us], "us")
+
+    rows = [{"name": name, "kind": host_overhead._kind(name), "us": stat(us)} for name, us in (
+        ("attention()", 20.0), ("torch SDPA (its default backend choice)", 30.0),
+        ("attention()" + host_overhead.TRAINING, 200.0),
+        ("torch SDPA (its default backend choice)" + host_overhead.TRAINING, 100.0),
+        ("attention()" + host_overhead.TRAINING + host_overhead.CALLING_THREAD, 80.0),
+        ("torch SDPA (its default backend choice)" + host_overhead.TRAINING + host_overhead.CALLING_THREAD, 120.0))]
+    text = host_overhead.render({"shape": "b1", "calls": 10, "rows": rows,
+                                 "attention_path": {"inference": "compiled", "training": "python"}})
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert lines["torch SDPA (its default backend choice)"].endswith("| 1.50x |")
+    assert lines["torch SDPA (its default backend choice) fwd+bwd (training)"].endswith("| 0.5x |")
+    assert lines["torch SDPA (its default backend choice) fwd+bwd (training), autograd on the calling "
+                 "thread"].endswith("| 1.50x |")
+    assert "compiled path for inference and the python path for training" in text
+    # a result recorded before rows carried their kind renders by name alike
+    old = host_overhead.render({"rows": [{k: v for k, v in r.items() if k != "kind"} for r in rows]})
+    assert old.count("| 1.50x |") == 2

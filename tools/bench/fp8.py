@@ -28,7 +28,7 @@ from tools.bench.common import (
 from tools.bench.problems import attention_kwargs, dispatch_format, load_file
 from tools.bench.tensors import cosine, cuda_times, kernel_profile, qkv, rel_err, to_bhsd
 
-TRAINING_ROUNDS = 5  # rounds of the training rows (each `reps` calls per implementation)
+ROUNDS = 5  # rounds of the rows timed in turns (each `reps` calls per implementation)
 
 
 @dataclass
@@ -54,15 +54,15 @@ class _Rows:
         return row
 
     def in_turns(self, calls: Sequence[tuple[str, Callable]], work: float) -> list[dict]:
-        """Rows of calls timed in turns: TRAINING_ROUNDS rounds of `reps` calls each, the order
-        rotating, so a GPU or host whose speed drifts during the run weighs on every call alike."""
+        """Rows of calls timed in turns: ROUNDS rounds of `reps` calls each, the order rotating, so a
+        GPU or host whose speed drifts during the run weighs on every call alike."""
         rows = [{"name": name} for name, _ in calls]
         self.rows.extend(rows)
 
         def timer(fn: Callable) -> Callable:
             return lambda first: {"ms": cuda_times(self.torch, fn, self.reps, self.warm if first else 2)}
 
-        samples = in_turns([(name, timer(fn)) for name, fn in calls], TRAINING_ROUNDS)
+        samples = in_turns([(name, timer(fn)) for name, fn in calls], ROUNDS)
         for row in rows:
             got = samples[row["name"]]
             if "error" in got:
@@ -126,21 +126,25 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
         r["fp8_fallback_calls"] = after.get("fallback_calls", 0) - before.get("fallback_calls", 0)
         r["fp8_vs_bf16_rel_err"], r["fp8_vs_bf16_cosine"] = rel_err(out8, ref), cosine(out8, ref)
         r["bf16_plan"] = steady_plans(lambda: attention(q, k, v, **kwargs), q, k, v, False, **kwargs)  # its own plans
-        base = rows.add("bf16 attention() fwd (inference)", lambda _: attention(q, k, v, **kwargs), work=flops)
-        rows.add("fp8 attention(fp8=True) fwd incl. quantization (inference)",
-                 lambda _: attention(q, k, v, fp8=True, **kwargs), work=flops, base=base)
         # Delayed scaling: the scales come from the amax history of earlier calls (no amax pass).
         history = FP8History()
         attention(q, k, v, fp8=history, **kwargs)  # the first call scales from its own amax and records it
         delayed = attention(q, k, v, fp8=history, **kwargs)
         r["fp8_delayed_vs_bf16_rel_err"], r["fp8_delayed_vs_bf16_cosine"] = rel_err(delayed, ref), cosine(delayed, ref)
-        rows.add("fp8 attention(fp8=FP8History()) fwd incl. quantization, delayed scaling (inference)",
-                 lambda _: attention(q, k, v, fp8=history, **kwargs), work=flops, base=base)
         # FP8 output (an FP8Tensor) for a caller whose next operation takes FP8: no conversion pass.
         history8 = FP8History(o_dtype=torch.float8_e4m3fn)
         r["fp8_output_vs_bf16_cosine"] = cosine(attention(q, k, v, fp8=history8, **kwargs).dequantize(ref.dtype), ref)
-        rows.add("fp8 attention(fp8=FP8History(o_dtype=float8_e4m3fn)) fwd incl. quantization, delayed scaling, "
-                 "FP8 output (inference)", lambda _: attention(q, k, v, fp8=history8, **kwargs), work=flops, base=base)
+        # In turns: the GPU's clock drifts over a run, and the ratios compare these rows.
+        base, *timed = rows.in_turns((
+            ("bf16 attention() fwd (inference)", lambda _: attention(q, k, v, **kwargs)),
+            ("fp8 attention(fp8=True) fwd incl. quantization (inference)",
+             lambda _: attention(q, k, v, fp8=True, **kwargs)),
+            ("fp8 attention(fp8=FP8History()) fwd incl. quantization, delayed scaling (inference)",
+             lambda _: attention(q, k, v, fp8=history, **kwargs)),
+            ("fp8 attention(fp8=FP8History(o_dtype=float8_e4m3fn)) fwd incl. quantization, delayed scaling, "
+             "FP8 output (inference)", lambda _: attention(q, k, v, fp8=history8, **kwargs))), flops)
+        for row in timed:
+            row["ratio_to_bf16"] = ratio(row.get("ms"), base["ms"]) if base.get("ms") else None
         for label, fp8 in (("current scaling", True), ("delayed scaling", history)):
             rows.kernels(f"GPU kernels of attention(fp8=...) fwd, {label} (the sum of its kernels' times: no host gaps)",
                          lambda _, fp8=fp8: attention(q, k, v, fp8=fp8, **kwargs), flops, base)
@@ -199,7 +203,7 @@ def _quantize_rows(torch: Any, rows: _Rows, tensors: tuple, base: dict) -> None:
 
 def _training(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> None:
     """Forward + backward: bf16, FP8 with current scaling and FP8 with delayed scaling, timed in turns
-    (TRAINING_ROUNDS rounds, the order rotating), then the GPU time of each step's kernels."""
+    (ROUNDS rounds, the order rotating), then the GPU time of each step's kernels."""
     from fusedattn_select import select
     from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info
     from fusedattn_select.runtime.fp8 import FP8History
@@ -245,7 +249,9 @@ def _cos(x: Any) -> str:
 def render(fp8: Mapping) -> str:
     if fp8.get("rows"):
         return (f"FP8 ({fp8.get('shape', '')}): `attention(fp8=True)` (quantization of q, k, v "
-                "inside the call) vs bf16 `attention()`.\n\n" + md_table(
+                "inside the call) vs bf16 `attention()`. The four `attention()` inference rows and the three "
+                "training rows are each timed in turns (5 rounds, the order rotating); the other rows one "
+                "after another.\n\n" + md_table(
                     ("measurement", "ms", "TFLOPS", "ratio to bf16"),
                     [(r.get("name"), fmt_stat(r.get("ms")) if r.get("ms") else r.get("status", "n/a"),
                       fmt_num(r.get("tflops")), fmt_ratio(r.get("ratio_to_bf16")))

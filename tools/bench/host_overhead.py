@@ -1,6 +1,10 @@
 """Section 5, tiny-problem part: per-call host+GPU time of attention() vs a raw cuDNN graph execute
 vs torch SDPA on a problem small enough that the host's work per call dominates. The timed batches
-of the implementations take turns (common.in_turns): a host busy for a while weighs on all alike."""
+of the implementations take turns (common.in_turns): a host busy for a while weighs on all alike.
+
+A training call's backward runs on autograd's device thread: handing it over and back costs two
+thread wake-ups, as much for every implementation and often more than the work itself. The rows
+"on the calling thread" (autograd multithreading off) time the same calls without that handoff."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from tools.bench.common import (
     RESULT_STATUS_OK,
+    call_entry,
     error_status,
     first_line,
     fmt_ratio,
@@ -58,7 +63,7 @@ def measure(torch: Any, F: Any, r: dict, args: Mapping) -> None:
     qb, kb, vb = (to_bhsd(t, "bshd") for t in (q, k, v))
 
     def add(name: str, fn: Callable[[], Any], context: Callable[[], Any] = contextlib.nullcontext) -> None:
-        rows.append({"name": name})
+        rows.append({"name": name, "kind": _kind(name)})
         timers.append((name, _batch_timer(torch, fn, calls, context)))
 
     with torch.no_grad():
@@ -74,6 +79,7 @@ def measure(torch: Any, F: Any, r: dict, args: Mapping) -> None:
             rows.append({"name": "raw cuDNN graph execute", "status": error_status(err)})
     _sdpa_rows(torch, F, add, rows, "", lambda: F.scaled_dot_product_attention(qb, kb, vb), torch.no_grad)
     r["attention_plan_training"] = _training_rows(torch, F, add, rows, (q, k, v))
+    r["attention_path"] = {kind: _path(call_entry(q, k, v, kind == "training")) for kind in ("inference", "training")}
     by_name = in_turns(timers, batches)
     for row in rows:
         got = by_name.get(row["name"])
@@ -85,6 +91,28 @@ def measure(torch: Any, F: Any, r: dict, args: Mapping) -> None:
         else:
             row["us"] = summarize(got["us"], "us")
     r["status"] = RESULT_STATUS_OK
+
+
+TRAINING = " fwd+bwd (training)"
+CALLING_THREAD = ", autograd on the calling thread"
+
+
+def _kind(name: str) -> str:
+    """The kind of call a row times, which its ratio compares within."""
+    if CALLING_THREAD in name:
+        return "training on the calling thread"
+    return "training" if TRAINING in name else "inference"
+
+
+def _path(entry: Any) -> str:
+    """How attention() ran a call: the compiled lean path, the Python lean path, or another."""
+    if entry is None or entry.lean is None:
+        return "general" if entry is not None else "unknown"
+    return "compiled" if entry.lean.native is not None else "python"
+
+
+def _calling_thread(torch: Any) -> Any:
+    return torch.autograd.set_multithreading_enabled(False)
 
 
 def _sdpa_rows(torch: Any, F: Any, add: Callable, rows: list, suffix: str, fn: Callable[[], Any],
@@ -121,22 +149,32 @@ def _training_rows(torch: Any, F: Any, add: Callable, rows: list, tensors: tuple
     q, k, v = (t.detach().clone().requires_grad_(True) for t in tensors)
     grad = torch.randn_like(q)
     plan = steady_plans(lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad), q, k, v, True)
-    add("attention() fwd+bwd (training)", lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad))
+    ours = lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad)  # noqa: E731
+    add("attention()" + TRAINING, ours)
     qb, kb, vb = (to_bhsd(t, "bshd").detach().contiguous().requires_grad_(True) for t in (q, k, v))
     grad_b = to_bhsd(grad, "bshd").contiguous()
-    _sdpa_rows(torch, F, add, rows, " fwd+bwd (training)", lambda: torch.autograd.grad(
-        F.scaled_dot_product_attention(qb, kb, vb), (qb, kb, vb), grad_b))
+    sdpa = lambda: torch.autograd.grad(F.scaled_dot_product_attention(qb, kb, vb), (qb, kb, vb), grad_b)  # noqa: E731
+    _sdpa_rows(torch, F, add, rows, TRAINING, sdpa)
+    add("attention()" + TRAINING + CALLING_THREAD, ours, lambda: _calling_thread(torch))
+    add("torch SDPA (its default backend choice)" + TRAINING + CALLING_THREAD, sdpa, lambda: _calling_thread(torch))
     return plan
 
 
 def render(tiny: Mapping) -> str:
     if tiny.get("rows"):
         def base(row: Mapping) -> Any:
-            name = "attention() fwd+bwd (training)" if "training" in str(row.get("name")) else "attention()"
-            return next((r.get("us") for r in tiny["rows"] if r.get("name") == name), None)
+            kind = row.get("kind") or _kind(str(row.get("name")))
+            return next((r.get("us") for r in tiny["rows"]
+                         if (r.get("kind") or _kind(str(r.get("name")))) == kind
+                         and str(r.get("name")).startswith("attention()")), None)
+        paths = tiny.get("attention_path") or {}
+        ran = (f" attention() ran the {paths.get('inference')} path for inference and the "
+               f"{paths.get('training')} path for training." if paths else "")
         return (f"Per-call host+GPU time on a tiny problem ({tiny.get('shape', '')}), inference and training "
                 f"(forward+backward), {tiny.get('calls', '?')} back-to-back calls per timed batch, the "
-                f"implementations' batches in turns:\n\n" + md_table(
+                f"implementations' batches in turns.{ran} The training rows on the calling thread turn "
+                f"autograd's device thread off, which takes the two thread wake-ups of handing the backward "
+                f"over and back out of every implementation's time:\n\n" + md_table(
                     ("call", "µs per call", "ratio to attention() (of its kind)"),
                     [(r.get("name"), fmt_stat(r.get("us")) if r.get("us") else r.get("status", "n/a"),
                       fmt_ratio(ratio(r.get("us"), base(r)))) for r in tiny["rows"]]))

@@ -112,7 +112,7 @@ def plan_for(quick: bool) -> dict[str, Any]:
         "warmup_runs": WARMUP_RUNS,
         "dispatch_files": DISPATCH_FILES_FULL, "dispatch_per_file": 2,
         "dispatch_warmup": 5, "dispatch_reps": 20, "raw_dynamic": True,
-        "tiny_batches": 15, "tiny_calls": 300,
+        "tiny_batches": 30, "tiny_calls": 150,
         "rebuild_batches": (3, 4, 5, 6, 7), "rebuild_seqlens": (2048, 6144, 3072),
     }
 
