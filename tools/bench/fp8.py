@@ -145,6 +145,7 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
              "FP8 output (inference)", lambda _: attention(q, k, v, fp8=history8, **kwargs))), flops)
         for row in timed:
             row["ratio_to_bf16"] = ratio(row.get("ms"), base["ms"]) if base.get("ms") else None
+        r["inference_in_turns"] = True
         for label, fp8 in (("current scaling", True), ("delayed scaling", history)):
             rows.kernels(f"GPU kernels of attention(fp8=...) fwd, {label} (the sum of its kernels' times: no host gaps)",
                          lambda _, fp8=fp8: attention(q, k, v, fp8=fp8, **kwargs), flops, base)
@@ -246,12 +247,15 @@ def _cos(x: Any) -> str:
     return f"{x:.5f}" if isinstance(x, float) else "n/a"
 
 
+_TURNS = (" The four `attention()` inference rows and the three training rows are each timed in turns "
+          f"({ROUNDS} rounds, the order rotating); the other rows one after another.")
+
+
 def render(fp8: Mapping) -> str:
     if fp8.get("rows"):
         return (f"FP8 ({fp8.get('shape', '')}): `attention(fp8=True)` (quantization of q, k, v "
-                "inside the call) vs bf16 `attention()`. The four `attention()` inference rows and the three "
-                "training rows are each timed in turns (5 rounds, the order rotating); the other rows one "
-                "after another.\n\n" + md_table(
+                f"inside the call) vs bf16 `attention()`.{_TURNS if fp8.get('inference_in_turns') else ''}"
+                "\n\n" + md_table(
                     ("measurement", "ms", "TFLOPS", "ratio to bf16"),
                     [(r.get("name"), fmt_stat(r.get("ms")) if r.get("ms") else r.get("status", "n/a"),
                       fmt_num(r.get("tflops")), fmt_ratio(r.get("ratio_to_bf16")))
