@@ -105,14 +105,17 @@ def measure(torch: Any, r: dict, args: Mapping) -> None:
     fp8_sel = select(config_from_tensors(q, k, v, fp8=True, is_training=False, **kwargs))
     r["fp8_inference_selection"] = fp8_sel.backend.value + (
         f": {first_line(fp8_sel.message)}" if fp8_sel.message else "")
-    base = _inference(torch, r, rows, (q, k, v), kwargs, flops)
-    _raw_rows(torch, rows, cfg, flops, base)
+    raws = _raw_runners(torch, rows, cfg)
+    _inference(torch, r, rows, (q, k, v), kwargs, flops, raws)
+    del raws
+    torch.cuda.empty_cache()
     _training(torch, r, rows, (q, k, v), kwargs, flops)
     r["status"] = RESULT_STATUS_OK
 
 
-def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> dict:
-    """The inference rows; returns the bf16 attention() row the others are compared with."""
+def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float,
+               raws: Sequence[tuple[str, Callable]]) -> None:
+    """The inference rows, with the raw graphs `raws` in the same turns."""
     from fusedattn_select.runtime.api import attention, dispatch_info
     from fusedattn_select.runtime.fp8 import FP8History
 
@@ -134,7 +137,8 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
         # FP8 output (an FP8Tensor) for a caller whose next operation takes FP8: no conversion pass.
         history8 = FP8History(o_dtype=torch.float8_e4m3fn)
         r["fp8_output_vs_bf16_cosine"] = cosine(attention(q, k, v, fp8=history8, **kwargs).dequantize(ref.dtype), ref)
-        # In turns: the GPU's clock drifts over a run, and the ratios compare these rows.
+        # In turns: the GPU's clock drifts over a run (and drops after heavy kernels), and the ratios
+        # compare these rows.
         base, *timed = rows.in_turns((
             ("bf16 attention() fwd (inference)", lambda _: attention(q, k, v, **kwargs)),
             ("fp8 attention(fp8=True) fwd incl. quantization (inference)",
@@ -142,7 +146,7 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
             ("fp8 attention(fp8=FP8History()) fwd incl. quantization, delayed scaling (inference)",
              lambda _: attention(q, k, v, fp8=history, **kwargs)),
             ("fp8 attention(fp8=FP8History(o_dtype=float8_e4m3fn)) fwd incl. quantization, delayed scaling, "
-             "FP8 output (inference)", lambda _: attention(q, k, v, fp8=history8, **kwargs))), flops)
+             "FP8 output (inference)", lambda _: attention(q, k, v, fp8=history8, **kwargs)), *raws), flops)
         for row in timed:
             row["ratio_to_bf16"] = ratio(row.get("ms"), base["ms"]) if base.get("ms") else None
         r["inference_in_turns"] = True
@@ -152,27 +156,28 @@ def _inference(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, f
         qb, kb, vb = (to_bhsd(t, kwargs["layout"]) for t in (q, k, v))
         _quantize_rows(torch, rows, (qb, kb, vb), base)
     del out8
-    return base
 
 
-def _raw_rows(torch: Any, rows: _Rows, cfg: Any, flops: float, base: dict) -> None:
-    """The raw cuDNN forward graphs, bf16 and FP8 (FP8 in and out, unit scales, no quantization):
-    the floors of the two attention() calls, measured in the same run."""
+def _raw_runners(torch: Any, rows: _Rows, cfg: Any) -> list[tuple[str, Callable]]:
+    """The raw cuDNN forward graphs, bf16 and FP8 (FP8 in and out, unit scales, no quantization),
+    as (row name, runner): the floors of the two attention() calls, timed with them. A graph that
+    cannot be built gets its row with the reason."""
     from fusedattn_select.types import Backend, Phase
     from tools.bench.raw_graph import fp8_graph_config, graph_runner
 
     inference = cfg.replace(is_training=False)
+    runners = []
     for label, graph_cfg, backend in (
             ("bf16", inference, Backend.F16),
             ("FP8 (e4m3 q, k, v, O; no quantization)", fp8_graph_config(inference), Backend.FP8)):
+        name = f"raw cuDNN {label} forward graph"
         try:
             run = graph_runner(torch, graph_cfg, backend, Phase.FORWARD)
         except Exception as err:  # noqa: BLE001
-            rows.rows.append({"name": f"raw cuDNN {label} forward graph", "status": error_status(err)})
+            rows.rows.append({"name": name, "status": error_status(err)})
             continue
-        rows.add(f"raw cuDNN {label} forward graph", lambda _, run=run: run(), work=flops, base=base)
-        del run
-        torch.cuda.empty_cache()
+        runners.append((name, lambda _, run=run: run()))
+    return runners
 
 
 def _quantize_rows(torch: Any, rows: _Rows, tensors: tuple, base: dict) -> None:
@@ -247,8 +252,8 @@ def _cos(x: Any) -> str:
     return f"{x:.5f}" if isinstance(x, float) else "n/a"
 
 
-_TURNS = (" The four `attention()` inference rows and the three training rows are each timed in turns "
-          f"({ROUNDS} rounds, the order rotating); the other rows one after another.")
+_TURNS = (" The four `attention()` inference rows with the two raw graphs, and the three training rows, are "
+          f"each timed in turns ({ROUNDS} rounds, the order rotating); the other rows one after another.")
 
 
 def render(fp8: Mapping) -> str:
