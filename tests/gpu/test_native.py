@@ -92,6 +92,37 @@ def test_dense_calls_run_compiled_and_match_the_python_path_and_reference(fresh,
         assert_close(g, expected, TOL_GRAD, name)
 
 
+def test_a_compiled_training_call_keeps_autograds_rules(fresh):
+    """The compiled path's backward node: named, freed after one backward unless retained, catching
+    an output changed in place, holding no memory once its graph is gone, refusing dual tensors."""
+    q, k, v = _tensors("bshd", s=64)
+    grad = torch.randn_like(q)
+    attention(q, k, v)  # promoted to its own plans
+    out = attention(q, k, v)
+    assert _entry_of_last_call().lean.native is not None
+    assert out.grad_fn.name() == "LeanAttentionBackward"
+    first = torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+    again = torch.autograd.grad(out, (q, k, v), grad)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(out, (q,), grad)
+    out = attention(q, k, v)
+    out.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out, (q,), grad)
+    del out
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(200):
+        torch.autograd.grad(attention(q, k, v), (q, k, v), grad)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match="forward-mode AD"):
+        attention(fwAD.make_dual(q.detach(), torch.randn_like(q)), k, v)
+
+
 def test_bucket_plans_run_compiled_at_new_shapes(fresh, monkeypatch):
     monkeypatch.setattr(dispatch_entries, "dense_after", 10**9)  # stay on the bucket plans
     for b, s in ((2, 96), (3, 77), (1, 129)):
