@@ -57,7 +57,7 @@ def test_module_name_is_stable_and_names_the_source(tmp_path, monkeypatch):
 
 def test_the_source_ships_with_the_package():
     text = native.SOURCE.read_text()
-    assert "PYBIND11_MODULE" in text and "LeanFunction" in text
+    assert "PYBIND11_MODULE" in text and "LeanBackward" in text
 
 
 def test_nothing_built_means_the_python_path(native_dir):
