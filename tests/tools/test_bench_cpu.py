@@ -416,5 +416,7 @@ def test_tiny_rows_compare_within_their_kind_and_name_the_path():
                  "thread"].endswith("| 1.50x |")
     assert "compiled path for inference and the python path for training" in text
     # a result recorded before rows carried their kind renders by name alike
+    assert "on the calling thread turn autograd's device thread off" in text
     old = host_overhead.render({"rows": [{k: v for k, v in r.items() if k != "kind"} for r in rows]})
     assert old.count("| 1.50x |") == 2
+    assert "device thread off" not in host_overhead.render({"rows": rows[:4]})

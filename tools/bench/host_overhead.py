@@ -170,11 +170,13 @@ def render(tiny: Mapping) -> str:
         paths = tiny.get("attention_path") or {}
         ran = (f" attention() ran the {paths.get('inference')} path for inference and the "
                f"{paths.get('training')} path for training." if paths else "")
+        if any(CALLING_THREAD in str(r.get("name")) for r in tiny["rows"]):
+            ran += (" The training rows on the calling thread turn autograd's device thread off, which takes "
+                    "the two thread wake-ups of handing the backward over and back out of every "
+                    "implementation's time.")
         return (f"Per-call host+GPU time on a tiny problem ({tiny.get('shape', '')}), inference and training "
                 f"(forward+backward), {tiny.get('calls', '?')} back-to-back calls per timed batch, the "
-                f"implementations' batches in turns.{ran} The training rows on the calling thread turn "
-                f"autograd's device thread off, which takes the two thread wake-ups of handing the backward "
-                f"over and back out of every implementation's time:\n\n" + md_table(
+                f"implementations' batches in turns.{ran}\n\n" + md_table(
                     ("call", "µs per call", "ratio to attention() (of its kind)"),
                     [(r.get("name"), fmt_stat(r.get("us")) if r.get("us") else r.get("status", "n/a"),
                       fmt_ratio(ratio(r.get("us"), base(r)))) for r in tiny["rows"]]))
