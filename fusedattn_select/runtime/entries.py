@@ -115,8 +115,8 @@ def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions,
     capturing = q.is_cuda and _capturing()
     bias, alibi, sink, seqlens_q, seqlens_kv = inputs
     return (
-        options, q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), tuple(v.shape),
-        v.stride(), _signature(bias), None if alibi is None else tuple(alibi.shape), _signature(sink),
+        options, q.device, q.dtype, tuple(q.shape), q.stride(), k.device, k.dtype, tuple(k.shape), k.stride(),
+        v.device, v.dtype, tuple(v.shape), v.stride(), _signature(bias), None if alibi is None else tuple(alibi.shape), _signature(sink),
         _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv),
         capturing,
     )
@@ -182,8 +182,8 @@ def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple
     and the tensor properties `key` holds (for calls whose only optional tensors are the lengths)."""
     lengths = None if seqlens_q is None and seqlens_kv is None else (_lengths_signature(seqlens_q),
                                                                      _lengths_signature(seqlens_kv))
-    return (arguments, training, q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-            lengths, q.is_cuda and _capturing())
+    return (arguments, training, q.device, q.dtype, q.shape, q.stride(), k.device, k.dtype, k.shape, k.stride(),
+            v.device, v.dtype, v.shape, v.stride(), lengths, q.is_cuda and _capturing())
 
 
 def _lengths_signature(t: Optional[torch.Tensor]) -> Any:

@@ -112,6 +112,8 @@ def test_fast_key_differs_with_shape_stride_dtype_training_and_arguments():
         entries.fast_key(q, transposed, v, ARGS, False),                              # k strides
         entries.fast_key(q, k, transposed, ARGS, False),                              # v strides
         entries.fast_key(*_qkv(dtype=torch.float16), ARGS, False),                    # dtype
+        entries.fast_key(q, k.half(), v, ARGS, False),                                # k's dtype alone
+        entries.fast_key(q, k, v.half(), ARGS, False),                                # v's dtype alone
         entries.fast_key(q, k, v, ARGS, True),                                        # training
         entries.fast_key(q, k, v, tuple(Arguments(mask="causal")), False),
         entries.fast_key(q, k, v, tuple(Arguments(layout="bshd")), False),          # None vs "bshd"
@@ -124,6 +126,14 @@ def test_fast_key_differs_with_shape_stride_dtype_training_and_arguments():
     ]
     assert all(other != base for other in others)
     assert len(set(others)) == len(others)
+
+
+def test_k_and_v_of_another_dtype_than_an_earlier_calls_get_the_argument_error():
+    """k and v are checked again when only their dtype differs from a decided call's."""
+    q, k, v = _qkv((1, 8, 2, 16))
+    api.attention(q, k, v)
+    with pytest.raises(ConfigError, match="k and v must have q's dtype"):
+        api.attention(q, k.half(), v.half())
 
 
 # ----- count_call ------------------------------------------------------------------------------------
