@@ -102,6 +102,7 @@ def measure(name: str, spec: tuple, rounds: int) -> dict:
         def use(lean):
             def setup():
                 entry.lean = lean
+                native.forget_calls()  # the compiled table holds the compiled plan: its next call decides again
                 _sdpa_backends(SDPA["sdpa default"])
             return setup
 

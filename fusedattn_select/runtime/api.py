@@ -143,6 +143,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     if torch.compiler.is_compiling():
         return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),
                                       Arguments._make(given))
+    table = native.call  # the compiled module's table of lean calls (None: not loaded)
+    if (table is not None and fp8 is False and return_lse is False and bias is None and alibi_slopes is None
+            and sink is None and seqlens_q is None and seqlens_kv is None):
+        out = table(q, k, v, given[:7])
+        if out is not None:
+            return out
     found = call_key = None
     # The hot path: a call with no optional tensors but sequence lengths is found by its arguments
     # as given and its tensors' properties. The key holds every value validation looks at, so
@@ -165,7 +171,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         found = _decide(q, k, v, inputs, Arguments._make(given))
         if call_key is not None:
             entries.remember_call(call_key, found)
+    if call_key is not None and fp8 is False and return_lse is False and inputs is _NO_INPUTS:
+        _table_remember(found, q, k, v, given[:7])
     return _run(found, q, k, v, inputs, fp8, return_lse)
+
+
+def _table_remember(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple) -> None:
+    """File a compiled lean entry in the compiled module's table, so that its next call runs without
+    Python: not a bucketed one (its calls are counted for its promotion) or one under functorch."""
+    lean = found.lean
+    if lean is not None and lean.native is not None and found.fused and not found.bucketed and not functorch_active():
+        native.remember(q, k, v, arguments, lean.native)
 
 
 def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
@@ -237,6 +253,9 @@ def dispatch_info() -> dict[str, Any]:
     plan loads (serialized plans deserialized from the persistent store instead of built;
     plan_load_failures counts stored plans that did not load and were rebuilt)."""
     info: dict[str, Any] = dict(entries.counters)
+    table_calls = native.table_calls()  # lean calls the compiled table ran
+    info["calls"] += table_calls
+    info["fused_calls"] += table_calls
     info["signatures"] = len(_entries)
     info["fallback_signatures"] = sum(1 for e in _entries.values() if not e.fused)
     stats = plans.plan_stats()
@@ -252,6 +271,7 @@ def clear_plans() -> None:
     again, loading its plans from the persistent store where they are stored)."""
     _entries.clear()
     entries.by_call.clear()
+    native.forget_calls()
     entries.forget_counts()
     for name in entries.counters:
         entries.counters[name] = 0

@@ -1,7 +1,9 @@
 """The compiled lean path on a real GPU: `native build` compiles and tests the module, and then every
 lean call (dense and bucket plans, inference and training, decode steps run with their heads as
 batch) runs through it with the Python path's results, under CUDA-graph capture, from several
-threads, and not at all where FUSEDATTN_SELECT_NATIVE=0."""
+threads, and not at all where FUSEDATTN_SELECT_NATIVE=0. The module's table of call signatures runs
+a repeated call with the Python path's results, and tells apart (or refuses) every call the Python
+key tells apart (or refuses)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from test_buckets_gpu import _decode_reference, _decode_tensors, _entry_of
 from test_hot_path import _entry_of_last_call, _reference, _tensors, capture
 
 from fusedattn_select.cli.main import main  # noqa: E402
+from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import dense_builds, native  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
-from fusedattn_select.runtime.api import attention, clear_plans  # noqa: E402
+from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.fp8 import FP8History  # noqa: E402
 
 pytestmark = GPU_MARKS
@@ -54,7 +57,11 @@ def _python_path(run):
     for found in list(dispatch_entries.by_call.values()) + list(dispatch_entries.entries.values()):
         if found.lean is not None:
             found.lean = dataclasses.replace(found.lean, native=None)
-    return run()
+    native.forget_calls()  # the table holds the compiled plans
+    before = native.table_calls()
+    got = run()
+    assert native.table_calls() == before, "the compiled table ran a call of the Python path"
+    return got
 
 
 def test_status_reports_the_built_module(built, capsys):
@@ -263,3 +270,106 @@ def test_compiled_graphs_under_torch_compile_are_unchanged(fresh):
         eager = attention(q, k, v, mask="causal")
         compiled = torch.compile(lambda a, b, c: attention(a, b, c, mask="causal"), fullgraph=True)(q, k, v)
     assert_close(compiled, eager, TOL_OUT, "compiled vs eager")
+
+
+# ----- the table of call signatures -------------------------------------------------------------
+
+def _filed(call, times=2):
+    """Make `call`'s signature a compiled lean entry filed in the table (decided, promoted, filed)."""
+    for _ in range(times):
+        call()
+    assert _entry_of_last_call().lean.native is not None
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_a_repeated_call_runs_from_the_table_with_the_python_paths_results(fresh, training):
+    q, k, v = _tensors("bshd", s=80, grad=training)
+    grad = torch.randn_like(q)
+
+    def run():
+        with torch.set_grad_enabled(training):
+            out = attention(q, k, v, mask="causal")
+            return (out, *torch.autograd.grad(out, (q, k, v), grad)) if training else (out,)
+
+    _filed(run)
+    before, info = native.table_calls(), dispatch_info()
+    got = run()
+    assert native.table_calls() == before + 1
+    after = dispatch_info()
+    assert after["calls"] == info["calls"] + 1 and after["fused_calls"] == info["fused_calls"] + 1
+    assert (got[0].grad_fn is not None) == training
+    want = _python_path(run)
+    assert torch.equal(got[0], want[0])
+    for name, a, b in zip(("dq", "dk", "dv"), got[1:], want[1:]):
+        assert_close(a, b, TOL_GRAD, name + " vs the Python path")
+    ref_out, ref_grads = _reference(q, k, v, "bshd", grad, mask="causal")
+    assert_close(got[0], ref_out, TOL_OUT, "out")
+    for name, g, expected in zip(("dq", "dk", "dv"), got[1:], ref_grads):
+        assert_close(g, expected, TOL_GRAD, name)
+
+
+def test_the_table_tells_calls_apart_as_the_python_key_does(fresh):
+    q, k, v = _tensors("bshd", s=64, grad=False)
+    with torch.no_grad():
+        _filed(lambda: attention(q, k, v, attn_scale=0.5))
+        held = fresh.size()
+        before = native.table_calls()
+        other = [t.clone() for t in (q, k, v)]  # other tensors of the same geometry: the same signature
+        assert_close(attention(*other, attn_scale=0.5), _reference(q, k, v, "bshd", attn_scale=0.5)[0], TOL_OUT, "same")
+        assert native.table_calls() == before + 1
+        # A bool where a number is asked, k and v of another dtype: refused as before any table
+        for wrong in (dict(attn_scale=0.5, dropout=False), dict(attn_scale=0.5, deterministic=1)):
+            with pytest.raises(ConfigError):
+                attention(q, k, v, **wrong)
+        with pytest.raises(ConfigError, match="k and v must have q's dtype"):
+            attention(q, k.half(), v.half(), attn_scale=0.5)
+        # Another scale, layout named, causal: each its own signature, decided in Python, then filed
+        for changed in (dict(attn_scale=0.25), dict(attn_scale=0.5, layout="bshd"), dict(attn_scale=0.5, mask="causal")):
+            _filed(lambda: attention(q, k, v, **changed))
+            want = _reference(q, k, v, "bshd", **{n: x for n, x in changed.items() if n != "layout"})[0]
+            assert_close(attention(q, k, v, **changed), want, TOL_OUT, str(changed))
+        assert fresh.size() == held + 3
+        # What the table cannot hold runs the Python path: a list window, a tensor subclass
+        calls = native.table_calls()
+        listed = attention(q, k, v, attn_scale=0.5, window_size=[-1, -1])
+        assert torch.equal(listed, attention(q, k, v, attn_scale=0.5))
+
+        class Sub(torch.Tensor):
+            pass
+
+        sub = attention(q.as_subclass(Sub), k, v, attn_scale=0.5)
+        assert torch.equal(sub.as_subclass(torch.Tensor), listed)
+        assert native.table_calls() == calls + 1  # only the plain call
+        clear_plans()
+        assert fresh.size() == 0 and native.table_calls() == 0
+
+
+def test_training_and_inference_of_one_geometry_are_two_signatures(fresh):
+    q, k, v = _tensors("bshd", s=64)
+    _filed(lambda: attention(q, k, v))
+    with torch.no_grad():
+        _filed(lambda: attention(q, k, v))
+        out = attention(q, k, v)
+    assert out.grad_fn is None
+    out = attention(q, k, v)
+    assert out.grad_fn.name() == "LeanAttentionBackward"
+    detached = [t.detach() for t in (q, k, v)]
+    assert attention(*detached).grad_fn is None  # no input wants grads: the inference signature
+    assert fresh.size() == 2
+
+
+def test_captured_calls_are_their_own_signature_and_replay(fresh):
+    q, k, v = _tensors("bshd", grad=False)
+    with torch.no_grad():
+        _filed(lambda: attention(q, k, v, mask="causal"))
+        held = fresh.size()
+        capture(lambda: attention(q, k, v, mask="causal"))  # the captured call: decided under capture, filed
+        assert fresh.size() == held + 1
+        before = native.table_calls()
+        graph, captured = capture(lambda: attention(q, k, v, mask="causal"))
+        assert native.table_calls() == before + 2  # its run on the side stream and its captured call
+        for seed in (1, 2):
+            for t in (q, k, v):
+                t.copy_(torch.randn(t.shape, generator=torch.Generator(device=CUDA).manual_seed(seed), device=CUDA))
+            graph.replay()
+            assert_close(captured, _reference(q, k, v, "bshd", mask="causal")[0], TOL_OUT, f"replay {seed}")

@@ -57,7 +57,20 @@ def test_module_name_is_stable_and_names_the_source(tmp_path, monkeypatch):
 
 def test_the_source_ships_with_the_package():
     text = native.SOURCE.read_text()
-    assert "PYBIND11_MODULE" in text and "LeanBackward" in text
+    assert "PYBIND11_MODULE" in text and "LeanBackward" in text and '#include "graphs.h"' in text
+    assert "load_graph" in native.SOURCE.with_name("graphs.h").read_text()
+
+
+def test_module_name_follows_the_headers_too(tmp_path, monkeypatch):
+    source = tmp_path / "lean.cpp"
+    source.write_bytes(native.SOURCE.read_bytes())
+    (tmp_path / "graphs.h").write_text("// one\n")
+    monkeypatch.setattr(native, "SOURCE", source)
+    monkeypatch.setattr(native, "_names", {})
+    first = native.module_name()
+    native._names.clear()
+    (tmp_path / "graphs.h").write_text("// two\n")
+    assert native.module_name() != first
 
 
 def test_nothing_built_means_the_python_path(native_dir):

@@ -23,17 +23,21 @@ import sys
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 log = logging.getLogger("fusedattn_select")
 
 ENV_VAR = "FUSEDATTN_SELECT_NATIVE"
 DIR_ENV = "FUSEDATTN_SELECT_NATIVE_DIR"
-SOURCE = Path(__file__).with_name("lean.cpp")
+SOURCE = Path(__file__).with_name("lean.cpp")  # it includes the headers beside it
 
 _lock = threading.Lock()
 _loaded: dict[str, Optional[ModuleType]] = {}  # module name -> the module, or None (did not load)
 _names: dict[Path, str] = {}  # source -> module_name()
+# The loaded module, whose table of call signatures (lean.cpp) attention() asks first through `call`:
+# call(q, k, v, arguments) returns the output of a call the table holds, else None.
+_table: Optional[ModuleType] = None
+call: Optional[Callable[..., Any]] = None
 
 
 class NativeBuildError(RuntimeError):
@@ -69,7 +73,7 @@ def include_dirs() -> list[Path]:
 
 
 def module_name() -> str:
-    """The build's name: a hash of the source and of the versions it compiles against (worked out
+    """The build's name: a hash of the sources and of the versions they compile against (worked out
     once per process and source: every new call signature asks)."""
     name = _names.get(SOURCE)
     if name is None:
@@ -87,7 +91,8 @@ def _hash_name() -> str:
     except Exception:  # noqa: BLE001 - metadata missing: the headers' directory stands in
         frontend = "unknown"
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), str(torch.version.cuda).encode(),
+    headers = [h.read_bytes() for h in sorted(SOURCE.parent.glob("*.h"))]
+    for part in (SOURCE.read_bytes(), *headers, torch.__version__.encode(), str(torch.version.cuda).encode(),
                  frontend.encode(), sys.implementation.cache_tag.encode()):
         digest.update(part + b"\0")
     return "fusedattn_select_native_" + digest.hexdigest()[:16]
@@ -177,6 +182,7 @@ def self_test() -> None:
             if found.lean is not None:
                 assert label == "python" or found.lean.native is not None, "the compiled path did not run"
                 found.lean = dataclasses.replace(found.lean, native=None)
+        forget_calls()
     for a, b in zip(got["native"], got["python"]):
         assert torch.allclose(a.float(), b.float(), atol=2e-2), "compiled and Python paths differ"
 
@@ -207,7 +213,10 @@ def load() -> Optional[ModuleType]:
         return _loaded[name]
     with _lock:
         if name not in _loaded:
-            _loaded[name] = _import(name)
+            module = _loaded[name] = _import(name)
+            if module is not None:
+                global _table, call
+                _table, call = module, module.call
     return _loaded[name]
 
 
@@ -232,6 +241,27 @@ def _import(name: str) -> Optional[ModuleType]:
     sys.modules[name] = module
     log.info("fusedattn_select: compiled lean path loaded from %s", path)
     return module
+
+
+def remember(q: Any, k: Any, v: Any, arguments: tuple, plan: Any) -> None:
+    """File a call's LeanPlan in the table under the call's signature: attention()'s (layout, mask,
+    window_size, attn_scale, dropout, softmax, deterministic) as given and q's, k's and v's shapes,
+    strides, dtypes and devices, whether it trains and whether it is under CUDA-graph capture (what
+    runtime/entries.py's fast_key holds). A call the table cannot hold (arguments of other types,
+    tensor subclasses) is left to the Python path."""
+    if _table is not None:
+        _table.remember(q, k, v, arguments, plan)
+
+
+def forget_calls() -> None:
+    """Empty the table (and its count of calls): the next call of each signature decides in Python."""
+    if _table is not None:
+        _table.forget()
+
+
+def table_calls() -> int:
+    """Calls the table ran since it was last emptied (0 where no module is loaded)."""
+    return 0 if _table is None else int(_table.calls())
 
 
 def executes() -> int:

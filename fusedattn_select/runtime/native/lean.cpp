@@ -9,168 +9,30 @@
 // made as torch's generated ones are (next edges, saved variables, history set on the output), which
 // costs less host time than a torch::autograd::Function (README has the figures).
 //
-// cudnn-frontend is header-only; its namespace is renamed here so that no other copy in the process
-// (torch's, the Python frontend's) can be bound to these definitions, and it loads cuDNN itself.
+// The module also holds the hot path's table: attention() hands it a call first, and a call whose
+// signature it holds (a compiled lean entry, filed after its first call) runs with no Python of ours.
+// Graphs, handles and execution are in graphs.h.
 
-#define cudnn_frontend fusedattn_select_cudnn_frontend
-#define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING 1
-#include "cudnn_frontend.h"
+#include "graphs.h"
 
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/custom_class.h>
 #include <torch/extension.h>
 
 #include <dlfcn.h>
 
-#include <algorithm>
-#include <atomic>
-#include <memory>
-#include <mutex>
+#include <array>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
-namespace fe = fusedattn_select_cudnn_frontend;
-
-// The frontend's dynamic loading reads cuDNN's symbols through this handle: the libcudnn torch loaded.
-namespace fusedattn_select_cudnn_frontend {
-void *cudnn_dlhandle = nullptr;
-}
-
 namespace {
-
-constexpr int kMaxBuffers = 32;
-std::atomic<int64_t> executes{0};  // graphs run (dispatch_info's "executes" adds them)
-
-// One cuDNN handle per thread and device (cuDNN's rule), pointed at the stream of the last call.
-struct HandleSlot {
-    cudnnHandle_t handle = nullptr;
-    cudaStream_t stream  = nullptr;
-};
-
-cudnnHandle_t handle_for(int device, cudaStream_t stream) {
-    // Never destroyed: a thread's handles live as long as the thread, like torch's own pool.
-    thread_local std::vector<HandleSlot> slots;
-    if (static_cast<int>(slots.size()) <= device) {
-        slots.resize(device + 1);
-    }
-    HandleSlot &slot = slots[device];
-    if (slot.handle == nullptr) {
-        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-        TORCH_CHECK(fe::detail::create_handle(&slot.handle) == CUDNN_STATUS_SUCCESS,
-                    "fusedattn_select native: cudnnCreate failed on device ", device);
-        slot.stream = nullptr;
-        TORCH_CHECK(fe::detail::set_stream(slot.handle, stream) == CUDNN_STATUS_SUCCESS,
-                    "fusedattn_select native: cudnnSetStream failed");
-        slot.stream = stream;
-    } else if (slot.stream != stream) {
-        TORCH_CHECK(fe::detail::set_stream(slot.handle, stream) == CUDNN_STATUS_SUCCESS,
-                    "fusedattn_select native: cudnnSetStream failed");
-        slot.stream = stream;
-    }
-    return slot.handle;
-}
-
-void check(fe::error_t status, char const *what) {
-    if (status.is_bad()) {
-        throw std::runtime_error(std::string("fusedattn_select native: ") + what + ": " + status.get_message());
-    }
-}
-
-// A deserialized graph and where its variant pack finds each tensor among a call's buffers.
-struct Graph {
-    std::shared_ptr<fe::graph::Graph> graph;
-    std::vector<int64_t> uids;      // the graph's user tensors
-    std::vector<int> call_index;    // the position in a call's buffers of each uid
-    std::vector<int> sorted_pick;   // for each slot in the frontend's sorted uid order: a call position
-    std::atomic<bool> ready{false};  // sorted_pick is set (by the first run, under `first`)
-    std::mutex first;
-    int64_t workspace = 0;
-    int device        = 0;
-};
-
-std::shared_ptr<Graph> load_graph(int device, std::string const &bytes, std::vector<int64_t> uids,
-                                  std::vector<int> call_index) {
-    TORCH_CHECK(uids.size() == call_index.size() && uids.size() <= kMaxBuffers,
-                "fusedattn_select native: uids and call positions differ in length");
-    auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-    cudnnHandle_t handle = handle_for(device, stream.stream());
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    auto out   = std::make_shared<Graph>();
-    out->graph = std::make_shared<fe::graph::Graph>();
-    std::vector<uint8_t> data(bytes.begin(), bytes.end());
-    check(out->graph->deserialize(handle, data, false, false), "deserialize");
-    check(out->graph->get_workspace_size(out->workspace), "get_workspace_size");
-    out->uids       = std::move(uids);
-    out->call_index = std::move(call_index);
-    out->device     = device;
-    return out;
-}
-
-// Run `g` on the current stream with a call's buffers (`like`: a tensor on the graph's device).
-void run(Graph &g, void *const *buffers, at::Tensor const &like) {
-    c10::cuda::OptionalCUDAGuard guard;  // the graph's device current, as torch's ops make it
-    if (c10::cuda::current_device() != g.device) {
-        guard.set_index(static_cast<c10::DeviceIndex>(g.device));
-    }
-    auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(g.device));
-    cudnnHandle_t handle = handle_for(g.device, stream.stream());
-    at::Tensor workspace;
-    void *workspace_ptr = nullptr;
-    if (g.workspace > 0) {
-        workspace     = at::empty({g.workspace}, like.options().dtype(at::kByte));
-        workspace_ptr = workspace.data_ptr();
-    }
-    if (!g.ready.load(std::memory_order_acquire)) {
-        std::lock_guard<std::mutex> lock(g.first);
-        if (!g.ready.load(std::memory_order_relaxed)) {
-            // The first run binds by uid (the frontend checks every uid), then learns its slot order.
-            std::unordered_map<int64_t, void *> pack;
-            for (size_t i = 0; i < g.uids.size(); ++i) {
-                pack[g.uids[i]] = buffers[g.call_index[i]];
-            }
-            check(g.graph->execute(handle, pack, workspace_ptr), "execute");
-            executes.fetch_add(1, std::memory_order_relaxed);
-            std::vector<int> pick;
-            for (int64_t uid : g.graph->get_variant_pack_uids_sorted()) {
-                auto at = std::find(g.uids.begin(), g.uids.end(), uid);
-                TORCH_CHECK(at != g.uids.end(), "fusedattn_select native: the graph binds uid ", uid,
-                            " it was not given");
-                pick.push_back(g.call_index[at - g.uids.begin()]);
-            }
-            g.sorted_pick = std::move(pick);
-            g.ready.store(true, std::memory_order_release);
-            return;
-        }
-    }
-    void *ptrs[kMaxBuffers];
-    int const n = static_cast<int>(g.sorted_pick.size());
-    for (int i = 0; i < n; ++i) {
-        ptrs[i] = buffers[g.sorted_pick[i]];
-    }
-    check(g.graph->execute(handle, ptrs, n, workspace_ptr), "execute");
-    executes.fetch_add(1, std::memory_order_relaxed);
-}
-
-// Run `g` with tensors in its call positions (a Python Plan's binding order: runtime/plans.py).
-void run_tensors(std::shared_ptr<Graph> const &g, std::vector<at::Tensor> const &tensors) {
-    int needed = 0;
-    for (int position : g->call_index) {
-        needed = std::max(needed, position + 1);
-    }
-    TORCH_CHECK(static_cast<int>(tensors.size()) >= needed && tensors.size() <= kMaxBuffers,
-                "fusedattn_select native: the graph takes ", needed, " tensors, got ", tensors.size());
-    void *buffers[kMaxBuffers];
-    for (size_t i = 0; i < tensors.size(); ++i) {
-        buffers[i] = tensors[i].data_ptr();
-    }
-    run(*g, buffers, tensors[0]);
-}
 
 struct Geometry {
     std::vector<int64_t> shape, strides;
@@ -301,6 +163,163 @@ at::Tensor call(c10::intrusive_ptr<LeanPlan> const &plan, at::Tensor const &q, a
     return o;
 }
 
+// ----- the hot path's table (runtime/api.py's attention() asks it first) ---------------------------
+// A call's LeanPlan found from attention()'s non-tensor arguments as given and the properties of its
+// q, k and v that runtime/entries.py's fast_key holds, without running Python. Every use holds the GIL
+// (each is a Python call into this module), which guards the table.
+
+// attention()'s (layout, mask, window_size, attn_scale, dropout, softmax, deterministic), of plain
+// types only: hashing and comparing them then runs no Python code, and a bool never stands for a
+// number (True == 1: its key would find the number's entry and skip the check that refuses it).
+bool plain_arguments(PyObject *arguments) {
+    if (!PyTuple_CheckExact(arguments) || PyTuple_GET_SIZE(arguments) != 7) {
+        return false;
+    }
+    auto number = [](PyObject *o) { return PyLong_CheckExact(o) || PyFloat_CheckExact(o); };
+    PyObject *layout = PyTuple_GET_ITEM(arguments, 0), *mask = PyTuple_GET_ITEM(arguments, 1);
+    PyObject *window = PyTuple_GET_ITEM(arguments, 2), *scale = PyTuple_GET_ITEM(arguments, 3);
+    PyObject *dropout = PyTuple_GET_ITEM(arguments, 4), *softmax = PyTuple_GET_ITEM(arguments, 5);
+    if (!(layout == Py_None || PyUnicode_CheckExact(layout)) || !PyUnicode_CheckExact(mask) ||
+        !PyUnicode_CheckExact(softmax) || !(scale == Py_None || number(scale)) || !number(dropout) ||
+        !PyBool_Check(PyTuple_GET_ITEM(arguments, 6)) || !PyTuple_CheckExact(window)) {
+        return false;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(window); ++i) {
+        if (!PyLong_CheckExact(PyTuple_GET_ITEM(window, i))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+struct TensorFacts {
+    std::array<int64_t, 4> sizes{}, strides{};
+    int dtype = 0, device_type = 0, device_index = 0;
+
+    bool operator==(TensorFacts const &other) const {
+        return sizes == other.sizes && strides == other.strides && dtype == other.dtype &&
+               device_type == other.device_type && device_index == other.device_index;
+    }
+};
+
+struct CallKey {
+    pybind11::object arguments;
+    std::array<TensorFacts, 3> tensors;  // q, k, v
+    bool training  = false;
+    bool capturing = false;
+    size_t hash    = 0;
+
+    bool operator==(CallKey const &other) const {
+        if (hash != other.hash || training != other.training || capturing != other.capturing ||
+            tensors != other.tensors) {
+            return false;
+        }
+        int same = PyObject_RichCompareBool(arguments.ptr(), other.arguments.ptr(), Py_EQ);
+        if (same < 0) {  // not reached with plain arguments
+            PyErr_Clear();
+        }
+        return same == 1;
+    }
+};
+
+struct CallKeyHash {
+    size_t operator()(CallKey const &key) const { return key.hash; }
+};
+
+size_t mix(size_t seed, size_t value) { return seed ^ (value + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2)); }
+
+// The key of a call; false where the table cannot hold it (the Python path then decides): arguments
+// of other types, tensors that are not plain 4-D strided torch.Tensors (subclasses, nested,
+// symbolic sizes).
+bool call_key(PyObject *q, PyObject *k, PyObject *v, PyObject *arguments, CallKey &key) {
+    if (!plain_arguments(arguments)) {
+        return false;
+    }
+    Py_hash_t arguments_hash = PyObject_Hash(arguments);
+    if (arguments_hash == -1) {
+        PyErr_Clear();
+        return false;
+    }
+    size_t hash = static_cast<size_t>(arguments_hash);
+    PyObject *given[] = {q, k, v};
+    bool wants_grad = false;
+    for (int i = 0; i < 3; ++i) {
+        if (!THPVariable_CheckExact(given[i])) {
+            return false;
+        }
+        at::Tensor const &t = THPVariable_Unpack(given[i]);
+        if (t.is_nested() || t.layout() != at::kStrided || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+            t.dim() != 4) {
+            return false;
+        }
+        TensorFacts &facts = key.tensors[i];
+        for (int d = 0; d < 4; ++d) {
+            facts.sizes[d]   = t.sizes()[d];
+            facts.strides[d] = t.strides()[d];
+            hash             = mix(mix(hash, facts.sizes[d]), facts.strides[d]);
+        }
+        facts.dtype        = static_cast<int>(t.scalar_type());
+        facts.device_type  = static_cast<int>(t.device().type());
+        facts.device_index = t.device().index();
+        hash               = mix(mix(mix(hash, facts.dtype), facts.device_type), facts.device_index);
+        wants_grad         = wants_grad || t.requires_grad();
+    }
+    key.training  = wants_grad && at::GradMode::is_enabled();
+    key.capturing = THPVariable_Unpack(q).is_cuda() &&
+                    c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+    key.hash      = mix(mix(hash, key.training), key.capturing);
+    key.arguments = pybind11::reinterpret_borrow<pybind11::object>(arguments);
+    return true;
+}
+
+struct CallTable {
+    std::unordered_map<CallKey, c10::intrusive_ptr<LeanPlan>, CallKeyHash> plans;
+    int64_t calls = 0;  // calls it ran (dispatch_info's "calls" and "fused_calls" add them)
+};
+
+CallTable &table() {
+    static auto *calls = new CallTable();  // never destroyed: it holds Python objects past finalization
+    return *calls;
+}
+
+// Whether a functorch transform (vmap, grad, ...) wraps this call (torch's own test of it).
+bool functorch_active() {
+    auto included = c10::impl::tls_local_dispatch_key_set().included_;
+    return included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+           included.has(c10::DispatchKey::FuncTorchDynamicLayerBackMode);
+}
+
+// The output of a call whose signature the table holds, or None (then attention() decides in Python).
+pybind11::object table_call(pybind11::handle q, pybind11::handle k, pybind11::handle v, pybind11::handle arguments) {
+    CallKey key;
+    if (functorch_active() || !call_key(q.ptr(), k.ptr(), v.ptr(), arguments.ptr(), key)) {
+        return pybind11::none();
+    }
+    auto &plans = table().plans;
+    auto found  = plans.find(key);
+    if (found == plans.end()) {
+        return pybind11::none();
+    }
+    c10::intrusive_ptr<LeanPlan> plan = found->second;
+    ++table().calls;
+    PyObject *out =
+        THPVariable_Wrap(call(plan, THPVariable_Unpack(q.ptr()), THPVariable_Unpack(k.ptr()), THPVariable_Unpack(v.ptr())));
+    if (out == nullptr) {
+        throw pybind11::error_already_set();
+    }
+    return pybind11::reinterpret_steal<pybind11::object>(out);
+}
+
+bool table_remember(pybind11::handle q, pybind11::handle k, pybind11::handle v, pybind11::handle arguments,
+                    c10::intrusive_ptr<LeanPlan> plan) {
+    CallKey key;
+    if (!call_key(q.ptr(), k.ptr(), v.ptr(), arguments.ptr(), key)) {
+        return false;
+    }
+    table().plans.insert_or_assign(std::move(key), std::move(plan));
+    return true;
+}
+
 Geometry geometry(std::vector<int64_t> shape, std::vector<int64_t> strides) {
     return Geometry{std::move(shape), std::move(strides)};
 }
@@ -360,4 +379,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                  plan.has_grads       = true;
              })
         .def("__call__", &call, "The call's output (a C++ autograd node where grads are wanted)");
+    m.def("call", &table_call, "The output of a call whose signature the table holds, else None");
+    m.def("remember", &table_remember, "File a LeanPlan under a call's signature (False: one it cannot hold)");
+    m.def("forget", [] { table().plans.clear(); table().calls = 0; }, "Empty the table");
+    m.def("calls", [] { return table().calls; }, "Calls the table ran");
+    m.def("size", [] { return table().plans.size(); }, "Signatures the table holds");
 }
