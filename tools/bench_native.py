@@ -8,7 +8,9 @@ For each problem, in one process, each implementation times a batch of back-to-b
 host+GPU time a user sees: wall clock around the batch, synchronised at both ends), one batch of
 each before the next round of any, the order rotating (tools/bench/common.in_turns):
 
-    compiled       attention(), its lean entry run by the compiled module (runtime/native)
+    compiled       attention(), its lean entry run by the compiled module (runtime/native), found
+                   in the module's table of call signatures
+    compiled, Python lookup   the same compiled plan found by attention()'s Python lookup (the table off)
     python         the same entry with the compiled plan taken away: the pure-Python lean path
     sdpa cudnn     torch SDPA with only its cuDNN backend enabled
     sdpa default   torch SDPA with its own backend choice
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fusedattn_select.runtime import native  # noqa: E402
+from fusedattn_select.runtime import api, native  # noqa: E402
 from fusedattn_select.runtime.api import attention  # noqa: E402
 from tools.bench.common import call_entry, in_turns, steady_plans  # noqa: E402
 from tools.bench.host_overhead import _batch_timer  # noqa: E402
@@ -98,11 +100,15 @@ def measure(name: str, spec: tuple, rounds: int) -> dict:
             return row
         compiled = entry.lean
         python = dataclasses.replace(compiled, native=None)
+        module, remember = native._table, api._table_remember
 
-        def use(lean):
+        def use(lean, table=True):
             def setup():
                 entry.lean = lean
-                native.forget_calls()  # the compiled table holds the compiled plan: its next call decides again
+                native.forget_calls()  # the table holds the compiled plan: the next call decides again
+                # Without the table, attention() finds the compiled plan in Python (as before 5985e27).
+                native.call = module.call if table else None
+                api._table_remember = remember if table else (lambda *_: None)
                 _sdpa_backends(SDPA["sdpa default"])
             return setup
 
@@ -110,13 +116,13 @@ def measure(name: str, spec: tuple, rounds: int) -> dict:
             return lambda: _sdpa_backends(enabled)
 
         timers = [("compiled", _batch_timer(torch, ours, calls, _after(use(compiled)))),
+                  ("compiled, Python lookup", _batch_timer(torch, ours, calls, _after(use(compiled, table=False)))),
                   ("python", _batch_timer(torch, ours, calls, _after(use(python))))]
         timers += [(label, _batch_timer(torch, sdpa, calls, _after(backend(enabled)))) for label, enabled in SDPA.items()]
         try:
             results = in_turns(timers, rounds)
         finally:
-            entry.lean = compiled
-            _sdpa_backends(SDPA["sdpa default"])
+            use(compiled)()
     for label, samples in results.items():
         if "error" in samples:
             row[label] = {"error": f"{type(samples['error']).__name__}: {samples['error']}"[:200]}
@@ -126,21 +132,22 @@ def measure(name: str, spec: tuple, rounds: int) -> dict:
 
 
 def render(result: dict) -> str:
-    labels = ("compiled", "python") + tuple(SDPA)
+    labels = ("compiled", "compiled, Python lookup", "python") + tuple(SDPA)
     lines = [f"Device: {result['device']}; torch {result['torch']}, cuDNN {result['cudnn']}, "
              f"cudnn-frontend {result['frontend']}. Per-call µs (median of {result['rounds']} batches taken in "
              "turns; min in brackets); ratios are compiled / the named one.", "",
-             "| problem | " + " | ".join(labels) + " | compiled/python | compiled/sdpa cudnn | compiled/sdpa default |",
-             "|---|" + "---|" * (len(labels) + 3)]
+             "| problem | " + " | ".join(labels) + " | compiled/Python lookup | compiled/python | compiled/sdpa cudnn"
+             " | compiled/sdpa default |",
+             "|---|" + "---|" * (len(labels) + 4)]
     for row in result["rows"]:
         if "status" in row:
-            lines.append(f"| {row['problem']} | {row['status']} |" + " |" * (len(labels) + 2))
+            lines.append(f"| {row['problem']} | {row['status']} |" + " |" * (len(labels) + 3))
             continue
         cells = [f"{row[x]['median_us']:.1f} ({row[x]['min_us']:.1f})" if "median_us" in row[x] else row[x]["error"]
                  for x in labels]
         base = row["compiled"].get("median_us")
         ratios = [f"{base / row[x]['median_us']:.3f}" if base and "median_us" in row[x] else "-"
-                  for x in ("python", "sdpa cudnn", "sdpa default")]
+                  for x in ("compiled, Python lookup", "python", "sdpa cudnn", "sdpa default")]
         lines.append(f"| {row['problem']} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines) + "\n"
 
