@@ -371,3 +371,50 @@ def test_apply_lean_defers_to_function_apply_under_functorch_transforms():
     # Function.apply refuses a Function without setup_context under a transform; apply_lean must too.
     with pytest.raises(RuntimeError, match="setup_context"):
         torch.func.grad(lambda x: lean.apply_lean(found, x, k, v).sum())(q)
+
+
+# ----- the compiled table's place in attention() ---------------------------------------------------
+def test_attention_asks_the_compiled_table_first_and_only_for_calls_it_can_hold(monkeypatch):
+    """attention() hands plain calls (no optional tensors, fp8 False, no lse) to the table with its
+    arguments as given, returns the table's output where it has one, and decides in Python on None."""
+    asked = []
+    answer = {}
+
+    def table(q, k, v, arguments):
+        asked.append(arguments)
+        return answer.get("out")
+
+    monkeypatch.setattr(api.native, "call", table)
+    q, k, v = _qkv((1, 8, 2, 16))
+    lens = torch.full((1,), 8, dtype=torch.int32)
+    api.attention(q, k, v, mask="causal", attn_scale=0.5)  # None: decided in Python (CPU: falls back)
+    assert asked == [(None, "causal", (-1, -1), 0.5, 0.0, "vanilla", False)]
+    for other in (dict(fp8=True), dict(return_lse=True), dict(seqlens_q=lens, seqlens_kv=lens, mask="padding"),
+                  dict(bias=torch.zeros(1, 2, 8, 8, dtype=BF16))):
+        try:
+            api.attention(q, k, v, **other)
+        except ConfigError:
+            pass  # refused here or not: never asked the table
+    assert len(asked) == 1
+    answer["out"] = sentinel = torch.ones(1)
+    assert api.attention(q, k, v) is sentinel
+
+
+def test_only_compiled_lean_entries_off_bucket_plans_are_filed_in_the_table(monkeypatch):
+    filed = []
+    monkeypatch.setattr(api.native, "remember", lambda q, k, v, arguments, plan: filed.append(plan))
+    q, k, v = _qkv((1, 8, 2, 16))
+
+    class Found:
+        def __init__(self, native=None, lean=True, reason="", ragged=None):
+            self.lean = type("L", (), {"native": native})() if lean else None
+            self.reason, self.ragged_forward = reason, ragged
+
+        fused = property(lambda self: not self.reason)
+        bucketed = property(lambda self: self.ragged_forward is not None)
+
+    for found in (Found(), Found(lean=False), Found("plan", reason="falls back"), Found("plan", ragged={})):
+        api._table_remember(found, q, k, v, ARGS[:7])
+    assert filed == []
+    api._table_remember(Found("plan"), q, k, v, ARGS[:7])
+    assert filed == ["plan"]

@@ -171,3 +171,11 @@ class _Entry:
 class _Lean:
     def __init__(self, grads=((), (), ())):
         self.grads = grads
+
+
+def test_no_module_means_an_empty_table(native_dir, monkeypatch):
+    monkeypatch.setattr(native, "_table", None)
+    monkeypatch.setattr(native, "call", None)
+    native.remember(None, None, None, (), None)
+    native.forget_calls()
+    assert native.table_calls() == 0 and native.call is None
