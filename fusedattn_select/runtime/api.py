@@ -271,7 +271,7 @@ def clear_plans() -> None:
     again, loading its plans from the persistent store where they are stored)."""
     _entries.clear()
     entries.by_call.clear()
-    native.forget_calls()
+    native.forget_calls(reset_count=True)
     entries.forget_counts()
     for name in entries.counters:
         entries.counters[name] = 0

@@ -275,10 +275,12 @@ def test_compiled_graphs_under_torch_compile_are_unchanged(fresh):
 # ----- the table of call signatures -------------------------------------------------------------
 
 def _filed(call, times=2):
-    """Make `call`'s signature a compiled lean entry filed in the table (decided, promoted, filed)."""
+    """Make `call`'s signature a compiled lean entry on its own plans, filed in the table (decided
+    and promoted, then filed)."""
     for _ in range(times):
         call()
-    assert _entry_of_last_call().lean.native is not None
+    entry = _entry_of_last_call()
+    assert not entry.bucketed and entry.lean.native is not None
 
 
 @pytest.mark.parametrize("training", [False, True])
@@ -349,13 +351,14 @@ def test_training_and_inference_of_one_geometry_are_two_signatures(fresh):
     _filed(lambda: attention(q, k, v))
     with torch.no_grad():
         _filed(lambda: attention(q, k, v))
-        out = attention(q, k, v)
-    assert out.grad_fn is None
-    out = attention(q, k, v)
-    assert out.grad_fn.name() == "LeanAttentionBackward"
+    assert fresh.size() == 2
+    before = native.table_calls()
+    with torch.no_grad():
+        assert attention(q, k, v).grad_fn is None
+    assert attention(q, k, v).grad_fn.name() == "LeanAttentionBackward"
     detached = [t.detach() for t in (q, k, v)]
     assert attention(*detached).grad_fn is None  # no input wants grads: the inference signature
-    assert fresh.size() == 2
+    assert native.table_calls() == before + 3 and fresh.size() == 2  # each found, none filed anew
 
 
 def test_captured_calls_are_their_own_signature_and_replay(fresh):

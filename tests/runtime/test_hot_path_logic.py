@@ -416,5 +416,9 @@ def test_only_compiled_lean_entries_off_bucket_plans_are_filed_in_the_table(monk
     for found in (Found(), Found(lean=False), Found("plan", reason="falls back"), Found("plan", ragged={})):
         api._table_remember(found, q, k, v, ARGS[:7])
     assert filed == []
+    monkeypatch.setattr(api, "functorch_active", lambda: True)  # under vmap, grad, ...: never filed
+    api._table_remember(Found("plan"), q, k, v, ARGS[:7])
+    assert filed == []
+    monkeypatch.setattr(api, "functorch_active", lambda: False)
     api._table_remember(Found("plan"), q, k, v, ARGS[:7])
     assert filed == ["plan"]

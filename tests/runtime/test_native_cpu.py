@@ -176,6 +176,27 @@ class _Lean:
 def test_no_module_means_an_empty_table(native_dir, monkeypatch):
     monkeypatch.setattr(native, "_table", None)
     monkeypatch.setattr(native, "call", None)
-    native.remember(None, None, None, (), None)
+    native.remember(None, None, None, (), None)  # nothing to file into: no error
     native.forget_calls()
-    assert native.table_calls() == 0 and native.call is None
+    assert native.table_calls() == 0
+
+
+def test_forgetting_the_table_keeps_its_count_until_a_reset(monkeypatch):
+    class Table:  # the module's count of calls, which its forget() zeroes
+        n = 5
+
+        def calls(self):
+            return self.n
+
+        def forget(self):
+            self.n = 0
+
+    table = Table()
+    monkeypatch.setattr(native, "_table", table)
+    monkeypatch.setattr(native, "_forgotten_calls", 0)
+    native.forget_calls()
+    assert native.table_calls() == 5
+    table.n = 2
+    assert native.table_calls() == 7
+    native.forget_calls(reset_count=True)
+    assert native.table_calls() == 0

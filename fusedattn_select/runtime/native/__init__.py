@@ -170,19 +170,28 @@ def self_test() -> None:
     assert module.stream_check(7) == "eng7"
     if not torch.cuda.is_available():
         return
-    from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime import dense_builds, entries
     from fusedattn_select.runtime.api import attention
 
     q, k, v = (torch.randn(2, 64, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     got = {}
-    for label in ("native", "python"):
-        out = attention(q, k, v, mask="causal")
-        got[label] = (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
-        for found in entries.by_call.values():
-            if found.lean is not None:
-                assert label == "python" or found.lean.native is not None, "the compiled path did not run"
-                found.lean = dataclasses.replace(found.lean, native=None)
-        forget_calls()
+    settings = entries.dense_after, dense_builds.configured
+    entries.dense_after, dense_builds.configured = 1, "inline"  # its own plans at once: a table entry
+    try:
+        for label, calls in (("native", 3), ("python", 1)):
+            before = table_calls()
+            for _ in range(calls):  # native: decided and promoted, filed in the table, run from it
+                out = attention(q, k, v, mask="causal")
+                got[label] = (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+            ran = table_calls() - before
+            assert ran >= 1 if label == "native" else ran == 0, f"the table ran {ran} of the {label} calls"
+            for found in entries.by_call.values():
+                if found.lean is not None:
+                    assert label == "python" or found.lean.native is not None, "the compiled path did not run"
+                    found.lean = dataclasses.replace(found.lean, native=None)
+            forget_calls()
+    finally:
+        entries.dense_after, dense_builds.configured = settings
     for a, b in zip(got["native"], got["python"]):
         assert torch.allclose(a.float(), b.float(), atol=2e-2), "compiled and Python paths differ"
 
@@ -253,15 +262,21 @@ def remember(q: Any, k: Any, v: Any, arguments: tuple, plan: Any) -> None:
         _table.remember(q, k, v, arguments, plan)
 
 
-def forget_calls() -> None:
-    """Empty the table (and its count of calls): the next call of each signature decides in Python."""
+_forgotten_calls = 0  # calls the table ran before it was last emptied without resetting the count
+
+
+def forget_calls(reset_count: bool = False) -> None:
+    """Empty the table: the next call of each signature decides in Python. Its count of calls
+    (dispatch_info's) goes on unless `reset_count` (clear_plans, which resets every counter)."""
+    global _forgotten_calls
     if _table is not None:
+        _forgotten_calls = 0 if reset_count else table_calls()
         _table.forget()
 
 
 def table_calls() -> int:
-    """Calls the table ran since it was last emptied (0 where no module is loaded)."""
-    return 0 if _table is None else int(_table.calls())
+    """Calls the table ran (0 where no module is loaded), since the last forget_calls(reset_count=True)."""
+    return 0 if _table is None else _forgotten_calls + int(_table.calls())
 
 
 def executes() -> int:
