@@ -20,7 +20,8 @@ from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import dense_builds, native  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
-from fusedattn_select.runtime.fp8 import FP8History  # noqa: E402
+from fusedattn_select.runtime.fp8 import FP8History, FP8Tensor  # noqa: E402
+from fusedattn_select.runtime.native import fp8_plan as native_fp8  # noqa: E402
 
 pytestmark = GPU_MARKS
 TOL_OUT, TOL_GRAD = 2e-2, 4e-2
@@ -376,3 +377,45 @@ def test_captured_calls_are_their_own_signature_and_replay(fresh):
                 t.copy_(torch.randn(t.shape, generator=torch.Generator(device=CUDA).manual_seed(seed), device=CUDA))
             graph.replay()
             assert_close(captured, _reference(q, k, v, "bshd", mask="causal")[0], TOL_OUT, f"replay {seed}")
+
+
+# ----- the compiled FP8 forward ------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_fp8_inference_runs_compiled_with_the_python_paths_bytes(fresh, layout, monkeypatch):
+    """Current scaling, delayed scaling and FP8 output, over calls whose inputs change scale (so a
+    history's first call, its lag and its updates all count): the same outputs, descales and
+    histories, to the bit, as the general path's Triton kernels make."""
+    q, k, v = _tensors(layout, s=128, d=128, grad=False)
+    ran: list[bool] = []
+    compiled = native_fp8.forward
+
+    def counted(*args):
+        out = compiled(*args)
+        ran.append(out is not None)
+        return out
+
+    def run():
+        histories = {"current": None, "delayed": FP8History(length=3),
+                     "fp8 out": FP8History(length=3, algo="most_recent", o_dtype=torch.float8_e4m3fn)}
+        outs = []
+        with torch.no_grad():
+            for factor in (1.0, 3.0, 0.25, 1.5):
+                qs, ks, vs = q * factor, k * factor, v * factor
+                for history in histories.values():
+                    out = attention(qs, ks, vs, layout=layout, mask="causal", fp8=True if history is None else history)
+                    outs.append((out.data.view(torch.uint8), out.descale) if isinstance(out, FP8Tensor) else (out,))
+        return outs, [h.amax_history.clone() for h in histories.values() if h is not None]
+
+    monkeypatch.setattr(native_fp8, "forward", counted)
+    got, got_history = run()
+    assert ran == [True] * 12, "the compiled FP8 forward did not run every call"
+    monkeypatch.setattr(native_fp8, "forward", lambda *args: None)  # the general path
+    want, want_history = run()
+    for i, (a, b) in enumerate(zip(got, want)):
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride(), i
+            assert torch.equal(x, y), f"call {i} differs from the general path's"
+    for a, b in zip(got_history, want_history):
+        assert torch.equal(a, b)
+    ref = _reference(q, k, v, layout, mask="causal")[0]
+    assert_close(got[0][0], ref, 0.1, "current scaling vs the float64 reference")

@@ -2,8 +2,8 @@
 C++ autograd node for training, so a call costs torch's own per-op overhead instead of Python's.
 
 It is built on request, never during a call: `build()` (or `fusedattn-select native build`) compiles
-lean.cpp with torch's extension builder, which needs a C++ compiler (torch's choice, or $CXX), the
-CUDA headers, cuDNN's headers (the nvidia-cudnn wheel torch installs) and cudnn-frontend's headers
+lean.cpp and the FP8 kernels of fp8.cu with torch's extension builder, which needs a C++ compiler
+(torch's choice, or $CXX), the CUDA toolkit (nvcc and its headers), cuDNN's headers (the nvidia-cudnn wheel torch installs) and cudnn-frontend's headers
 (its wheel ships them), then tests the module in a child process before keeping it. Modules live in
 $FUSEDATTN_SELECT_NATIVE_DIR (default: native/ in the cache directory), named by a hash of the
 source and of the versions they compile against, so a changed torch or frontend never loads a stale
@@ -30,6 +30,11 @@ log = logging.getLogger("fusedattn_select")
 ENV_VAR = "FUSEDATTN_SELECT_NATIVE"
 DIR_ENV = "FUSEDATTN_SELECT_NATIVE_DIR"
 SOURCE = Path(__file__).with_name("lean.cpp")  # it includes the headers beside it
+
+
+def _sources() -> list[Path]:
+    """The sources compiled into the module: lean.cpp, then the CUDA kernels beside it (fp8.cu)."""
+    return [SOURCE, *sorted(SOURCE.parent.glob("*.cu"))]
 
 _lock = threading.Lock()
 _loaded: dict[str, Optional[ModuleType]] = {}  # module name -> the module, or None (did not load)
@@ -92,7 +97,7 @@ def _hash_name() -> str:
         frontend = "unknown"
     digest = hashlib.sha256()
     headers = [h.read_bytes() for h in sorted(SOURCE.parent.glob("*.h"))]
-    for part in (SOURCE.read_bytes(), *headers, torch.__version__.encode(), str(torch.version.cuda).encode(),
+    for part in (*(source.read_bytes() for source in _sources()), *headers, torch.__version__.encode(), str(torch.version.cuda).encode(),
                  frontend.encode(), sys.implementation.cache_tag.encode()):
         digest.update(part + b"\0")
     return "fusedattn_select_native_" + digest.hexdigest()[:16]
@@ -130,9 +135,10 @@ def build(verbose: bool = False) -> Path:
     where = build_dir() / name
     where.mkdir(parents=True, exist_ok=True)
     try:
-        cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(where),
+        cpp_extension.load(name=name, sources=[str(p) for p in _sources()], build_directory=str(where),
                            extra_include_paths=[str(d) for d in includes],
-                           extra_cflags=["-O3", "-fvisibility=hidden", "-std=c++17"], with_cuda=True,
+                           extra_cflags=["-O3", "-fvisibility=hidden", "-std=c++17"],
+                           extra_cuda_cflags=["-O3", "-std=c++17"], with_cuda=True,
                            verbose=verbose, is_python_module=False)
     except Exception as err:  # noqa: BLE001 - the compiler's or ninja's own error, passed on whole
         raise NativeBuildError(f"compiling {SOURCE.name} failed: {err}") from None
@@ -284,23 +290,24 @@ def executes() -> int:
     return sum(int(module.executes()) for module in list(_loaded.values()) if module is not None)
 
 
-def _graph(module: ModuleType, plan: Any, call_index: tuple[int, ...]) -> Optional[Any]:
-    """The plan's graph deserialized in C++ (made once per plan and binding), or None."""
+def graph(module: ModuleType, plan: Any, call_index: tuple[int, ...]) -> Optional[Any]:
+    """The plan's graph deserialized in C++ with the call position of each of its tensors (made once
+    per plan and binding), or None."""
     key = ("native", call_index)
     if key in plan.derived:
         return plan.derived[key]
-    graph = None
+    loaded = None
     uids = plan._uids
     if uids is not None:
         from fusedattn_select.probing.cudnn.plan_blob import graph_bytes
 
         try:
-            graph = module.load_graph(plan.device.index or 0, graph_bytes(plan.graph), list(uids), list(call_index))
+            loaded = module.load_graph(plan.device.index or 0, graph_bytes(plan.graph), list(uids), list(call_index))
         except Exception as err:  # noqa: BLE001 - the frontend's refusal: this plan runs the Python path
             log.info("fusedattn_select: compiled lean path cannot load a %s plan (%s); using the Python path",
                      plan.phase.value, err)
-    plan.derived[key] = graph
-    return graph
+    plan.derived[key] = loaded
+    return loaded
 
 
 def plan_runner(plan: Any) -> Optional[Any]:
@@ -309,11 +316,11 @@ def plan_runner(plan: Any) -> Optional[Any]:
     module = load()
     if module is None:
         return None
-    graph = _graph(module, plan, tuple(range(len(plan.order))))
-    if graph is None:
+    loaded = graph(module, plan, tuple(range(len(plan.order))))
+    if loaded is None:
         return None
     run = module.run_tensors
-    return lambda buffers: run(graph, buffers)
+    return lambda buffers: run(loaded, buffers)
 
 
 def lean_plan(entry: Any, lean: Any) -> Optional[Any]:
@@ -325,7 +332,7 @@ def lean_plan(entry: Any, lean: Any) -> Optional[Any]:
         return None
     import torch
 
-    forward = _graph(module, entry.forward, lean.forward_index)
+    forward = graph(module, entry.forward, lean.forward_index)
     if forward is None:
         return None
     shape, strides = lean.out
@@ -336,7 +343,7 @@ def lean_plan(entry: Any, lean: Any) -> Optional[Any]:
             return None
         plan.set_stats(list(lean.stats.dims), list(lean.stats.strides))
     if lean.grads is not None:
-        backward = _graph(module, entry.backward, lean.backward_index)
+        backward = graph(module, entry.backward, lean.backward_index)
         if backward is None:
             return None
         grads = [list(part) for geometry in lean.grads for part in geometry]
