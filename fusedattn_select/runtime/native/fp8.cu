@@ -20,6 +20,9 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float load(__nv_bfloat16 const *x, int64_t i) { return __bfloat162float(x[i]); }
 __device__ __forceinline__ float load(__half const *x, int64_t i) { return __half2float(x[i]); }
+// (torch builds with the implicit half and bfloat16 conversions turned off)
+__device__ __forceinline__ void store(__nv_bfloat16 *y, int64_t i, float v) { y[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store(__half *y, int64_t i, float v) { y[i] = __float2half_rn(v); }
 
 __device__ __forceinline__ float pow2_scale(float amax, float top, float max_scale, float margin) {
     float bits = __int_as_float(__float_as_int(__fdiv_rn(top, amax)) & 0x7F800000);
@@ -119,7 +122,7 @@ __global__ void dequant_kernel(__nv_fp8_e4m3 const *x, T *y, int64_t n, float co
     float d      = *descale;
     int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += step) {
-        y[i] = static_cast<T>(static_cast<float>(x[i]) * d);
+        store(y, i, static_cast<float>(x[i]) * d);
     }
 }
 
