@@ -420,3 +420,19 @@ def test_fp8_inference_runs_compiled_with_the_python_paths_bytes(fresh, layout, 
         assert torch.equal(a, b)
     ref = _reference(q, k, v, layout, mask="causal")[0]
     assert_close(got[0][0], ref, 0.1, "current scaling vs the float64 reference")
+
+
+def test_fp8_inference_of_other_geometries_on_one_plan_is_judged_per_call(fresh, monkeypatch):
+    """A dense call first, then q, k, v split from one fused projection (the same shapes, so the same
+    plan, but not dense): the second runs the general path's copies, with its bytes."""
+    b, s, h, d = 2, 128, 4, 128
+    q, k, v = (torch.randn(b, s, h, d, device=CUDA, dtype=torch.bfloat16) for _ in range(3))
+    fused = torch.cat([q, k, v], dim=-1)  # (b, s, h, 3d): each slice strides over the others
+    split = fused.split(d, dim=-1)
+    assert not split[0].is_contiguous()
+    with torch.no_grad():
+        attention(q, k, v, mask="causal", fp8=True)  # dense: the compiled FP8 forward
+        got = attention(*split, mask="causal", fp8=True)
+        monkeypatch.setattr(native_fp8, "forward", lambda *args: None)
+        want = attention(*split, mask="causal", fp8=True)
+    assert torch.equal(got, want)

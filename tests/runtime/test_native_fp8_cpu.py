@@ -62,3 +62,33 @@ def test_without_a_module_a_call_is_declined_and_its_history_untouched(monkeypat
     q = torch.zeros(1, 8, 2, 16, dtype=torch.bfloat16)
     assert fp8_plan.forward(Entry(), q, q, q, history) is None
     assert history.calls == 0
+
+
+def test_each_call_geometry_and_precision_is_judged_on_its_own(monkeypatch):
+    """Entries that share a forward plan (other strides, say a non-dense q the general path copies,
+    or fp16 against bf16) each get their own decision, made once; nothing is kept without a module."""
+    made = []
+
+    def make(module, entry, q, k, v, o_dtype):
+        made.append((q.dtype, q.stride()))
+        return None if q.stride()[1] == 0 else "plan"
+
+    class Options:
+        layout = "bshd"
+
+    class Entry:
+        opts, forward = Options(), _Plan()
+
+    entry = Entry()
+    monkeypatch.setattr(fp8_plan, "_make", make)
+    dense = torch.zeros(1, 8, 2, 16, dtype=torch.bfloat16)
+    monkeypatch.setattr(fp8_plan.native, "load", lambda: None)
+    assert fp8_plan._plan(entry, dense, dense, dense, dense.dtype) is None and made == []
+    monkeypatch.setattr(fp8_plan.native, "load", lambda: "module")
+    broadcast = torch.zeros(1, 1, 2, 16, dtype=torch.bfloat16).expand(1, 8, 2, 16)
+    for q in (dense, dense, broadcast, dense.half(), broadcast):
+        fp8_plan._plan(entry, q, dense, dense, q.dtype)
+    assert made == [(torch.bfloat16, dense.stride()), (torch.bfloat16, broadcast.stride()),
+                    (torch.float16, dense.stride())]
+    assert fp8_plan._plan(entry, dense, dense, dense, dense.dtype) == "plan"
+    assert fp8_plan._plan(entry, broadcast, dense, dense, dense.dtype) is None

@@ -4,7 +4,8 @@ history updates of runtime/fp8.py's path, at a fraction of its host time.
 
 It takes an entry whose forward plan reads q, k, v and the FP8 scales and writes O and the two amaxes
 (no masks' lengths, bias, sink or dropout), inputs in fp16 or bf16 whose memory is dense, e4m3 q, k,
-v and O. Anything else, or no module built, returns None: the general path runs the call.
+v and O. Anything else, no module built, or FUSEDATTN_SELECT_FP8_KERNELS=torch returns None: the
+general path runs the call.
 """
 
 from __future__ import annotations
@@ -46,12 +47,17 @@ def forward(entry: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _plan(entry: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_dtype: torch.dtype) -> Optional[Any]:
-    """The entry's Fp8Plan for this output precision (made once per plan), or None."""
-    forward_plan = entry.forward
-    key = ("fp8-native", entry.opts.layout, o_dtype)
-    if key not in forward_plan.derived:
-        forward_plan.derived[key] = _make(entry, q, k, v, o_dtype)
-    return forward_plan.derived[key]
+    """The Fp8Plan of a call, or None. Made once per forward plan and call geometry: entries of
+    other strides (a non-dense q, say, which the general path copies) or input precision share the
+    plan, and each is checked on its own. Nothing is kept while no module is loaded."""
+    module = native.load()
+    if module is None or entry.forward is None:
+        return None
+    key = ("fp8-native", entry.opts.layout, o_dtype, q.dtype, q.stride(), k.stride(), v.stride())
+    derived = entry.forward.derived
+    if key not in derived:
+        derived[key] = _make(module, entry, q, k, v, o_dtype)
+    return derived[key]
 
 
 def _call_index(plan: Any) -> Optional[tuple[list[int], list[torch.Tensor]]]:
@@ -72,10 +78,10 @@ def _call_index(plan: Any) -> Optional[tuple[list[int], list[torch.Tensor]]]:
     return positions, constants
 
 
-def _make(entry: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_dtype: torch.dtype) -> Optional[Any]:
+def _make(module: Any, entry: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+          o_dtype: torch.dtype) -> Optional[Any]:
     opts, plan = entry.opts, entry.forward
-    module = native.load()
-    if (module is None or not opts.fp8 or opts.training or entry.bucketed or entry.rng is not None
+    if (not opts.fp8 or opts.training or entry.bucketed or entry.rng is not None or fp8k.configured_choice() == "torch"
             or plan is None or plan.specs["q"].dtype != E4M3 or plan.specs["o"].dtype != E4M3
             or q.dtype not in (torch.float16, torch.bfloat16) or o_dtype not in (q.dtype, E4M3)
             or not q.is_cuda or not fp8k._device_info(q.device)[0]):
