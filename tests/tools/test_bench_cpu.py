@@ -420,3 +420,17 @@ def test_tiny_rows_compare_within_their_kind_and_name_the_path():
     old = host_overhead.render({"rows": [{k: v for k, v in r.items() if k != "kind"} for r in rows]})
     assert old.count("| 1.50x |") == 2
     assert "device thread off" not in host_overhead.render({"rows": rows[:4]})
+
+
+@pytest.mark.parametrize("tool", ["bench_amax", "bench_bindings", "bench_cache_slices", "bench_distributed",
+                                  "bench_fp8_overlap", "record_fp8_speed"])
+def test_standalone_tool_help_runs_without_torch_or_cudnn(tool):
+    """The standalone GPU tools import torch and cuDNN only when they measure: --help works anywhere."""
+    code = ("import runpy, sys\n"
+            "sys.modules['torch'] = None\n"
+            "sys.modules['cudnn'] = None\n"
+            f"sys.argv = ['{tool}', '--help']\n"
+            f"runpy.run_module('tools.{tool}', run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage:"), out.stdout
