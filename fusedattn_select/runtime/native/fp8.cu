@@ -3,6 +3,13 @@
 // times a margin factor, at most max_scale; a cast saturates to +-top and keeps NaN; amaxes are
 // folded with atomicMax on the bits of non-negative floats. Each kernel walks a tensor's dense
 // memory from its first element, as the Triton kernels do.
+//
+// Launch shapes, chosen by timing variants on an H100 (b2 h32/8 d128 bf16 q, k, v at s4096 and
+// s8192; every variant's bytes checked against the Triton kernels'): amax keeps kAmaxLoads 16-byte
+// loads a thread in flight (no L1 allocation, L2 256-byte prefetch), takes the max on packed
+// pairs and runs at most sms * kAmaxBlocksPerSm blocks; cast and dequantize run one block per
+// threads * elements a thread (no grid stride for dense tensors) with streaming (evict-first)
+// loads and stores, and the cast converts pairs with one cvt.
 
 #include "fp8.h"
 
@@ -12,11 +19,16 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace fusedattn_select_fp8 {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kAmaxThreads = 512, kAmaxLoads = 2;  // 16-byte loads a thread per step
+constexpr int kAmaxBlocksPerSm = 32;
+constexpr int kCastThreads = 128, kCastElems = 8;   // cast without a running amax
+constexpr int kFoldThreads = 256, kFoldElems = 16;  // cast folding the running amax (fewer, larger blocks)
+constexpr int kDequantThreads = 256;
 
 __device__ __forceinline__ float load(__nv_bfloat16 const *x, int64_t i) { return __bfloat162float(x[i]); }
 __device__ __forceinline__ float load(__half const *x, int64_t i) { return __half2float(x[i]); }
@@ -30,6 +42,7 @@ __device__ __forceinline__ float pow2_scale(float amax, float top, float max_sca
 }
 
 // The block's max of `value` (non-negative), folded into *out by atomicMax on its bits.
+template <int kThreads>
 __device__ __forceinline__ void fold_max(float value, float *out) {
     __shared__ float warps[kThreads / 32];
     for (int offset = 16; offset > 0; offset /= 2) {
@@ -58,10 +71,21 @@ union Fp8x8 {
     __nv_fp8_storage_t bytes[8];
 };
 
+template <typename T> struct Pair;
+template <> struct Pair<__nv_bfloat16> {
+    using type = __nv_bfloat162;
+    static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+template <> struct Pair<__half> {
+    using type = __half2;
+    static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
+};
+
 template <typename T>
 union Wide8 {
     uint4 raw;
     T values[8];
+    typename Pair<T>::type pairs[4];
 };
 
 __device__ __forceinline__ float value(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -71,8 +95,22 @@ __device__ __forceinline__ __nv_fp8_storage_t to_e4m3(float s) {
     return __nv_cvt_float_to_fp8(s, __NV_SATFINITE, __NV_E4M3);
 }
 
+// Two at once: one cvt.rn.satfinite.e4m3x2.f32 (the instruction to_e4m3 uses for one); a in the low byte.
+__device__ __forceinline__ __nv_fp8x2_storage_t to_e4m3x2(float a, float b) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+
 __device__ __forceinline__ float from_e4m3(__nv_fp8_storage_t b) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
+}
+
+// Read-once 16 bytes: not kept in L1, with a 256-byte L2 prefetch.
+__device__ __forceinline__ uint4 load_once(uint4 const *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
 }
 
 // The number of 8-element groups a kernel takes as wide loads (0 where `p` is not 16-byte aligned).
@@ -80,36 +118,55 @@ __device__ __forceinline__ int64_t wide(void const *p, int64_t n) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0 ? n / 8 : 0;
 }
 
+// Each block step covers kAmaxThreads * kAmaxLoads 16-byte groups, thread i loading groups
+// start + i + u * kAmaxThreads (all loads issued before any max). The max runs on packed pairs:
+// exact, and like fmaxf it ignores NaN.
 template <typename T>
-__global__ void amax_kernel(T const *x, int64_t n, float *out) {
-    float m       = 0.0f;
-    int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-    int64_t step  = static_cast<int64_t>(gridDim.x) * kThreads;
-    int64_t groups = wide(x, n);
-    auto const *xw = reinterpret_cast<uint4 const *>(x);
-    for (int64_t i = first; i < groups; i += step) {
-        Wide8<T> in;
-        in.raw = xw[i];
+__global__ void __launch_bounds__(kAmaxThreads) amax_kernel(T const *__restrict__ x, int64_t n, float *__restrict__ out) {
+    using Pair2          = typename Pair<T>::type;
+    constexpr int kChunk = kAmaxThreads * kAmaxLoads;
+    int64_t groups       = wide(x, n);
+    auto const *xw       = reinterpret_cast<uint4 const *>(x);
+    Pair2 m2             = Pair<T>::make(0.0f, 0.0f);
+    int64_t step         = static_cast<int64_t>(gridDim.x) * kChunk;
+    for (int64_t start = static_cast<int64_t>(blockIdx.x) * kChunk; start < groups; start += step) {
+        Wide8<T> in[kAmaxLoads];
+        bool full = start + kChunk <= groups;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            m = fmaxf(m, fabsf(value(in.values[j])));
+        for (int u = 0; u < kAmaxLoads; ++u) {
+            int64_t i = start + u * kAmaxThreads + threadIdx.x;
+            in[u].raw = (full || i < groups) ? load_once(xw + i) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kAmaxLoads; ++u) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                m2 = __hmax2(m2, __habs2(in[u].pairs[j]));
+            }
         }
     }
-    for (int64_t i = groups * 8 + first; i < n; i += step) {
+    float m = fmaxf(__low2float(m2), __high2float(m2));
+    for (int64_t i = groups * 8 + static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * kAmaxThreads) {
         m = fmaxf(m, fabsf(load(x, i)));
     }
-    fold_max(m, out);
+    fold_max<kAmaxThreads>(m, out);
 }
 
 __device__ __forceinline__ float saturate(float s, float top) { return s != s ? s : fminf(fmaxf(s, -top), top); }
 
 // y = saturate(x * scale) as e4m3; scale from *amax (times `margin`). Block 0 writes the state's
 // descale of tensor t (and, for t == 2, O's descale and scale, which are V's; for t == 0, vnorm as
-// NaN). With `running`, max |x| is folded into it.
-template <typename T>
-__global__ void cast_kernel(T const *x, __nv_fp8_storage_t *y, int64_t n, int t, float const *amax, float top,
-                            float max_scale, float margin, float *state, float *running) {
-    float scale = pow2_scale(*amax, top, max_scale, margin);
+// NaN). With `running` (kFold), max |x| is folded into it. A thread takes kElems elements (8: one
+// 16-byte load, one 8-byte store; 16: two loads, one 16-byte store); a block kThreads * kElems.
+template <int kThreads, int kElems, bool kFold, typename T>
+__global__ void __launch_bounds__(kThreads)
+    cast_kernel(T const *__restrict__ x, __nv_fp8_storage_t *__restrict__ y, int64_t n, int t,
+                float const *__restrict__ amax, float top, float max_scale, float margin, float *__restrict__ state,
+                float *__restrict__ running) {
+    constexpr int kLoads = kElems / 8;
+    using Out            = std::conditional_t<kElems == 16, uint4, uint2>;
+    float scale          = pow2_scale(*amax, top, max_scale, margin);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         float descale = __fdiv_rn(1.0f, scale);
         state[t]      = descale;
@@ -121,31 +178,43 @@ __global__ void cast_kernel(T const *x, __nv_fp8_storage_t *y, int64_t n, int t,
             state[8] = scale;
         }
     }
-    float m        = 0.0f;
-    int64_t first  = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-    int64_t step   = static_cast<int64_t>(gridDim.x) * kThreads;
-    int64_t groups = reinterpret_cast<uintptr_t>(y) % 8 == 0 ? wide(x, n) : 0;
+    float m       = 0.0f;
+    int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    int64_t step  = static_cast<int64_t>(gridDim.x) * kThreads;
+    bool aligned  = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % kElems == 0;
+    int64_t units = aligned ? n / kElems : 0;
     auto const *xw = reinterpret_cast<uint4 const *>(x);
-    auto *yw       = reinterpret_cast<uint2 *>(y);
-    for (int64_t i = first; i < groups; i += step) {
-        Wide8<T> in;
-        in.raw = xw[i];
-        Fp8x8 out;
+    auto *yw       = reinterpret_cast<Out *>(y);
+    for (int64_t i = first; i < units; i += step) {
+        Wide8<T> in[kLoads];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            float v      = value(in.values[j]);
-            out.bytes[j] = to_e4m3(saturate(v * scale, top));
-            m            = fmaxf(m, fabsf(v));
+        for (int g = 0; g < kLoads; ++g) {
+            in[g].raw = __ldcs(xw + i * kLoads + g);
         }
-        yw[i] = out.raw;
+        union {
+            Out raw;
+            __nv_fp8x2_storage_t pairs[kElems / 2];
+        } out;
+#pragma unroll
+        for (int g = 0; g < kLoads; ++g) {
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                float v0 = value(in[g].values[j]), v1 = value(in[g].values[j + 1]);
+                out.pairs[g * 4 + j / 2] = to_e4m3x2(saturate(v0 * scale, top), saturate(v1 * scale, top));
+                if constexpr (kFold) {
+                    m = fmaxf(m, fmaxf(fabsf(v0), fabsf(v1)));
+                }
+            }
+        }
+        __stcs(yw + i, out.raw);
     }
-    for (int64_t i = groups * 8 + first; i < n; i += step) {
+    for (int64_t i = units * kElems + first; i < n; i += step) {
         float v = load(x, i);
         y[i]    = to_e4m3(saturate(v * scale, top));
         m       = fmaxf(m, fabsf(v));
     }
-    if (running != nullptr) {
-        fold_max(m, running);
+    if constexpr (kFold) {
+        fold_max<kThreads>(m, running);
     }
 }
 
@@ -173,55 +242,73 @@ __global__ void commit_kernel(float *buf, int length, float *src, float *state, 
     }
 }
 
+// Streaming (evict-first) loads and stores: each byte is touched once.
 template <typename T>
-__global__ void dequant_kernel(__nv_fp8_storage_t const *x, T *y, int64_t n, float const *descale) {
+__global__ void __launch_bounds__(kDequantThreads)
+    dequant_kernel(__nv_fp8_storage_t const *__restrict__ x, T *__restrict__ y, int64_t n,
+                   float const *__restrict__ descale) {
     float d        = *descale;
-    int64_t first  = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-    int64_t step   = static_cast<int64_t>(gridDim.x) * kThreads;
+    int64_t first  = static_cast<int64_t>(blockIdx.x) * kDequantThreads + threadIdx.x;
+    int64_t step   = static_cast<int64_t>(gridDim.x) * kDequantThreads;
     int64_t groups = reinterpret_cast<uintptr_t>(x) % 8 == 0 ? wide(y, n) : 0;
     auto const *xw = reinterpret_cast<uint2 const *>(x);
     auto *yw       = reinterpret_cast<uint4 *>(y);
     for (int64_t i = first; i < groups; i += step) {
         Fp8x8 in;
-        in.raw = xw[i];
+        in.raw = __ldcs(xw + i);
         Wide8<T> out;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             store(out.values, j, from_e4m3(in.bytes[j]) * d);
         }
-        yw[i] = out.raw;
+        __stcs(yw + i, out.raw);
     }
     for (int64_t i = groups * 8 + first; i < n; i += step) {
         store(y, i, from_e4m3(x[i]) * d);
     }
 }
 
-int blocks_for(int64_t n, int sms) {
-    int64_t wanted = (n / 8 + kThreads - 1) / kThreads;  // a thread per 8 elements at most
-    int64_t most   = static_cast<int64_t>(sms) * 8;
+// One block per `per_block` elements, at most `most` blocks (then the blocks stride).
+int blocks(int64_t n, int64_t per_block, int64_t most) {
+    int64_t wanted = (n + per_block - 1) / per_block;
     return static_cast<int>(wanted < most ? (wanted > 0 ? wanted : 1) : most);
+}
+
+constexpr int64_t kNoLimit = int64_t{1} << 30;
+
+template <typename T>
+void cast_any(T const *x, __nv_fp8_storage_t *y, int64_t n, int t, float const *amax, Scaling const &s, float *state,
+              float *running, cudaStream_t stream) {
+    if (running != nullptr) {  // larger blocks: fewer folds
+        int grid = blocks(n, int64_t{kFoldThreads} * kFoldElems, kNoLimit);
+        cast_kernel<kFoldThreads, kFoldElems, true><<<grid, kFoldThreads, 0, stream>>>(
+            x, y, n, t, amax, s.top, s.max_scale, s.margin, state, running);
+    } else {
+        int grid = blocks(n, int64_t{kCastThreads} * kCastElems, kNoLimit);
+        cast_kernel<kCastThreads, kCastElems, false><<<grid, kCastThreads, 0, stream>>>(
+            x, y, n, t, amax, s.top, s.max_scale, s.margin, state, running);
+    }
 }
 
 }  // namespace
 
 void amax(void const *x, bool half, int64_t n, float *out, int sms, cudaStream_t stream) {
+    int grid = blocks(n, int64_t{kAmaxThreads} * kAmaxLoads * 8, int64_t{sms} * kAmaxBlocksPerSm);
     if (half) {
-        amax_kernel<<<blocks_for(n, sms), kThreads, 0, stream>>>(static_cast<__half const *>(x), n, out);
+        amax_kernel<<<grid, kAmaxThreads, 0, stream>>>(static_cast<__half const *>(x), n, out);
     } else {
-        amax_kernel<<<blocks_for(n, sms), kThreads, 0, stream>>>(static_cast<__nv_bfloat16 const *>(x), n, out);
+        amax_kernel<<<grid, kAmaxThreads, 0, stream>>>(static_cast<__nv_bfloat16 const *>(x), n, out);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void cast(void const *x, bool half, void *y, int64_t n, int t, float const *amax, Scaling const &s, float *state,
-          float *running, int sms, cudaStream_t stream) {
+          float *running, cudaStream_t stream) {
     auto *out = static_cast<__nv_fp8_storage_t *>(y);
     if (half) {
-        cast_kernel<<<blocks_for(n, sms), kThreads, 0, stream>>>(static_cast<__half const *>(x), out, n, t, amax, s.top,
-                                                                 s.max_scale, s.margin, state, running);
+        cast_any(static_cast<__half const *>(x), out, n, t, amax, s, state, running, stream);
     } else {
-        cast_kernel<<<blocks_for(n, sms), kThreads, 0, stream>>>(static_cast<__nv_bfloat16 const *>(x), out, n, t,
-                                                                 amax, s.top, s.max_scale, s.margin, state, running);
+        cast_any(static_cast<__nv_bfloat16 const *>(x), out, n, t, amax, s, state, running, stream);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -232,12 +319,13 @@ void commit(float *buf, int length, float *src, float *state, bool most_recent, 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void dequantize(void const *x, void *y, bool half, int64_t n, float const *descale, int sms, cudaStream_t stream) {
+void dequantize(void const *x, void *y, bool half, int64_t n, float const *descale, cudaStream_t stream) {
     auto const *in = static_cast<__nv_fp8_storage_t const *>(x);
+    int grid       = blocks(n, int64_t{kDequantThreads} * 8, kNoLimit);
     if (half) {
-        dequant_kernel<<<blocks_for(n, sms), kThreads, 0, stream>>>(in, static_cast<__half *>(y), n, descale);
+        dequant_kernel<<<grid, kDequantThreads, 0, stream>>>(in, static_cast<__half *>(y), n, descale);
     } else {
-        dequant_kernel<<<blocks_for(n, sms), kThreads, 0, stream>>>(in, static_cast<__nv_bfloat16 *>(y), n, descale);
+        dequant_kernel<<<grid, kDequantThreads, 0, stream>>>(in, static_cast<__nv_bfloat16 *>(y), n, descale);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -21,13 +21,13 @@ void amax(void const *x, bool half, int64_t n, float *out, int sms, cudaStream_t
 // y = saturate(x * scale) as e4m3, scale from *amax; writes tensor t's descale (and O's entries, for
 // t == 2) into the FP8 state; folds max |x| into *running unless it is null.
 void cast(void const *x, bool half, void *y, int64_t n, int t, float const *amax, Scaling const &scaling,
-          float *state, float *running, int sms, cudaStream_t stream);
+          float *state, float *running, cudaStream_t stream);
 
 // A delayed-scaling history's update with this call's amaxes (src: 3 floats).
 void commit(float *buf, int length, float *src, float *state, bool most_recent, bool from_running,
             cudaStream_t stream);
 
 // y = x * descale in fp16 (`half`) or bf16.
-void dequantize(void const *x, void *y, bool half, int64_t n, float const *descale, int sms, cudaStream_t stream);
+void dequantize(void const *x, void *y, bool half, int64_t n, float const *descale, cudaStream_t stream);
 
 }  // namespace fusedattn_select_fp8

@@ -55,7 +55,7 @@ struct Fp8Plan {
             scale.margin = 1.0f;
             for (int i = 0; i < 3; ++i) {
                 f8::cast(xs[i]->data_ptr(), half, ys[i].data_ptr(), xs[i]->numel(), i, st + 3 + i, scale, st, nullptr,
-                         sms, stream);
+                         stream);
             }
             if (buf != nullptr) {
                 f8::commit(buf, static_cast<int>(length), st + 3, st, most_recent, false, stream);
@@ -65,7 +65,7 @@ struct Fp8Plan {
             float *running = buf + (length + 1) * 3;
             for (int i = 0; i < 3; ++i) {
                 f8::cast(xs[i]->data_ptr(), half, ys[i].data_ptr(), xs[i]->numel(), i, buf + length * 3 + i, scale, st,
-                         running + i, sms, stream);
+                         running + i, stream);
             }
             f8::commit(buf, static_cast<int>(length), running, st, most_recent, true, stream);
         }
@@ -86,7 +86,7 @@ struct Fp8Plan {
             return {o8, state};
         }
         at::Tensor o = at::empty_strided(out_shape, out_strides, options.dtype(out_dtype));
-        f8::dequantize(o8.data_ptr(), o.data_ptr(), out_dtype == at::kHalf, o8.numel(), st + 7, sms, stream);
+        f8::dequantize(o8.data_ptr(), o.data_ptr(), out_dtype == at::kHalf, o8.numel(), st + 7, stream);
         return {o, state};
     }
 };
