@@ -381,12 +381,11 @@ def test_captured_calls_are_their_own_signature_and_replay(fresh):
 
 
 # ----- the compiled FP8 forward ------------------------------------------------------------------
-@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
-def test_fp8_inference_runs_compiled_with_the_python_paths_bytes(fresh, layout, monkeypatch):
+def _assert_fp8_bytes_match(monkeypatch, q, k, v, layout: str) -> list:
     """Current scaling, delayed scaling and FP8 output, over calls whose inputs change scale (so a
-    history's first call, its lag and its updates all count): the same outputs, descales and
-    histories, to the bit, as the general path's Triton kernels make."""
-    q, k, v = _tensors(layout, s=128, d=128, grad=False)
+    history's first call, its lag and its updates all count): the compiled FP8 forward's outputs,
+    descales and histories equal the general path's (its Triton kernels') to the bit. Returns the
+    compiled outputs."""
     ran: list[bool] = []
     compiled = native_fp8.forward
 
@@ -401,7 +400,7 @@ def test_fp8_inference_runs_compiled_with_the_python_paths_bytes(fresh, layout, 
         outs = []
         with torch.no_grad():
             for factor in (1.0, 3.0, 0.25, 1.5):
-                qs, ks, vs = q * factor, k * factor, v * factor
+                qs, ks, vs = (_scaled_like(t, factor) for t in (q, k, v))
                 for history in histories.values():
                     out = attention(qs, ks, vs, layout=layout, mask="causal", fp8=True if history is None else history)
                     outs.append((out.data.view(torch.uint8), out.descale) if isinstance(out, FP8Tensor) else (out,))
@@ -415,11 +414,43 @@ def test_fp8_inference_runs_compiled_with_the_python_paths_bytes(fresh, layout, 
     for i, (a, b) in enumerate(zip(got, want)):
         for x, y in zip(a, b):
             assert x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride(), i
+            bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}.get(x.dtype)
+            x, y = (x.view(bits), y.view(bits)) if bits else (x, y)  # NaN compares by its bits
             assert torch.equal(x, y), f"call {i} differs from the general path's"
     for a, b in zip(got_history, want_history):
         assert torch.equal(a, b)
+    return got
+
+
+def _scaled_like(t, factor: float):
+    """t * factor; a contiguous t's copy starts as far from a 16-byte boundary as t does."""
+    if not t.is_contiguous():
+        return t * factor
+    pad = (t.data_ptr() % 16) // t.element_size()
+    return torch.empty(pad + t.numel(), dtype=t.dtype, device=t.device)[pad:].view(t.shape).copy_(t * factor)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_fp8_inference_runs_compiled_with_the_python_paths_bytes(fresh, layout, monkeypatch):
+    q, k, v = _tensors(layout, s=128, d=128, grad=False)
+    got = _assert_fp8_bytes_match(monkeypatch, q, k, v, layout)
     ref = _reference(q, k, v, layout, mask="causal")[0]
     assert_close(got[0][0], ref, 0.1, "current scaling vs the float64 reference")
+
+
+@pytest.mark.parametrize("dtype,offset,nan", [(torch.float16, 0, False), (torch.bfloat16, 1, False),
+                                              (torch.float16, 1, False), (torch.bfloat16, 0, True)])
+def test_fp8_kernels_keep_the_python_paths_bytes_at_any_size_alignment_and_dtype(fresh, monkeypatch, dtype, offset,
+                                                                                 nan):
+    """Sizes that end inside a block, inputs starting off a 16-byte boundary (the kernels' scalar
+    loops), fp16 as well as bf16, and a NaN input (the amax passes it over; the casts keep it)."""
+    b, s, hq, hkv, d = 1, 100, 3, 1, 128  # q: 38400 elements, not a whole number of any kernel's blocks
+    flat = torch.randn(offset + b * s * (hq + 2 * hkv) * d, device=CUDA, dtype=dtype)[offset:]
+    q, k, v = (t.view(b, s, h, d) for t, h in zip(flat.split([b * s * h * d for h in (hq, hkv, hkv)]), (hq, hkv, hkv)))
+    assert (q.data_ptr() % 16 != 0) == (offset == 1)
+    if nan:
+        q[0, 5, 1, 7] = float("nan")
+    _assert_fp8_bytes_match(monkeypatch, q, k, v, "bshd")
 
 
 def test_fp8_inference_of_other_geometries_on_one_plan_is_judged_per_call(fresh, monkeypatch):

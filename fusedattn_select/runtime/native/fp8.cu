@@ -64,8 +64,8 @@ __device__ __forceinline__ void fold_max(float value, float *out) {
     }
 }
 
-// Eight elements a thread at a time (16-byte loads of fp16/bf16, 8-byte stores of e4m3) where the
-// memory is aligned for it, then the rest one at a time.
+// Where the memory is aligned for it, the kernels move 8 or 16 elements a thread at a time (16-byte
+// loads of fp16/bf16, 8- or 16-byte stores of e4m3), then the rest one at a time.
 union Fp8x8 {
     uint2 raw;
     __nv_fp8_storage_t bytes[8];
@@ -104,13 +104,18 @@ __device__ __forceinline__ float from_e4m3(__nv_fp8_storage_t b) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
 }
 
-// Read-once 16 bytes: not kept in L1, with a 256-byte L2 prefetch.
+// Read-once 16 bytes: not kept in L1, with a 256-byte L2 prefetch (sm_80 and newer; a streaming
+// load before that).
 __device__ __forceinline__ uint4 load_once(uint4 const *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     uint4 r;
     asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
         : "l"(p));
     return r;
+#else
+    return __ldcs(p);
+#endif
 }
 
 // The number of 8-element groups a kernel takes as wide loads (0 where `p` is not 16-byte aligned).
@@ -122,7 +127,8 @@ __device__ __forceinline__ int64_t wide(void const *p, int64_t n) {
 // start + i + u * kAmaxThreads (all loads issued before any max). The max runs on packed pairs:
 // exact, and like fmaxf it ignores NaN.
 template <typename T>
-__global__ void __launch_bounds__(kAmaxThreads) amax_kernel(T const *__restrict__ x, int64_t n, float *__restrict__ out) {
+__global__ void __launch_bounds__(kAmaxThreads)
+    amax_kernel(T const *__restrict__ x, int64_t n, float *__restrict__ out) {
     using Pair2          = typename Pair<T>::type;
     constexpr int kChunk = kAmaxThreads * kAmaxLoads;
     int64_t groups       = wide(x, n);
