@@ -123,19 +123,44 @@ __device__ __forceinline__ int64_t wide(void const *p, int64_t n) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0 ? n / 8 : 0;
 }
 
-// Each block step covers kAmaxThreads * kAmaxLoads 16-byte groups, thread i loading groups
-// start + i + u * kAmaxThreads (all loads issued before any max). The max runs on packed pairs:
-// exact, and like fmaxf it ignores NaN.
+// q, k and v in one launch: blocks [0, e0) take tensor 0, [e0, e1) tensor 1, [e1, e2) tensor 2.
+// (Fields, not arrays: a parameter array indexed at run time would be copied to local memory.)
+struct Span3 {
+    void const *x0, *x1, *x2;
+    void *y0, *y1, *y2;
+    int64_t n0, n1, n2;
+    int e0, e1, e2;
+};
+
+template <typename V>
+__device__ __forceinline__ V pick(int t, V a, V b, V c) {
+    return t == 0 ? a : (t == 1 ? b : c);
+}
+
+// The tensor of this block, and the block's index and count among that tensor's blocks.
+__device__ __forceinline__ int tensor_of(Span3 const &a, int64_t &block, int64_t &blocks) {
+    int b  = static_cast<int>(blockIdx.x);
+    int t  = b < a.e0 ? 0 : (b < a.e1 ? 1 : 2);
+    int lo = pick(t, 0, a.e0, a.e1);
+    block  = b - lo;
+    blocks = pick(t, a.e0, a.e1, a.e2) - lo;
+    return t;
+}
+
+// max |x| folded into *out by `blocks` blocks, this one `block`. Each block step covers
+// kAmaxThreads * kAmaxLoads 16-byte groups, thread i loading groups start + i + u * kAmaxThreads
+// (all loads issued before any max). The max runs on packed pairs: exact, and like fmaxf it
+// ignores NaN.
 template <typename T>
-__global__ void __launch_bounds__(kAmaxThreads)
-    amax_kernel(T const *__restrict__ x, int64_t n, float *__restrict__ out) {
+__device__ __forceinline__ void amax_body(T const *__restrict__ x, int64_t n, float *__restrict__ out, int64_t block,
+                                          int64_t blocks) {
     using Pair2          = typename Pair<T>::type;
     constexpr int kChunk = kAmaxThreads * kAmaxLoads;
     int64_t groups       = wide(x, n);
     auto const *xw       = reinterpret_cast<uint4 const *>(x);
     Pair2 m2             = Pair<T>::make(0.0f, 0.0f);
-    int64_t step         = static_cast<int64_t>(gridDim.x) * kChunk;
-    for (int64_t start = static_cast<int64_t>(blockIdx.x) * kChunk; start < groups; start += step) {
+    int64_t step         = blocks * kChunk;
+    for (int64_t start = block * kChunk; start < groups; start += step) {
         Wide8<T> in[kAmaxLoads];
         bool full = start + kChunk <= groups;
 #pragma unroll
@@ -152,28 +177,35 @@ __global__ void __launch_bounds__(kAmaxThreads)
         }
     }
     float m = fmaxf(__low2float(m2), __high2float(m2));
-    for (int64_t i = groups * 8 + static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x; i < n;
-         i += static_cast<int64_t>(gridDim.x) * kAmaxThreads) {
+    for (int64_t i = groups * 8 + block * kAmaxThreads + threadIdx.x; i < n; i += blocks * kAmaxThreads) {
         m = fmaxf(m, fabsf(load(x, i)));
     }
     fold_max<kAmaxThreads>(m, out);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kAmaxThreads) amax_kernel(Span3 a, float *__restrict__ out) {
+    int64_t block, blocks;
+    int t = tensor_of(a, block, blocks);
+    amax_body(static_cast<T const *>(pick(t, a.x0, a.x1, a.x2)), pick(t, a.n0, a.n1, a.n2), out + t, block, blocks);
 }
 
 __device__ __forceinline__ float saturate(float s, float top) { return s != s ? s : fminf(fmaxf(s, -top), top); }
 
 // y = saturate(x * scale) as e4m3; scale from *amax (times `margin`). Block 0 writes the state's
 // descale of tensor t (and, for t == 2, O's descale and scale, which are V's; for t == 0, vnorm as
-// NaN). With `running` (kFold), max |x| is folded into it. A thread takes kElems elements (8: one
+// NaN). With kFold, max |x| is folded into *running. A thread takes kElems elements (8: one
 // 16-byte load, one 8-byte store; 16: two loads, one 16-byte store); a block kThreads * kElems.
+// `blocks` blocks cast x, this one `block`.
 template <int kThreads, int kElems, bool kFold, typename T>
-__global__ void __launch_bounds__(kThreads)
-    cast_kernel(T const *__restrict__ x, __nv_fp8_storage_t *__restrict__ y, int64_t n, int t,
-                float const *__restrict__ amax, float top, float max_scale, float margin, float *__restrict__ state,
-                float *__restrict__ running) {
+__device__ __forceinline__ void cast_body(T const *__restrict__ x, __nv_fp8_storage_t *__restrict__ y, int64_t n,
+                                          int t, float const *__restrict__ amax, float top, float max_scale,
+                                          float margin, float *__restrict__ state, float *__restrict__ running,
+                                          int64_t block, int64_t blocks) {
     constexpr int kLoads = kElems / 8;
     using Out            = std::conditional_t<kElems == 16, uint4, uint2>;
     float scale          = pow2_scale(*amax, top, max_scale, margin);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (block == 0 && threadIdx.x == 0) {
         float descale = __fdiv_rn(1.0f, scale);
         state[t]      = descale;
         if (t == 0) {
@@ -185,8 +217,8 @@ __global__ void __launch_bounds__(kThreads)
         }
     }
     float m       = 0.0f;
-    int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-    int64_t step  = static_cast<int64_t>(gridDim.x) * kThreads;
+    int64_t first = block * kThreads + threadIdx.x;
+    int64_t step  = blocks * kThreads;
     bool aligned  = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % kElems == 0;
     int64_t units = aligned ? n / kElems : 0;
     auto const *xw = reinterpret_cast<uint4 const *>(x);
@@ -222,6 +254,19 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kFold) {
         fold_max<kThreads>(m, running);
     }
+}
+
+// The casts of q, k and v: amax and (with kFold) running hold a float a tensor.
+template <int kThreads, int kElems, bool kFold, typename T>
+__global__ void __launch_bounds__(kThreads)
+    cast_kernel(Span3 a, float const *__restrict__ amax, float top, float max_scale, float margin,
+                float *__restrict__ state, float *__restrict__ running) {
+    int64_t block, blocks;
+    int t = tensor_of(a, block, blocks);
+    cast_body<kThreads, kElems, kFold>(static_cast<T const *>(pick(t, a.x0, a.x1, a.x2)),
+                                       static_cast<__nv_fp8_storage_t *>(pick(t, a.y0, a.y1, a.y2)),
+                                       pick(t, a.n0, a.n1, a.n2), t, amax + t, top, max_scale, margin, state,
+                                       kFold ? running + t : nullptr, block, blocks);
 }
 
 // A delayed-scaling history's update (one block, a thread per column of q, k, v): rows shift down
@@ -282,39 +327,46 @@ int blocks(int64_t n, int64_t per_block, int64_t most) {
 
 constexpr int64_t kNoLimit = int64_t{1} << 30;
 
+// The three tensors with `per_block` elements a block, at most `most` blocks each.
+Span3 span(Three const &xs, int64_t per_block, int64_t most) {
+    Span3 a{xs.x[0], xs.x[1], xs.x[2], xs.y[0], xs.y[1], xs.y[2], xs.n[0], xs.n[1], xs.n[2], 0, 0, 0};
+    a.e0 = blocks(xs.n[0], per_block, most);
+    a.e1 = a.e0 + blocks(xs.n[1], per_block, most);
+    a.e2 = a.e1 + blocks(xs.n[2], per_block, most);
+    return a;
+}
+
 template <typename T>
-void cast_any(T const *x, __nv_fp8_storage_t *y, int64_t n, int t, float const *amax, Scaling const &s, float *state,
-              float *running, cudaStream_t stream) {
+void cast_as(Three const &xs, float const *amax, Scaling const &s, float *state, float *running,
+             cudaStream_t stream) {
     if (running != nullptr) {  // larger blocks: fewer folds
-        int grid = blocks(n, int64_t{kFoldThreads} * kFoldElems, kNoLimit);
-        cast_kernel<kFoldThreads, kFoldElems, true><<<grid, kFoldThreads, 0, stream>>>(
-            x, y, n, t, amax, s.top, s.max_scale, s.margin, state, running);
+        Span3 a = span(xs, int64_t{kFoldThreads} * kFoldElems, kNoLimit);
+        cast_kernel<kFoldThreads, kFoldElems, true, T><<<a.e2, kFoldThreads, 0, stream>>>(
+            a, amax, s.top, s.max_scale, s.margin, state, running);
     } else {
-        int grid = blocks(n, int64_t{kCastThreads} * kCastElems, kNoLimit);
-        cast_kernel<kCastThreads, kCastElems, false><<<grid, kCastThreads, 0, stream>>>(
-            x, y, n, t, amax, s.top, s.max_scale, s.margin, state, running);
+        Span3 a = span(xs, int64_t{kCastThreads} * kCastElems, kNoLimit);
+        cast_kernel<kCastThreads, kCastElems, false, T><<<a.e2, kCastThreads, 0, stream>>>(
+            a, amax, s.top, s.max_scale, s.margin, state, running);
     }
 }
 
 }  // namespace
 
-void amax(void const *x, bool half, int64_t n, float *out, int sms, cudaStream_t stream) {
-    int grid = blocks(n, int64_t{kAmaxThreads} * kAmaxLoads * 8, int64_t{sms} * kAmaxBlocksPerSm);
-    if (half) {
-        amax_kernel<<<grid, kAmaxThreads, 0, stream>>>(static_cast<__half const *>(x), n, out);
+void amax(Three const &xs, float *out, int sms, cudaStream_t stream) {
+    Span3 a = span(xs, int64_t{kAmaxThreads} * kAmaxLoads * 8, int64_t{sms} * kAmaxBlocksPerSm);
+    if (xs.half) {
+        amax_kernel<__half><<<a.e2, kAmaxThreads, 0, stream>>>(a, out);
     } else {
-        amax_kernel<<<grid, kAmaxThreads, 0, stream>>>(static_cast<__nv_bfloat16 const *>(x), n, out);
+        amax_kernel<__nv_bfloat16><<<a.e2, kAmaxThreads, 0, stream>>>(a, out);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void cast(void const *x, bool half, void *y, int64_t n, int t, float const *amax, Scaling const &s, float *state,
-          float *running, cudaStream_t stream) {
-    auto *out = static_cast<__nv_fp8_storage_t *>(y);
-    if (half) {
-        cast_any(static_cast<__half const *>(x), out, n, t, amax, s, state, running, stream);
+void cast(Three const &xs, float const *amax, Scaling const &s, float *state, float *running, cudaStream_t stream) {
+    if (xs.half) {
+        cast_as<__half>(xs, amax, s, state, running, stream);
     } else {
-        cast_any(static_cast<__nv_bfloat16 const *>(x), out, n, t, amax, s, state, running, stream);
+        cast_as<__nv_bfloat16>(xs, amax, s, state, running, stream);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

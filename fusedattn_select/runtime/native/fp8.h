@@ -15,13 +15,23 @@ struct Scaling {
     float margin    = 1.0f;
 };
 
-// max |x| of n elements (fp16 where `half`, else bf16) folded into *out (zero it first).
-void amax(void const *x, bool half, int64_t n, float *out, int sms, cudaStream_t stream);
+// q, k and v of one call (x: fp16 where `half`, else bf16; n elements each) and their e4m3
+// copies (y, with x's layout).
+struct Three {
+    void const *x[3];
+    void *y[3];
+    int64_t n[3];
+    bool half;
+};
 
-// y = saturate(x * scale) as e4m3, scale from *amax; writes tensor t's descale (and O's entries, for
-// t == 2) into the FP8 state; folds max |x| into *running unless it is null.
-void cast(void const *x, bool half, void *y, int64_t n, int t, float const *amax, Scaling const &scaling,
-          float *state, float *running, cudaStream_t stream);
+// max |x| of each tensor folded into out[i] (3 floats; zero them first), in one launch.
+void amax(Three const &xs, float *out, int sms, cudaStream_t stream);
+
+// y = saturate(x * scale) as e4m3 for each tensor, its scale from amax[i] (3 floats), in one
+// launch; writes each descale (and O's entries, V's) into the FP8 state; folds max |x| into
+// running[i] unless running is null.
+void cast(Three const &xs, float const *amax, Scaling const &scaling, float *state, float *running,
+          cudaStream_t stream);
 
 // A delayed-scaling history's update with this call's amaxes (src: 3 floats).
 void commit(float *buf, int length, float *src, float *state, bool most_recent, bool from_running,

@@ -42,31 +42,28 @@ struct Fp8Plan {
         bool half           = q.scalar_type() == at::kHalf;
         at::Tensor const *xs[] = {&q, &k, &v};
         at::Tensor ys[3];
+        f8::Three three{};
+        three.half = half;
         for (int i = 0; i < 3; ++i) {
-            ys[i] = at::empty_strided(xs[i]->sizes(), xs[i]->strides(), options.dtype(at::kFloat8_e4m3fn));
+            ys[i]      = at::empty_strided(xs[i]->sizes(), xs[i]->strides(), options.dtype(at::kFloat8_e4m3fn));
+            three.x[i] = xs[i]->data_ptr();
+            three.y[i] = ys[i].data_ptr();
+            three.n[i] = xs[i]->numel();
         }
         float *buf = history.has_value() ? history->data_ptr<float>() : nullptr;
         f8::Scaling scale = scaling;
         if (buf == nullptr || fresh) {  // current scaling
             C10_CUDA_CHECK(cudaMemsetAsync(st + 3, 0, 3 * sizeof(float), stream));
-            for (int i = 0; i < 3; ++i) {
-                f8::amax(xs[i]->data_ptr(), half, xs[i]->numel(), st + 3 + i, sms, stream);
-            }
+            f8::amax(three, st + 3, sms, stream);
             scale.margin = 1.0f;
-            for (int i = 0; i < 3; ++i) {
-                f8::cast(xs[i]->data_ptr(), half, ys[i].data_ptr(), xs[i]->numel(), i, st + 3 + i, scale, st, nullptr,
-                         stream);
-            }
+            f8::cast(three, st + 3, scale, st, nullptr, stream);
             if (buf != nullptr) {
                 f8::commit(buf, static_cast<int>(length), st + 3, st, most_recent, false, stream);
             }
         } else {  // delayed scaling: the history's reduced amaxes; this call's are recorded
             scale.margin   = static_cast<float>(margin);
             float *running = buf + (length + 1) * 3;
-            for (int i = 0; i < 3; ++i) {
-                f8::cast(xs[i]->data_ptr(), half, ys[i].data_ptr(), xs[i]->numel(), i, buf + length * 3 + i, scale, st,
-                         running + i, stream);
-            }
+            f8::cast(three, buf + length * 3, scale, st, running, stream);
             f8::commit(buf, static_cast<int>(length), running, st, most_recent, true, stream);
         }
         at::Tensor o8 = at::empty_strided(out_shape, out_strides, options.dtype(at::kFloat8_e4m3fn));
