@@ -11,7 +11,6 @@ Prints the device, versions and figures; writes them as JSON with -o.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 from typing import Any
 
@@ -34,18 +33,14 @@ def _mean_us(torch: Any, fn: Any, launches: int = 50) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", default=None, help="write the figures as JSON here")
-    args = parser.parse_args(argv)
+    from tools.bench.environment import emit, standalone_args, standalone_record, triton_missing
 
+    args = standalone_args(__doc__, argv)
     import torch
 
     from fusedattn_select.runtime import fp8_kernels as fk
-    from tools.bench.environment import emit, standalone_record
 
-    why = fk._load_triton()
-    if why is not None:
-        print(f"bench_amax: Triton cannot run here: {why}")
+    if triton_missing("bench_amax"):
         return 1
     import triton
 

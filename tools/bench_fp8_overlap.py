@@ -19,7 +19,6 @@ an output differed.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from typing import Any, Callable
 
@@ -165,18 +164,12 @@ def _shape(torch: Any, batch: int, seqlen: int) -> tuple[dict, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", default=None, help="write the figures as JSON here")
-    args = parser.parse_args(argv)
+    from tools.bench.environment import emit, standalone_args, standalone_record, triton_missing
 
+    args = standalone_args(__doc__, argv)
     import torch
 
-    from fusedattn_select.runtime import fp8_kernels as fk
-    from tools.bench.environment import emit, standalone_record
-
-    why = fk._load_triton()
-    if why is not None:
-        print(f"bench_fp8_overlap: Triton cannot run here: {why}")
+    if triton_missing("bench_fp8_overlap"):
         return 1
     record: dict[str, Any] = dict(standalone_record(torch), shapes={})
     ok = True

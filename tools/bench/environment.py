@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -139,6 +140,23 @@ def standalone_record(torch: Any) -> dict:
     """The device and versions a standalone tool (tools/bench_*.py) writes beside its figures."""
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, **_cudnn_versions(),
             "fusedattn_select": _git_rev()}
+
+
+def standalone_args(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments of a standalone tool whose only option is -o/--output (its JSON file)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("-o", "--output", default=None, help="write the figures as JSON here")
+    return parser.parse_args(argv)
+
+
+def triton_missing(tool: str) -> bool:
+    """True, after saying why, where the FP8 Triton kernels a standalone tool times cannot run."""
+    from fusedattn_select.runtime import fp8_kernels
+
+    why = fp8_kernels._load_triton()
+    if why is not None:
+        print(f"{tool}: Triton cannot run here: {why}")
+    return why is not None
 
 
 def emit(record: Mapping, path: str | None) -> None:
