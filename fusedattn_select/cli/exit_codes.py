@@ -9,6 +9,8 @@ EXIT_NONE = 1  # some problem has none (NONE): a verdict, or a command that coul
 EXIT_NOT_DONE = EXIT_NONE  # a command that could not do (all of) what it was asked; the reason is on stderr
 EXIT_BAD_INPUT = 2  # a config, snapshot or option the command cannot use; one `error:` line on stderr
 EXIT_NO_DATA = 3  # no problem has NONE, but some has no data (not in the snapshot): only a live probe can answer
+EXIT_NOT_PERSISTED = 4  # the answers were given, but some could not be saved to the persistent store
+EXIT_BROKEN_PIPE = 141  # stdout was closed by its reader (`| head`): 128 + SIGPIPE, as shells report it
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 
 EPILOG = (

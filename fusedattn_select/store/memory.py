@@ -115,7 +115,7 @@ class MemoryStore:
                 "kind": self.kind, "path": None, "entries": len(self._verdicts), "plans": len(self._plans),
                 "bytes": self._payload_bytes(), "max_bytes": self.max_bytes, "persistent": False,
                 "read_only": False, "degraded": self.degraded or None, "switched_off": self.switched_off or None,
-                "plans_enabled": True, "plans_refused": None, "damage": None,
+                "plans_enabled": True, "plans_refused": None, "damage": None, "failed_writes": 0,
             }
 
     def clear(self) -> None:

@@ -22,7 +22,9 @@ exclusivity (after `timeout`): a hung probe elsewhere costs a duplicate probe, n
 persistent; read_only; degraded (why the persistent store could not be used, when that is why this
 one is memory, else None); switched_off ("FUSEDATTN_SELECT_CACHE=off" when memory was asked for);
 plans_enabled and plans_refused (why plans are refused, else None); damage (what is wrong with the
-database file and not repaired yet, else None).
+database file and not repaired yet, else None); failed_writes (writes of decisions and plans this
+store could not persist since it was opened: each was a put() or put_plan() that returned False
+for want of a working database, not by choice).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ EVICT_TO_FRACTION = 0.9
 SCHEMA_VERSION = 1
 
 Entry = tuple[tuple[Verdict, ...], ProbeDepth]
-STATE_KEYS = ("persistent", "read_only", "degraded", "switched_off", "plans_enabled", "plans_refused", "damage")
+STATE_KEYS = ("persistent", "read_only", "degraded", "switched_off", "plans_enabled", "plans_refused", "damage",
+              "failed_writes")
 
 
 class CacheError(FusedAttnSelectError):

@@ -80,6 +80,8 @@ class PersistentStore:
         self._db = Database(self.path, read_only)
         self._key_locks = KeyLocks(LockFiles(self.directory).hold)
         self._plan_warning_given = False
+        self._failed_writes = 0
+        self._failing = False  # the last write failed: later failures are logged at debug level
         if read_only:
             self._open_read_only()
             return
@@ -164,10 +166,12 @@ class PersistentStore:
             return Written.STORED
 
         try:
-            return self._db.run("store a decision", write, write=True)
+            written = self._db.run("store a decision", write, write=True)
         except StoreFailure as err:
-            log.warning("fusedattn_select: decision cache %s: %s; the decision is not persisted", self.path, err)
+            self._write_failed("decision", err)
             return Written.FAILED
+        self._failing = False
+        return written
 
     # ----- plans -------------------------------------------------------------------------------
     @property
@@ -199,9 +203,19 @@ class PersistentStore:
         try:
             self._db.run("store a plan", write, write=True)
         except StoreFailure as err:
-            log.warning("fusedattn_select: decision cache %s: %s; the plan is not persisted", self.path, err)
+            self._write_failed("plan", err)
             return False
+        self._failing = False
         return True
+
+    def _write_failed(self, kind: str, err: StoreFailure) -> None:
+        """Count a write that failed; warn at the first of a run of failures (a full disk fails every
+        write: one line says so, and info()["failed_writes"] counts them all)."""
+        self._failed_writes += 1
+        (log.debug if self._failing else log.warning)(
+            "fusedattn_select: decision cache %s: %s; the %s is not persisted%s", self.path, err, kind,
+            "" if self._failing else " (later failures are counted in cache info's failed_writes, not logged)")
+        self._failing = True
 
     def get_plan(self, fingerprint: Fingerprint, plan_key: str) -> bytes | None:
         check_fingerprint(fingerprint)
@@ -255,6 +269,7 @@ class PersistentStore:
             "bytes": payload, "max_bytes": self.max_bytes, "persistent": True, "read_only": self.read_only,
             "degraded": None, "switched_off": None, "plans_enabled": not refusal,
             "plans_refused": refusal or None, "damage": self._db.damage or None,
+            "failed_writes": self._failed_writes,
         }
 
     def clear(self) -> None:
