@@ -149,17 +149,45 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Verdict":
-        return cls(
-            backend=Backend(data["backend"]),
-            phase=Phase(data["phase"]),
-            outcome=Outcome(data["outcome"]),
-            stage=str(data["stage"]),
-            message=str(data.get("message", "")),
-            detail=str(data.get("detail", "")),
-            provenance=Provenance(data.get("provenance", Provenance.LIVE_PROBE.value)),
-            depth=ProbeDepth(data.get("depth", ProbeDepth.FAST.value)),
-            timings_ms=tuple((str(k), float(v)) for k, v in dict(data.get("timings_ms", {})).items()),
-        )
+        """The verdict `to_dict` wrote. KeyError for a missing field; TypeError or ValueError (naming
+        the field) for a value of the wrong type, a number out of range or nesting no verdict has."""
+        try:
+            return cls(
+                backend=Backend(data["backend"]),
+                phase=Phase(data["phase"]),
+                outcome=Outcome(data["outcome"]),
+                stage=_text(data, "stage"),
+                message=_text(data, "message", ""),
+                detail=_text(data, "detail", ""),
+                provenance=Provenance(data.get("provenance", Provenance.LIVE_PROBE.value)),
+                depth=ProbeDepth(data.get("depth", ProbeDepth.FAST.value)),
+                timings_ms=_timings(data.get("timings_ms", {})),
+            )
+        except RecursionError:
+            # Comparing or printing a value nested deeper than Python's recursion limit raises this.
+            raise ValueError("a field is nested too deeply for a verdict") from None
+
+
+def _text(data: dict, name: str, default: str | None = None) -> str:
+    value = data[name] if default is None else data.get(name, default)
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: must be a string, not {type(value).__name__}")
+    return value
+
+
+def _timings(value: object) -> tuple[tuple[str, float], ...]:
+    """timings_ms as to_dict writes it: a mapping of step names to milliseconds."""
+    if not isinstance(value, dict):
+        raise TypeError(f"timings_ms: must be a mapping of step names to milliseconds, not {type(value).__name__}")
+    timings = []
+    for name, ms in value.items():
+        if not isinstance(ms, (int, float)) or isinstance(ms, bool):
+            raise TypeError(f"timings_ms[{name!r}]: must be a number, not {type(ms).__name__}")
+        try:
+            timings.append((str(name), float(ms)))
+        except OverflowError:  # an integer beyond any float
+            raise ValueError(f"timings_ms[{name!r}]: an integer of {ms.bit_length()} bits is out of range") from None
+    return tuple(timings)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`cache info|clear|export|import`: inspect or manage the persistent decision and plan store.
+"""`cache info|clear|export|import|repair`: inspect or manage the persistent decision and plan store.
 
 Commands that only look (info, export) open the store read-only: they create, write and move
 nothing. Each action's exit code says whether it did what it was asked (see EPILOG).
@@ -8,22 +8,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any, Callable
 
-from fusedattn_select.cli.exit_codes import EXIT_NOT_DONE, EXIT_SELECTED
+from fusedattn_select.cli import engines
+from fusedattn_select.cli.exit_codes import EXIT_BAD_INPUT, EXIT_NOT_DONE, EXIT_SELECTED
 from fusedattn_select.cli.store_status import is_degraded, not_persisted, store_info, store_problems
 from fusedattn_select.cli.table import render_table
-from fusedattn_select.store import Store, open_default_store
+from fusedattn_select.store import CacheError, PersistentStore, Store, open_default_store
 from fusedattn_select.store.settings import check_cache_switch
+from fusedattn_select.store.transfer import export_fingerprints
 
 READ_ONLY_ACTIONS = ("info", "export")
 EPILOG = (
-    "exit codes: 0 done; 1 not done or not all done: the persistent cache cannot be used or is "
-    "turned off (import: unless --memory-ok), import skipped rows (listed on stderr), info found "
-    "the cache degraded or damaged; 2 bad input (a file that is not an export, an invalid "
-    "FUSEDATTN_SELECT_CACHE); 130 interrupted"
+    "exit codes: 0 done (repair: the file is sound, or was repaired); 1 not done or not all done: the "
+    "persistent cache cannot be used or is turned off (import: unless --memory-ok), clear or repair "
+    "failed (one error line says why), import skipped rows (listed on stderr: damaged or edited rows, "
+    "rows of another fingerprint), info found the cache degraded or damaged; 2 bad input: a file that "
+    "is not an export, an export that cannot be written there, an import with no live device and no "
+    "--fingerprint, an invalid FUSEDATTN_SELECT_CACHE; 130 interrupted"
 )
+ALL_FINGERPRINTS = "all"
 
 
 def _info(store: Store, args: argparse.Namespace) -> int:
@@ -46,8 +52,24 @@ def _refusal(store: Store, what: str) -> int:
 
 def _clear(store: Store, args: argparse.Namespace) -> int:
     before = store.info()
-    store.clear()
+    try:
+        store.clear()
+    except CacheError as err:
+        print(f"error: cache clear: {err}", file=sys.stderr)
+        return EXIT_NOT_DONE
     print(f"cleared {before['entries']} decisions and {before['plans']} plans from {before['path']}")
+    return EXIT_SELECTED
+
+
+def _repair(store: Store, args: argparse.Namespace) -> int:
+    if not isinstance(store, PersistentStore):  # _cmd_cache refused a store that is not persistent
+        print(f"error: cache repair: no database file to repair ({store.kind} store)", file=sys.stderr)
+        return EXIT_NOT_DONE
+    try:
+        print(store.repair())
+    except CacheError as err:
+        print(f"error: cache repair: {err}", file=sys.stderr)
+        return EXIT_NOT_DONE
     return EXIT_SELECTED
 
 
@@ -58,23 +80,60 @@ def _export(store: Store, args: argparse.Namespace) -> int:
     return EXIT_SELECTED
 
 
+def _fingerprint_key(text: str) -> str:
+    """argparse type for --fingerprint: a fingerprint key or 'all'."""
+    if text == ALL_FINGERPRINTS or re.fullmatch(r"[0-9a-f]{32}", text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: must be a fingerprint key (32 hex digits: the keys of the export file's "
+        f"\"fingerprints\") or {ALL_FINGERPRINTS!r}")
+
+
+def _fingerprint_to_import(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(the fingerprint key whose rows are imported, or None for every one, "") or (None, why this
+    machine's fingerprint is unknown) when --fingerprint was not given and no live device answers."""
+    if args.fingerprint == ALL_FINGERPRINTS:
+        return None, ""
+    if args.fingerprint:
+        return args.fingerprint, ""
+    # This machine's fingerprint is its live device's; snapshots describe other machines.
+    engine, reason = engines.live_engine()
+    if engine is None:
+        return None, reason
+    return engine.fingerprint().key(), ""
+
+
 def _import(store: Store, args: argparse.Namespace) -> int:
+    held = export_fingerprints(args.file)  # CacheError (exit 2) when the file is not an export
+    only, unknown = _fingerprint_to_import(args)
+    if unknown and held:
+        listing = "; ".join(f"{key} ({description})" for key, description in held.items())
+        print(f"error: cache import: no live CUDA device tells this machine's fingerprint ({unknown}); pass "
+              f"--fingerprint KEY to import the rows of one fingerprint of {args.file} ({listing}), or "
+              f"--fingerprint {ALL_FINGERPRINTS}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     reason = not_persisted(store.info())
-    report = store.import_(args.file)
+    report = store.import_(args.file, only)
     if reason:
         print(f"cache import: --memory-ok: imported into this process's memory only: {reason}", file=sys.stderr)
-    print(json.dumps(report.to_dict(), indent=2, default=str))
+    print(json.dumps({"fingerprint": only or ALL_FINGERPRINTS, **report.to_dict()}, indent=2, default=str))
     if not report.skipped:
         return EXIT_SELECTED
     total = report.imported + len(report.skipped)
     print(f"cache import: skipped {len(report.skipped)} of {total} rows of {args.file}:", file=sys.stderr)
-    for row, reason in report.skipped:
-        print(f"  {row}: {reason}", file=sys.stderr)
+    for row, why in report.skipped:
+        print(f"  {row}: {why}", file=sys.stderr)
+    others = sorted(set(held) - {only}) if only is not None else []
+    if others:
+        chosen = "this machine's" if args.fingerprint is None else "the one named"
+        print(f"cache import: rows of other fingerprints than {only} ({chosen}) were not imported; "
+              f"--fingerprint KEY ({', '.join(others)}) or --fingerprint {ALL_FINGERPRINTS} imports them",
+              file=sys.stderr)
     return EXIT_NOT_DONE
 
 
 ACTIONS: dict[str, Callable[[Store, argparse.Namespace], int]] = {
-    "info": _info, "clear": _clear, "export": _export, "import": _import,
+    "info": _info, "clear": _clear, "export": _export, "import": _import, "repair": _repair,
 }
 
 
@@ -106,6 +165,11 @@ def register_cache(subparsers: Any, common: argparse.ArgumentParser) -> None:
     load = actions.add_parser("import", parents=[common], epilog=EPILOG,
                               help="add decisions and plans from an exported FILE")
     load.add_argument("file", metavar="FILE")
+    load.add_argument("--fingerprint", type=_fingerprint_key, metavar="KEY|all",
+                      help="import the rows of this fingerprint key only, or of every fingerprint (all); "
+                      "default: this machine's (its live CUDA device's); needed where no live device answers")
     load.add_argument("--memory-ok", action="store_true",
                       help="import even when the persistent cache cannot be used (into this process's memory)")
+    actions.add_parser("repair", parents=[common], epilog=EPILOG,
+                       help="check the database file and, when it is damaged, salvage every readable row")
     parser.set_defaults(func=_cmd_cache)

@@ -1,7 +1,9 @@
 """Exit codes of every command.
 
 Answers combine as "is every problem fused?": 1 when some problem has a NONE verdict (the answer
-is no, whatever the others say), else 3 when some problem has no data (unknown), else 0.
+is no, whatever the others say), else 3 when some problem has no data (unknown), else 0. A warmup
+whose saves failed exits 4 whatever its answers (its report still gives them): what it was run for,
+answers that outlive it, did not happen. Bad input (2) stops a command before it answers anything.
 """
 
 EXIT_SELECTED = 0  # every answered problem has a fused backend (or the command has no answers)
@@ -16,7 +18,9 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 EPILOG = (
     "exit codes: 0 a backend is selected for every problem; 1 some problem has NONE; 2 bad input; "
     "3 no problem has NONE but some has no data (not recorded in the snapshot: only a live probe "
-    "can answer it); 130 interrupted"
+    "can answer it); 4 (warmup) the answers were given but some could not be saved to the persistent "
+    "cache: wins over 0, 1 and 3 (the report still shows every answer); 130 interrupted; 141 stdout "
+    "was closed by its reader"
 )
 
 

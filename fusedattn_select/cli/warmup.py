@@ -10,7 +10,7 @@ from typing import Any, Callable, TextIO
 
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
-from fusedattn_select.cli.exit_codes import EPILOG, EXIT_NOT_DONE, answers_exit_code
+from fusedattn_select.cli.exit_codes import EPILOG, EXIT_NOT_DONE, EXIT_NOT_PERSISTED, answers_exit_code
 from fusedattn_select.cli.store_status import not_persisted
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.config import AttnConfig
@@ -164,6 +164,12 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
 
 
 def _exit_code(report: WarmupReport, no_data: set) -> int:
+    """The answers' exit code, unless saves failed: then EXIT_NOT_PERSISTED, with one error line (the
+    warmup's purpose, answers that outlive it, was not met; the report still gives every answer)."""
+    if report.failed_saves:
+        print(f"error: warmup: {report.failed_saves} saves of answers and plans to {report.store_path or 'the store'} "
+              "failed (the warning above says why): they last only as long as this command", file=sys.stderr)
+        return EXIT_NOT_PERSISTED
     return answers_exit_code([row.outcome is WarmupOutcome.ACCEPTED for row in report.rows],
                              [row.cache_key in no_data for row in report.rows])
 

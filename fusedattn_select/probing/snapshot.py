@@ -70,7 +70,9 @@ def _read_json(path: Path) -> Mapping[str, Any]:
         raise SnapshotError(f"snapshot {path}: cannot be read ({err})") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as err:
+    except RecursionError:
+        raise SnapshotError(f"snapshot {path}: nested too deeply to decode (a snapshot nests a few levels)") from None
+    except ValueError as err:  # not JSON, or an integer of more digits than int() reads
         raise SnapshotError(f"snapshot {path}: not valid JSON ({err})") from None
     if not isinstance(data, Mapping):
         raise SnapshotError(f"snapshot {path}: expected a JSON object with schema {SCHEMA!r}")
@@ -97,8 +99,23 @@ def _header(path: Path, data: Mapping[str, Any]) -> SnapshotFile:
             suites=suites,
             entry_count=len(entries),
         )
-    except (KeyError, TypeError, ValueError) as err:
-        raise SnapshotError(f"snapshot {path}: malformed header ({type(err).__name__}: {err})") from None
+    except _MALFORMED as err:
+        raise SnapshotError(f"snapshot {path}: malformed header ({_described(err)})") from None
+
+
+# What reading a malformed header or entry raises: a hostile one (an integer beyond any float, a
+# value nested past Python's recursion limit) raises OverflowError or RecursionError.
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
+
+
+def _described(value: object, with_type: bool = True, limit: int = 200) -> str:
+    """An error (or value) for a message, cut to `limit` characters, even one too large to print."""
+    try:
+        text = str(value)
+    except (RecursionError, ValueError):  # nested too deeply, or an int of more digits than str() writes
+        text = "a value too large to show"
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(value).__name__}: {text}" if with_type else text
 
 
 def read_header(path: str | Path) -> SnapshotFile:
@@ -116,15 +133,17 @@ def _entries(path: Path, data: Mapping[str, Any]) -> dict[tuple[str, Phase], Ver
         try:
             cfg = AttnConfig.from_dict(raw["config"])
             verdicts = [Verdict.from_dict(v) for v in raw["verdicts"]]
+            # Index by the key this library computes for the recorded config, so a change in how keys
+            # are derived can never make a recorded answer apply to a different problem.
+            key = cfg.cache_key()
         except ConfigError as err:
-            raise SnapshotError(f"{where} ({raw.get('name', '?')}): config is not valid here: {err}") from None
-        except (KeyError, TypeError, ValueError) as err:
-            raise SnapshotError(f"{where}: malformed entry ({type(err).__name__}: {err})") from None
-        # Index by the key this library computes for the recorded config, so a change in how keys
-        # are derived can never make a recorded answer apply to a different problem.
-        key = cfg.cache_key()
-        if raw.get("cache_key") not in (None, key):
-            log.debug("%s: recorded cache_key %s re-derived as %s", where, raw.get("cache_key"), key)
+            raise SnapshotError(f"{where} ({_described(raw.get('name', '?'), with_type=False)}): config is "
+                                f"not valid here: {_described(err, with_type=False)}") from None
+        except _MALFORMED as err:
+            raise SnapshotError(f"{where}: malformed entry ({_described(err)})") from None
+        recorded = raw.get("cache_key")
+        if isinstance(recorded, str) and recorded != key:
+            log.debug("%s: recorded cache_key %s re-derived as %s", where, recorded, key)
         for verdict in verdicts:
             answers.setdefault((key, verdict.phase), verdict.with_provenance(Provenance.SNAPSHOT))
     return answers

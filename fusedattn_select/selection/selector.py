@@ -314,6 +314,8 @@ class Selector:
         return info
 
     def clear(self, persistent: bool = False) -> None:
+        """Forget every answer in memory; with `persistent`, empty the store too (CacheError when it
+        cannot, after memory is emptied)."""
         with self._lock:
             self._memory.clear()
             self._by_problem.clear()
@@ -482,5 +484,6 @@ def cache_info() -> dict[str, object]:
 
 
 def clear_cache(persistent: bool = False) -> None:
-    """Empty the in-memory decision cache (and the persistent store with persistent=True)."""
+    """Empty the in-memory decision cache (and the persistent store with persistent=True: CacheError
+    when it cannot be cleared; memory is emptied all the same)."""
     default_selector().clear(persistent=persistent)

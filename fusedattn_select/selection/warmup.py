@@ -41,7 +41,7 @@ from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.cudnn import plans as plan_store
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.selector import HEADS_AS_BATCH, Selector, default_selector
-from fusedattn_select.store import PersistentStore
+from fusedattn_select.store import PersistentStore, Store
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, TextEnum
 
 log = logging.getLogger("fusedattn_select")
@@ -100,6 +100,10 @@ class WarmupReport:
     jobs: int
     duplicates: int = 0
     plan_note: str = ""  # why no execution plans were built at all ("" when they were considered)
+    # Writes of answers and plans the persistent store could not do (disk full, read-only, locked),
+    # in this process and its workers: what they held lasts only as long as the process.
+    failed_saves: int = 0
+    store_path: str = ""  # the database those writes were for ("" without a persistent store)
 
     def count(self, outcome: WarmupOutcome) -> int:
         return sum(1 for row in self.rows if row.outcome is outcome)
@@ -113,6 +117,7 @@ class WarmupReport:
             "from_cache": sum(1 for row in self.rows if row.from_cache),
             "plans_built": sum(row.plans_built for row in self.rows),
             "plans_stored": sum(row.plans_stored for row in self.rows),
+            "failed_saves": self.failed_saves,
         }
 
     def summary(self) -> str:
@@ -123,6 +128,9 @@ class WarmupReport:
         built, stored = self.totals["plans_built"], self.totals["plans_stored"]
         if built or stored:
             text += f"; execution plans: {built} built, {stored} already stored"
+        if self.failed_saves:
+            text += (f"; {self.failed_saves} saves of answers and plans to {self.store_path or 'the store'} "
+                     "failed: they last only as long as this process")
         return text
 
     def to_dict(self) -> dict:
@@ -133,6 +141,7 @@ class WarmupReport:
             "depth": self.depth.value,
             "jobs": self.jobs,
             "plan_note": self.plan_note,
+            "store_path": self.store_path or None,
         }
 
 
@@ -150,7 +159,8 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     that fails (or raises) fails its row only; the others go on. With depth "full", accepted
     problems also get their execution plans built and stored (see the module docstring); a plan
     that does not build flips the problem to NONE as it would in attention(). `workers` is
-    "threads" or "processes" (spawned worker processes sharing the persistent store).
+    "threads" or "processes" (spawned worker processes sharing the persistent store). Writes the
+    persistent store could not do (its own warning says why, once) are counted in `failed_saves`.
     """
     probe_depth = ProbeDepth.parse(depth, "depth")
     workers_kind = workers
@@ -164,6 +174,8 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     use_processes = _use_processes(workers_kind, selector, plans, workers, len(problems))
 
     started = time.perf_counter()
+    failed_before = failed_writes(selector.store)
+    failed_in_workers = 0
     rows: dict[str, WarmupRow] = {}
     total = len(problems)
     if problems:
@@ -182,10 +194,14 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
             try:
                 for done, future in enumerate(as_completed(futures), start=1):
                     row = future.result()
-                    if use_processes and row.outcome is not WarmupOutcome.FAILED:
-                        # The worker stored the answer; read it back so this process's cache has it
-                        # (a failed probe stored nothing, and is not retried here).
-                        selector.select(problems[futures[future]][1], probe_depth)
+                    if use_processes:
+                        row, worker_failed = row
+                        failed_in_workers += worker_failed
+                        if row.outcome is not WarmupOutcome.FAILED and not worker_failed:
+                            # The worker stored the answer; read it back so this process's cache has
+                            # it (a failed probe stored nothing, and a store that failed the worker's
+                            # write would fail this process's again: neither is retried here).
+                            selector.select(problems[futures[future]][1], probe_depth)
                     rows[futures[future]] = row
                     if progress is not None:
                         progress(done, total, row.name)
@@ -202,6 +218,8 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
         jobs=workers,
         duplicates=duplicates,
         plan_note=plan_note,
+        failed_saves=failed_writes(selector.store) - failed_before + failed_in_workers,
+        store_path=str(selector.store.path) if selector.store is not None and selector.store.path else "",
     )
     log.info("fusedattn_select: warmup (%s, %d jobs): %s", probe_depth.value, workers, report.summary())
     return report
@@ -242,12 +260,21 @@ def worker_selector(store_dir: str, device: int) -> Selector:
     return selector
 
 
-def _warm_in_worker(name: str, config: dict, key: str, depth: str, store_dir: str, device: int) -> "WarmupRow":
-    """Warm one problem in a worker process: its own live engine, the caller's persistent store."""
+def _warm_in_worker(name: str, config: dict, key: str, depth: str, store_dir: str,
+                    device: int) -> tuple[WarmupRow, int]:
+    """Warm one problem in a worker process (its own live engine, the caller's persistent store):
+    its row, and how many of its writes to the store failed (a worker runs one problem at a time)."""
     selector = worker_selector(store_dir, device)
+    failed_before = failed_writes(selector.store)
     probe_depth = ProbeDepth.parse(depth)
     plans, _ = plan_target(selector, probe_depth)
-    return _warm_one(selector, name, AttnConfig.from_dict(config), key, probe_depth, plans)
+    row = _warm_one(selector, name, AttnConfig.from_dict(config), key, probe_depth, plans)
+    return row, failed_writes(selector.store) - failed_before
+
+
+def failed_writes(store: Store | None) -> int:
+    """How many writes `store` could not persist since it was opened (info()["failed_writes"])."""
+    return int(store.info().get("failed_writes") or 0) if store is not None else 0
 
 
 def _jobs(jobs: int | None) -> int:

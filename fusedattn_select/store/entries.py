@@ -108,9 +108,10 @@ def sha256(blob: bytes) -> str:
 
 def verdict_export_row(fp_key: str, key: str, depth: ProbeDepth, verdicts: tuple[Verdict, ...],
                        created: float) -> dict:
-    """One decision as a row of an export file."""
+    """One decision as a row of an export file, with the sha256 of its content (decision_digest)."""
     return {"fingerprint": fp_key, "key": key, "depth": depth.value,
-            "verdicts": [v.to_dict() for v in verdicts], "created": created}
+            "verdicts": [v.to_dict() for v in verdicts], "created": created,
+            "sha256": decision_digest(fp_key, key, depth, verdicts)}
 
 
 def plan_export_row(fp_key: str, key: str, blob: bytes) -> dict:
@@ -120,13 +121,18 @@ def plan_export_row(fp_key: str, key: str, blob: bytes) -> dict:
 
 
 # ----- reading back -------------------------------------------------------------------------------
+# Anything the parsing of a stored or imported row can raise: a hostile row (a number beyond any
+# float, JSON nested past Python's recursion limit) raises OverflowError or RecursionError.
+PARSE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
+
+
 def parse_verdicts(data: Any) -> tuple[Verdict, ...]:
     if not isinstance(data, list) or not data:
         raise BadEntry("verdicts are not a non-empty list")
     try:
         verdicts = tuple(Verdict.from_dict(item) for item in data)
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise BadEntry(f"a verdict does not parse ({type(err).__name__}: {err})") from None
+    except PARSE_ERRORS as err:
+        raise BadEntry(f"a verdict does not parse ({type(err).__name__}: {shown(err)})") from None
     if any(v.outcome in (Outcome.FAILED, Outcome.NO_DATA) for v in verdicts):
         raise BadEntry("holds a FAILED or NO_DATA verdict, which is never cached")
     return verdicts
@@ -135,14 +141,36 @@ def parse_verdicts(data: Any) -> tuple[Verdict, ...]:
 def parse_depth(value: Any) -> ProbeDepth:
     try:
         return ProbeDepth(value)
-    except ValueError:
-        raise BadEntry(f"depth {value!r} is not 'fast' or 'full'") from None
+    except PARSE_ERRORS:
+        raise BadEntry(f"depth {shown(value)} is not 'fast' or 'full'") from None
+
+
+def parse_json(text: Any, what: str) -> Any:
+    """`text` decoded as JSON; BadEntry (naming `what`) when it is not JSON this process can read."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadEntry(f"{what} are nested too deeply to decode") from None
+    except (TypeError, ValueError) as err:  # ValueError too for an integer of more digits than int() reads
+        raise BadEntry(f"{what} are not valid JSON ({shown(err)})") from None
 
 
 def parse_row(depth: Any, text: Any) -> tuple[tuple[Verdict, ...], ProbeDepth]:
     """A stored decision (its depth column and JSON verdicts); BadEntry when it must not be used."""
+    return parse_verdicts(parse_json(text, "verdicts")), parse_depth(depth)
+
+
+def decision_digest(fp_key: str, key: str, depth: ProbeDepth, verdicts: tuple[Verdict, ...]) -> str:
+    """The sha256 an export file carries for a decision row: over its canonical content (fingerprint,
+    key, depth and verdicts as to_dict writes them), so a verdict edited in the file does not match."""
+    canonical = json.dumps([fp_key, key, depth.value, [v.to_dict() for v in verdicts]], separators=(",", ":"))
+    return sha256(canonical.encode())
+
+
+def shown(value: object, limit: int = 120) -> str:
+    """repr of `value` cut to `limit` characters; a value too deep or too long to print is described."""
     try:
-        data = json.loads(text)
-    except (TypeError, ValueError) as err:
-        raise BadEntry(f"verdicts are not valid JSON ({err})") from None
-    return parse_verdicts(data), parse_depth(depth)
+        text = repr(value) if not isinstance(value, BaseException) else str(value)
+    except (RecursionError, ValueError):  # ValueError: an int of more digits than str() writes
+        return f"<a {type(value).__name__} too large to show>"
+    return text if len(text) <= limit else text[:limit] + "..."

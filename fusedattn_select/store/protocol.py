@@ -7,6 +7,11 @@ locked, full or damaged database is a miss (or a skipped write) with a warning. 
 parse, verdict lists that hold a FAILED verdict and plans whose sha256 or size do not match are
 deleted with a warning and reported as a miss.
 
+The whole-store operations a user asks for say when they fail, by raising CacheError: `clear()`
+when it cannot clear (a read-only store, a database that cannot be written; nothing is removed
+then), `export()` when the file cannot be written, `import_()` when the file is not an export
+(nothing is imported then; rows it skips are listed in its ImportReport).
+
 A store holds at most `max_bytes` of payload: over it, it evicts the least recently used rows,
 plans before decisions, down to EVICT_TO_FRACTION of the bound.
 

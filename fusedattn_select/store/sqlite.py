@@ -273,6 +273,8 @@ class PersistentStore:
         }
 
     def clear(self) -> None:
+        """Remove every decision and plan, in one transaction; CacheError (nothing removed) when the
+        store is read-only or the database cannot be written."""
         if self.read_only:
             raise CacheError(f"decision cache {self.path}: opened read-only, not cleared")
 
@@ -283,7 +285,7 @@ class PersistentStore:
         try:
             self._db.run("clear", wipe, write=True)
         except StoreFailure as err:
-            log.warning("fusedattn_select: decision cache %s: %s; not cleared", self.path, err)
+            raise CacheError(f"decision cache {self.path}: {err}; not cleared") from None
 
     def close(self) -> None:
         """Close this process's connection (the next use reopens it)."""

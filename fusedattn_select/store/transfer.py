@@ -1,13 +1,18 @@
 """Export a store to a JSON file and import one, verifying every row (both stores delegate here).
 
-An export file holds the fingerprints' descriptions, decisions and plans (base64 with their size
-and sha256). Import trusts nothing in it: a fingerprint must hash to its key, every row must parse,
-a plan must match its size and digest; a row that fails is skipped with its reason.
+An export file holds the fingerprints' descriptions, decisions (with the sha256 of their content)
+and plans (base64 with their size and sha256). Import trusts nothing in it: a fingerprint must hash
+to its key, every row must parse and match its sha256, a plan its size; a row that fails is skipped
+with its reason. These checks catch damage and edits, not a forger: anyone can write a consistent
+file, so import only files you trust. Every row is checked before any is written, and a file
+holding a value no export holds (an integer beyond 64 bits, nesting deeper than the format's) is
+refused whole (CacheError naming the row): such a file was not written by export().
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import json
 import logging
@@ -18,14 +23,17 @@ from typing import Any, Callable, Protocol
 
 from fusedattn_select._version import __version__
 from fusedattn_select.store.entries import (
+    PARSE_ERRORS,
     BadEntry,
     NewEntry,
     Written,
+    decision_digest,
     fingerprint_key,
     new_entry,
     parse_depth,
     parse_verdicts,
     sha256,
+    shown,
 )
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheError, ImportReport
 from fusedattn_select.types import Fingerprint
@@ -54,8 +62,11 @@ class Transferable(Protocol):
 def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fingerprint | str | None = None) -> dict:
     """Write every valid entry (of `fingerprint` only, when given) to a JSON file.
 
-    Returns {"path", "verdicts", "plans"} counts.
+    Returns {"path", "verdicts", "plans"} counts. Raises CacheError naming the path when it cannot be
+    written (no such directory, a directory, no permission, disk full); nothing is left behind then.
     """
+    path = Path(path)
+    _check_writable(path)
     fingerprints, verdict_rows, plan_rows = store._export_rows(fingerprint_key(fingerprint))
     document = {
         "format": EXPORT_FORMAT,
@@ -66,68 +77,174 @@ def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fing
         "verdicts": verdict_rows,
         "plans": plan_rows,
     }
-    path = Path(path)
+    # Written beside the target and renamed over it: readers never see a half-written export.
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=1)
-    os.replace(temporary, path)  # readers never see a half-written export
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+        os.replace(temporary, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if isinstance(err, OSError):
+            raise CacheError(f"cache export {path}: cannot be written ({err.strerror or err})") from None
+        raise
     log.info("fusedattn_select: exported %d decisions and %d plans to %s",
              len(verdict_rows), len(plan_rows), path)
     return {"path": str(path), "verdicts": len(verdict_rows), "plans": len(plan_rows)}
 
 
+def _check_writable(path: Path) -> None:
+    """CacheError naming `path` when an export cannot be written there, before anything is read."""
+    if path.is_dir():
+        raise CacheError(f"cache export {path}: is a directory; name the file to write")
+    parent = path.parent
+    if not parent.exists():
+        raise CacheError(f"cache export {path}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise CacheError(f"cache export {path}: {parent} is not a directory")
+
+
 # ----- import -------------------------------------------------------------------------------------
 def import_store(store: Transferable, path: str | os.PathLike,
-            fingerprint: Fingerprint | str | None = None) -> ImportReport:
-    """Load an export file into `store`; with `fingerprint`, only rows of that fingerprint.
+                 fingerprint: Fingerprint | str | None = None) -> ImportReport:
+    """Load an export file into `store`; with `fingerprint` (a Fingerprint or its key), only rows of
+    that fingerprint, else rows of every fingerprint in the file.
 
-    Rows of another fingerprint, rows that do not parse, plans whose sha256 or size do not
-    match and FAST rows where a FULL entry is stored are skipped, each with its reason.
-    Raises CacheError when the file is not an export at all.
+    Rows of another fingerprint, rows that do not parse or do not match their sha256 (or carry
+    none), plans whose size does not match and FAST rows where a FULL entry is stored are skipped,
+    each with its reason. Every row is checked before any is written. Raises CacheError, having
+    written nothing, when the file is not an export at all or holds a value no export holds.
     """
-    document = _read_export(Path(path))
+    path = Path(path)
+    document = read_export(path)
     owners = _Owners.of(document, fingerprint_key(fingerprint))
-    skipped: list[tuple[str, str]] = []
-    verdicts = _import_rows(owners, "decision", _list_field(document, "verdicts"), skipped,
-                            lambda fp, row: _import_decision(store, fp, row))
-    plan_rows = _list_field(document, "plans")
+    decision_rows, plan_rows = _list_field(document, "verdicts"), _list_field(document, "plans")
     refusal = store._plan_refusal() if plan_rows else ""
-    plans = _import_rows(owners, "plan", plan_rows, skipped,
-                         lambda fp, row: _import_plan(store, fp, row, refusal))
-    log.info("fusedattn_select: imported %d decisions and %d plans from %s (%d rows skipped)",
-             verdicts, plans, path, len(skipped))
-    return ImportReport(verdicts, plans, tuple(skipped))
-
-
-# Imports one row of a known fingerprint: "" when it was stored, else why it was skipped.
-RowImport = Callable[[Fingerprint, dict], str]
-
-
-def _import_rows(owners: _Owners, kind: str, rows: list, skipped: list[tuple[str, str]],
-                 import_row: RowImport) -> int:
-    """Import each row whose fingerprint checks out; appends every skipped row to `skipped`."""
-    imported = 0
-    for row in rows:
-        label, fingerprint, reason = owners.claim(kind, row)
-        if fingerprint is not None:
-            reason = import_row(fingerprint, row)
+    skipped: list[tuple[str, str]] = []
+    decisions = _checked_rows(path, owners, "verdicts", decision_rows, skipped, _check_decision)
+    plans = _checked_rows(path, owners, "plans", plan_rows, skipped,
+                          lambda fp, row: _check_plan(fp, row, refusal))
+    imported_decisions = imported_plans = 0
+    for label, fp, entry in decisions:
+        reason = _write_decision(store, fp, entry)
         if reason:
             skipped.append((label, reason))
         else:
-            imported += 1
-    return imported
+            imported_decisions += 1
+    for label, fp, (key, blob) in plans:
+        if store.put_plan(fp, key, blob):
+            imported_plans += 1
+        else:
+            skipped.append((label, "the store refused the plan (see the warning)"))
+    log.info("fusedattn_select: imported %d decisions and %d plans from %s (%d rows skipped)",
+             imported_decisions, imported_plans, path, len(skipped))
+    return ImportReport(imported_decisions, imported_plans, tuple(skipped))
 
 
-def _import_decision(store: Transferable, fingerprint: Fingerprint, row: dict) -> str:
+def read_export(path: Path) -> dict:
+    """The export file at `path` as a JSON object; CacheError naming it when it is not an export."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise CacheError(f"cache export {path}: cannot be read ({err.strerror or err})") from None
+    except RecursionError:
+        raise CacheError(f"cache export {path}: is nested too deeply to decode (not written by export())") from None
+    except ValueError as err:  # not JSON (or not UTF-8), or an integer of more digits than int() reads
+        raise CacheError(f"cache export {path}: is not JSON ({shown(err)})") from None
+    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
+        raise CacheError(f"cache export {path}: format must be {EXPORT_FORMAT!r} (written by export())")
+    version = document.get("schema_version")
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise CacheError(f"cache export {path}: schema_version={shown(version)}: this version reads "
+                         f"1..{SCHEMA_VERSION}")
+    return document
+
+
+def export_fingerprints(path: str | os.PathLike) -> dict[str, str]:
+    """The fingerprints an export file's rows may belong to: {key: description, or why it is unusable}."""
+    good, problems = _export_fingerprints(read_export(Path(path)).get("fingerprints"))
+    return {**{key: fp.describe() for key, fp in good.items()}, **problems}
+
+
+# Checks one row of a known fingerprint: what to write, or why it is skipped (a str).
+RowCheck = Callable[[Fingerprint, dict], Any]
+
+
+def _checked_rows(path: Path, owners: _Owners, field: str, rows: list, skipped: list[tuple[str, str]],
+                  check: RowCheck) -> list[tuple[str, Fingerprint, Any]]:
+    """(label, fingerprint, what to write) of each row that checks out; every other row is appended to
+    `skipped` with its reason. CacheError when a row holds a value no export holds."""
+    kind = "decision" if field == "verdicts" else "plan"
+    accepted = []
+    for index, row in enumerate(rows):
+        label = _label(kind, row)
+        problem = _out_of_range(row)
+        if problem:
+            raise CacheError(f"cache export {path}: {field}[{index}] ({label}): {problem}; a file export() "
+                             "did not write: nothing was imported")
+        fingerprint, reason = owners.claim(row)
+        if fingerprint is not None:
+            checked = check(fingerprint, row)
+            if isinstance(checked, str):
+                reason = checked
+            else:
+                accepted.append((label, fingerprint, checked))
+        if reason:
+            skipped.append((label, reason))
+    return accepted
+
+
+def _label(kind: str, row: Any) -> str:
+    if not isinstance(row, dict):
+        return f"{kind} {shown(row, 40)}"
+    fp_key, key = row.get("fingerprint", ""), row.get("key", "")
+    fp_text = fp_key[:12] if isinstance(fp_key, str) else shown(fp_key, 12)
+    key_text = key[:32] if isinstance(key, str) else shown(key, 32)
+    return f"{kind} {fp_text}/{key_text}"
+
+
+# No export nests deeper than this below a row (row > verdicts > verdict > timings_ms > a number).
+_MAX_ROW_DEPTH = 8
+# No field of an export holds a larger integer (versions, SM counts, sizes).
+_MAX_INT_BITS = 64
+
+
+def _out_of_range(value: Any) -> str:
+    """What in `value` no export holds: an integer beyond 64 bits or nesting deeper than the format's
+    ("" when nothing). Iterative, so a hostile value cannot exhaust the stack."""
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > _MAX_INT_BITS:
+            return f"an integer of {item.bit_length()} bits is out of range"
+        if isinstance(item, (dict, list)):
+            if depth >= _MAX_ROW_DEPTH:
+                return f"nested more than {_MAX_ROW_DEPTH} levels deep"
+            children = list(item.keys()) + list(item.values()) if isinstance(item, dict) else item
+            pending.extend((child, depth + 1) for child in children)
+    return ""
+
+
+def _check_decision(fingerprint: Fingerprint, row: dict) -> NewEntry | str:
     key = row.get("key")
     if not isinstance(key, str) or not key:
-        return f"key={key!r}: must be a non-empty string"
+        return f"key={shown(key)}: must be a non-empty string"
     try:
         verdicts = parse_verdicts(row.get("verdicts"))
         depth = parse_depth(row.get("depth"))
     except BadEntry as err:
         return str(err)
-    written = store._put(fingerprint, new_entry(fingerprint, key, verdicts, depth))
+    digest = row.get("sha256")
+    if digest is None:
+        return "carries no sha256 of its content (exported by an older version: export it again)"
+    if digest != decision_digest(fingerprint.key(), key, depth, verdicts):
+        return "sha256 of the decision does not match the row (edited or damaged)"
+    return new_entry(fingerprint, key, verdicts, depth)
+
+
+def _write_decision(store: Transferable, fingerprint: Fingerprint, entry: NewEntry) -> str:
+    written = store._put(fingerprint, entry)
     if written is Written.STORED:
         return ""
     if written is Written.KEPT_FULL:
@@ -135,23 +252,21 @@ def _import_decision(store: Transferable, fingerprint: Fingerprint, row: dict) -
     return "the store could not write it (see the warning)"
 
 
-def _import_plan(store: Transferable, fingerprint: Fingerprint, row: dict, refusal: str) -> str:
+def _check_plan(fingerprint: Fingerprint, row: dict, refusal: str) -> tuple[str, bytes] | str:
     if refusal:
         return f"plans refused: {refusal}"
     key = row.get("key")
     if not isinstance(key, str) or not key:
-        return f"key={key!r}: must be a non-empty string"
+        return f"key={shown(key)}: must be a non-empty string"
     try:
         blob = base64.b64decode(row.get("blob", ""), validate=True)
     except (TypeError, ValueError) as err:
-        return f"blob is not base64 ({err})"
+        return f"blob is not base64 ({shown(err)})"
     if row.get("size") != len(blob):
-        return f"blob has {len(blob)} bytes, the row says {row.get('size')!r} (truncated)"
+        return f"blob has {len(blob)} bytes, the row says {shown(row.get('size'))} (truncated)"
     if row.get("sha256") != sha256(blob):
         return "sha256 of the blob does not match the row"
-    if not store.put_plan(fingerprint, key, blob):
-        return "the store refused the plan (see the warning)"
-    return ""
+    return key, blob
 
 
 @dataclass(frozen=True)
@@ -167,34 +282,20 @@ class _Owners:
         fingerprints, problems = _export_fingerprints(document.get("fingerprints"))
         return cls(only, fingerprints, problems)
 
-    def claim(self, kind: str, row: Any) -> tuple[str, Fingerprint | None, str]:
-        """(label of the row, its fingerprint or None, why it is skipped when None)."""
+    def claim(self, row: Any) -> tuple[Fingerprint | None, str]:
+        """(the row's fingerprint, "") or (None, why the row is skipped)."""
         if not isinstance(row, dict):
-            return f"{kind} {row!r:.40}", None, "not an object"
-        fp_key = str(row.get("fingerprint", ""))
-        label = f"{kind} {fp_key[:12]}/{str(row.get('key', ''))[:32]}"
+            return None, "not an object"
+        fp_key = row.get("fingerprint", "")
+        if not isinstance(fp_key, str):
+            return None, f"fingerprint={shown(fp_key, 40)}: must be a fingerprint key"
         if self.only is not None and fp_key != self.only:
-            return label, None, f"foreign fingerprint {fp_key[:12]} (importing only {self.only[:12]})"
+            return None, f"foreign fingerprint {fp_key[:12]} (importing only {self.only[:12]})"
         if fp_key in self.problems:
-            return label, None, self.problems[fp_key]
+            return None, self.problems[fp_key]
         if fp_key not in self.fingerprints:
-            return label, None, f"fingerprint {fp_key[:12]} is not described in the file"
-        return label, self.fingerprints[fp_key], ""
-
-
-def _read_export(path: Path) -> dict:
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise CacheError(f"cache export {path}: cannot be read ({err.strerror or err})") from None
-    except ValueError as err:
-        raise CacheError(f"cache export {path}: is not JSON ({err})") from None
-    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-        raise CacheError(f"cache export {path}: format must be {EXPORT_FORMAT!r} (written by export())")
-    version = document.get("schema_version")
-    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-        raise CacheError(f"cache export {path}: schema_version={version!r}: this version reads 1..{SCHEMA_VERSION}")
-    return document
+            return None, f"fingerprint {fp_key[:12]} is not described in the file"
+        return self.fingerprints[fp_key], ""
 
 
 def _list_field(document: dict, name: str) -> list:
@@ -211,10 +312,14 @@ def _export_fingerprints(value: Any) -> tuple[dict[str, Fingerprint], dict[str, 
     good: dict[str, Fingerprint] = {}
     problems: dict[str, str] = {}
     for key, description in value.items():
+        problem = _out_of_range(description)
+        if problem:
+            problems[key] = f"fingerprint description: {problem}"
+            continue
         try:
             fingerprint = Fingerprint.from_dict(description)
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            problems[key] = f"fingerprint description does not parse ({type(err).__name__}: {err})"
+        except PARSE_ERRORS as err:
+            problems[key] = f"fingerprint description does not parse ({type(err).__name__}: {shown(err)})"
             continue
         if fingerprint.key() != key:
             problems[key] = f"fingerprint description hashes to {fingerprint.key()[:12]}, not to its key {key[:12]}"

@@ -66,7 +66,7 @@ def test_cache_import_into_an_unusable_cache_exits_1_with_the_reason(capsys, unu
 
 
 def test_cache_import_with_memory_ok_imports_into_memory_and_says_so(capsys, unusable_cache_dir, export_file):
-    code, out, err = run(capsys, "cache", "import", "--memory-ok", str(export_file))
+    code, out, err = run(capsys, "cache", "import", "--memory-ok", "--fingerprint", "all", str(export_file))
     assert code == 0 and json.loads(out)["imported"] == 2
     assert "imported into this process's memory only" in err
 
@@ -144,7 +144,7 @@ def test_cache_import_that_skips_rows_exits_1_and_lists_them(capsys, export_file
     document["plans"][0]["blob"] = document["plans"][0]["blob"][:-8]  # truncated plan
     document["verdicts"][0]["depth"] = "deep"  # tampered decision
     export_file.write_text(json.dumps(document))
-    code, out, err = run(capsys, "cache", "import", str(export_file))
+    code, out, err = run(capsys, "cache", "import", "--fingerprint", "all", str(export_file))
     report = json.loads(out)
     assert code == 1 and report["imported"] == 0 and len(report["skipped"]) == 2
     lines = err.strip().splitlines()
