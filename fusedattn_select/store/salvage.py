@@ -1,18 +1,27 @@
-"""Salvage a damaged database: copy every row SQLite can still read into a fresh file.
+"""Salvage a damaged database: every row that can still be read, for a fresh file (`salvage`) or
+for a command that only reads (`recover`).
 
-Rows are read through each table's own b-tree (`NOT INDEXED`), so a damaged index page loses
-nothing. A damaged table page fails the scan at that page: the scan resumes at the first rowid
-past it that can be read again (found by seeking, which descends the b-tree from its root), and
-the rows in between are lost. How many were lost comes from an index that still counts the table,
-when one does; otherwise it is unknown.
+Two readers, combined:
+- SQLite, through each table's own b-tree (`NOT INDEXED`, so a damaged index page loses nothing).
+  A damaged table page fails the scan at that page: the scan resumes at the first rowid past it
+  that can be read again (found by seeking, which descends the b-tree from its root). What SQLite
+  reads is authoritative.
+- the page scanner (pages.py), which reads the leaf pages without the b-tree above them, as
+  SQLite's `.recover` does. It adds the rows SQLite cannot reach: those under a damaged root or
+  interior page, and every row of a file whose page 1 is damaged or that is cut short.
+Rows are kept once per primary key. How many rows were lost comes from an index that still counts
+the table, when one does; otherwise it is unknown.
 """
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
+
+from fusedattn_select.store.pages import scan
 
 # The columns of each data table copied into the fresh database (the schema of SCHEMA_VERSION).
 TABLE_COLUMNS = {
@@ -20,6 +29,21 @@ TABLE_COLUMNS = {
     "verdicts": ("fingerprint_key", "config_key", "depth", "verdicts", "size", "created", "last_used"),
     "plans": ("fingerprint_key", "plan_key", "sha256", "size", "created", "last_used", "blob"),
 }
+# How many leading columns of TABLE_COLUMNS make each table's primary key.
+_KEY_COLUMNS = {"fingerprints": 1, "verdicts": 2, "plans": 2}
+# What each column of TABLE_COLUMNS holds. Every column is NOT NULL, so these shapes tell the tables
+# apart; SQLite stores an integral REAL as an integer on disk, and reads it back as a REAL.
+_COLUMN_KINDS = {
+    "fingerprints": ("text", "text", "real"),
+    "verdicts": ("text", "text", "text", "text", "integer", "real", "real"),
+    "plans": ("text", "text", "text", "integer", "real", "real", "blob"),
+}
+# The Python types a value of each kind is read as (the first) or stored as on disk; the types of
+# the rows of each table as stored, and as read.
+_TYPES_OF_KIND = {"text": (str,), "integer": (int,), "real": (float, int), "blob": (bytes,)}
+_STORED_TYPES = {table: set(itertools.product(*(_TYPES_OF_KIND[kind] for kind in kinds)))
+                 for table, kinds in _COLUMN_KINDS.items()}
+_READ_TYPES = {table: tuple(_TYPES_OF_KIND[kind][0] for kind in kinds) for table, kinds in _COLUMN_KINDS.items()}
 # Seeks past a damaged page grow by powers of two up to this rowid distance (SQLite rowids are int64).
 _MAX_SEEK = 2**62
 
@@ -41,27 +65,87 @@ class SalvageReport:
         return f"salvaged {kept}; lost {sum(self.lost.values())} rows"
 
 
+@dataclass(frozen=True)
+class Recovered:
+    """The readable rows of each table of TABLE_COLUMNS (tuples in its column order, one per
+    primary key), and the rows lost per table (None: unknown, no index could count them)."""
+
+    rows: dict[str, list[tuple]]
+    lost: dict[str, int | None]
+
+
+def recover(path: Path) -> Recovered:
+    """Every readable row of the data tables of the database file `path` (and its -wal), read
+    without writing anything: what SQLite reads, and what the page scanner adds."""
+    # The scan reads first: it only reads, and sees the files as they were found.
+    pages = scan(path, _table_of_shape)
+    found: dict[str, dict[tuple, tuple]] = {table: {} for table in TABLE_COLUMNS}
+    for row in pages.rows:
+        values = _as_stored(row.table, row.values)
+        if values is not None:
+            found[row.table].setdefault(values[:_KEY_COLUMNS[row.table]], values)
+    # Where SQLite cannot count a table by an index (it cannot open a file whose header is
+    # damaged), the scanner may still have read one.
+    counted: dict[str, int | None] = {table: pages.indexed_rows.get(table) for table in TABLE_COLUMNS}
+    source = _open_read_only(path)
+    if source is not None:
+        try:
+            for table, columns in TABLE_COLUMNS.items():
+                from_sqlite: set[tuple] = set()
+                for row in readable_rows(source, table, columns):
+                    # SQLite reads a page cut short as if the rest were zeros: rows of NULLs.
+                    values = _as_stored(table, tuple(row))
+                    key = None if values is None else values[:_KEY_COLUMNS[table]]
+                    if key is not None and key not in from_sqlite:
+                        from_sqlite.add(key)
+                        found[table][key] = values  # what SQLite reads wins over what the scan read
+                by_sqlite = indexed_count(source, table)
+                counted[table] = counted[table] if by_sqlite is None else by_sqlite
+        finally:
+            source.close()
+    rows = {table: list(by_key.values()) for table, by_key in found.items()}
+    return Recovered(rows, {table: None if counted[table] is None else max(counted[table] - len(rows[table]), 0)
+                            for table in TABLE_COLUMNS})
+
+
 def salvage(damaged: Path, fresh: sqlite3.Connection) -> SalvageReport:
     """Copy every readable row of the data tables of `damaged` into `fresh` (a database with the
     current schema, in one transaction the caller commits)."""
+    recovered = recover(damaged)
     report = SalvageReport()
-    try:
-        source = sqlite3.connect(f"{damaged.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return SalvageReport({}, {table: None for table in TABLE_COLUMNS})
-    try:
-        for table, columns in TABLE_COLUMNS.items():
-            copied = 0
-            insert = (f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) "
-                      f"VALUES ({', '.join('?' * len(columns))})")
-            for row in readable_rows(source, table, columns):
-                copied += fresh.execute(insert, row).rowcount
-            report.salvaged[table] = copied
-            counted = indexed_count(source, table)
-            report.lost[table] = None if counted is None else max(counted - copied, 0)
-    finally:
-        source.close()
+    for table, columns in TABLE_COLUMNS.items():
+        insert = (f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) "
+                  f"VALUES ({', '.join('?' * len(columns))})")
+        report.salvaged[table] = sum(fresh.execute(insert, row).rowcount for row in recovered.rows[table])
+        report.lost[table] = recovered.lost[table]
     return report
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection | None:
+    """A read-only connection to `path` (None: there is nothing SQLite could read)."""
+    try:
+        if path.stat().st_size == 0:
+            # SQLite deletes the -wal of an empty database file when it opens it, even read-only:
+            # a file cut to nothing would lose the rows its log still holds.
+            return None
+        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except (sqlite3.Error, OSError, ValueError):
+        return None
+
+
+def _as_stored(table: str, values: tuple) -> tuple | None:
+    """`values` as SQLite reads them back from a row of `table` (None: not a row of its shape)."""
+    types = tuple(map(type, values))  # exact types: a bool is no integer here
+    if types not in _STORED_TYPES.get(table, ()):
+        return None
+    if types == _READ_TYPES[table]:
+        return values
+    return tuple(float(value) if read is float else value for value, read in zip(values, _READ_TYPES[table]))
+
+
+def _table_of_shape(values: tuple) -> str | None:
+    """The data table whose rows have the shape of `values` (None: none has)."""
+    return next((table for table in _COLUMN_KINDS if _as_stored(table, values) is not None), None)
 
 
 def readable_rows(conn: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> Iterator[tuple]:

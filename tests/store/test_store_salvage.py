@@ -108,6 +108,21 @@ def test_write_salvages_the_rows_of_intact_pages_when_a_table_page_is_damaged(ca
     assert store.integrity_check() == ["ok"]
 
 
+def test_write_salvages_every_row_under_a_damaged_root_page_of_the_decisions_table(cache_dir, caplog):
+    _written_store(cache_dir)
+    path = cache_dir / DATABASE_NAME
+    page_size, roots = _pages(path, "SELECT rootpage FROM sqlite_master WHERE name = 'verdicts'")
+    _overwrite_page(path, page_size, roots[0])  # SQLite reaches no decision: their leaf pages are intact
+    with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
+        store = PersistentStore(cache_dir)
+        assert store.put(H100, "key-new", SUPPORTED_FULL, ProbeDepth.FULL)
+    assert all(store.get(H100, f"key-{index}") == (SUPPORTED_FULL, ProbeDepth.FULL) for index in range(ROWS))
+    assert store.get_plan(H100, "plan-0") == PLAN
+    assert store.integrity_check() == ["ok"]
+    messages = [r.getMessage() for r in warnings_of(caplog) if "salvaged" in r.getMessage()]
+    assert len(messages) == 1 and f"salvaged 1 fingerprints, {ROWS} decisions, 1 plans; lost 0 rows" in messages[0]
+
+
 def test_read_only_store_exports_every_row_of_a_database_with_a_damaged_primary_key_index(cache_dir, tmp_path):
     _written_store(cache_dir)
     path = cache_dir / DATABASE_NAME
