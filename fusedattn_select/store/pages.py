@@ -6,13 +6,14 @@ file itself, with the committed frames of its write-ahead log laid over it, and 
 leaf page (the file format: https://www.sqlite.org/fileformat2.html):
 
 - a leaf page that a table's b-tree reaches (from its root page in sqlite_master) is that table's;
-- any other leaf page holds rows of the table its rows' shape names (the caller's `shape`), and is
-  read only where nothing says it is stale: where that table's b-tree could not be read down to its
-  leaves (a tree whose interior pages all read reaches every live leaf, so a leaf outside it is a
-  freed page whose freelist entry was lost), and where no tree is known at all, only a leaf that an
-  interior page points to or, failing that, the one root leaf of its table;
+- any other leaf page is read only where nothing says it is stale, for the table its rows' shape
+  names (the caller's `shape`): where that table's b-tree could not be read down to its leaves (a
+  tree whose interior pages all read reaches every live leaf: a leaf outside it is a freed page),
+  or, where sqlite_master cannot be read, where an interior page points to the leaf or its table
+  has no interior page (the leaf is the table's root);
 - pages on the freelist are never read for rows, and only the cells of a page's cell pointer array
-  are: a deleted cell's bytes stay in a free block of its page, and never come back.
+  are: a deleted cell's bytes stay in a free block of its page, and never come back. A freed page
+  comes back only where both its freelist entry and its table's interior pages are damaged.
 
 Every read is bounds-checked: a damaged page loses its own rows and nothing else, and never raises.
 """
@@ -343,6 +344,8 @@ def _number(serial: int, data: bytes) -> int | float | None:
 # ----- the scan -----------------------------------------------------------------------------------------
 
 class _Scanner:
+    """One scan of a database file and its log (see the module docstring)."""
+
     def __init__(self, database: BinaryIO, wal: BinaryIO | None, shape: Callable[[tuple], str | None]) -> None:
         self.database, self.wal, self.shape = database, wal, shape
         self.file_size = _file_size(database)

@@ -87,7 +87,7 @@ def recover(path: Path) -> Recovered:
     # Where SQLite cannot count a table by an index (it cannot open a file whose header is
     # damaged), the scanner may still have read one.
     counted: dict[str, int | None] = {table: pages.indexed_rows.get(table) for table in TABLE_COLUMNS}
-    source = _open_read_only(path)
+    source = _open_read_only(path, pages.page_size)
     if source is not None:
         try:
             for table, columns in TABLE_COLUMNS.items():
@@ -121,12 +121,17 @@ def salvage(damaged: Path, fresh: sqlite3.Connection) -> SalvageReport:
     return report
 
 
-def _open_read_only(path: Path) -> sqlite3.Connection | None:
-    """A read-only connection to `path` (None: there is nothing SQLite could read)."""
+def _open_read_only(path: Path, page_size: int) -> sqlite3.Connection | None:
+    """A read-only connection to `path` (None: SQLite would read nothing, or wrong rows)."""
     try:
-        if path.stat().st_size == 0:
+        size = path.stat().st_size
+        if size == 0:
             # SQLite deletes the -wal of an empty database file when it opens it, even read-only:
             # a file cut to nothing would lose the rows its log still holds.
+            return None
+        if page_size and size % page_size:
+            # SQLite reads the part of a page that a cut took away as zeros, and returns rows
+            # of them: a file cut inside a page is read by the scanner alone.
             return None
         return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     except (sqlite3.Error, OSError, ValueError):

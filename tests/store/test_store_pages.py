@@ -214,7 +214,7 @@ def test_random_damage_never_raises(tmp_path):
     data, wal = path.read_bytes(), Path(f"{path}-wal").read_bytes()
     size = 1024
     generator = random.Random(11)
-    for trial in range(150):
+    for trial in range(100):
         damaged, damaged_wal = bytearray(data), bytearray(wal)
         for _ in range(generator.randint(1, 6)):
             target = damaged if generator.random() < 0.8 else damaged_wal
