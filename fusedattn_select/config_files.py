@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from fusedattn_select.config import AttnConfig, allowed, did_you_mean
-from fusedattn_select.errors import ConfigError
+from fusedattn_select.errors import ConfigError, short_repr
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ def parse_config_file(data: Any, path: str = "<memory>") -> ConfigFile:
     raw_entries = data.get("configs")
     if not isinstance(raw_entries, list) or not raw_entries:
         raise ConfigError(f"{path}: configs", raw_entries, "must be a non-empty list of named entries")
+    for key in ("name", "description", "source"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ConfigError(f"{path}: {key}", data[key], "must be a string")
     entries: list[NamedConfig] = []
     seen: set[str] = set()
     for index, raw in enumerate(raw_entries):
@@ -91,6 +95,124 @@ def parse_config_file(data: Any, path: str = "<memory>") -> ConfigFile:
     )
 
 
+# Nodes a YAML document's aliases may add once expanded: each alias stands for a copy of its
+# anchor, so a few lines of nested aliases ("billion laughs") describe billions of nodes, which
+# loading shares but anything that prints or walks the value expands.
+ALIAS_NODE_BUDGET = 1_000_000
+# libyaml's syntax errors are vaguer than the Python parser's (a tab is "a character that cannot
+# start any token", an unclosed list is reported at the end of the text): a document this small is
+# parsed again in Python to say where and what, which a large one would wait for.
+PRECISE_ERROR_CHARACTERS = 256 * 1024
+
+
+@functools.lru_cache(maxsize=None)
+def yaml_loader() -> type:
+    """The YAML loader every file and --set value is read with: the safe loader in C where PyYAML
+    was built with libyaml (pure Python is two orders of magnitude slower on a large file), else
+    in Python; a mapping that repeats a key is an error naming the key and its line, not "last
+    one wins"; a value yaml cannot build (a month 13, an integer of 5,000 digits) is a YAML error
+    at its line."""
+    import yaml
+    from yaml.constructor import ConstructorError
+
+    class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                first: dict[Any, Any] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue  # `<<: *defaults` then own keys: an override, not a repeat
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        earlier = first.setdefault(key, key_node)
+                    except TypeError:
+                        continue  # unhashable: the base class says so, at its line
+                    if earlier is not key_node:
+                        raise ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"found duplicate key {short_repr(key)} (first at line {earlier.start_mark.line + 1})",
+                            key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep=deep)
+            except (ValueError, OverflowError) as err:  # yaml.YAMLError is neither
+                raise ConstructorError(None, None, f"cannot build this value ({err})", node.start_mark) from None
+
+    return Loader
+
+
+def _expansion(root: Any) -> tuple[int, int] | None:
+    """(nodes, nodes with every alias expanded) of a composed document; None when an alias
+    holds itself (a recursive structure, which expands without end). Iterative: a document may
+    nest as deep as libyaml allows."""
+    import yaml
+
+    def children(node: Any) -> list[Any]:
+        if isinstance(node, yaml.MappingNode):
+            return [part for pair in node.value for part in pair]
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+    expanded: dict[int, int] = {}  # id(node) -> its size with aliases expanded
+    open_nodes: set[int] = set()  # the nodes on the path being walked
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        if closing:
+            expanded[id(node)] = 1 + sum(expanded[id(child)] for child in children(node))
+            open_nodes.discard(id(node))
+            continue
+        if id(node) in expanded:
+            continue
+        if id(node) in open_nodes:
+            return None
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in children(node))
+    return len(expanded), expanded[id(root)]
+
+
+def load_yaml(text: str, field: str, value: str) -> Any:
+    """The value of a YAML document, read with yaml_loader(). yaml.YAMLError when it is not
+    YAML; ConfigError(field, value, ...) when its aliases expand it beyond ALIAS_NODE_BUDGET
+    or hold themselves."""
+    import yaml
+    from yaml.constructor import ConstructorError
+
+    try:
+        return _load(yaml_loader(), text, field, value)
+    except ConstructorError:
+        raise  # from the constructor, which is Python with either parser: as precise as it gets
+    except yaml.YAMLError:
+        if getattr(yaml, "CSafeLoader", None) is None or len(text) > PRECISE_ERROR_CHARACTERS:
+            raise
+        try:
+            yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as precise:
+            raise precise from None
+        raise
+
+
+def _load(loader_class: type, text: str, field: str, value: str) -> Any:
+    loader = loader_class(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if "&" in text and "*" in text:  # an alias needs an anchor; a file with neither skips the walk
+            sizes = _expansion(node)
+            if sizes is None:
+                raise ConfigError(field, value, "holds an alias that contains itself (a recursive structure)")
+            nodes, expanded = sizes
+            if expanded - nodes > ALIAS_NODE_BUDGET:
+                raise ConfigError(field, value, f"its aliases expand it by {expanded - nodes:,} nodes, more than "
+                                  f"the {ALIAS_NODE_BUDGET:,} allowed (a 'billion laughs' document?)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_config_file(path: str | Path) -> ConfigFile:
     """Read a YAML config file (see README 'Config format')."""
     import yaml
@@ -103,7 +225,7 @@ def load_config_file(path: str | Path) -> ConfigFile:
     except UnicodeDecodeError as err:
         raise ConfigError("config file", str(path), f"cannot be read (not UTF-8 text: {err.reason} at byte {err.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, "config file", str(path))
     except yaml.YAMLError as err:
         raise ConfigError("config file", str(path), f"is not valid YAML: {yaml_error(err)}") from None
     return parse_config_file(data, str(path))

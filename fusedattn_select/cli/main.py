@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
+import select
 import sys
 from typing import Any, Callable, Iterator, Sequence
 
+from fusedattn_select import settings
 from fusedattn_select._version import __version__
 from fusedattn_select.cli.cache import register_cache
-from fusedattn_select.cli.exit_codes import EPILOG, EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from fusedattn_select.cli.exit_codes import EPILOG, EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from fusedattn_select.cli.info import register_info
 from fusedattn_select.cli.matrix import register_matrix
 from fusedattn_select.cli.native import register_native
@@ -18,7 +21,6 @@ from fusedattn_select.cli.snapshot import register_snapshot
 from fusedattn_select.cli.warmup import register_warmup
 from fusedattn_select.cli.why import register_why
 from fusedattn_select.errors import FusedAttnSelectError
-from fusedattn_select.store.settings import check_cache_switch
 
 log = logging.getLogger("fusedattn_select")
 
@@ -65,8 +67,29 @@ def _logging(verbosity: int) -> Iterator[None]:
         log.setLevel(old_level)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (see fusedattn_select.cli.exit_codes)."""
+def _stdout_closed() -> bool:
+    """Whether stdout's reader has gone (`| head` exited): the pipe polls as an error. True where
+    that cannot be asked (no poll, no file descriptor): stdout is then the likeliest broken pipe."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return True
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit finds no closed pipe
+    (it would print "Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass  # no file descriptor (an in-process caller's capture): nothing is flushed at exit
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -74,11 +97,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_BAD_INPUT
     with _logging(args.verbose):
         try:
-            if args.command != "info":  # info reports an invalid switch among the other facts
-                check_cache_switch()
+            # Every setting is checked before any work; info reports an invalid cache switch
+            # among its facts instead.
+            settings.check_all(skip=(settings.CACHE,) if args.command == "info" else ())
             return args.func(args)
         except FusedAttnSelectError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_BAD_INPUT
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (see fusedattn_select.cli.exit_codes).
+
+    A reader that closes stdout early (`| head`) ends the command quietly with EXIT_BROKEN_PIPE, as
+    `git log | head` does: no traceback."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # inside the try: output still buffered fails here, not at exit
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe (a worker's) broke: a failure, not a reader that had enough
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE

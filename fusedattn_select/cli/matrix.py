@@ -138,7 +138,7 @@ def _document(source: Source, matrix: Matrix, problems: Sequence[Problem], depth
 def _cmd_matrix(args: argparse.Namespace) -> int:
     row_axes = parse_axes(args.rows, "--rows")
     column_axes = parse_axes(args.columns, "--columns")
-    if args.png:
+    if args.png is not None:
         require_matplotlib(args.png)
     for path in args.files:  # bad input fails before any engine starts
         load_config_file(path)
@@ -157,9 +157,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         lines += _comparison_lines(comparisons, origin)
         comparison_doc = {"torch_answers": origin, "counts": counts(comparisons),
                           "problems": [c.to_dict() for c in comparisons]}
-    if args.png:
+    if args.png is not None:
         title = f"fused attention support: {source.describe()}; {_depths(source, problems, depth)}"
-        lines.append(f"heatmap -> {write_heatmap(matrix, args.png, _wrap(title))}")
+        write_heatmap(matrix, args.png, _wrap(title))
+        lines.append(f"heatmap -> {args.png}")  # the path as given: the file written
     if args.json:
         print(json.dumps(_document(source, matrix, problems, depth, comparison_doc), indent=2))
     else:
@@ -221,7 +222,7 @@ def register_matrix(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", default="dtype,pass,head_dim", metavar="AXES",
                         help="row axes, comma-separated, from: " + ", ".join(AXES) + " (default: %(default)s)")
     parser.add_argument("--columns", default="mask", metavar="AXES", help="column axes (default: %(default)s)")
-    parser.add_argument("--png", metavar="FILE", help="also write a heatmap PNG (needs the 'plot' extra)")
+    parser.add_argument("--png", metavar="FILE.png", help="also write a heatmap PNG to FILE.png (needs the 'plot' extra)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every cell and problem")
     parser.add_argument("--compare", choices=("torch",),
                         help="torch: where PyTorch's rule for its cuDNN backend disagrees with cuDNN")

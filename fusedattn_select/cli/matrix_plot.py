@@ -12,7 +12,10 @@ PLOT_EXTRA_HINT = "needs matplotlib: pip install 'fusedattn-select[plot]'"
 
 
 def require_matplotlib(path: str) -> None:
-    """Raise ConfigError naming --png when matplotlib cannot be imported (checked before any work)."""
+    """Raise ConfigError naming --png when its path does not end in .png, or when matplotlib cannot
+    be imported (checked before any work)."""
+    if Path(path).suffix.lower() != ".png" or not Path(path).stem:
+        raise ConfigError("--png", path, "must be a file name ending in .png (the heatmap is a PNG image)")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -24,7 +27,8 @@ def _label(values: tuple[str, ...]) -> str:
 
 
 def write_heatmap(matrix: Matrix, path: str | Path, title: str) -> Path:
-    """Cells coloured by accepted/answered (grey: no verdict), annotated with their counts."""
+    """Cells coloured by accepted/answered (grey: no verdict), annotated with their counts; a PNG
+    written at `path` exactly (require_matplotlib checked it ends in .png)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
@@ -61,11 +65,10 @@ def write_heatmap(matrix: Matrix, path: str | Path, title: str) -> Path:
     ax.set_title(title, fontsize=8)
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="accepted / answered (hatched grey: no data)")
     fig.tight_layout()
-    path = Path(path)
     try:
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, format="png")
     except OSError as err:
         raise ConfigError("--png", str(path), f"cannot be written ({err.strerror or err})") from None
     finally:
         plt.close(fig)
-    return path
+    return Path(path)

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import yaml
 
 from fusedattn_select.config import AttnConfig, allowed, did_you_mean
-from fusedattn_select.config_files import NAMES_SHOWN, NamedConfig, load_config_file, yaml_error
+from fusedattn_select.config_files import NAMES_SHOWN, NamedConfig, load_config_file, load_yaml, yaml_error
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
 from fusedattn_select.integrations.transformers import layer_problems
 from fusedattn_select.integrations.transformers.report import layer_ranges
@@ -38,7 +38,7 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ConfigError("--set", pair, "must be key=value, e.g. --set head_dim_qk=128")
         try:
-            value = yaml.safe_load(text)
+            value = load_yaml(text, key, text)
         except yaml.YAMLError as err:
             raise ConfigError(key, text, f"is not a YAML value ({yaml_error(err)})") from None
         if isinstance(value, str):

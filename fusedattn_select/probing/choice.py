@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from fusedattn_select import settings
 from fusedattn_select.errors import ConfigError, PlatformError, SnapshotError
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.probing.snapshot import SnapshotEngine
 
 log = logging.getLogger("fusedattn_select")
 
-SNAPSHOT_ENV = "FUSEDATTN_SELECT_SNAPSHOT"
+SNAPSHOT_ENV = settings.SNAPSHOT
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
 TARGETS = ("h100", "h200")
 # Suites recorded per target and shipped with the package.
@@ -76,10 +77,7 @@ def bundled_engine(target: str) -> SnapshotEngine:
 
 def snapshot_paths(value: str) -> list[str]:
     """The files named by $FUSEDATTN_SELECT_SNAPSHOT: one path, or several separated by os.pathsep."""
-    paths = [part for part in value.split(os.pathsep) if part.strip()]
-    if not paths:
-        raise ConfigError(SNAPSHOT_ENV, value, f"must name snapshot files separated by {os.pathsep!r}")
-    return paths
+    return settings.parse_snapshot_paths(value)
 
 
 def live_engine() -> tuple[ProbeEngine | None, str]:

@@ -27,25 +27,22 @@ import threading
 from concurrent.futures import Future
 from typing import Optional
 
+from fusedattn_select import settings
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.errors import ConfigError
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.selection.warmup import plan_target
 from fusedattn_select.types import Backend, Phase, ProbeDepth
 
 log = logging.getLogger("fusedattn_select")
 
-ENV_VAR = "FUSEDATTN_SELECT_DENSE_BUILDS"
-PROCESS, INLINE = "process", "inline"
-MODES = (PROCESS, INLINE)
+ENV_VAR = settings.DENSE_BUILDS
+MODES = settings.DENSE_BUILD_MODES
+PROCESS, INLINE = MODES
 
 
 def mode() -> str:
     """FUSEDATTN_SELECT_DENSE_BUILDS: "process" (unset or empty) or "inline"; ConfigError otherwise."""
-    value = os.environ.get(ENV_VAR, "") or PROCESS
-    if value not in MODES:
-        raise ConfigError(ENV_VAR, value, "must be one of " + ", ".join(repr(m) for m in MODES))
-    return value
+    return str(settings.value(ENV_VAR))
 
 
 configured = mode()  # read at import, like FUSEDATTN_SELECT_DENSE_AFTER

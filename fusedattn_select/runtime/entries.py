@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
 from collections import Counter
@@ -17,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from fusedattn_select import settings
 from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
@@ -202,22 +202,17 @@ _table_lock = threading.Lock()
 
 
 def _dense_after() -> int:
-    value = os.environ.get(DENSE_AFTER_ENV, "")
-    if value == "":
-        return DEFAULT_DENSE_AFTER
-    if not value.isdigit():
-        raise ConfigError(DENSE_AFTER_ENV, value, "must be a whole number of calls (0 = never leave the bucket plans)")
-    return int(value)
+    return int(settings.value(DENSE_AFTER_ENV))
 
 
-DENSE_AFTER_ENV = "FUSEDATTN_SELECT_DENSE_AFTER"
+DENSE_AFTER_ENV = settings.DENSE_AFTER
 # A call signature run by bucket plans gets its shape's own plans (built once, or loaded from the
 # store) at its `dense_after`-th call if it had at least STEADY_SHARE of its problem class's calls
 # since its first and more than twice the calls its class's previous signature had when it came
 # (one pass over a model's layers, counted up to MAX_PASS: more is a shape used for long). A shape
 # a training loop or a static cache repeats runs at the dense plan's speed; a decode length (called
 # by every layer, then never again) or a step's new length never pays a build, at any depth.
-DEFAULT_DENSE_AFTER = 16
+DEFAULT_DENSE_AFTER = settings.DEFAULT_DENSE_AFTER
 STEADY_SHARE = 0.5
 MAX_PASS = 128
 dense_after = _dense_after()

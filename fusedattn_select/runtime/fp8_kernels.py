@@ -23,18 +23,17 @@ imported), "triton" (an error where it cannot) or "torch".
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-from fusedattn_select.errors import ConfigError
+from fusedattn_select import settings
 
 log = logging.getLogger("fusedattn_select")
 
-ENV_VAR = "FUSEDATTN_SELECT_FP8_KERNELS"
-CHOICES = ("auto", "triton", "torch")
+ENV_VAR = settings.FP8_KERNELS
+CHOICES = settings.FP8_KERNEL_CHOICES
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 # The largest power-of-two scale a compute dtype can hold (fp16 overflows above 2**15).
 MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32: 2.0 ** 100}
@@ -79,11 +78,7 @@ class Delayed(NamedTuple):
 # ----- implementation choice ---------------------------------------------------------------------
 def configured_choice() -> str:
     """The value of FUSEDATTN_SELECT_FP8_KERNELS ("auto" when unset); ConfigError if not allowed."""
-    raw = os.environ.get(ENV_VAR, "auto")
-    value = raw.strip().lower() or "auto"
-    if value not in CHOICES:
-        raise ConfigError(ENV_VAR, raw, "must be one of " + ", ".join(CHOICES))
-    return value
+    return str(settings.value(ENV_VAR))
 
 
 def backend(refresh: bool = False) -> str:

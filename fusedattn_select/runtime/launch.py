@@ -13,23 +13,19 @@ it off.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable, Optional
+
+from fusedattn_select import settings
 
 log = logging.getLogger("fusedattn_select")
 
-ENV_VAR = "FUSEDATTN_SELECT_DIRECT_LAUNCH"
+ENV_VAR = settings.DIRECT_LAUNCH
 Launcher = Callable[[tuple, Any, Any], None]
 
 
 def enabled() -> bool:
     """Whether direct launches are allowed ("0" turns them off; "", "1" leave them on)."""
-    value = os.environ.get(ENV_VAR, "")
-    if value not in ("", "0", "1"):
-        from fusedattn_select.errors import ConfigError
-
-        raise ConfigError(ENV_VAR, value, "must be 0 (off) or 1 (on, the default)")
-    return value != "0"
+    return bool(settings.value(ENV_VAR))  # ConfigError naming the variable when invalid
 
 
 def direct_launcher(graph: Any, uids: tuple[int, ...]) -> Optional[Launcher]:

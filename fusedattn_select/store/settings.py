@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 
+from fusedattn_select import settings
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.settings import (  # noqa: F401 - the store's names for them
+    CACHE_OFF_VALUES,
+    CACHE_ON_VALUES,
+    CACHE_SWITCH_ALLOWED,
+    DEFAULT_MAX_BYTES,
+)
 
 log = logging.getLogger("fusedattn_select")
 
-CACHE_DIR_ENV = "FUSEDATTN_SELECT_CACHE_DIR"
-CACHE_SWITCH_ENV = "FUSEDATTN_SELECT_CACHE"
-MAX_BYTES_ENV = "FUSEDATTN_SELECT_CACHE_MAX_BYTES"
-CACHE_OFF_VALUES = ("off", "0", "false", "no")
-CACHE_ON_VALUES = ("on", "1", "true", "yes")
-DEFAULT_MAX_BYTES = 512 * 1024**2
-
-_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+CACHE_DIR_ENV = settings.CACHE_DIR
+CACHE_SWITCH_ENV = settings.CACHE
+MAX_BYTES_ENV = settings.CACHE_MAX_BYTES
 
 
 def default_cache_dir() -> Path:
@@ -34,17 +35,13 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "fusedattn-select"
 
 
-CACHE_SWITCH_ALLOWED = (f"must be one of {', '.join(CACHE_ON_VALUES)} (persistent cache) or "
-                        f"{', '.join(CACHE_OFF_VALUES)} (memory only)")
-
-
 def cache_switch_problem() -> str:
     """Why $FUSEDATTN_SELECT_CACHE is not a value it takes ("" when unset or valid)."""
-    text = os.environ.get(CACHE_SWITCH_ENV, "")
-    switch = text.strip().lower()
-    if not switch or switch in CACHE_OFF_VALUES + CACHE_ON_VALUES:
-        return ""
-    return f"{CACHE_SWITCH_ENV}={text!r}: {CACHE_SWITCH_ALLOWED}"
+    try:
+        settings.value(CACHE_SWITCH_ENV)
+    except ConfigError as err:
+        return str(err)
+    return ""
 
 
 def check_cache_switch() -> None:
@@ -86,19 +83,22 @@ def directory_problem(directory: Path) -> str:
     return ""
 
 
+_max_bytes_warned: set[str] = set()
+
+
 def max_bytes_from_env() -> int:
-    """$FUSEDATTN_SELECT_CACHE_MAX_BYTES (bytes; K, M, G, T suffixes are powers of 1024)."""
-    text = os.environ.get(MAX_BYTES_ENV, "").strip()
-    if not text:
+    """$FUSEDATTN_SELECT_CACHE_MAX_BYTES (bytes; K, M, G, T suffixes are powers of 1024).
+
+    A value it does not take means the default, with one warning per value per process (commands
+    refuse it instead: fusedattn_select.settings.check_all)."""
+    try:
+        return int(settings.value(MAX_BYTES_ENV))
+    except ConfigError as err:
+        text = os.environ.get(MAX_BYTES_ENV, "")
+        if text not in _max_bytes_warned:
+            _max_bytes_warned.add(text)
+            log.warning("fusedattn_select: %s; using %d MiB", err, DEFAULT_MAX_BYTES // 1024**2)
         return DEFAULT_MAX_BYTES
-    match = re.fullmatch(r"(\d+)\s*([kmgt]?)(?:i?b)?", text.lower())
-    if match is None or int(match.group(1)) <= 0:
-        log.warning(
-            "fusedattn_select: %s=%r: must be a positive number of bytes (K, M, G suffixes allowed); "
-            "using %d MiB", MAX_BYTES_ENV, text, DEFAULT_MAX_BYTES // 1024**2,
-        )
-        return DEFAULT_MAX_BYTES
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
 
 
 def resolve_max_bytes(max_bytes: int | None) -> int:

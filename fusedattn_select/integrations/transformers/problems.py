@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import numbers
 import sys
 import warnings
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 from fusedattn_select import dtypes
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.errors import ConfigError
+from fusedattn_select.errors import ConfigError, short_text
 from fusedattn_select.integrations.transformers.masks import cudnn_window
 
 # Model types whose every attention layer has learnable sinks (transformers has no config flag).
@@ -26,6 +28,47 @@ SINK_MODEL_TYPES = frozenset({"gpt_oss"})
 # linear_attention, ...) are not attention problems and are left out of the report.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 DEFAULT_REPORT_SEQLEN = 4096
+
+# The fields of a model config this module reads, and what each must hold when present (None
+# or absent means "not given"): a bad value is a ConfigError naming the field, never a traceback
+# from arithmetic on it.
+POSITIVE_INTEGER, COUNT, POSITIVE_NUMBER, NON_NEGATIVE_NUMBER, PROBABILITY, BOOLEAN, NAMES = (
+    "must be a positive integer", "must be a non-negative integer", "must be a positive finite number",
+    "must be a non-negative finite number", "must be a number in [0, 1)", "must be true or false",
+    "must be a list of layer type names (strings)",
+)
+FIELD_RULES: dict[str, str] = {
+    "num_attention_heads": POSITIVE_INTEGER, "num_hidden_layers": POSITIVE_INTEGER,
+    "num_key_value_heads": POSITIVE_INTEGER, "hidden_size": POSITIVE_INTEGER, "head_dim": POSITIVE_INTEGER,
+    "qk_nope_head_dim": COUNT, "qk_rope_head_dim": POSITIVE_INTEGER, "v_head_dim": POSITIVE_INTEGER,
+    "max_position_embeddings": POSITIVE_INTEGER, "sliding_window": POSITIVE_INTEGER,
+    "attention_chunk_size": POSITIVE_INTEGER, "query_pre_attn_scalar": POSITIVE_NUMBER,
+    "attn_logit_softcapping": NON_NEGATIVE_NUMBER, "attention_dropout": PROBABILITY,
+    "is_causal": BOOLEAN, "use_bidirectional_attention": BOOLEAN, "use_sliding_window": BOOLEAN,
+    "layer_types": NAMES,
+}
+
+
+def _follows(rule: str, value: Any) -> bool:
+    if rule == BOOLEAN:
+        return isinstance(value, bool)
+    if rule == NAMES:
+        return isinstance(value, (list, tuple)) and all(isinstance(name, str) for name in value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    if rule in (POSITIVE_INTEGER, COUNT):
+        return isinstance(value, numbers.Integral) and value >= (1 if rule == POSITIVE_INTEGER else 0)
+    if not math.isfinite(value):
+        return False
+    return value > 0 if rule == POSITIVE_NUMBER else value >= 0 if rule == NON_NEGATIVE_NUMBER else value < 1
+
+
+def _check_fields(read: Any, where: str) -> None:
+    """ConfigError naming the first field (`where`.field) `read(field)` returns that breaks its rule."""
+    for name, rule in FIELD_RULES.items():
+        value = read(name)
+        if value is not None and not _follows(rule, value):
+            raise ConfigError(f"{where}.{name}", value, rule)
 
 
 class ConfigView:
@@ -73,6 +116,8 @@ def _json_source(text: str) -> dict:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError("hf_config", text[:60], f"is neither a config.json path nor JSON ({err.msg})") from None
+    except (ValueError, RecursionError) as err:  # an integer of thousands of digits; nesting too deep
+        raise ConfigError("hf_config", text[:60], f"is JSON this reader cannot hold ({short_text(str(err))})") from None
     if not isinstance(data, dict):
         raise ConfigError("hf_config", text[:60], "must be a JSON object")
     return data
@@ -85,7 +130,11 @@ def _as_dict_source(source: Any) -> Any:
             path = path / "config.json"
         if not path.is_file():
             raise ConfigError("hf_config", str(source), "no such config.json file or directory")
-        return _json_source(path.read_text())
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError("hf_config", str(source), f"cannot be read ({getattr(err, 'strerror', None) or err})") from None
+        return _json_source(text)
     if isinstance(source, str):
         return _json_source(source)
     return source
@@ -116,9 +165,14 @@ def _quiet_first_import() -> Iterator[None]:
 
 
 def hf_config(source: Any) -> ConfigView:
-    """A view of the text-model config from any accepted source."""
+    """A view of the text-model config from any accepted source; ConfigError naming the field
+    when one this module reads holds a value it cannot be (FIELD_RULES)."""
     source = _as_dict_source(source)
     if isinstance(source, Mapping):
+        # Checked before transformers sees them: its config classes divide by them at __init__.
+        _check_fields(source.get, "hf_config")
+        if isinstance(source.get("text_config"), Mapping):
+            _check_fields(source["text_config"].get, "hf_config.text_config")
         try:
             # transformers derives fields in __init__ (layer_types, per-layer sliding windows);
             # it is an optional dependency.
@@ -128,6 +182,9 @@ def hf_config(source: Any) -> ConfigView:
         except (ImportError, ValueError, KeyError, TypeError):
             # No transformers, or a model type it does not know: read the dict as it is.
             source = dict(source.get("text_config") or source) if "num_attention_heads" not in source else source
+        except Exception as err:  # noqa: BLE001 - transformers' own checks of fields this module never reads
+            raise ConfigError("hf_config", source.get("model_type"), "transformers cannot build this config: "
+                              + short_text(f"{type(err).__name__}: {' '.join(str(err).split())}")) from None
     if not isinstance(source, Mapping):
         if hasattr(source, "config") and not hasattr(source, "num_attention_heads"):
             source = source.config  # a model
@@ -139,6 +196,7 @@ def hf_config(source: Any) -> ConfigView:
             "hf_config", type(source).__name__,
             "has no num_attention_heads / num_hidden_layers (not a transformer language-model config)",
         )
+    _check_fields(view.get, "hf_config")  # what transformers derived, or a config object as given
     return view
 
 
@@ -152,15 +210,23 @@ def _layer_types(view: ConfigView) -> list[str]:
 
 
 def _model_facts(view: ConfigView) -> _ModelFacts:
-    heads_q = int(view.get("num_attention_heads"))
+    heads_q = int(view.get("num_attention_heads"))  # checked by hf_config (FIELD_RULES)
     heads_kv = int(view.get("num_key_value_heads", heads_q))
+    if heads_q % heads_kv:
+        raise ConfigError("hf_config.num_key_value_heads", heads_kv,
+                          f"must divide num_attention_heads ({heads_q})")
     if view.get("qk_rope_head_dim") is not None and view.get("v_head_dim") is not None:
         # Multi-head latent attention (DeepSeek): Q/K carry a no-position and a rotary part.
         head_dim_qk = int(view.get("qk_nope_head_dim", 0)) + int(view.get("qk_rope_head_dim"))
         head_dim_v = int(view.get("v_head_dim"))
+    elif view.get("head_dim") is not None:
+        head_dim_qk = head_dim_v = int(view.get("head_dim"))
     else:
-        head_dim_qk = int(view.get("head_dim") or int(view.get("hidden_size")) // heads_q)
-        head_dim_v = head_dim_qk
+        hidden = view.get("hidden_size")
+        if hidden is None or hidden % heads_q:
+            raise ConfigError("hf_config.hidden_size", hidden, "must be a positive multiple of num_attention_heads "
+                              f"({heads_q}) when head_dim is not given")
+        head_dim_qk = head_dim_v = int(hidden) // heads_q
     scalar = view.get("query_pre_attn_scalar")
     softcap = view.get("attn_logit_softcapping")
     return _ModelFacts(

@@ -51,12 +51,9 @@ class NativeBuildError(RuntimeError):
 
 def enabled() -> bool:
     """Whether a built module may be used ("0" turns it off; "" and "1" leave it on)."""
-    value = os.environ.get(ENV_VAR, "")
-    if value not in ("", "0", "1"):
-        from fusedattn_select.errors import ConfigError
+    from fusedattn_select import settings
 
-        raise ConfigError(ENV_VAR, value, "must be 0 (off) or 1 (on where built, the default)")
-    return value != "0"
+    return bool(settings.value(settings.NATIVE))  # ConfigError naming the variable when invalid
 
 
 def include_dirs() -> list[Path]:
