@@ -12,8 +12,10 @@ leaf page (the file format: https://www.sqlite.org/fileformat2.html):
   or, where sqlite_master cannot be read, where an interior page points to the leaf or its table
   has no interior page (the leaf is the table's root);
 - pages on the freelist are never read for rows, and only the cells of a page's cell pointer array
-  are: a deleted cell's bytes stay in a free block of its page, and never come back. A freed page
-  comes back only where both its freelist entry and its table's interior pages are damaged.
+  are: a deleted cell's bytes stay in a free block of its page, and never come back;
+- a row of a leaf page outside its table's b-tree is read only if every index of the table that
+  reads in full holds it. A freed page comes back only where its freelist entry, its table's
+  interior pages and every index of its table are all damaged (or sqlite_master is).
 
 Every read is bounds-checked: a damaged page loses its own rows and nothing else, and never raises.
 """
@@ -353,6 +355,8 @@ class _Scanner:
         self.frames = self.log.frames if self.log else {}
         self.page_size = self.usable = self.page_count = self.last_page = 0
         self.encoding = "utf-8"
+        self.indexes: dict[str, list[int]] = {}  # table -> root pages of its indexes
+        self.witnesses: dict[str, list[dict[int, list[tuple]]]] = {}
 
     def scan(self) -> PageScan:
         header = _parse_header(self._first_bytes())
@@ -370,7 +374,7 @@ class _Scanner:
         self.last_page = min(self.page_count, held)
         free, freelist_complete = self._freelist(header)
 
-        schema, indexes, schema_pages, schema_whole = self._schema()
+        schema, self.indexes, schema_pages, schema_whole = self._schema()
         owner: dict[int, str] = {}  # leaf page -> the table whose b-tree reaches it
         in_trees = set(schema_pages)
         complete = set()
@@ -387,10 +391,11 @@ class _Scanner:
         if not (schema_whole and complete == set(schema)):
             rows += self._orphan_rows(in_trees | free, schema, schema_whole, complete)
         counted = {}
-        for table, roots in indexes.items():
-            counts = [count for count in map(self._index_entries, roots) if count is not None]
-            if counts:
-                counted[table] = counts[0]
+        for table, roots in self.indexes.items():
+            for pages in map(self._index_pages, roots):
+                if pages is not None:
+                    counted[table] = sum(len(cells) for _, cells, _ in pages)
+                    break
         return PageScan(self.page_size, self.page_count, tuple(rows), schema, frozenset(complete), counted,
                         header is None, freelist_complete, frozenset(self.frames))
 
@@ -487,25 +492,26 @@ class _Scanner:
         return leaves, seen, whole
 
     def _schema(self) -> tuple[dict[str, int], dict[str, list[int]], set[int], bool]:
-        """The root page of each table and the root pages of each table's indexes, as sqlite_master
-        holds them; the pages of sqlite_master, and whether all of it was read."""
+        """The root page of each table and the root pages of each table's indexes of every row, as
+        sqlite_master holds them; the pages of sqlite_master, and whether all of it was read."""
         tables: dict[str, int] = {}
         indexes: dict[str, list[int]] = {}
         leaves, pages, whole = self._walk(1)
         for leaf in leaves:
             for row in self._leaf_rows(leaf, lambda values: "sqlite_master"):
-                kind, name, table, root = (row.values + (None,) * 4)[:4]
+                kind, name, table, root, sql = (row.values + (None,) * 5)[:5]
                 if not (isinstance(name, str) and isinstance(table, str) and isinstance(root, int) and root > 1):
                     continue
                 if kind == "table":
                     tables.setdefault(name, root)
-                elif kind == "index":
-                    indexes.setdefault(table, []).append(root)
+                elif kind == "index" and not (isinstance(sql, str) and " where " in " ".join(sql.lower().split())):
+                    indexes.setdefault(table, []).append(root)  # a partial index does not list every row
         return tables, indexes, pages, whole
 
-    def _index_entries(self, root: int) -> int | None:
-        """The number of entries of the index b-tree at `root` (None: not every page of it reads)."""
-        entries = 0
+    def _index_pages(self, root: int) -> list[tuple[bytes, list[int], bool]] | None:
+        """(page, offsets of its cells, whether it is an interior page) of every page of the index
+        b-tree at `root` (None: not every page of it reads)."""
+        pages = []
         seen: set[int] = set()
         stack = [root]
         while stack:
@@ -516,14 +522,48 @@ class _Scanner:
                 if data is None:
                     raise _Damaged
                 kind, cells, right = _btree_page(data, number, self.usable)
-                if kind == _INDEX_INTERIOR:  # an interior cell of an index holds an entry too
+                if kind == _INDEX_INTERIOR:
                     stack.extend([_u32(data, cell) for cell in cells] + [right])
                 elif kind != _INDEX_LEAF:
                     raise _Damaged
             except _Damaged:
                 return None
-            entries += len(cells)
+            pages.append((data, cells, kind == _INDEX_INTERIOR))
+        return pages
+
+    def _index_entries(self, root: int) -> dict[int, list[tuple]] | None:
+        """The entries of the index b-tree at `root` by the rowid they point to: the indexed values
+        (None: not every page or entry of it reads)."""
+        pages = self._index_pages(root)
+        if pages is None:
+            return None
+        entries: dict[int, list[tuple]] = {}
+        try:
+            for data, cells, interior in pages:
+                for cell in cells:  # an interior cell of an index holds an entry too
+                    offset = cell + 4 if interior else cell
+                    size, offset = _varint(data, offset, self.usable)
+                    values = _record(self._payload(data, offset, size, table=False)[0], self.encoding)
+                    if not values or type(values[-1]) is not int:
+                        raise _Damaged
+                    entries.setdefault(values[-1], []).append(values[:-1])
+        except _Damaged:
+            return None
         return entries
+
+    def _witnesses(self, table: str) -> list[dict[int, list[tuple]]]:
+        """The entries of each index of `table` that reads in full (see `_indexed`)."""
+        if table not in self.witnesses:
+            entries = (self._index_entries(root) for root in self.indexes.get(table, ()))
+            self.witnesses[table] = [by_rowid for by_rowid in entries if by_rowid is not None]
+        return self.witnesses[table]
+
+    def _indexed(self, row: Row) -> bool:
+        """Whether every index of the row's table that reads in full holds an entry for it: an
+        index that reads is the table's list of live rows, so a row it does not hold was deleted
+        (its page freed, the freelist entry of the page lost)."""
+        return all(any(all(value in row.values for value in entry) for entry in by_rowid.get(row.rowid, ()))
+                   for by_rowid in self._witnesses(row.table))
 
     # ----- rows
 
@@ -552,12 +592,18 @@ class _Scanner:
 
     def _cell(self, data: bytes, offset: int) -> tuple[int, tuple, tuple[int, ...]]:
         """(rowid, values, overflow pages) of the table leaf cell at `offset`."""
+        size, offset = _varint(data, offset, self.usable)
+        rowid, offset = _varint(data, offset, self.usable)
+        payload, overflow = self._payload(data, offset, size, table=True)
+        return rowid - (1 << 64) if rowid >= 1 << 63 else rowid, _record(payload, self.encoding), overflow
+
+    def _payload(self, data: bytes, offset: int, size: int, table: bool) -> tuple[bytes, tuple[int, ...]]:
+        """The `size` bytes of payload of the cell whose payload starts at `offset` (of a table
+        b-tree or an index b-tree), and the overflow pages that hold what its page does not."""
         usable = self.usable
-        size, offset = _varint(data, offset, usable)
-        rowid, offset = _varint(data, offset, usable)
         if size > self.last_page * usable:  # more bytes than the files hold
             raise _Damaged
-        local = _local_size(size, usable, table=True)
+        local = _local_size(size, usable, table)
         if offset + local > usable:
             raise _Damaged
         parts = [data[offset:offset + local]]
@@ -577,8 +623,7 @@ class _Scanner:
                 number = _u32(page, 0)
             if number != 0:  # the last overflow page points nowhere
                 raise _Damaged
-        values = _record(b"".join(parts), self.encoding)
-        return rowid - (1 << 64) if rowid >= 1 << 63 else rowid, values, tuple(overflow)
+        return b"".join(parts), tuple(overflow)
 
     def _orphan_rows(self, excluded: set[int], schema: dict[str, int], schema_whole: bool,
                      complete: set[str]) -> list[Row]:
@@ -606,7 +651,7 @@ class _Scanner:
         for number, rows in leaves.items():
             for row in rows:
                 if row.table in schema:
-                    stale = row.table in complete
+                    stale = row.table in complete or not self._indexed(row)
                 elif schema_whole:
                     stale = True  # a table this database does not have
                 else:

@@ -250,6 +250,16 @@ def test_a_damaged_root_page_loses_no_row(checkpointed, tmp_path):
     assert _check(checkpointed, recover(path).rows, set(), "verdicts root damaged") == checkpointed.rows()
 
 
+def test_freed_pages_stay_out_when_both_the_freelist_and_the_root_page_are_damaged(checkpointed, tmp_path):
+    data = checkpointed.file.read_bytes()
+    trunk, root = int.from_bytes(data[32:36], "big"), _root(checkpointed, "verdicts")
+    assert trunk  # the first freelist trunk page: the freed pages it lists are lost with it
+    damaged = _zeroed(_zeroed(data, checkpointed.page_size, trunk), checkpointed.page_size, root)
+    path = _damaged_copy(checkpointed, tmp_path / "trunk-and-root", damaged)
+    # Leaf pages outside the damaged tree are live or freed: the intact indexes tell which.
+    assert _check(checkpointed, recover(path).rows, {trunk, root}, "trunk and root zeroed") == checkpointed.rows()
+
+
 def test_salvage_copies_every_row_under_a_damaged_root_page(checkpointed, tmp_path):
     root = _root(checkpointed, "verdicts")
     path = _damaged_copy(checkpointed, tmp_path / "root",
