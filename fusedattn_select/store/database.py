@@ -1,32 +1,45 @@
-"""One SQLite database file shared by processes: connection, schema, retried transactions, recovery.
+"""One SQLite database file shared by processes: connections, schema, retried transactions, recovery.
 
 The file is in WAL mode (many readers and one writer at a time; every write is one
 `BEGIN IMMEDIATE` transaction, retried with backoff while another process holds the lock). WAL
 needs a local file system: SQLite's locks do not work across hosts on NFS.
 
-Damage (a file that is not a SQLite database, or fails `PRAGMA integrity_check`) is repaired only
-by a write: every row that can still be read is copied into a fresh database (salvage.py), which
-takes the file's place; the damaged file is kept as `<name>.corrupt-<timestamp>` with its -wal and
--shm files (so a stale log is never replayed into the new database), and one warning gives the
-counts. Reads never move files: a read that meets damage is a miss, reported once. A read-only
-Database never writes at all, and reads a missing file as an empty database.
+A process holds two connections: reads never queue behind a write that waits for another
+process's lock. Before each use a connection checks that the file is still the one it opened
+(another process may have salvaged it) and reopens it if not.
+
+Damage (a file that is not a SQLite database, or fails `PRAGMA integrity_check`) is repaired by a
+write that meets it, or by `repair()`: every row that can still be read is copied into a fresh
+database (salvage.py), which takes the file's place in one rename. The steps, under an exclusive
+flock on the directory (every write holds it shared, so no write lands in a file being set aside):
+  1. the readable rows go into `<name>.salvage-<pid>`, which is renamed `<name>.salvaged` once
+     complete and synced;
+  2. the damaged file gets a second name, `<name>.corrupt-<timestamp>`, and its -wal and -shm
+     files move there too (a stale log must never be replayed into the new database);
+  3. `<name>.salvaged` is renamed over `<name>`.
+A process that dies between 1 and 3 leaves `<name>.salvaged`: the next write (from any process)
+finishes steps 2 and 3 before it writes, with one warning. Reads never move files: a read that
+meets damage is a miss, reported once. A read-only Database never writes at all, and reads a
+missing file as an empty database.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import glob
 import logging
 import os
 import random
+import shutil
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from fusedattn_select._version import __version__
-from fusedattn_select.store.locks import flock_directory
+from fusedattn_select.store.locks import flock_directory, shared_flock
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheUnavailableError
 from fusedattn_select.store.salvage import salvage
 
@@ -40,6 +53,14 @@ LOCKED_RETRY_S = 30.0
 
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
 
+# The payload total of both tables is kept by triggers, so a write never sums a whole table.
+_PAYLOAD_TRIGGERS = tuple(
+    f"CREATE TRIGGER IF NOT EXISTS payload_{table}_{event} AFTER {event.upper()}{of} ON {table}"
+    f" BEGIN UPDATE totals SET bytes = bytes {change} WHERE name = 'payload'; END"
+    for table in ("verdicts", "plans")
+    for event, of, change in (("insert", "", "+ NEW.size"), ("delete", "", "- OLD.size"),
+                              ("update", " OF size", "+ NEW.size - OLD.size"))
+)
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS fingerprints ("
@@ -48,13 +69,18 @@ SCHEMA = (
     " fingerprint_key TEXT NOT NULL, config_key TEXT NOT NULL, depth TEXT NOT NULL,"
     " verdicts TEXT NOT NULL, size INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL,"
     " PRIMARY KEY (fingerprint_key, config_key))",
-    # (last_used, size) covers both the eviction scan and the SUM(size) of the byte total.
+    # (last_used, size) covers the eviction scan.
     "CREATE INDEX IF NOT EXISTS verdicts_by_last_use ON verdicts (last_used, size)",
     "CREATE TABLE IF NOT EXISTS plans ("
     " fingerprint_key TEXT NOT NULL, plan_key TEXT NOT NULL, sha256 TEXT NOT NULL,"
     " size INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL, blob BLOB NOT NULL,"
     " PRIMARY KEY (fingerprint_key, plan_key))",
     "CREATE INDEX IF NOT EXISTS plans_by_last_use ON plans (last_used, size)",
+    "CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, bytes INTEGER NOT NULL)",
+    # Counted once when the table is new (a store written before totals existed), kept by triggers after.
+    "INSERT OR IGNORE INTO totals (name, bytes) VALUES ('payload',"
+    " (SELECT COALESCE(SUM(size), 0) FROM verdicts) + (SELECT COALESCE(SUM(size), 0) FROM plans))",
+    *_PAYLOAD_TRIGGERS,
 )
 DATA_TABLES = ("verdicts", "plans", "fingerprints")
 
@@ -73,8 +99,28 @@ class StoreFailure(Exception):
     """An operation on the database failed after retries; the store turns it into a miss."""
 
 
+class _SalvagePending(Exception):
+    """A salvaged copy waits to take the file's place (a salvaging process died): finish it first."""
+
+
+class _Connection:
+    """One SQLite connection of this process and the thread lock its users take turns under."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.conn: sqlite3.Connection | None = None
+        self.pid = 0
+        self.identity: tuple[int, int] | None = None  # of the file it was opened on
+
+    def close(self) -> None:
+        if self.conn is not None and self.pid == os.getpid():
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.close()
+        self.conn = None
+
+
 class Database:
-    """The SQLite file at `path`: one connection per process, shared by its threads under a lock.
+    """The SQLite file at `path`: a reading and a writing connection per process, shared by its threads.
 
     `damage` is what was found wrong with the file and not repaired yet ("" when nothing was).
     """
@@ -83,10 +129,9 @@ class Database:
         self.path = path
         self.read_only = read_only
         self.damage = ""
-        self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = 0
-        self._identity: tuple[int, int] | None = None
+        self.salvaged_copy = path.with_name(f"{path.name}.salvaged")
+        self._reader = _Connection()
+        self._writer = _Connection()
 
     def run(self, what: str, action: Callable[[sqlite3.Connection], T], *, write: bool = False,
             patience_s: float | None = None, repair: bool | None = None) -> T:
@@ -101,24 +146,31 @@ class Database:
         deadline = time.monotonic() + patience_s
         delay = 0.005
         retried = False
+        # A repair takes the reading connection's lock too (it closes both): only the writing
+        # connection's holders may do that, so a reader never waits for a writer while holding its lock.
+        channel = self._writer if write or repair else self._reader
         if repair and self.damage:  # damage a read found: this write repairs it first
-            with self._lock:
-                self._recover(None)
+            with channel.lock:
+                self._recover(channel, None)
         while True:
-            with self._lock:
+            with channel.lock:
                 try:
-                    conn = self._connection()
-                    return _transaction(conn, action) if write else action(conn)
+                    with self._writing(deadline) if write else contextlib.nullcontext():
+                        conn = self._connection(channel)
+                        return _transaction(conn, action) if write else action(conn)
+                except _SalvagePending:
+                    self._finish_pending_salvage(deadline)
+                    continue
                 except sqlite3.OperationalError as err:
                     if not _is_busy(err):
-                        if retried or not self._reopened_after(err, repair):
+                        if retried or not self._reopened_after(channel, err, repair):
                             raise StoreFailure(f"{what}: {err}") from err
                         retried = True
                         continue
                     if time.monotonic() >= deadline:
                         raise StoreFailure(f"{what}: the database stayed locked for {patience_s:.0f} s") from err
                 except sqlite3.DatabaseError as err:
-                    if retried or not self._reopened_after(err, repair):
+                    if retried or not self._reopened_after(channel, err, repair):
                         raise StoreFailure(f"{what}: {err}") from err
                     retried = True
                     continue
@@ -128,59 +180,96 @@ class Database:
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.25)
 
-    def run_quietly(self, what: str, action: Callable[[sqlite3.Connection], object]) -> None:
-        """A write that may fail without harm (bookkeeping of a read): log it and go on, without
-        waiting long or repairing anything."""
+    def try_write(self, action: Callable[[sqlite3.Connection], object]) -> bool:
+        """Run action(conn) in a write transaction only if that needs no waiting at all (another
+        thread or process writing, a salvage under way: False at once). Repairs nothing."""
+        if self.read_only or not self._writer.lock.acquire(blocking=False):
+            return False
         try:
-            self.run(what, action, write=True, patience_s=1.0, repair=False)
-        except StoreFailure as err:
-            log.debug("fusedattn_select: decision cache %s: %s", self.path, err)
+            with self._writing(time.monotonic()):
+                conn = self._connection(self._writer)
+                conn.execute("PRAGMA busy_timeout = 0")
+                try:
+                    _transaction(conn, action)
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            return True
+        except (sqlite3.Error, OSError, StoreFailure, _SalvagePending, CacheUnavailableError):
+            return False
+        finally:
+            self._writer.lock.release()
 
     def close(self) -> None:
-        """Close this process's connection (the next use reopens it)."""
-        with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
-                with contextlib.suppress(sqlite3.Error):
-                    self._conn.close()
-            self._conn = None
+        """Close this process's connections (the next use reopens them)."""
+        for channel in (self._reader, self._writer):
+            with channel.lock:
+                channel.close()
 
-    def _reopened_after(self, err: sqlite3.DatabaseError, repair: bool) -> bool:
-        """Whether the error was damage repaired (when `repair`) or a replaced file reopened: retry."""
-        # "database disk image is malformed" is a plain DatabaseError where the code is unknown.
-        damaged = _error_code(err) in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or type(err) is sqlite3.DatabaseError
-        if damaged and repair:
-            self._recover(err)
-            return True
-        if self._identity is not None and _file_identity(self.path) != self._identity:
-            # Another process salvaged a damaged file, or someone deleted the cache.
+    def repair(self) -> str:
+        """Salvage the file if integrity_check finds it damaged (or finish a salvage a process left):
+        what was done, in one line. Raises StoreFailure when it cannot."""
+        with self._writer.lock:
             self.close()
-            return True
-        if damaged and not self.damage:
-            self.damage = str(err)
-            if self.path in _DAMAGE_REPORTED:  # by another store of this process over the same file
-                return False
-            _DAMAGE_REPORTED.add(self.path)
-            log.warning("fusedattn_select: the decision cache %s is damaged (%s); answering from the rows "
-                        "that can be read; the next write salvages it", self.path, err)
-        return False
+            with self._exclusive():
+                finished = self._finish_pending_salvage_locked(warn=False)
+                if finished:
+                    return finished
+                problem = integrity_problem(self.path) if self.path.exists() else None
+                if problem is None:
+                    self.damage = ""
+                    return f"{self.path}: sound (integrity_check ok), nothing to repair"
+                aside, report = self._salvage(problem)
+        self.damage = ""
+        _DAMAGE_REPORTED.discard(self.path)
+        return f"{self.path} was damaged ({problem}): {report}; the damaged file is kept as {aside}"
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is not None and self._pid != os.getpid():
-            _INHERITED_CONNECTIONS.append(self._conn)
-            self._conn = None
-        if self._conn is None:
-            conn = self._open_read_only() if self.read_only else self._open()
-            self._conn, self._pid = conn, os.getpid()
-        return self._conn
-
-    def _open(self) -> sqlite3.Connection:
+    # ----- connections ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _writing(self, deadline: float) -> Iterator[None]:
+        """Hold the directory's flock shared for a write: no salvage sets the file aside meanwhile."""
+        if self.read_only:
+            yield
+            return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not self.path.exists():
+        with shared_flock(self.path.parent, deadline) as held:
+            if not held:
+                raise StoreFailure(f"a salvage of {self.path} held the cache directory past the timeout")
+            if self.salvaged_copy.exists():
+                raise _SalvagePending()
+            yield
+
+    @contextlib.contextmanager
+    def _exclusive(self, deadline: float | None = None) -> Iterator[None]:
+        deadline = time.monotonic() + LOCKED_RETRY_S if deadline is None else deadline
+        try:
+            with flock_directory(self.path.parent, deadline) as held:
+                if not held:
+                    raise StoreFailure(f"other processes kept writing to {self.path} for {LOCKED_RETRY_S:.0f} s: "
+                                       "it could not be checked or salvaged; try again")
+                yield
+        except OSError as err:  # the lock, or a rename of the salvage
+            raise StoreFailure(f"cannot salvage {self.path} ({err})") from None
+
+    def _connection(self, channel: _Connection) -> sqlite3.Connection:
+        if channel.conn is not None and channel.pid != os.getpid():
+            _INHERITED_CONNECTIONS.append(channel.conn)
+            channel.conn = None
+        if channel.conn is not None and _file_identity(self.path) != channel.identity:
+            channel.close()  # another process salvaged the file, or someone deleted the cache
+        if channel.conn is None:
+            channel.identity = _file_identity(self.path)
+            conn = self._open_read_only(channel) if self.read_only else self._open(channel)
+            channel.conn, channel.pid = conn, os.getpid()
+        return channel.conn
+
+    def _open(self, channel: _Connection) -> sqlite3.Connection:
+        if channel.identity is None:
             # Created here so the file is private whatever the umask (SQLite would use 0644);
             # SQLite gives the -wal and -shm files the database file's permissions.
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        self._identity = _file_identity(self.path)
+            channel.identity = _file_identity(self.path)
+        _refuse_emptied_file(self.path)
         conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                check_same_thread=False)
         try:
@@ -188,20 +277,20 @@ class Database:
             # In WAL mode NORMAL cannot corrupt the database; a power cut may lose the last
             # few decisions, which are re-probed.
             conn.execute("PRAGMA synchronous = NORMAL")
-            if _schema_version(conn) != SCHEMA_VERSION:
+            if not _schema_is_current(conn):
                 _transaction(conn, self._create_schema)
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _open_read_only(self) -> sqlite3.Connection:
+    def _open_read_only(self, channel: _Connection) -> sqlite3.Connection:
         """The file opened read-only; a missing file reads as an empty database of this schema."""
-        self._identity = _file_identity(self.path)
-        if self._identity is None:
+        if channel.identity is None:
             conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
             create_schema(conn)
             return conn
+        _refuse_emptied_file(self.path)
         conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
                                isolation_level=None, check_same_thread=False)
         try:
@@ -216,59 +305,127 @@ class Database:
 
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         version = _schema_version(conn)  # again, inside the lock: another process may have won
-        if version == SCHEMA_VERSION:
-            return
         if version is not None and version > SCHEMA_VERSION:
             raise CacheUnavailableError(_newer_schema(self.path, version))
-        if version is not None:
+        if version is not None and version != SCHEMA_VERSION:
             log.warning("fusedattn_select: decision cache %s has schema %s; starting it over at schema %d",
                         self.path, version, SCHEMA_VERSION)
             for table in DATA_TABLES:
                 conn.execute(f"DROP TABLE IF EXISTS {table}")
         create_schema(conn)
 
-    def _recover(self, err: sqlite3.Error | None) -> None:
-        """The database reported damage: put a salvaged copy in its place, set the file aside.
+    # ----- damage --------------------------------------------------------------------------------
+    def _reopened_after(self, channel: _Connection, err: sqlite3.DatabaseError, repair: bool) -> bool:
+        """Whether the error was damage repaired (when `repair`) or a replaced file reopened: retry."""
+        # "database disk image is malformed" is a plain DatabaseError where the code is unknown.
+        damaged = _error_code(err) in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or type(err) is sqlite3.DatabaseError
+        if damaged and repair:
+            self._recover(channel, err)
+            return True
+        if channel.identity is not None and _file_identity(self.path) != channel.identity:
+            channel.close()
+            return True
+        if damaged and not self.damage:
+            self.damage = str(err)
+            if self.path in _DAMAGE_REPORTED:  # by another store of this process over the same file
+                return False
+            _DAMAGE_REPORTED.add(self.path)
+            log.warning("fusedattn_select: the decision cache %s is damaged (%s); answering from the rows "
+                        "that can be read; `fusedattn-select cache repair` (or a write that meets the "
+                        "damage) salvages it", self.path, err)
+        return False
 
-        Serialised across processes by a flock on the directory (no lock file is left behind), so
-        two processes that both saw the damage do not replace each other's salvaged database.
+    def _recover(self, channel: _Connection, err: sqlite3.Error | None) -> None:
+        """The database reported damage: put a salvaged copy in its place, keep the file aside.
+
+        Serialised across processes by the directory's flock, so two processes that both saw the
+        damage do not replace each other's salvaged database.
         """
-        identity = self._identity
+        identity = channel.identity
         self.close()
         self.damage = ""  # found again by the next read if this does not repair it
         _DAMAGE_REPORTED.discard(self.path)
-        try:
-            with flock_directory(self.path.parent, time.monotonic() + LOCKED_RETRY_S):
-                if _file_identity(self.path) != identity:
-                    return  # another process already replaced it
-                problem = integrity_problem(self.path)
-                if problem is None:
-                    return  # sound after all: the caller retries once
-                aside, counts = self._replace_with_salvage()
-        except OSError as err:
-            raise StoreFailure(f"cannot set the damaged {self.path} aside ({err})") from None
-        log.warning("fusedattn_select: the decision cache %s was damaged (%s): %s; the damaged file is "
-                    "kept as %s", self.path, problem, counts or "nothing could be salvaged, started a new one",
-                    aside.name)
+        with self._exclusive():
+            if self._finish_pending_salvage_locked():
+                return
+            if _file_identity(self.path) != identity:
+                return  # another process already replaced it
+            problem = integrity_problem(self.path)
+            if problem is None:
+                return  # sound after all: the caller retries once
+            aside, report = self._salvage(problem)
+        log.warning("fusedattn_select: the decision cache %s was damaged (%s): %s; the damaged file is kept as %s",
+                    self.path, problem, report, aside.name)
 
-    def _replace_with_salvage(self) -> tuple[Path, str]:
-        """Put a salvaged copy in the file's place, the file aside: (where it went, what was kept)."""
+    def _finish_pending_salvage(self, deadline: float) -> None:
+        self.close()
+        with self._exclusive(max(deadline, time.monotonic() + 1.0)):
+            self._finish_pending_salvage_locked()
+
+    def _finish_pending_salvage_locked(self, warn: bool = True) -> str:
+        """Steps 2 and 3 of a salvage a dead process left, under the exclusive flock: what was done
+        ("" when no salvaged copy waits)."""
+        if not self.salvaged_copy.exists():
+            return ""
+        finished = self._finish_salvage()
+        if finished is None:
+            said = f"removed {self.salvaged_copy.name}, an incomplete salvaged copy; {self.path.name} stays"
+        else:
+            aside, report = finished
+            said = (f"finished the salvage of {self.path} that an interrupted process left ({report}); "
+                    f"the damaged file is kept as {aside.name}")
+        if warn:
+            log.warning("fusedattn_select: %s", said)
+        return said
+
+    def _salvage(self, problem: str) -> tuple[Path, str]:
+        """Steps 1 to 3 (module docstring), under the exclusive flock: (where the damaged file is
+        kept, what was salvaged)."""
         stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        salvaged = self.path.with_name(f"{self.path.name}.salvage-{os.getpid()}")
-        counts = _salvage_into(self.path, salvaged)
-        os.replace(self.path, aside)
+        for stale in glob.glob(glob.escape(str(self.path)) + ".salvage-*"):  # left by dead salvagers
+            with contextlib.suppress(OSError):
+                os.remove(stale)
+        partial = self.path.with_name(f"{self.path.name}.salvage-{os.getpid()}")
+        _salvage_into(self.path, partial, {"salvage_aside": aside.name, "salvage_problem": problem})
+        _fsync(partial)
+        os.replace(partial, self.salvaged_copy)
+        _fsync(self.path.parent)
+        finished = self._finish_salvage()
+        if finished is None:
+            raise StoreFailure(f"the salvaged copy of {self.path} did not read back")
+        return finished
+
+    def _finish_salvage(self) -> tuple[Path, str] | None:
+        """Steps 2 and 3: the damaged file (and its log) aside, the salvaged copy in its place:
+        (where the damaged file is kept, what was salvaged); None (the copy removed) when the copy is
+        not a complete one."""
+        meta = _salvage_meta(self.salvaged_copy)
+        if meta is None:
+            os.remove(self.salvaged_copy)
+            return None
+        name = meta.get("salvage_aside") or f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+        aside = self.path.with_name(name)
+        if self.path.exists() and not aside.exists():
+            try:
+                os.link(self.path, aside)
+            except OSError:  # a file system without hard links
+                shutil.copy2(self.path, aside)
         # A stale write-ahead log must never be replayed into the new database.
         for suffix in ("-wal", "-shm"):
+            source = Path(f"{self.path}{suffix}")
             with contextlib.suppress(FileNotFoundError):
-                os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
-        if counts:
-            os.replace(salvaged, self.path)
-        return aside, counts
+                if Path(f"{aside}{suffix}").exists():
+                    os.remove(source)
+                else:
+                    os.replace(source, f"{aside}{suffix}")
+        os.replace(self.salvaged_copy, self.path)
+        _fsync(self.path.parent)
+        return aside, meta.get("salvage_report", "")
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    """The tables and indexes of SCHEMA_VERSION, and the meta rows saying so."""
+    """The tables, indexes and triggers of SCHEMA_VERSION, and the meta rows saying so."""
     for statement in SCHEMA:
         conn.execute(statement)
     conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -276,9 +433,10 @@ def create_schema(conn: sqlite3.Connection) -> None:
                  (f"fusedattn-select {__version__}",))
 
 
-def _salvage_into(damaged: Path, fresh: Path) -> str:
-    """Copy the readable rows of `damaged` into a new database file `fresh`; what was kept and lost
-    (e.g. "salvaged 17 decisions, ...; lost 0 rows"), or "" when no new file could be written."""
+def _salvage_into(damaged: Path, fresh: Path, meta: dict[str, str]) -> str:
+    """Copy the readable rows of `damaged` into a new database file `fresh`, with `meta` and the
+    report in its meta table; the report (e.g. "salvaged 17 decisions, ...; lost 0 rows").
+    Raises StoreFailure when no new file could be written."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(fresh)
     try:
@@ -287,16 +445,54 @@ def _salvage_into(damaged: Path, fresh: Path) -> str:
         try:
             conn.execute("BEGIN IMMEDIATE")
             create_schema(conn)
-            report = salvage(damaged, conn)
+            report = salvage(damaged, conn).describe()
+            for name, value in {**meta, "salvage_report": report}.items():
+                conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
             conn.execute("COMMIT")
         finally:
             conn.close()
     except (OSError, sqlite3.Error) as err:
-        log.warning("fusedattn_select: cannot write a salvaged copy of %s (%s)", damaged, err)
         with contextlib.suppress(OSError):
             os.remove(fresh)
-        return ""
-    return report.describe()
+        raise StoreFailure(f"cannot write a salvaged copy of {damaged} ({err})") from None
+    return report
+
+
+def _salvage_meta(path: Path) -> dict[str, str] | None:
+    """The meta rows of a salvaged copy, or None when it is not a complete, sound one."""
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            rows = dict(conn.execute("SELECT name, value FROM meta").fetchall())
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return rows if "salvage_report" in rows else None
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or directory to disk (a rename is durable once its directory is)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _refuse_emptied_file(path: Path) -> None:
+    """Raise DatabaseError (damage) for a database file cut to nothing beside a write-ahead log that
+    holds frames: SQLite, opening it (even read-only), deletes that log and every row in it. A file
+    in WAL mode is never empty (switching to WAL writes its header), so this is always damage."""
+    try:
+        if os.path.getsize(path) == 0 and os.path.getsize(f"{path}-wal") > 0:
+            raise sqlite3.DatabaseError(f"{path.name} is empty but its write-ahead log is not (a truncated file)")
+    except OSError:
+        return
 
 
 def _newer_schema(path: Path, version: int) -> str:
@@ -328,6 +524,15 @@ def _schema_version(conn: sqlite3.Connection) -> int | None:
         return 0
 
 
+def _schema_is_current(conn: sqlite3.Connection) -> bool:
+    """The schema of SCHEMA_VERSION with its payload triggers (a store written before they existed
+    gets them on its next open for writing)."""
+    if _schema_version(conn) != SCHEMA_VERSION:
+        return False
+    triggers = conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'payload_%'")
+    return triggers.fetchone()[0] == len(_PAYLOAD_TRIGGERS)
+
+
 def _error_code(err: sqlite3.Error) -> int | None:
     code = getattr(err, "sqlite_errorcode", None)  # Python >= 3.11
     return None if code is None else code & 0xFF
@@ -356,6 +561,7 @@ def integrity_problem(path: Path, quick: bool = False) -> str | None:
     Opens the file read-only: checking never changes it.
     """
     try:
+        _refuse_emptied_file(path)
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
         try:
             check = "quick_check" if quick else "integrity_check"

@@ -46,18 +46,27 @@ def flock(path: Path, deadline: float) -> contextlib.AbstractContextManager[bool
 
 def flock_directory(directory: Path, deadline: float) -> contextlib.AbstractContextManager[bool]:
     """Exclusive flock on the directory itself until `deadline`: a lock that leaves no file behind."""
-    return _exclusive(lambda: os.open(directory, os.O_RDONLY), deadline)
+    return _flocked(lambda: os.open(directory, os.O_RDONLY), deadline, shared=False)
+
+
+def shared_flock(directory: Path, deadline: float) -> contextlib.AbstractContextManager[bool]:
+    """Shared flock on the directory itself until `deadline` (held by writers, excluding a salvage)."""
+    return _flocked(lambda: os.open(directory, os.O_RDONLY), deadline, shared=True)
+
+
+def _exclusive(open_descriptor: Callable[[], int], deadline: float) -> contextlib.AbstractContextManager[bool]:
+    return _flocked(open_descriptor, deadline, shared=False)
 
 
 @contextlib.contextmanager
-def _exclusive(open_descriptor: Callable[[], int], deadline: float) -> Iterator[bool]:
-    """Exclusive flock on the descriptor `open_descriptor` opens (on entry) until `deadline`."""
+def _flocked(open_descriptor: Callable[[], int], deadline: float, shared: bool) -> Iterator[bool]:
+    """A flock on the descriptor `open_descriptor` opens (on entry) until `deadline`."""
     if fcntl is None:  # pragma: no cover - Windows
         yield True
         return
     fd = open_descriptor()
     try:
-        acquired = _poll_flock(fd, deadline)
+        acquired = _poll_flock(fd, deadline, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         try:
             yield acquired
         finally:
@@ -67,11 +76,11 @@ def _exclusive(open_descriptor: Callable[[], int], deadline: float) -> Iterator[
         os.close(fd)
 
 
-def _poll_flock(fd: int, deadline: float) -> bool:
+def _poll_flock(fd: int, deadline: float, mode: int) -> bool:
     delay = 0.001
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             if time.monotonic() >= deadline:

@@ -116,6 +116,7 @@ class MemoryStore:
                 "bytes": self._payload_bytes(), "max_bytes": self.max_bytes, "persistent": False,
                 "read_only": False, "degraded": self.degraded or None, "switched_off": self.switched_off or None,
                 "plans_enabled": True, "plans_refused": None, "damage": None, "failed_writes": 0,
+                "write_failure": None,
             }
 
     def clear(self) -> None:

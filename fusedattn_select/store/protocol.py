@@ -29,7 +29,8 @@ one is memory, else None); switched_off ("FUSEDATTN_SELECT_CACHE=off" when memor
 plans_enabled and plans_refused (why plans are refused, else None); damage (what is wrong with the
 database file and not repaired yet, else None); failed_writes (writes of decisions and plans this
 store could not persist since it was opened: each was a put() or put_plan() that returned False
-for want of a working database, not by choice).
+for want of a working database, not by choice); write_failure (why the first of the latest run of
+failed writes failed, else None).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ SCHEMA_VERSION = 1
 
 Entry = tuple[tuple[Verdict, ...], ProbeDepth]
 STATE_KEYS = ("persistent", "read_only", "degraded", "switched_off", "plans_enabled", "plans_refused", "damage",
-              "failed_writes")
+              "failed_writes", "write_failure")
 
 
 class CacheError(FusedAttnSelectError):

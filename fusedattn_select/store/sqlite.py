@@ -4,9 +4,13 @@
 FUSEDATTN_SELECT_CACHE_DIR at local disk on clusters whose home directories are network mounts.
 Key locks add a flock per key in `<dir>/locks/` (see locks.py).
 
-Serialized plans load native code: they are only read from, or written to, a directory owned by
-the current user and not writable by group or others (and a database file with the same
-properties); otherwise plans are refused with one warning and decisions are still cached.
+Serialized plans load native code: they are only read from, or written to, a database file and a
+directory that pass trust.untrusted_reason (owned by the current user, writable by no one else,
+the whole path); otherwise plans are refused with one warning and decisions are still cached.
+
+A read never waits for the write lock: the last-use stamps of rows read (for least-recently-used
+eviction) are kept in memory and written in a batch, by the next write or by a try that gives up
+at once when another connection writes.
 
 Opened with `read_only=True` (commands that only look: `cache info`, `info`, `cache export`) a
 store never writes, creates or moves a file: a missing database reads as empty, a damaged one
@@ -20,7 +24,7 @@ import json
 import logging
 import os
 import sqlite3
-import stat
+import threading
 import time
 from pathlib import Path
 from typing import Iterable
@@ -32,6 +36,7 @@ from fusedattn_select.store.entries import (
     Written,
     check_fingerprint,
     new_entry,
+    parse_json,
     parse_row,
     plan_export_row,
     plan_to_store,
@@ -47,9 +52,10 @@ from fusedattn_select.store.protocol import (
     Entry,
     ImportReport,
 )
-from fusedattn_select.store.salvage import readable_rows
+from fusedattn_select.store import salvage
 from fusedattn_select.store.settings import resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
+from fusedattn_select.trust import untrusted_reason
 from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
 
 log = logging.getLogger("fusedattn_select")
@@ -58,6 +64,8 @@ DATABASE_NAME = "decisions.sqlite3"
 
 # A decision or a plan is one row of its table, keyed by (fingerprint_key, its key column).
 _ROWS = {"decision": ("verdicts", "config_key"), "plan": ("plans", "plan_key")}
+# Last-use stamps of rows read wait at most this long for a write to carry them (see _record_use).
+USE_FLUSH_INTERVAL_S = 1.0
 
 
 class PersistentStore:
@@ -81,7 +89,11 @@ class PersistentStore:
         self._key_locks = KeyLocks(LockFiles(self.directory).hold)
         self._plan_warning_given = False
         self._failed_writes = 0
+        self._write_failure = ""  # why the first write of the latest run of failures failed
         self._failing = False  # the last write failed: later failures are logged at debug level
+        self._uses: dict[tuple[str, str, str], float] = {}  # (kind, fingerprint key, key) -> last read
+        self._uses_lock = threading.Lock()
+        self._uses_tried = 0.0  # monotonic time of the last try to write them
         if read_only:
             self._open_read_only()
             return
@@ -143,6 +155,7 @@ class PersistentStore:
             return Written.FAILED
 
         def write(conn: sqlite3.Connection) -> Written:
+            self._write_uses(conn)
             now = time.time()
             stored = conn.execute(
                 "SELECT depth FROM verdicts WHERE fingerprint_key = ? AND config_key = ?", (fp_key, key),
@@ -186,6 +199,7 @@ class PersistentStore:
         digest = sha256(blob)
 
         def write(conn: sqlite3.Connection) -> None:
+            self._write_uses(conn)
             now = time.time()
             _remember_fingerprint(conn, fingerprint, now)
             conn.execute(
@@ -212,6 +226,8 @@ class PersistentStore:
         """Count a write that failed; warn at the first of a run of failures (a full disk fails every
         write: one line says so, and info()["failed_writes"] counts them all)."""
         self._failed_writes += 1
+        if not self._failing:
+            self._write_failure = str(err)
         (log.debug if self._failing else log.warning)(
             "fusedattn_select: decision cache %s: %s; the %s is not persisted%s", self.path, err, kind,
             "" if self._failing else " (later failures are counted in cache info's failed_writes, not logged)")
@@ -235,7 +251,7 @@ class PersistentStore:
 
     def _plan_refusal(self) -> str:
         """Why plans may not be loaded from or written to this store ("" when they may)."""
-        problem = _unsafe_for_plans((self.directory, self.path))
+        problem = untrusted_reason(self.path, self.directory)
         if problem and not self._plan_warning_given:
             self._plan_warning_given = True
             log.warning(
@@ -255,21 +271,22 @@ class PersistentStore:
         """Totals and state: see protocol.STATE_KEYS. A damaged file's totals count the rows that can
         be read."""
         try:
-            entries, plans, payload = self._db.run("read the totals", _totals)
+            entries, plans, payload = self._recovered_totals() if self._db.damage else self._db.run(
+                "read the totals", _totals)
         except StoreFailure as err:
             if not self._db.damage:
                 log.warning("fusedattn_select: decision cache %s: %s", self.path, err)
-            try:
-                entries, plans, payload = self._db.run("count the readable rows", _readable_totals)
-            except StoreFailure:
-                entries = plans = payload = 0
+            entries, plans, payload = self._recovered_totals()
+        pending = self._db.salvaged_copy.exists()
         refusal = self._plan_refusal()
         return {
             "kind": self.kind, "path": str(self.path), "entries": entries, "plans": plans,
             "bytes": payload, "max_bytes": self.max_bytes, "persistent": True, "read_only": self.read_only,
             "degraded": None, "switched_off": None, "plans_enabled": not refusal,
-            "plans_refused": refusal or None, "damage": self._db.damage or None,
-            "failed_writes": self._failed_writes,
+            "plans_refused": refusal or None,
+            "damage": (f"a salvage was interrupted: {self._db.salvaged_copy.name} waits to take the file's "
+                       "place" if pending else self._db.damage or None),
+            "failed_writes": self._failed_writes, "write_failure": self._write_failure or None,
         }
 
     def clear(self) -> None:
@@ -288,8 +305,21 @@ class PersistentStore:
             raise CacheError(f"decision cache {self.path}: {err}; not cleared") from None
 
     def close(self) -> None:
-        """Close this process's connection (the next use reopens it)."""
+        """Close this process's connections (the next use reopens them); last-use stamps not yet
+        written are written if that needs no wait."""
+        if self._uses:
+            self._db.try_write(self._write_uses)
         self._db.close()
+
+    def repair(self) -> str:
+        """Salvage the database file when integrity_check finds it damaged, or finish a salvage an
+        interrupted process left: what was done, in one line. CacheError when it cannot."""
+        if self.read_only:
+            raise CacheError(f"decision cache {self.path}: opened read-only, not repaired")
+        try:
+            return self._db.repair()
+        except StoreFailure as err:
+            raise CacheError(f"decision cache {self.path}: {err}") from None
 
     def integrity_check(self) -> list[str]:
         """SQLite's integrity_check of the database file: ["ok"] when it is sound."""
@@ -308,24 +338,24 @@ class PersistentStore:
         return import_store(self, path, fingerprint)
 
     def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict]]:
-        def rows(conn: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> list[tuple]:
-            # Through the table itself (not its indexes): a damaged file exports every readable row.
-            return sorted((row for row in readable_rows(conn, table, columns) if fingerprint_key in (None, row[0])),
-                          key=lambda row: (str(row[0]), str(row[1])))
+        refused = bool(self._plan_refusal())
 
-        def read(conn: sqlite3.Connection) -> tuple[list, list, list]:
-            return (
-                rows(conn, "fingerprints", ("fingerprint_key", "fingerprint")),
-                rows(conn, "verdicts", ("fingerprint_key", "config_key", "depth", "verdicts", "created")),
-                [] if self._plan_refusal() else rows(conn, "plans", ("fingerprint_key", "plan_key", "sha256",
-                                                                     "size", "blob")),
-            )
+        def read(conn: sqlite3.Connection) -> list[list[tuple]]:
+            return [[] if table == "plans" and refused else _sorted_rows(
+                conn.execute(f"SELECT {', '.join(columns)} FROM {table}"), fingerprint_key)
+                for table, columns in _EXPORTED.items()]
 
-        fingerprint_rows, verdict_rows, plan_rows = self._db.run("export", read)
+        if self.check_damage():
+            fingerprint_rows, verdict_rows, plan_rows = self._recovered_export_rows(fingerprint_key)
+        else:
+            try:
+                fingerprint_rows, verdict_rows, plan_rows = self._db.run("export", read)
+            except StoreFailure:  # damage the quick check did not see, or a file that is not a database
+                fingerprint_rows, verdict_rows, plan_rows = self._recovered_export_rows(fingerprint_key)
         fingerprints = {}
         for fp_key, text in fingerprint_rows:
-            with contextlib.suppress(ValueError, TypeError):
-                fingerprints[fp_key] = json.loads(text)
+            with contextlib.suppress(BadEntry):
+                fingerprints[fp_key] = parse_json(text, "fingerprint")
         verdicts = []
         for fp_key, key, depth, text, created in verdict_rows:
             try:
@@ -341,6 +371,24 @@ class PersistentStore:
                 continue
             plans.append(plan_export_row(fp_key, key, blob))
         return fingerprints, verdicts, plans
+
+    def _recovered_export_rows(self, fingerprint_key: str | None) -> list[list[tuple]]:
+        """What _export_rows reads, from a damaged file: every row salvage would keep."""
+        recovered = salvage.recover(self.path).rows
+        refused = bool(self._plan_refusal())
+        tables = []
+        for table, columns in _EXPORTED.items():
+            at = [salvage.TABLE_COLUMNS[table].index(column) for column in columns]
+            rows = [] if table == "plans" and refused else recovered.get(table, [])
+            tables.append(_sorted_rows((tuple(row[i] for i in at) for row in rows), fingerprint_key))
+        return tables
+
+    def _recovered_totals(self) -> tuple[int, int, int]:
+        """The totals of a damaged file: of every row salvage would keep."""
+        recovered = salvage.recover(self.path).rows
+        sizes = {table: [row[salvage.TABLE_COLUMNS[table].index("size")] for row in recovered.get(table, [])]
+                 for table in ("verdicts", "plans")}
+        return len(sizes["verdicts"]), len(sizes["plans"]), sum(sizes["verdicts"]) + sum(sizes["plans"])
 
     # ----- rows --------------------------------------------------------------------------------
     def _read_row(self, kind: str, columns: str, fp_key: str, key: str) -> tuple | None:
@@ -364,22 +412,43 @@ class PersistentStore:
         if self.read_only:
             log.warning("fusedattn_select: the cached %s %s in %s is damaged: %s", kind, key, self.path, problem)
             return
-        log.warning("fusedattn_select: dropped the cached %s %s from %s: %s", kind, key, self.path, problem)
-        # Only the row that was read: another process may have replaced it meanwhile.
-        self._db.run_quietly(f"drop a bad {kind}", lambda conn: conn.execute(
+        # Only the row that was read: another process may have replaced it meanwhile. A read never
+        # waits for the write lock: when it is busy the row is dropped the next time it is read.
+        dropped = self._db.try_write(lambda conn: conn.execute(
             f"DELETE FROM {table} WHERE fingerprint_key = ? AND {key_column} = ? AND {column} IS ?",
             (fp_key, key, value),
         ))
+        log.warning("fusedattn_select: %s the cached %s %s from %s: %s", "dropped" if dropped else "not using",
+                    kind, key, self.path, problem)
 
     def _record_use(self, kind: str, fp_key: str, key: str) -> None:
-        """Stamp the `kind` row's last_used (for least-recently-used eviction)."""
-        table, key_column = _ROWS[kind]
+        """Note the `kind` row's use for least-recently-used eviction; written with the next write,
+        or now if no other connection is writing and none was tried in the last USE_FLUSH_INTERVAL_S."""
         if self.read_only:
             return
-        self._db.run_quietly(f"record a {kind}'s use", lambda conn: conn.execute(
-            f"UPDATE {table} SET last_used = ? WHERE fingerprint_key = ? AND {key_column} = ?",
-            (time.time(), fp_key, key),
-        ))
+        now = time.monotonic()
+        with self._uses_lock:
+            self._uses[(kind, fp_key, key)] = time.time()
+            due = now - self._uses_tried >= USE_FLUSH_INTERVAL_S
+            if due:
+                self._uses_tried = now
+        if due:
+            self._db.try_write(self._write_uses)
+
+    def _write_uses(self, conn: sqlite3.Connection) -> None:
+        """Write the pending last-use stamps, inside the caller's write transaction."""
+        with self._uses_lock:
+            uses, self._uses = self._uses, {}
+        try:
+            for (kind, fp_key, key), when in uses.items():
+                table, key_column = _ROWS[kind]
+                conn.execute(f"UPDATE {table} SET last_used = MAX(last_used, ?) "
+                             f"WHERE fingerprint_key = ? AND {key_column} = ?", (when, fp_key, key))
+        except BaseException:
+            with self._uses_lock:  # kept for the next write (a failed commit after this loses them:
+                for use, when in uses.items():  # they only order eviction)
+                    self._uses.setdefault(use, when)
+            raise
 
     def _evict(self, conn: sqlite3.Connection, keep: tuple[str, int]) -> None:
         """Least recently used first, plans before decisions, down to 90% of max_bytes."""
@@ -390,7 +459,7 @@ class PersistentStore:
         evicted = {}
         for table in ("plans", "verdicts"):
             doomed = []
-            rows = conn.execute(f"SELECT rowid, size FROM {table} ORDER BY last_used, rowid").fetchall()
+            rows = conn.execute(f"SELECT rowid, size FROM {table} ORDER BY last_used, rowid")
             for rowid, size in rows:
                 if total <= target:
                     break
@@ -418,13 +487,24 @@ def _totals(conn: sqlite3.Connection) -> tuple[int, int, int]:
     return entries, plans, _payload_bytes(conn)
 
 
-def _readable_totals(conn: sqlite3.Connection) -> tuple[int, int, int]:
-    """The totals of a damaged file: its tables' rows that can be read, indexes not used."""
-    sizes = {table: [row[0] for row in readable_rows(conn, table, ("size",))] for table in ("verdicts", "plans")}
-    return len(sizes["verdicts"]), len(sizes["plans"]), sum(sizes["verdicts"]) + sum(sizes["plans"])
+# What an export holds of each table, in this order.
+_EXPORTED = {
+    "fingerprints": ("fingerprint_key", "fingerprint"),
+    "verdicts": ("fingerprint_key", "config_key", "depth", "verdicts", "created"),
+    "plans": ("fingerprint_key", "plan_key", "sha256", "size", "blob"),
+}
+
+
+def _sorted_rows(rows: Iterable[tuple], fingerprint_key: str | None) -> list[tuple]:
+    return sorted((row for row in rows if fingerprint_key in (None, row[0])), key=lambda row: (str(row[0]), str(row[1])))
 
 
 def _payload_bytes(conn: sqlite3.Connection) -> int:
+    row = None
+    with contextlib.suppress(sqlite3.OperationalError):  # a file opened read-only from before totals existed
+        row = conn.execute("SELECT bytes FROM totals WHERE name = 'payload'").fetchone()
+    if row is not None:
+        return row[0]
     return conn.execute(
         "SELECT (SELECT COALESCE(SUM(size), 0) FROM plans) + (SELECT COALESCE(SUM(size), 0) FROM verdicts)"
     ).fetchone()[0]
@@ -438,19 +518,4 @@ def _plan_problem(digest: object, size: object, blob: object) -> str:
         return f"blob has {len(blob)} bytes, {size} were stored (truncated)"
     if sha256(blob) != digest:
         return "sha256 of the blob does not match the stored digest"
-    return ""
-
-
-def _unsafe_for_plans(paths: Iterable[Path]) -> str:
-    """Why native code must not be loaded from these paths ("" when it may)."""
-    current_user = getattr(os, "geteuid", None)
-    for path in paths:
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            continue
-        if current_user is not None and info.st_uid != current_user():
-            return f"{path} is owned by uid {info.st_uid}, not by this user (uid {current_user()})"
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
     return ""

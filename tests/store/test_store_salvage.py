@@ -133,3 +133,23 @@ def test_read_only_store_exports_every_row_of_a_database_with_a_damaged_primary_
     counts = store.export(tmp_path / "export.json")
     assert (counts["verdicts"], counts["plans"]) == (ROWS, 1)
     assert not list(cache_dir.glob(DATABASE_NAME + ".corrupt-*"))
+
+
+def test_a_file_cut_to_nothing_keeps_the_rows_of_its_write_ahead_log(cache_dir, tmp_path):
+    """SQLite deletes the log of an empty database file it opens, even read-only: the store never
+    lets it, and salvages the log's rows instead."""
+    import shutil
+
+    live = PersistentStore(cache_dir)
+    for index in range(50):
+        assert live.put(H100, f"key-{index}", SUPPORTED_FULL, ProbeDepth.FULL)
+    copy = tmp_path / "copy"
+    copy.mkdir(mode=0o700)
+    shutil.copy(cache_dir / f"{DATABASE_NAME}-wal", copy / f"{DATABASE_NAME}-wal")  # the rows, still in the log
+    (copy / DATABASE_NAME).write_bytes(b"")
+    looking = PersistentStore(copy, read_only=True)
+    assert looking.info()["entries"] == 50 and "empty but its write-ahead log is not" in looking.info()["damage"]
+    assert (copy / f"{DATABASE_NAME}-wal").stat().st_size > 0
+    store = PersistentStore(copy)
+    assert store.put(H100, "new", SUPPORTED_FULL, ProbeDepth.FULL)
+    assert store.info()["entries"] == 51 and store.get(H100, "key-49") == (SUPPORTED_FULL, ProbeDepth.FULL)
