@@ -10,7 +10,8 @@ from typing import Any
 from fusedattn_select.cli.exit_codes import EXIT_NOT_DONE, EXIT_SELECTED
 from fusedattn_select.cli.table import render_table
 
-EPILOG = ("exit codes: 0 built (build: and tested); 1 not built: the reason is on stderr; 2 bad input (an invalid "
+EPILOG = ("exit codes: 0 built (build: and tested); 1 not built, or built where others could change it (never "
+          "loaded): the reason is on stderr; 2 bad input (an invalid "
           "FUSEDATTN_SELECT_NATIVE); 130 interrupted")
 
 
@@ -35,6 +36,10 @@ def _cmd_native(args: argparse.Namespace) -> int:
     if not info.get("built"):
         print(f"native: not built{': ' + info['problem'] if info.get('problem') else ''} "
               "(`fusedattn-select native build` builds it)", file=sys.stderr)
+        return EXIT_NOT_DONE
+    if info.get("refused"):
+        print(f"native: built but never loaded: {info['refused']} (chmod 700 it and the directories up to "
+              f"{info['dir']})", file=sys.stderr)
         return EXIT_NOT_DONE
     return EXIT_SELECTED
 

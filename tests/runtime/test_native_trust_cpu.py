@@ -77,3 +77,14 @@ def test_the_same_module_in_a_private_directory_loads(planted):
     loaded = native._import(native.module_name())
     assert loaded is not None and mark.read_text() == "loaded"
     assert native.status()["refused"] is None
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX owners and modes")
+def test_native_status_exits_1_naming_the_path_others_can_write(planted, capsys):
+    from fusedattn_select.cli import main
+
+    module, _ = planted
+    os.chmod(module.parent, 0o775)
+    assert main(["native", "status", "--json"]) == 1
+    err = capsys.readouterr().err
+    assert f"built but never loaded: {module.parent} is writable by group or others (mode 775)" in err

@@ -130,7 +130,7 @@ def build(verbose: bool = False) -> Path:
     torch.backends.cudnn.version()  # the module finds the cuDNN torch loaded when it is imported
     name = module_name()
     where = build_dir() / name
-    where.mkdir(parents=True, exist_ok=True)
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)  # loaded only from a private directory
     try:
         cpp_extension.load(name=name, sources=[str(p) for p in _sources()], build_directory=str(where),
                            extra_include_paths=[str(d) for d in includes],
@@ -213,6 +213,10 @@ def status() -> dict[str, Any]:
         info["include_dirs"] = [str(d) for d in include_dirs()]
     except NativeBuildError as err:
         info["problem"] = str(err)
+    refusal = untrusted(path) if info["built"] else ""
+    info["refused"] = refusal or None
+    if refusal:
+        info["problem"] = f"built, but not loaded: {refusal}"
     return info
 
 
@@ -232,6 +236,14 @@ def load() -> Optional[ModuleType]:
     return _loaded[name]
 
 
+def untrusted(path: Path) -> str:
+    """Why the compiled module at `path` must not be loaded ("" when it may): the rule of serialized
+    plans (trust.untrusted_reason), with the modules' directory as the directory the library owns."""
+    from fusedattn_select.trust import untrusted_reason
+
+    return untrusted_reason(path, build_dir())
+
+
 def _import(name: str) -> Optional[ModuleType]:
     path = _module_path(name)
     if not path.is_file():
@@ -239,11 +251,18 @@ def _import(name: str) -> Optional[ModuleType]:
         return None
     if name in sys.modules:
         return sys.modules[name]
+    refusal = untrusted(path)
+    if refusal:
+        log.warning("fusedattn_select: not loading the compiled lean path %s: %s. Compiled code runs as you, "
+                    "so its directory must be owned by you and writable by no one else (chmod 700); using "
+                    "the Python path", path, refusal)
+        return None
     try:
         import torch
 
         torch.backends.cudnn.version()  # loads the cuDNN the module binds to
-        spec = importlib.util.spec_from_file_location(name, path)
+        # The path checked, with its links resolved: a link swapped after the check is not followed.
+        spec = importlib.util.spec_from_file_location(name, os.path.realpath(path))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except Exception as err:  # noqa: BLE001 - any load failure means the pure-Python path
