@@ -28,8 +28,8 @@ def describe_store(info: dict[str, Any]) -> str:
         return f"in memory only ({info['switched_off']})"
     held = f"{info['entries']} decisions, {info['plans']} plans"
     if info.get("damage"):
-        return (f"DAMAGED: {info['path']} ({info['damage']}): {held} readable; the next command that "
-                "writes salvages every readable row")
+        return (f"DAMAGED: {info['path']} ({info['damage']}): {held} recoverable; `fusedattn-select cache "
+                "repair` salvages them")
     return f"{info['kind']} {info['path']}: {held}"
 
 
@@ -49,8 +49,8 @@ def store_problems(info: dict[str, Any]) -> list[str]:
         problems.append(f"warning: the persistent cache cannot be used: {info['degraded']}; decisions and plans "
                         f"are kept in memory and lost at exit (set {CACHE_DIR_ENV} to a writable directory)")
     if info.get("damage"):
-        problems.append(f"warning: {info['path']} is damaged ({info['damage']}); the next command that writes "
-                        "salvages every readable row and sets the damaged file aside")
+        problems.append(f"warning: {info['path']} is damaged ({info['damage']}); `fusedattn-select cache repair` "
+                        "copies every recoverable row into a fresh file and keeps the damaged one aside")
     if info.get("persistent") and not info.get("plans_enabled"):
         problems.append(f"warning: serialized plans are disabled: {info.get('plans_refused')}")
     return problems

@@ -147,7 +147,7 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
         shared = distributed.warmup(problems, depth=depth, selector=selector, jobs=args.jobs)
         report = shared.combined
         if shared.rank != min(shared.ranks):  # one report per job: the lowest rank's
-            return _exit_code(report, set())
+            return _exit_code(report, set(), selector)
     else:
         report = warmup(problems, jobs=args.jobs, depth=depth, selector=selector,
                         progress=None if args.json else progress_bar(), workers=_workers(args, snapshot))
@@ -160,15 +160,17 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
             text += (f"\nreplayed from {snapshot.file_names} (recorded on {snapshot.describe()}): "
                      "nothing was probed, built or stored; seconds are this machine's lookups")
         print(text)
-    return _exit_code(report, no_data)
+    return _exit_code(report, no_data, selector)
 
 
-def _exit_code(report: WarmupReport, no_data: set) -> int:
+def _exit_code(report: WarmupReport, no_data: set, selector: Selector) -> int:
     """The answers' exit code, unless saves failed: then EXIT_NOT_PERSISTED, with one error line (the
     warmup's purpose, answers that outlive it, was not met; the report still gives every answer)."""
     if report.failed_saves:
+        reason = selector.store.info().get("write_failure") if selector.store is not None else None
         print(f"error: warmup: {report.failed_saves} saves of answers and plans to {report.store_path or 'the store'} "
-              "failed (the warning above says why): they last only as long as this command", file=sys.stderr)
+              f"failed ({reason or 'the warning above says why'}): they last only as long as this command",
+              file=sys.stderr)
         return EXIT_NOT_PERSISTED
     return answers_exit_code([row.outcome is WarmupOutcome.ACCEPTED for row in report.rows],
                              [row.cache_key in no_data for row in report.rows])

@@ -90,8 +90,8 @@ def test_a_live_warmup_whose_saves_fail_exits_4_with_one_error_line(capsys, tmp_
     code, out, err = run(capsys, "warmup", str(suite), "--depth", "fast")
     assert code == 4
     assert "3 accepted" in out and "3 saves of answers and plans" in out
-    assert error_lines(err) == [f"error: warmup: 3 saves of answers and plans to {locked_cache} failed (the warning "
-                                "above says why): they last only as long as this command"]
+    assert error_lines(err) == [f"error: warmup: 3 saves of answers and plans to {locked_cache} failed (store a "
+                                "decision: the database stayed locked for 0 s): they last only as long as this command"]
 
 
 def test_a_live_warmup_whose_saves_fail_reports_them_in_json(capsys, tmp_path, live_device, locked_cache):
