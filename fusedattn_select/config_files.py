@@ -182,6 +182,8 @@ def load_yaml(text: str, field: str, value: str) -> Any:
 
     try:
         return _load(yaml_loader(), text, field, value)
+    except RecursionError:  # flow-style nesting ([[[...]]]) recurses in the composer, C or Python
+        raise ConfigError(field, value, "nests collections too deeply to read (a config file is a few levels deep)") from None
     except ConstructorError:
         raise  # from the constructor, which is Python with either parser: as precise as it gets
     except yaml.YAMLError:
@@ -191,6 +193,8 @@ def load_yaml(text: str, field: str, value: str) -> Any:
             yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as precise:
             raise precise from None
+        except RecursionError:
+            pass  # nesting the Python parser cannot follow: the C parser's message stands
         raise
 
 

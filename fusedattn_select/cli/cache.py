@@ -27,7 +27,7 @@ EPILOG = (
     "failed (one error line says why), import skipped rows (listed on stderr: damaged or edited rows, "
     "rows of another fingerprint), info found the cache degraded or damaged; 2 bad input: a file that "
     "is not an export, an export that cannot be written there, an import with no live device and no "
-    "--fingerprint, an invalid FUSEDATTN_SELECT_CACHE; 130 interrupted"
+    "--fingerprint, an invalid FUSEDATTN_SELECT_CACHE; 130 interrupted; 141 stdout closed by its reader"
 )
 ALL_FINGERPRINTS = "all"
 

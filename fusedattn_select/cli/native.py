@@ -12,7 +12,7 @@ from fusedattn_select.cli.table import render_table
 
 EPILOG = ("exit codes: 0 built (build: and tested); 1 not built, or built where others could change it (never "
           "loaded): the reason is on stderr; 2 bad input (an invalid "
-          "FUSEDATTN_SELECT_NATIVE); 130 interrupted")
+          "FUSEDATTN_SELECT_NATIVE); 130 interrupted; 141 stdout closed by its reader")
 
 
 def _cmd_native(args: argparse.Namespace) -> int:

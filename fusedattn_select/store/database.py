@@ -52,6 +52,7 @@ BUSY_TIMEOUT_S = 5.0
 LOCKED_RETRY_S = 30.0
 
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
+_SMALLEST_PAGE = 512  # a file in WAL mode is never shorter: switching to WAL writes its first page
 
 # The payload total of both tables is kept by triggers, so a write never sums a whole table.
 _PAYLOAD_TRIGGERS = tuple(
@@ -130,6 +131,7 @@ class Database:
         self.read_only = read_only
         self.damage = ""
         self.salvaged_copy = path.with_name(f"{path.name}.salvaged")
+        self.salvaged = ""  # what the last salvage this process made kept (repair() says it)
         self._reader = _Connection()
         self._writer = _Connection()
 
@@ -217,6 +219,8 @@ class Database:
                 problem = integrity_problem(self.path) if self.path.exists() else None
                 if problem is None:
                     self.damage = ""
+                    if self.salvaged:  # by this process, opening the file (a write that met the damage)
+                        return self.salvaged
                     return f"{self.path}: sound (integrity_check ok), nothing to repair"
                 aside, report = self._salvage(problem)
         self.damage = ""
@@ -354,6 +358,7 @@ class Database:
             if problem is None:
                 return  # sound after all: the caller retries once
             aside, report = self._salvage(problem)
+        self.salvaged = f"{self.path} was damaged ({problem}): {report}; the damaged file is kept as {aside}"
         log.warning("fusedattn_select: the decision cache %s was damaged (%s): %s; the damaged file is kept as %s",
                     self.path, problem, report, aside.name)
 
@@ -485,14 +490,17 @@ def _fsync(path: Path) -> None:
 
 
 def _refuse_emptied_file(path: Path) -> None:
-    """Raise DatabaseError (damage) for a database file cut to nothing beside a write-ahead log that
-    holds frames: SQLite, opening it (even read-only), deletes that log and every row in it. A file
-    in WAL mode is never empty (switching to WAL writes its header), so this is always damage."""
+    """Raise DatabaseError (damage) for a database file cut shorter than the smallest page: SQLite
+    reads it as a new, empty database and, opening it (even read-only), deletes a write-ahead log
+    beside it and every row in the log. An empty file with no log (or an empty log) is a new store."""
     try:
-        if os.path.getsize(path) == 0 and os.path.getsize(f"{path}-wal") > 0:
-            raise sqlite3.DatabaseError(f"{path.name} is empty but its write-ahead log is not (a truncated file)")
+        size = os.path.getsize(path)
+        log_size = os.path.getsize(f"{path}-wal") if os.path.exists(f"{path}-wal") else 0
     except OSError:
         return
+    if 0 < size < _SMALLEST_PAGE or (size == 0 and log_size > 0):
+        raise sqlite3.DatabaseError(f"{path.name} is cut to {size} bytes, shorter than a database page "
+                                    f"(its write-ahead log holds {log_size} bytes)")
 
 
 def _newer_schema(path: Path, version: int) -> str:

@@ -145,10 +145,15 @@ def parse_depth(value: Any) -> ProbeDepth:
         raise BadEntry(f"depth {shown(value)} is not 'fast' or 'full'") from None
 
 
+def _not_json(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which JSON does not have and a store never writes.
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def parse_json(text: Any, what: str) -> Any:
     """`text` decoded as JSON; BadEntry (naming `what`) when it is not JSON this process can read."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except RecursionError:
         raise BadEntry(f"{what} are nested too deeply to decode") from None
     except (TypeError, ValueError) as err:  # ValueError too for an integer of more digits than int() reads

@@ -71,10 +71,13 @@ def directory_problem(directory: Path) -> str:
     """Why a persistent store could not be created or written in `directory` ("" when it could),
     found without creating anything."""
     probe = directory
-    while not probe.exists():
-        if probe.parent == probe:
-            return f"cache directory {directory} cannot be created (no existing parent)"
-        probe = probe.parent
+    try:
+        while not probe.exists():
+            if probe.parent == probe:
+                return f"cache directory {directory} cannot be created (no existing parent)"
+            probe = probe.parent
+    except OSError as err:  # a name too long, a directory that cannot be searched
+        return f"cache directory {directory} cannot be used ({err.strerror or err})"
     if not probe.is_dir():
         return f"cache directory {directory} cannot be created ({probe} is not a directory)"
     if not os.access(probe, os.W_OK | os.X_OK):

@@ -66,6 +66,8 @@ DATABASE_NAME = "decisions.sqlite3"
 _ROWS = {"decision": ("verdicts", "config_key"), "plan": ("plans", "plan_key")}
 # Last-use stamps of rows read wait at most this long for a write to carry them (see _record_use).
 USE_FLUSH_INTERVAL_S = 1.0
+# How long a write waits for the lock after the write before it failed.
+FAILING_PATIENCE_S = 1.0
 
 
 class PersistentStore:
@@ -179,7 +181,7 @@ class PersistentStore:
             return Written.STORED
 
         try:
-            written = self._db.run("store a decision", write, write=True)
+            written = self._db.run("store a decision", write, write=True, patience_s=self._patience())
         except StoreFailure as err:
             self._write_failed("decision", err)
             return Written.FAILED
@@ -215,12 +217,17 @@ class PersistentStore:
             self._evict(conn, keep=("plans", rowid))
 
         try:
-            self._db.run("store a plan", write, write=True)
+            self._db.run("store a plan", write, write=True, patience_s=self._patience())
         except StoreFailure as err:
             self._write_failed("plan", err)
             return False
         self._failing = False
         return True
+
+    def _patience(self) -> float | None:
+        """How long a write waits for the lock: the store's patience, but only FAILING_PATIENCE_S while
+        the writes before it failed (a lock held for good would cost every write of a warmup 30 s)."""
+        return FAILING_PATIENCE_S if self._failing else None
 
     def _write_failed(self, kind: str, err: StoreFailure) -> None:
         """Count a write that failed; warn at the first of a run of failures (a full disk fails every
@@ -230,7 +237,8 @@ class PersistentStore:
             self._write_failure = str(err)
         (log.debug if self._failing else log.warning)(
             "fusedattn_select: decision cache %s: %s; the %s is not persisted%s", self.path, err, kind,
-            "" if self._failing else " (later failures are counted in cache info's failed_writes, not logged)")
+            "" if self._failing else " (this process counts later failures in info()['failed_writes'] "
+            "instead of logging each)")
         self._failing = True
 
     def get_plan(self, fingerprint: Fingerprint, plan_key: str) -> bytes | None:

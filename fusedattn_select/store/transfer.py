@@ -17,6 +17,7 @@ import datetime
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -77,18 +78,7 @@ def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fing
         "verdicts": verdict_rows,
         "plans": plan_rows,
     }
-    # Written beside the target and renamed over it: readers never see a half-written export.
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=1)
-        os.replace(temporary, path)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        if isinstance(err, OSError):
-            raise CacheError(f"cache export {path}: cannot be written ({err.strerror or err})") from None
-        raise
+    _write_export(path, document)
     log.info("fusedattn_select: exported %d decisions and %d plans to %s",
              len(verdict_rows), len(plan_rows), path)
     return {"path": str(path), "verdicts": len(verdict_rows), "plans": len(plan_rows)}
@@ -96,13 +86,48 @@ def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fing
 
 def _check_writable(path: Path) -> None:
     """CacheError naming `path` when an export cannot be written there, before anything is read."""
-    if path.is_dir():
-        raise CacheError(f"cache export {path}: is a directory; name the file to write")
-    parent = path.parent
-    if not parent.exists():
-        raise CacheError(f"cache export {path}: directory {parent} does not exist")
-    if not parent.is_dir():
-        raise CacheError(f"cache export {path}: {parent} is not a directory")
+    try:
+        if path.is_dir():
+            raise CacheError(f"cache export {path}: is a directory; name the file to write")
+        parent = path.parent
+        if not parent.exists():
+            raise CacheError(f"cache export {path}: directory {parent} does not exist")
+        if not parent.is_dir():
+            raise CacheError(f"cache export {path}: {parent} is not a directory")
+    except OSError as err:  # a name too long, a component that cannot be searched
+        raise CacheError(f"cache export {path}: cannot be written ({err.strerror or err})") from None
+
+
+def _write_export(path: Path, document: dict) -> None:
+    """Write the export at `path`, following a link to where it leads. A regular file (new or
+    existing) is written beside its final place and renamed over it, so readers never see half an
+    export, and keeps an existing file's mode; anything else there (a device such as /dev/stdout, a
+    pipe) is written into as it is, never replaced."""
+    target = Path(os.path.realpath(path))
+    try:
+        existing = os.stat(target)
+    except OSError:
+        existing = None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        try:
+            with open(target, "w", encoding="utf-8") as handle:
+                json.dump(document, handle, indent=1)
+        except OSError as err:
+            raise CacheError(f"cache export {path}: cannot be written ({err.strerror or err})") from None
+        return
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+        if existing is not None:
+            os.chmod(temporary, stat.S_IMODE(existing.st_mode))
+        os.replace(temporary, target)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if isinstance(err, OSError):
+            raise CacheError(f"cache export {path}: cannot be written ({err.strerror or err})") from None
+        raise
 
 
 # ----- import -------------------------------------------------------------------------------------
@@ -147,16 +172,16 @@ def read_export(path: Path) -> dict:
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
-        raise CacheError(f"cache export {path}: cannot be read ({err.strerror or err})") from None
+        raise CacheError(f"export file {path}: cannot be read ({err.strerror or err})") from None
     except RecursionError:
-        raise CacheError(f"cache export {path}: is nested too deeply to decode (not written by export())") from None
+        raise CacheError(f"export file {path}: is nested too deeply to decode (not written by export())") from None
     except ValueError as err:  # not JSON (or not UTF-8), or an integer of more digits than int() reads
-        raise CacheError(f"cache export {path}: is not JSON ({shown(err)})") from None
+        raise CacheError(f"export file {path}: is not JSON ({shown(err)})") from None
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-        raise CacheError(f"cache export {path}: format must be {EXPORT_FORMAT!r} (written by export())")
+        raise CacheError(f"export file {path}: format must be {EXPORT_FORMAT!r} (written by export())")
     version = document.get("schema_version")
     if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-        raise CacheError(f"cache export {path}: schema_version={shown(version)}: this version reads "
+        raise CacheError(f"export file {path}: schema_version={shown(version)}: this version reads "
                          f"1..{SCHEMA_VERSION}")
     return document
 
@@ -181,7 +206,7 @@ def _checked_rows(path: Path, owners: _Owners, field: str, rows: list, skipped: 
         label = _label(kind, row)
         problem = _out_of_range(row)
         if problem:
-            raise CacheError(f"cache export {path}: {field}[{index}] ({label}): {problem}; a file export() "
+            raise CacheError(f"export file {path}: {field}[{index}] ({label}): {problem}; a file export() "
                              "did not write: nothing was imported")
         fingerprint, reason = owners.claim(row)
         if fingerprint is not None:
@@ -301,14 +326,14 @@ class _Owners:
 def _list_field(document: dict, name: str) -> list:
     value = document.get(name, [])
     if not isinstance(value, list):
-        raise CacheError(f"cache export: {name!r} must be a list of rows")
+        raise CacheError(f"export file: {name!r} must be a list of rows")
     return value
 
 
 def _export_fingerprints(value: Any) -> tuple[dict[str, Fingerprint], dict[str, str]]:
     """Fingerprints of an export file whose description hashes to their key, and why others don't."""
     if not isinstance(value, dict):
-        raise CacheError("cache export: 'fingerprints' must map fingerprint keys to descriptions")
+        raise CacheError("export file: 'fingerprints' must map fingerprint keys to descriptions")
     good: dict[str, Fingerprint] = {}
     problems: dict[str, str] = {}
     for key, description in value.items():

@@ -126,9 +126,13 @@ def _json_source(text: str) -> dict:
 def _as_dict_source(source: Any) -> Any:
     if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
         path = Path(source)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
+        try:
+            if path.is_dir():
+                path = path / "config.json"
+            found = path.is_file()
+        except OSError as err:  # a name too long, a directory that cannot be searched
+            raise ConfigError("hf_config", str(source), f"cannot be read ({err.strerror or err})") from None
+        if not found:
             raise ConfigError("hf_config", str(source), "no such config.json file or directory")
         try:
             text = path.read_text(encoding="utf-8")
