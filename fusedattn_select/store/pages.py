@@ -26,7 +26,7 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
 
 _HEADER_MAGIC = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
@@ -468,6 +468,21 @@ class _Scanner:
         seen: set[int] = set()
         leaf_depths: set[int] = set()
         broken_depths: list[int] = []
+        for number, depth, page in self._tree(root, _TABLE_INTERIOR, _TABLE_LEAF):
+            seen.add(number)
+            if page is None:
+                broken_depths.append(depth)
+            elif page[1] == _TABLE_LEAF:
+                leaves.append(number)
+                leaf_depths.add(depth)
+        whole = len(leaf_depths) <= 1 and all(depth >= max(leaf_depths, default=math.inf)
+                                              for depth in broken_depths)
+        return leaves, seen, whole
+
+    def _tree(self, root: int, interior: int, leaf: int) -> Iterator[tuple[int, int, tuple | None]]:
+        """Each page of the b-tree at `root` (children in order, a page reached twice read once):
+        (page number, depth, (data, kind, cell offsets), or None where it is not a page of that tree)."""
+        seen: set[int] = set()
         stack = [(root, 0)]
         while stack:
             number, depth = stack.pop()
@@ -477,19 +492,15 @@ class _Scanner:
                 if data is None:
                     raise _Damaged
                 kind, cells, right = _btree_page(data, number, self.usable)
-                if kind == _TABLE_LEAF:
-                    leaves.append(number)
-                    leaf_depths.add(depth)
-                elif kind == _TABLE_INTERIOR:
+                if kind not in (interior, leaf):
+                    raise _Damaged
+                if kind == interior:
                     children = [_u32(data, cell) for cell in cells] + [right]
                     stack.extend((child, depth + 1) for child in reversed(children))
-                else:
-                    raise _Damaged
             except _Damaged:
-                broken_depths.append(depth)
-        whole = len(leaf_depths) <= 1 and all(depth >= max(leaf_depths, default=math.inf)
-                                              for depth in broken_depths)
-        return leaves, seen, whole
+                yield number, depth, None
+                continue
+            yield number, depth, (data, kind, cells)
 
     def _schema(self) -> tuple[dict[str, int], dict[str, list[int]], set[int], bool]:
         """The root page of each table and the root pages of each table's indexes of every row, as
@@ -512,22 +523,10 @@ class _Scanner:
         """(page, offsets of its cells, whether it is an interior page) of every page of the index
         b-tree at `root` (None: not every page of it reads)."""
         pages = []
-        seen: set[int] = set()
-        stack = [root]
-        while stack:
-            number = stack.pop()
-            data = None if number in seen else self._page(number)
-            seen.add(number)
-            try:
-                if data is None:
-                    raise _Damaged
-                kind, cells, right = _btree_page(data, number, self.usable)
-                if kind == _INDEX_INTERIOR:
-                    stack.extend([_u32(data, cell) for cell in cells] + [right])
-                elif kind != _INDEX_LEAF:
-                    raise _Damaged
-            except _Damaged:
+        for _, _, page in self._tree(root, _INDEX_INTERIOR, _INDEX_LEAF):
+            if page is None:
                 return None
+            data, kind, cells = page
             pages.append((data, cells, kind == _INDEX_INTERIOR))
         return pages
 
