@@ -423,7 +423,7 @@ def test_tiny_rows_compare_within_their_kind_and_name_the_path():
 
 
 @pytest.mark.parametrize("tool", ["bench_amax", "bench_bindings", "bench_cache_slices", "bench_distributed",
-                                  "bench_fp8_overlap", "record_fp8_speed"])
+                                  "bench_first_contact", "bench_fp8_overlap", "record_fp8_speed"])
 def test_standalone_tool_help_runs_without_torch_or_cudnn(tool):
     """The standalone GPU tools import torch and cuDNN only when they measure: --help works anywhere."""
     code = ("import runpy, sys\n"
