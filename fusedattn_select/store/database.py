@@ -10,15 +10,9 @@ process's lock. Before each use a connection checks that the file is still the o
 
 Damage (a file that is not a SQLite database, or fails `PRAGMA integrity_check`) is repaired by a
 write that meets it, or by `repair()`: every row that can still be read is copied into a fresh
-database (salvage.py), which takes the file's place in one rename. The steps, under an exclusive
-flock on the directory (every write holds it shared, so no write lands in a file being set aside):
-  1. the readable rows go into `<name>.salvage-<pid>`, which is renamed `<name>.salvaged` once
-     complete and synced;
-  2. the damaged file gets a second name, `<name>.corrupt-<timestamp>`, and its -wal and -shm
-     files move there too (a stale log must never be replayed into the new database);
-  3. `<name>.salvaged` is renamed over `<name>`.
-A process that dies between 1 and 3 leaves `<name>.salvaged`: the next write (from any process)
-finishes steps 2 and 3 before it writes, with one warning. Reads never move files: a read that
+database (salvage.py), which takes the file's place in one rename (swap.py), under an exclusive
+flock on the directory that every write holds shared. A salvage a dead process left half done is
+finished by the next write, from any process, with one warning. Reads never move files: a read that
 meets damage is a miss, reported once. A read-only Database never writes at all, and reads a
 missing file as an empty database.
 """
@@ -26,12 +20,9 @@ missing file as an empty database.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import glob
 import logging
 import os
 import random
-import shutil
 import sqlite3
 import threading
 import time
@@ -41,7 +32,8 @@ from typing import Callable, Iterator, TypeVar
 from fusedattn_select._version import __version__
 from fusedattn_select.store.locks import flock_directory, shared_flock
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheUnavailableError
-from fusedattn_select.store.salvage import salvage
+from fusedattn_select.store.schema import DATA_TABLES, create_schema, schema_is_current, schema_version
+from fusedattn_select.store.swap import SalvageSwap
 
 log = logging.getLogger("fusedattn_select")
 
@@ -53,37 +45,6 @@ LOCKED_RETRY_S = 30.0
 
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
 _SMALLEST_PAGE = 512  # a file in WAL mode is never shorter: switching to WAL writes its first page
-
-# The payload total of both tables is kept by triggers, so a write never sums a whole table.
-_PAYLOAD_TRIGGERS = tuple(
-    f"CREATE TRIGGER IF NOT EXISTS payload_{table}_{event} AFTER {event.upper()}{of} ON {table}"
-    f" BEGIN UPDATE totals SET bytes = bytes {change} WHERE name = 'payload'; END"
-    for table in ("verdicts", "plans")
-    for event, of, change in (("insert", "", "+ NEW.size"), ("delete", "", "- OLD.size"),
-                              ("update", " OF size", "+ NEW.size - OLD.size"))
-)
-SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS fingerprints ("
-    " fingerprint_key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, created REAL NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS verdicts ("
-    " fingerprint_key TEXT NOT NULL, config_key TEXT NOT NULL, depth TEXT NOT NULL,"
-    " verdicts TEXT NOT NULL, size INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL,"
-    " PRIMARY KEY (fingerprint_key, config_key))",
-    # (last_used, size) covers the eviction scan.
-    "CREATE INDEX IF NOT EXISTS verdicts_by_last_use ON verdicts (last_used, size)",
-    "CREATE TABLE IF NOT EXISTS plans ("
-    " fingerprint_key TEXT NOT NULL, plan_key TEXT NOT NULL, sha256 TEXT NOT NULL,"
-    " size INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL, blob BLOB NOT NULL,"
-    " PRIMARY KEY (fingerprint_key, plan_key))",
-    "CREATE INDEX IF NOT EXISTS plans_by_last_use ON plans (last_used, size)",
-    "CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, bytes INTEGER NOT NULL)",
-    # Counted once when the table is new (a store written before totals existed), kept by triggers after.
-    "INSERT OR IGNORE INTO totals (name, bytes) VALUES ('payload',"
-    " (SELECT COALESCE(SUM(size), 0) FROM verdicts) + (SELECT COALESCE(SUM(size), 0) FROM plans))",
-    *_PAYLOAD_TRIGGERS,
-)
-DATA_TABLES = ("verdicts", "plans", "fingerprints")
 
 T = TypeVar("T")
 
@@ -130,7 +91,8 @@ class Database:
         self.path = path
         self.read_only = read_only
         self.damage = ""
-        self.salvaged_copy = path.with_name(f"{path.name}.salvaged")
+        self._swap = SalvageSwap(path)
+        self.salvaged_copy = self._swap.copy
         self.salvaged = ""  # what the last salvage this process made kept (repair() says it)
         self._reader = _Connection()
         self._writer = _Connection()
@@ -222,7 +184,7 @@ class Database:
                     if self.salvaged:  # by this process, opening the file (a write that met the damage)
                         return self.salvaged
                     return f"{self.path}: sound (integrity_check ok), nothing to repair"
-                aside, report = self._salvage(problem)
+                aside, report = self._swap.make(problem)
         self.damage = ""
         _DAMAGE_REPORTED.discard(self.path)
         return f"{self.path} was damaged ({problem}): {report}; the damaged file is kept as {aside}"
@@ -281,7 +243,7 @@ class Database:
             # In WAL mode NORMAL cannot corrupt the database; a power cut may lose the last
             # few decisions, which are re-probed.
             conn.execute("PRAGMA synchronous = NORMAL")
-            if not _schema_is_current(conn):
+            if not schema_is_current(conn):
                 _transaction(conn, self._create_schema)
         except BaseException:
             conn.close()
@@ -298,7 +260,7 @@ class Database:
         conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
                                isolation_level=None, check_same_thread=False)
         try:
-            version = _schema_version(conn)
+            version = schema_version(conn)
         except BaseException:
             conn.close()
             raise
@@ -308,7 +270,7 @@ class Database:
         return conn
 
     def _create_schema(self, conn: sqlite3.Connection) -> None:
-        version = _schema_version(conn)  # again, inside the lock: another process may have won
+        version = schema_version(conn)  # again, inside the lock: another process may have won
         if version is not None and version > SCHEMA_VERSION:
             raise CacheUnavailableError(_newer_schema(self.path, version))
         if version is not None and version != SCHEMA_VERSION:
@@ -357,7 +319,7 @@ class Database:
             problem = integrity_problem(self.path)
             if problem is None:
                 return  # sound after all: the caller retries once
-            aside, report = self._salvage(problem)
+            aside, report = self._swap.make(problem)
         self.salvaged = f"{self.path} was damaged ({problem}): {report}; the damaged file is kept as {aside}"
         log.warning("fusedattn_select: the decision cache %s was damaged (%s): %s; the damaged file is kept as %s",
                     self.path, problem, report, aside.name)
@@ -372,7 +334,7 @@ class Database:
         ("" when no salvaged copy waits)."""
         if not self.salvaged_copy.exists():
             return ""
-        finished = self._finish_salvage()
+        finished = self._swap.finish()
         if finished is None:
             said = f"removed {self.salvaged_copy.name}, an incomplete salvaged copy; {self.path.name} stays"
         else:
@@ -382,111 +344,6 @@ class Database:
         if warn:
             log.warning("fusedattn_select: %s", said)
         return said
-
-    def _salvage(self, problem: str) -> tuple[Path, str]:
-        """Steps 1 to 3 (module docstring), under the exclusive flock: (where the damaged file is
-        kept, what was salvaged)."""
-        stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        for stale in glob.glob(glob.escape(str(self.path)) + ".salvage-*"):  # left by dead salvagers
-            with contextlib.suppress(OSError):
-                os.remove(stale)
-        partial = self.path.with_name(f"{self.path.name}.salvage-{os.getpid()}")
-        _salvage_into(self.path, partial, {"salvage_aside": aside.name, "salvage_problem": problem})
-        _fsync(partial)
-        os.replace(partial, self.salvaged_copy)
-        _fsync(self.path.parent)
-        finished = self._finish_salvage()
-        if finished is None:
-            raise StoreFailure(f"the salvaged copy of {self.path} did not read back")
-        return finished
-
-    def _finish_salvage(self) -> tuple[Path, str] | None:
-        """Steps 2 and 3: the damaged file (and its log) aside, the salvaged copy in its place:
-        (where the damaged file is kept, what was salvaged); None (the copy removed) when the copy is
-        not a complete one."""
-        meta = _salvage_meta(self.salvaged_copy)
-        if meta is None:
-            os.remove(self.salvaged_copy)
-            return None
-        name = meta.get("salvage_aside") or f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
-        aside = self.path.with_name(name)
-        if self.path.exists() and not aside.exists():
-            try:
-                os.link(self.path, aside)
-            except OSError:  # a file system without hard links
-                shutil.copy2(self.path, aside)
-        # A stale write-ahead log must never be replayed into the new database.
-        for suffix in ("-wal", "-shm"):
-            source = Path(f"{self.path}{suffix}")
-            with contextlib.suppress(FileNotFoundError):
-                if Path(f"{aside}{suffix}").exists():
-                    os.remove(source)
-                else:
-                    os.replace(source, f"{aside}{suffix}")
-        os.replace(self.salvaged_copy, self.path)
-        _fsync(self.path.parent)
-        return aside, meta.get("salvage_report", "")
-
-
-def create_schema(conn: sqlite3.Connection) -> None:
-    """The tables, indexes and triggers of SCHEMA_VERSION, and the meta rows saying so."""
-    for statement in SCHEMA:
-        conn.execute(statement)
-    conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-    conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('created_by', ?)",
-                 (f"fusedattn-select {__version__}",))
-
-
-def _salvage_into(damaged: Path, fresh: Path, meta: dict[str, str]) -> str:
-    """Copy the readable rows of `damaged` into a new database file `fresh`, with `meta` and the
-    report in its meta table; the report (e.g. "salvaged 17 decisions, ...; lost 0 rows").
-    Raises StoreFailure when no new file could be written."""
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(fresh)
-    try:
-        os.close(os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        conn = sqlite3.connect(str(fresh), isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            create_schema(conn)
-            report = salvage(damaged, conn).describe()
-            for name, value in {**meta, "salvage_report": report}.items():
-                conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-    except (OSError, sqlite3.Error) as err:
-        with contextlib.suppress(OSError):
-            os.remove(fresh)
-        raise StoreFailure(f"cannot write a salvaged copy of {damaged} ({err})") from None
-    return report
-
-
-def _salvage_meta(path: Path) -> dict[str, str] | None:
-    """The meta rows of a salvaged copy, or None when it is not a complete, sound one."""
-    try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            rows = dict(conn.execute("SELECT name, value FROM meta").fetchall())
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return None
-    return rows if "salvage_report" in rows else None
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file or directory to disk (a rename is durable once its directory is)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _refuse_emptied_file(path: Path) -> None:
@@ -520,25 +377,6 @@ def _transaction(conn: sqlite3.Connection, action: Callable[[sqlite3.Connection]
             conn.execute("ROLLBACK")
         raise
     return result
-
-
-def _schema_version(conn: sqlite3.Connection) -> int | None:
-    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
-        return None
-    row = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
-    try:
-        return int(row[0]) if row is not None else None
-    except (TypeError, ValueError):
-        return 0
-
-
-def _schema_is_current(conn: sqlite3.Connection) -> bool:
-    """The schema of SCHEMA_VERSION with its payload triggers (a store written before they existed
-    gets them on its next open for writing)."""
-    if _schema_version(conn) != SCHEMA_VERSION:
-        return False
-    triggers = conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'payload_%'")
-    return triggers.fetchone()[0] == len(_PAYLOAD_TRIGGERS)
 
 
 def _error_code(err: sqlite3.Error) -> int | None:

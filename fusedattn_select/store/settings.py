@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 from fusedattn_select import settings
@@ -50,7 +51,22 @@ def check_cache_switch() -> None:
         raise ConfigError(CACHE_SWITCH_ENV, os.environ[CACHE_SWITCH_ENV], CACHE_SWITCH_ALLOWED)
 
 
-_switch_warned: set[str] = set()
+class _InvalidValuesWarned:
+    """The invalid (variable, value) pairs this process has warned about: each once."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def first(self, variable: str, value: str) -> bool:
+        """Whether this is the first time (variable, value) is seen (a warning is due)."""
+        with self._lock:
+            new = (variable, value) not in self._seen
+            self._seen.add((variable, value))
+            return new
+
+
+_warned = _InvalidValuesWarned()
 
 
 def cache_switched_off() -> str:
@@ -61,8 +77,7 @@ def cache_switched_off() -> str:
     """
     switch = os.environ.get(CACHE_SWITCH_ENV, "").strip().lower()
     problem = cache_switch_problem()
-    if problem and switch not in _switch_warned:
-        _switch_warned.add(switch)
+    if problem and _warned.first(CACHE_SWITCH_ENV, switch):
         log.warning("fusedattn_select: %s; using the persistent cache", problem)
     return switch if switch in CACHE_OFF_VALUES else ""
 
@@ -86,9 +101,6 @@ def directory_problem(directory: Path) -> str:
     return ""
 
 
-_max_bytes_warned: set[str] = set()
-
-
 def max_bytes_from_env() -> int:
     """$FUSEDATTN_SELECT_CACHE_MAX_BYTES (bytes; K, M, G, T suffixes are powers of 1024).
 
@@ -98,8 +110,7 @@ def max_bytes_from_env() -> int:
         return int(settings.value(MAX_BYTES_ENV))
     except ConfigError as err:
         text = os.environ.get(MAX_BYTES_ENV, "")
-        if text not in _max_bytes_warned:
-            _max_bytes_warned.add(text)
+        if _warned.first(MAX_BYTES_ENV, text):
             log.warning("fusedattn_select: %s; using %d MiB", err, DEFAULT_MAX_BYTES // 1024**2)
         return DEFAULT_MAX_BYTES
 

@@ -8,9 +8,8 @@ Serialized plans load native code: they are only read from, or written to, a dat
 directory that pass trust.untrusted_reason (owned by the current user, writable by no one else,
 the whole path); otherwise plans are refused with one warning and decisions are still cached.
 
-A read never waits for the write lock: the last-use stamps of rows read (for least-recently-used
-eviction) are kept in memory and written in a batch, by the next write or by a try that gives up
-at once when another connection writes.
+A read never waits for the write lock: the last-use stamps of rows read are written in batches
+(uses.py).
 
 Opened with `read_only=True` (commands that only look: `cache info`, `info`, `cache export`) a
 store never writes, creates or moves a file: a missing database reads as empty, a damaged one
@@ -24,7 +23,6 @@ import json
 import logging
 import os
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Iterable
@@ -55,6 +53,7 @@ from fusedattn_select.store.protocol import (
 from fusedattn_select.store import salvage
 from fusedattn_select.store.settings import resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
+from fusedattn_select.store.uses import PendingUses
 from fusedattn_select.trust import untrusted_reason
 from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
 
@@ -64,8 +63,6 @@ DATABASE_NAME = "decisions.sqlite3"
 
 # A decision or a plan is one row of its table, keyed by (fingerprint_key, its key column).
 _ROWS = {"decision": ("verdicts", "config_key"), "plan": ("plans", "plan_key")}
-# Last-use stamps of rows read wait at most this long for a write to carry them (see _record_use).
-USE_FLUSH_INTERVAL_S = 1.0
 # How long a write waits for the lock after the write before it failed.
 FAILING_PATIENCE_S = 1.0
 
@@ -93,9 +90,7 @@ class PersistentStore:
         self._failed_writes = 0
         self._write_failure = ""  # why the first write of the latest run of failures failed
         self._failing = False  # the last write failed: later failures are logged at debug level
-        self._uses: dict[tuple[str, str, str], float] = {}  # (kind, fingerprint key, key) -> last read
-        self._uses_lock = threading.Lock()
-        self._uses_tried = 0.0  # monotonic time of the last try to write them
+        self._uses = PendingUses(self._db.try_write)
         if read_only:
             self._open_read_only()
             return
@@ -157,7 +152,7 @@ class PersistentStore:
             return Written.FAILED
 
         def write(conn: sqlite3.Connection) -> Written:
-            self._write_uses(conn)
+            self._uses.write(conn)
             now = time.time()
             stored = conn.execute(
                 "SELECT depth FROM verdicts WHERE fingerprint_key = ? AND config_key = ?", (fp_key, key),
@@ -201,7 +196,7 @@ class PersistentStore:
         digest = sha256(blob)
 
         def write(conn: sqlite3.Connection) -> None:
-            self._write_uses(conn)
+            self._uses.write(conn)
             now = time.time()
             _remember_fingerprint(conn, fingerprint, now)
             conn.execute(
@@ -315,8 +310,7 @@ class PersistentStore:
     def close(self) -> None:
         """Close this process's connections (the next use reopens them); last-use stamps not yet
         written are written if that needs no wait."""
-        if self._uses:
-            self._db.try_write(self._write_uses)
+        self._uses.flush()
         self._db.close()
 
     def repair(self) -> str:
@@ -430,33 +424,9 @@ class PersistentStore:
                     kind, key, self.path, problem)
 
     def _record_use(self, kind: str, fp_key: str, key: str) -> None:
-        """Note the `kind` row's use for least-recently-used eviction; written with the next write,
-        or now if no other connection is writing and none was tried in the last USE_FLUSH_INTERVAL_S."""
-        if self.read_only:
-            return
-        now = time.monotonic()
-        with self._uses_lock:
-            self._uses[(kind, fp_key, key)] = time.time()
-            due = now - self._uses_tried >= USE_FLUSH_INTERVAL_S
-            if due:
-                self._uses_tried = now
-        if due:
-            self._db.try_write(self._write_uses)
-
-    def _write_uses(self, conn: sqlite3.Connection) -> None:
-        """Write the pending last-use stamps, inside the caller's write transaction."""
-        with self._uses_lock:
-            uses, self._uses = self._uses, {}
-        try:
-            for (kind, fp_key, key), when in uses.items():
-                table, key_column = _ROWS[kind]
-                conn.execute(f"UPDATE {table} SET last_used = MAX(last_used, ?) "
-                             f"WHERE fingerprint_key = ? AND {key_column} = ?", (when, fp_key, key))
-        except BaseException:
-            with self._uses_lock:  # kept for the next write (a failed commit after this loses them:
-                for use, when in uses.items():  # they only order eviction)
-                    self._uses.setdefault(use, when)
-            raise
+        """Note the `kind` row's use for least-recently-used eviction (uses.py: never waits)."""
+        if not self.read_only:
+            self._uses.note(*_ROWS[kind], fp_key, key)
 
     def _evict(self, conn: sqlite3.Connection, keep: tuple[str, int]) -> None:
         """Least recently used first, plans before decisions, down to 90% of max_bytes."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from store_samples import H100, SUPPORTED_FULL, warnings_of
 
-from fusedattn_select.store import DATABASE_NAME, PersistentStore, database
+from fusedattn_select.store import DATABASE_NAME, PersistentStore, database, swap
 from fusedattn_select.types import ProbeDepth
 
 ROWS = 300
@@ -84,7 +84,7 @@ def _salvaged_copy_waiting(cache_dir, steps: int) -> Path:
     db = database.Database(path)
     partial = path.with_name(path.name + ".salvage-1")
     aside = path.with_name(path.name + ".corrupt-20260101T000000.000000")
-    database._salvage_into(path, partial, {"salvage_aside": aside.name, "salvage_problem": "test"})
+    swap._salvage_into(path, partial, {"salvage_aside": aside.name, "salvage_problem": "test"})
     os.replace(partial, db.salvaged_copy)
     if steps >= 2:
         os.link(path, aside)
@@ -189,7 +189,7 @@ from fusedattn_select.store import database
 db = database.Database(Path(sys.argv[1]) / "decisions.sqlite3")
 for _ in range(int(sys.argv[2])):
     with db._exclusive():  # the swap a damaged file gets, forced on a sound one
-        db._salvage("forced by the test")
+        db._swap.make("forced by the test")
     time.sleep(0.02)
 print("salvaged", flush=True)
 """
