@@ -7,7 +7,7 @@
 // the current stream through a cuDNN handle of this thread and device, and training calls get a C++
 // autograd node, so the backward runs on autograd's device thread without taking the GIL. The node is
 // made as torch's generated ones are (next edges, saved variables, history set on the output), which
-// costs less host time than a torch::autograd::Function (README has the figures).
+// costs less host time than a torch::autograd::Function (docs/performance.md has the figures).
 //
 // The module also holds the hot path's table: attention() hands it a call first, and a call whose
 // signature it holds (a compiled lean entry, filed after its first call) runs with no Python of ours.
