@@ -23,27 +23,14 @@ Every read is bounds-checked: a damaged page loses its own rows and nothing else
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-_HEADER_MAGIC = b"SQLite format 3\x00"
-_HEADER_SIZE = 100
-_WAL_MAGICS = {0x377F0682: "<", 0x377F0683: ">"}  # the byte order of the log's checksums
-_WAL_VERSION = 3007000
-_WAL_HEADER_SIZE, _WAL_FRAME_HEADER_SIZE = 32, 24
-_PAGE_SIZES = tuple(1 << bits for bits in range(9, 17))
-_TABLE_INTERIOR, _TABLE_LEAF, _INDEX_INTERIOR, _INDEX_LEAF = 0x05, 0x0D, 0x02, 0x0A
-_MASK32 = 0xFFFFFFFF
-# Where page 1 cannot say the page size, each size is tried on the pages of the file's first bytes.
-_BYTES_TO_GUESS_FROM = 4 * 1024 * 1024
-_PAGES_TO_GUESS_FROM = 1024
-_TEXT_ENCODINGS = {0: "utf-8", 1: "utf-8", 2: "utf-16-le", 3: "utf-16-be"}
-
-
-class _Damaged(Exception):
-    """A structure in the file is not one the format allows."""
+from fusedattn_select.store.sqlite_format import (
+    HEADER_SIZE, INDEX_INTERIOR, INDEX_LEAF, TABLE_INTERIOR, TABLE_LEAF, Damaged, Header, btree_page,
+    file_size, guess_page_size, local_size, parse_header, read_at, read_log, record, u32, varint,
+)
 
 
 @dataclass(frozen=True)
@@ -106,243 +93,6 @@ def scan(path: Path, shape: Callable[[tuple], str | None] = lambda values: None)
 _NOTHING = PageScan(0, 0, (), {}, frozenset(), {}, True, False, frozenset())
 
 
-# ----- the log and the header ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Log:
-    """The committed part of a write-ahead log: its page size, the offset of each page's newest
-    committed frame (its page data), and the database's size in pages after the last commit."""
-
-    page_size: int
-    frames: dict[int, int]
-    page_count: int
-
-
-def _read_log(wal: BinaryIO | None) -> _Log | None:
-    """The committed frames of the log (None: no log, or its header is not valid).
-
-    Frames count up to the last commit frame before the first frame that is not valid (salts that
-    are not the header's, or a cumulative checksum that does not match), as SQLite counts them.
-    """
-    if wal is None:
-        return None
-    header = _read_at(wal, 0, _WAL_HEADER_SIZE)
-    if len(header) < _WAL_HEADER_SIZE:
-        return None
-    magic, version, page_size = struct.unpack_from(">III", header)
-    order = _WAL_MAGICS.get(magic)
-    if order is None or version != _WAL_VERSION or page_size not in _PAGE_SIZES:
-        return None
-    checksum = _log_checksum(header[:24], (0, 0), order)
-    if checksum != struct.unpack_from(">II", header, 24):
-        return None
-    salts = header[16:24]
-    committed: dict[int, int] = {}
-    pending: dict[int, int] = {}
-    page_count = 0
-    offset = _WAL_HEADER_SIZE
-    frame_size = _WAL_FRAME_HEADER_SIZE + page_size
-    while True:
-        frame = _read_at(wal, offset, frame_size)
-        if len(frame) < frame_size or frame[8:16] != salts:
-            break
-        number, commit = struct.unpack_from(">II", frame)
-        if number == 0:
-            break
-        checksum = _log_checksum(frame[:8], checksum, order)
-        checksum = _log_checksum(frame[_WAL_FRAME_HEADER_SIZE:], checksum, order)
-        if checksum != struct.unpack_from(">II", frame, 16):
-            break
-        pending[number] = offset + _WAL_FRAME_HEADER_SIZE
-        if commit:
-            committed.update(pending)
-            pending.clear()
-            page_count = commit
-        offset += frame_size
-    return _Log(page_size, committed, page_count)
-
-
-def _log_checksum(data: bytes, seed: tuple[int, int], order: str) -> tuple[int, int]:
-    """SQLite's cumulative checksum of the log over `data` (a multiple of 8 bytes), from `seed`."""
-    words = struct.unpack(f"{order}{len(data) // 4}I", data)
-    first, second = seed
-    # Two pairs of words a step, masked once (the sum is the same modulo 2**32): the loop over
-    # every frame of the log is most of a scan's time.
-    stream = iter(words)
-    for even, odd, next_even, next_odd in zip(stream, stream, stream, stream):
-        first += even + second
-        second += odd + first
-        first = (first + next_even + second) & _MASK32
-        second = (second + next_odd + first) & _MASK32
-    if len(words) % 4:
-        first = (first + words[-2] + second) & _MASK32
-        second = (second + words[-1] + first) & _MASK32
-    return first, second
-
-
-@dataclass(frozen=True)
-class _Header:
-    """The fields of the 100-byte database header that reading rows needs."""
-
-    page_size: int
-    reserved: int
-    page_count: int  # 0: the header's count is not current (older SQLite wrote it)
-    freelist_trunk: int
-    freelist_pages: int
-    encoding: str
-
-
-def _parse_header(data: bytes) -> _Header | None:
-    """The header, or None where it is not one the format allows (a damaged header)."""
-    if len(data) < _HEADER_SIZE or data[:16] != _HEADER_MAGIC:
-        return None
-    raw_size, write_version, read_version, reserved = struct.unpack_from(">HBBB", data, 16)
-    page_size = 65536 if raw_size == 1 else raw_size
-    if page_size not in _PAGE_SIZES or write_version not in (1, 2) or read_version not in (1, 2):
-        return None
-    # The payload fractions are fixed by the format; the usable size is at least 480 bytes.
-    if data[21:24] != b"\x40\x20\x20" or page_size - reserved < 480:
-        return None
-    change_counter, page_count, trunk, free_pages = struct.unpack_from(">IIII", data, 24)
-    encoding = _TEXT_ENCODINGS.get(struct.unpack_from(">I", data, 56)[0])
-    if encoding is None:
-        return None
-    valid_for = struct.unpack_from(">I", data, 92)[0]
-    return _Header(page_size, reserved, page_count if valid_for == change_counter else 0, trunk,
-                   free_pages, encoding)
-
-
-def _read_at(file: BinaryIO, offset: int, size: int) -> bytes:
-    try:
-        file.seek(offset)
-        return file.read(size)
-    except (OSError, ValueError, OverflowError):
-        return b""
-
-
-def _file_size(file: BinaryIO) -> int:
-    try:
-        return file.seek(0, 2)
-    except (OSError, ValueError):
-        return 0
-
-
-# ----- b-tree pages, cells and records --------------------------------------------------------------
-
-def _u16(data: bytes, offset: int) -> int:
-    if offset + 2 > len(data):
-        raise _Damaged
-    return (data[offset] << 8) | data[offset + 1]
-
-
-def _u32(data: bytes, offset: int) -> int:
-    if offset + 4 > len(data):
-        raise _Damaged
-    return int.from_bytes(data[offset:offset + 4], "big")
-
-
-def _varint(data: bytes, offset: int, limit: int) -> tuple[int, int]:
-    """(value, offset after it) of the varint at `offset`, read no further than `limit`."""
-    limit = min(limit, len(data))
-    value = 0
-    for index in range(9):
-        if offset + index >= limit:
-            raise _Damaged
-        byte = data[offset + index]
-        if index == 8:
-            return (value << 8) | byte, offset + 9
-        value = (value << 7) | (byte & 0x7F)
-        if byte < 0x80:
-            return value, offset + index + 1
-    raise _Damaged  # not reached: the ninth byte returns
-
-
-def _btree_page(data: bytes, number: int, usable: int) -> tuple[int, list[int], int]:
-    """(page type, offsets of its cells, right-most child or 0) of a b-tree page; _Damaged where
-    its header or cell pointer array is not one the format allows."""
-    start = _HEADER_SIZE if number == 1 else 0
-    if len(data) < usable or start + 8 > usable:
-        raise _Damaged
-    kind = data[start]
-    if kind not in (_TABLE_INTERIOR, _TABLE_LEAF, _INDEX_INTERIOR, _INDEX_LEAF):
-        raise _Damaged
-    interior = kind in (_TABLE_INTERIOR, _INDEX_INTERIOR)
-    header_end = start + (12 if interior else 8)
-    count = _u16(data, start + 3)
-    content = _u16(data, start + 5) or 65536
-    array_end = header_end + 2 * count
-    if not array_end <= content <= usable or data[start + 7] > 60:
-        raise _Damaged
-    cells = [_u16(data, offset) for offset in range(header_end, array_end, 2)]
-    if any(not content <= cell < usable for cell in cells):
-        raise _Damaged
-    return kind, cells, _u32(data, start + 8) if interior else 0
-
-
-def _local_size(payload: int, usable: int, table: bool) -> int:
-    """Bytes of a payload kept on its own page; the rest is on overflow pages (the format's rule)."""
-    most = usable - 35 if table else (usable - 12) * 64 // 255 - 23
-    if payload <= most:
-        return payload
-    least = (usable - 12) * 32 // 255 - 23
-    local = least + (payload - least) % (usable - 4)
-    return local if local <= most else least
-
-
-# Bytes of the value of each serial type below 12 (10 and 11 are reserved: None).
-_SERIAL_SIZES = (0, 1, 2, 3, 4, 6, 8, 8, 0, 0, None, None)
-
-
-def _record(payload: bytes, encoding: str) -> tuple:
-    """The column values of a record; _Damaged unless the record fills `payload` exactly."""
-    end = len(payload)
-    header_size, offset = _varint(payload, 0, end)
-    if header_size < offset or header_size > end:
-        raise _Damaged
-    values: list[object] = []
-    body = header_size
-    while offset < header_size:
-        serial = payload[offset]
-        if serial < 0x80:  # most serial types are one byte: read them without a call
-            offset += 1
-        else:
-            serial, offset = _varint(payload, offset, header_size)
-        if serial >= 12:
-            size = (serial - 12) >> 1
-            if body + size > end:
-                raise _Damaged
-            if serial & 1:
-                try:
-                    values.append(payload[body:body + size].decode(encoding))
-                except UnicodeDecodeError:
-                    raise _Damaged from None
-            else:
-                values.append(payload[body:body + size])
-        else:
-            size = _SERIAL_SIZES[serial]
-            if size is None or body + size > end:
-                raise _Damaged
-            values.append(_number(serial, payload[body:body + size]))
-        body += size
-    if body != end:
-        raise _Damaged
-    return tuple(values)
-
-
-def _number(serial: int, data: bytes) -> int | float | None:
-    """The value of a serial type below 12 (NULL, an integer or a float)."""
-    if serial == 0:
-        return None
-    if serial <= 6:
-        return int.from_bytes(data, "big", signed=True)
-    if serial == 7:
-        value = struct.unpack(">d", data)[0]
-        if math.isnan(value):  # SQLite stores NaN as NULL: a NaN here is damage
-            raise _Damaged
-        return value
-    return serial - 8  # the constants 0 and 1
-
-
 # ----- the scan -----------------------------------------------------------------------------------------
 
 class _Scanner:
@@ -350,8 +100,8 @@ class _Scanner:
 
     def __init__(self, database: BinaryIO, wal: BinaryIO | None, shape: Callable[[tuple], str | None]) -> None:
         self.database, self.wal, self.shape = database, wal, shape
-        self.file_size = _file_size(database)
-        self.log = _read_log(wal)
+        self.file_size = file_size(database)
+        self.log = read_log(wal)
         self.frames = self.log.frames if self.log else {}
         self.page_size = self.usable = self.page_count = self.last_page = 0
         self.encoding = "utf-8"
@@ -359,11 +109,11 @@ class _Scanner:
         self.witnesses: dict[str, list[dict[int, list[tuple]]]] = {}
 
     def scan(self) -> PageScan:
-        header = _parse_header(self._first_bytes())
+        header = parse_header(self._first_bytes())
         if header is not None and self.log is not None and header.page_size != self.log.page_size:
             header = None  # a log is only ever written with the database's page size
         self.page_size = (self.log.page_size if self.log else header.page_size if header
-                          else self._guess_page_size())
+                          else guess_page_size(self.database))
         if not self.page_size:
             return _NOTHING
         self.usable = self.page_size - (header.reserved if header else 0)
@@ -403,38 +153,22 @@ class _Scanner:
 
     def _first_bytes(self) -> bytes:
         if 1 in self.frames:
-            return _read_at(self.wal, self.frames[1], _HEADER_SIZE)
-        return _read_at(self.database, 0, _HEADER_SIZE)
+            return read_at(self.wal, self.frames[1], HEADER_SIZE)
+        return read_at(self.database, 0, HEADER_SIZE)
 
     def _page(self, number: int) -> bytes | None:
         """Page `number` of the database as committed last (None: beyond it, or missing)."""
         if not 1 <= number <= self.page_count:
             return None
         if number in self.frames:
-            data = _read_at(self.wal, self.frames[number], self.page_size)
+            data = read_at(self.wal, self.frames[number], self.page_size)
         else:
-            data = _read_at(self.database, (number - 1) * self.page_size, self.page_size)
+            data = read_at(self.database, (number - 1) * self.page_size, self.page_size)
         return data if len(data) == self.page_size else None
-
-    def _guess_page_size(self) -> int:
-        """The page size whose pages most often read as b-tree pages (0: none do)."""
-        sample = _read_at(self.database, 0, _BYTES_TO_GUESS_FROM)
-        best, best_count = 0, 0
-        for size in _PAGE_SIZES:
-            count = 0
-            for number in range(1, min(len(sample) // size, _PAGES_TO_GUESS_FROM) + 1):
-                try:
-                    _btree_page(sample[(number - 1) * size:number * size], number, size)
-                    count += 1
-                except _Damaged:
-                    pass
-            if count > best_count:
-                best, best_count = size, count
-        return best
 
     # ----- structures
 
-    def _freelist(self, header: _Header | None) -> tuple[set[int], bool]:
+    def _freelist(self, header: Header | None) -> tuple[set[int], bool]:
         """The pages on the freelist, and whether all of them were found (the walk stops at the
         first trunk page that is not one)."""
         free: set[int] = set()
@@ -446,15 +180,15 @@ class _Scanner:
             data = self._page(trunk)
             if trunk < 2 or trunk in free or data is None:
                 return free, False
-            count = _u32(data, 4)
+            count = u32(data, 4)
             if count > per_trunk:
                 return free, False
-            leaves = [_u32(data, 8 + 4 * index) for index in range(count)]
+            leaves = [u32(data, 8 + 4 * index) for index in range(count)]
             if any(not 2 <= leaf <= self.page_count for leaf in leaves):
                 return free, False
             free.add(trunk)
             free.update(leaves)
-            trunk = _u32(data, 0)
+            trunk = u32(data, 0)
         return free, len(free) == header.freelist_pages
 
     def _walk(self, root: int) -> tuple[list[int], set[int], bool]:
@@ -468,11 +202,11 @@ class _Scanner:
         seen: set[int] = set()
         leaf_depths: set[int] = set()
         broken_depths: list[int] = []
-        for number, depth, page in self._tree(root, _TABLE_INTERIOR, _TABLE_LEAF):
+        for number, depth, page in self._tree(root, TABLE_INTERIOR, TABLE_LEAF):
             seen.add(number)
             if page is None:
                 broken_depths.append(depth)
-            elif page[1] == _TABLE_LEAF:
+            elif page[1] == TABLE_LEAF:
                 leaves.append(number)
                 leaf_depths.add(depth)
         whole = len(leaf_depths) <= 1 and all(depth >= max(leaf_depths, default=math.inf)
@@ -490,14 +224,14 @@ class _Scanner:
             seen.add(number)
             try:
                 if data is None:
-                    raise _Damaged
-                kind, cells, right = _btree_page(data, number, self.usable)
+                    raise Damaged
+                kind, cells, right = btree_page(data, number, self.usable)
                 if kind not in (interior, leaf):
-                    raise _Damaged
+                    raise Damaged
                 if kind == interior:
-                    children = [_u32(data, cell) for cell in cells] + [right]
+                    children = [u32(data, cell) for cell in cells] + [right]
                     stack.extend((child, depth + 1) for child in reversed(children))
-            except _Damaged:
+            except Damaged:
                 yield number, depth, None
                 continue
             yield number, depth, (data, kind, cells)
@@ -523,11 +257,11 @@ class _Scanner:
         """(page, offsets of its cells, whether it is an interior page) of every page of the index
         b-tree at `root` (None: not every page of it reads)."""
         pages = []
-        for _, _, page in self._tree(root, _INDEX_INTERIOR, _INDEX_LEAF):
+        for _, _, page in self._tree(root, INDEX_INTERIOR, INDEX_LEAF):
             if page is None:
                 return None
             data, kind, cells = page
-            pages.append((data, cells, kind == _INDEX_INTERIOR))
+            pages.append((data, cells, kind == INDEX_INTERIOR))
         return pages
 
     def _index_entries(self, root: int) -> dict[int, list[tuple]] | None:
@@ -541,12 +275,12 @@ class _Scanner:
             for data, cells, interior in pages:
                 for cell in cells:  # an interior cell of an index holds an entry too
                     offset = cell + 4 if interior else cell
-                    size, offset = _varint(data, offset, self.usable)
-                    values = _record(self._payload(data, offset, size, table=False)[0], self.encoding)
+                    size, offset = varint(data, offset, self.usable)
+                    values = record(self._payload(data, offset, size, table=False)[0], self.encoding)
                     if not values or type(values[-1]) is not int:
-                        raise _Damaged
+                        raise Damaged
                     entries.setdefault(values[-1], []).append(values[:-1])
-        except _Damaged:
+        except Damaged:
             return None
         return entries
 
@@ -573,16 +307,16 @@ class _Scanner:
         if data is None:
             return []
         try:
-            kind, cells, _ = _btree_page(data, number, self.usable)
-        except _Damaged:
+            kind, cells, _ = btree_page(data, number, self.usable)
+        except Damaged:
             return []
-        if kind != _TABLE_LEAF:
+        if kind != TABLE_LEAF:
             return []
         rows = []
         for cell in cells:
             try:
                 rowid, values, overflow = self._cell(data, cell)
-            except _Damaged:
+            except Damaged:
                 continue
             table = table_of(values)
             if table is not None:
@@ -591,37 +325,37 @@ class _Scanner:
 
     def _cell(self, data: bytes, offset: int) -> tuple[int, tuple, tuple[int, ...]]:
         """(rowid, values, overflow pages) of the table leaf cell at `offset`."""
-        size, offset = _varint(data, offset, self.usable)
-        rowid, offset = _varint(data, offset, self.usable)
+        size, offset = varint(data, offset, self.usable)
+        rowid, offset = varint(data, offset, self.usable)
         payload, overflow = self._payload(data, offset, size, table=True)
-        return rowid - (1 << 64) if rowid >= 1 << 63 else rowid, _record(payload, self.encoding), overflow
+        return rowid - (1 << 64) if rowid >= 1 << 63 else rowid, record(payload, self.encoding), overflow
 
     def _payload(self, data: bytes, offset: int, size: int, table: bool) -> tuple[bytes, tuple[int, ...]]:
         """The `size` bytes of payload of the cell whose payload starts at `offset` (of a table
         b-tree or an index b-tree), and the overflow pages that hold what its page does not."""
         usable = self.usable
         if size > self.last_page * usable:  # more bytes than the files hold
-            raise _Damaged
-        local = _local_size(size, usable, table)
+            raise Damaged
+        local = local_size(size, usable, table)
         if offset + local > usable:
-            raise _Damaged
+            raise Damaged
         parts = [data[offset:offset + local]]
         overflow: list[int] = []
         if local < size:
             if offset + local + 4 > usable:
-                raise _Damaged
-            number, remaining = _u32(data, offset + local), size - local
+                raise Damaged
+            number, remaining = u32(data, offset + local), size - local
             while remaining:
                 page = None if number in overflow else self._page(number)
                 if page is None or number == 1:
-                    raise _Damaged
+                    raise Damaged
                 taken = min(remaining, usable - 4)
                 parts.append(page[4:4 + taken])
                 overflow.append(number)
                 remaining -= taken
-                number = _u32(page, 0)
+                number = u32(page, 0)
             if number != 0:  # the last overflow page points nowhere
-                raise _Damaged
+                raise Damaged
         return b"".join(parts), tuple(overflow)
 
     def _orphan_rows(self, excluded: set[int], schema: dict[str, int], schema_whole: bool,
@@ -633,15 +367,15 @@ class _Scanner:
             if number in excluded:
                 continue
             data = self._page(number)
-            if data is None or data[0] not in (_TABLE_LEAF, _TABLE_INTERIOR):
+            if data is None or data[0] not in (TABLE_LEAF, TABLE_INTERIOR):
                 continue
-            if data[0] == _TABLE_LEAF:
+            if data[0] == TABLE_LEAF:
                 leaves[number] = self._leaf_rows(number, self.shape)
                 continue
             try:
-                _, cells, right = _btree_page(data, number, self.usable)
-                children.update([_u32(data, cell) for cell in cells] + [right])
-            except _Damaged:
+                _, cells, right = btree_page(data, number, self.usable)
+                children.update([u32(data, cell) for cell in cells] + [right])
+            except Damaged:
                 continue
         # A table whose b-tree is unknown but has interior pages has no root leaf: a leaf of its
         # shape that no interior page points to was freed.
