@@ -19,7 +19,7 @@ import pytest
 from store_samples import H100, REJECTED_FAST, SUPPORTED_FULL
 
 from fusedattn_select.store import DATABASE_NAME, PersistentStore
-from fusedattn_select.store.database import create_schema
+from fusedattn_select.store.schema import create_schema
 from fusedattn_select.store.entries import sha256
 from fusedattn_select.store.pages import scan
 from fusedattn_select.store.salvage import TABLE_COLUMNS, readable_rows, recover, salvage
