@@ -20,6 +20,7 @@ CACHE = "FUSEDATTN_SELECT_CACHE"
 CACHE_MAX_BYTES = "FUSEDATTN_SELECT_CACHE_MAX_BYTES"
 DENSE_AFTER = "FUSEDATTN_SELECT_DENSE_AFTER"
 DENSE_BUILDS = "FUSEDATTN_SELECT_DENSE_BUILDS"
+FIRST_CALLS = "FUSEDATTN_SELECT_FIRST_CALLS"
 DIRECT_LAUNCH = "FUSEDATTN_SELECT_DIRECT_LAUNCH"
 NATIVE = "FUSEDATTN_SELECT_NATIVE"
 NATIVE_DIR = "FUSEDATTN_SELECT_NATIVE_DIR"
@@ -34,6 +35,7 @@ MAX_BYTES_ALLOWED = "must be a positive number of bytes (K, M, G, T suffixes are
 DEFAULT_DENSE_AFTER = 16
 DENSE_AFTER_ALLOWED = "must be a whole number of calls (0 = never leave the bucket plans)"
 DENSE_BUILD_MODES = ("process", "inline")
+FIRST_CALL_MODES = ("torch", "wait")
 SWITCH_ALLOWED = "must be 0 (off) or 1 (on, the default)"
 NATIVE_ALLOWED = "must be 0 (off) or 1 (on where built, the default)"
 FP8_KERNEL_CHOICES = ("auto", "triton", "torch")
@@ -90,6 +92,14 @@ def parse_dense_builds(text: str) -> str:
     return text
 
 
+def parse_first_calls(text: str) -> str:
+    """What a call whose cuDNN plans are not ready does: "torch" (run torch SDPA meanwhile) or "wait"."""
+    value = text.strip().lower()
+    if value not in FIRST_CALL_MODES:
+        raise ConfigError(FIRST_CALLS, text, "must be one of " + ", ".join(repr(m) for m in FIRST_CALL_MODES))
+    return value
+
+
 def parse_direct_launch(text: str) -> bool:
     if text not in ("0", "1"):
         raise ConfigError(DIRECT_LAUNCH, text, SWITCH_ALLOWED)
@@ -135,6 +145,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(CACHE_MAX_BYTES, parse_max_bytes, DEFAULT_MAX_BYTES),
     Setting(DENSE_AFTER, parse_dense_after, DEFAULT_DENSE_AFTER),
     Setting(DENSE_BUILDS, parse_dense_builds, "process"),
+    Setting(FIRST_CALLS, parse_first_calls, "torch"),
     Setting(DIRECT_LAUNCH, parse_direct_launch, True),
     Setting(NATIVE, parse_native, True),
     Setting(NATIVE_DIR, _any_path, None),

@@ -49,7 +49,7 @@ from typing import Any, Optional
 import torch
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.runtime import entries, native, ops, plans
+from fusedattn_select.runtime import entries, native, ops, plans, tiers
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import Arguments, call_options, check_args, split_keywords
 from fusedattn_select.runtime.entries import entries as _entries
@@ -187,7 +187,9 @@ def _table_remember(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: t
 
 def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
          fp8: Any, return_lse: bool) -> Any:
-    """Run a decided call: the lean path, the general fused path, or the fallback."""
+    """Run a decided call: torch SDPA (tiers.py), the lean path, the general fused path, or the fallback."""
+    if found.torch_because:
+        return tiers.run(found, q, k, v, _run)
     heads = found.heads
     if heads is not None and found.lean is None:  # a decode step run with its heads as batch (runtime/heads.py)
         return back(heads, _run(heads.entry, *as_heads(heads, q, k, v), inputs, fp8, return_lse))
@@ -249,7 +251,7 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
     check_args(q, k, v, inputs, arguments)  # a new signature: its arguments checked once
     if signature is None:
         signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
-    return entries.entry(signature, q, k, v, inputs, scales)
+    return tiers.entry(signature, q, k, v, inputs, scales)
 
 
 # ----- introspection -----------------------------------------------------------------------------
@@ -264,6 +266,8 @@ def dispatch_info() -> dict[str, Any]:
     info["fused_calls"] += table_calls
     info["signatures"] = len(_entries)
     info["fallback_signatures"] = sum(1 for e in _entries.values() if not e.fused)
+    info["waiting_signatures"] = sum(1 for e in _entries.values() if e.waiting is not None)
+    info["runners"] = tiers.choices.describe()
     stats = plans.plan_stats()
     info.update(plan_builds=stats["builds"], plan_build_ms=stats["build_ms"],
                 plan_build_failures=stats["build_failures"], plan_loads=stats["loads"],
@@ -279,6 +283,7 @@ def clear_plans() -> None:
     entries.by_call.clear()
     native.forget_calls(reset_count=True)
     entries.forget_counts()
+    tiers.choices.clear()
     for name in entries.counters:
         entries.counters[name] = 0
     plans.clear_plan_cache()

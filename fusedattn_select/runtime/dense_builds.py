@@ -18,6 +18,7 @@ GPU memory) and lives as long as the process.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -25,7 +26,6 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future
-from typing import Optional
 
 from fusedattn_select import settings
 from fusedattn_select.config import AttnConfig
@@ -49,7 +49,7 @@ configured = mode()  # read at import, like FUSEDATTN_SELECT_DENSE_AFTER
 
 
 def plan_phases(cfg: AttnConfig, backend: Backend, return_lse: bool,
-                backward_cfg: Optional[AttnConfig] = None) -> list[tuple[AttnConfig, Backend, Phase]]:
+                backward_cfg: AttnConfig | None = None) -> list[tuple[AttnConfig, Backend, Phase]]:
     """The (config, backend, phase) of each plan attention() runs for `cfg` selected for `backend`:
     the forward (the training forward when an inference call wants the log-sum-exp: it writes the
     softmax stats), and the backward when training (F16 from `backward_cfg` when FP8 training runs
@@ -62,7 +62,7 @@ def plan_phases(cfg: AttnConfig, backend: Backend, return_lse: bool,
     return wanted
 
 
-def in_background(selector: Selector) -> Optional[tuple[str, int]]:
+def in_background(selector: Selector) -> tuple[str, int] | None:
     """(store directory, device ordinal) a worker hands plans over with, or None: build inline (the
     mode says so, or this selector has no persistent store or no live cuDNN engine)."""
     if configured != PROCESS:
@@ -74,7 +74,7 @@ def in_background(selector: Selector) -> Optional[tuple[str, int]]:
     return str(store.directory), int(device)
 
 
-def ask(selector: Selector, cfg: AttnConfig, return_lse: bool) -> Optional[Future]:
+def ask(selector: Selector, cfg: AttnConfig, return_lse: bool) -> Future | None:
     """The worker's job building `cfg`'s own plans into the store, or None: build them inline (see
     `in_background`; or the worker cannot start, or died at startup twice in this process)."""
     where = in_background(selector)
@@ -87,6 +87,37 @@ def ask(selector: Selector, cfg: AttnConfig, return_lse: bool) -> Optional[Futur
         log.warning("fusedattn_select: no worker process for dense plans (%s: %s); building them inline",
                     type(err).__name__, err)
         return None
+
+
+def ask_decide(selector: Selector, signature: tuple) -> Future | None:
+    """The worker's job deciding a call signature (an entries.key without optional tensors) as
+    attention() would, with everything it selects and builds stored, then building the next buckets
+    of its problem class ahead; None where there is no worker (see `ask`). Its result is a JSON
+    text: {"reason": why it falls back or "", "forms": [bucket forms it selected, as dicts]}."""
+    where = in_background(selector)
+    if where is None or _deaths >= MAX_DEATHS:
+        return None
+    opts = signature[0]
+    tensors = [[list(signature[i + 2]), list(signature[i + 3]), str(signature[i + 1]).rsplit(".", 1)[-1]]
+               for i in (1, 5, 9)]
+    try:
+        return _submit({"kind": "decide", "options": dataclasses.asdict(opts), "tensors": tensors,
+                        "store_dir": where[0], "device": where[1]})
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        log.warning("fusedattn_select: no worker process to prepare plans (%s: %s); building them here",
+                    type(err).__name__, err)
+        return None
+
+
+def learned_forms(job: Future, what: str) -> list[AttnConfig]:
+    """The bucket forms a finished decide job selected (none, logged, when the job failed)."""
+    try:
+        answer = json.loads(job.result())
+        return [AttnConfig.from_dict(form) for form in answer.get("forms", [])]
+    except Exception as err:  # noqa: BLE001 - the caller prepares the signature itself
+        log.warning("fusedattn_select: the worker preparing %s failed (%s: %s); preparing it here",
+                    what, type(err).__name__, err)
+        return []
 
 
 def report(job: Future, key: str) -> bool:
@@ -110,7 +141,9 @@ class _Worker:
     `if __name__ == "__main__"` guard a second time."""
 
     def __init__(self) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # what this process imports
+        # What this process imports; the worker decides as attention() waiting would, with no compiled module.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   FUSEDATTN_SELECT_FIRST_CALLS="wait", FUSEDATTN_SELECT_NATIVE="0")
         read_fd, write_fd = os.pipe()
         try:
             self.process = subprocess.Popen(
@@ -180,7 +213,7 @@ class _Worker:
 MAX_DEATHS = 2  # workers that died before answering anything: then this process builds inline
 _deaths = 0
 _lock = threading.Lock()
-_worker: Optional[_Worker] = None
+_worker: _Worker | None = None
 
 
 def _submit(job: dict) -> Future:

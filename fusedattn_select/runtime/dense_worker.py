@@ -1,21 +1,36 @@
 """The worker process of dense_builds: `python -m fusedattn_select.runtime.dense_worker FD`.
 
-Reads one JSON job per line on stdin ({"id", "config", "return_lse", "store_dir", "device"}), selects
-the problem's own graphs and builds their plans into the persistent store, and answers one JSON line
-per job on the pipe FD: {"id", "result": ""} when the plans are stored, {"id", "result": why} when
-the graphs are rejected or do not build, {"id", "error": ...} when the job itself failed. Exits at
-the end of its input, and quietly when the answer pipe is closed (the calling process is gone).
+Reads one JSON job per line on stdin and answers one JSON line per job on the pipe FD:
+- {"id", "config", "return_lse", "store_dir", "device"}: select the problem's own (dense) graphs and
+  build their plans into the persistent store; {"id", "result": ""} when stored, else why not;
+- {"id", "kind": "decide", "options", "tensors", "store_dir", "device"}: decide a call signature as
+  attention() would (tensors of the same geometry, made here), storing every selection and plan it
+  takes; {"id", "result": JSON {"reason", "forms"}}; then, at a lower priority than any job asked
+  for, the next buckets of its problem class (build ahead: the next process, and the next length,
+  start warm);
+- a job that itself failed answers {"id", "error": ...}.
+Exits at the end of its input, and quietly when the answer pipe is closed (the calling process is gone).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import queue
 import sys
+import threading
+from typing import Any
 
+from fusedattn_select.buckets import Bucket, larger_buckets
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime.dense_builds import plan_phases
+from fusedattn_select.selection.selector import set_default_selector
 from fusedattn_select.selection.warmup import worker_selector
+
+AHEAD = 3            # buckets built ahead per problem class: the next lengths up
+AHEAD_MAX_TOKENS = 32768
+ASKED, AHEAD_PRIORITY = 0, 1
 
 
 def build(config: dict, return_lse: bool, store_dir: str, device: int) -> str:
@@ -38,13 +53,87 @@ def build(config: dict, return_lse: bool, store_dir: str, device: int) -> str:
     return ""
 
 
+def decide(job: dict) -> tuple[str, tuple[AttnConfig, bool] | None]:
+    """(the JSON answer of a decide job, (the bucketed problem it ran, return_lse) or None)."""
+    import torch
+
+    from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+
+    set_default_selector(worker_selector(job["store_dir"], job["device"]))
+    fields = dict(job["options"], window_size=tuple(job["options"]["window_size"]))
+    opts = CallOptions(**fields)
+    device = torch.device("cuda", job["device"])
+    q, k, v = (torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=device)
+               for shape, stride, dtype in job["tensors"])
+    none = OptionalInputs(None, None, None, None, None)
+    found = entries.new_entry(entries.key(q, k, v, opts, none), q, k, v, none, None)
+    runs = found.heads.entry if found.heads is not None else found
+    forms = [runs.cfg.to_dict()] if runs.fused and runs.bucketed else []
+    ahead = (runs.call_cfg, opts.return_lse) if forms else None
+    return json.dumps({"reason": found.reason, "forms": forms}), ahead
+
+
+def build_ahead(call_cfg: AttnConfig, return_lse: bool, store_dir: str, device: int) -> None:
+    """Select and build the next buckets of `call_cfg`'s class (lengths up), into the store."""
+    import torch
+
+    from fusedattn_select.runtime import plans
+
+    selector = worker_selector(store_dir, device)
+    own = Bucket.of(call_cfg.batch_size, call_cfg.seqlen_q, call_cfg.seqlen_kv)
+    for bucket in larger_buckets(own, batch_doublings=0, length_doublings=AHEAD):
+        if bucket.seqlen_kv > AHEAD_MAX_TOKENS:
+            break
+        cfg = call_cfg.replace(seqlen_q=bucket.seqlen_q, seqlen_kv=bucket.seqlen_kv)
+        selection = selector.select_own(cfg)
+        form = selector.bucket_for(cfg)
+        if not selection.selected or form is None or not selection.plan_form.startswith("bucket"):
+            continue
+        for plan_cfg, backend, phase in plan_phases(form, selection.backend, return_lse):
+            try:
+                plans.obtain_plan(plan_cfg, backend, phase, torch.device("cuda", device), selector=selector)
+            except plans.PlanBuildError as err:
+                selector.record_build_failure(form, err.verdict)
+                break
+
+
+def _answer(job: dict, jobs: queue.PriorityQueue, order: Any) -> dict:
+    """Run one job asked for; queue its build-ahead work."""
+    if job.get("kind") == "decide":
+        result, ahead = decide(job)
+        if ahead is not None:
+            jobs.put((AHEAD_PRIORITY, next(order), {"kind": "ahead", "config": ahead[0], "return_lse": ahead[1],
+                                                   "store_dir": job["store_dir"], "device": job["device"]}))
+        return {"id": job["id"], "result": result}
+    return {"id": job["id"], "result": build(job["config"], job["return_lse"], job["store_dir"], job["device"])}
+
+
+def _read(jobs: queue.PriorityQueue, order: Any) -> None:
+    try:
+        for line in sys.stdin:
+            jobs.put((ASKED, next(order), json.loads(line)))
+    finally:  # end of input (the caller is done): after the jobs asked for, before any build ahead
+        jobs.put((ASKED, next(order), None))
+
+
 def main() -> None:
     answers = os.fdopen(int(sys.argv[1]), "w", buffering=1)
-    for line in sys.stdin:
-        job = json.loads(line)
+    jobs: queue.PriorityQueue = queue.PriorityQueue()
+    order = itertools.count()
+    threading.Thread(target=_read, args=(jobs, order), daemon=True).start()
+    while True:
+        _, _, job = jobs.get()
+        if job is None:
+            return
+        if job.get("kind") == "ahead":
+            try:
+                build_ahead(job["config"], job["return_lse"], job["store_dir"], job["device"])
+            except Exception as err:  # noqa: BLE001 - ahead of need: nobody waits for it
+                print(f"fusedattn_select: building ahead failed ({type(err).__name__}: {err})", file=sys.stderr)
+            continue
         try:
-            answer = {"id": job["id"], "result": build(job["config"], job["return_lse"], job["store_dir"],
-                                                       job["device"])}
+            answer = _answer(job, jobs, order)
         except Exception as err:  # noqa: BLE001 - reported to the caller, who builds inline instead
             answer = {"id": job["id"], "error": f"{type(err).__name__}: {err}"}
         try:

@@ -30,7 +30,7 @@ from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
 from fusedattn_select.runtime.layouts import FROM_BHSD, Formats, bhsd, formats
 from fusedattn_select.runtime.lean import Lean, mark_lean, relean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
-from fusedattn_select.runtime.problem import config
+from fusedattn_select.runtime.problem import config, standard_alibi
 from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.selection import fp8_speed
 from fusedattn_select.selection.rules import apply_rules
@@ -72,6 +72,9 @@ class Entry:
     lean: Optional[Lean] = None
     # A decode step run with its KV heads as batch: the entry that runs it, and the views (runtime/heads.py).
     heads: Optional[HeadsAsBatch] = None
+    # Run by torch SDPA, and why: its cuDNN runner is not ready (`waiting` prepares it) or measured slower (tiers.py).
+    torch_because: str = ""
+    waiting: Optional[Future] = None
 
     @property
     def fused(self) -> bool:
@@ -96,7 +99,8 @@ entries: OncePerKey[Entry] = OncePerKey()
 # The hot path's first table: entries by `fast_key` (calls with no optional tensors but lengths, fp8 a bool),
 # filled from `entries` when a call of such a signature is first decided.
 by_call: dict[tuple, Entry] = {}
-counters = {"calls": 0, "fused_calls": 0, "fallback_calls": 0, "entries_built": 0, "promotions": 0}
+counters = {"calls": 0, "fused_calls": 0, "fallback_calls": 0, "entries_built": 0, "promotions": 0,
+            "torch_calls": 0, "swaps": 0, "measured": 0}
 
 
 def _signature(t: Optional[torch.Tensor]) -> Any:
@@ -105,14 +109,14 @@ def _signature(t: Optional[torch.Tensor]) -> Any:
     return (tuple(t.shape), t.stride(), t.dtype)
 
 
-_capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") \
+is_capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") \
     else torch.cuda.is_current_stream_capturing
 
 
 def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions, inputs: OptionalInputs) -> tuple:
     """The hot-path key: the options and every tensor property a decision depends on; the last
     item says whether the call is under CUDA-graph capture."""
-    capturing = q.is_cuda and _capturing()
+    capturing = q.is_cuda and is_capturing()
     bias, alibi, sink, seqlens_q, seqlens_kv = inputs
     return (
         options, q.device, q.dtype, tuple(q.shape), q.stride(), k.device, k.dtype, tuple(k.shape), k.stride(),
@@ -127,13 +131,13 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     """The decision for `signature` (a `key`), made now if it is new."""
     # One decision per key: concurrent first calls of one signature wait for a single build, while
     # different signatures build at the same time.
-    found, built = entries.get_or_build(signature, lambda: _new_entry(signature, q, k, v, inputs, scales))
+    found, built = entries.get_or_build(signature, lambda: new_entry(signature, q, k, v, inputs, scales))
     if built:
         counters["entries_built"] += 1
     return found
 
 
-def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+def new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
                scales: Optional[FP8Scales]) -> Entry:
     """Decide a new call signature: derive the config, select, build the plans (slow, once)."""
     opts: CallOptions = signature[0]
@@ -148,7 +152,7 @@ def _new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if signature[-1]:  # capturing
         return _captured_entry(signature, new)
     selector = default_selector()
-    if q.is_cuda and inputs.alibi_slopes is not None and not _standard_alibi(inputs.alibi_slopes, new.cfg.num_heads_q):
+    if q.is_cuda and inputs.alibi_slopes is not None and not standard_alibi(inputs.alibi_slopes, new.cfg.num_heads_q):
         new.reason = "alibi_slopes differ from the fixed ALiBi slopes cuDNN computes (2^(-8i/H))"
         return new
     if q.is_cuda and _heads_as_batch(new, selector, qb, kb, vb):
@@ -183,7 +187,7 @@ def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple
     lengths = None if seqlens_q is None and seqlens_kv is None else (_lengths_signature(seqlens_q),
                                                                      _lengths_signature(seqlens_kv))
     return (arguments, training, q.device, q.dtype, q.shape, q.stride(), k.device, k.dtype, k.shape, k.stride(),
-            v.device, v.dtype, v.shape, v.stride(), lengths, q.is_cuda and _capturing())
+            v.device, v.dtype, v.shape, v.stride(), lengths, q.is_cuda and is_capturing())
 
 
 def _lengths_signature(t: Optional[torch.Tensor]) -> Any:
@@ -193,12 +197,12 @@ def _lengths_signature(t: Optional[torch.Tensor]) -> Any:
 
 def remember_call(call_key: tuple, found: Entry) -> None:
     """File a decided entry under its `fast_key` too."""
-    with _table_lock:
+    with table_lock:
         by_call[call_key] = found
 
 
 # ----- from bucket plans to the shape's own plans -------------------------------------------------
-_table_lock = threading.Lock()
+table_lock = threading.Lock()
 
 
 def _dense_after() -> int:
@@ -259,9 +263,9 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
     """Replace a bucketed entry by one running its shape's own plans, once (the bucket entry stays,
     with the reason in `promotion`, where they are rejected or fail to build); where a worker process
     builds them (dense_builds), this call asks it, and a call after it is done loads them."""
-    if q.is_cuda and _capturing():  # building or loading is unsafe under CUDA-graph capture: later
+    if q.is_cuda and is_capturing():  # building or loading is unsafe under CUDA-graph capture: later
         return old
-    with _table_lock:
+    with table_lock:
         job = old.pending
         if old.promotion not in ("", "pending") or (job is not None and not job.done()):
             return old
@@ -293,22 +297,27 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
     opts = old.opts
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     mark_lean(dense, qb, kb, vb, OptionalInputs())
-    with _table_lock:
-        for call_key, value in list(by_call.items()):
-            if value is old:
-                by_call[call_key] = dense
-        for signature, value in entries.items():
-            if value is old:
-                entries.replace(signature, dense)
-            elif value.heads is not None and value.heads.entry is old:  # decode steps it ran with their heads as batch
-                value.heads = dataclasses.replace(value.heads, entry=dense)
-        old.promotion = "dense"
+    replace(old, dense)
+    old.promotion = "dense"
     counters["promotions"] += 1
     log.info("fusedattn_select: %s ran %d calls on bucket plans; its own plans run it now (%.0f ms to obtain%s)",
              cfg.cache_key(), old.calls, (time.perf_counter() - started) * 1e3,
              ", from the store: the worker process built them" if stored and plans.plan_stats()["builds"] == builds
              else "")
     return dense
+
+
+def replace(old: Entry, new: Entry) -> None:
+    """Put `new` in place of `old` in every table that holds it."""
+    with table_lock:
+        for call_key, value in list(by_call.items()):
+            if value is old:
+                by_call[call_key] = new
+        for signature, value in entries.items():
+            if value is old:
+                entries.replace(signature, new)
+            elif value.heads is not None and value.heads.entry is old:  # decode steps it ran with their heads as batch
+                value.heads = dataclasses.replace(value.heads, entry=new)
 
 
 def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> bool:
@@ -453,24 +462,6 @@ def _captured_entry(signature: tuple, new: Entry) -> Entry:
                       "happen during CUDA-graph capture; run it once before capturing")
         return new
     return twin
-
-
-def _cudnn_alibi_slopes(heads: int) -> list[float]:
-    """The slopes cuDNN's ALiBi mask uses: the geometric sequence of Press et al. (2022)."""
-    closest = 2 ** math.floor(math.log2(heads))
-    base = 2.0 ** (-8.0 / closest)
-    slopes = [base ** (i + 1) for i in range(closest)]
-    if closest < heads:
-        extra = 2.0 ** (-4.0 / closest)
-        slopes += [extra ** (2 * i + 1) for i in range(heads - closest)]
-    return slopes
-
-
-def _standard_alibi(alibi: torch.Tensor, heads: int) -> bool:
-    # Reading the slopes syncs with the device: done once per signature (entry creation only).
-    expected = torch.tensor(_cudnn_alibi_slopes(heads), dtype=torch.float32)
-    values = alibi.detach().float().cpu().reshape(-1, heads)
-    return bool(torch.allclose(values, expected.expand_as(values), rtol=1e-5, atol=0.0))
 
 
 def log_fallback(found: Entry) -> None:

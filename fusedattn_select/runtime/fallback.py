@@ -50,10 +50,12 @@ def _torch_sdpa(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor, vb: to
                 bias: Optional[torch.Tensor]) -> torch.Tensor:
     attn_mask = bias
     is_causal = False
-    if options.mask == "causal" and bias is None:
+    sq, skv = qb.shape[2], kb.shape[2]
+    if options.mask == "causal_bottom_right" and sq == 1:
+        pass  # the one query row is the last: it sees every key
+    elif bias is None and (options.mask == "causal" or (options.mask == "causal_bottom_right" and sq == skv)):
         is_causal = True
     elif options.mask in ("causal", "causal_bottom_right"):
-        sq, skv = qb.shape[2], kb.shape[2]
         offset = skv - sq if options.mask == "causal_bottom_right" else 0
         rows = torch.arange(sq, device=qb.device).view(sq, 1)
         cols = torch.arange(skv, device=qb.device).view(1, skv)

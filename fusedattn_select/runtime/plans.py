@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
 
 import torch
 
-from fusedattn_select import dtypes
+from fusedattn_select import dtypes, offpath
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.probing import cudnn as cudnn_probe
 from fusedattn_select.probing.cudnn import plans as plan_store
@@ -410,12 +410,14 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
     known = _plans_by_problem.get((index, cfg.cache_key(), backend, phase))
     if known is not None:
         return known
+    offpath.require(f"plans of {cfg.cache_key()}", offpath.STORED)
     try:
         with torch.cuda.device(index), cudnn_probe.device_context(index):
             key, signature = plan_store.dispatch_plan_key(cfg, backend, phase, handle=cudnn_probe.handle_for(index))
     except Exception as err:  # noqa: BLE001 - a graph the frontend cannot describe will not build
         log.debug("fusedattn_select: no plan key for %s %s (%s: %s); building", cfg.cache_key(), phase.value,
                   type(err).__name__, err)
+        offpath.require(f"a build of {cfg.cache_key()}'s {phase.value} plan", None)
         return build_plan(cfg, backend, phase, device)
     plan_key = plan_store.PlanKey(key, signature)
     plan, _ = _plans.get_or_build((index, key), lambda: _load_or_build(cfg, backend, phase, device, plan_key, selector))
@@ -430,6 +432,7 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
     store, fingerprint = _persistence(selector, index)
 
     def build() -> Plan:
+        offpath.require(f"a build of {cfg.cache_key()}'s {phase.value} plan", None)
         return build_plan(cfg, backend, phase, device)
 
     def load(blob: bytes) -> Plan:

@@ -3,6 +3,7 @@ torch-free call_config that warmup uses too (so both ask for the same plans)."""
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -60,3 +61,21 @@ def config(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, formats: Format
         dropout=float(options.dropout), attn_scale=options.attn_scale, is_training=options.training,
         deterministic=options.deterministic,
     ))
+
+
+def cudnn_alibi_slopes(heads: int) -> list[float]:
+    """The slopes cuDNN's ALiBi mask uses: the geometric sequence of Press et al. (2022)."""
+    closest = 2 ** math.floor(math.log2(heads))
+    base = 2.0 ** (-8.0 / closest)
+    slopes = [base ** (i + 1) for i in range(closest)]
+    if closest < heads:
+        extra = 2.0 ** (-4.0 / closest)
+        slopes += [extra ** (2 * i + 1) for i in range(heads - closest)]
+    return slopes
+
+
+def standard_alibi(alibi: torch.Tensor, heads: int) -> bool:
+    # Reading the slopes syncs with the device: done once per signature (entry creation only).
+    expected = torch.tensor(cudnn_alibi_slopes(heads), dtype=torch.float32)
+    values = alibi.detach().float().cpu().reshape(-1, heads)
+    return bool(torch.allclose(values, expected.expand_as(values), rtol=1e-5, atol=0.0))

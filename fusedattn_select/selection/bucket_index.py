@@ -87,14 +87,15 @@ class BucketIndex:
         return self._forms[key]
 
     def _stored(self, cfg: AttnConfig, own: AttnConfig) -> AttnConfig | None:
-        """A larger bucket of `cfg`'s class the store already answered "yes" (warmed by another
-        process), looked for once per class and bucket; None when there is none."""
+        """The smallest bucket of `cfg`'s class, its own first, the store already answered "yes"
+        (warmed by another process, or built ahead), looked for once per class and bucket; None
+        when there is none."""
         scan = (own.shape_class_key(), _bucket(own))
         if self._store is None or scan in self._scanned:
             return None
         self._scanned.add(scan)
-        for larger in larger_buckets(_bucket(own)):
-            form = self._form(cfg, larger)
+        for bucket in [_bucket(own), *larger_buckets(_bucket(own))]:
+            form = self._form(cfg, bucket)
             stored = self._store.get(self._fingerprint, form.cache_key())
             if stored is not None and all(v.supported for v in stored[0]):
                 self.remember(form)

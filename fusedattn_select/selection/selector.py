@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from fusedattn_select import offpath
 from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
@@ -218,6 +219,10 @@ class Selector:
         this selector answers problems by their own graphs."""
         return self._buckets.find(cfg) if self._bucket_forms else None
 
+    def learn_bucket(self, form: AttnConfig) -> None:
+        """Answer the shapes `form` (a bucket form another process selected) holds by it."""
+        self._buckets.remember(form)
+
     def _select_exact(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         """The answer for exactly `cfg`'s graphs: rules, memory, store, then the engine."""
 
@@ -237,6 +242,7 @@ class Selector:
                 self._memory[key] = _Entry(ruled, ProbeDepth.FULL, dataclasses.replace(selection, from_cache=True))
             return selection
 
+        offpath.require(f"the selection of {key}", offpath.STORED)
         while True:
             with self._lock:
                 entry = self._memory.get(key)
@@ -252,7 +258,10 @@ class Selector:
                     self._stats["misses"] += 1
             if not leader:
                 # Another thread is probing this problem: wait for its answer, then read the cache.
-                result = future.result()
+                try:
+                    result = future.result()
+                except offpath.NotReady:  # the leader was limited (offpath): its limit is not ours
+                    continue
                 if result is not None:
                     return result
                 continue
@@ -366,6 +375,7 @@ class Selector:
         return selection
 
     def _probe(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
+        offpath.require(f"a probe of {key}", None)
         started = time.perf_counter()
         verdicts = tuple(self._probe_one(cfg, phase, depth) for phase in cfg.phases)
         probe_ms = (time.perf_counter() - started) * 1e3

@@ -26,6 +26,7 @@ INVALID = {
     settings.CACHE_MAX_BYTES: "a lot",
     settings.DENSE_AFTER: "sixteen",
     settings.DENSE_BUILDS: "thread",
+    settings.FIRST_CALLS: "later",
     settings.DIRECT_LAUNCH: "2",
     settings.NATIVE: "2",
     settings.FP8_KERNELS: "cuda",
@@ -124,9 +125,10 @@ def test_dense_after_takes_only_ascii_digits(monkeypatch, text):
 
 def test_the_runtime_reads_each_setting_through_its_one_rule(monkeypatch):
     pytest.importorskip("torch")
-    from fusedattn_select.runtime import dense_builds, entries, fp8_kernels, launch, native
+    from fusedattn_select.runtime import dense_builds, entries, fp8_kernels, launch, native, tiers
 
     readers = {settings.DENSE_AFTER: entries._dense_after, settings.DENSE_BUILDS: dense_builds.mode,
+               settings.FIRST_CALLS: tiers.configured,
                settings.DIRECT_LAUNCH: launch.enabled, settings.NATIVE: native.enabled,
                settings.FP8_KERNELS: fp8_kernels.configured_choice}
     for name, read in readers.items():

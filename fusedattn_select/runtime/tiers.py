@@ -1,0 +1,333 @@
+"""First contact: a call never waits for a cuDNN plan; each bucket runs on the runner measured faster.
+
+A new call signature is decided at once from what this process holds in memory (offpath.MEMORY).
+When its selections or plans are not there, the call runs on torch's SDPA (flash or memory-efficient:
+the same problem, exactly) and the signature waits: a background thread of this process reads the
+persistent store, or asks the worker process (dense_builds) to select and build everything the
+signature runs, then loads it from the store. A later call swaps the cuDNN runner in, once, logged.
+
+When the swap comes, both runners are timed on the caller's own tensors (forward calls in turns,
+CUDA events) and the faster one keeps the signature's bucket, persisted in the store per bucket and
+device so the next process starts with the measured choice (`runner:` keys next to the plans).
+
+Calls that wait as before (they never switch kernels mid-run, or torch cannot run them exactly and
+cheaply): FUSEDATTN_SELECT_FIRST_CALLS=wait, deterministic=True, CUDA-graph capture, torch.compile
+(the custom ops), FP8, return_lse, bias / ALiBi / sinks / sequence lengths, windows, padding masks,
+softmax variants, a bottom-right causal mask over unequal lengths, CPU tensors, and problems neither
+flash nor memory-efficient attention takes (torch would run its math kernel).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from fusedattn_select import offpath, settings
+from fusedattn_select.runtime import dense_builds, entries
+from fusedattn_select.runtime.entries import Entry
+from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_forward, torch_sdpa_blocker
+from fusedattn_select.runtime.layouts import bhsd
+from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.selection import runners
+from fusedattn_select.selection import selector as selection
+
+log = logging.getLogger("fusedattn_select")
+
+NO_INPUTS = OptionalInputs(None, None, None, None, None)
+ROUNDS = 3                  # timed forward calls per runner when both are ready
+TORCH, CUDNN = runners.TORCH, runners.CUDNN
+Choice = runners.Choice
+
+
+def configured() -> str:
+    """FUSEDATTN_SELECT_FIRST_CALLS: "torch" (the default) or "wait"."""
+    return str(settings.value(settings.FIRST_CALLS))
+
+
+first_calls = configured()  # read at import, like the other runtime settings
+
+
+# ----- deciding a new signature --------------------------------------------------------------------
+def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+          scales: Any) -> Entry:
+    """The decision for `signature` (an entries.key): made now from memory, else a torch runner that
+    waits for it (see the module docstring), else (a waiting case) made now as before."""
+    def decide() -> Entry:
+        why = wait_reason(signature, q, k, v, inputs, scales)
+        if why:
+            return entries.new_entry(signature, q, k, v, inputs, scales)
+        try:
+            with offpath.only(offpath.MEMORY):
+                found = entries.new_entry(signature, q, k, v, inputs, scales)
+        except offpath.NotReady as err:
+            log.debug("fusedattn_select: %s runs on torch SDPA until its cuDNN plans are ready (%s)",
+                      _describe(signature), err)
+            return Entry(signature[0], fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet",
+                         waiting=preparer.submit(signature))
+        return choices.apply(found)
+
+    found, built = entries.entries.get_or_build(signature, decide)
+    if built:
+        entries.counters["entries_built"] += 1
+    return found
+
+
+def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+                scales: Any) -> str:
+    """Why this signature is decided on the caller's path, as before ("" when torch runs it meanwhile)."""
+    opts: CallOptions = signature[0]
+    if first_calls == "wait":
+        return "FUSEDATTN_SELECT_FIRST_CALLS=wait"
+    if signature[-1]:
+        return "CUDA-graph capture"
+    if opts.deterministic:
+        return "deterministic=True"
+    if not q.is_cuda or offpath.limit() is not None:
+        return "not a CUDA call" if not q.is_cuda else "a limited decision"
+    if opts.fp8 or scales is not None or any(t is not None for t in inputs):
+        return "FP8, or optional tensors"
+    qb, kb = bhsd(q, opts.layout), bhsd(k, opts.layout)
+    blocker = torch_sdpa_blocker(opts, qb, kb, False)
+    if blocker:
+        return f"torch SDPA cannot run {blocker}"
+    if opts.mask == "causal_bottom_right" and 1 < qb.shape[2] != kb.shape[2]:
+        return "a bottom-right causal mask over unequal lengths needs a dense mask in torch"
+    if q.dtype not in (torch.float16, torch.bfloat16) or not _flash_or_efficient(opts, qb, kb, bhsd(v, opts.layout)):
+        return "neither flash nor memory-efficient attention takes it"
+    return ""
+
+
+def _flash_or_efficient(opts: CallOptions, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> bool:
+    """Whether torch's flash or memory-efficient SDPA kernel takes this problem (torch's own checks)."""
+    causal = opts.mask != "no_mask" and qb.shape[2] > 1
+    try:
+        params = torch.backends.cuda.SDPAParams(qb, kb, vb, None, opts.dropout, causal, qb.shape[1] != kb.shape[1])
+        return bool(torch.backends.cuda.can_use_flash_attention(params, False)
+                    or torch.backends.cuda.can_use_efficient_attention(params, False))
+    except (AttributeError, TypeError, RuntimeError):  # an older torch: its own dims rules
+        return qb.shape[-1] <= 256 and qb.shape[-1] % 8 == 0 and vb.shape[-1] == qb.shape[-1]
+
+
+def _describe(signature: tuple) -> str:
+    return f"a call of q{list(signature[3])} k{list(signature[7])} ({signature[0].mask})"
+
+
+# ----- running and swapping -------------------------------------------------------------------------
+_cudnn_sdp_enabled = torch._C._get_cudnn_sdp_enabled
+_set_cudnn_sdp = torch._C._set_sdp_use_cudnn
+
+
+def run_torch(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Torch SDPA on flash or memory-efficient attention: its cuDNN backend is off for the call
+    (it would build graphs of its own, 100-250 ms each, which is what waiting avoids)."""
+    cudnn_on = _cudnn_sdp_enabled()
+    if cudnn_on:
+        _set_cudnn_sdp(False)
+    try:
+        return fallback_forward(FALLBACK_TORCH, opts, q, k, v, NO_INPUTS, None)[0]
+    finally:
+        if cudnn_on:
+            _set_cudnn_sdp(True)
+
+
+Run = Callable[..., Any]  # api._run: (entry, q, k, v, inputs, fp8, return_lse) -> out
+
+
+def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Any:
+    """Run a torch-served signature; swap in its prepared runner first when it is ready."""
+    job = found.waiting
+    if job is not None and job.done() and not (q.is_cuda and entries.is_capturing()):  # never swap inside a graph
+        new = swap(found, job, q, k, v, run_decided)
+        if new is not found:
+            return run_decided(new, q, k, v, NO_INPUTS, False, False)
+    found.calls += 1
+    counters = entries.counters
+    counters["calls"] += 1
+    counters["torch_calls"] += 1
+    return run_torch(found.opts, q, k, v)
+
+
+def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Entry:
+    """Put the prepared entry (or, where measured faster, torch for good) in place of `waiting`, once."""
+    with entries.table_lock:
+        if waiting.waiting is not job:
+            return waiting
+        waiting.waiting = None
+    try:
+        prepared: Entry = job.result()
+    except Exception as err:  # noqa: BLE001 - the waiting ends; torch keeps the signature
+        waiting.torch_because = f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})"
+        log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(waiting), waiting.torch_because)
+        return waiting
+    if not prepared.fused:  # no cuDNN runner: the entry falls back as a waiting case would
+        entries.replace(waiting, prepared)
+        return prepared
+    key = runner_key(prepared)
+    choice = choices.get(key)
+    if choice is None:
+        choice = choices.measure(key, waiting, prepared, q, k, v, run_decided)
+    new = choices.apply(prepared, choice, waiting)
+    entries.replace(waiting, new)
+    entries.counters["swaps"] += 1
+    log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", _describe_entry(prepared),
+             "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
+    return new
+
+
+def _describe_entry(found: Entry) -> str:
+    cfg = found.call_cfg or found.cfg
+    return cfg.cache_key() if cfg is not None else "a call"
+
+
+def runner_key(found: Entry) -> str:
+    """The key of the runner choice of a decided entry: the graphs it runs (a bucket form: one
+    choice per problem class and bucket), and whether it runs a decode step with its heads as batch."""
+    inner = found.heads.entry if found.heads is not None else found
+    return runners.runner_key(inner.cfg.cache_key() if inner.cfg is not None else "", found.heads is not None)
+
+
+# ----- measured choices ---------------------------------------------------------------------------------
+class Choices:
+    """Runner choices by runner_key: measured here, or read from the persistent store."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, Choice] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Choice | None:
+        return self._known.get(key)
+
+    def load(self, key: str) -> Choice | None:
+        """The stored choice of `key` (read into memory), or None (off the caller's path only)."""
+        found = self._known.get(key)
+        if found is not None:
+            return found
+        found = runners.stored(selection.default_selector(), key)
+        if found is None:
+            return None
+        with self._lock:
+            self._known[key] = found
+        return found
+
+    def apply(self, found: Entry, choice: Choice | None = None, waiting: Entry | None = None) -> Entry:
+        """`found`, or a torch runner in its place when its bucket's choice is torch."""
+        choice = choice or (self._known.get(runner_key(found)) if found.fused else None)
+        if choice is None or choice.runner == CUDNN:
+            return found
+        keeper = waiting if waiting is not None else Entry(found.opts, fallback=FALLBACK_TORCH)
+        keeper.torch_because = choice.why()
+        keeper.selection, keeper.cfg = found.selection, found.cfg
+        return keeper
+
+    def measure(self, key: str, waiting: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                run_decided: Run) -> Choice:
+        """Time both runners on the caller's tensors (forward calls, in turns) and keep the faster;
+        cuDNN keeps a tie (within 2%)."""
+        saved = dict(entries.counters)
+        pair = (lambda: run_torch(waiting.opts, q, k, v),
+                   lambda: run_decided(prepared, q, k, v, NO_INPUTS, False, False))
+        timed: tuple[list, list] = ([], [])
+        with torch.no_grad():
+            for runner in pair:
+                runner()
+            for round_ in range(ROUNDS):
+                for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    pair[which]()
+                    end.record()
+                    timed[which].append((start, end))
+            end.synchronize()
+        entries.counters.update(saved)
+        torch_us, cudnn_us = (statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) for pairs in timed)
+        choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
+        with self._lock:
+            self._known[key] = choice
+        entries.counters["measured"] += 1
+        runners.store(selection.default_selector(), key, choice)
+        return choice
+
+    def describe(self) -> dict[str, str]:
+        """Each measured or stored choice of this process: key -> "runner (why)"."""
+        return {key: choice.describe() for key, choice in list(self._known.items())}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._known.clear()
+
+
+choices = Choices()
+
+
+# ----- preparing off the caller's path --------------------------------------------------------------
+def dummies(signature: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tensors with the geometry `signature` holds (devices, dtypes, shapes, strides): deciding
+    reads only that, so the caller's tensors are not kept alive while a signature waits."""
+    return tuple(torch.empty_strided(signature[i + 2], signature[i + 3], dtype=signature[i + 1],
+                                     device=signature[i]) for i in (1, 5, 9))  # type: ignore[return-value]
+
+
+class Preparer:
+    """One daemon thread of this process that prepares waiting signatures, first come first served."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, signature: tuple) -> Future:
+        future: Future = Future()
+        self._jobs.put((signature, future))
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="fusedattn-prepare", daemon=True)
+                self._thread.start()
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            signature, future = self._jobs.get()
+            try:
+                future.set_result(prepare(signature))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller's next call
+                future.set_exception(err)
+
+
+def prepare(signature: tuple) -> Entry:
+    """The decided entry of `signature`: from the store (and its stored runner choice), else after the
+    worker process selected and built everything into it; built here when there is no worker."""
+    q, k, v = dummies(signature)
+    started = time.perf_counter()
+    try:
+        with offpath.only(offpath.STORED):
+            found = entries.new_entry(signature, q, k, v, NO_INPUTS, None)
+    except offpath.NotReady:
+        selector = selection.default_selector()
+        job = dense_builds.ask_decide(selector, signature)
+        if job is not None:
+            for form in dense_builds.learned_forms(job, _describe(signature)):
+                selector.learn_bucket(form)
+            try:
+                with offpath.only(offpath.STORED):
+                    found = entries.new_entry(signature, q, k, v, NO_INPUTS, None)
+            except offpath.NotReady as err:
+                log.info("fusedattn_select: the worker left %s unprepared (%s); building it here",
+                         _describe(signature), err)
+                found = entries.new_entry(signature, q, k, v, NO_INPUTS, None)
+        else:
+            found = entries.new_entry(signature, q, k, v, NO_INPUTS, None)
+    if found.fused:
+        choices.load(runner_key(found))
+    log.debug("fusedattn_select: %s prepared in %.0f ms", _describe(signature), (time.perf_counter() - started) * 1e3)
+    return found
+
+
+preparer = Preparer()

@@ -1,0 +1,62 @@
+"""Measured runner choices: whether torch SDPA or cuDNN runs a bucket faster on a device.
+
+attention() times both runners once both exist (runtime/tiers.py) and keeps the faster for the
+graphs' key (a bucket form: one choice per problem class and bucket); the choice is stored next to
+the plans under `runner:<key>` for the selector's fingerprint, so the next process, `why` and the
+transformers report read it. The verdict (F16/FP8/NONE) stays what cuDNN supports; this is which of
+two exact runners is faster here. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fusedattn_select.selection.selector import Selector
+
+PREFIX = "runner:"
+TORCH, CUDNN = "torch", "cudnn"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The runner kept, and the median forward call time of each (microseconds)."""
+
+    runner: str
+    torch_us: float
+    cudnn_us: float
+
+    def why(self) -> str:
+        return f"measured torch {self.torch_us:.1f} us vs cuDNN {self.cudnn_us:.1f} us per forward call"
+
+    def describe(self) -> str:
+        return f"{'torch SDPA' if self.runner == TORCH else 'cuDNN'} ({self.why()})"
+
+
+def stored(selector: Selector, key: str) -> Choice | None:
+    """The choice stored for `key` under the selector's fingerprint, or None."""
+    store = selector.store
+    blob = store.get_plan(selector.fingerprint, PREFIX + key) if store is not None else None
+    if blob is None:
+        return None
+    try:
+        data = json.loads(blob)
+        return Choice(str(data["runner"]), float(data["torch_us"]), float(data["cudnn_us"]))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def store(selector: Selector, key: str, choice: Choice) -> bool:
+    """Store `choice` for `key`; whether it was persisted."""
+    target = selector.store
+    if target is None:
+        return False
+    return bool(target.put_plan(selector.fingerprint, PREFIX + key, json.dumps(dataclasses.asdict(choice)).encode()))
+
+
+def runner_key(graphs_key: str, heads_as_batch: bool = False) -> str:
+    """The key of a choice: the key of the graphs that run (and whether a decode step runs them
+    with its heads as batch)."""
+    return ("heads " if heads_as_batch else "") + graphs_key

@@ -1,0 +1,186 @@
+"""First contact on a real GPU (the default, FUSEDATTN_SELECT_FIRST_CALLS=torch): a new signature runs
+on torch SDPA at once while its plans are prepared off the caller's path, a later call swaps in the
+measured runner with outputs and gradients that still match the reference, the choice is persisted
+for the next process, the next buckets are built ahead, and the waiting cases decide on the first call.
+
+Each test uses a problem class (head counts and head dim) no other GPU test uses, so nothing of it
+is in memory or in the store when it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
+
+from fusedattn_select.runtime import entries as dispatch_entries
+from fusedattn_select.runtime import tiers
+from fusedattn_select.runtime.api import attention, dispatch_info
+from fusedattn_select.runtime.reference import reference_attention_bshd
+
+pytestmark = GPU_MARKS + [pytest.mark.first_contact]
+TOL_OUT, TOL_GRAD = 2e-2, 4e-2
+SWAP_WAIT_S = 180  # the worker process starts (imports, CUDA context, cuDNN) and builds: tens of seconds at most
+
+
+def _tensors(b, s, hq, hkv, d, seed=0, grad=True):
+    gen = torch.Generator(device=CUDA).manual_seed(seed)
+    make = lambda h: torch.randn(b, s, h, d, generator=gen, device=CUDA).to(torch.bfloat16).requires_grad_(grad)
+    return make(hq), make(hkv), make(hkv)
+
+
+def _entry(q, k, v):
+    """The entry attention() filed for this call (its newest one)."""
+    return list(dispatch_entries.entries.values())[-1]
+
+
+def _check_against_reference(q, k, v, **kwargs):
+    out = attention(q, k, v, **kwargs)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    ref = reference_attention_bshd(qd, kd, vd, **kwargs)
+    ref.backward(grad.double())
+    assert_close(out, ref, TOL_OUT, "out")
+    for name, got, want in (("dq", q.grad, qd.grad), ("dk", k.grad, kd.grad), ("dv", v.grad, vd.grad)):
+        assert_close(got, want, TOL_GRAD, name)
+    for t in (q, k, v):
+        t.grad = None
+
+
+def test_a_new_signature_runs_torch_then_swaps_in_cudnn_with_the_same_results(monkeypatch):
+    measured = []
+    real_measure = tiers.choices.measure
+
+    def measure_then_keep_cudnn(key, *args):
+        # The measurement runs for real; cuDNN is kept so that this test checks the swapped-in runner.
+        measured.append(real_measure(key, *args))
+        return tiers.Choice(tiers.CUDNN, measured[-1].torch_us, measured[-1].cudnn_us)
+
+    monkeypatch.setattr(tiers.choices, "measure", measure_then_keep_cudnn)
+    q, k, v = _tensors(2, 333, 6, 3, 96)
+    before = dispatch_info()
+    started = time.perf_counter()
+    _check_against_reference(q, k, v, mask="causal")
+    first = _entry(q, k, v)
+    assert first.torch_because and first.waiting is not None, "the first call did not run on torch"
+    after_first = dispatch_info()
+    assert after_first["torch_calls"] == before["torch_calls"] + 1
+    assert after_first["plan_builds"] == before["plan_builds"], "the caller built a plan"
+    while dispatch_info()["swaps"] == before["swaps"]:
+        assert time.perf_counter() - started < SWAP_WAIT_S, "no swap: the plans were never prepared"
+        time.sleep(0.05)
+        _check_against_reference(q, k, v, mask="causal")  # on torch, or on the swapped-in runner
+    _check_against_reference(q, k, v, mask="causal")
+    swapped = _entry(q, k, v)
+    assert swapped.fused and not swapped.torch_because and swapped.forward is not None
+    assert measured and measured[0].torch_us > 0 and measured[0].cudnn_us > 0
+    assert dispatch_info()["plan_builds"] == before["plan_builds"], "the caller built a plan: the worker should have"
+
+
+def test_the_measured_choice_serves_new_shapes_of_its_bucket_at_once():
+    q, k, v = _tensors(1, 200, 10, 5, 72, grad=False)
+    started = time.perf_counter()
+    before = dispatch_info()
+    with torch.no_grad():
+        while dispatch_info()["swaps"] == before["swaps"]:
+            assert time.perf_counter() - started < SWAP_WAIT_S, "no swap"
+            attention(q, k, v, mask="causal")
+            time.sleep(0.05)
+        runner = tiers.choices.get(tiers.runner_key(_entry(q, k, v)))
+        assert runner is not None, "the swap kept no measured choice"
+        q2, k2, v2 = _tensors(1, 180, 10, 5, 72, seed=1, grad=False)  # the same bucket (256)
+        attention(q2, k2, v2, mask="causal")
+        new = _entry(q2, k2, v2)
+    assert new.waiting is None, "a new shape of a measured bucket waited"
+    assert bool(new.torch_because) == (runner.runner == tiers.TORCH)
+    assert tiers.runner_key(new) in dispatch_info()["runners"]
+
+
+@pytest.mark.parametrize("case", ["deterministic", "return_lse", "padding", "wait_setting"])
+def test_the_waiting_cases_decide_on_the_first_call(case, monkeypatch):
+    q, k, v = _tensors(2, 150, 14, 7, 80, seed=3)
+    kwargs = {"mask": "causal"}
+    if case == "deterministic":
+        kwargs["deterministic"] = True
+    elif case == "return_lse":
+        kwargs["return_lse"] = True
+    elif case == "padding":
+        lengths = torch.tensor([150, 90], dtype=torch.int32, device=CUDA)
+        kwargs.update(mask="padding_causal", seqlens_q=lengths, seqlens_kv=lengths)
+    else:
+        monkeypatch.setattr(tiers, "first_calls", "wait")
+    before = dispatch_info()["torch_calls"]
+    attention(q, k, v, **kwargs)
+    found = _entry(q, k, v)
+    assert not found.torch_because and found.waiting is None and found.fused, found.reason
+    assert dispatch_info()["torch_calls"] == before
+
+
+def test_a_waiting_signature_captured_in_a_cuda_graph_keeps_torch_inside_the_graph():
+    q, k, v = _tensors(1, 100, 18, 9, 48, seed=4, grad=False)
+    with torch.no_grad():
+        expected = attention(q, k, v, mask="causal")  # torch, waiting
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            out = attention(q, k, v, mask="causal")
+        torch.cuda.current_stream().wait_stream(stream)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert_close(out, expected, 1e-3, "replayed out")
+
+
+_PROCESS = textwrap.dedent("""
+    import json, sys, time, torch
+    from fusedattn_select import attention
+    from fusedattn_select.runtime.api import dispatch_info
+    from fusedattn_select.selection.selector import default_selector
+    from fusedattn_select.buckets import Bucket, bucket_form
+    from fusedattn_select.runtime.api import config_from_tensors
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    make = lambda s, h: torch.randn(2, s, h, 112, generator=gen, device="cuda").to(torch.bfloat16)
+    q, k, v = make(300, 22), make(300, 11), make(300, 11)
+    started = time.perf_counter()
+    with torch.no_grad():
+        while dispatch_info()["swaps"] == 0:
+            assert time.perf_counter() - started < 180, "no swap"
+            attention(q, k, v, mask="causal")
+            time.sleep(0.05)
+    ahead = None
+    if sys.argv[1] == "wait_ahead":  # the next bucket (S=1024) built ahead into the store
+        cfg = config_from_tensors(q, k, v, mask="causal", is_training=False)
+        form = bucket_form(cfg.replace(seqlen_q=1000, seqlen_kv=1000))
+        selector = default_selector()
+        while selector.store.get(selector.fingerprint, form.cache_key()) is None:
+            assert time.perf_counter() - started < 240, "the next bucket was not built ahead"
+            time.sleep(0.2)
+        ahead = form.cache_key()
+    info = dispatch_info()
+    print(json.dumps({"runners": info["runners"], "measured": info["measured"], "swaps": info["swaps"],
+                      "plan_builds": info["plan_builds"], "ahead": ahead}))
+""")
+
+
+def _process(cache_dir, mode):
+    env = dict(os.environ, FUSEDATTN_SELECT_CACHE_DIR=str(cache_dir), FUSEDATTN_SELECT_FIRST_CALLS="torch")
+    done = subprocess.run([sys.executable, "-c", _PROCESS, mode], check=False, env=env, capture_output=True, text=True,
+                          timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_next_process_starts_with_the_measured_choice_and_the_buckets_built_ahead(tmp_path):
+    first = _process(tmp_path, "wait_ahead")
+    assert first["measured"] == 1 and first["swaps"] == 1 and first["ahead"]
+    assert first["plan_builds"] == 0, "the caller built plans: the worker process should have"
+    second = _process(tmp_path, "plain")
+    assert second["measured"] == 0, "the stored choice was measured again"
+    assert second["swaps"] == 1 and second["runners"] == first["runners"]
