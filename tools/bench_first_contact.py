@@ -1,129 +1,97 @@
-"""First contact, side by side: what a fresh process with an empty store meets on its first calls.
+"""First contact, side by side: every "done when" row of issue 34 in one run on one GPU.
 
-Each side runs in its own fresh process (an empty FUSEDATTN_SELECT_CACHE_DIR, nothing imported
-before): attention() (ours), torch SDPA pinned to flash, and torch SDPA's own choice. Each process
-times, with the device synchronised around every call:
-- a forward+backward (causal, bf16, 32/8 heads, d128) at one shape, the same call again, a shape of
-  a new bucket, and that call again;
-- a tiny forward (b1 h1 s64 d64): the first call, then the median of calls 2-101 and 1001-1100.
-Prints one JSON document (device and versions inside), and writes it to -o:
-`python -m tools.bench_first_contact -o tools/results/first-contact-h100.json`.
+    python -m tools.bench_first_contact -o tools/results/first-contact-h100.json [--quick] [--parts 1,2,5]
+
+Sides: "ours" (fusedattn_select.attention; models: attn_implementation "fusedattn"), "flash" (torch
+SDPA pinned to its flash backend), "default" (torch SDPA's own choice). Each side runs in its own
+fresh process with an empty store (FUSEDATTN_SELECT_CACHE_DIR a new temp directory):
+
+  1. first fwd+bwd (causal bf16, 32/8 heads, d128) of a fresh process (b2 s1000), again, at a shape of
+     an unbuilt bucket (b2 s3000), again; vs flash's same call
+  2. transformers generate() (random weights; a Llama 6 layers 12/4 heads batch 1, a Qwen2 4 layers
+     14/2 heads batch 2): first call, again, a new prompt length; tokens/s vs flash
+  3. fine-tuning a 4-layer Llama with a new sequence length every step (batch 4, AdamW); ms per step
+  4. a tiny forward (b1 h1 s64 d64): first call, medians of calls 2-101 and 1001-1100 vs SDPA default
+  5. Llama-3-8B's attention (b1 s8192 32/8 d128 causal) fwd+bwd warm: attention() vs the raw cuDNN
+     graph vs flash, in turns in one process (CUDA events, medians)
+  6. a fresh process's first training step (b2 s4096) from the process's start, imports included
+  7. the compiled module loaded vs not (FUSEDATTN_SELECT_NATIVE=1/0; built first where it is not):
+     generate() tokens/s and a training step, in turns
+
+Writes one JSON document (device, versions, git commit, date, every part's figures and the verdicts)
+to -o, and prints the done-when table. A part that fails records "failed: reason" and the run goes
+on; the run keeps to a time budget (default 460 s, --quick 300 s). Modules: tools/first_contact/.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
-SIDES = ("ours", "flash", "default")
-SHAPES = ((2, 1000), (2, 3000))  # (batch, sequence length): the second lies in another bucket
-HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
-TINY = (1, 64, 1, 64)  # b, s, h, d
+from tools.bench.common import clean_json
+from tools.bench.environment import _git_rev
+from tools.first_contact import native_turns, parts, targets
+from tools.first_contact.options import Budget, Plan, parse_args
 
-
-def _call(torch, side: str):
-    """f(q, k, v, causal) on BSHD tensors for `side`."""
-    functional = torch.nn.functional
-    if side == "ours":
-        from fusedattn_select import attention
-
-        return lambda q, k, v, causal: attention(q, k, v, mask="causal" if causal else "no_mask")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def sdpa(q, k, v, causal):
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        gqa = q.shape[1] != k.shape[1]
-        if side == "flash":
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                out = functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-        else:
-            out = functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-        return out.transpose(1, 2)
-
-    return sdpa
+RUNNERS: dict[str, Callable[[Plan, Budget], dict]] = {
+    "first_calls": parts.first_calls, "generate": parts.generate, "finetune": parts.finetune,
+    "big_shape": parts.big_shape, "first_step": parts.first_step, "native": native_turns.native}
+# Versions and device from the environment worker, lifted to the document's top level.
+TOP_LEVEL = ("device", "gpu_name", "capability", "driver", "torch", "torch_cuda", "torch_cudnn", "cudnn_backend",
+             "cudnn_frontend", "transformers", "library", "python", "host", "nvidia_smi")
 
 
-def _timed(torch, work) -> float:
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    work()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) * 1e3
+def measure(plan: Plan, argv: list[str]) -> dict[str, Any]:
+    """Run the plan's parts; the document."""
+    started = time.monotonic()
+    budget = Budget(plan.budget_s)
+    environment = parts.environment(budget)
+    document: dict[str, Any] = {
+        "schema": "fusedattn-first-contact/1",
+        "command": " ".join(["python -m tools.bench_first_contact", *argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **{key: environment[key] for key in TOP_LEVEL if key in environment},
+        "git_commit": _git_rev(),
+        "environment": environment,
+        "quick": plan.quick, "budget_s": plan.budget_s, "parts_selected": list(plan.parts), "parts": {}}
+    for name in plan.parts:
+        document["parts"][name] = parts.run_part(name, RUNNERS[name], plan, budget)
+        if plan.output:  # what is measured so far survives a run that is cut off
+            write(clean_json(document), plan.output)
+    document["wall_s"] = time.monotonic() - started
+    verdicts = targets.evaluate(document)
+    document["targets"] = [v.as_json() for v in verdicts]
+    document["table"] = targets.render(verdicts, _heading(document))
+    return clean_json(document)
 
 
-def side_process(side: str) -> dict:
-    """The measurements of one side, in this (fresh) process."""
-    started = time.perf_counter()
-    import torch
-
-    call = _call(torch, side)
-    result = {"side": side, "import_ms": (time.perf_counter() - started) * 1e3}
-    result["cuda_init_ms"] = _timed(torch, lambda: torch.zeros(1, device="cuda"))
-    torch.manual_seed(0)
-    steps = []
-    for batch, seqlen in SHAPES:
-        q = torch.randn(batch, seqlen, HEADS_Q, HEAD_DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        k, v = (torch.randn(batch, seqlen, HEADS_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
-                            requires_grad=True) for _ in range(2))
-        grad = torch.randn_like(q)
-        for repeat in ("first", "again"):
-            ms = _timed(torch, lambda: torch.autograd.grad(call(q, k, v, True), (q, k, v), grad))
-            steps.append({"shape": f"b{batch} s{seqlen} h{HEADS_Q}/{HEADS_KV} d{HEAD_DIM} causal bf16 fwd+bwd",
-                          "call": repeat, "ms": ms})
-    result["steps"] = steps
-    b, s, h, d = TINY
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    tiny = [_timed(torch, lambda: call(q, k, v, False)) * 1e3 for _ in range(1100)]
-    result["tiny_us"] = {"shape": f"b{b} s{s} h{h} d{d} bf16 fwd", "first": tiny[0],
-                         "calls_2_101_median": statistics.median(tiny[1:101]),
-                         "calls_1001_1100_median": statistics.median(tiny[1000:1100])}
-    if side == "ours":
-        from fusedattn_select.runtime.api import dispatch_info
-
-        info = dispatch_info()
-        result["dispatch"] = {key: info.get(key) for key in ("calls", "fused_calls", "fallback_calls",
-                                                             "plan_builds", "plan_build_ms", "plan_loads")}
-    return result
+def write(document: dict[str, Any], path: str) -> None:
+    """The document as indented JSON at `path` (its folder made where missing)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(document, handle, indent=1)
+        handle.write("\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 2 and argv[0] == "--side":  # one side, in the fresh process main() started
-        print(json.dumps(side_process(argv[1])))
-        return
-    from tools.bench.environment import standalone_args, standalone_record
+def _heading(document: dict[str, Any]) -> str:
+    return (f"First contact on {document.get('device', 'n/a')} (torch {document.get('torch', 'n/a')}, cuDNN "
+            f"{document.get('cudnn_backend', 'n/a')}, cudnn-frontend {document.get('cudnn_frontend', 'n/a')}, "
+            f"git {document.get('git_commit', 'n/a')}, {document['date']}; {document['wall_s']:.0f} s)")
 
-    args = standalone_args(__doc__, argv)
-    import torch
 
-    sides = []
-    for side in SIDES:
-        with tempfile.TemporaryDirectory() as cache:
-            env = dict(os.environ, FUSEDATTN_SELECT_CACHE_DIR=cache)
-            done = subprocess.run([sys.executable, "-m", "tools.bench_first_contact", "--side", side], env=env,
-                                  capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            sides.append({"side": side, "error": done.stderr[-2000:]})
-            continue
-        sides.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    flash = next((s for s in sides if s["side"] == "flash" and "steps" in s), None)
-    for side in sides:
-        if flash is not None and "steps" in side:
-            for step, base in zip(side["steps"], flash["steps"]):
-                step["vs_flash"] = step["ms"] / base["ms"]
-    document = {**standalone_record(torch), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "sides": sides}
-    text = json.dumps(document, indent=1)
-    print(text)
-    if args.output:
-        with open(args.output, "w") as handle:
-            handle.write(text + "\n")
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    plan = parse_args(argv, __doc__.splitlines()[0])
+    document = measure(plan, argv)
+    if plan.output:
+        write(document, plan.output)
+    print(document["table"], end="")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

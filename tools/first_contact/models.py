@@ -1,0 +1,163 @@
+"""Worker side of the parts that run transformers models (random weights from a config, bf16, no
+downloads): generate() in a fresh process (row 2), fine-tuning with a new sequence length every step
+(row 3), and the long-lived worker of the compiled-code turns (row 7).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tools.first_contact.processes import emit
+from tools.first_contact.sides import device, dispatch_record, hf_context, hf_implementation, sync, timed_ms
+
+# dispatch_info() keys whose standing still means no plan is being built or swapped in any more.
+SETTLED_KEYS = ("plan_builds", "plan_loads", "signatures", "swaps", "promotions")
+
+
+def build_model(torch: Any, config: Mapping[str, Any], side: str, seed: int) -> Any:
+    """A causal LM of `config` (its "model_type" and fields) with the seed's random weights, in bf16
+    on the device, using `side`'s attention; generate() runs eager (no compiled forward)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(config)
+    hf_config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    implementation = hf_implementation(side)
+    torch.manual_seed(seed)
+    with torch.device(device()):
+        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=implementation)
+    model.to(dtype=torch.bfloat16)
+    model.generation_config.disable_compile = True
+    return model
+
+
+def token_ids(torch: Any, vocab: int, batch: int, length: int, seed: int) -> Any:
+    """Seeded random token ids (the same on every side), on the device."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (batch, length), generator=generator).to(device())
+
+
+def _generate(torch: Any, model: Any, ids: Any, new_tokens: int, side: str) -> tuple[Any, float]:
+    """generate()'s output and its ms (greedy, exactly `new_tokens` new tokens, no padding)."""
+    out = []
+
+    def run() -> None:
+        with hf_context(side), torch.no_grad():
+            out.append(model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                      min_new_tokens=new_tokens, do_sample=False, pad_token_id=0))
+
+    ms = timed_ms(torch, run)
+    return out[0], ms
+
+
+def generate(side: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Row 2: a fresh process's first generate(), the same call again, then a new prompt length's first
+    call; tokens/s counts the new tokens of every row of the batch."""
+    import torch
+    import transformers
+
+    config, batch, new_tokens, seed = args["config"], int(args["batch"]), int(args["new_tokens"]), int(args["seed"])
+    model = build_model(torch, config, side, seed).eval()
+    prompts = {"first": int(args["prompt"]), "again": int(args["prompt"]), "new_prompt": int(args["new_prompt"])}
+    result: dict[str, Any] = {"transformers": transformers.__version__, "calls": {}}
+    for label, length in prompts.items():
+        ids = token_ids(torch, int(config["vocab_size"]), batch, length, seed + length)
+        out, ms = _generate(torch, model, ids, new_tokens, side)
+        made = int(out.shape[1] - length)
+        result["calls"][label] = {"prompt": length, "new_tokens": made, "ms": ms,
+                                  "tokens_per_s": batch * made / (ms / 1e3)}
+        if label == "first":
+            result["first_tokens"] = out[0, length:].tolist()  # row 0's greedy tokens, to compare the sides
+    return result
+
+
+def train_step(torch: Any, model: Any, optimizer: Any, ids: Any, side: str) -> tuple[float, float]:
+    """One synchronised training step (forward, backward, AdamW): its ms and loss."""
+    losses = []
+
+    def run() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with hf_context(side):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+
+    ms = timed_ms(torch, run)
+    return ms, float(losses[0])
+
+
+def finetune(side: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Row 3: training steps whose sequence length changes every step (the seeded lengths), each timed
+    from the process's first step on."""
+    import torch
+
+    from tools.bench.shapes_hf import draw_lengths
+
+    config, batch, seed = args["config"], int(args["batch"]), int(args["seed"])
+    model = build_model(torch, config, side, seed).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lengths = draw_lengths(seed, int(args["steps"]), *args["lengths"])
+    result: dict[str, Any] = {"lengths": lengths, "batch": batch, "step_ms": [], "losses": []}
+    for index, length in enumerate(lengths):
+        ids = token_ids(torch, int(config["vocab_size"]), batch, length, seed + index)
+        ms, loss = train_step(torch, model, optimizer, ids, side)
+        result["step_ms"].append(ms)
+        result["losses"].append(loss)
+    return result
+
+
+def settle(work: list[Callable[[], Any]], most: int = 8) -> int:
+    """Run every `work` in rounds until a round builds, loads or swaps in no plan (the worker
+    process's pending builds waited for after each round); the rounds it took (at most `most`)."""
+    from fusedattn_select import dispatch_info
+    from tools.bench.common import promotions_done
+
+    seen = None
+    for rounds in range(1, most + 1):
+        for item in work:
+            item()
+        try:
+            promotions_done(60.0)
+        except Exception:  # noqa: BLE001, S110 - the runtime's internals moved: settled by the counters alone
+            pass
+        info = dispatch_info()
+        now = tuple(info.get(key) for key in SETTLED_KEYS)
+        if now == seen:
+            return rounds
+        seen = now
+    return most
+
+
+def native_serve(side: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Row 7's worker (FUSEDATTN_SELECT_NATIVE set by the parent): model 2a's generate() and row 3's
+    model at a fixed length, settled; then one turn per "turn" line on stdin (two generate()s, three
+    training steps), until "stop"."""
+    import torch
+
+    seed = int(args["seed"])
+    gen_config, batch, prompt, new_tokens = args["generate"]
+    gen_model = build_model(torch, gen_config, side, seed).eval()
+    prompt_ids = token_ids(torch, int(gen_config["vocab_size"]), batch, prompt, seed + prompt)
+    train_model = build_model(torch, args["train_config"], side, seed).train()
+    optimizer = torch.optim.AdamW(train_model.parameters(), lr=1e-4)
+    train_ids = token_ids(torch, int(args["train_config"]["vocab_size"]), int(args["train_batch"]),
+                          int(args["train_length"]), seed)
+
+    def tokens_per_s() -> float:
+        out, ms = _generate(torch, gen_model, prompt_ids, new_tokens, side)
+        return batch * int(out.shape[1] - prompt) / (ms / 1e3)
+
+    def step_ms() -> float:
+        return train_step(torch, train_model, optimizer, train_ids, side)[0]
+
+    rounds = settle([tokens_per_s, step_ms])
+    sync(torch)
+    emit({"ready": True, "settle_rounds": rounds, **dispatch_record()})
+    for line in sys.stdin:
+        if line.strip() != "turn":
+            break
+        emit({"generate_tokens_per_s": [tokens_per_s() for _ in range(2)],
+              "train_step_ms": [step_ms() for _ in range(3)]})
+    return {"stopped": True}

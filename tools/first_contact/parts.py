@@ -1,0 +1,131 @@
+"""The parent's side of each part: which fresh processes it starts, with what arguments and time
+limits, and what it keeps of their answers. Ratios and verdicts are worked out in targets.py."""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tools.bench.common import first_line
+from tools.first_contact import options
+from tools.first_contact.options import Budget, Plan
+from tools.first_contact.processes import run_fresh
+from tools.first_contact.sides import SIDES
+
+# Seconds one process of a part may run (its expected time is well below: see the module docs).
+TIMEOUTS_S = {"env": 60.0, "first_calls": 90.0, "generate": 90.0, "finetune": 90.0, "big_shape": 120.0,
+              "first_step": 60.0}
+
+
+def log(*parts: Any) -> None:
+    """Progress on stderr (stdout ends with the table)."""
+    print("[first contact]", *parts, file=sys.stderr, flush=True)
+
+
+def overall_status(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """"ok" when every side is ok; else the first side that is not, and how many are not."""
+    bad = [(name, r.get("status", "failed: no status")) for name, r in results.items() if r.get("status") != "ok"]
+    if not bad:
+        return "ok"
+    prefix = "failed" if len(bad) == len(results) else "partial"
+    if all(str(status).startswith("skipped") for _, status in bad):
+        prefix = "skipped" if len(bad) == len(results) else "partial"
+    return f"{prefix}: {len(bad)} of {len(results)} not ok; {bad[0][0]}: {first_line(bad[0][1], 200)}"
+
+
+def _sides(part: str, args: Mapping[str, Any], budget: Budget) -> dict[str, dict]:
+    out = {}
+    for side in SIDES:
+        out[side] = run_fresh(part, side, args, budget.timeout(TIMEOUTS_S[part]))
+        log(f"{part} {side}: {out[side].get('status')} ({out[side].get('process_s', 0):.1f} s)")
+    return out
+
+
+def environment(budget: Budget) -> dict[str, Any]:
+    """Device and versions, from a worker (it also brings torch's files into the page cache, so the
+    first measured process does not pay their first read from disk alone)."""
+    return run_fresh("env", "-", {}, budget.timeout(TIMEOUTS_S["env"]))
+
+
+def first_calls(plan: Plan, budget: Budget) -> dict[str, Any]:
+    """Rows 1 and 4."""
+    sides = _sides("first_calls", plan.part_args("first_calls"), budget)
+    return {"sides": sides, "status": overall_status(sides)}
+
+
+def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
+    """Row 2: each model, each side in its own fresh process."""
+    models: dict[str, Any] = {}
+    for name in plan.generate_models:
+        config, batch, prompt, new_tokens, new_prompt = options.GENERATE[name]
+        args = {"config": config, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
+                "new_prompt": new_prompt, "seed": options.SEED}
+        sides = _sides("generate", args, budget)
+        _token_agreement(sides)
+        models[name] = {"model": _model_text(config), "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
+                        "new_prompt": new_prompt, "sides": sides, "status": overall_status(sides)}
+    return {"models": models, "status": overall_status(models)}
+
+
+def _token_agreement(sides: Mapping[str, dict]) -> None:
+    """Each side's share of first-call greedy tokens equal to flash's (bf16 rounding may flip a close
+    argmax; a low share means the sides computed different things)."""
+    reference = sides.get("flash", {}).get("first_tokens")
+    for found in sides.values():
+        tokens = found.get("first_tokens")
+        if reference and tokens and len(tokens) == len(reference):
+            found["first_tokens_equal_to_flash"] = sum(a == b for a, b in zip(tokens, reference)) / len(reference)
+
+
+def finetune(plan: Plan, budget: Budget) -> dict[str, Any]:
+    """Row 3."""
+    args = plan.part_args("finetune")
+    sides = _sides("finetune", args, budget)
+    return {"model": _model_text(args["config"]), "batch": args["batch"], "sides": sides,
+            "status": overall_status(sides)}
+
+
+def big_shape(plan: Plan, budget: Budget) -> dict[str, Any]:
+    """Row 5: one process, the implementations in turns."""
+    found = run_fresh("big_shape", "ours", plan.part_args("big_shape"), budget.timeout(TIMEOUTS_S["big_shape"]))
+    log(f"big_shape: {found.get('status')} ({found.get('process_s', 0):.1f} s)")
+    if found.get("status") == "ok":
+        impls = found.get("impls") or {}
+        found["status"] = overall_status(impls) if impls else "failed: nothing measured"
+    return found
+
+
+def first_step(plan: Plan, budget: Budget) -> dict[str, Any]:
+    """Row 6: time to the first result, from just before the process starts."""
+    sides = _sides("first_step", plan.part_args("first_step"), budget)
+    for found in sides.values():
+        if "first_result_at" in found and "spawned_at" in found:
+            found["to_first_result_ms"] = (found["first_result_at"] - found["spawned_at"]) * 1e3
+    return {"sides": sides, "status": overall_status(sides)}
+
+
+def _model_text(config: Mapping[str, Any]) -> str:
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    return (f"{config['model_type']}: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, "
+            f"{heads}/{kv} heads (head dim {config['hidden_size'] // heads}), vocab {config['vocab_size']}")
+
+
+def run_part(name: str, runner: Callable[[Plan, Budget], dict], plan: Plan, budget: Budget) -> dict[str, Any]:
+    """One part, never raising: "failed: reason" when it breaks, "skipped: time budget" when the
+    budget is spent; its rows and wall time added."""
+    started = time.monotonic()
+    if budget.timeout(1.0, least=15.0) is None:
+        result: dict[str, Any] = {"status": "skipped: time budget"}
+    else:
+        log(f"{name} (rows {', '.join(map(str, options.PARTS[name]))}), {budget.left():.0f} s left")
+        try:
+            result = runner(plan, budget)
+        except Exception as err:  # noqa: BLE001 - the run goes on with the next part
+            log(traceback.format_exc())
+            result = {"status": f"failed: {type(err).__name__}: {first_line(err, 300)}"}
+    result["rows"] = list(options.PARTS[name])
+    result["wall_s"] = time.monotonic() - started
+    return result
