@@ -30,6 +30,8 @@ from concurrent.futures import Future
 from fusedattn_select import settings
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.selection.selector import Selector
+from fusedattn_select.store.settings import default_cache_dir
+from fusedattn_select.store.sqlite import DATABASE_NAME
 from fusedattn_select.selection.warmup import plan_target
 from fusedattn_select.types import Backend, Phase, ProbeDepth
 
@@ -89,12 +91,24 @@ def ask(selector: Selector, cfg: AttnConfig, return_lse: bool) -> Future | None:
         return None
 
 
-def ask_decide(selector: Selector, signature: tuple) -> Future | None:
+def fresh_store_target(device: int) -> tuple[str, int] | None:
+    """(the default store directory, device) where a worker can decide before this process makes
+    its selector (which imports cuDNN and opens the store, holding the GIL from the caller's calls
+    for about a second): plans go to a worker, the store is persistent and holds no file yet. None
+    otherwise: the caller reads the store first."""
+    if configured != PROCESS or not settings.value(settings.CACHE) or settings.value(settings.SNAPSHOT):
+        return None
+    directory = default_cache_dir()
+    return None if (directory / DATABASE_NAME).exists() else (str(directory), device)
+
+
+def ask_decide(selector: Selector | None, signature: tuple, where: tuple[str, int] | None = None) -> Future | None:
     """The worker's job deciding a call signature (an entries.key without optional tensors) as
     attention() would, with everything it selects and builds stored, then building the next buckets
-    of its problem class ahead; None where there is no worker (see `ask`). Its result is a JSON
-    text: {"reason": why it falls back or "", "forms": [bucket forms it selected, as dicts]}."""
-    where = in_background(selector)
+    of its problem class ahead; None where there is no worker (see `ask`). `where` (store directory,
+    device) stands for `selector`'s. Its result is a JSON text: {"reason": why it falls back or "",
+    "forms": [bucket forms it selected, as dicts]}."""
+    where = where or (in_background(selector) if selector is not None else None)
     if where is None or _deaths >= MAX_DEATHS:
         return None
     opts = signature[0]

@@ -75,6 +75,7 @@ class Entry:
     # Run by torch SDPA, and why: its cuDNN runner is not ready (`waiting` prepares it) or measured slower (tiers.py).
     torch_because: str = ""
     waiting: Optional[Future] = None
+    torch_call: Any = None               # (q, k, v) -> out on torch SDPA, made once (tiers.torch_call)
 
     @property
     def fused(self) -> bool:

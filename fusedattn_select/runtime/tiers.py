@@ -33,7 +33,7 @@ import torch
 from fusedattn_select import offpath, settings
 from fusedattn_select.runtime import dense_builds, entries
 from fusedattn_select.runtime.entries import Entry
-from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_forward, torch_sdpa_blocker
+from fusedattn_select.runtime.fallback import FALLBACK_TORCH, torch_sdpa_blocker
 from fusedattn_select.runtime.layouts import bhsd
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.selection import runners
@@ -65,14 +65,16 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
         if why:
             return entries.new_entry(signature, q, k, v, inputs, scales)
         try:
+            if selection.made_default_selector() is None:  # nothing decided in this process yet
+                raise offpath.NotReady("the first signature of this process")
             with offpath.only(offpath.MEMORY):
                 found = entries.new_entry(signature, q, k, v, inputs, scales)
         except offpath.NotReady as err:
             log.debug("fusedattn_select: %s runs on torch SDPA until its cuDNN plans are ready (%s)",
                       _describe(signature), err)
             return Entry(signature[0], fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet",
-                         waiting=preparer.submit(signature))
-        return choices.apply(found)
+                         waiting=preparer.submit(signature), torch_call=torch_call(signature[0], q, k))
+        return choices.apply(found, q=q, k=k)
 
     found, built = entries.entries.get_or_build(signature, decide)
     if built:
@@ -125,17 +127,38 @@ _cudnn_sdp_enabled = torch._C._get_cudnn_sdp_enabled
 _set_cudnn_sdp = torch._C._set_sdp_use_cudnn
 
 
-def run_torch(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Torch SDPA on flash or memory-efficient attention: its cuDNN backend is off for the call
-    (it would build graphs of its own, 100-250 ms each, which is what waiting avoids)."""
-    cudnn_on = _cudnn_sdp_enabled()
-    if cudnn_on:
-        _set_cudnn_sdp(False)
-    try:
-        return fallback_forward(FALLBACK_TORCH, opts, q, k, v, NO_INPUTS, None)[0]
-    finally:
+_sdpa = torch._C._nn.scaled_dot_product_attention  # never a patched torch.nn.functional attribute
+# Dims of the caller's tensors to BHSD (what SDPA takes), and back.
+_TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": None}
+_FROM_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": None}
+
+
+def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """f(q, k, v) -> out: torch SDPA for a signature `wait_reason` lets run on torch, with everything
+    but the tensors fixed once. SDPA's cuDNN backend is off for the call: it would build graphs of
+    its own (100-250 ms each), which is what running on torch avoids; flash or memory-efficient runs."""
+    qb, kb = bhsd(q, opts.layout), bhsd(k, opts.layout)
+    sq, skv = qb.shape[2], kb.shape[2]
+    # A bottom-right causal mask is top-left when the lengths are equal, and no mask for one query row.
+    causal = opts.mask == "causal" or (opts.mask == "causal_bottom_right" and sq == skv > 1)
+    gqa = qb.shape[1] != kb.shape[1]
+    dropout, scale = opts.dropout, opts.attn_scale
+    to, back = _TO_BHSD[opts.layout], _FROM_BHSD[opts.layout]
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if to is not None:
+            q, k, v = q.permute(to), k.permute(to), v.permute(to)
+        cudnn_on = _cudnn_sdp_enabled()
         if cudnn_on:
-            _set_cudnn_sdp(True)
+            _set_cudnn_sdp(False)
+        try:
+            out = _sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=gqa)
+        finally:
+            if cudnn_on:
+                _set_cudnn_sdp(True)
+        return out if back is None else out.permute(back)
+
+    return call
 
 
 Run = Callable[..., Any]  # api._run: (entry, q, k, v, inputs, fp8, return_lse) -> out
@@ -152,7 +175,7 @@ def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_dec
     counters = entries.counters
     counters["calls"] += 1
     counters["torch_calls"] += 1
-    return run_torch(found.opts, q, k, v)
+    return found.torch_call(q, k, v)
 
 
 def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Entry:
@@ -217,12 +240,15 @@ class Choices:
             self._known[key] = found
         return found
 
-    def apply(self, found: Entry, choice: Choice | None = None, waiting: Entry | None = None) -> Entry:
-        """`found`, or a torch runner in its place when its bucket's choice is torch."""
+    def apply(self, found: Entry, choice: Choice | None = None, waiting: Entry | None = None,
+              q: torch.Tensor | None = None, k: torch.Tensor | None = None) -> Entry:
+        """`found`, or a torch runner in its place when its bucket's choice is torch (`waiting`, the
+        signature's torch runner, or a new one for the call's `q` and `k`)."""
         choice = choice or (self._known.get(runner_key(found)) if found.fused else None)
         if choice is None or choice.runner == CUDNN:
             return found
-        keeper = waiting if waiting is not None else Entry(found.opts, fallback=FALLBACK_TORCH)
+        keeper = waiting if waiting is not None else Entry(found.opts, fallback=FALLBACK_TORCH,
+                                                           torch_call=torch_call(found.opts, q, k))
         keeper.torch_because = choice.why()
         keeper.selection, keeper.cfg = found.selection, found.cfg
         return keeper
@@ -232,7 +258,7 @@ class Choices:
         """Time both runners on the caller's tensors (forward calls, in turns) and keep the faster;
         cuDNN keeps a tie (within 2%)."""
         saved = dict(entries.counters)
-        pair = (lambda: run_torch(waiting.opts, q, k, v),
+        pair = (lambda: waiting.torch_call(q, k, v),
                    lambda: run_decided(prepared, q, k, v, NO_INPUTS, False, False))
         timed: tuple[list, list] = ([], [])
         with torch.no_grad():
@@ -304,26 +330,33 @@ class Preparer:
 def prepare(signature: tuple) -> Entry:
     """The decided entry of `signature`: from the store (and its stored runner choice), else after the
     worker process selected and built everything into it; built here when there is no worker."""
-    q, k, v = dummies(signature)
     started = time.perf_counter()
+    fresh = (dense_builds.fresh_store_target(signature[1].index or 0)
+             if selection.made_default_selector() is None else None)
     try:
+        if fresh is not None:  # an empty store: the worker decides first (see fresh_store_target)
+            raise offpath.NotReady("an empty store")
         with offpath.only(offpath.STORED):
-            found = entries.new_entry(signature, q, k, v, NO_INPUTS, None)
+            found = entries.new_entry(signature, *dummies(signature), NO_INPUTS, None)
     except offpath.NotReady:
+        job = dense_builds.ask_decide(None, signature, fresh) if fresh is not None else None
+        if job is not None:
+            job.exception()  # wait for it here, before this process makes its selector
         selector = selection.default_selector()
-        job = dense_builds.ask_decide(selector, signature)
+        if job is None:
+            job = dense_builds.ask_decide(selector, signature)
         if job is not None:
             for form in dense_builds.learned_forms(job, _describe(signature)):
                 selector.learn_bucket(form)
             try:
                 with offpath.only(offpath.STORED):
-                    found = entries.new_entry(signature, q, k, v, NO_INPUTS, None)
+                    found = entries.new_entry(signature, *dummies(signature), NO_INPUTS, None)
             except offpath.NotReady as err:
                 log.info("fusedattn_select: the worker left %s unprepared (%s); building it here",
                          _describe(signature), err)
-                found = entries.new_entry(signature, q, k, v, NO_INPUTS, None)
+                found = entries.new_entry(signature, *dummies(signature), NO_INPUTS, None)
         else:
-            found = entries.new_entry(signature, q, k, v, NO_INPUTS, None)
+            found = entries.new_entry(signature, *dummies(signature), NO_INPUTS, None)
     if found.fused:
         choices.load(runner_key(found))
     log.debug("fusedattn_select: %s prepared in %.0f ms", _describe(signature), (time.perf_counter() - started) * 1e3)

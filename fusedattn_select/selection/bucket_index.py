@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+from fusedattn_select import offpath
 from fusedattn_select.buckets import Bucket, bucket_form, larger_buckets
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.store import protocol
@@ -34,6 +35,8 @@ class BucketIndex:
     def find(self, cfg: AttnConfig) -> AttnConfig | None:
         """The smallest bucket of `cfg`'s class answered "yes" (here, or in the store) that holds its
         shape, else its own bucket; None when it has no bucket form."""
+        if offpath.limit() == offpath.MEMORY:  # no store reads: answered by what memory holds, not remembered
+            return self._find(cfg, scan=False)
         memo_key = (cfg.cache_key(), len(self._scanned), self._changes)
         if memo_key in self._answers:
             return self._answers[memo_key]
@@ -66,7 +69,7 @@ class BucketIndex:
             self._answers.clear()
             self._changes += 1
 
-    def _find(self, cfg: AttnConfig) -> AttnConfig | None:
+    def _find(self, cfg: AttnConfig, scan: bool = True) -> AttnConfig | None:
         own = self._form(cfg)
         if own is None:
             return None
@@ -74,7 +77,7 @@ class BucketIndex:
         holding = [b for b in held if b.holds(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)]
         if holding:
             return self._form(cfg, min(holding, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch)))
-        return self._stored(cfg, own) or own
+        return (self._stored(cfg, own) if scan else None) or own
 
     def _form(self, cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | None:
         """bucket_form(cfg, bucket), one instance per problem class and bucket (its keys computed once)."""

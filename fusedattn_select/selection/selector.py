@@ -435,6 +435,11 @@ def selector_for(snapshots: str | Path | Iterable[str | Path] | None = None, tar
     return Selector(engine, unavailable_reason=choice.unavailable_reason, store=store, notice=choice.notice)
 
 
+def made_default_selector() -> Selector | None:
+    """The process-wide selector if it was made already, else None (making it imports the engine)."""
+    return _default
+
+
 def default_selector() -> Selector:
     """The process-wide selector, created on first use: live cuDNN, or on a machine without it the
     bundled snapshots of the default target (its Selections carry a notice saying so)."""

@@ -283,6 +283,10 @@ def steady_plans(call: Callable[[], Any], q: Any, k: Any, v: Any, training: bool
         found = call_entry(q, k, v, training, **arguments)
         if found is None:
             return "unknown"
+        if getattr(found, "waiting", None) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # on torch SDPA until its cuDNN plans are prepared (runtime/tiers.py)
+            call()
+            continue
         waiting = found.promotion in ("pending", "trying") or (found.promotion == "" and untried > 0)
         if not found.bucketed or not waiting or time.monotonic() > deadline:
             return "bucket" if found.bucketed else "dense"
