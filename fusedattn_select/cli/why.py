@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.result import Selection
+from fusedattn_select.selection import runners
 from fusedattn_select.selection.selector import Selector, set_default_selector
 from fusedattn_select.types import Outcome, ProbeDepth, Verdict
 
@@ -36,9 +38,11 @@ def _verdict_row(verdict: Verdict) -> list[str]:
     ]
 
 
-def format_selection(name: str, selection: Selection, recorded: bool = False) -> list[str]:
+def format_selection(name: str, selection: Selection, recorded: bool = False,
+                     runner: runners.Choice | None = None) -> list[str]:
     """The text answer for one problem: its fields, a verdict table, the chosen backend (or "no
-    data"). `recorded`: the times were measured where a snapshot was recorded, not here."""
+    data"), and the runner measured faster for its graphs on this device where one was.
+    `recorded`: the times were measured where a snapshot was recorded, not here."""
     cfg = selection.config
     fields = " ".join(f"{k}={v}" for k, v in cfg.to_dict().items()) if cfg is not None else ""
     rows = [_verdict_row(v) for v in selection.verdicts]
@@ -50,6 +54,8 @@ def format_selection(name: str, selection: Selection, recorded: bool = False) ->
     lines += render_table(header, rows, indent="  ").split("\n")
     if selection.selected:
         lines.append(f"  -> {selection.backend.value}")
+        if runner is not None:
+            lines.append(f"  runner: {runner.describe()}")
     elif selection.no_data:
         lines.append(f"  -> no data (only a live probe can answer): {selection.message}")
     else:
@@ -68,11 +74,17 @@ def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
         "notice": notice or None,
         "timings_recorded_on": engine.describe() if isinstance(engine, SnapshotEngine) else None,
         "results": [
-            {"name": name, "selection": sel.to_dict(), **({"integration_reasons": list(notes)} if notes else {})}
+            {"name": name, "selection": sel.to_dict(), "runner": _runner_dict(selector, sel),
+             **({"integration_reasons": list(notes)} if notes else {})}
             for name, sel, notes in answers
         ],
     }
     print(json.dumps(document, indent=2))
+
+
+def _runner_dict(selector: Selector, selection: Selection) -> dict[str, Any] | None:
+    choice = runners.for_selection(selector, selection)
+    return None if choice is None else dataclasses.asdict(choice)
 
 
 def _header(selector: Selector, depth: ProbeDepth) -> list[str]:
@@ -94,7 +106,7 @@ def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
     recorded = isinstance(selector.engine, SnapshotEngine)
     for name, sel, notes in answers:
         lines.append("")
-        lines += format_selection(name, sel, recorded)
+        lines += format_selection(name, sel, recorded, runners.for_selection(selector, sel))
         lines += [f"  -> not fused by the transformers integration: {note}" for note in notes]
     print("\n".join(lines))
 

@@ -14,6 +14,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from fusedattn_select.result import Selection
     from fusedattn_select.selection.selector import Selector
 
 PREFIX = "runner:"
@@ -60,3 +61,20 @@ def runner_key(graphs_key: str, heads_as_batch: bool = False) -> str:
     """The key of a choice: the key of the graphs that run (and whether a decode step runs them
     with its heads as batch)."""
     return ("heads " if heads_as_batch else "") + graphs_key
+
+
+def for_selection(selector: "Selector", selection: "Selection") -> Optional[Choice]:
+    """The stored choice for the graphs attention() runs a selected problem with (its bucket form,
+    a decode step's heads-as-batch bucket, or its own dense graphs), or None (not measured yet)."""
+    from fusedattn_select.selection.selector import HEADS_AS_BATCH
+    from fusedattn_select.selection.warmup import plan_forms
+
+    if not selection.selected or selection.config is None or selector.store is None:
+        return None
+    forms, _ = plan_forms(selector, selection.config, selection)
+    heads = selection.plan_form.startswith(HEADS_AS_BATCH)
+    for form in forms:
+        found = stored(selector, runner_key(form.cache_key(), heads))
+        if found is not None:
+            return found
+    return None

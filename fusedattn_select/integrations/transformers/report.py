@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.integrations.transformers.problems import hf_config, model_problems
-from fusedattn_select.selection.selector import select
+from fusedattn_select.selection import runners
+from fusedattn_select.selection.selector import default_selector
 from fusedattn_select.types import Backend
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class LayerReport:
     sliding_window: int | None = None
     softcap: float | None = None
     sinks: bool = False
+    runner: str = ""  # the runner measured faster for its graphs on this device ("" = not measured yet)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,7 +44,8 @@ class LayerReport:
             "head_dim_qk": self.config.head_dim_qk, "head_dim_v": self.config.resolved_head_dim_v,
             "window_size": list(self.config.window_size), "sliding_window": self.sliding_window,
             "softcap": self.softcap, "sinks": self.sinks, "backend": self.backend.value,
-            "reason": self.reason, "reasons": list(self.reasons), "config": self.config.to_dict(),
+            "reason": self.reason, "reasons": list(self.reasons), "runner": self.runner or None,
+            "config": self.config.to_dict(),
         }
 
 
@@ -53,20 +56,25 @@ def report(
     """Which backend runs each distinct attention layer of a model, and why, before running it.
 
     Accepts what `configs_from_hf` accepts. `selector` defaults to the process-wide one
-    (`fusedattn_select.select`); pass another to answer from a snapshot.
+    (`fusedattn_select.select`); pass another to answer from a snapshot. Each row's `runner` says
+    whether torch SDPA or cuDNN was measured faster for that layer's graphs on this device.
     """
     view = hf_config(model_or_config)
+    selector = selector if selector is not None else default_selector()
     rows = []
     for problem in model_problems(view, batch_size, seqlen, is_training, dtype):
+        runner = ""
         if problem.integration_reasons:
             backend, reasons = Backend.NONE, problem.integration_reasons
         else:
-            selection = selector.select(problem.config) if selector is not None else select(problem.config)
+            selection = selector.select(problem.config)
             backend, reasons = selection.backend, selection.reasons
+            choice = runners.for_selection(selector, selection)
+            runner = choice.describe() if choice is not None else ""
         rows.append(LayerReport(
             name=problem.name, layers=tuple(problem.layers), layer_type=problem.layer_type,
             config=problem.config, backend=backend, reason="; ".join(reasons), reasons=reasons,
-            sliding_window=problem.sliding_window, softcap=problem.softcap, sinks=problem.sinks,
+            sliding_window=problem.sliding_window, softcap=problem.softcap, sinks=problem.sinks, runner=runner,
         ))
     return rows
 
@@ -102,4 +110,6 @@ def format_report(rows: Sequence[LayerReport]) -> str:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
         if position:
             lines.extend(f"    reason: {reason}" for reason in rows[position - 1].reasons)
+            if rows[position - 1].runner:
+                lines.append(f"    runner: {rows[position - 1].runner}")
     return "\n".join(lines)
