@@ -18,7 +18,9 @@ first. K and V stored in different layouts are copied to the layout of K.
 What runs
 ---------
 The problem is turned into an AttnConfig (`config_from_tensors`) and selected (`select`). When the
-selection is F16 or FP8, the cuDNN graphs are obtained once per problem (forward, and backward when
+selection is F16 or FP8 (and, for a new signature whose plans the process does not hold yet, once
+runtime/tiers.py has prepared them off the caller's path while torch SDPA runs its calls), the cuDNN
+graphs are obtained once per problem (forward, and backward when
 training): loaded from the persistent store where an earlier process or warmup() stored them, else
 built and stored (runtime.plans.obtain_plan; `plan_loads` and `plan_builds` in dispatch_info()),
 and found again by one dict lookup keyed on the tensors' shapes, strides and dtypes and the call's
@@ -259,7 +261,10 @@ def dispatch_info() -> dict[str, Any]:
     """Counters of the dispatch layer: calls, fused/fallback calls, signatures decided, plan builds
     (graph builds done by dispatch; 0 new ones after warm-up means the hot path built nothing) and
     plan loads (serialized plans deserialized from the persistent store instead of built;
-    plan_load_failures counts stored plans that did not load and were rebuilt)."""
+    plan_load_failures counts stored plans that did not load and were rebuilt); first contact
+    (runtime/tiers.py): torch_calls (calls torch SDPA ran while a signature waited for its plans or
+    because it was measured faster), swaps, measured, waiting_signatures, and runners (each measured
+    or stored runner choice of this process: graphs key -> "runner (measured x us vs y us)")."""
     info: dict[str, Any] = dict(entries.counters)
     table_calls = native.table_calls()  # lean calls the compiled table ran
     info["calls"] += table_calls
