@@ -53,13 +53,15 @@ def configured() -> str:
 
 
 first_calls = configured()  # read at import, like the other runtime settings
+Run = Callable[..., Any]  # api._run: (entry, q, k, v, inputs, fp8, return_lse) -> out
 
 
 # ----- deciding a new signature --------------------------------------------------------------------
 def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
-          scales: Any) -> Entry:
-    """The decision for `signature` (an entries.key): made now from memory, else a torch runner that
-    waits for it (see the module docstring), else (a waiting case) made now as before."""
+          scales: Any, run_decided: Run) -> Entry:
+    """The decision for `signature` (an entries.key): made now from memory (with its bucket's runner
+    choice, measured now where this device has none), else a torch runner that waits for it (see
+    the module docstring), else (a waiting case) made now as before."""
     def decide() -> Entry:
         why = wait_reason(signature, q, k, v, inputs, scales)
         if why:
@@ -74,7 +76,16 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                       _describe(signature), err)
             return Entry(signature[0], fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet",
                          waiting=preparer.submit(signature), torch_call=torch_call(signature[0], q, k))
-        return choices.apply(found, q=q, k=k)
+        if not found.fused:
+            return found
+        key = runner_key(found)
+        choice = choices.get(key) or choices.load(key)
+        if choice is None:  # both runners exist and this device never timed them for this bucket
+            keeper = Entry(signature[0], fallback=FALLBACK_TORCH, torch_call=torch_call(signature[0], q, k))
+            choice = choices.measure(key, keeper, found, q, k, v, run_decided)
+            log.info("fusedattn_select: %s: %s runs its bucket (%s)", _describe_entry(found),
+                     "cuDNN" if choice.runner == CUDNN else "torch SDPA", choice.why())
+        return choices.apply(found, choice, q=q, k=k)
 
     found, built = entries.entries.get_or_build(signature, decide)
     if built:
@@ -159,9 +170,6 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor) -> Callable[
         return out if back is None else out.permute(back)
 
     return call
-
-
-Run = Callable[..., Any]  # api._run: (entry, q, k, v, inputs, fp8, return_lse) -> out
 
 
 def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Any:

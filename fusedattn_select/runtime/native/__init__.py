@@ -173,13 +173,14 @@ def self_test() -> None:
     assert module.stream_check(7) == "eng7"
     if not torch.cuda.is_available():
         return
-    from fusedattn_select.runtime import dense_builds, entries
+    from fusedattn_select.runtime import dense_builds, entries, tiers
     from fusedattn_select.runtime.api import attention
 
     q, k, v = (torch.randn(2, 64, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     got = {}
-    settings = entries.dense_after, dense_builds.configured
-    entries.dense_after, dense_builds.configured = 1, "inline"  # its own plans at once: a table entry
+    settings = entries.dense_after, dense_builds.configured, tiers.first_calls
+    # Its own plans at once, from the first call (not torch SDPA first): a table entry.
+    entries.dense_after, dense_builds.configured, tiers.first_calls = 1, "inline", "wait"
     try:
         for label, calls in (("native", 3), ("python", 1)):
             before = table_calls()
@@ -194,7 +195,7 @@ def self_test() -> None:
                     found.lean = dataclasses.replace(found.lean, native=None)
             forget_calls()
     finally:
-        entries.dense_after, dense_builds.configured = settings
+        entries.dense_after, dense_builds.configured, tiers.first_calls = settings
     for a, b in zip(got["native"], got["python"]):
         assert torch.allclose(a.float(), b.float(), atol=2e-2), "compiled and Python paths differ"
 
