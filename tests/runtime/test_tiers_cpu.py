@@ -1,0 +1,222 @@
+"""First contact on CPU (runtime/tiers.py): why a signature waits, the prepared torch SDPA call of a
+signature against torch's SDPA computed directly, the dummy tensors a waiting signature is decided
+with, plans under a limit, and the worker's job order (runtime/dense_worker.py)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import queue
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusedattn_select import offpath, settings
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.runtime import dense_worker, entries, plans, tiers
+from fusedattn_select.runtime.args import Arguments, call_options
+from fusedattn_select.runtime.options import OptionalInputs
+from fusedattn_select.types import Backend, Phase
+
+NONE = OptionalInputs(None, None, None, None, None)
+DIMS = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": (0, 1, 2, 3)}  # BHSD dims -> the layout's
+TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+
+
+def tensor(layout: str, b: int, h: int, s: int, d: int, dtype=torch.bfloat16, cls=None) -> torch.Tensor:
+    t = torch.randn(b, h, s, d).permute(DIMS[layout]).contiguous().to(dtype)
+    return t.as_subclass(cls) if cls is not None else t
+
+
+def qkv(layout="bshd", sq=64, skv=64, hq=4, hkv=4, d=64, dtype=torch.bfloat16, cls=None):
+    return (tensor(layout, 2, hq, sq, d, dtype, cls), tensor(layout, 2, hkv, skv, d, dtype, cls),
+            tensor(layout, 2, hkv, skv, d, dtype, cls))
+
+
+def signature(q, k, v, inputs=NONE, **arguments) -> tuple:
+    """The signature attention() decides (api._decide): entries.key of the call's options."""
+    return entries.key(q, k, v, call_options(q, k, v, inputs, Arguments(**arguments)), inputs)
+
+
+def reason(q, k, v, inputs=NONE, sig=None, **arguments) -> str:
+    plain = (t.as_subclass(torch.Tensor) for t in (q, k, v))  # entries.key asks CUDA whether it captures
+    sig = sig or signature(*plain, inputs, **arguments)
+    return tiers.wait_reason(sig, q, k, v, inputs, None)
+
+
+class ClaimsCuda(torch.Tensor):
+    """A CPU tensor whose is_cuda says True: wait_reason reads only geometry and options, so this
+    reaches its checks after "not a CUDA call" (nothing runs on it, nothing is probed)."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+# ----- wait_reason -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("arguments", [{}, {"mask": "causal"}, {"return_lse": True}, {"mask": "padding"},
+                                       {"window_size": (8, 0)}, {"fp8": True}])
+def test_a_cpu_call_waits_because_it_is_not_a_cuda_call(arguments):
+    assert reason(*qkv(), **arguments) == "not a CUDA call"
+    with offpath.only(offpath.MEMORY):
+        assert reason(*qkv(), **arguments) == "not a CUDA call"
+
+
+def test_first_calls_wait_is_named_before_anything_else(monkeypatch):
+    monkeypatch.setattr(tiers, "first_calls", "wait")
+    for q, k, v in (qkv(), qkv(cls=ClaimsCuda)):
+        why = reason(q, k, v, deterministic=True)
+        assert why == "FUSEDATTN_SELECT_FIRST_CALLS=wait" and settings.FIRST_CALLS in why
+
+
+def test_capture_and_deterministic_wait_even_on_cpu():
+    q, k, v = qkv()
+    captured = signature(q, k, v)[:-1] + (True,)
+    assert reason(q, k, v, sig=captured) == "CUDA-graph capture"
+    assert reason(q, k, v, deterministic=True) == "deterministic=True"
+    assert reason(*qkv(cls=ClaimsCuda), deterministic=True) == "deterministic=True"
+
+
+@pytest.mark.parametrize("arguments, sq, skv, dtype, expected", [
+    ({"return_lse": True}, 64, 64, torch.bfloat16, "torch SDPA cannot run return_lse=True"),
+    ({"mask": "padding"}, 64, 64, torch.bfloat16, "torch SDPA cannot run mask='padding'"),
+    ({"mask": "padding_causal"}, 64, 64, torch.float16, "torch SDPA cannot run mask='padding_causal'"),
+    ({"window_size": (8, 0)}, 64, 64, torch.bfloat16, "torch SDPA cannot run window_size=(8, 0)"),
+    ({"softmax": "off_by_one"}, 64, 64, torch.bfloat16, "torch SDPA cannot run softmax='off_by_one'"),
+    ({"fp8": True}, 64, 64, torch.bfloat16, "FP8, or optional tensors"),
+    ({"mask": "causal_bottom_right"}, 32, 64, torch.bfloat16, "a bottom-right causal mask over unequal lengths"),
+    ({"mask": "causal_bottom_right"}, 64, 32, torch.bfloat16, "torch SDPA cannot run bottom-right causal mask with"),
+    ({}, 64, 64, torch.float32, "neither flash nor memory-efficient attention takes it"),
+])
+def test_a_cuda_call_names_why_it_waits(arguments, sq, skv, dtype, expected):
+    assert reason(*qkv(sq=sq, skv=skv, dtype=dtype, cls=ClaimsCuda), **arguments).startswith(expected)
+
+
+def test_optional_tensors_and_a_limited_decision_wait():
+    q, k, v = qkv(cls=ClaimsCuda)
+    bias = OptionalInputs(torch.zeros(1, 4, 64, 64, dtype=torch.bfloat16), None, None, None, None)
+    sig = signature(*qkv(), inputs=bias)
+    assert tiers.wait_reason(sig, q, k, v, bias, None) == "FP8, or optional tensors"
+    with offpath.only(offpath.STORED):
+        assert reason(q, k, v) == "a limited decision"
+
+
+# ----- torch_call --------------------------------------------------------------------------------------
+def reference(layout, mask, q, k, v, scale):
+    """Float32 SDPA on BHSD views with an explicit mask and repeated KV heads."""
+    qb, kb, vb = (t.float().permute(TO_BHSD[layout]) for t in (q, k, v))
+    groups = qb.shape[1] // kb.shape[1]
+    kb, vb = kb.repeat_interleave(groups, 1), vb.repeat_interleave(groups, 1)
+    sq, skv = qb.shape[2], kb.shape[2]
+    rows, cols = torch.arange(sq).view(sq, 1), torch.arange(skv).view(1, skv)
+    allowed = {"no_mask": None, "causal": cols <= rows, "causal_bottom_right": cols <= rows + (skv - sq)}[mask]
+    out = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=allowed, scale=scale)
+    return out.permute(DIMS[layout])
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+@pytest.mark.parametrize("mask", ["no_mask", "causal", "causal_bottom_right"])
+@pytest.mark.parametrize("sq", [48, 1])
+@pytest.mark.parametrize("hkv", [4, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_torch_call_matches_sdpa_computed_directly(layout, mask, sq, hkv, dtype):
+    scale = 0.2 if hkv == 2 else None
+    q, k, v = qkv(layout, sq=sq, skv=48, hq=4, hkv=hkv, d=32, dtype=dtype)
+    opts = call_options(q, k, v, NONE, Arguments(layout=layout, mask=mask, attn_scale=scale))
+    call = tiers.torch_call(opts, q, k)
+    for tensors in ((q, k, v), qkv(layout, sq=sq, skv=48, hq=4, hkv=hkv, d=32, dtype=dtype)):  # prepared once
+        out = call(*tensors)
+        assert out.shape == tensors[0].shape and out.dtype == dtype
+        tol = 2e-2 if dtype is torch.bfloat16 else 1e-5
+        torch.testing.assert_close(out.float(), reference(layout, mask, *tensors, scale), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_torch_call_leaves_the_cudnn_sdp_switch_as_it_was(enabled):
+    q, k, v = qkv()
+    call = tiers.torch_call(call_options(q, k, v, NONE, Arguments()), q, k)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
+    try:
+        call(q, k, v)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is enabled
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+# ----- dummies -----------------------------------------------------------------------------------------
+def test_dummies_have_the_geometry_of_the_signature():
+    q = torch.randn(2, 40, 8, 128, dtype=torch.bfloat16)[..., :64]       # a non-contiguous slice
+    k = torch.randn(2, 4, 40, 64, dtype=torch.bfloat16).transpose(1, 2)   # a BHSD buffer seen as BSHD
+    v = torch.randn(2, 40, 4, 64, dtype=torch.float16)
+    sig = signature(q, k, v)
+    made = tiers.dummies(sig)
+    for dummy, original in zip(made, (q, k, v)):
+        assert (dummy.shape, dummy.stride(), dummy.dtype, dummy.device) == \
+            (original.shape, original.stride(), original.dtype, original.device)
+        assert dummy.data_ptr() != original.data_ptr()
+    assert not made[0].is_contiguous() and not made[1].is_contiguous()
+    assert entries.key(*made, sig[0], NONE) == sig  # decided from the dummies, it is the same signature
+
+
+# ----- plans under a limit ----------------------------------------------------------------------------------
+def test_obtain_plan_refuses_a_memory_miss_and_never_builds_under_stored():
+    cfg = AttnConfig(batch_size=2, num_heads_q=4, num_heads_kv=4, seqlen_q=64, seqlen_kv=64, head_dim_qk=64)
+    device = torch.device("cuda", 0)
+    failures = plans.plan_stats()["build_failures"]
+    with offpath.only(offpath.MEMORY), pytest.raises(offpath.NotReady, match="^plans of "):
+        plans.obtain_plan(cfg, Backend.F16, Phase.FORWARD, device)
+    with offpath.only(offpath.STORED), pytest.raises(offpath.NotReady, match="^a build of "):
+        plans.obtain_plan(cfg, Backend.F16, Phase.FORWARD, device)  # no plan key here: it would build
+    assert plans.plan_stats()["build_failures"] == failures  # build_plan never ran
+    held = object()
+    plans._plans_by_problem[(0, cfg.cache_key(), Backend.F16, Phase.FORWARD)] = held
+    try:
+        with offpath.only(offpath.MEMORY):
+            assert plans.obtain_plan(cfg, Backend.F16, Phase.FORWARD, device) is held
+    finally:
+        plans._plans_by_problem.pop((0, cfg.cache_key(), Backend.F16, Phase.FORWARD), None)
+
+
+# ----- the worker's job order -------------------------------------------------------------------------------
+def drain(jobs: queue.PriorityQueue) -> list:
+    found = []
+    while not jobs.empty():
+        found.append(jobs.get_nowait()[2])
+    return found
+
+
+def test_asked_jobs_and_the_end_of_input_come_before_build_ahead_work(monkeypatch):
+    jobs: queue.PriorityQueue = queue.PriorityQueue()
+    order = itertools.count()
+    jobs.put((dense_worker.AHEAD_PRIORITY, next(order), {"kind": "ahead", "n": 0}))  # queued first
+    lines = [{"id": 1, "kind": "decide"}, {"id": 2, "config": {}}, {"id": 3, "kind": "decide"}]
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(json.dumps(line) + "\n" for line in lines)))
+    dense_worker._read(jobs, order)
+    jobs.put((dense_worker.AHEAD_PRIORITY, next(order), {"kind": "ahead", "n": 1}))
+    assert drain(jobs) == [*lines, None, {"kind": "ahead", "n": 0}, {"kind": "ahead", "n": 1}]
+
+
+def test_the_end_of_input_is_queued_even_when_a_line_is_not_json(monkeypatch):
+    jobs: queue.PriorityQueue = queue.PriorityQueue()
+    order = itertools.count()
+    jobs.put((dense_worker.AHEAD_PRIORITY, next(order), {"kind": "ahead"}))
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"id": 1}\nnot json\n{"id": 2}\n'))
+    with pytest.raises(json.JSONDecodeError):
+        dense_worker._read(jobs, order)
+    assert drain(jobs) == [{"id": 1}, None, {"kind": "ahead"}]
+
+
+def test_a_decide_job_queues_its_build_ahead_behind_later_asked_jobs(monkeypatch):
+    cfg = AttnConfig(batch_size=2, num_heads_q=4, num_heads_kv=4, seqlen_q=64, seqlen_kv=64, head_dim_qk=64)
+    monkeypatch.setattr(dense_worker, "decide", lambda job: ('{"reason": "", "forms": []}', (cfg, True)))
+    jobs: queue.PriorityQueue = queue.PriorityQueue()
+    order = itertools.count()
+    job = {"id": 7, "kind": "decide", "store_dir": "/tmp/x", "device": 0}
+    assert dense_worker._answer(job, jobs, order) == {"id": 7, "result": '{"reason": "", "forms": []}'}
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"id": 8}\n'))
+    dense_worker._read(jobs, order)
+    assert drain(jobs) == [{"id": 8}, None, {"kind": "ahead", "config": cfg, "return_lse": True,
+                                            "store_dir": "/tmp/x", "device": 0}]
