@@ -44,9 +44,10 @@ def stored(selector: Selector, key: str) -> Choice | None:
         return None
     try:
         data = json.loads(blob)
-        return Choice(str(data["runner"]), float(data["torch_us"]), float(data["cudnn_us"]))
+        found = Choice(str(data["runner"]), float(data["torch_us"]), float(data["cudnn_us"]))
     except (ValueError, TypeError, KeyError):
         return None
+    return found if found.runner in (TORCH, CUDNN) else None  # a damaged row: measured again
 
 
 def store(selector: Selector, key: str, choice: Choice) -> bool:
@@ -63,7 +64,7 @@ def runner_key(graphs_key: str, heads_as_batch: bool = False) -> str:
     return ("heads " if heads_as_batch else "") + graphs_key
 
 
-def for_selection(selector: "Selector", selection: "Selection") -> Optional[Choice]:
+def for_selection(selector: "Selector", selection: "Selection") -> Choice | None:
     """The stored choice for the graphs attention() runs a selected problem with (its bucket form,
     a decode step's heads-as-batch bucket, or its own dense graphs), or None (not measured yet)."""
     from fusedattn_select.selection.selector import HEADS_AS_BATCH
