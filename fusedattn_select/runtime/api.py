@@ -253,7 +253,7 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
     check_args(q, k, v, inputs, arguments)  # a new signature: its arguments checked once
     if signature is None:
         signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
-    return tiers.entry(signature, q, k, v, inputs, scales, _run)
+    return tiers.entry(signature, q, k, v, inputs, scales)
 
 
 # ----- introspection -----------------------------------------------------------------------------

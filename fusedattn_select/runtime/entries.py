@@ -76,6 +76,7 @@ class Entry:
     torch_because: str = ""
     waiting: Optional[Future] = None
     torch_call: Any = None               # (q, k, v) -> out on torch SDPA, made once (tiers.torch_call)
+    cudnn: Optional[Entry] = None        # a torch-run signature's cuDNN entry, for paths that never switch
 
     @property
     def fused(self) -> bool:

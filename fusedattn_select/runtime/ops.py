@@ -15,7 +15,7 @@ import torch
 
 from fusedattn_select import dtypes
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.runtime import entries, options
+from fusedattn_select.runtime import entries, options, tiers
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import Arguments, call_options, check_args
 from fusedattn_select.runtime.fallback import fallback_backward, fallback_forward
@@ -76,7 +76,8 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
     scales = None
     if tensors["descale_q"] is not None:
         scales = FP8Scales(*(tensors[name] for name in _DESCALES), dtypes.torch_dtype(opts.o_dtype, torch))
-    found = entries.entry(entries.key(q, k, v, opts, inputs), q, k, v, inputs, scales)
+    signature = entries.key(q, k, v, opts, inputs)
+    found = tiers.cudnn_entry(entries.entry(signature, q, k, v, inputs, scales), signature, q, k, v, inputs, scales)
     specs = _attention_fwd_fake(*(_meta(t) for t in args))
     heads = found.heads
     if heads is not None:  # a decode step run with its heads as batch (runtime/heads.py): never promoted,
@@ -137,7 +138,8 @@ def _attention_bwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
     tensors, opts = _split(args, BACKWARD_TENSORS)
     q, k, v, grad_out = tensors["q"], tensors["k"], tensors["v"], tensors["grad_out"]
     inputs = _inputs(tensors)
-    found = entries.entry(entries.key(q, k, v, opts, inputs), q, k, v, inputs, None)
+    signature = entries.key(q, k, v, opts, inputs)
+    found = tiers.cudnn_entry(entries.entry(signature, q, k, v, inputs, None), signature, q, k, v, inputs, None)
     specs = _attention_bwd_fake(*(_meta(t) for t in args))
     if found.fused:
         fp8_saved = None

@@ -33,6 +33,9 @@ import torch
 from fusedattn_select import offpath, settings
 from fusedattn_select.runtime import dense_builds, entries
 from fusedattn_select.runtime.entries import Entry
+from fusedattn_select.runtime.fused import fused_forward
+from fusedattn_select.runtime.lean import lean_forward
+from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, torch_sdpa_blocker
 from fusedattn_select.runtime.layouts import bhsd
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
@@ -58,7 +61,7 @@ Run = Callable[..., Any]  # api._run: (entry, q, k, v, inputs, fp8, return_lse) 
 
 # ----- deciding a new signature --------------------------------------------------------------------
 def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
-          scales: Any, run_decided: Run) -> Entry:
+          scales: Any) -> Entry:
     """The decision for `signature` (an entries.key): made now from memory (with its bucket's runner
     choice, measured now where this device has none), else a torch runner that waits for it (see
     the module docstring), else (a waiting case) made now as before."""
@@ -80,12 +83,14 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
             return found
         key = runner_key(found)
         choice = choices.get(key) or choices.load(key)
+        keeper = Entry(signature[0], fallback=FALLBACK_TORCH, torch_call=torch_call(signature[0], q, k))
         if choice is None:  # both runners exist and this device never timed them for this bucket
-            keeper = Entry(signature[0], fallback=FALLBACK_TORCH, torch_call=torch_call(signature[0], q, k))
-            choice = choices.measure(key, keeper, found, q, k, v, run_decided)
+            choice = choices.measure(key, keeper, found, q, k, v)
+            if choice is None:
+                return keeper
             log.info("fusedattn_select: %s: %s runs its bucket (%s)", _describe_entry(found),
                      "cuDNN" if choice.runner == CUDNN else "torch SDPA", choice.why())
-        return choices.apply(found, choice, q=q, k=k)
+        return choices.apply(found, choice, keeper)
 
     found, built = entries.entries.get_or_build(signature, decide)
     if built:
@@ -101,8 +106,11 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         return "FUSEDATTN_SELECT_FIRST_CALLS=wait"
     if signature[-1]:
         return "CUDA-graph capture"
-    if opts.deterministic:
-        return "deterministic=True"
+    if opts.deterministic or torch.are_deterministic_algorithms_enabled():
+        return "deterministic=True" if opts.deterministic else "torch.use_deterministic_algorithms(True)"
+    if opts.training and _saved_tensor_hooks() is not None:
+        # Activation checkpointing: the backward recomputes this forward, and must run the kernel it ran.
+        return "saved-tensor hooks (activation checkpointing)"
     if not q.is_cuda or offpath.limit() is not None:
         return "not a CUDA call" if not q.is_cuda else "a limited decision"
     if opts.fp8 or scales is not None or any(t is not None for t in inputs):
@@ -116,6 +124,12 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if q.dtype not in (torch.float16, torch.bfloat16) or not _flash_or_efficient(opts, qb, kb, bhsd(v, opts.layout)):
         return "neither flash nor memory-efficient attention takes it"
     return ""
+
+
+def _saved_tensor_hooks() -> Any:
+    """The innermost saved-tensor hooks of this thread (non-reentrant checkpointing sets them), or None."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top(False) if top is not None else None
 
 
 def _flash_or_efficient(opts: CallOptions, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> bool:
@@ -204,13 +218,28 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     key = runner_key(prepared)
     choice = choices.get(key)
     if choice is None:
-        choice = choices.measure(key, waiting, prepared, q, k, v, run_decided)
+        choice = choices.measure(key, waiting, prepared, q, k, v)
+        if choice is None:
+            return waiting
     new = choices.apply(prepared, choice, waiting)
     entries.replace(waiting, new)
     entries.counters["swaps"] += 1
     log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", _describe_entry(prepared),
              "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
     return new
+
+
+def cudnn_entry(found: Entry, signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                inputs: OptionalInputs, scales: Any) -> Entry:
+    """The entry of a path that never switches kernels mid-run (the compiled custom ops) for a
+    signature eager calls run on torch: its cuDNN entry, waiting for it where it is being prepared."""
+    if not found.torch_because:
+        return found
+    if found.cudnn is None:
+        job = found.waiting
+        prepared = job.result() if job is not None and job.exception() is None else None
+        found.cudnn = prepared if prepared is not None else entries.new_entry(signature, q, k, v, inputs, scales)
+    return found.cudnn
 
 
 def _describe_entry(found: Entry) -> str:
@@ -226,6 +255,16 @@ def runner_key(found: Entry) -> str:
 
 
 # ----- measured choices ---------------------------------------------------------------------------------
+def cudnn_forward(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The forward of a decided cuDNN entry on the caller's tensors, as its calls run it, without
+    counting a call (no counters, no step toward its promotion)."""
+    if found.lean is not None:
+        return lean_forward(found, q, k, v)[0]
+    if found.heads is not None:
+        return back(found.heads, cudnn_forward(found.heads.entry, *as_heads(found.heads, q, k, v)))
+    return fused_forward(found, q, k, v, NO_INPUTS, None)[0]
+
+
 class Choices:
     """Runner choices by runner_key: measured here, or read from the persistent store."""
 
@@ -248,39 +287,37 @@ class Choices:
             self._known[key] = found
         return found
 
-    def apply(self, found: Entry, choice: Choice | None = None, waiting: Entry | None = None,
-              q: torch.Tensor | None = None, k: torch.Tensor | None = None) -> Entry:
-        """`found`, or a torch runner in its place when its bucket's choice is torch (`waiting`, the
-        signature's torch runner, or a new one for the call's `q` and `k`)."""
-        choice = choice or (self._known.get(runner_key(found)) if found.fused else None)
+    def apply(self, found: Entry, choice: Choice | None, keeper: Entry) -> Entry:
+        """`found`, or `keeper` (the signature's torch runner) when `choice` is torch."""
         if choice is None or choice.runner == CUDNN:
             return found
-        keeper = waiting if waiting is not None else Entry(found.opts, fallback=FALLBACK_TORCH,
-                                                           torch_call=torch_call(found.opts, q, k))
         keeper.torch_because = choice.why()
-        keeper.selection, keeper.cfg = found.selection, found.cfg
+        keeper.selection, keeper.cfg, keeper.cudnn = found.selection, found.cfg, found
         return keeper
 
-    def measure(self, key: str, waiting: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                run_decided: Run) -> Choice:
-        """Time both runners on the caller's tensors (forward calls, in turns) and keep the faster;
-        cuDNN keeps a tie (within 2%)."""
-        saved = dict(entries.counters)
-        pair = (lambda: waiting.torch_call(q, k, v),
-                   lambda: run_decided(prepared, q, k, v, NO_INPUTS, False, False))
+    def measure(self, key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> Choice | None:
+        """Time both runners' forward on the caller's tensors (in turns) and keep the faster, cuDNN on a
+        tie within 2%; None, with `keeper` saying why, when the cuDNN runner fails (torch keeps it)."""
+        pair = (lambda: keeper.torch_call(q, k, v), lambda: cudnn_forward(prepared, q, k, v))
         timed: tuple[list, list] = ([], [])
-        with torch.no_grad():
-            for runner in pair:
-                runner()
-            for round_ in range(ROUNDS):
-                for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    pair[which]()
-                    end.record()
-                    timed[which].append((start, end))
-            end.synchronize()
-        entries.counters.update(saved)
+        try:
+            with torch.no_grad():
+                for runner in pair:
+                    runner()
+                for round_ in range(ROUNDS):
+                    for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        pair[which]()
+                        end.record()
+                        timed[which].append((start, end))
+                end.synchronize()
+        except Exception as err:  # noqa: BLE001 - the call goes on, on torch
+            keeper.torch_because = f"its cuDNN runner failed when timed ({type(err).__name__}: {err})"
+            log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(prepared),
+                        keeper.torch_because)
+            return None
         torch_us, cudnn_us = (statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) for pairs in timed)
         choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
         with self._lock:
