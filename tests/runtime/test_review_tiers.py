@@ -1,0 +1,418 @@
+"""Review repros for first contact (runtime/tiers.py: commits 3a46beb, b12431d, 4d35990, and the fixes
+968bf53 / 9464279 that followed).
+
+Open defects are marked xfail(strict=True): such a test passes (and so fails the suite) once its
+defect is fixed, when the mark should go. The tests at the end, unmarked, are regressions for
+defects this review found that 9464279 fixed. Nothing here runs a GPU kernel: cuDNN runs are stood
+in for by callables, CUDA events by a stub and `is_cuda` by a subclass.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import types
+import weakref
+from concurrent.futures import Future
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.runtime import api, dense_builds, entries, tiers
+from fusedattn_select.runtime.args import Arguments, call_options
+from fusedattn_select.runtime.entries import Entry
+from fusedattn_select.runtime.fallback import FALLBACK_TORCH
+from fusedattn_select.runtime.options import OptionalInputs
+from fusedattn_select.selection import runners
+
+NONE = OptionalInputs(None, None, None, None, None)
+CFG = AttnConfig(batch_size=2, num_heads_q=4, num_heads_kv=4, seqlen_q=64, seqlen_kv=64, head_dim_qk=64)
+
+
+def qkv(b=2, s=64, h=4, d=64):
+    return tuple(torch.randn(b, s, h, d, dtype=torch.bfloat16) for _ in range(3))
+
+
+def opts_of(q, k, v, **arguments):
+    return call_options(q, k, v, NONE, Arguments(**arguments))
+
+
+class FakeEvent:
+    """torch.cuda.Event without CUDA: every timed call takes 1 ms (a tie: cuDNN is kept)."""
+
+    def __init__(self, enable_timing=False):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 1.0
+
+
+def done(value):
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def waiting_entry(opts, prepared, torch_call=None):
+    return Entry(opts, fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet",
+                 waiting=done(prepared), torch_call=torch_call or (lambda q, k, v: q.clone()))
+
+
+@pytest.fixture
+def isolated(monkeypatch):
+    """Save and restore the module state these tests touch; no store reads or writes, no CUDA events,
+    and a cuDNN forward that runs (tests that need it to fail patch it again)."""
+    saved = (dict(entries.counters), dict(entries.entries._values), dict(entries.by_call),
+             dict(tiers.choices._known), entries.class_calls.copy(), dict(entries.newest), entries.class_pass.copy())
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(tiers.runners, "store", lambda *args: False)
+    monkeypatch.setattr(tiers.choices, "load", lambda key: tiers.choices.get(key))
+    monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: q.clone())
+    yield
+    counters, values, by_call, known, class_calls, newest, class_pass = saved
+    for table, old in ((entries.counters, counters), (entries.entries._values, values), (entries.by_call, by_call),
+                       (tiers.choices._known, known), (entries.class_calls, class_calls), (entries.newest, newest),
+                       (entries.class_pass, class_pass)):
+        table.clear()
+        table.update(old)
+
+
+def decide_from_memory(monkeypatch):
+    """tiers.entry as on a GPU whose selector exists and whose plans for the call are in memory:
+    entries.new_entry returns a fused entry of CFG (a fresh one per signature)."""
+    monkeypatch.setattr(tiers, "wait_reason", lambda *args: "")
+    monkeypatch.setattr(tiers.selection, "made_default_selector", lambda: object())
+    monkeypatch.setattr(tiers.entries, "new_entry",
+                        lambda signature, q, k, v, inputs, scales: Entry(signature[0], cfg=CFG))
+
+
+# =====================================================================================================
+# Open defects (HEAD fc809ec)
+# =====================================================================================================
+
+# ----- one bucket, two runners --------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="tiers.entry (968bf53) and tiers.swap measure a runner key with no single "
+                   "flight: two signatures of one bucket decided at once both measure, and timing noise can leave one "
+                   "on torch and one on cuDNN in one process (the store keeps the last writer's: the next process "
+                   "differs again)")
+def test_two_signatures_of_one_bucket_decided_at_once_share_one_measured_choice(isolated, monkeypatch):
+    decide_from_memory(monkeypatch)
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    measured = []
+    lock = threading.Lock()
+    meet = threading.Barrier(2)
+
+    def measure(key, *args):
+        with lock:
+            measured.append(key)
+            # The two timings land on either side of the 2% tie rule.
+            choice = tiers.Choice(tiers.TORCH if len(measured) == 1 else tiers.CUDNN, 9.9, 10.0)
+        try:
+            meet.wait(timeout=2)  # both threads measure at once (a fixed version has one wait instead)
+        except threading.BrokenBarrierError:
+            pass
+        tiers.choices._known[key] = choice
+        return choice
+
+    monkeypatch.setattr(tiers.choices, "measure", measure)
+    got = {}
+
+    def decide(name):
+        got[name] = tiers.entry((opts, name), q, k, v, NONE, None)
+
+    threads = [threading.Thread(target=decide, args=(name,)) for name in ("review-a", "review-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(measured) == 1, measured
+    assert bool(got["review-a"].torch_because) == bool(got["review-b"].torch_because)
+
+
+# ----- a failing measurement: once per bucket ---------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="a cuDNN runner that fails when timed records nothing for its runner key: "
+                   "every later signature of the bucket (each decode length) reads the store, runs the failing "
+                   "measurement again and logs another warning, and stays on torch for good even if the failure "
+                   "was transient (out of memory)")
+def test_a_failing_measurement_warns_once_per_bucket(isolated, monkeypatch, caplog):
+    decide_from_memory(monkeypatch)
+    attempts = []
+
+    def fails(found, q, k, v):
+        attempts.append(1)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (the cuDNN workspace)")
+
+    monkeypatch.setattr(tiers, "cudnn_forward", fails)
+    caplog.set_level(logging.WARNING, logger="fusedattn_select")
+    for length in (65, 66, 67):  # three decode lengths of one bucket
+        q, k, v = qkv(s=length)
+        assert tiers.entry((opts_of(q, k, v), f"review-len-{length}"), q, k, v, NONE, None).torch_because
+    warnings = [r for r in caplog.records if "stays on torch SDPA" in r.getMessage()]
+    assert len(warnings) == 1 and len(attempts) == 1, (len(warnings), len(attempts))
+
+
+# ----- a swap between a checkpointed forward and its recomputation ------------------------------------
+class _SavesLikeLean(torch.autograd.Function):
+    """Stands in for cuDNN's LeanAttention: what it saves (q, k, v, out, stats (B, H, S, 1) float32)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        with torch.no_grad():
+            out = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+        out = out.transpose(1, 2).contiguous()
+        b, s, h, _ = q.shape
+        ctx.save_for_backward(q, k, v, out, torch.zeros(b, h, s, 1, dtype=torch.float32))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+
+@pytest.mark.xfail(strict=True, reason="wait_reason looks for saved-tensor hooks only when a signature is first "
+                   "decided: with selective checkpointing (every other layer, one shared signature) the first call is "
+                   "not checkpointed, the signature runs torch, and a swap between a checkpointed layer's forward "
+                   "and its recomputation makes the non-reentrant backward raise CheckpointError")
+def test_a_swap_between_a_checkpointed_forward_and_its_recompute(isolated):
+    q, k, v = (t.requires_grad_() for t in qkv(s=32))
+    opts = opts_of(q, k, v)
+    job: Future = Future()
+    # The signature was decided by an un-checkpointed layer's call: torch until its plans are ready.
+    waiting = Entry(opts, fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet", waiting=job,
+                    torch_call=tiers.torch_call(opts, q, k))
+
+    def run_decided(found, q, k, v, *args):
+        return _SavesLikeLean.apply(q, k, v)
+
+    def layer(q, k, v):  # attention() of a checkpointed layer: by_call gives `waiting` until the swap
+        return tiers.run(waiting, q, k, v, run_decided)
+
+    out = torch.utils.checkpoint.checkpoint(layer, q, k, v, use_reentrant=False)  # on torch: not ready yet
+    job.set_result(Entry(opts, cfg=CFG))  # the preparer finishes during the step
+    out.sum().backward()                  # the recomputation swaps in cuDNN: CheckpointError today
+
+
+# ----- the torch runner and the process-wide cuDNN SDPA switch ----------------------------------------
+@pytest.mark.xfail(strict=True, reason="torch_call turns torch's process-wide cuDNN SDPA switch off around each call "
+                   "and back on after it: a change another thread makes meanwhile is overwritten (and other threads' "
+                   "own SDPA calls run with cuDNN off while a torch-served call runs)")
+def test_torch_call_does_not_undo_a_switch_change_made_meanwhile(monkeypatch):
+    q, k, v = qkv()
+    call = tiers.torch_call(opts_of(q, k, v), q, k)
+    real = tiers._sdpa
+
+    def sdpa_while_another_thread_turns_cudnn_off(*args, **kwargs):
+        torch.backends.cuda.enable_cudnn_sdp(False)  # the user's own setting, from another thread
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tiers, "_sdpa", sdpa_while_another_thread_turns_cudnn_off)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        call(q, k, v)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is False  # True today: the user's setting is lost
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+# ----- memory of a waiting signature -----------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="tiers.dummies allocates storage for the whole strided span of the caller's "
+                   "tensors (and the worker does the same on the GPU, keeping it in its caching allocator): a 16-token "
+                   "call on a batch-8 KV cache of 4096 positions allocates ~113 MiB for 1.5 MiB of q, k and v")
+def test_dummies_do_not_allocate_the_callers_strided_span():
+    cache_k = torch.empty(8, 4096, 8, 128, dtype=torch.bfloat16)
+    cache_v = torch.empty(8, 4096, 8, 128, dtype=torch.bfloat16)
+    q = torch.randn(8, 16, 32, 128, dtype=torch.bfloat16)
+    k, v = cache_k[:, :16], cache_v[:, :16]  # a static cache's first 16 positions, read in place
+    made = tiers.dummies(entries.key(q, k, v, opts_of(q, k, v), NONE))
+    allocated = sum(t.untyped_storage().nbytes() for t in made)
+    logical = sum(t.numel() * t.element_size() for t in (q, k, v))
+    assert allocated <= 2 * logical, f"{allocated / 2**20:.1f} MiB allocated for {logical / 2**20:.2f} MiB of tensors"
+
+
+@pytest.mark.xfail(strict=True, reason="the preparer hands prepare()'s exception to the Future with its traceback: "
+                   "the frames hold the dummy q, k, v (full-size device allocations) for as long as the waiting entry "
+                   "keeps the Future, i.e. for good for a signature that is not called again")
+def test_a_failed_preparation_does_not_keep_its_dummies_alive(monkeypatch):
+    monkeypatch.setattr(tiers.selection, "made_default_selector", lambda: object())
+    monkeypatch.setattr(dense_builds, "ask_decide", lambda *args, **kwargs: None)
+    seen = []
+
+    def new_entry(signature, q, k, v, inputs, scales):
+        seen.extend(weakref.ref(t) for t in (q, k, v))
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(tiers.entries, "new_entry", new_entry)
+    q, k, v = qkv()
+    job = tiers.Preparer().submit(entries.key(q, k, v, opts_of(q, k, v), NONE))
+    assert isinstance(job.exception(timeout=30), RuntimeError)
+    gc.collect()
+    assert seen and all(ref() is None for ref in seen), "the dummies are alive while the failed job is kept"
+
+
+# ----- settings the store takes with a warning stop every preparation --------------------------------
+@pytest.mark.xfail(strict=True, reason="fresh_store_target reads FUSEDATTN_SELECT_CACHE (and _SNAPSHOT) with "
+                   "settings.value, which raises where the store warns and goes on (an unknown switch value means on): "
+                   "prepare() raises ConfigError for the first signature, no selector is ever made, so every signature "
+                   "of the process stays on torch, one warning each")
+def test_an_unknown_cache_switch_value_does_not_stop_preparing(monkeypatch):
+    monkeypatch.setattr(dense_builds, "configured", dense_builds.PROCESS)
+    monkeypatch.setenv("FUSEDATTN_SELECT_CACHE", "maybe")  # open_default_store: "using the persistent cache"
+    dense_builds.fresh_store_target(0)  # raises ConfigError today
+
+
+# ----- stored runner choices are rows of the plans table ---------------------------------------------
+def _store_selector(directory):
+    from fusedattn_select.store import PersistentStore
+    from fusedattn_select.types import Fingerprint
+
+    fingerprint = Fingerprint("test-double", "Test GPU H100", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
+    return types.SimpleNamespace(store=PersistentStore(str(directory)), fingerprint=fingerprint)
+
+
+@pytest.mark.xfail(strict=True, reason="runners.store/stored go through put_plan/get_plan, which a store refuses where "
+                   "the directory could be changed by others (plans load native code): a JSON timing is then never "
+                   "persisted, every process measures again, and why / the report never name a runner")
+def test_a_runner_choice_persists_where_serialized_plans_are_refused(tmp_path):
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    directory.chmod(0o770)  # a group-shared cache: decisions are cached, plans are refused
+    selector = _store_selector(directory)
+    assert selector.store.info()["plans_enabled"] is False
+    choice = runners.Choice(runners.TORCH, 9.0, 10.0)
+    runners.store(selector, "some-bucket", choice)
+    assert runners.stored(_store_selector(directory), "some-bucket") == choice
+
+
+@pytest.mark.xfail(strict=True, reason="a stored runner choice is counted as a plan: info()['plans'] (cache info, "
+                   "'cleared N plans', the info command) reports a plan the store does not hold")
+def test_a_runner_choice_is_not_counted_as_a_plan(tmp_path):
+    directory = tmp_path / "own"
+    directory.mkdir(mode=0o700)
+    selector = _store_selector(directory)
+    assert runners.store(selector, "some-bucket", runners.Choice(runners.CUDNN, 12.0, 10.0))
+    assert selector.store.info()["plans"] == 0
+
+
+# =====================================================================================================
+# Regressions: defects this review found in 3a46beb..968bf53 that 9464279 fixed
+# =====================================================================================================
+def _raising_cudnn(found, q, k, v):
+    raise RuntimeError("cuDNN: CUDNN_STATUS_EXECUTION_FAILED")
+
+
+def test_a_measurement_that_raises_during_a_swap_leaves_the_call_on_torch(isolated, monkeypatch):
+    monkeypatch.setattr(tiers, "cudnn_forward", _raising_cudnn)
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    waiting = waiting_entry(opts, Entry(opts, cfg=CFG))
+    out = tiers.run(waiting, q, k, v, lambda *args: pytest.fail("the failed runner was swapped in"))
+    torch.testing.assert_close(out, q)
+    assert "failed when timed" in waiting.torch_because
+
+
+def test_a_measurement_that_raises_while_deciding_from_memory_leaves_the_signature_on_torch(isolated, monkeypatch):
+    decide_from_memory(monkeypatch)
+    monkeypatch.setattr(tiers, "cudnn_forward", _raising_cudnn)
+    q, k, v = qkv()
+    assert tiers.entry((opts_of(q, k, v), "review-raise"), q, k, v, NONE, None).torch_because
+
+
+def test_calls_of_other_threads_during_a_measurement_are_counted(isolated):
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    other = Entry(opts, fallback=FALLBACK_TORCH, torch_because="measured faster", torch_call=lambda q, k, v: q)
+
+    def run_decided(found, *args):
+        entries.counters["calls"] += 1
+        entries.counters["fused_calls"] += 1
+        return q
+
+    started = []
+
+    def torch_side(q, k, v):
+        if not started:  # another thread's attention() call of another signature, during the measurement
+            started.append(True)
+            thread = threading.Thread(target=tiers.run, args=(other, q, k, v, run_decided))
+            thread.start()
+            thread.join()
+        return q
+
+    before = dict(entries.counters)
+    tiers.run(waiting_entry(opts, Entry(opts, cfg=CFG), torch_side), q, k, v, run_decided)
+    assert entries.counters["torch_calls"] == before["torch_calls"] + 1  # the other thread's call
+    assert entries.counters["calls"] == before["calls"] + 2            # its call and this one
+
+
+def test_clear_plans_during_a_measurement_keeps_the_counters_cleared(isolated, monkeypatch):
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    entries.counters["calls"] = entries.counters["fused_calls"] = 100
+
+    def cudnn_then_clear(found, q, k, v):
+        api.clear_plans()  # another thread
+        return q
+
+    monkeypatch.setattr(tiers, "cudnn_forward", cudnn_then_clear)
+
+    def run_decided(found, *args):
+        entries.counters["calls"] += 1
+        entries.counters["fused_calls"] += 1
+        return q
+
+    tiers.run(waiting_entry(opts, Entry(opts, cfg=CFG)), q, k, v, run_decided)
+    assert entries.counters["calls"] <= 1, entries.counters
+
+
+def test_measurement_calls_do_not_count_toward_the_promotion(isolated):
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    prepared = Entry(opts, cfg=CFG, ragged_forward={}, shape_class="review-class",
+                     lean=types.SimpleNamespace(native=lambda q, k, v: q.clone()))
+    tiers.run(waiting_entry(opts, prepared), q, k, v, api._run)
+    assert prepared.calls == 1, prepared.calls
+
+
+class ClaimsCuda(torch.Tensor):
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+def test_torch_deterministic_mode_waits(monkeypatch):
+    monkeypatch.setattr(tiers, "_flash_or_efficient", lambda *args: True)  # what a GPU answers for this problem
+    monkeypatch.setattr(tiers, "first_calls", "torch")  # the default (tests/gpu/conftest.py sets the env to wait)
+    q, k, v = qkv()
+    signature = entries.key(q, k, v, opts_of(q, k, v, mask="causal"), NONE)
+    cq, ck, cv = (t.as_subclass(ClaimsCuda) for t in (q, k, v))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert "determinis" in tiers.wait_reason(signature, cq, ck, cv, NONE, None)
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("served", ["waiting", "measured torch faster"])
+def test_the_compiled_ops_get_the_cudnn_entry_of_a_torch_served_signature(isolated, served):
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    cudnn = Entry(opts, cfg=CFG)
+    if served == "waiting":
+        found = waiting_entry(opts, cudnn)
+    else:  # what Choices.apply files when torch was measured faster
+        found = tiers.choices.apply(cudnn, tiers.Choice(tiers.TORCH, 9.0, 10.0),
+                                    Entry(opts, fallback=FALLBACK_TORCH, torch_call=tiers.torch_call(opts, q, k)))
+    signature = entries.key(q, k, v, opts, NONE)
+    assert tiers.cudnn_entry(found, signature, q, k, v, NONE, None) is cudnn
