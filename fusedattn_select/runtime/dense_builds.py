@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from fusedattn_select import settings
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.selection.selector import Selector
-from fusedattn_select.store.settings import default_cache_dir
+from fusedattn_select.store.settings import cache_switched_off, default_cache_dir
 from fusedattn_select.store.sqlite import DATABASE_NAME
 from fusedattn_select.selection.warmup import plan_target
 from fusedattn_select.types import Backend, Phase, ProbeDepth
@@ -96,8 +96,8 @@ def fresh_store_target(device: int) -> tuple[str, int] | None:
     its selector (which imports cuDNN and opens the store, holding the GIL from the caller's calls
     for about a second): plans go to a worker, the store is persistent and holds no file yet. None
     otherwise: the caller reads the store first."""
-    if configured != PROCESS or not settings.value(settings.CACHE) or settings.value(settings.SNAPSHOT):
-        return None
+    if configured != PROCESS or cache_switched_off() or os.environ.get(settings.SNAPSHOT):
+        return None  # (an invalid value of either is reported where the selector is made)
     directory = default_cache_dir()
     return None if (directory / DATABASE_NAME).exists() else (str(directory), device)
 

@@ -68,43 +68,49 @@ def decide(job: dict) -> tuple[str, tuple[AttnConfig, bool] | None]:
                for shape, stride, dtype in job["tensors"])
     none = OptionalInputs(None, None, None, None, None)
     found = entries.new_entry(entries.key(q, k, v, opts, none), q, k, v, none, None)
+    del q, k, v
+    torch.cuda.empty_cache()  # the geometry's memory back to the device: this process lives as long as the caller
     runs = found.heads.entry if found.heads is not None else found
     forms = [runs.cfg.to_dict()] if runs.fused and runs.bucketed else []
     ahead = (runs.call_cfg, opts.return_lse) if forms else None
     return json.dumps({"reason": found.reason, "forms": forms}), ahead
 
 
-def build_ahead(call_cfg: AttnConfig, return_lse: bool, store_dir: str, device: int) -> None:
-    """Select and build the next buckets of `call_cfg`'s class (lengths up), into the store."""
+def ahead_buckets(call_cfg: AttnConfig) -> list[Bucket]:
+    """The buckets built ahead for `call_cfg`'s class: the next AHEAD lengths up, within AHEAD_MAX_TOKENS."""
+    own = Bucket.of(call_cfg.batch_size, call_cfg.seqlen_q, call_cfg.seqlen_kv)
+    return [b for b in larger_buckets(own, batch_doublings=0, length_doublings=AHEAD) if b.seqlen_kv <= AHEAD_MAX_TOKENS]
+
+
+def build_ahead(call_cfg: AttnConfig, bucket: Bucket, return_lse: bool, store_dir: str, device: int) -> None:
+    """Select and build the plans of `call_cfg`'s class at `bucket`, into the store."""
     import torch
 
     from fusedattn_select.runtime import plans
 
     selector = worker_selector(store_dir, device)
-    own = Bucket.of(call_cfg.batch_size, call_cfg.seqlen_q, call_cfg.seqlen_kv)
-    for bucket in larger_buckets(own, batch_doublings=0, length_doublings=AHEAD):
-        if bucket.seqlen_kv > AHEAD_MAX_TOKENS:
-            break
-        cfg = call_cfg.replace(seqlen_q=bucket.seqlen_q, seqlen_kv=bucket.seqlen_kv)
-        selection = selector.select_own(cfg)
-        form = selector.bucket_for(cfg)
-        if not selection.selected or form is None or not selection.plan_form.startswith("bucket"):
-            continue
-        for plan_cfg, backend, phase in plan_phases(form, selection.backend, return_lse):
-            try:
-                plans.obtain_plan(plan_cfg, backend, phase, torch.device("cuda", device), selector=selector)
-            except plans.PlanBuildError as err:
-                selector.record_build_failure(form, err.verdict)
-                break
+    cfg = call_cfg.replace(seqlen_q=bucket.seqlen_q, seqlen_kv=bucket.seqlen_kv)
+    selection = selector.select_own(cfg)
+    form = selector.bucket_for(cfg)
+    if not selection.selected or form is None or not selection.plan_form.startswith("bucket"):
+        return
+    for plan_cfg, backend, phase in plan_phases(form, selection.backend, return_lse):
+        try:
+            plans.obtain_plan(plan_cfg, backend, phase, torch.device("cuda", device), selector=selector)
+        except plans.PlanBuildError as err:
+            selector.record_build_failure(form, err.verdict)
+            return
 
 
 def _answer(job: dict, jobs: queue.PriorityQueue, order: Any) -> dict:
     """Run one job asked for; queue its build-ahead work."""
     if job.get("kind") == "decide":
         result, ahead = decide(job)
-        if ahead is not None:
-            jobs.put((AHEAD_PRIORITY, next(order), {"kind": "ahead", "config": ahead[0], "return_lse": ahead[1],
-                                                   "store_dir": job["store_dir"], "device": job["device"]}))
+        if ahead is not None:  # one job per bucket: a job asked for meanwhile waits for one build at most
+            for bucket in ahead_buckets(ahead[0]):
+                jobs.put((AHEAD_PRIORITY, next(order), {"kind": "ahead", "config": ahead[0], "bucket": bucket,
+                                                       "return_lse": ahead[1], "store_dir": job["store_dir"],
+                                                       "device": job["device"]}))
         return {"id": job["id"], "result": result}
     return {"id": job["id"], "result": build(job["config"], job["return_lse"], job["store_dir"], job["device"])}
 
@@ -128,7 +134,7 @@ def main() -> None:
             return
         if job.get("kind") == "ahead":
             try:
-                build_ahead(job["config"], job["return_lse"], job["store_dir"], job["device"])
+                build_ahead(job["config"], job["bucket"], job["return_lse"], job["store_dir"], job["device"])
             except Exception as err:  # noqa: BLE001 - ahead of need: nobody waits for it
                 print(f"fusedattn_select: building ahead failed ({type(err).__name__}: {err})", file=sys.stderr)
             continue

@@ -121,9 +121,15 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         return f"torch SDPA cannot run {blocker}"
     if opts.mask == "causal_bottom_right" and 1 < qb.shape[2] != kb.shape[2]:
         return "a bottom-right causal mask over unequal lengths needs a dense mask in torch"
+    if qb.shape[1] != kb.shape[1] and not _SDPA_GQA:
+        return "GQA needs torch >= 2.5 (enable_gqa)"
     if q.dtype not in (torch.float16, torch.bfloat16) or not _flash_or_efficient(opts, qb, kb, bhsd(v, opts.layout)):
         return "neither flash nor memory-efficient attention takes it"
     return ""
+
+
+_SDPA_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+_current_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)  # -1: not inside a backward
 
 
 def _saved_tensor_hooks() -> Any:
@@ -177,7 +183,8 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor) -> Callable[
         if cudnn_on:
             _set_cudnn_sdp(False)
         try:
-            out = _sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=gqa)
+            out = (_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True) if gqa
+                   else _sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale))
         finally:
             if cudnn_on:
                 _set_cudnn_sdp(True)
@@ -188,6 +195,12 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor) -> Callable[
 
 def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Any:
     """Run a torch-served signature; swap in its prepared runner first when it is ready."""
+    if found.opts.training and (_saved_tensor_hooks() is not None or _current_graph_task() != -1):
+        # Checkpointing: a forward the backward recomputes, or the recomputation. Both run the cuDNN
+        # entry, so a swap between them cannot make the recomputation run another kernel.
+        fixed = cudnn_entry(found)
+        if fixed is not found:
+            return run_decided(fixed, q, k, v, NO_INPUTS, False, False)
     job = found.waiting
     if job is not None and job.done() and not (q.is_cuda and entries.is_capturing()):  # never swap inside a graph
         new = swap(found, job, q, k, v, run_decided)
@@ -229,17 +242,20 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     return new
 
 
-def cudnn_entry(found: Entry, signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                inputs: OptionalInputs, scales: Any) -> Entry:
-    """The entry of a path that never switches kernels mid-run (the compiled custom ops) for a
-    signature eager calls run on torch: its cuDNN entry, waiting for it where it is being prepared."""
+def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Entry:
+    """The entry of a path that never switches kernels mid-run (the compiled custom ops, activation
+    checkpointing) for a signature eager calls run on torch: its cuDNN entry, waiting for it where
+    it is being prepared, else decided now from `signature` and `call` (q, k, v, inputs, scales);
+    `found` itself where there is none (its preparation failed: torch runs it for good)."""
     if not found.torch_because:
         return found
     if found.cudnn is None:
         job = found.waiting
         prepared = job.result() if job is not None and job.exception() is None else None
-        found.cudnn = prepared if prepared is not None else entries.new_entry(signature, q, k, v, inputs, scales)
-    return found.cudnn
+        if prepared is None and signature is not None:
+            prepared = entries.new_entry(signature, *call)
+        found.cudnn = prepared
+    return found.cudnn if found.cudnn is not None else found
 
 
 def _describe_entry(found: Entry) -> str:
@@ -270,6 +286,7 @@ class Choices:
 
     def __init__(self) -> None:
         self._known: dict[str, Choice] = {}
+        self._failed: dict[str, str] = {}  # keys whose cuDNN runner failed when timed: why
         self._lock = threading.Lock()
 
     def get(self, key: str) -> Choice | None:
@@ -299,6 +316,10 @@ class Choices:
                 v: torch.Tensor) -> Choice | None:
         """Time both runners' forward on the caller's tensors (in turns) and keep the faster, cuDNN on a
         tie within 2%; None, with `keeper` saying why, when the cuDNN runner fails (torch keeps it)."""
+        failed = self._failed.get(key)
+        if failed is not None:
+            keeper.torch_because = failed
+            return None
         pair = (lambda: keeper.torch_call(q, k, v), lambda: cudnn_forward(prepared, q, k, v))
         timed: tuple[list, list] = ([], [])
         try:
@@ -315,12 +336,18 @@ class Choices:
                 end.synchronize()
         except Exception as err:  # noqa: BLE001 - the call goes on, on torch
             keeper.torch_because = f"its cuDNN runner failed when timed ({type(err).__name__}: {err})"
-            log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(prepared),
-                        keeper.torch_because)
+            with self._lock:
+                first = key not in self._failed
+                self._failed[key] = keeper.torch_because
+            if first:  # once per bucket: its other signatures stay on torch without timing again
+                log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(prepared),
+                            keeper.torch_because)
             return None
         torch_us, cudnn_us = (statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) for pairs in timed)
         choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
-        with self._lock:
+        with self._lock:  # two signatures of one bucket timed at once: the first timing stands
+            if key in self._known:
+                return self._known[key]
             self._known[key] = choice
         entries.counters["measured"] += 1
         runners.store(selection.default_selector(), key, choice)
@@ -333,6 +360,7 @@ class Choices:
     def clear(self) -> None:
         with self._lock:
             self._known.clear()
+            self._failed.clear()
 
 
 choices = Choices()
@@ -369,7 +397,7 @@ class Preparer:
             try:
                 future.set_result(prepare(signature))
             except BaseException as err:  # noqa: BLE001 - handed to the caller's next call
-                future.set_exception(err)
+                future.set_exception(err.with_traceback(None))  # its frames would keep the dummies alive
 
 
 def prepare(signature: tuple) -> Entry:

@@ -7,14 +7,9 @@ the engine's own reason instead of failing.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-# GPU tests of the cuDNN path run it from a signature's first call, in this process and in the
-# processes they start; the tests marked `first_contact` test the default (torch SDPA first).
-os.environ["FUSEDATTN_SELECT_FIRST_CALLS"] = "wait"
 
 _HERE = Path(__file__).resolve().parent
 _state: dict[str, object] = {}
@@ -58,11 +53,14 @@ def cudnn_engine():
 
 @pytest.fixture(autouse=True)
 def _cudnn_from_the_first_call(request, monkeypatch):
-    """Every GPU test but `first_contact` ones: attention() decides on the caller's path (wait)."""
+    """Every GPU test but `first_contact` ones runs the cuDNN path from a signature's first call
+    (wait), in this process and in the processes it starts; `first_contact` ones test the default."""
     if request.node.get_closest_marker("gpu") is None:
         return
+    mode = "torch" if request.node.get_closest_marker("first_contact") else "wait"
+    monkeypatch.setenv("FUSEDATTN_SELECT_FIRST_CALLS", mode)
     try:
         from fusedattn_select.runtime import tiers
     except ImportError:  # no torch: the test skips
         return
-    monkeypatch.setattr(tiers, "first_calls", "torch" if request.node.get_closest_marker("first_contact") else "wait")
+    monkeypatch.setattr(tiers, "first_calls", mode)

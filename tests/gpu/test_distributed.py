@@ -37,7 +37,7 @@ SNAPSHOT = ROOT / "fusedattn_select" / "snapshots" / "h200-configs.json"  # rank
 def ranks(tmp_path_factory) -> list[dict]:
     base = tmp_path_factory.mktemp("distributed")
     env = {k: v for k, v in os.environ.items() if k not in ("FUSEDATTN_SELECT_SNAPSHOT", "FUSEDATTN_SELECT_CACHE")}
-    env.update(NCCL_NVLS_ENABLE="0", CUDA_CACHE_DISABLE="1",
+    env.update(NCCL_NVLS_ENABLE="0", CUDA_CACHE_DISABLE="1", FUSEDATTN_SELECT_FIRST_CALLS="wait",
                PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(ROOT / "tests" / "gpu" / "distributed_rank.py"), str(CONFIG), str(base)],

@@ -218,5 +218,7 @@ def test_a_decide_job_queues_its_build_ahead_behind_later_asked_jobs(monkeypatch
     assert dense_worker._answer(job, jobs, order) == {"id": 7, "result": '{"reason": "", "forms": []}'}
     monkeypatch.setattr("sys.stdin", io.StringIO('{"id": 8}\n'))
     dense_worker._read(jobs, order)
-    assert drain(jobs) == [{"id": 8}, None, {"kind": "ahead", "config": cfg, "return_lse": True,
-                                            "store_dir": "/tmp/x", "device": 0}]
+    ahead = [{"kind": "ahead", "config": cfg, "bucket": bucket, "return_lse": True, "store_dir": "/tmp/x", "device": 0}
+             for bucket in dense_worker.ahead_buckets(cfg)]
+    assert len(ahead) == dense_worker.AHEAD  # one job per bucket, smallest first
+    assert drain(jobs) == [{"id": 8}, None, *ahead]
