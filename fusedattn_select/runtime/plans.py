@@ -79,9 +79,8 @@ _stats_lock = threading.Lock()
 
 
 def plan_stats() -> dict[str, float]:
-    """Counters: plan builds (graph builds done by dispatch), their total ms and failures; plan loads
-    (graphs deserialized from the persistent store), their total ms, and stored plans that did not
-    load (dropped and rebuilt); executes."""
+    """Counters: plan builds (by dispatch), their ms and failures; plan loads (from the persistent
+    store), their ms, and stored plans that did not load (dropped and rebuilt); executes."""
     with _stats_lock:
         return {name: round(float(_stats[name]), 3) if name.endswith("_ms") else _stats[name] for name in _COUNTERS}
 
@@ -178,8 +177,7 @@ class Plan:
     # ----- execution --------------------------------------------------------------------------
     def execute(self, feeds: Mapping[str, torch.Tensor], outputs: dict[str, torch.Tensor] | None = None
                 ) -> dict[str, torch.Tensor]:
-        """Run the graph on the current stream. `feeds` must hold every input (already conformed);
-        outputs not given in `outputs` are allocated here. Returns all outputs by name."""
+        """Run on the current stream: `feeds` (every input, conformed), `outputs` (others allocated); by name."""
         outs = {} if outputs is None else outputs
         for name in self.outputs:
             if name not in outs:
@@ -189,8 +187,7 @@ class Plan:
 
     @property
     def binds_by_declaration(self) -> bool:
-        """Whether `run` may be given tensors whose memory is the declared one under other dims (the
-        caller's dim order): ordered binding describes each buffer by the graph's declaration."""
+        """Whether `run` may be given the declared memory under other dims (ordered binding, 1.32+)."""
         return self._uids is not None
 
     def run(self, buffers: tuple[Any, ...]) -> None:

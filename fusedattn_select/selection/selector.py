@@ -199,8 +199,7 @@ class Selector:
         return dataclasses.replace(bucketed, **changes)
 
     def _file(self, key: tuple, answer: Selection, generation: int) -> None:
-        """Remember an answer given through another problem's graphs, unless the answers were
-        cleared (a build failure) while it was being computed."""
+        """Remember an answer given through another problem's graphs, unless a clear came meanwhile."""
         with self._lock:
             if self._answers_generation == generation:
                 self._by_problem[key] = answer
@@ -225,7 +224,6 @@ class Selector:
 
     def _select_exact(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         """The answer for exactly `cfg`'s graphs: rules, memory, store, then the engine."""
-
         # Hot path: entries are immutable and replaced whole, so one dict read needs no lock.
         entry = self._memory.get(key)
         if entry is not None and _satisfies(entry, depth):
@@ -323,8 +321,7 @@ class Selector:
         return info
 
     def clear(self, persistent: bool = False) -> None:
-        """Forget every answer in memory; with `persistent`, empty the store too (CacheError when it
-        cannot, after memory is emptied)."""
+        """Forget every answer in memory; `persistent`: the store too (CacheError when it cannot)."""
         with self._lock:
             self._memory.clear()
             self._by_problem.clear()
@@ -499,6 +496,5 @@ def cache_info() -> dict[str, object]:
 
 
 def clear_cache(persistent: bool = False) -> None:
-    """Empty the in-memory decision cache (and the persistent store with persistent=True: CacheError
-    when it cannot be cleared; memory is emptied all the same)."""
+    """Empty the decision cache in memory (and the store with persistent=True; CacheError when it cannot)."""
     default_selector().clear(persistent=persistent)
