@@ -38,6 +38,15 @@ def torch_sdpa_blocker(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor,
     return ""
 
 
+def sdpa_mask_form(mask: str, seqlen_q: int, seqlen_kv: int) -> str:
+    """How torch's SDPA runs a mask torch_sdpa_blocker lets through: "causal" (is_causal, top-left),
+    "none", or "dense" (a boolean mask). A bottom-right causal mask is top-left when the lengths are
+    equal, and no mask for one query row (the last row sees every key)."""
+    if mask == "causal_bottom_right":
+        return "none" if seqlen_q == 1 else "causal" if seqlen_q == seqlen_kv else "dense"
+    return "causal" if mask == "causal" else "none"
+
+
 def fallback_kind(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor, has_alibi: bool) -> str:
     return FALLBACK_REFERENCE if torch_sdpa_blocker(options, qb, kb, has_alibi) else FALLBACK_TORCH
 
@@ -51,11 +60,10 @@ def _torch_sdpa(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor, vb: to
     attn_mask = bias
     is_causal = False
     sq, skv = qb.shape[2], kb.shape[2]
-    if options.mask == "causal_bottom_right" and sq == 1:
-        pass  # the one query row is the last: it sees every key
-    elif bias is None and (options.mask == "causal" or (options.mask == "causal_bottom_right" and sq == skv)):
+    form = sdpa_mask_form(options.mask, sq, skv)
+    if form == "causal" and bias is None:
         is_causal = True
-    elif options.mask in ("causal", "causal_bottom_right"):
+    elif form != "none":  # a causal mask with a bias, or bottom-right over unequal lengths
         offset = skv - sq if options.mask == "causal_bottom_right" else 0
         rows = torch.arange(sq, device=qb.device).view(sq, 1)
         cols = torch.arange(skv, device=qb.device).view(1, skv)

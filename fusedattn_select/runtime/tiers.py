@@ -36,8 +36,8 @@ from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fused import fused_forward
 from fusedattn_select.runtime.lean import lean_forward
 from fusedattn_select.runtime.heads import as_heads, back
-from fusedattn_select.runtime.fallback import FALLBACK_TORCH, torch_sdpa_blocker
-from fusedattn_select.runtime.layouts import bhsd
+from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, torch_sdpa, torch_sdpa_blocker
+from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD, bhsd
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.selection import runners
 from fusedattn_select.selection import selector as selection
@@ -119,7 +119,7 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     blocker = torch_sdpa_blocker(opts, qb, kb, False)
     if blocker:
         return f"torch SDPA cannot run {blocker}"
-    if opts.mask == "causal_bottom_right" and 1 < qb.shape[2] != kb.shape[2]:
+    if sdpa_mask_form(opts.mask, qb.shape[2], kb.shape[2]) == "dense":
         return "a bottom-right causal mask over unequal lengths needs a dense mask in torch"
     if qb.shape[1] != kb.shape[1] and not _SDPA_GQA:
         return "GQA needs torch >= 2.5 (enable_gqa)"
@@ -132,10 +132,12 @@ _SDPA_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]
 _current_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)  # -1: not inside a backward
 
 
+_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
 def _saved_tensor_hooks() -> Any:
     """The innermost saved-tensor hooks of this thread (non-reentrant checkpointing sets them), or None."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top(False) if top is not None else None
+    return _top_hooks(False) if _top_hooks is not None else None
 
 
 def _flash_or_efficient(opts: CallOptions, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> bool:
@@ -158,10 +160,6 @@ _cudnn_sdp_enabled = torch._C._get_cudnn_sdp_enabled
 _set_cudnn_sdp = torch._C._set_sdp_use_cudnn
 
 
-_sdpa = torch._C._nn.scaled_dot_product_attention  # never a patched torch.nn.functional attribute
-# Dims of the caller's tensors to BHSD (what SDPA takes), and back.
-_TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": None}
-_FROM_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": None}
 
 
 def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor) -> Callable[..., torch.Tensor]:
@@ -170,11 +168,11 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor) -> Callable[
     its own (100-250 ms each), which is what running on torch avoids; flash or memory-efficient runs."""
     qb, kb = bhsd(q, opts.layout), bhsd(k, opts.layout)
     sq, skv = qb.shape[2], kb.shape[2]
-    # A bottom-right causal mask is top-left when the lengths are equal, and no mask for one query row.
-    causal = opts.mask == "causal" or (opts.mask == "causal_bottom_right" and sq == skv > 1)
+    causal = sdpa_mask_form(opts.mask, sq, skv) == "causal"
     gqa = qb.shape[1] != kb.shape[1]
     dropout, scale = opts.dropout, opts.attn_scale
-    to, back = _TO_BHSD[opts.layout], _FROM_BHSD[opts.layout]
+    # The caller's dims to BHSD (what SDPA takes) and back; none for BHSD itself.
+    to, back = (None, None) if opts.layout == "bhsd" else (TO_BHSD[opts.layout], FROM_BHSD[opts.layout])
 
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if to is not None:
@@ -183,8 +181,8 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor) -> Callable[
         if cudnn_on:
             _set_cudnn_sdp(False)
         try:
-            out = (_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True) if gqa
-                   else _sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale))
+            out = (torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True) if gqa
+                   else torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale))
         finally:
             if cudnn_on:
                 _set_cudnn_sdp(True)

@@ -205,13 +205,13 @@ def test_a_swap_between_a_checkpointed_forward_and_its_recompute(isolated):
 def test_torch_call_does_not_undo_a_switch_change_made_meanwhile(monkeypatch):
     q, k, v = qkv()
     call = tiers.torch_call(opts_of(q, k, v), q, k)
-    real = tiers._sdpa
+    real = tiers.torch_sdpa
 
     def sdpa_while_another_thread_turns_cudnn_off(*args, **kwargs):
         torch.backends.cuda.enable_cudnn_sdp(False)  # the user's own setting, from another thread
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tiers, "_sdpa", sdpa_while_another_thread_turns_cudnn_off)
+    monkeypatch.setattr(tiers, "torch_sdpa", sdpa_while_another_thread_turns_cudnn_off)
     before = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(True)
     try:
