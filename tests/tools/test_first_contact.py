@@ -110,8 +110,10 @@ DOCUMENT = {"parts": {
     "first_step": {"sides": {"ours": _side(to_first_result_ms=5000.0), "flash": _side(to_first_result_ms=4000.0),
                              "default": _side(to_first_result_ms=5500.0)}},
     "native": {"status": "ok", "settings": {
-        "on": {"generate_tokens_per_s": [110.0, 105.0, 108.0], "train_step_ms": [99.0, 100.0, 101.0]},
-        "off": {"generate_tokens_per_s": [100.0, 100.0, 100.0], "train_step_ms": [100.0, 100.0, 100.0]}}},
+        "on": {"generate_tokens_per_s": [110.0, 105.0, 108.0], "train_step_ms": [99.0, 100.0, 101.0],
+               "fp8_forward_ms": [80.0, 82.0, 81.0]},
+        "off": {"generate_tokens_per_s": [100.0, 100.0, 100.0], "train_step_ms": [100.0, 100.0, 100.0],
+                "fp8_forward_ms": [90.0, 90.0, 90.0]}}},
 }}
 
 
@@ -129,7 +131,7 @@ def test_every_target_gets_its_figure_and_verdict():
         (4, 1.0, "met"), (4, 1.0, "met"), (4, 1.25, "missed"),  # vs SDPA default, not flash
         (5, 0.95, "missed"),  # speed vs raw: 3.8 / 4.0
         (6, round(5000 / 5500, 4), "met"),
-        (7, 0.08, "met"), (7, 0.0, "missed"),  # gains: 108/100 - 1; 100/100 - 1
+        (7, 0.08, "met"), (7, 0.0, "missed"), (7, round(90 / 81 - 1, 4), "met"),  # 108/100 - 1; 100/100 - 1
     ]
 
 
@@ -149,7 +151,7 @@ def test_a_skipped_part_and_missing_samples_are_not_measured():
                           "big_shape": {"status": "ok", "impls": {"ours": _side(ms={"median": 4.0}),
                                                                   "raw": {"status": "failed: no plan"}}}}}
     verdicts = targets.evaluate(document)
-    assert [v.row for v in verdicts] == [5, 7, 7]
+    assert [v.row for v in verdicts] == [5, 7, 7, 7]
     assert verdicts[0].verdict == "n/a: raw: failed: no plan"
     assert verdicts[1].verdict == "n/a: the part: skipped: not built (no CUDA toolkit found)"
 
@@ -178,7 +180,7 @@ def test_table_lists_each_target_and_counts():
            "0.95x (raw 3.800 ms / ours 4.000 ms) | missed |" in lines
     assert "| 7 | compiled module: generate() tokens/s gain >= 5% | +8.0% (median 108.0 loaded vs 100.0 not, " \
            "3+3 samples) | met |" in lines
-    assert lines[-1] == "9 of 14 targets met; 0 not measured."
+    assert lines[-1] == "10 of 15 targets met; 0 not measured."
 
 
 def test_table_cells_cannot_break_the_table():
@@ -279,12 +281,15 @@ def test_native_turns_alternate_two_live_workers_on_cpu(monkeypatch):
     monkeypatch.setitem(options.GENERATE, "llama", (tiny, 1, 16, 4, 20))
     monkeypatch.setattr(options, "FINETUNE", tiny)
     monkeypatch.setattr(options, "NATIVE_TRAIN_LENGTH", 16)
+    monkeypatch.setattr(options, "NATIVE_FP8", {"layers": 1, "batch": 1, "length": 16, "hidden": 64, "heads": 4,
+                                                "kv_heads": 2, "ffn": 128})
     monkeypatch.setattr(native_turns, "ensure_built", lambda where, budget: {"dir": where, "status": {"built": True}})
     found = native_turns.native(options.parse_args(["--quick"]), Budget(200.0))
     assert found["status"] == "ok" and found["turns"] == 3, found
     for label in ("on", "off"):
         setting = found["settings"][label]
         assert len(setting["generate_tokens_per_s"]) == 6 and len(setting["train_step_ms"]) == 9
+        assert len(setting["fp8_forward_ms"]) == 9
         assert setting["ready"]["ready"] and setting["final"]["stopped"]
     assert found["note"] == "the compiled module was not loaded in the FUSEDATTN_SELECT_NATIVE=1 process"
 

@@ -131,9 +131,9 @@ def settle(work: list[Callable[[], Any]], most: int = 8) -> int:
 
 
 def native_serve(side: str, args: Mapping[str, Any]) -> dict[str, Any]:
-    """Row 7's worker (FUSEDATTN_SELECT_NATIVE set by the parent): model 2a's generate() and row 3's
-    model at a fixed length, settled; then one turn per "turn" line on stdin (two generate()s, three
-    training steps), until "stop"."""
+    """Row 7's worker (FUSEDATTN_SELECT_NATIVE set by the parent): model 2a's generate(), row 3's
+    model at a fixed length and an FP8 inference stack, settled; then one turn per "turn" line on
+    stdin (two generate()s, three training steps, three FP8 forwards), until "stop"."""
     import torch
 
     seed = int(args["seed"])
@@ -152,12 +152,45 @@ def native_serve(side: str, args: Mapping[str, Any]) -> dict[str, Any]:
     def step_ms() -> float:
         return train_step(torch, train_model, optimizer, train_ids, side)[0]
 
-    rounds = settle([tokens_per_s, step_ms])
+    fp8_stack = fp8_layers(torch, args["fp8"], seed)
+    rounds = settle([tokens_per_s, step_ms, fp8_stack])
     sync(torch)
     emit({"ready": True, "settle_rounds": rounds, **dispatch_record()})
     for line in sys.stdin:
         if line.strip() != "turn":
             break
         emit({"generate_tokens_per_s": [tokens_per_s() for _ in range(2)],
-              "train_step_ms": [step_ms() for _ in range(3)]})
+              "train_step_ms": [step_ms() for _ in range(3)],
+              "fp8_forward_ms": [timed_ms(torch, fp8_stack) for _ in range(3)]})
     return {"stopped": True}
+
+
+def fp8_layers(torch: Any, spec: Mapping[str, Any], seed: int) -> Callable[[], Any]:
+    """An inference forward of `spec["layers"]` decoder layers (bf16 projections and MLP, attention
+    through attention(fp8=True), causal, current scaling) on one bshd batch: the FP8 workload of the
+    compiled FP8 forward."""
+    import fusedattn_select
+
+    batch, length, hidden, heads, kv_heads, ffn = (int(spec[k]) for k in
+                                                    ("batch", "length", "hidden", "heads", "kv_heads", "ffn"))
+    head_dim = hidden // heads
+    torch.manual_seed(seed)
+    make = {"device": device(), "dtype": torch.bfloat16}
+    layers = [{"qkv": torch.randn(hidden, (heads + 2 * kv_heads) * head_dim, **make) / hidden ** 0.5,
+               "o": torch.randn(heads * head_dim, hidden, **make) / hidden ** 0.5,
+               "up": torch.randn(hidden, ffn, **make) / hidden ** 0.5,
+               "down": torch.randn(ffn, hidden, **make) / ffn ** 0.5} for _ in range(int(spec["layers"]))]
+    x0 = torch.randn(batch, length, hidden, **make)
+
+    @torch.inference_mode()
+    def forward() -> Any:
+        x = x0
+        for w in layers:
+            q, k, v = (x @ w["qkv"]).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+            o = fusedattn_select.attention(q.reshape(batch, length, heads, head_dim),
+                                           k.reshape(batch, length, kv_heads, head_dim),
+                                           v.reshape(batch, length, kv_heads, head_dim), mask="causal", fp8=True)
+            x = x + o.reshape(batch, length, -1) @ w["o"]
+            x = x + torch.nn.functional.silu(x @ w["up"]) @ w["down"]
+        return x
+    return forward

@@ -5,7 +5,8 @@ The module is built first (`python3 -m fusedattn_select.cli native build`, about
 H100) into $FUSEDATTN_SELECT_NATIVE_DIR, else into a private directory under the temp directory; when
 `native status` still says it is not built, the row is "skipped: not built (why)". Two long-lived
 workers, one per setting, each with its own empty store, settle (models.native_serve), then take
-turns, the order rotating: each turn is two generate()s and three training steps.
+turns, the order rotating: each turn is two generate()s, three training steps and three forwards of
+an FP8 inference stack (the compiled FP8 forward's workload).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def ensure_built(where: str, budget: Budget) -> dict[str, Any]:
 def _worker_args() -> dict[str, Any]:
     config, batch, prompt, new_tokens, _ = options.GENERATE["llama"]
     return {"generate": (config, batch, prompt, new_tokens), "train_config": options.FINETUNE,
-            "train_batch": options.FINETUNE_BATCH, "train_length": options.NATIVE_TRAIN_LENGTH, "seed": options.SEED}
+            "train_batch": options.FINETUNE_BATCH, "train_length": options.NATIVE_TRAIN_LENGTH,
+            "fp8": options.NATIVE_FP8, "seed": options.SEED}
 
 
 def native(plan: Plan, budget: Budget) -> dict[str, Any]:
@@ -94,7 +96,7 @@ def native(plan: Plan, budget: Budget) -> dict[str, Any]:
     result["status"] = "ok"
     workers = {label: Worker("native_serve", "ours", _worker_args(), {ENABLE_ENV: value, DIR_ENV: where})
                for label, value in SETTINGS.items()}
-    settings: dict[str, dict[str, Any]] = {label: {"generate_tokens_per_s": [], "train_step_ms": []}
+    settings: dict[str, dict[str, Any]] = {label: {"generate_tokens_per_s": [], "train_step_ms": [], "fp8_forward_ms": []}
                                            for label in SETTINGS}
     try:
         for label, worker in workers.items():  # both set up at once: the setup is not timed
@@ -123,7 +125,7 @@ def _turns(plan: Plan, budget: Budget, workers: dict[str, Worker], settings: dic
             return
         for label, worker in rotated(list(workers.items()), turn):
             got = worker.request("turn", timeout)
-            for key in ("generate_tokens_per_s", "train_step_ms"):
+            for key in ("generate_tokens_per_s", "train_step_ms", "fp8_forward_ms"):
                 settings[label][key].extend(got.get(key, []))
         result["turns"] = turn + 1
         log(f"native: turn {turn + 1} of {plan.native_turns}")

@@ -35,6 +35,9 @@ FINETUNE = {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 281
             "max_position_embeddings": 4096}
 FINETUNE_BATCH, FINETUNE_LENGTHS = 4, (300, 1100)
 NATIVE_TRAIN_LENGTH = 1024
+# Row 7's FP8 inference stack: Llama-3-8B's layer dimensions at b2 s4096, where the FP8 call through
+# Python was host-bound.
+NATIVE_FP8 = {"layers": 4, "batch": 2, "length": 4096, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336}
 SEED = 0
 
 
