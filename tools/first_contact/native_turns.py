@@ -4,8 +4,8 @@ end-to-end workloads, in turns.
 The module is built first (`python3 -m fusedattn_select.cli native build`, about 1.5 minutes on the
 H100) into $FUSEDATTN_SELECT_NATIVE_DIR, else into a private directory under the temp directory; when
 `native status` still says it is not built, the row is "skipped: not built (why)". Two long-lived
-workers, one per setting, each with its own empty store, settle (models.native_serve), then take
-turns, the order rotating: each turn is two generate()s, three training steps and three forwards of
+workers, one per setting, settle one after the other on one empty store (models.native_serve), then,
+after one turn that is not kept, take turns, the order rotating: each turn is two generate()s, three training steps and three forwards of
 an FP8 inference stack (the compiled FP8 forward's workload).
 """
 
@@ -27,7 +27,8 @@ from tools.first_contact.parts import log
 from tools.first_contact.processes import Worker, private_dir
 
 ENABLE_ENV, DIR_ENV = "FUSEDATTN_SELECT_NATIVE", "FUSEDATTN_SELECT_NATIVE_DIR"
-SETTINGS = {"on": "1", "off": "0"}
+SETTINGS = {"off": "0", "on": "1"}
+SAMPLES = ("generate_tokens_per_s", "train_step_ms", "fp8_forward_ms")
 BUILD_TIMEOUT_S, SETUP_TIMEOUT_S, TURN_TIMEOUT_S = 300.0, 150.0, 60.0
 BUILD_LEAST_S = 150.0  # a build (about 90 s) is not started with less left: the turns need time after it
 
@@ -94,21 +95,24 @@ def native(plan: Plan, budget: Budget) -> dict[str, Any]:
         result["status"] = f"skipped: not built ({status.get('problem') or status.get('refused') or 'no reason given'})"
         return result
     result["status"] = "ok"
-    workers = {label: Worker("native_serve", "ours", _worker_args(), {ENABLE_ENV: value, DIR_ENV: where})
-               for label, value in SETTINGS.items()}
-    settings: dict[str, dict[str, Any]] = {label: {"generate_tokens_per_s": [], "train_step_ms": [], "fp8_forward_ms": []}
-                                           for label in SETTINGS}
-    try:
-        for label, worker in workers.items():  # both set up at once: the setup is not timed
-            settings[label]["ready"] = worker.wait_answer(min(SETUP_TIMEOUT_S, max(1.0, budget.left())))
-        _turns(plan, budget, workers, settings, result)
-    except RuntimeError as err:
-        result["status"] = f"failed: {first_line(err, 300)}"
-    finally:
-        for label, worker in workers.items():
-            if result["status"] != "ok":
-                settings[label]["stderr_tail"] = worker.stderr_tail()
-            settings[label]["final"] = worker.close()[0]
+    settings: dict[str, dict[str, Any]] = {label: {key: [] for key in SAMPLES} for label in SETTINGS}
+    workers: dict[str, Worker] = {}
+    with tempfile.TemporaryDirectory(prefix="first-contact-native-store-") as store:
+        try:
+            # One after the other, on one store: the second reads the first's plans and runner choices,
+            # so the two settings differ only in the module (the setup is not timed).
+            for label, value in SETTINGS.items():
+                workers[label] = Worker("native_serve", "ours", _worker_args(), {ENABLE_ENV: value, DIR_ENV: where},
+                                        store=store)
+                settings[label]["ready"] = workers[label].wait_answer(min(SETUP_TIMEOUT_S, max(1.0, budget.left())))
+            _turns(plan, budget, workers, settings, result)
+        except RuntimeError as err:
+            result["status"] = f"failed: {first_line(err, 300)}"
+        finally:
+            for label, worker in workers.items():
+                if result["status"] != "ok":
+                    settings[label]["stderr_tail"] = worker.stderr_tail()
+                settings[label]["final"] = worker.close()[0]
     result["settings"] = settings
     loaded = ((settings["on"].get("ready") or {}).get("native") or {}).get("loaded")
     if result["status"] == "ok" and not loaded:
@@ -118,14 +122,14 @@ def native(plan: Plan, budget: Budget) -> dict[str, Any]:
 
 def _turns(plan: Plan, budget: Budget, workers: dict[str, Worker], settings: dict[str, dict], result: dict) -> None:
     result["turns"] = 0
-    for turn in range(plan.native_turns):
+    for turn in range(-1, plan.native_turns):  # turn -1 is not kept: what the setups left behind settles
         timeout = budget.timeout(TURN_TIMEOUT_S, least=8.0)
         if timeout is None:
             result["note"] = f"time budget: {turn} turns of {plan.native_turns}"
             return
         for label, worker in rotated(list(workers.items()), turn):
             got = worker.request("turn", timeout)
-            for key in ("generate_tokens_per_s", "train_step_ms", "fp8_forward_ms"):
+            for key in SAMPLES if turn >= 0 else ():
                 settings[label][key].extend(got.get(key, []))
-        result["turns"] = turn + 1
+        result["turns"] = max(0, turn + 1)
         log(f"native: turn {turn + 1} of {plan.native_turns}")

@@ -110,7 +110,7 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> Plan:
     return Plan(parts=args.parts, quick=args.quick, budget_s=budget, output=args.output,
                 generate_models=("llama",) if args.quick else tuple(GENERATE),
                 finetune_steps=5 if args.quick else 8, big_rounds=3 if args.quick else 7,
-                native_turns=3 if args.quick else 5)
+                native_turns=3 if args.quick else 10)
 
 
 class Budget:

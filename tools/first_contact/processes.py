@@ -76,14 +76,17 @@ def run_fresh(part: str, side: str, args: Mapping[str, Any], timeout_s: float | 
 
 
 class Worker:
-    """A worker process, started fresh with its own empty store. `wait_answer` takes its next MARKER
+    """A worker process, started fresh with its own empty store (or the store given). `wait_answer` takes its next MARKER
     line; a long-lived one (row 7) is asked `request(text)` one line at a time."""
 
-    def __init__(self, part: str, side: str, args: Mapping[str, Any], env: Mapping[str, str]) -> None:
-        self._store = tempfile.TemporaryDirectory(prefix="first-contact-store-")
+    def __init__(self, part: str, side: str, args: Mapping[str, Any], env: Mapping[str, str],
+                 store: str | None = None) -> None:
+        # Its own empty store, unless given one (row 7's workers share one, so both read the same choices).
+        self._own_store = tempfile.TemporaryDirectory(prefix="first-contact-store-") if store is None else None
+        store = store if self._own_store is None else self._own_store.name
         # A file, so a chatty worker never blocks on a pipe; closed by close().
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
-        environment = dict(os.environ, **env, **{CACHE_ENV: self._store.name})
+        environment = dict(os.environ, **env, **{CACHE_ENV: store})
         self.spawned_at = time.time()
         self.process = subprocess.Popen(command(part, side, args), env=environment, cwd=str(ROOT), text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
@@ -143,7 +146,8 @@ class Worker:
                 stream.close()
             except (OSError, AttributeError):
                 pass
-        self._store.cleanup()
+        if self._own_store is not None:
+            self._own_store.cleanup()
         return last, exit_code
 
 
