@@ -61,7 +61,6 @@ from fusedattn_select.runtime.fused import FusedAttention, fused_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
 from fusedattn_select.runtime.lean import apply_lean, functorch_active, lean_forward
-from fusedattn_select.runtime.native import fp8_plan as native_fp8
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.problem import config
 
@@ -218,11 +217,6 @@ def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if lean.grads is not None:
             return apply_lean(found, q, k, v)
     scales = fp8 if isinstance(fp8, (FP8Scales, FP8History)) else None
-    if (found.opts.fp8 and not found.opts.training and not return_lse and not isinstance(scales, FP8Scales)
-            and inputs is _NO_INPUTS and not functorch_active()):
-        out = native_fp8.forward(found, q, k, v, scales)  # the compiled FP8 forward, where it takes the call
-        if out is not None:
-            return out
     if found.opts.training:
         out, lse = FusedAttention.apply(found, scales, q, k, v, *inputs)
     else:

@@ -20,8 +20,7 @@ from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import dense_builds, native  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
-from fusedattn_select.runtime.fp8 import FP8History, FP8Tensor  # noqa: E402
-from fusedattn_select.runtime.native import fp8_plan as native_fp8  # noqa: E402
+from fusedattn_select.runtime.fp8 import FP8History  # noqa: E402
 
 pytestmark = GPU_MARKS
 TOL_OUT, TOL_GRAD = 2e-2, 4e-2
@@ -228,10 +227,9 @@ def test_threads_racing_on_a_new_signature_get_the_reference(fresh):
     assert _entry_of_last_call().lean.native is not None
 
 
-def test_general_path_plans_run_compiled_with_the_python_paths_results(fresh, monkeypatch):
-    """Calls the lean path does not take (a bias; FP8, current and delayed scaling, with the compiled
-    FP8 forward off) run their plans through the compiled module once one run has bound them in order."""
-    monkeypatch.setattr(native_fp8, "forward", lambda *args: None)
+def test_general_path_plans_run_compiled_with_the_python_paths_results(fresh):
+    """Calls the lean path does not take (a bias; FP8, current and delayed scaling) run their plans
+    through the compiled module once one run has bound them in order."""
     q, k, v = _tensors("bshd", grad=False)
     bias = torch.randn(1, q.shape[2], q.shape[1], k.shape[1], device=CUDA, dtype=q.dtype)
     history = FP8History()
@@ -378,92 +376,3 @@ def test_captured_calls_are_their_own_signature_and_replay(fresh):
                 t.copy_(torch.randn(t.shape, generator=torch.Generator(device=CUDA).manual_seed(seed), device=CUDA))
             graph.replay()
             assert_close(captured, _reference(q, k, v, "bshd", mask="causal")[0], TOL_OUT, f"replay {seed}")
-
-
-# ----- the compiled FP8 forward ------------------------------------------------------------------
-def _assert_fp8_bytes_match(monkeypatch, q, k, v, layout: str) -> list:
-    """Current scaling, delayed scaling and FP8 output, over calls whose inputs change scale (so a
-    history's first call, its lag and its updates all count): the compiled FP8 forward's outputs,
-    descales and histories equal the general path's (its Triton kernels') to the bit. Returns the
-    compiled outputs."""
-    ran: list[bool] = []
-    compiled = native_fp8.forward
-
-    def counted(*args):
-        out = compiled(*args)
-        ran.append(out is not None)
-        return out
-
-    def run():
-        histories = {"current": None, "delayed": FP8History(length=3),
-                     "fp8 out": FP8History(length=3, algo="most_recent", o_dtype=torch.float8_e4m3fn)}
-        outs = []
-        with torch.no_grad():
-            for factor in (1.0, 3.0, 0.25, 1.5):
-                qs, ks, vs = (_scaled_like(t, factor) for t in (q, k, v))
-                for history in histories.values():
-                    out = attention(qs, ks, vs, layout=layout, mask="causal", fp8=True if history is None else history)
-                    outs.append((out.data.view(torch.uint8), out.descale) if isinstance(out, FP8Tensor) else (out,))
-        return outs, [h.amax_history.clone() for h in histories.values() if h is not None]
-
-    monkeypatch.setattr(native_fp8, "forward", counted)
-    got, got_history = run()
-    assert ran == [True] * 12, "the compiled FP8 forward did not run every call"
-    monkeypatch.setattr(native_fp8, "forward", lambda *args: None)  # the general path
-    want, want_history = run()
-    for i, (a, b) in enumerate(zip(got, want)):
-        for x, y in zip(a, b):
-            assert x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride(), i
-            bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}.get(x.dtype)
-            x, y = (x.view(bits), y.view(bits)) if bits else (x, y)  # NaN compares by its bits
-            assert torch.equal(x, y), f"call {i} differs from the general path's"
-    for a, b in zip(got_history, want_history):
-        assert torch.equal(a, b)
-    return got
-
-
-def _scaled_like(t, factor: float):
-    """t * factor; a contiguous t's copy starts as far from a 16-byte boundary as t does."""
-    if not t.is_contiguous():
-        return t * factor
-    pad = (t.data_ptr() % 16) // t.element_size()
-    return torch.empty(pad + t.numel(), dtype=t.dtype, device=t.device)[pad:].view(t.shape).copy_(t * factor)
-
-
-@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
-def test_fp8_inference_runs_compiled_with_the_python_paths_bytes(fresh, layout, monkeypatch):
-    q, k, v = _tensors(layout, s=128, d=128, grad=False)
-    got = _assert_fp8_bytes_match(monkeypatch, q, k, v, layout)
-    ref = _reference(q, k, v, layout, mask="causal")[0]
-    assert_close(got[0][0], ref, 0.1, "current scaling vs the float64 reference")
-
-
-@pytest.mark.parametrize("dtype,offset,nan", [(torch.float16, 0, False), (torch.bfloat16, 1, False),
-                                              (torch.float16, 1, False), (torch.bfloat16, 0, True)])
-def test_fp8_kernels_keep_the_python_paths_bytes_at_any_size_alignment_and_dtype(fresh, monkeypatch, dtype, offset,
-                                                                                 nan):
-    """Sizes that end inside a block, inputs starting off a 16-byte boundary (the kernels' scalar
-    loops), fp16 as well as bf16, and a NaN input (the amax passes it over; the casts keep it)."""
-    b, s, hq, hkv, d = 1, 100, 3, 1, 128  # q: 38400 elements, not a whole number of any kernel's blocks
-    flat = torch.randn(offset + b * s * (hq + 2 * hkv) * d, device=CUDA, dtype=dtype)[offset:]
-    q, k, v = (t.view(b, s, h, d) for t, h in zip(flat.split([b * s * h * d for h in (hq, hkv, hkv)]), (hq, hkv, hkv)))
-    assert (q.data_ptr() % 16 != 0) == (offset == 1)
-    if nan:
-        q[0, 5, 1, 7] = float("nan")
-    _assert_fp8_bytes_match(monkeypatch, q, k, v, "bshd")
-
-
-def test_fp8_inference_of_other_geometries_on_one_plan_is_judged_per_call(fresh, monkeypatch):
-    """A dense call first, then q, k, v split from one fused projection (the same shapes, so the same
-    plan, but not dense): the second runs the general path's copies, with its bytes."""
-    b, s, h, d = 2, 128, 4, 128
-    q, k, v = (torch.randn(b, s, h, d, device=CUDA, dtype=torch.bfloat16) for _ in range(3))
-    fused = torch.cat([q, k, v], dim=-1)  # (b, s, h, 3d): each slice strides over the others
-    split = fused.split(d, dim=-1)
-    assert not split[0].is_contiguous()
-    with torch.no_grad():
-        attention(q, k, v, mask="causal", fp8=True)  # dense: the compiled FP8 forward
-        got = attention(*split, mask="causal", fp8=True)
-        monkeypatch.setattr(native_fp8, "forward", lambda *args: None)
-        want = attention(*split, mask="causal", fp8=True)
-    assert torch.equal(got, want)

@@ -14,7 +14,6 @@
 // Graphs, handles and execution are in graphs.h.
 
 #include "graphs.h"
-#include "fp8_plan.h"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -31,6 +30,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -380,23 +380,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                  plan.has_grads       = true;
              })
         .def("__call__", &call, "The call's output (a C++ autograd node where grads are wanted)");
-    pybind11::class_<Fp8Plan, std::shared_ptr<Fp8Plan>>(m, "Fp8Plan")
-        .def(pybind11::init([](std::shared_ptr<Graph> graph, std::vector<int64_t> out_shape,
-                               std::vector<int64_t> out_strides, at::ScalarType out_dtype,
-                               std::vector<at::Tensor> constants, double top, double max_scale, int sms) {
-            TORCH_CHECK(kConstantsAt + constants.size() <= kMaxBuffers, "Fp8Plan: too many constants");
-            auto plan         = std::make_shared<Fp8Plan>();
-            plan->graph       = std::move(graph);
-            plan->out_shape   = std::move(out_shape);
-            plan->out_strides = std::move(out_strides);
-            plan->out_dtype   = out_dtype;
-            plan->constants   = std::move(constants);
-            plan->scaling.top = static_cast<float>(top);
-            plan->scaling.max_scale = static_cast<float>(max_scale);
-            plan->sms         = sms;
-            return plan;
-        }))
-        .def("__call__", &Fp8Plan::forward, "(O, the FP8 state) of an FP8 inference call");
     m.def("call", &table_call, "The output of a call whose signature the table holds, else None");
     m.def("remember", &table_remember, "File a LeanPlan under a call's signature (False: one it cannot hold)");
     m.def("forget", [] { table().plans.clear(); table().calls = 0; }, "Empty the table");
