@@ -37,7 +37,9 @@ DENSE_AFTER_ALLOWED = "must be a whole number of calls (0 = never leave the buck
 DENSE_BUILD_MODES = ("process", "inline")
 FIRST_CALL_MODES = ("torch", "wait")
 SWITCH_ALLOWED = "must be 0 (off) or 1 (on, the default)"
-NATIVE_ALLOWED = "must be 0 (off) or 1 (on where built, the default)"
+NATIVE_MODES = ("auto", "1", "0")
+NATIVE_ALLOWED = ("must be auto (the default: use the compiled lean path where built, and build it in the "
+                  "background on first use), 1 (use it where built, never build it) or 0 (off)")
 FP8_KERNEL_CHOICES = ("auto", "triton", "torch")
 
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -106,10 +108,12 @@ def parse_direct_launch(text: str) -> bool:
     return text == "1"
 
 
-def parse_native(text: str) -> bool:
-    if text not in ("0", "1"):
+def parse_native(text: str) -> str:
+    """"auto", "1" or "0" (any case, blanks around ignored)."""
+    value = text.strip().lower()
+    if value not in NATIVE_MODES:
         raise ConfigError(NATIVE, text, NATIVE_ALLOWED)
-    return text == "1"
+    return value
 
 
 def parse_fp8_kernels(text: str) -> str:
@@ -147,7 +151,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(DENSE_BUILDS, parse_dense_builds, "process"),
     Setting(FIRST_CALLS, parse_first_calls, "torch"),
     Setting(DIRECT_LAUNCH, parse_direct_launch, True),
-    Setting(NATIVE, parse_native, True),
+    Setting(NATIVE, parse_native, "auto"),
     Setting(NATIVE_DIR, _any_path, None),
     Setting(FP8_KERNELS, parse_fp8_kernels, "auto"),
 )

@@ -60,7 +60,7 @@ from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
 from fusedattn_select.runtime.fused import FusedAttention, fused_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
-from fusedattn_select.runtime.lean import apply_lean, functorch_active, lean_forward
+from fusedattn_select.runtime.lean import apply_lean, functorch_active, lean_forward, with_new_module
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.problem import config
 
@@ -182,6 +182,8 @@ def _table_remember(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: t
     """File a compiled lean entry in the compiled module's table, so that its next call runs without
     Python: not a bucketed one (its calls are counted for its promotion) or one under functorch."""
     lean = found.lean
+    if lean is not None and lean.native is None and lean.native_generation != native.generation():
+        lean = with_new_module(found)
     if lean is not None and lean.native is not None and found.fused and not found.bucketed and not functorch_active():
         native.remember(q, k, v, arguments, lean.native)
 
@@ -210,6 +212,8 @@ def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         found = entries.count_call(found, q, k, v)
     lean = found.lean
     if lean is not None and not return_lse:
+        if lean.native is None and lean.native_generation != native.generation():
+            lean = with_new_module(found)  # a module built in the background since the entry was made
         if lean.native is not None and not functorch_active():
             return lean.native(q, k, v)
         if not found.opts.training:

@@ -56,8 +56,10 @@ class Lean:
     # a plan binds at least q, k, v and o, so each returns a tuple).
     pick_forward: Callable[[tuple], tuple] = field(init=False, repr=False, compare=False)
     pick_backward: Optional[Callable[[tuple], tuple]] = field(init=False, repr=False, compare=False)
-    # The compiled LeanPlan that runs these calls instead (runtime/native), or None: the Python path.
+    # The compiled LeanPlan that runs these calls instead (runtime/native), or None: the Python path;
+    # and native.generation() when it was looked for (a module built since is looked for again).
     native: Any = field(default=None, repr=False, compare=False)
+    native_generation: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pick_forward", itemgetter(*self.forward_index))
@@ -189,7 +191,17 @@ def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, 
 def relean(entry: Entry, lean: Lean, **changes: Any) -> Lean:
     """`lean` with `changes`, and the compiled LeanPlan of the result where one can run it."""
     lean = dataclasses.replace(lean, **changes)
-    return dataclasses.replace(lean, native=native.lean_plan(entry, lean))
+    made_at = native.generation()
+    return dataclasses.replace(lean, native=native.lean_plan(entry, lean), native_generation=made_at)
+
+
+def with_new_module(entry: Any) -> Optional[Lean]:
+    """The entry's lean form, taking a compiled module built since it was made (never while a CUDA
+    graph is captured: deserializing a graph is not capturable)."""
+    lean = entry.lean
+    if lean.native is None and lean.native_generation != native.generation() and not torch.cuda.is_current_stream_capturing():
+        lean = entry.lean = relean(entry, lean)
+    return lean
 
 
 def lean_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -101,7 +101,7 @@ def test_the_readme_table_says_what_an_invalid_value_does_for_each_variable():
     (settings.CACHE, " OFF ", False), (settings.CACHE, "yes", True),
     (settings.CACHE_MAX_BYTES, "64M", 64 * 1024**2), (settings.CACHE_MAX_BYTES, "2 GiB", 2 * 1024**3),
     (settings.DENSE_AFTER, "0", 0), (settings.DENSE_BUILDS, "inline", "inline"),
-    (settings.DIRECT_LAUNCH, "0", False), (settings.NATIVE, "1", True), (settings.FP8_KERNELS, " Torch ", "torch"),
+    (settings.DIRECT_LAUNCH, "0", False), (settings.NATIVE, "1", "1"), (settings.NATIVE, " Auto ", "auto"), (settings.FP8_KERNELS, " Torch ", "torch"),
 ])
 def test_valid_values_parse(monkeypatch, name, text, value):
     monkeypatch.setenv(name, text)

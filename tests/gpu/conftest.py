@@ -54,11 +54,19 @@ def cudnn_engine():
 @pytest.fixture(autouse=True)
 def _cudnn_from_the_first_call(request, monkeypatch):
     """Every GPU test but `first_contact` ones runs the cuDNN path from a signature's first call
-    (wait), in this process and in the processes it starts; `first_contact` ones test the default."""
+    (wait), in this process and in the processes it starts; `first_contact` ones test the default.
+    None starts a background build of the compiled module."""
     if request.node.get_closest_marker("gpu") is None:
         return
     mode = "torch" if request.node.get_closest_marker("first_contact") else "wait"
     monkeypatch.setenv("FUSEDATTN_SELECT_FIRST_CALLS", mode)
+    # No compiled module is built in the background under the suite (test_native_autobuild.py
+    # tests that build in a process of its own): one built mid-session would change the path of
+    # the tests after it.
+    import os
+
+    if os.environ.get("FUSEDATTN_SELECT_NATIVE", "").strip().lower() in ("", "auto"):
+        monkeypatch.setenv("FUSEDATTN_SELECT_NATIVE", "1")
     try:
         from fusedattn_select.runtime import tiers
     except ImportError:  # no torch: the test skips

@@ -407,7 +407,7 @@ def test_only_compiled_lean_entries_off_bucket_plans_are_filed_in_the_table(monk
 
     class Found:
         def __init__(self, native=None, lean=True, reason="", ragged=None):
-            self.lean = type("L", (), {"native": native})() if lean else None
+            self.lean = type("L", (), {"native": native, "native_generation": 0})() if lean else None
             self.reason, self.ragged_forward = reason, ragged
 
         fused = property(lambda self: not self.reason)

@@ -24,13 +24,13 @@ def native_dir(tmp_path, monkeypatch):
     return tmp_path / "native"
 
 
-@pytest.mark.parametrize("value, on", [("", True), ("1", True), ("0", False)])
+@pytest.mark.parametrize("value, on", [("", True), ("auto", True), (" AUTO ", True), ("1", True), ("0", False)])
 def test_switch_values(monkeypatch, value, on):
     monkeypatch.setenv(native.ENV_VAR, value)
     assert native.enabled() is on
 
 
-@pytest.mark.parametrize("value", ["yes", "off", "2", " 1"])
+@pytest.mark.parametrize("value", ["yes", "off", "2", "on"])
 def test_switch_rejects_other_values_naming_the_variable(monkeypatch, value):
     monkeypatch.setenv(native.ENV_VAR, value)
     with pytest.raises(ConfigError) as err:

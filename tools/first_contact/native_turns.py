@@ -1,8 +1,8 @@
 """Row 7, the parent's side: the compiled module loaded (FUSEDATTN_SELECT_NATIVE=1) vs not (=0) on
 end-to-end workloads, in turns.
 
-The module is built first (`python3 -m fusedattn_select.cli native build`, about 1.5 minutes on the
-H100) into $FUSEDATTN_SELECT_NATIVE_DIR, else into a private directory under the temp directory; when
+The module is built first where no process built it yet (`python3 -m fusedattn_select.cli native
+build`, about 1.5 minutes on the H100) into processes.native_dir(), the one every worker uses; when
 `native status` still says it is not built, the row is "skipped: not built (why)". Two long-lived
 workers, one per setting, settle one after the other on one empty store (models.native_serve), then,
 after one turn that is not kept, take turns, the order rotating: each turn is two generate()s, three training steps and three forwards of
@@ -11,7 +11,6 @@ an FP8 inference stack (the compiled FP8 forward's workload).
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import subprocess
@@ -24,22 +23,13 @@ from tools.bench.common import ROOT, first_line, rotated
 from tools.first_contact import options
 from tools.first_contact.options import Budget, Plan
 from tools.first_contact.parts import log
-from tools.first_contact.processes import Worker, private_dir
+from tools.first_contact.processes import DIR_ENV, Worker, native_dir
 
-ENABLE_ENV, DIR_ENV = "FUSEDATTN_SELECT_NATIVE", "FUSEDATTN_SELECT_NATIVE_DIR"
+ENABLE_ENV = "FUSEDATTN_SELECT_NATIVE"
 SETTINGS = {"off": "0", "on": "1"}
 SAMPLES = ("generate_tokens_per_s", "train_step_ms", "fp8_forward_ms")
 BUILD_TIMEOUT_S, SETUP_TIMEOUT_S, TURN_TIMEOUT_S = 300.0, 150.0, 60.0
 BUILD_LEAST_S = 150.0  # a build (about 90 s) is not started with less left: the turns need time after it
-
-
-def native_dir() -> str:
-    """Where the module is built and looked for: $FUSEDATTN_SELECT_NATIVE_DIR, else a directory of
-    this user's under the temp directory (mode 700: the loader refuses one others could write)."""
-    configured = os.environ.get(DIR_ENV)
-    if configured:
-        return configured
-    return str(private_dir(os.path.join(tempfile.gettempdir(), f"fusedattn-first-contact-native-{getpass.getuser()}")))
 
 
 def _cli(action: list[str], where: str, timeout_s: float) -> subprocess.CompletedProcess:

@@ -7,6 +7,7 @@ with JSON lines that start with MARKER on stdout; everything else it prints is i
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import queue
@@ -23,8 +24,20 @@ from tools.bench.common import ROOT, clean_json, first_line
 
 MARKER = "FIRST_CONTACT_RESULT "
 CACHE_ENV = "FUSEDATTN_SELECT_CACHE_DIR"
+DIR_ENV = "FUSEDATTN_SELECT_NATIVE_DIR"
 STDERR_TAIL = 1500
 EXIT_GRACE_S = 20.0
+
+
+def native_dir() -> str:
+    """Where every worker finds (and, with FUSEDATTN_SELECT_NATIVE=auto, builds) the compiled module:
+    $FUSEDATTN_SELECT_NATIVE_DIR, else one directory of this user's under the temp directory (mode
+    700: the loader refuses one others could write). One for the run, as a user's cache directory is
+    one: the first fresh process starts its build, the later ones find it built or queue on it."""
+    configured = os.environ.get(DIR_ENV)
+    if configured:
+        return configured
+    return str(private_dir(os.path.join(tempfile.gettempdir(), f"fusedattn-first-contact-native-{getpass.getuser()}")))
 
 
 def command(part: str, side: str, args: Mapping[str, Any]) -> list[str]:
@@ -86,7 +99,7 @@ class Worker:
         store = store if self._own_store is None else self._own_store.name
         # A file, so a chatty worker never blocks on a pipe; closed by close().
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
-        environment = dict(os.environ, **env, **{CACHE_ENV: store})
+        environment = {**os.environ, DIR_ENV: native_dir(), **env, CACHE_ENV: store}
         self.spawned_at = time.time()
         self.process = subprocess.Popen(command(part, side, args), env=environment, cwd=str(ROOT), text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)

@@ -1,19 +1,22 @@
-"""The optional compiled lean path: lean.cpp runs a lean entry's call (runtime/lean.py) in C++, with a
-C++ autograd node for training, so a call costs torch's own per-op overhead instead of Python's.
+"""The compiled lean path: lean.cpp runs a lean entry's call (runtime/lean.py) in C++, with a C++
+autograd node for training, so a call costs torch's own per-op overhead instead of Python's.
 
-It is built on request, never during a call: `build()` (or `fusedattn-select native build`) compiles
-lean.cpp and the FP8 kernels of fp8.cu with torch's extension builder, which needs a C++ compiler
-(torch's choice, or $CXX), the CUDA toolkit (nvcc and its headers), cuDNN's headers (the nvidia-cudnn wheel torch installs) and cudnn-frontend's headers
-(its wheel ships them), then tests the module in a child process before keeping it. Modules live in
-$FUSEDATTN_SELECT_NATIVE_DIR (default: native/ in the cache directory), named by a hash of the
-source and of the versions they compile against, so a changed torch or frontend never loads a stale
-build. Where none is built, it cannot load, or FUSEDATTN_SELECT_NATIVE=0, every call runs the
-pure-Python lean path, which computes the same thing.
+It is never built during a call. With FUSEDATTN_SELECT_NATIVE=auto (the default) the first lookup
+of a module that is not built starts a build in the background (autobuild.py); `build()` (or
+`fusedattn-select native build`) builds it by hand. A build compiles lean.cpp with torch's extension
+builder, which needs a C++ compiler (torch's choice, or $CXX), the CUDA toolkit, cuDNN's headers (the
+nvidia-cudnn wheel torch installs) and cudnn-frontend's headers (its wheel ships them), then tests
+the module in a child process before keeping it. Modules live in $FUSEDATTN_SELECT_NATIVE_DIR
+(default: native/ in the cache directory), named by a hash of the source and of the versions they
+compile against, so a changed torch or frontend never loads a stale build. Where none is built, it
+cannot load, or FUSEDATTN_SELECT_NATIVE=0, every call runs the pure-Python lean path, which computes
+the same thing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -25,16 +28,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Optional
 
+from fusedattn_select.runtime.native import autobuild
+
 log = logging.getLogger("fusedattn_select")
 
 ENV_VAR = "FUSEDATTN_SELECT_NATIVE"
 DIR_ENV = "FUSEDATTN_SELECT_NATIVE_DIR"
 SOURCE = Path(__file__).with_name("lean.cpp")  # it includes the headers beside it
-
-
-def _sources() -> list[Path]:
-    """The sources compiled into the module: lean.cpp, then the CUDA kernels beside it (fp8.cu)."""
-    return [SOURCE, *sorted(SOURCE.parent.glob("*.cu"))]
 
 _lock = threading.Lock()
 _loaded: dict[str, Optional[ModuleType]] = {}  # module name -> the module, or None (did not load)
@@ -43,17 +43,29 @@ _names: dict[Path, str] = {}  # source -> module_name()
 # call(q, k, v, arguments) returns the output of a call the table holds, else None.
 _table: Optional[ModuleType] = None
 call: Optional[Callable[..., Any]] = None
+background = autobuild.BackgroundBuild()
 
 
 class NativeBuildError(RuntimeError):
     """The compiled lean path could not be built: what was missing or what the compiler said."""
 
 
-def enabled() -> bool:
-    """Whether a built module may be used ("0" turns it off; "" and "1" leave it on)."""
+def mode() -> str:
+    """FUSEDATTN_SELECT_NATIVE: "auto" (the default), "1" or "0" (ConfigError naming it when invalid)."""
     from fusedattn_select import settings
 
-    return bool(settings.value(settings.NATIVE))  # ConfigError naming the variable when invalid
+    return settings.value(settings.NATIVE)
+
+
+def enabled() -> bool:
+    """Whether a built module may be used ("0" turns it off)."""
+    return mode() != "0"
+
+
+def generation() -> int:
+    """How many modules this process's background build made loadable (lean entries made at an
+    older count look for the module again)."""
+    return background.generation
 
 
 def include_dirs() -> list[Path]:
@@ -94,7 +106,7 @@ def _hash_name() -> str:
         frontend = "unknown"
     digest = hashlib.sha256()
     headers = [h.read_bytes() for h in sorted(SOURCE.parent.glob("*.h"))]
-    for part in (*(source.read_bytes() for source in _sources()), *headers, torch.__version__.encode(), str(torch.version.cuda).encode(),
+    for part in (SOURCE.read_bytes(), *headers, torch.__version__.encode(), str(torch.version.cuda).encode(),
                  frontend.encode(), sys.implementation.cache_tag.encode()):
         digest.update(part + b"\0")
     return "fusedattn_select_native_" + digest.hexdigest()[:16]
@@ -117,8 +129,26 @@ def _module_path(name: str) -> Path:
 def build(verbose: bool = False) -> Path:
     """Compile lean.cpp for this torch and frontend (a minute or so) and test it; the module's path.
 
-    Raises NativeBuildError with the reason when it cannot be built here or fails its test (then
-    nothing is kept, and calls keep the Python path)."""
+    Builds of one module queue on a file lock; one that finds it built returns at once. Raises
+    NativeBuildError with the reason when it cannot be built here or fails its test (then nothing
+    is kept, the reason is remembered for background builds, and calls keep the Python path)."""
+    name = module_name()
+    where = build_dir()
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)  # loaded only from a private directory
+    with open(os.open(where / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _module_path(name).is_file():
+            return _module_path(name)
+        try:
+            path = _build(name, verbose)
+        except NativeBuildError as err:
+            autobuild.remember_failure(_module_path(name), str(err))
+            raise
+    autobuild.failed_marker(path).unlink(missing_ok=True)
+    return path
+
+
+def _build(name: str, verbose: bool) -> Path:
     try:
         import torch
         from torch.utils import cpp_extension
@@ -128,11 +158,10 @@ def build(verbose: bool = False) -> Path:
         raise NativeBuildError("no CUDA toolkit found (set CUDA_HOME)")
     includes = include_dirs()
     torch.backends.cudnn.version()  # the module finds the cuDNN torch loaded when it is imported
-    name = module_name()
     where = build_dir() / name
-    where.mkdir(mode=0o700, parents=True, exist_ok=True)  # loaded only from a private directory
+    where.mkdir(mode=0o700, exist_ok=True)
     try:
-        cpp_extension.load(name=name, sources=[str(p) for p in _sources()], build_directory=str(where),
+        cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(where),
                            extra_include_paths=[str(d) for d in includes],
                            extra_cflags=["-O3", "-fvisibility=hidden", "-std=c++17"],
                            extra_cuda_cflags=["-O3", "-std=c++17"], with_cuda=True,
@@ -201,9 +230,10 @@ def self_test() -> None:
 
 
 def status() -> dict[str, Any]:
-    """Whether the compiled path is on, where its module for this torch and frontend belongs, and
-    whether it is built there (`problem`: why it cannot be, when that is known without building)."""
-    info: dict[str, Any] = {"enabled": enabled(), "dir": str(build_dir())}
+    """Whether the compiled path is on (and builds on first use), where its module for this torch and
+    frontend belongs, whether it is built there or being built by this process (`problem`: why it
+    cannot be, when that is known without building, or why an earlier build failed)."""
+    info: dict[str, Any] = {"enabled": enabled(), "mode": mode(), "dir": str(build_dir())}
     try:
         import torch  # noqa: F401 - module_name() needs it
     except ImportError:
@@ -214,6 +244,10 @@ def status() -> dict[str, Any]:
         info["include_dirs"] = [str(d) for d in include_dirs()]
     except NativeBuildError as err:
         info["problem"] = str(err)
+    failure = "" if info["built"] else autobuild.earlier_failure(path)
+    if failure:
+        info["problem"] = f"an earlier build failed: {failure}"
+    info["building"] = background.thread is not None and background.thread.is_alive()
     refusal = untrusted(path) if info["built"] else ""
     info["refused"] = refusal or None
     if refusal:
@@ -234,7 +268,16 @@ def load() -> Optional[ModuleType]:
             if module is not None:
                 global _table, call
                 _table, call = module, module.call
+            elif mode() == "auto" and not _module_path(name).is_file():
+                background.start(_module_path(name), include_dirs, lambda: _forget_missing(name))
     return _loaded[name]
+
+
+def _forget_missing(name: str) -> None:
+    """The module is built now: the next load() imports it."""
+    with _lock:
+        if _loaded.get(name, False) is None:
+            del _loaded[name]
 
 
 def untrusted(path: Path) -> str:

@@ -1,0 +1,136 @@
+"""The compiled lean path built on first use, in the background (FUSEDATTN_SELECT_NATIVE=auto).
+
+The first time a process looks for a module that is not built, `BackgroundBuild.start` runs
+`fusedattn-select native build` in a child process on a thread of its own, at a lower CPU priority,
+its output in <modules dir>/<name>.log. Calls meanwhile run the Python lean path, which computes the
+same thing. Processes that build one module at once queue on build()'s file lock: one compiles, the
+others find it built. When the child succeeds, `on_built` lets the next lookup load the module, and
+lean entries made before then take it at their next call (`generation`). A build that cannot start
+here, or fails, is said in one log line and leaves every call on the Python path; a failure is
+remembered beside the module (<name>.failed), so later processes do not compile it again until
+`fusedattn-select native build` is run by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+log = logging.getLogger("fusedattn_select")
+
+
+def failed_marker(module: Path) -> Path:
+    """Where a failed build of `module` leaves its reason."""
+    return module.parent.parent / f"{module.parent.name}.failed"
+
+
+def remember_failure(module: Path, reason: str) -> None:
+    """Write why `module` could not be built (best effort: a read-only directory only costs a retry)."""
+    try:
+        marker = failed_marker(module)
+        marker.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        marker.write_text(reason[-2000:], encoding="utf-8")
+    except OSError:
+        pass
+
+
+def earlier_failure(module: Path) -> str:
+    """The reason an earlier build of `module` failed ("" when none is remembered)."""
+    try:
+        return failed_marker(module).read_text(encoding="utf-8").strip() or "no reason given"
+    except OSError:
+        return ""
+
+
+def cannot_start(module: Path, include_dirs: Callable[[], list]) -> str:
+    """Why a build of `module` must not start here ("" when it may): no GPU to use it on, a
+    remembered failure, or something a build needs that is missing (found without compiling)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    failure = earlier_failure(module)
+    if failure:
+        return f"an earlier build failed ({failure.splitlines()[-1]}); `fusedattn-select native build` tries again"
+    if cpp_extension.CUDA_HOME is None:
+        return "no CUDA toolkit found (set CUDA_HOME)"
+    compiler = os.environ.get("CXX") or "c++"
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler {compiler!r} (set CXX)"
+    try:
+        include_dirs()
+    except RuntimeError as err:
+        return str(err)
+    return ""
+
+
+class BackgroundBuild:
+    """One process's background build: started at most once, and a count of modules it has made
+    loadable (lean entries compare it with the count they were made at)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = False
+        self.generation = 0
+        self.thread: Optional[threading.Thread] = None
+
+    def start(self, module: Path, include_dirs: Callable[[], list], on_built: Callable[[], None]) -> None:
+        """Build `module` in the background where it can be (once per process)."""
+        with self._lock:
+            if self.started:
+                return
+            self.started = True
+        why = cannot_start(module, include_dirs)
+        if why:
+            log.info("fusedattn_select: compiled lean path not built (%s); calls run the Python lean path", why)
+            return
+        self.thread = threading.Thread(target=self._run, args=(module, on_built), daemon=True,
+                                       name="fusedattn-select-native-build")
+        self.thread.start()
+
+    def _run(self, module: Path, on_built: Callable[[], None]) -> None:
+        log_path = module.parent.parent / f"{module.parent.name}.log"
+        log.info("fusedattn_select: building the compiled lean path in the background (log: %s)", log_path)
+        command = [sys.executable, "-m", "fusedattn_select.cli", "native", "build"]
+        if shutil.which("nice"):
+            command = ["nice", "-n", "10", *command]  # the caller's own work comes first
+        # The child neither builds in the background itself nor dies with this process (the next
+        # process then finds the module built).
+        env = dict(os.environ, FUSEDATTN_SELECT_NATIVE="1")
+        started = time.monotonic()
+        try:
+            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+                code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=env, start_new_session=True, check=False).returncode
+        except OSError as err:
+            code, detail = None, f"{type(err).__name__}: {err}"
+        else:
+            detail = f"exit code {code}: {_last_line(log_path)}"
+        if code == 0 and module.is_file():
+            with self._lock:
+                self.generation += 1
+            on_built()
+            log.info("fusedattn_select: compiled lean path built in the background in %.0f s; calls take it "
+                     "from their next call", time.monotonic() - started)
+            return
+        if not earlier_failure(module):
+            remember_failure(module, detail)
+        log.warning("fusedattn_select: compiled lean path could not be built in the background (%s; log: %s); "
+                    "calls run the Python lean path", detail, log_path)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1][-300:] if lines else "no output"

@@ -1,0 +1,83 @@
+"""The compiled lean path's build on first use (runtime/native/autobuild.py) on a CPU machine: when it
+does not start (and says why once), what a failed build leaves behind, and that `native status` and
+later processes read it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusedattn_select.cli.main import main  # noqa: E402
+from fusedattn_select.runtime import native  # noqa: E402
+from fusedattn_select.runtime.native import autobuild  # noqa: E402
+
+
+@pytest.fixture
+def native_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(native.DIR_ENV, str(tmp_path / "native"))
+    monkeypatch.delenv(native.ENV_VAR, raising=False)
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "background", autobuild.BackgroundBuild())
+    return tmp_path / "native"
+
+
+def _module(native_dir):
+    return native_dir / native.module_name() / f"{native.module_name()}.so"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU machine's answer")
+def test_without_a_gpu_the_first_lookup_says_once_why_no_build_starts(native_dir, caplog):
+    caplog.set_level(logging.INFO, logger="fusedattn_select")
+    assert native.mode() == "auto"
+    assert native.load() is None and native.load() is None
+    native.background.start(_module(native_dir), native.include_dirs, lambda: None)  # a second start: nothing
+    said = [r.getMessage() for r in caplog.records if "not built" in r.getMessage()]
+    assert said == ["fusedattn_select: compiled lean path not built (no CUDA device); calls run the Python lean path"]
+    assert native.background.started and native.background.thread is None and native.generation() == 0
+
+
+@pytest.mark.parametrize("value", ["1", "0"])
+def test_only_auto_builds(native_dir, monkeypatch, value):
+    monkeypatch.setenv(native.ENV_VAR, value)
+    assert native.load() is None
+    assert not native.background.started
+
+
+def test_a_remembered_failure_stops_later_builds_and_status_names_it(native_dir):
+    module = _module(native_dir)
+    assert autobuild.earlier_failure(module) == ""
+    autobuild.remember_failure(module, "compiling lean.cpp failed: boom\nlast line")
+    assert autobuild.earlier_failure(module) == "compiling lean.cpp failed: boom\nlast line"
+    why = autobuild.cannot_start(module, native.include_dirs)
+    if torch.cuda.is_available():
+        assert why.startswith("an earlier build failed (last line)") and "native build" in why
+    info = native.status()
+    assert not info["built"] and info["problem"].startswith("an earlier build failed: compiling lean.cpp failed")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the build fails only where it cannot run")
+def test_a_failed_background_build_is_logged_once_remembered_and_loads_nothing(native_dir, caplog):
+    """The real child (`fusedattn-select native build`) fails here: no CUDA toolkit or headers."""
+    caplog.set_level(logging.INFO, logger="fusedattn_select")
+    module = _module(native_dir)
+    built = []
+    native.background._run(module, lambda: built.append(True))
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "could not be built in the background (exit code 1: error: native build:" in \
+        warned[0].getMessage()
+    assert built == [] and native.generation() == 0 and not module.exists()
+    assert autobuild.earlier_failure(module)  # written by the child's build()
+    log_text = (native_dir / f"{native.module_name()}.log").read_text()
+    assert "error: native build:" in log_text
+    assert oct((native_dir / f"{native.module_name()}.log").stat().st_mode & 0o777) == "0o600"
+
+
+def test_native_status_json_reports_mode_and_building(native_dir, capsys, monkeypatch):
+    monkeypatch.setenv(native.ENV_VAR, "1")
+    assert main(["native", "status", "--json"]) == 1
+    info = json.loads(capsys.readouterr().out)
+    assert info["mode"] == "1" and info["enabled"] is True and info["building"] is False and not info["built"]
