@@ -48,7 +48,10 @@ def test_a_fresh_process_builds_the_module_in_the_background_and_takes_it(tmp_pa
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
     if "could not be built in the background" in logged or "not built (" in logged:
         pytest.skip("this machine cannot build the module: " + logged[-500:])
-    assert result == {"started": True, "generation": 1, "loaded": True, "table_calls": 3, "same": True}, logged[-3000:]
+    # The first call after the build takes the module and files the signature in its table; the
+    # next two are found there.
+    assert result == {"started": True, "generation": 1, "loaded": True, "table_calls": 2, "same": True}, logged[-3000:]
     assert logged.count("building the compiled lean path in the background") == 1
     assert logged.count("compiled lean path built in the background") == 1
+    assert logged.count("compiled lean path loaded from") == 1
     assert oct(where.stat().st_mode & 0o777) == "0o700"
