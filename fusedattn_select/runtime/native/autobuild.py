@@ -101,7 +101,7 @@ class BackgroundBuild:
         log.info("fusedattn_select: building the compiled lean path in the background (log: %s)", log_path)
         command = [sys.executable, "-m", "fusedattn_select.cli", "native", "build"]
         if shutil.which("nice"):
-            command = ["nice", "-n", "10", *command]  # the caller's own work comes first
+            command = ["nice", "-n", "19", *command]  # the caller's own work comes first
         # The child neither builds in the background itself nor dies with this process (the next
         # process then finds the module built).
         env = dict(os.environ, FUSEDATTN_SELECT_NATIVE="1")
