@@ -8,13 +8,12 @@ scales, the dropout RNG counter) are allocated once per plan, so the hot path al
 its outputs and never synchronises with the host: forward and backward can be captured in a CUDA
 graph.
 
-Building is the only slow step (a few hundred ms per graph: kernels are compiled); see build_plan
-for why plans are built without cuDNN's kernel cache. `obtain_plan` finds a plan in this order:
-the process's plans (one per device and plan key, shared by every call signature that runs the
-same graph), the persistent store (a serialized graph from an earlier process or from warmup(),
-deserialized in ~20 ms; probing/cudnn/plans.py), and only then a build, whose serialized graph is stored
-for the next process. `plan_stats()` counts builds and loads separately so tests can assert the
-hot path (and a process started over a warmed cache) builds nothing.
+Building is the slow step (kernels are compiled); see build_plan for why plans are built without
+cuDNN's kernel cache. `obtain_plan` finds a plan in this order: the process's plans (one per device
+and plan key, shared by every call signature that runs the same graph), the persistent store (a
+serialized graph from an earlier process or from warmup(); probing/cudnn/plans.py), and only then
+a build, whose serialized graph is stored for the next process. `plan_stats()` counts builds and
+loads apart, so tests can assert the hot path (and a warm-started process) builds nothing.
 """
 
 from __future__ import annotations
@@ -34,15 +33,11 @@ from fusedattn_select import dtypes, offpath
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.probing import cudnn as cudnn_probe
 from fusedattn_select.probing.cudnn import plans as plan_store
-from fusedattn_select.probing.cudnn.plan_blob import (
-    PlanBlobError,
-    StoredGraph,
-    cudnn_type_name,
-    deserialize_graph,
-    serialize_build,
-)
+from fusedattn_select.probing.cudnn.plan_blob import (PlanBlobError, StoredGraph, cudnn_type_name, deserialize_graph,
+                                                      serialize_build)
 from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
 from fusedattn_select.runtime import launch, native
+from fusedattn_select.runtime.streams import loading_stream
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.store.protocol import Store
@@ -434,8 +429,9 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
 
     def load(blob: bytes) -> Plan:
         started = time.perf_counter()
-        with torch.cuda.device(index), cudnn_probe.device_context(index):
-            stored = deserialize_graph(blob, key, handle=cudnn_probe.handle_for(index))
+        with torch.cuda.device(index), cudnn_probe.device_context(index), loading_stream(index):
+            handle, _ = _prepare_handle(device)  # pointed at the private stream (runtime/streams.py)
+            stored = deserialize_graph(blob, key, handle=handle)
         _check_signature(stored, signature)
         plan = Plan(stored, phase, device, cfg)
         with _stats_lock:

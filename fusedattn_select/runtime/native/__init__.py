@@ -361,8 +361,12 @@ def graph(module: ModuleType, plan: Any, call_index: tuple[int, ...]) -> Optiona
     if uids is not None:
         from fusedattn_select.probing.cudnn.plan_blob import graph_bytes
 
+        from fusedattn_select.runtime.streams import loading_stream
+
+        index = plan.device.index or 0
         try:
-            loaded = module.load_graph(plan.device.index or 0, graph_bytes(plan.graph), list(uids), list(call_index))
+            with loading_stream(index):  # the frontend's warm-up capture on a private stream (streams.py)
+                loaded = module.load_graph(index, graph_bytes(plan.graph), list(uids), list(call_index))
         except Exception as err:  # noqa: BLE001 - the frontend's refusal: this plan runs the Python path
             log.info("fusedattn_select: compiled lean path cannot load a %s plan (%s); using the Python path",
                      plan.phase.value, err)
