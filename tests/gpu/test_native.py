@@ -8,6 +8,7 @@ key tells apart (or refuses)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 import pytest
@@ -31,14 +32,16 @@ def built(tmp_path_factory):
     """The module for this torch and frontend: the one in $FUSEDATTN_SELECT_NATIVE_DIR where that
     holds it, else built here by `native build` (a minute: compiled, then tested in a child process)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.delenv(native.ENV_VAR, raising=False)
+        # One directory for the whole module, set before the first lookup (the default one lives in
+        # the cache directory, which every test changes), and no background build.
+        patch.setenv(native.ENV_VAR, "1")
+        patch.setenv(native.DIR_ENV, os.environ.get(native.DIR_ENV) or str(tmp_path_factory.mktemp("native")))
         patch.setattr(native, "_loaded", {})
         if native.load() is None:
             from torch.utils import cpp_extension
 
             if cpp_extension.CUDA_HOME is None:
                 pytest.skip("no CUDA toolkit to compile the module with")
-            patch.setenv(native.DIR_ENV, str(tmp_path_factory.mktemp("native")))
             assert main(["native", "build"]) == 0
         yield native.load()
 

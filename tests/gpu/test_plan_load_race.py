@@ -46,9 +46,11 @@ def load_again():
 loader = threading.Thread(target=load_again)
 before = plans.plan_stats()
 loader.start()
-x, launches = torch.randn(4096, device="cuda"), 0
+x, launches = torch.randn(4096, device="cuda", requires_grad=True), 0
 while loader.is_alive():
-    x = torch.where(x > 0, x, -x)  # the caller's kernels, on the legacy default stream
+    # The caller's kernels on the legacy default stream; a backward launches from autograd's
+    # engine thread, which needs no GIL, so it runs while the loader is inside the frontend.
+    torch.where(x > 0, x, -x).mul(2).sum().backward()
     launches += 1
 loader.join()
 torch.cuda.synchronize()
@@ -65,6 +67,6 @@ def test_plans_load_beside_the_callers_kernels(tmp_path):
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert result["plans"] >= 2 and result["launches"] > 100, result
+    assert result["plans"] >= 2 and result["launches"] > 10, result
     assert result["errors"] == [] and result["load_failures"] == 0, result
     assert result["loads"] == 30 * result["plans"], result
