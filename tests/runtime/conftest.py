@@ -1,7 +1,8 @@
-"""Runtime test setup: `no_platform`, the selector of a machine without a GPU or snapshots.
+"""Runtime test setup: `no_platform`, the selector of a machine without a GPU or snapshots, and
+`native_dir`, an empty directory for the compiled module.
 
 Not autouse: tests that need it say so (`pytestmark = pytest.mark.usefixtures("no_platform")`).
-The runtime is imported inside the fixture because some runtime tests run without torch.
+The runtime is imported inside the fixtures because some runtime tests run without torch.
 """
 
 from __future__ import annotations
@@ -21,3 +22,17 @@ def no_platform():
     yield
     dispatch.clear_plans()
     set_default_selector(old)
+
+
+@pytest.fixture
+def native_dir(tmp_path, monkeypatch):
+    """The compiled module's directory (empty) for this test, its setting unset (auto), nothing
+    loaded and no background build started yet in this process."""
+    from fusedattn_select.runtime import native
+    from fusedattn_select.runtime.native import autobuild
+
+    monkeypatch.setenv(native.DIR_ENV, str(tmp_path / "native"))
+    monkeypatch.delenv(native.ENV_VAR, raising=False)
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "background", autobuild.BackgroundBuild())
+    return tmp_path / "native"

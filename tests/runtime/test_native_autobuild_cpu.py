@@ -16,15 +16,6 @@ from fusedattn_select.runtime import native  # noqa: E402
 from fusedattn_select.runtime.native import autobuild  # noqa: E402
 
 
-@pytest.fixture
-def native_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(native.DIR_ENV, str(tmp_path / "native"))
-    monkeypatch.delenv(native.ENV_VAR, raising=False)
-    monkeypatch.setattr(native, "_loaded", {})
-    monkeypatch.setattr(native, "background", autobuild.BackgroundBuild())
-    return tmp_path / "native"
-
-
 def _module(native_dir):
     return native_dir / native.module_name() / f"{native.module_name()}.so"
 

@@ -16,14 +16,6 @@ from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import native  # noqa: E402
 
 
-@pytest.fixture
-def native_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(native.DIR_ENV, str(tmp_path / "native"))
-    monkeypatch.delenv(native.ENV_VAR, raising=False)
-    monkeypatch.setattr(native, "_loaded", {})
-    return tmp_path / "native"
-
-
 @pytest.mark.parametrize("value, on", [("", True), ("auto", True), (" AUTO ", True), ("1", True), ("0", False)])
 def test_switch_values(monkeypatch, value, on):
     monkeypatch.setenv(native.ENV_VAR, value)
