@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -56,7 +59,7 @@ def test_a_failed_background_build_is_logged_once_remembered_and_loads_nothing(n
     caplog.set_level(logging.INFO, logger="fusedattn_select")
     module = _module(native_dir)
     built = []
-    native.background._run(module, lambda: built.append(True))
+    native.background._run(module, lambda: built.append(True), "0")
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "could not be built in the background (exit code 1: error: native build:" in \
         warned[0].getMessage()
@@ -72,3 +75,59 @@ def test_native_status_json_reports_mode_and_building(native_dir, capsys, monkey
     assert main(["native", "status", "--json"]) == 1
     info = json.loads(capsys.readouterr().out)
     assert info["mode"] == "1" and info["enabled"] is True and info["building"] is False and not info["built"]
+
+
+HOLDER = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+what = sys.stdin.readline().strip()  # then write the module, or a failure, and let go of the lock
+os.makedirs(os.path.dirname(sys.argv[2]), exist_ok=True)
+with open(sys.argv[2] if what == "built" else sys.argv[3], "w") as out:
+    out.write("compiling lean.cpp failed: boom" if what == "failed" else "")
+"""
+
+
+def _hold_the_lock(module):
+    module.parent.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(autobuild.lock_path(module)), str(module),
+                               str(autobuild.failed_marker(module))], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+@pytest.mark.parametrize("outcome", ["built", "failed"])
+def test_a_process_that_finds_another_building_waits_for_it_and_starts_no_build(native_dir, monkeypatch, caplog,
+                                                                               outcome):
+    caplog.set_level(logging.INFO, logger="fusedattn_select")
+    monkeypatch.setattr(autobuild, "POLL_S", 0.02)
+    module = _module(native_dir)
+    assert not autobuild.building_elsewhere(module)  # no lock file yet
+    holder = _hold_the_lock(module)
+    assert autobuild.building_elsewhere(module)
+    built = []
+    waiter = threading.Thread(target=native.background._run, args=(module, lambda: built.append(True), "0"))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and built == []  # waiting on the other build
+    holder.communicate(outcome + "\n", timeout=30)
+    waiter.join(30)
+    assert not waiter.is_alive() and not autobuild.building_elsewhere(module)
+    said = [r.getMessage() for r in caplog.records]
+    assert not any("building the compiled lean path in the background" in m for m in said)  # no child of its own
+    assert sum("another process is building" in m for m in said) == 1
+    if outcome == "built":
+        assert built == [True] and native.generation() == 1
+    else:
+        assert built == [] and native.generation() == 0
+        assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+            "fusedattn_select: the compiled lean path could not be built (compiling lean.cpp failed: boom); calls "
+            "run the Python lean path"]
+
+
+@pytest.mark.parametrize("visible, index, expected", [("", 3, "3"), ("4,5,6", 1, "5"), (" 2 , 7", 1, "7")])
+def test_the_build_is_tested_on_the_device_this_process_uses(monkeypatch, visible, index, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert autobuild.visible_device(index) == expected

@@ -1,10 +1,11 @@
 """The compiled lean path built on first use, in the background (FUSEDATTN_SELECT_NATIVE=auto).
 
 The first time a process looks for a module that is not built, `BackgroundBuild.start` runs
-`fusedattn-select native build` in a child process on a thread of its own, at a lower CPU priority,
-its output in <modules dir>/<name>.log. Calls meanwhile run the Python lean path, which computes the
-same thing. Processes that build one module at once queue on build()'s file lock: one compiles, the
-others find it built. When the child succeeds, `on_built` lets the next lookup load the module, and
+`fusedattn-select native build` in a child process on a thread of its own, at the lowest CPU
+priority, its output in <modules dir>/<name>.log, its test on this process's device. Calls meanwhile
+run the Python lean path, which computes the same thing. A process that finds another one building
+(build()'s file lock held: another rank of the node) starts no child and waits for that build
+instead. When the build succeeds, `on_built` lets the next lookup load the module, and
 lean entries made before then take it at their next call (`generation`). A build that cannot start
 here, or fails, is said in one log line and leaves every call on the Python path; a failure is
 remembered beside the module (<name>.failed), so later processes do not compile it again until
@@ -13,6 +14,7 @@ remembered beside the module (<name>.failed), so later processes do not compile 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -24,6 +26,37 @@ from pathlib import Path
 from typing import Callable, Optional
 
 log = logging.getLogger("fusedattn_select")
+
+OTHERS_WAIT_S, POLL_S = 900.0, 2.0  # how long a process waits on another's build, and how often it looks
+
+
+def lock_path(module: Path) -> Path:
+    """The file builds of `module` lock (build() holds it from the compile to the end of the test)."""
+    return module.parent.parent / f"{module.parent.name}.lock"
+
+
+def building_elsewhere(module: Path) -> bool:
+    """Whether some process holds the build lock of `module` now."""
+    try:
+        fd = os.open(lock_path(module), os.O_RDWR)
+    except OSError:
+        return False  # no lock file: nobody has started a build
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def visible_device(index: int) -> str:
+    """CUDA_VISIBLE_DEVICES naming only the device this process uses as `index`: the build's test
+    then runs there, not on device 0 of a node whose ranks each use their own."""
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[index] if index < len(visible) else str(index)
 
 
 def failed_marker(module: Path) -> Path:
@@ -92,20 +125,38 @@ class BackgroundBuild:
         if why:
             log.info("fusedattn_select: compiled lean path not built (%s); calls run the Python lean path", why)
             return
-        self.thread = threading.Thread(target=self._run, args=(module, on_built), daemon=True,
+        import torch
+
+        device = visible_device(torch.cuda.current_device())
+        self.thread = threading.Thread(target=self._run, args=(module, on_built, device), daemon=True,
                                        name="fusedattn-select-native-build")
         self.thread.start()
 
-    def _run(self, module: Path, on_built: Callable[[], None]) -> None:
+    def _run(self, module: Path, on_built: Callable[[], None], device: str) -> None:
+        started = time.monotonic()
+        if building_elsewhere(module):  # another rank or process: wait for its build, start none
+            log.info("fusedattn_select: another process is building the compiled lean path; calls take it "
+                     "when it is built")
+            while building_elsewhere(module) and time.monotonic() - started < OTHERS_WAIT_S:
+                time.sleep(POLL_S)
+            if module.is_file():
+                self._built(on_built, started)
+                return
+            if earlier_failure(module):
+                log.warning("fusedattn_select: the compiled lean path could not be built (%s); calls run the "
+                            "Python lean path", earlier_failure(module).splitlines()[-1])
+                return
+        self._build(module, on_built, device, started)
+
+    def _build(self, module: Path, on_built: Callable[[], None], device: str, started: float) -> None:
         log_path = module.parent.parent / f"{module.parent.name}.log"
         log.info("fusedattn_select: building the compiled lean path in the background (log: %s)", log_path)
         command = [sys.executable, "-m", "fusedattn_select.cli", "native", "build"]
         if shutil.which("nice"):
             command = ["nice", "-n", "19", *command]  # the caller's own work comes first
         # The child neither builds in the background itself nor dies with this process (the next
-        # process then finds the module built).
-        env = dict(os.environ, FUSEDATTN_SELECT_NATIVE="1")
-        started = time.monotonic()
+        # process then finds the module built), and tests the module on this process's device.
+        env = dict(os.environ, FUSEDATTN_SELECT_NATIVE="1", CUDA_VISIBLE_DEVICES=device)
         try:
             log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
@@ -116,16 +167,20 @@ class BackgroundBuild:
         else:
             detail = f"exit code {code}: {_last_line(log_path)}"
         if code == 0 and module.is_file():
-            with self._lock:
-                self.generation += 1
-            on_built()
-            log.info("fusedattn_select: compiled lean path built in the background in %.0f s; calls take it "
-                     "from their next call", time.monotonic() - started)
+            self._built(on_built, started)
             return
         if not earlier_failure(module):
             remember_failure(module, detail)
         log.warning("fusedattn_select: compiled lean path could not be built in the background (%s; log: %s); "
                     "calls run the Python lean path", detail, log_path)
+
+
+    def _built(self, on_built: Callable[[], None], started: float) -> None:
+        with self._lock:
+            self.generation += 1
+        on_built()
+        log.info("fusedattn_select: compiled lean path built in the background in %.0f s; calls take it "
+                 "from their next call", time.monotonic() - started)
 
 
 def _last_line(path: Path) -> str:
