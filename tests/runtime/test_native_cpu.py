@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import types
 
 import pytest
 
@@ -160,6 +161,7 @@ class _Opts:
 class _Entry:
     def __init__(self, training):
         self.opts = _Opts(training)
+        self.forward = types.SimpleNamespace(device=torch.device("cuda", 0))  # a plan's device, not touched
 
 
 class _Lean:

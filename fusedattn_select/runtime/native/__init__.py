@@ -255,8 +255,10 @@ def status() -> dict[str, Any]:
     return info
 
 
-def load() -> Optional[ModuleType]:
-    """The built module for this torch and frontend, or None (not built, off, or failed to load)."""
+def load(device: Optional[int] = None) -> Optional[ModuleType]:
+    """The built module for this torch and frontend, or None (not built, off, or failed to load).
+    `device`: the device the caller wants it for (a background build tests the module there; None:
+    this thread's current device)."""
     if not enabled():
         return None
     name = module_name()
@@ -269,7 +271,7 @@ def load() -> Optional[ModuleType]:
                 global _table, call
                 _table, call = module, module.call
             elif mode() == "auto" and not _module_path(name).is_file():
-                background.start(_module_path(name), include_dirs, lambda: _forget_missing(name))
+                background.start(_module_path(name), include_dirs, lambda: _forget_missing(name), device)
     return _loaded[name]
 
 
@@ -377,7 +379,7 @@ def graph(module: ModuleType, plan: Any, call_index: tuple[int, ...]) -> Optiona
 def plan_runner(plan: Any) -> Optional[Any]:
     """run(buffers) for a plan whose buffers come in its binding order (Plan.run's), through the
     compiled module; None where none is loaded or it cannot take the plan."""
-    module = load()
+    module = load(plan.device.index)
     if module is None:
         return None
     loaded = graph(module, plan, tuple(range(len(plan.order))))
@@ -391,7 +393,7 @@ def lean_plan(entry: Any, lean: Any) -> Optional[Any]:
     """The compiled LeanPlan of a lean entry, or None where the Python path must run it."""
     if entry.opts.training and lean.grads is None:
         return None
-    module = load()
+    module = load(entry.forward.device.index)
     if module is None:
         return None
     import torch

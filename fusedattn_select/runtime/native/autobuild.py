@@ -115,8 +115,10 @@ class BackgroundBuild:
         self.generation = 0
         self.thread: Optional[threading.Thread] = None
 
-    def start(self, module: Path, include_dirs: Callable[[], list], on_built: Callable[[], None]) -> None:
-        """Build `module` in the background where it can be (once per process)."""
+    def start(self, module: Path, include_dirs: Callable[[], list], on_built: Callable[[], None],
+              device: Optional[int] = None) -> None:
+        """Build `module` in the background where it can be (once per process), testing it on
+        `device` (None: this thread's current device)."""
         with self._lock:
             if self.started:
                 return
@@ -127,8 +129,9 @@ class BackgroundBuild:
             return
         import torch
 
-        device = visible_device(torch.cuda.current_device())
-        self.thread = threading.Thread(target=self._run, args=(module, on_built, device), daemon=True,
+        # Callers name their plans' device: a thread of ours (the preparer) starts on device 0.
+        visible = visible_device(torch.cuda.current_device() if device is None else device)
+        self.thread = threading.Thread(target=self._run, args=(module, on_built, visible), daemon=True,
                                        name="fusedattn-select-native-build")
         self.thread.start()
 
