@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -161,6 +162,46 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 def value(name: str) -> Any:
     """The value of the variable `name` (one of SETTINGS) now; ConfigError naming it when invalid."""
     return _BY_NAME[name].value()
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """What attention() reads of the environment, read once per process (`read_runtime`): the
+    runtime holds one (runtime/run_settings.py), and tools and tests change it only through that."""
+
+    dense_after: int
+    dense_builds: str
+    first_calls: str
+    direct_launch: bool
+    native: str
+    fp8_kernels: str
+
+
+# Each field's variable (its parser and default are the variable's Setting).
+RUNTIME_VARIABLES = {"dense_after": DENSE_AFTER, "dense_builds": DENSE_BUILDS, "first_calls": FIRST_CALLS,
+                     "direct_launch": DIRECT_LAUNCH, "native": NATIVE, "fp8_kernels": FP8_KERNELS}
+
+
+def read_runtime() -> RuntimeSettings:
+    """The runtime's settings now (ConfigError naming the first variable that holds a value it does
+    not take, in the order of RuntimeSettings' fields)."""
+    return RuntimeSettings(**{field: value(name) for field, name in RUNTIME_VARIABLES.items()})
+
+
+def runtime_with(current: RuntimeSettings, **changes: Any) -> RuntimeSettings:
+    """`current` with `changes`, each checked by its variable's parser (ValueError naming the field
+    and what it takes)."""
+    unknown = set(changes) - set(RUNTIME_VARIABLES)
+    if unknown:
+        raise ValueError(f"unknown runtime setting {sorted(unknown)[0]!r}: one of {', '.join(RUNTIME_VARIABLES)}")
+    checked = {}
+    for field, given in changes.items():
+        text = ("1" if given else "0") if isinstance(given, bool) else str(given)
+        try:
+            checked[field] = _BY_NAME[RUNTIME_VARIABLES[field]].parse(text)
+        except ConfigError as err:
+            raise ValueError(f"runtime setting {field}={given!r}: {err.allowed}") from None
+    return dataclasses.replace(current, **checked)
 
 
 def check_all(skip: tuple[str, ...] = ()) -> None:

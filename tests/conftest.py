@@ -1,14 +1,18 @@
 """Shared test setup.
 
-Isolation: every test gets its own cache directory, no snapshot from the environment and a fresh
-process-wide selector, so no test sees another test's (or the user's) decisions.
+Isolation: every test gets its own cache directory, no snapshot from the environment, a fresh
+process-wide selector and the runtime's settings read again at its first use, so no test sees
+another test's (or the user's) decisions or settings.
 Snapshot fixtures: a small suite file and a snapshot of it recorded with a test double.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
+from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection.selector import set_default_selector
 from fusedattn_select.types import Fingerprint, Outcome, Provenance, Verdict
 
@@ -18,8 +22,17 @@ def isolated_selector(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEDATTN_SELECT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("FUSEDATTN_SELECT_SNAPSHOT", raising=False)
     set_default_selector(None)
+    run_settings.reread()  # the runtime's settings as this test's environment has them
     yield
     set_default_selector(None)
+    run_settings.reread()
+
+
+@pytest.fixture
+def use_settings():
+    """use_settings(**changes): the runtime's settings changed (run_settings.use) until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(run_settings.use(**changes))
 
 
 # ----- a recorded test snapshot ---------------------------------------------------------------

@@ -125,13 +125,13 @@ def _pipelined(torch: Any, qkv: tuple, graph: Callable[..., None], chunks: int, 
 
 def _shape(torch: Any, batch: int, seqlen: int) -> tuple[dict, bool]:
     from fusedattn_select.config import AttnConfig
-    from fusedattn_select.runtime import dense_builds, entries
     from fusedattn_select.runtime.api import attention
+    from fusedattn_select.runtime.run_settings import run_settings
     from fusedattn_select.types import Backend, Phase
     from tools.bench.raw_graph import graph_runner
     from tools.bench.tensors import cuda_times
 
-    dense_builds.configured, entries.dense_after = dense_builds.INLINE, 1  # the shape's own plan at once
+    run_settings.replace(dense_builds="inline", dense_after=1)  # the shape's own plan at once
 
     q = torch.randn(batch, seqlen, HEADS_Q, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(batch, seqlen, HEADS_KV, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))

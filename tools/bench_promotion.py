@@ -11,11 +11,11 @@ import time
 
 
 def across_promotion(torch, mode: str, seqlen: int) -> dict:
-    from fusedattn_select.runtime import dense_builds
     from fusedattn_select.runtime.api import attention
+    from fusedattn_select.runtime.run_settings import run_settings
     from tools.bench.common import call_entry
 
-    dense_builds.configured = mode
+    run_settings.replace(dense_builds=mode)
     q = torch.randn(2, seqlen, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, seqlen, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn_like(k, requires_grad=True)

@@ -38,10 +38,10 @@ def _median_ms(torch: Any, run: Callable[[], None]) -> float:
 def _attention_forward_ms(torch: Any, b: int, hq: int, hkv: int, s: int, d: int) -> tuple[float, float]:
     """(bf16 attention(), attention(fp8=True)) inference ms on bshd tensors, causal; the bf16 call
     on its shape's own plans (promoted at its first call, built here)."""
-    from fusedattn_select.runtime import dense_builds, entries
     from fusedattn_select.runtime.api import attention
+    from fusedattn_select.runtime.run_settings import run_settings
 
-    dense_builds.configured, entries.dense_after = dense_builds.INLINE, 1
+    run_settings.replace(dense_builds="inline", dense_after=1)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv))
     with torch.no_grad():
         for _ in range(3):

@@ -34,6 +34,7 @@ from fusedattn_select.store.settings import cache_switched_off, default_cache_di
 from fusedattn_select.store.sqlite import DATABASE_NAME
 from fusedattn_select.selection.warmup import plan_target
 from fusedattn_select.types import Backend, Phase, ProbeDepth
+from fusedattn_select.runtime.run_settings import run_settings
 
 log = logging.getLogger("fusedattn_select")
 
@@ -42,12 +43,6 @@ MODES = settings.DENSE_BUILD_MODES
 PROCESS, INLINE = MODES
 
 
-def mode() -> str:
-    """FUSEDATTN_SELECT_DENSE_BUILDS: "process" (unset or empty) or "inline"; ConfigError otherwise."""
-    return str(settings.value(ENV_VAR))
-
-
-configured = mode()  # read at import, like FUSEDATTN_SELECT_DENSE_AFTER
 
 
 def plan_phases(cfg: AttnConfig, backend: Backend, return_lse: bool,
@@ -67,7 +62,7 @@ def plan_phases(cfg: AttnConfig, backend: Backend, return_lse: bool,
 def in_background(selector: Selector) -> tuple[str, int] | None:
     """(store directory, device ordinal) a worker hands plans over with, or None: build inline (the
     mode says so, or this selector has no persistent store or no live cuDNN engine)."""
-    if configured != PROCESS:
+    if run_settings.get().dense_builds != PROCESS:
         return None
     target, _ = plan_target(selector, ProbeDepth.FULL)
     if target is None:
@@ -96,7 +91,7 @@ def fresh_store_target(device: int) -> tuple[str, int] | None:
     its selector (which imports cuDNN and opens the store, holding the GIL from the caller's calls
     for about a second): plans go to a worker, the store is persistent and holds no file yet. None
     otherwise: the caller reads the store first."""
-    if configured != PROCESS or cache_switched_off() or os.environ.get(settings.SNAPSHOT):
+    if run_settings.get().dense_builds != PROCESS or cache_switched_off() or os.environ.get(settings.SNAPSHOT):
         return None  # (an invalid value of either is reported where the selector is made)
     directory = default_cache_dir()
     return None if (directory / DATABASE_NAME).exists() else (str(directory), device)

@@ -16,7 +16,6 @@ from typing import Any, Optional
 
 import torch
 
-from fusedattn_select import settings
 from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
@@ -32,6 +31,7 @@ from fusedattn_select.runtime.lean import Lean, mark_lean, relean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config, standard_alibi
 from fusedattn_select.runtime.ragged import Shape
+from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection import fp8_speed
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import HEADS_AS_BATCH, Selector, default_selector
@@ -207,21 +207,14 @@ def remember_call(call_key: tuple, found: Entry) -> None:
 table_lock = threading.Lock()
 
 
-def _dense_after() -> int:
-    return int(settings.value(DENSE_AFTER_ENV))
-
-
-DENSE_AFTER_ENV = settings.DENSE_AFTER
 # A call signature run by bucket plans gets its shape's own plans (built once, or loaded from the
-# store) at its `dense_after`-th call if it had at least STEADY_SHARE of its problem class's calls
+# store) at its `dense_after`-th call (FUSEDATTN_SELECT_DENSE_AFTER, run_settings) if it had at least STEADY_SHARE of its problem class's calls
 # since its first and more than twice the calls its class's previous signature had when it came
 # (one pass over a model's layers, counted up to MAX_PASS: more is a shape used for long). A shape
 # a training loop or a static cache repeats runs at the dense plan's speed; a decode length (called
 # by every layer, then never again) or a step's new length never pays a build, at any depth.
-DEFAULT_DENSE_AFTER = settings.DEFAULT_DENSE_AFTER
 STEADY_SHARE = 0.5
 MAX_PASS = 128
-dense_after = _dense_after()
 # Calls per problem class (AttnConfig.shape_class_key) run by bucket plans.
 class_calls: Counter[str] = Counter()
 # Per problem class: the signature called most recently for the first time, and the calls its
@@ -232,7 +225,7 @@ class_pass: Counter[str] = Counter()
 
 def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
     """Count a fused call of `found`; the entry to run it with: its dense successor once a bucketed
-    signature is steady (see DEFAULT_DENSE_AFTER) and its own graphs are selected and built."""
+    signature is steady (see STEADY_SHARE) and its own graphs are selected and built."""
     if not found.bucketed:
         return found
     # Benign races under threads: the counts decide when, and promotion happens once either way.
@@ -247,6 +240,7 @@ def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     if found.promotion:  # tried already: swap in the worker's plans once they are ready
         job = found.pending  # read once: the promoting thread clears it
         return promote(found, q, k, v) if job is not None and job.done() else found
+    dense_after = run_settings.get().dense_after
     if found.calls < dense_after or dense_after == 0 or found.calls <= 2 * class_pass[shape_class]:
         return found
     if found.calls < STEADY_SHARE * (class_calls[shape_class] - found.class_calls_before):

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from fusedattn_select import settings
+from fusedattn_select.runtime.run_settings import run_settings
 
 log = logging.getLogger("fusedattn_select")
 
@@ -78,7 +79,7 @@ class Delayed(NamedTuple):
 # ----- implementation choice ---------------------------------------------------------------------
 def configured_choice() -> str:
     """The value of FUSEDATTN_SELECT_FP8_KERNELS ("auto" when unset); ConfigError if not allowed."""
-    return str(settings.value(ENV_VAR))
+    return run_settings.get().fp8_kernels
 
 
 def backend(refresh: bool = False) -> str:

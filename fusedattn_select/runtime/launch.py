@@ -16,6 +16,7 @@ import logging
 from typing import Any, Callable, Optional
 
 from fusedattn_select import settings
+from fusedattn_select.runtime.run_settings import run_settings
 
 log = logging.getLogger("fusedattn_select")
 
@@ -25,7 +26,7 @@ Launcher = Callable[[tuple, Any, Any], None]
 
 def enabled() -> bool:
     """Whether direct launches are allowed ("0" turns them off; "", "1" leave them on)."""
-    return bool(settings.value(ENV_VAR))  # ConfigError naming the variable when invalid
+    return run_settings.get().direct_launch  # ConfigError naming a variable when one is invalid
 
 
 def direct_launcher(graph: Any, uids: tuple[int, ...]) -> Optional[Launcher]:

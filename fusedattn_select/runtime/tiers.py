@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fusedattn_select import offpath, settings
+from fusedattn_select import offpath
 from fusedattn_select.runtime import dense_builds, entries
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fused import fused_forward
@@ -39,6 +39,7 @@ from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, torch_sdpa, torch_sdpa_blocker
 from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD, bhsd
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection import runners
 from fusedattn_select.selection import selector as selection
 
@@ -50,12 +51,6 @@ TORCH, CUDNN = runners.TORCH, runners.CUDNN
 Choice = runners.Choice
 
 
-def configured() -> str:
-    """FUSEDATTN_SELECT_FIRST_CALLS: "torch" (the default) or "wait"."""
-    return str(settings.value(settings.FIRST_CALLS))
-
-
-first_calls = configured()  # read at import, like the other runtime settings
 Run = Callable[..., Any]  # api._run: (entry, q, k, v, inputs, fp8, return_lse) -> out
 
 
@@ -102,7 +97,7 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                 scales: Any) -> str:
     """Why this signature is decided on the caller's path, as before ("" when torch runs it meanwhile)."""
     opts: CallOptions = signature[0]
-    if first_calls == "wait":
+    if run_settings.get().first_calls == "wait":
         return "FUSEDATTN_SELECT_FIRST_CALLS=wait"
     if signature[-1]:
         return "CUDA-graph capture"

@@ -125,20 +125,47 @@ def test_dense_after_takes_only_ascii_digits(monkeypatch, text):
 
 def test_the_runtime_reads_each_setting_through_its_one_rule(monkeypatch):
     pytest.importorskip("torch")
-    from fusedattn_select.runtime import dense_builds, entries, fp8_kernels, launch, native, tiers
+    from fusedattn_select.runtime import dense_builds, entries, fp8_kernels, launch, native, tiers  # noqa: F401
+    from fusedattn_select.runtime.run_settings import run_settings
 
-    readers = {settings.DENSE_AFTER: entries._dense_after, settings.DENSE_BUILDS: dense_builds.mode,
-               settings.FIRST_CALLS: tiers.configured,
+    readers = {settings.DENSE_AFTER: lambda: run_settings.get().dense_after,
+               settings.DENSE_BUILDS: lambda: run_settings.get().dense_builds,
+               settings.FIRST_CALLS: lambda: run_settings.get().first_calls,
                settings.DIRECT_LAUNCH: launch.enabled, settings.NATIVE: native.enabled,
                settings.FP8_KERNELS: fp8_kernels.configured_choice}
+    assert set(readers) == set(settings.RUNTIME_VARIABLES.values())
     for name, read in readers.items():
         monkeypatch.setenv(name, INVALID[name])
+        run_settings.reread()
         with pytest.raises(ConfigError) as from_runtime:
             read()
         with pytest.raises(ConfigError) as from_settings:
             settings.value(name)
         assert str(from_runtime.value) == str(from_settings.value)
         monkeypatch.delenv(name)
+        run_settings.reread()
+
+
+def test_the_runtime_settings_are_read_once_and_changed_only_through_use(monkeypatch):
+    from fusedattn_select.runtime.run_settings import RunSettings
+
+    holder = RunSettings()
+    monkeypatch.setenv(settings.DENSE_AFTER, "7")
+    first = holder.get()
+    monkeypatch.setenv(settings.DENSE_AFTER, "9")
+    assert holder.get() is first and first.dense_after == 7  # read once
+    with holder.use(dense_after=3, first_calls="WAIT") as changed:
+        assert holder.get() is changed and (changed.dense_after, changed.first_calls) == (3, "wait")
+    assert holder.get() is first
+    for bad, message in (({"dense_after": "x"}, "dense_after='x': must be a whole number"),
+                         ({"first_calls": "later"}, "first_calls='later': must be"),
+                         ({"colour": 1}, "unknown runtime setting 'colour'")):
+        with pytest.raises(ValueError, match=message):
+            with holder.use(**bad):
+                pass
+    assert holder.get() is first
+    holder.reread()
+    assert holder.get().dense_after == 9
 
 
 def test_the_library_warns_once_about_an_invalid_cache_size(monkeypatch, caplog):

@@ -67,8 +67,6 @@ def _cudnn_from_the_first_call(request, monkeypatch):
 
     if os.environ.get("FUSEDATTN_SELECT_NATIVE", "").strip().lower() in ("", "auto"):
         monkeypatch.setenv("FUSEDATTN_SELECT_NATIVE", "1")
-    try:
-        from fusedattn_select.runtime import tiers
-    except ImportError:  # no torch: the test skips
-        return
-    monkeypatch.setattr(tiers, "first_calls", mode)
+    from fusedattn_select.runtime.run_settings import run_settings
+
+    run_settings.reread()  # the runtime's settings from this environment

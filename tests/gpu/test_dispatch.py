@@ -14,7 +14,6 @@ import time
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
-from fusedattn_select.runtime import dense_builds  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.fallback_log import short_reason  # noqa: E402
@@ -360,12 +359,12 @@ def test_sdpa_drop_in_matches_torch_sdpa(name):
 
 
 # ----- the hot path ------------------------------------------------------------------------------
-def test_hot_path_does_no_graph_builds_or_probes_after_warmup(monkeypatch):
-    monkeypatch.setattr(dense_builds, "configured", "inline")  # the promotion at dense_after, made in the warm-up
+def test_hot_path_does_no_graph_builds_or_probes_after_warmup(monkeypatch, use_settings):
+    settings = use_settings(dense_builds="inline")  # the promotion at dense_after, made in the warm-up
     q, k, v = _inputs(d=128, hq=8, hkv=4, sq=384, skv=384)
     grad_out = torch.randn(q.shape[:3] + (128,), device=CUDA, dtype=BF16)
     # Warm: the first calls run bucket plans; the call that reaches dense_after gets its own plans.
-    for _ in range(dispatch_entries.dense_after + 1):
+    for _ in range(settings.dense_after + 1):
         out = attention(q, k, v, mask="causal")
         torch.autograd.grad(out, (q, k, v), grad_out)
     builds, probes = dispatch_info()["plan_builds"], default_selector().cache_info()["probes"]

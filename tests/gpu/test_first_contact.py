@@ -104,7 +104,7 @@ def test_the_measured_choice_serves_new_shapes_of_its_bucket_at_once():
 
 
 @pytest.mark.parametrize("case", ["deterministic", "return_lse", "padding", "wait_setting"])
-def test_the_waiting_cases_decide_on_the_first_call(case, monkeypatch):
+def test_the_waiting_cases_decide_on_the_first_call(case, use_settings):
     q, k, v = _tensors(2, 150, 14, 7, 80, seed=3)
     kwargs = {"mask": "causal"}
     if case == "deterministic":
@@ -115,7 +115,7 @@ def test_the_waiting_cases_decide_on_the_first_call(case, monkeypatch):
         lengths = torch.tensor([150, 90], dtype=torch.int32, device=CUDA)
         kwargs.update(mask="padding_causal", seqlens_q=lengths, seqlens_kv=lengths)
     else:
-        monkeypatch.setattr(tiers, "first_calls", "wait")
+        use_settings(first_calls="wait")
     before = dispatch_info()["torch_calls"]
     attention(q, k, v, **kwargs)
     found = _entry(q, k, v)

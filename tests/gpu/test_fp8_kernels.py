@@ -9,6 +9,7 @@ from gpu_setup import CUDA, GPU_MARKS, torch
 
 from fusedattn_select.runtime import fp8_kernels as fp8k
 from fusedattn_select.runtime.fp8 import FP8History, dequantize, quantize_qkv
+from fusedattn_select.runtime.run_settings import run_settings
 
 pytestmark = GPU_MARKS
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -17,16 +18,20 @@ BACK = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
 
 
 @pytest.fixture
-def use(monkeypatch):
-    """use("triton") / use("torch"): the implementation the next calls get."""
+def use(use_settings):
+    """use("triton") / use("torch"): the implementation the next calls get (the environment's
+    choice again after the test)."""
     pytest.importorskip("triton")
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("no FP8 conversions before sm_89")
     assert fp8k._load_triton() is None
 
     def choose(name):
-        monkeypatch.setattr(fp8k, "_backend", name)
-    return choose
+        use_settings(fp8_kernels=name)
+        fp8k.backend(refresh=True)
+    yield choose
+    run_settings.reread()
+    fp8k.backend(refresh=True)
 
 
 def _bhsd(b, h, s, d, layout="bshd", dtype=BF16, scale=1.0, seed=0):

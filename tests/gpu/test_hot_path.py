@@ -9,7 +9,6 @@ import time
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
-from fusedattn_select.runtime import dense_builds  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD  # noqa: E402
@@ -57,12 +56,12 @@ def _entry_of_last_call():
 
 
 @pytest.fixture
-def dense_after(monkeypatch):
+def dense_after(use_settings):
     def set_to(n):
-        monkeypatch.setattr(dispatch_entries, "dense_after", n)
+        use_settings(dense_after=n)
     # The tests below check what a promotion does, made at the call that decides it; the worker
     # process (the default) is tested on its own at the end.
-    monkeypatch.setattr(dense_builds, "configured", "inline")
+    use_settings(dense_builds="inline")
     clear_plans()
     yield set_to
     clear_plans()
@@ -187,9 +186,10 @@ def test_the_direct_launch_gives_the_public_executes_result(dense_after, monkeyp
     assert torch.equal(direct, public)
 
 
-def test_a_worker_process_builds_the_dense_plans_while_the_caller_runs_its_bucket_plans(dense_after, monkeypatch):
+def test_a_worker_process_builds_the_dense_plans_while_the_caller_runs_its_bucket_plans(dense_after, monkeypatch,
+                                                                                       use_settings):
     dense_after(3)
-    monkeypatch.setattr(dense_builds, "configured", "process")
+    use_settings(dense_builds="process")
     q, k, v = _tensors("bshd", s=112)
     grad = torch.randn(q.shape, device=CUDA, dtype=torch.bfloat16)
     want, want_grads = _reference(q, k, v, "bshd", grad, mask="causal")
@@ -216,9 +216,10 @@ def test_a_worker_process_builds_the_dense_plans_while_the_caller_runs_its_bucke
             assert_close(got, expected, TOL_GRAD, "d" + name)
 
 
-def test_a_graph_captured_on_bucket_plans_still_replays_right_after_the_promotion(dense_after, monkeypatch):
+def test_a_graph_captured_on_bucket_plans_still_replays_right_after_the_promotion(dense_after, monkeypatch,
+                                                                                  use_settings):
     dense_after(2)
-    monkeypatch.setattr(dense_builds, "configured", "process")
+    use_settings(dense_builds="process")
     q, k, v = _tensors("bshd", s=120, grad=False)
     with torch.no_grad():
         for _ in range(2):

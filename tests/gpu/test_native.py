@@ -18,7 +18,7 @@ from test_hot_path import _entry_of_last_call, _reference, _tensors, capture
 
 from fusedattn_select.cli.main import main  # noqa: E402
 from fusedattn_select.errors import ConfigError  # noqa: E402
-from fusedattn_select.runtime import dense_builds, native  # noqa: E402
+from fusedattn_select.runtime import native  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.fp8 import FP8History  # noqa: E402
@@ -47,9 +47,8 @@ def built(tmp_path_factory):
 
 
 @pytest.fixture
-def fresh(built, monkeypatch):
-    monkeypatch.setattr(dense_builds, "configured", "inline")
-    monkeypatch.setattr(dispatch_entries, "dense_after", 1)
+def fresh(built, use_settings):
+    use_settings(dense_builds="inline", dense_after=1)
     clear_plans()
     yield built
     clear_plans()
@@ -133,8 +132,8 @@ def test_a_compiled_training_call_keeps_autograds_rules(fresh):
         attention(fwAD.make_dual(q.detach(), torch.randn_like(q)), k, v)
 
 
-def test_bucket_plans_run_compiled_at_new_shapes(fresh, monkeypatch):
-    monkeypatch.setattr(dispatch_entries, "dense_after", 10**9)  # stay on the bucket plans
+def test_bucket_plans_run_compiled_at_new_shapes(fresh, use_settings):
+    use_settings(dense_after=10**9)  # stay on the bucket plans
     for b, s in ((2, 96), (3, 77), (1, 129)):
         q, k, v = _tensors("bshd", b=b, s=s, seed=s)
         grad = torch.randn_like(q)

@@ -14,6 +14,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import dense_builds, entries
 from fusedattn_select.runtime.options import CallOptions
+from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store import MemoryStore, PersistentStore
 from fusedattn_select.types import Backend, Phase
@@ -25,14 +26,14 @@ CFG = AttnConfig(batch_size=2, num_heads_q=8, num_heads_kv=2, seqlen_q=300, seql
 @pytest.mark.parametrize("value,expected", [("", "process"), ("process", "process"), ("inline", "inline")])
 def test_the_mode_reads_the_environment(monkeypatch, value, expected):
     monkeypatch.setenv(dense_builds.ENV_VAR, value)
-    assert dense_builds.mode() == expected
+    assert run_settings.get().dense_builds == expected
 
 
 @pytest.mark.parametrize("value", ["thread", "Process", "0"])
 def test_another_mode_is_refused_naming_the_variable_and_the_choices(monkeypatch, value):
     monkeypatch.setenv(dense_builds.ENV_VAR, value)
     with pytest.raises(ConfigError, match="'process', 'inline'") as err:
-        dense_builds.mode()
+        run_settings.get()
     assert err.value.field == dense_builds.ENV_VAR
 
 
@@ -53,12 +54,13 @@ def test_an_fp8_training_routed_to_an_f16_backward_builds_that_backward():
     assert got == [(fp8, Backend.FP8, Phase.FORWARD), (CFG, Backend.F16, Phase.BACKWARD)]
 
 
-def test_no_worker_without_a_live_engine_a_persistent_store_or_with_inline(monkeypatch, tmp_path, recording_engine):
-    monkeypatch.setattr(dense_builds, "configured", "process")
+def test_no_worker_without_a_live_engine_a_persistent_store_or_with_inline(monkeypatch, tmp_path, recording_engine,
+                                                                          use_settings):
+    use_settings(dense_builds="process")
     # The test double is not live cuDNN on a CUDA device: nothing a worker could build for.
     assert dense_builds.in_background(Selector(recording_engine, store=PersistentStore(tmp_path))) is None
     assert dense_builds.in_background(Selector(recording_engine, store=MemoryStore())) is None
-    monkeypatch.setattr(dense_builds, "configured", "inline")
+    use_settings(dense_builds="inline")
     assert dense_builds.in_background(Selector(recording_engine, store=PersistentStore(tmp_path))) is None
 
 

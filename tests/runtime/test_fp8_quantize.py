@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8_kernels as fp8k
+from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.runtime.fp8 import STATE, FP8History, dequantize, pow2_scale, quantize_qkv
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -19,11 +20,12 @@ AT = {name: i for i, name in enumerate(STATE)}
 
 
 @pytest.fixture(autouse=True)
-def _fresh_backend():
-    """Each test decides the kernel implementation anew; the choice before it is restored after."""
-    saved = fp8k._backend
+def _fresh_backend(monkeypatch):
+    """After each test the kernel implementation is the environment's choice again."""
     yield
-    fp8k._backend = saved
+    monkeypatch.undo()  # the test's environment first
+    run_settings.reread()
+    fp8k.backend(refresh=True)
 
 
 def _bhsd(b, h, s, d, layout="bshd", dtype=BF16, scale=1.0, seed=0):
@@ -247,12 +249,14 @@ def test_env_var_torch_and_auto(monkeypatch):
     monkeypatch.setenv(fp8k.ENV_VAR, " Torch ")
     assert fp8k.backend(refresh=True) == "torch"
     monkeypatch.delenv(fp8k.ENV_VAR)
+    run_settings.reread()  # the runtime reads its settings once
     assert fp8k.configured_choice() == "auto"
     try:
         import triton  # noqa: F401
     except ImportError:
         assert fp8k.backend(refresh=True) == "torch"
         monkeypatch.setenv(fp8k.ENV_VAR, "triton")
+        run_settings.reread()
         with pytest.raises(RuntimeError, match=fp8k.ENV_VAR):
             fp8k.backend(refresh=True)
     else:

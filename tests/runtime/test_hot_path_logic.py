@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import api, entries, lean, plans
 from fusedattn_select.runtime.args import Arguments
+from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
 from fusedattn_select.runtime.options import CallOptions
 
@@ -68,19 +69,19 @@ def _from_bhsd(layout: str) -> tuple[int, ...]:
 @pytest.mark.parametrize("value, expected", [("", 16), ("0", 0), ("5", 5), ("120", 120)])
 def test_dense_after_reads_the_environment(monkeypatch, value, expected):
     monkeypatch.setenv("FUSEDATTN_SELECT_DENSE_AFTER", value)
-    assert entries._dense_after() == expected
+    assert run_settings.get().dense_after == expected
 
 
 def test_dense_after_defaults_to_16_when_unset(monkeypatch):
     monkeypatch.delenv("FUSEDATTN_SELECT_DENSE_AFTER", raising=False)
-    assert entries._dense_after() == entries.DEFAULT_DENSE_AFTER == 16
+    assert run_settings.get().dense_after == 16
 
 
 @pytest.mark.parametrize("value", ["x", "-1", "1.5", " 3"])
 def test_dense_after_refuses_what_is_not_a_whole_number(monkeypatch, value):
     monkeypatch.setenv("FUSEDATTN_SELECT_DENSE_AFTER", value)
     with pytest.raises(ConfigError, match="FUSEDATTN_SELECT_DENSE_AFTER") as err:
-        entries._dense_after()
+        run_settings.get()
     assert err.value.field == "FUSEDATTN_SELECT_DENSE_AFTER"
     assert err.value.value == value
 
@@ -153,8 +154,8 @@ def test_count_call_leaves_a_dense_entry_alone():
 
 @pytest.mark.parametrize("dense_after,calls", [(5, 4), (0, 20)])
 def test_count_call_counts_a_bucketed_entry_without_promoting_below_the_threshold_or_at_zero(
-        monkeypatch, dense_after, calls):
-    monkeypatch.setattr(entries, "dense_after", dense_after)
+        use_settings, dense_after, calls):
+    use_settings(dense_after=dense_after)
     found = entries.Entry(_options(), ragged_forward={})
     assert found.bucketed
     q, k, v = _qkv()
@@ -164,10 +165,10 @@ def test_count_call_counts_a_bucketed_entry_without_promoting_below_the_threshol
     assert found.promotion == ""
 
 
-def test_a_signature_whose_class_keeps_changing_shape_is_never_promoted(monkeypatch):
+def test_a_signature_whose_class_keeps_changing_shape_is_never_promoted(monkeypatch, use_settings):
     # Decode-like: every layer calls length n once, then length n+1 is new; across two generate()
     # calls each length reaches dense_after calls, but never half of its class's calls since its first.
-    monkeypatch.setattr(entries, "dense_after", 4)
+    use_settings(dense_after=4)
     monkeypatch.setattr(entries, "class_calls", Counter())
     q, k, v = _qkv()
     lengths = {}
@@ -181,7 +182,7 @@ def test_a_signature_whose_class_keeps_changing_shape_is_never_promoted(monkeypa
 
 
 @pytest.fixture
-def promotions(monkeypatch):
+def promotions(monkeypatch, use_settings):
     """count_call's promotions, recorded instead of made (they build plans on a GPU)."""
     made = []
 
@@ -194,7 +195,7 @@ def promotions(monkeypatch):
     for name in ("class_calls", "class_pass"):
         monkeypatch.setattr(entries, name, Counter())
     monkeypatch.setattr(entries, "newest", {})
-    monkeypatch.setattr(entries, "dense_after", 16)
+    use_settings(dense_after=16)
     return made
 
 

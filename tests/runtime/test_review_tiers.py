@@ -254,8 +254,8 @@ def test_a_failed_preparation_does_not_keep_its_dummies_alive(monkeypatch):
 
 
 # ----- settings the store takes with a warning stop every preparation --------------------------------
-def test_an_unknown_cache_switch_value_does_not_stop_preparing(monkeypatch):
-    monkeypatch.setattr(dense_builds, "configured", dense_builds.PROCESS)
+def test_an_unknown_cache_switch_value_does_not_stop_preparing(monkeypatch, use_settings):
+    use_settings(dense_builds=dense_builds.PROCESS)
     monkeypatch.setenv("FUSEDATTN_SELECT_CACHE", "maybe")  # open_default_store: "using the persistent cache"
     dense_builds.fresh_store_target(0)  # raises ConfigError today
 
@@ -378,9 +378,9 @@ class ClaimsCuda(torch.Tensor):
         return True
 
 
-def test_torch_deterministic_mode_waits(monkeypatch):
+def test_torch_deterministic_mode_waits(monkeypatch, use_settings):
     monkeypatch.setattr(tiers, "_flash_or_efficient", lambda *args: True)  # what a GPU answers for this problem
-    monkeypatch.setattr(tiers, "first_calls", "torch")  # the default (tests/gpu/conftest.py sets the env to wait)
+    use_settings(first_calls="torch")  # the default (tests/gpu/conftest.py sets the env to wait)
     q, k, v = qkv()
     signature = entries.key(q, k, v, opts_of(q, k, v, mask="causal"), NONE)
     cq, ck, cv = (t.as_subclass(ClaimsCuda) for t in (q, k, v))

@@ -64,8 +64,8 @@ def test_a_cpu_call_waits_because_it_is_not_a_cuda_call(arguments):
         assert reason(*qkv(), **arguments) == "not a CUDA call"
 
 
-def test_first_calls_wait_is_named_before_anything_else(monkeypatch):
-    monkeypatch.setattr(tiers, "first_calls", "wait")
+def test_first_calls_wait_is_named_before_anything_else(use_settings):
+    use_settings(first_calls="wait")
     for q, k, v in (qkv(), qkv(cls=ClaimsCuda)):
         why = reason(q, k, v, deterministic=True)
         assert why == "FUSEDATTN_SELECT_FIRST_CALLS=wait" and settings.FIRST_CALLS in why

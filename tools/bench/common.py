@@ -273,8 +273,9 @@ def steady_plans(call: Callable[[], Any], q: Any, k: Any, v: Any, training: bool
     has stored them; "dense", "bucket" when they did not come (rejected, or not within `timeout_s`),
     or "unknown" when the call is not on the hot path."""
     from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime.run_settings import run_settings
 
-    for _ in range(entries.dense_after + 1):
+    for _ in range(run_settings.get().dense_after + 1):
         call()
     # A shape whose class's previous one had many calls waits for more (entries.MAX_PASS).
     untried = 2 * entries.MAX_PASS

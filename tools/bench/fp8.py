@@ -184,17 +184,18 @@ def _quantize_rows(torch: Any, rows: _Rows, tensors: tuple, base: dict) -> None:
     """quantize_qkv (current and delayed scaling) and O's dequantization, per kernel implementation."""
     from fusedattn_select.runtime import fp8_kernels
     from fusedattn_select.runtime.fp8 import FP8History, dequantize, quantize_qkv
+    from fusedattn_select.runtime.run_settings import run_settings
 
     qb, kb, vb = tensors
     e4m3 = torch.float8_e4m3fn
     o8 = torch.empty_like(qb, dtype=e4m3).copy_(qb.clamp(-448, 448))  # an O-sized fp8 tensor, q's layout
     descale = torch.ones(1, device=qb.device)
-    saved = fp8_kernels._backend
     try:
         for impl in ("triton", "torch"):
             if impl == "triton" and fp8_kernels._load_triton() is not None:
                 continue
-            fp8_kernels._backend = impl
+            run_settings.replace(fp8_kernels=impl)
+            fp8_kernels.backend(refresh=True)
             rows.add(f"quantize_qkv, current scaling ({impl}: amax + scale + cast of q, k, v)",
                      lambda _: quantize_qkv(qb, kb, vb, e4m3), base=base)
             hist = FP8History()
@@ -204,7 +205,8 @@ def _quantize_rows(torch: Any, rows: _Rows, tensors: tuple, base: dict) -> None:
             rows.add(f"dequantize of O ({impl}: fp8 -> {qb.dtype})".replace("torch.", ""),
                      lambda _: dequantize(o8, descale, qb.dtype), base=base)
     finally:
-        fp8_kernels._backend = saved
+        run_settings.reread()  # back to the environment's choice
+        fp8_kernels.backend(refresh=True)
 
 
 def _training(torch: Any, r: dict, rows: _Rows, tensors: tuple, kwargs: dict, flops: float) -> None:

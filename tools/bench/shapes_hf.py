@@ -222,11 +222,13 @@ def _promotion_warmups(model: Any) -> int:
     """Short generate()s after which the prompt's shape (called once per layer each) has reached
     attention()'s promotion to its own plans."""
     from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime.run_settings import run_settings
 
     layers = int(model.config.num_hidden_layers)
     # Past dense_after calls and two passes of its class (one per layer: entries.count_call).
-    needed = max(entries.dense_after, 2 * min(layers, entries.MAX_PASS) + 1)
-    return 0 if entries.dense_after == 0 else -(-needed // layers)
+    dense_after = run_settings.get().dense_after
+    needed = max(dense_after, 2 * min(layers, entries.MAX_PASS) + 1)
+    return 0 if dense_after == 0 else -(-needed // layers)
 
 
 class _GenerateRun:

@@ -51,10 +51,11 @@ class NativeBuildError(RuntimeError):
 
 
 def mode() -> str:
-    """FUSEDATTN_SELECT_NATIVE: "auto" (the default), "1" or "0" (ConfigError naming it when invalid)."""
-    from fusedattn_select import settings
+    """FUSEDATTN_SELECT_NATIVE: "auto" (the default), "1" or "0" (ConfigError naming a variable when
+    one is invalid)."""
+    from fusedattn_select.runtime.run_settings import run_settings
 
-    return settings.value(settings.NATIVE)
+    return run_settings.get().native
 
 
 def enabled() -> bool:
@@ -202,15 +203,14 @@ def self_test() -> None:
     assert module.stream_check(7) == "eng7"
     if not torch.cuda.is_available():
         return
-    from fusedattn_select.runtime import dense_builds, entries, tiers
+    from fusedattn_select.runtime import entries
     from fusedattn_select.runtime.api import attention
+    from fusedattn_select.runtime.run_settings import run_settings
 
     q, k, v = (torch.randn(2, 64, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     got = {}
-    settings = entries.dense_after, dense_builds.configured, tiers.first_calls
     # Its own plans at once, from the first call (not torch SDPA first): a table entry.
-    entries.dense_after, dense_builds.configured, tiers.first_calls = 1, "inline", "wait"
-    try:
+    with run_settings.use(dense_after=1, dense_builds="inline", first_calls="wait"):
         for label, calls in (("native", 3), ("python", 1)):
             before = table_calls()
             for _ in range(calls):  # native: decided and promoted, filed in the table, run from it
@@ -223,8 +223,6 @@ def self_test() -> None:
                     assert label == "python" or found.lean.native is not None, "the compiled path did not run"
                     found.lean = dataclasses.replace(found.lean, native=None)
             forget_calls()
-    finally:
-        entries.dense_after, dense_builds.configured, tiers.first_calls = settings
     for a, b in zip(got["native"], got["python"]):
         assert torch.allclose(a.float(), b.float(), atol=2e-2), "compiled and Python paths differ"
 
