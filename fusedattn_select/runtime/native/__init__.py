@@ -16,8 +16,8 @@ the same thing.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
+import math
 import importlib.util
 import logging
 import os
@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any, Callable, Optional
 
 from fusedattn_select.runtime.native import autobuild
+from fusedattn_select.store.locks import flock
 
 log = logging.getLogger("fusedattn_select")
 
@@ -136,8 +137,7 @@ def build(verbose: bool = False) -> Path:
     name = module_name()
     where = build_dir()
     where.mkdir(mode=0o700, parents=True, exist_ok=True)  # loaded only from a private directory
-    with open(os.open(where / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)) as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with flock(autobuild.lock_path(_module_path(name)), math.inf):  # waits as long as another build runs
         if _module_path(name).is_file():
             return _module_path(name)
         try:

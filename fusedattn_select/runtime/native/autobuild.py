@@ -14,7 +14,6 @@ remembered beside the module (<name>.failed), so later processes do not compile 
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
@@ -24,6 +23,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
+
+from fusedattn_select import settings
+from fusedattn_select.store.locks import flock
 
 log = logging.getLogger("fusedattn_select")
 
@@ -37,19 +39,8 @@ def lock_path(module: Path) -> Path:
 
 def building_elsewhere(module: Path) -> bool:
     """Whether some process holds the build lock of `module` now."""
-    try:
-        fd = os.open(lock_path(module), os.O_RDWR)
-    except OSError:
-        return False  # no lock file: nobody has started a build
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    with flock(lock_path(module), time.monotonic()) as acquired:
+        return not acquired
 
 
 def visible_device(index: int) -> str:
@@ -159,7 +150,7 @@ class BackgroundBuild:
             command = ["nice", "-n", "19", *command]  # the caller's own work comes first
         # The child neither builds in the background itself nor dies with this process (the next
         # process then finds the module built), and tests the module on this process's device.
-        env = dict(os.environ, FUSEDATTN_SELECT_NATIVE="1", CUDA_VISIBLE_DEVICES=device)
+        env = dict(os.environ, **{settings.NATIVE: "1"}, CUDA_VISIBLE_DEVICES=device)
         try:
             log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
