@@ -4,7 +4,9 @@ no cuDNN and no torch. It only looks: the cache is opened read-only (nothing is 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -41,13 +43,43 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
-def _torch_version() -> str:
+def _torch_build_facts() -> dict[str, Any] | None:
+    """The assignments of torch's generated version.py (__version__, cuda), read as Python
+    literals without importing torch: importing it takes seconds, and info only reports it."""
+    spec = importlib.util.find_spec("torch")  # locates the package; a top-level find runs none of it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "version.py")
     try:
-        import torch  # optional: info reports whether it is installed and which CUDA it was built for
-    except Exception as err:  # noqa: BLE001 - torch is optional; a broken install is reported
-        return f"not importable ({type(err).__name__}: {err})" if not isinstance(err, ImportError) else "not installed"
-    cuda = getattr(getattr(torch, "version", None), "cuda", None)
-    return f"{torch.__version__} (CUDA {cuda or 'none'})"
+        with open(path, encoding="utf-8") as file:
+            tree = ast.parse(file.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    facts: dict[str, Any] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and node.value is not None:
+            try:
+                facts[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return facts
+
+
+def _torch_version() -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None:  # already imported by this process: ask it
+        cuda = getattr(getattr(torch, "version", None), "cuda", None)
+        return f"{torch.__version__} (CUDA {cuda or 'none'})"
+    try:
+        facts = _torch_build_facts()
+    except (ImportError, ValueError) as err:  # a broken install is reported, info never fails
+        return f"not readable ({type(err).__name__}: {err})"
+    if facts is None:
+        return "not installed" if importlib.util.find_spec("torch") is None else "installed, version unknown"
+    version = facts.get("__version__") or _package_version("torch")
+    return f"{version} (CUDA {facts.get('cuda') or 'none'})"
 
 
 def _cache_dir() -> str:

@@ -4,19 +4,26 @@ the distinct layer problems of a Hugging Face model config."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import yaml
 
 from fusedattn_select.config import AttnConfig, allowed, did_you_mean
 from fusedattn_select.config_files import NAMES_SHOWN, NamedConfig, load_config_file, load_yaml, yaml_error
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
-from fusedattn_select.integrations.transformers import layer_problems
+from fusedattn_select.integrations.transformers.problems import hf_config, model_problems
 from fusedattn_select.integrations.transformers.report import layer_ranges
 
 # A problem and the reasons the transformers integration cannot run it fused whatever cuDNN
 # says (e.g. soft-capping); no reasons for a problem that is not a model layer.
 Problem = tuple[NamedConfig, tuple[str, ...]]
+
+
+class Asked(NamedTuple):
+    """The problems to answer, and what the reader of a model config says about its reading."""
+
+    problems: list[Problem]
+    notes: tuple[str, ...] = ()
 
 NOTHING_TO_ANSWER = (
     "nothing to answer: give CONFIG.yaml files, --hf-config PATH_OR_JSON, or --set key=value pairs "
@@ -50,13 +57,13 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def problems(configs: str | Sequence[str] | None, name: str | None, hf_config: str | None,
-             sets: Sequence[str]) -> list[Problem]:
+             sets: Sequence[str]) -> Asked:
     """The problems to answer: the entries of the `configs` files (only those named `name`, when
     given) or of `hf_config`, with the `--set` pairs `sets` applied on top; from `sets` alone
     when neither is given. UsageError when nothing is given."""
     paths = [configs] if isinstance(configs, str) else list(configs or ())
     if hf_config is None:
-        return [(entry, ()) for entry in _config_entries(paths, name, parse_sets(sets))]
+        return Asked([(entry, ()) for entry in _config_entries(paths, name, parse_sets(sets))])
     if paths:
         raise ConfigError("--hf-config", hf_config, "give either CONFIG.yaml files or --hf-config, not both")
     if name is not None:
@@ -103,24 +110,45 @@ def _chosen_entries(paths: list[str], name: str | None) -> list[tuple[str, Named
     return chosen
 
 
-def _hf_problems(source: str, sets: dict[str, Any]) -> list[Problem]:
+# Fields a model ties together (a self-attention layer's key length is its query length; a
+# layer's V head dim is usually its QK head dim): --set of one changes that one only, and says so.
+TIED_FIELDS = (("seqlen_q", "seqlen_kv"), ("head_dim_qk", "head_dim_v"))
+
+
+def _length(sets: dict[str, Any], key: str) -> int | None:
+    value = sets.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _tied_notes(sets: dict[str, Any], configs: list[AttnConfig]) -> list[str]:
+    notes = []
+    for first, second in TIED_FIELDS:
+        for named, other in ((first, second), (second, first)):
+            if named in sets and other not in sets:
+                kept = sorted({getattr(cfg, other) if other != "head_dim_v" else cfg.resolved_head_dim_v
+                               for cfg in configs})
+                notes.append(f"--set {named}={sets[named]} changes {named} only: {other} stays "
+                             f"{', '.join(map(str, kept))} as the model config reads it; --set {other}=... to change it")
+    return notes
+
+
+def _hf_problems(source: str, sets: dict[str, Any]) -> Asked:
     """One problem per distinct attention layer problem of a Hugging Face model config."""
     # Shape, pass and dtype shape the layer problems themselves (a sliding window only applies
     # when the sequence is longer than it), so they go in before the problems are derived; the
-    # dtype, when not set, is layer_problems' default.
+    # dtype, when not set, is the one the config names.
     sets = dict(sets)
-    seqlen = sets.get("seqlen_kv", sets.get("seqlen_q"))
-    derive: dict[str, Any] = {
-        "batch_size": sets.pop("batch_size", 1),
-        "seqlen": seqlen if isinstance(seqlen, int) and not isinstance(seqlen, bool) else None,
-        "is_training": sets.pop("is_training", True),
-    }
-    if "qkv_dtype" in sets:
-        derive["dtype"] = sets.pop("qkv_dtype")
+    reading = hf_config(source)
+    layers = model_problems(
+        reading, sets.pop("batch_size", 1), _length(sets, "seqlen_q"), sets.pop("is_training", True),
+        sets.pop("qkv_dtype", None), seqlen_kv=_length(sets, "seqlen_kv"),
+    )
+    if not layers:
+        raise ConfigError("hf_config.layer_types", reading.model_type, "has no softmax attention layer to answer")
     entries = []
-    for name, cfg, layers, notes in layer_problems(source, **derive):
-        if sets:
-            cfg = AttnConfig.from_dict({**cfg.to_dict(), **sets})
-        entries.append((NamedConfig(f"{name} (layers {layer_ranges(layers)})", cfg, source), notes))
-    return entries
-
+    for layer in layers:
+        cfg = AttnConfig.from_dict({**layer.config.to_dict(), **sets}) if sets else layer.config
+        name = f"{layer.name} (layers {layer_ranges(layer.layers)})"
+        entries.append((NamedConfig(name, cfg, source), tuple(layer.integration_reasons)))
+    notes = list(reading.notes) + _tied_notes(sets, [layer.config for layer in layers])
+    return Asked(entries, tuple(notes))

@@ -63,7 +63,8 @@ def format_selection(name: str, selection: Selection, recorded: bool = False,
     return lines
 
 
-def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer]) -> None:
+def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer],
+                model_notes: tuple[str, ...]) -> None:
     if notice:
         print(notice, file=sys.stderr)
     engine = selector.engine
@@ -73,6 +74,7 @@ def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
         "probe_depth": depth.value,
         "notice": notice or None,
         "timings_recorded_on": engine.describe() if isinstance(engine, SnapshotEngine) else None,
+        "notes": list(model_notes),
         "results": [
             {"name": name, "selection": sel.to_dict(), "runner": _runner_dict(selector, sel),
              **({"integration_reasons": list(notes)} if notes else {})}
@@ -100,9 +102,11 @@ def _header(selector: Selector, depth: ProbeDepth) -> list[str]:
     return lines
 
 
-def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer]) -> None:
+def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer],
+                model_notes: tuple[str, ...]) -> None:
     lines = [notice] if notice else []
     lines += _header(selector, depth)
+    lines += [f"note: {note}" for note in model_notes]
     recorded = isinstance(selector.engine, SnapshotEngine)
     for name, sel, notes in answers:
         lines.append("")
@@ -123,8 +127,8 @@ def _cmd_why(args: argparse.Namespace) -> int:
         selector, notice = engines.choose_selector(args.snapshot, args.target)
     set_default_selector(selector)
     depth = ProbeDepth.FULL if args.full else ProbeDepth.FAST
-    answers = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in asked]
-    (_print_json if args.json else _print_text)(selector, depth, notice, answers)
+    answers = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in asked.problems]
+    (_print_json if args.json else _print_text)(selector, depth, notice, answers, asked.notes)
     return answers_exit_code([sel.selected and not notes for _, sel, notes in answers],
                              [sel.no_data for _, sel, _ in answers])
 
@@ -144,8 +148,9 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "--hf-config", metavar="PATH_OR_JSON",
         help="answer each distinct layer problem of a Hugging Face model config (config.json path, "
         "its directory, or a JSON string), by default at batch_size 1, seqlen_q = seqlen_kv = "
-        "min(max_position_embeddings, 4096), training, bf16; --set changes them (e.g. --set seqlen_q=8192 "
-        "--set seqlen_kv=8192 --set is_training=false)",
+        "min(max_position_embeddings, 4096) (an encoder's own length: patches + class token for ViT), "
+        "training, the config's torch_dtype (bf16 when it names no fused dtype); --set changes them, each "
+        "field on its own (e.g. --set seqlen_q=8192 --set seqlen_kv=8192 --set is_training=false)",
     )
     parser.add_argument(
         "--set", action="append", metavar="KEY=VALUE",

@@ -51,18 +51,18 @@ class LayerReport:
 
 def report(
     model_or_config: Any, batch_size: int = 1, seqlen: int | None = None, is_training: bool = True,
-    dtype: Any = "bf16", *, selector: "Selector | None" = None,
+    dtype: Any = None, *, selector: "Selector | None" = None,
 ) -> list[LayerReport]:
     """Which backend runs each distinct attention layer of a model, and why, before running it.
 
-    Accepts what `configs_from_hf` accepts. `selector` defaults to the process-wide one
+    Accepts what `configs_from_hf` accepts, with the same defaults. `selector` defaults to the process-wide one
     (`fusedattn_select.select`); pass another to answer from a snapshot. Each row's `runner` says
     whether torch SDPA or cuDNN was measured faster for that layer's graphs on this device.
     """
-    view = hf_config(model_or_config)
+    reading = hf_config(model_or_config)
     selector = selector if selector is not None else default_selector()
     rows = []
-    for problem in model_problems(view, batch_size, seqlen, is_training, dtype):
+    for problem in model_problems(reading, batch_size, seqlen, is_training, dtype, seqlen):
         runner = ""
         if problem.integration_reasons:
             backend, reasons = Backend.NONE, problem.integration_reasons

@@ -1,0 +1,135 @@
+"""How each model family spells its attention in config.json, as data.
+
+Source: the config classes of transformers (`models/<family>/configuration_<family>.py`, read at
+5.x): the key names each reads (GPT-2's n_head through its attribute_map, Whisper's
+encoder_attention_heads), the default each gives a key that config.json leaves out (Mistral's
+sliding_window 4096, Gemma 2's attn_logit_softcapping 50), and how `__post_init__` builds
+`layer_types` when the file has none. The reader uses these defaults so that a file read as JSON
+and the same file loaded by transformers give the same problems.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+# Roles of an attention stack: a model's own layers, or one side of an encoder-decoder model.
+MODEL, ENCODER, DECODER = "model", "encoder", "decoder"
+# How layers alternate when config.json has no layer_types (transformers' __post_init__).
+ALL_LAYERS, EVERY_OTHER, PATTERN_KEY, AFTER_MAX_WINDOW_LAYERS = "all", "every_other", "pattern", "after_max"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The keys one stack's head count, layer count and length are read from, first found wins."""
+
+    heads: tuple[str, ...]
+    layers: tuple[str, ...]
+    positions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model_type's config.json describes its attention (see the module docstring)."""
+
+    keys: Keys = field(default_factory=lambda: Keys(("num_attention_heads", "n_head", "num_heads"),
+                                                    ("num_hidden_layers", "n_layer", "num_layers")))
+    encoder_keys: Keys | None = None
+    decoder_keys: Keys | None = None
+    hidden_keys: tuple[str, ...] = ("hidden_size", "n_embd", "n_embed", "d_model")
+    head_dim_keys: tuple[str, ...] = ("head_dim",)
+    head_dim_default: int | None = None
+    kv_heads_keys: tuple[str, ...] = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
+    multi_query_default: bool = False
+    dropout_keys: tuple[str, ...] = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+    position_keys: tuple[str, ...] = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
+    positions_default: int | None = None
+    positions_after_padding: bool = False  # RoBERTa: positions start after pad_token_id
+    causal: bool = True
+    sliding_pattern: str = ALL_LAYERS
+    pattern_default: int | None = None
+    max_window_layers_default: int | None = None
+    use_sliding_window_default: bool | None = None
+    sliding_window_default: int | None = None
+    query_pre_attn_scalar_default: float | None = None
+    softcap_default: float | None = None
+    unscaled: bool = False  # T5: no 1/sqrt(d) on the scores
+    yarn_mscale: bool = False  # DeepSeek: YaRN's mscale_all_dim scales the softmax
+    alibi: bool = False
+    relative_bias: bool = False  # T5: a learned (1, h, s, s) bias added to the scores
+    sinks: bool = False
+    vision: bool = False
+    image_size_default: int | None = None
+    patch_size_default: int | None = None
+    class_token: bool = False
+    encoder_decoder: bool = False
+    unsupported: str = ""
+
+    def keys_for(self, role: str) -> Keys:
+        """The keys of the stack playing `role`."""
+        if role == ENCODER and self.encoder_keys is not None:
+            return self.encoder_keys
+        if role == DECODER and self.decoder_keys is not None:
+            return self.decoder_keys
+        return self.keys
+
+
+GENERIC = Family()
+_ENCODER = Family(causal=False)
+_VISION = Family(causal=False, vision=True, class_token=True, image_size_default=224)
+_QWEN = Family(sliding_pattern=AFTER_MAX_WINDOW_LAYERS, max_window_layers_default=28,
+               use_sliding_window_default=False, sliding_window_default=4096)
+_T5_KEYS = dict(
+    encoder_keys=Keys(("num_heads",), ("num_layers",), ("n_positions",)),
+    decoder_keys=Keys(("num_heads",), ("num_decoder_layers", "num_layers"), ("n_positions",)),
+    head_dim_keys=("d_kv",), dropout_keys=("dropout_rate",), kv_heads_keys=(),
+)
+
+FAMILIES: dict[str, Family] = {
+    "gpt2": replace(GENERIC, positions_default=1024),
+    "gpt_bigcode": replace(GENERIC, multi_query_default=True, positions_default=1024),
+    "gptj": replace(GENERIC, positions_default=2048),
+    "falcon": replace(GENERIC, multi_query_default=True, positions_default=2048),
+    "bloom": replace(GENERIC, alibi=True),
+    "mistral": replace(GENERIC, sliding_window_default=4096),
+    "gemma": replace(GENERIC, head_dim_default=256),
+    "gemma2": replace(GENERIC, sliding_pattern=EVERY_OTHER, sliding_window_default=4096, head_dim_default=256,
+                      query_pre_attn_scalar_default=256, softcap_default=50.0),
+    "gemma3_text": replace(GENERIC, sliding_pattern=PATTERN_KEY, pattern_default=6, sliding_window_default=4096,
+                           head_dim_default=256, query_pre_attn_scalar_default=256),
+    "gpt_oss": replace(GENERIC, sliding_pattern=EVERY_OTHER, sliding_window_default=128, sinks=True),
+    "qwen2": _QWEN,
+    "qwen2_moe": _QWEN,
+    "qwen3": _QWEN,
+    "qwen3_moe": _QWEN,
+    "deepseek_v2": replace(GENERIC, yarn_mscale=True),
+    "deepseek_v3": replace(GENERIC, yarn_mscale=True),
+    "bert": _ENCODER,
+    "roberta": replace(_ENCODER, positions_after_padding=True),
+    "xlm-roberta": replace(_ENCODER, positions_after_padding=True),
+    "camembert": replace(_ENCODER, positions_after_padding=True),
+    "electra": _ENCODER,
+    "vit": replace(_VISION, patch_size_default=16),
+    "clip_vision_model": replace(_VISION, patch_size_default=32),
+    "t5": replace(GENERIC, encoder_decoder=True, unscaled=True, relative_bias=True, **_T5_KEYS),
+    "mt5": replace(GENERIC, encoder_decoder=True, unscaled=True, relative_bias=True, **_T5_KEYS),
+    "whisper": replace(
+        GENERIC, encoder_decoder=True,
+        encoder_keys=Keys(("encoder_attention_heads",), ("encoder_layers",), ("max_source_positions",)),
+        decoder_keys=Keys(("decoder_attention_heads",), ("decoder_layers",), ("max_target_positions",)),
+        kv_heads_keys=(),
+    ),
+}
+ENCODER_DECODER_TYPES = tuple(name for name, family in FAMILIES.items() if family.encoder_decoder)
+# The model_type of a nested config that names none, by the model_type around it.
+_INNER_TYPES = {("clip", "text"): "clip_text_model", ("clip", "vision"): "clip_vision_model",
+                ("gemma3", "text"): "gemma3_text"}
+
+
+def family(model_type: str, inside: str = "", vision: bool = False) -> Family:
+    """The family of `model_type` (GENERIC for one not listed: the common keys, causal); for a
+    nested config without a model_type, the one its outer model_type implies."""
+    if not model_type and inside:
+        model_type = _INNER_TYPES.get((inside, "vision" if vision else "text"), "")
+    if model_type == "gemma3":  # a multimodal Gemma 3 whose text config is read directly
+        model_type = "gemma3_text"
+    return FAMILIES.get(model_type, GENERIC)
