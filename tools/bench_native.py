@@ -38,6 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fusedattn_select.runtime import api, native  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import attention  # noqa: E402
 from tools.bench.common import call_entry, in_turns, steady_plans  # noqa: E402
 from tools.bench.host_overhead import _batch_timer  # noqa: E402
@@ -100,14 +101,14 @@ def measure(name: str, spec: tuple, rounds: int) -> dict:
             return row
         compiled = entry.lean
         python = dataclasses.replace(compiled, native=None)
-        module, remember = native._table, api._table_remember
+        module, remember = dispatcher.native_table, api._table_remember
 
         def use(lean, table=True):
             def setup():
                 entry.lean = lean
                 native.forget_calls()  # the table holds the compiled plan: the next call decides again
                 # Without the table, attention() finds the compiled plan in Python (as before 5985e27).
-                native.call = module.call if table else None
+                dispatcher.native_call = module.call if table else None
                 api._table_remember = remember if table else (lambda *_: None)
                 _sdpa_backends(SDPA["sdpa default"])
             return setup

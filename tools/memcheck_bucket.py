@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     import cudnn
     import torch
 
-    from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime.dispatcher import dispatcher
     from fusedattn_select.runtime.api import attention, dispatch_info
 
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} cuDNN {cudnn.backend_version()} "
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     out = attention(q, k, v, mask=args.mask)
     out.backward(torch.randn_like(out))
     torch.cuda.synchronize()
-    entry = list(entries.entries.values())[-1]
+    entry = list(dispatcher.entries.values())[-1]
     built = dispatch_info()["plan_builds"] - builds
     print(f"call b{CALL[0]} s{CALL[1]} h{HEADS_Q}/{HEADS_KV} d{HEAD_DIM} {args.mask}: fused={entry.fused} "
           f"bucketed={entry.bucketed} plan builds={built} form={entry.selection.plan_form if entry.selection else '-'}")
@@ -65,7 +65,7 @@ def _decode() -> int:
     import cudnn
     import torch
 
-    from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime.dispatcher import dispatcher
     from fusedattn_select.runtime.api import attention, dispatch_info
 
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} cuDNN {cudnn.backend_version()} "
@@ -83,7 +83,7 @@ def _decode() -> int:
         out = attention(q, k, v, layout="bhsd")
         torch.cuda.synchronize()
     built = dispatch_info()["plan_builds"] - builds
-    entry = next(e for e in reversed(list(entries.entries.values())) if e.heads is not None)
+    entry = next(e for e in reversed(list(dispatcher.entries.values())) if e.heads is not None)
     inner = entry.heads.entry
     print(f"decode b{CALL[0]} s_kv {CALL[1]} h{HEADS_Q}/{HEADS_KV} d{HEAD_DIM}: heads as batch, inner "
           f"bucketed={inner.bucketed} lean={entry.lean is not None} plan builds={built} form={entry.selection.plan_form}")

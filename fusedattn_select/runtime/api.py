@@ -54,7 +54,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import entries, native, ops, plans, tiers
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import Arguments, call_options, check_args, split_keywords
-from fusedattn_select.runtime.entries import entries as _entries
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
 from fusedattn_select.runtime.fused import FusedAttention, fused_forward
@@ -145,7 +145,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     if torch.compiler.is_compiling():
         return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),
                                       Arguments._make(given))
-    table = native.call  # the compiled module's table of lean calls (None: not loaded)
+    table = dispatcher.native_call  # the compiled module's table of lean calls (None: not loaded)
     if (table is not None and fp8 is False and return_lse is False and bias is None and alibi_slopes is None
             and sink is None and seqlens_q is None and seqlens_kv is None):
         out = table(q, k, v, given[:7])
@@ -162,7 +162,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         arguments = given if type(fp8) is bool else given[:7] + ((FP8History, fp8.o_dtype), return_lse)
         try:
             call_key = entries.fast_key(q, k, v, arguments, training, seqlens_q, seqlens_kv)
-            found = entries.by_call.get(call_key)
+            found = dispatcher.by_call.get(call_key)
         except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
             call_key = None
     if bias is None and alibi_slopes is None and sink is None and seqlens_q is None and seqlens_kv is None:
@@ -190,23 +190,43 @@ def _table_remember(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: t
 
 def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
          fp8: Any, return_lse: bool) -> Any:
-    """Run a decided call: torch SDPA (tiers.py), the lean path, the general fused path, or the fallback."""
-    if found.torch_because:
-        return tiers.run(found, q, k, v, _run)
+    """Run a decided call on the runner its entry was given when it was decided (Entry.runner)."""
+    return _RUNNERS[found.runner](found, q, k, v, inputs, fp8, return_lse)
+
+
+def _run_torch(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+               fp8: Any, return_lse: bool) -> Any:
+    """Torch SDPA, while the cuDNN runner is prepared or where it was measured slower (tiers.py)."""
+    return tiers.run(found, q, k, v, _run)
+
+
+def _run_heads(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+               fp8: Any, return_lse: bool) -> Any:
+    """A decode step run with its KV heads as batch (runtime/heads.py), by the entry of that call."""
     heads = found.heads
-    if heads is not None and found.lean is None:  # a decode step run with its heads as batch (runtime/heads.py)
-        return back(heads, _run(heads.entry, *as_heads(heads, q, k, v), inputs, fp8, return_lse))
-    counters = entries.counters
+    return back(heads, _run(heads.entry, *as_heads(heads, q, k, v), inputs, fp8, return_lse))
+
+
+def _run_fallback(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+                  fp8: Any, return_lse: bool) -> Any:
+    """Torch SDPA or reference.py, for a problem no fused backend runs (logged once per problem)."""
+    counters = dispatcher.counters
     counters["calls"] += 1
-    if not found.fused:
-        counters["fallback_calls"] += 1
-        entries.log_fallback(found)
-        scales = fp8 if isinstance(fp8, FP8Scales) else None
-        out, lse = fallback_forward(found.fallback, found.opts, q, k, v, inputs, scales)
-        wanted = getattr(fp8, "o_dtype", None)  # FP8Scales' or FP8History's output precision
-        if wanted is not None and fp8q.is_fp8_dtype(wanted):
-            out = fp8q.quantize_output(out, wanted)
-        return (out, lse) if return_lse else out
+    counters["fallback_calls"] += 1
+    entries.log_fallback(found)
+    scales = fp8 if isinstance(fp8, FP8Scales) else None
+    out, lse = fallback_forward(found.fallback, found.opts, q, k, v, inputs, scales)
+    wanted = getattr(fp8, "o_dtype", None)  # FP8Scales' or FP8History's output precision
+    if wanted is not None and fp8q.is_fp8_dtype(wanted):
+        out = fp8q.quantize_output(out, wanted)
+    return (out, lse) if return_lse else out
+
+
+def _run_cudnn(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+               fp8: Any, return_lse: bool) -> Any:
+    """The cuDNN plans: a bucket's (counted toward the shape's own), the lean path, or the general one."""
+    counters = dispatcher.counters
+    counters["calls"] += 1
     counters["fused_calls"] += 1
     if found.bucketed:
         found = entries.count_call(found, q, k, v)
@@ -223,15 +243,18 @@ def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     scales = fp8 if isinstance(fp8, (FP8Scales, FP8History)) else None
     if found.opts.training:
         out, lse = FusedAttention.apply(found, scales, q, k, v, *inputs)
-    else:
-        out, stats, _, saved_fp8 = fused_forward(found, q, k, v, inputs, scales)
-        if saved_fp8 is not None and fp8q.is_fp8_dtype(out.dtype):  # FP8 output asked for
-            out = FP8Tensor(out, fp8q.at(saved_fp8[3], "descale_o"))
-        if not return_lse:
-            return out
-        qb = bhsd(q, found.opts.layout)
-        lse = found.lse(stats, qb.shape[0], qb.shape[2])
-    return (out, lse) if return_lse else out
+        return (out, lse) if return_lse else out
+    out, stats, _, saved_fp8 = fused_forward(found, q, k, v, inputs, scales)
+    if saved_fp8 is not None and fp8q.is_fp8_dtype(out.dtype):  # FP8 output asked for
+        out = FP8Tensor(out, fp8q.at(saved_fp8[3], "descale_o"))
+    if not return_lse:
+        return out
+    qb = bhsd(q, found.opts.layout)
+    return out, found.lse(stats, qb.shape[0], qb.shape[2])
+
+
+_RUNNERS = {entries.RUN_TORCH: _run_torch, entries.RUN_HEADS: _run_heads, entries.RUN_FALLBACK: _run_fallback,
+            entries.RUN_CUDNN: _run_cudnn}
 
 
 def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
@@ -243,7 +266,7 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
             type(arguments.fp8) is bool or isinstance(arguments.fp8, (FP8Scales, FP8History))):
         try:
             signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
-            found = _entries.get(signature)
+            found = dispatcher.entries.get(signature)
         except (TypeError, AttributeError, ValueError):
             signature = found = None
         if found is not None:
@@ -263,14 +286,15 @@ def dispatch_info() -> dict[str, Any]:
     (runtime/tiers.py): torch_calls (calls torch SDPA ran while a signature waited for its plans or
     because it was measured faster), swaps, measured, waiting_signatures, and runners (each measured
     or stored runner choice of this process: graphs key -> "runner (measured x us vs y us)")."""
-    info: dict[str, Any] = dict(entries.counters)
+    info: dict[str, Any] = dict(dispatcher.counters)
     table_calls = native.table_calls()  # lean calls the compiled table ran
     info["calls"] += table_calls
     info["fused_calls"] += table_calls
-    info["signatures"] = len(_entries)
-    info["fallback_signatures"] = sum(1 for e in _entries.values() if not e.fused)
-    info["waiting_signatures"] = sum(1 for e in _entries.values() if e.waiting is not None)
-    info["runners"] = tiers.choices.describe()
+    decided = list(dispatcher.entries.values())
+    info["signatures"] = len(decided)
+    info["fallback_signatures"] = sum(1 for e in decided if not e.fused)
+    info["waiting_signatures"] = sum(1 for e in decided if e.waiting is not None)
+    info["runners"] = tiers.describe_choices()
     stats = plans.plan_stats()
     info.update(plan_builds=stats["builds"], plan_build_ms=stats["build_ms"],
                 plan_build_failures=stats["build_failures"], plan_loads=stats["loads"],
@@ -282,11 +306,4 @@ def dispatch_info() -> dict[str, Any]:
 def clear_plans() -> None:
     """Forget every decided call signature and this process's plans (the next call of each decides
     again, loading its plans from the persistent store where they are stored)."""
-    _entries.clear()
-    entries.by_call.clear()
-    native.forget_calls(reset_count=True)
-    entries.forget_counts()
-    tiers.choices.clear()
-    for name in entries.counters:
-        entries.counters[name] = 0
-    plans.clear_plan_cache()
+    dispatcher.clear()

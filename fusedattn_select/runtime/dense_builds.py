@@ -34,6 +34,7 @@ from fusedattn_select.store.settings import cache_switched_off, default_cache_di
 from fusedattn_select.store.sqlite import DATABASE_NAME
 from fusedattn_select.selection.warmup import plan_target
 from fusedattn_select.types import Backend, Phase, ProbeDepth
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.run_settings import run_settings
 
 log = logging.getLogger("fusedattn_select")
@@ -75,7 +76,7 @@ def ask(selector: Selector, cfg: AttnConfig, return_lse: bool) -> Future | None:
     """The worker's job building `cfg`'s own plans into the store, or None: build them inline (see
     `in_background`; or the worker cannot start, or died at startup twice in this process)."""
     where = in_background(selector)
-    if where is None or _deaths >= MAX_DEATHS:
+    if where is None or dispatcher.worker_deaths >= MAX_DEATHS:
         return None
     try:
         return _submit({"config": cfg.to_dict(), "return_lse": return_lse, "store_dir": where[0],
@@ -104,7 +105,7 @@ def ask_decide(selector: Selector | None, signature: tuple, where: tuple[str, in
     device) stands for `selector`'s. Its result is a JSON text: {"reason": why it falls back or "",
     "forms": [bucket forms it selected, as dicts]}."""
     where = where or (in_background(selector) if selector is not None else None)
-    if where is None or _deaths >= MAX_DEATHS:
+    if where is None or dispatcher.worker_deaths >= MAX_DEATHS:
         return None
     opts = signature[0]
     tensors = [[list(signature[i + 2]), list(signature[i + 3]), str(signature[i + 1]).rsplit(".", 1)[-1]]
@@ -185,7 +186,6 @@ class _Worker:
         return future
 
     def _read_answers(self) -> None:
-        global _deaths
         try:
             for line in self.answers:
                 try:
@@ -206,7 +206,7 @@ class _Worker:
             with self.lock:
                 left, self.jobs = list(self.jobs.values()), {}
             if not self.closed and self.answered == 0:
-                _deaths += 1  # it never answered: it may not be able to start at all
+                dispatcher.worker_deaths += 1  # it never answered: it may not be able to start at all
             for future in left:
                 future.set_exception(RuntimeError(f"the worker process exited with code {code}"))
 
@@ -220,16 +220,12 @@ class _Worker:
 
 
 MAX_DEATHS = 2  # workers that died before answering anything: then this process builds inline
-_deaths = 0
-_lock = threading.Lock()
-_worker: _Worker | None = None
 
 
 def _submit(job: dict) -> Future:
-    global _worker
-    with _lock:
-        if _worker is None or _worker.process.poll() is not None:
-            _worker = _Worker()
-            atexit.register(_worker.close)
-        worker = _worker
+    with dispatcher.worker_lock:  # the Dispatcher owns the worker: one per process
+        worker = dispatcher.worker
+        if worker is None or worker.process.poll() is not None:
+            worker = dispatcher.worker = _Worker()
+            atexit.register(worker.close)
     return worker.submit(job)

@@ -7,9 +7,7 @@ import copy
 import dataclasses
 import logging
 import math
-import threading
 import time
-from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -21,6 +19,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.result import Selection
 from fusedattn_select.runtime import dense_builds, fallback_log, plans, ragged
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
@@ -35,9 +34,14 @@ from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection import fp8_speed
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import HEADS_AS_BATCH, Selector, default_selector
-from fusedattn_select.single_flight import OncePerKey
 
 log = logging.getLogger("fusedattn_select")
+
+
+# The runners of a decided signature: torch SDPA while its cuDNN plans are prepared or where it was
+# measured faster (tiers.py); its decode step's heads-as-batch call (heads.py); the fallback (torch
+# SDPA or reference.py) of a problem no fused backend runs; the cuDNN plans (bucket, dense, FP8, lean).
+RUN_TORCH, RUN_HEADS, RUN_FALLBACK, RUN_CUDNN = RUNNERS = ("torch", "heads", "fallback", "cudnn")
 
 
 @dataclass(eq=False)
@@ -77,6 +81,8 @@ class Entry:
     waiting: Optional[Future] = None
     torch_call: Any = None               # (q, k, v) -> out on torch SDPA, made once (tiers.torch_call)
     cudnn: Optional[Entry] = None        # a torch-run signature's cuDNN entry, for paths that never switch
+    # What runs its calls (RUNNERS), chosen by `settle` once the entry is decided.
+    runner: str = ""
 
     @property
     def fused(self) -> bool:
@@ -97,12 +103,8 @@ class Entry:
         return stats[:batch, :, :seqlen_q]
 
 
-entries: OncePerKey[Entry] = OncePerKey()
-# The hot path's first table: entries by `fast_key` (calls with no optional tensors but lengths, fp8 a bool),
-# filled from `entries` when a call of such a signature is first decided.
-by_call: dict[tuple, Entry] = {}
-counters = {"calls": 0, "fused_calls": 0, "fallback_calls": 0, "entries_built": 0, "promotions": 0,
-            "torch_calls": 0, "swaps": 0, "measured": 0}
+# The Dispatcher's two tables of decisions: `entries` by `key`, and `by_call` by `fast_key` (calls with
+# no optional tensors but lengths), filled from `entries` when a call of such a signature is first decided.
 
 
 def _signature(t: Optional[torch.Tensor]) -> Any:
@@ -133,15 +135,31 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     """The decision for `signature` (a `key`), made now if it is new."""
     # One decision per key: concurrent first calls of one signature wait for a single build, while
     # different signatures build at the same time.
-    found, built = entries.get_or_build(signature, lambda: new_entry(signature, q, k, v, inputs, scales))
+    found, built = dispatcher.entries.get_or_build(signature, lambda: new_entry(signature, q, k, v, inputs, scales))
     if built:
-        counters["entries_built"] += 1
+        dispatcher.counters["entries_built"] += 1
+    return found
+
+
+def settle(found: Entry) -> Entry:
+    """Give a decided entry its runner (RUNNERS): every decision ends here."""
+    if found.torch_because:
+        found.runner = RUN_TORCH
+    elif found.heads is not None and found.lean is None:
+        found.runner = RUN_HEADS
+    else:
+        found.runner = RUN_CUDNN if found.fused else RUN_FALLBACK
     return found
 
 
 def new_entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
-               scales: Optional[FP8Scales]) -> Entry:
+              scales: Optional[FP8Scales]) -> Entry:
     """Decide a new call signature: derive the config, select, build the plans (slow, once)."""
+    return settle(_decided(signature, q, k, v, inputs, scales))
+
+
+def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
+             scales: Optional[FP8Scales]) -> Entry:
     opts: CallOptions = signature[0]
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     new = Entry(opts, fallback=fallback_kind(opts, qb, kb, inputs.alibi_slopes is not None))
@@ -199,13 +217,11 @@ def _lengths_signature(t: Optional[torch.Tensor]) -> Any:
 
 def remember_call(call_key: tuple, found: Entry) -> None:
     """File a decided entry under its `fast_key` too."""
-    with table_lock:
-        by_call[call_key] = found
+    with dispatcher.lock:
+        dispatcher.by_call[call_key] = found
 
 
 # ----- from bucket plans to the shape's own plans -------------------------------------------------
-table_lock = threading.Lock()
-
 
 # A call signature run by bucket plans gets its shape's own plans (built once, or loaded from the
 # store) at its `dense_after`-th call (FUSEDATTN_SELECT_DENSE_AFTER, run_settings) if it had at least STEADY_SHARE of its problem class's calls
@@ -215,12 +231,10 @@ table_lock = threading.Lock()
 # by every layer, then never again) or a step's new length never pays a build, at any depth.
 STEADY_SHARE = 0.5
 MAX_PASS = 128
-# Calls per problem class (AttnConfig.shape_class_key) run by bucket plans.
-class_calls: Counter[str] = Counter()
-# Per problem class: the signature called most recently for the first time, and the calls its
-# predecessor had by then (what one pass over the model's layers makes of a shape).
-newest: dict[str, Entry] = {}
-class_pass: Counter[str] = Counter()
+# The Dispatcher counts calls per problem class (AttnConfig.shape_class_key) run by bucket plans
+# (`class_calls`), and keeps per class the signature called most recently for the first time
+# (`newest`) and the calls its predecessor had by then (`class_pass`: what one pass over the
+# model's layers makes of a shape).
 
 
 def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
@@ -230,11 +244,12 @@ def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
         return found
     # Benign races under threads: the counts decide when, and promotion happens once either way.
     shape_class = found.shape_class
+    class_calls, class_pass = dispatcher.class_calls, dispatcher.class_pass
     if found.calls == 0:
-        previous = newest.get(shape_class)
+        previous = dispatcher.newest.get(shape_class)
         if previous is not None:
             class_pass[shape_class] = min(previous.calls, MAX_PASS)
-        newest[shape_class] = found
+        dispatcher.newest[shape_class] = found
     found.calls += 1
     class_calls[shape_class] += 1
     if found.promotion:  # tried already: swap in the worker's plans once they are ready
@@ -248,20 +263,13 @@ def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     return promote(found, q, k, v)
 
 
-def forget_counts() -> None:
-    """Forget the call counts of every problem class (clear_plans)."""
-    class_calls.clear()
-    newest.clear()
-    class_pass.clear()
-
-
 def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
     """Replace a bucketed entry by one running its shape's own plans, once (the bucket entry stays,
     with the reason in `promotion`, where they are rejected or fail to build); where a worker process
     builds them (dense_builds), this call asks it, and a call after it is done loads them."""
     if q.is_cuda and is_capturing():  # building or loading is unsafe under CUDA-graph capture: later
         return old
-    with table_lock:
+    with dispatcher.lock:
         job = old.pending
         if old.promotion not in ("", "pending") or (job is not None and not job.done()):
             return old
@@ -295,7 +303,7 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
     mark_lean(dense, qb, kb, vb, OptionalInputs())
     replace(old, dense)
     old.promotion = "dense"
-    counters["promotions"] += 1
+    dispatcher.counters["promotions"] += 1
     log.info("fusedattn_select: %s ran %d calls on bucket plans; its own plans run it now (%.0f ms to obtain%s)",
              cfg.cache_key(), old.calls, (time.perf_counter() - started) * 1e3,
              ", from the store: the worker process built them" if stored and plans.plan_stats()["builds"] == builds
@@ -305,13 +313,14 @@ def promote(old: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> En
 
 def replace(old: Entry, new: Entry) -> None:
     """Put `new` in place of `old` in every table that holds it."""
-    with table_lock:
-        for call_key, value in list(by_call.items()):
+    settle(new)
+    with dispatcher.lock:
+        for call_key, value in list(dispatcher.by_call.items()):
             if value is old:
-                by_call[call_key] = new
-        for signature, value in entries.items():
+                dispatcher.by_call[call_key] = new
+        for signature, value in dispatcher.entries.items():
             if value is old:
-                entries.replace(signature, new)
+                dispatcher.entries.replace(signature, new)
             elif value.heads is not None and value.heads.entry is old:  # decode steps it ran with their heads as batch
                 value.heads = dataclasses.replace(value.heads, entry=new)
 
@@ -370,7 +379,7 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
     if shape.k_step:  # never promoted: a dense plan declares contiguous K and V, so it would copy them
         trial.promotion = "K and V are read in place as rows of longer buffers (dense plans would copy them)"
     trial.shape_class = new.cfg.shape_class_key()
-    trial.class_calls_before = class_calls[trial.shape_class]
+    trial.class_calls_before = dispatcher.class_calls[trial.shape_class]
     vars(new).update(vars(trial))
     return True
 
@@ -452,7 +461,7 @@ def _captured_entry(signature: tuple, new: Entry) -> Entry:
         if verdict is not None:
             new.reason = verdict.reason()
             return new
-    twin = entries.get(signature[:-1] + (False,))
+    twin = dispatcher.entries.get(signature[:-1] + (False,))
     if twin is None:
         new.reason = ("not warmed up: the first call of a problem builds cuDNN graphs, which cannot "
                       "happen during CUDA-graph capture; run it once before capturing")
@@ -474,8 +483,8 @@ def log_fallback(found: Entry) -> None:
         return other_problem == problem and other.reason == found.reason
 
     # The entries table is the record of what was logged: clear_plans() forgets both at once.
-    with fallback_log.lock:
-        logged = any(other.logged and same_problem(other) for other in entries.values())
+    with dispatcher.log_lock:
+        logged = any(other.logged and same_problem(other) for other in dispatcher.entries.values())
         found.logged = True
     if not logged:
         where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "reference.py"

@@ -7,12 +7,6 @@ signatures run it, because an entry logs only when no entry of the same problem 
 
 from __future__ import annotations
 
-import threading
-
-# Held while deciding whether a problem was logged, so two first calls of one problem on two
-# threads log it once.
-lock = threading.Lock()
-
 # A warning's reason is cut after this many characters (the first reason is always kept whole):
 # an FP8 problem tried with three output recipes gave ~1,400 characters before.
 MAX_REASON_CHARS = 500

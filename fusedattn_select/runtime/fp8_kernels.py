@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from fusedattn_select import settings
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.run_settings import run_settings
 
 log = logging.getLogger("fusedattn_select")
@@ -55,9 +56,9 @@ _MAX_NUMEL = 2 ** 31 - 2 ** 24  # int32 offsets in the kernels
 _EXPONENT = 0x7F800000
 _FROM_PARTIALS, _FROM_AMAX, _FROM_SCALE, _FROM_DESCALE = 0, 1, 2, 3
 
-_backend: str | None = None
-_kernels: dict = {}
-_capable: dict = {}
+# The chosen backend, the jitted kernels and per-device facts are the Dispatcher's (fp8_backend,
+# fp8_kernels, fp8_capable). `tl` and the jitted helpers stay module globals: Triton's JIT resolves
+# the names a kernel calls in its module's globals.
 tl = None  # triton.language once _load_triton() has run: the kernels below name it
 
 
@@ -84,8 +85,7 @@ def configured_choice() -> str:
 
 def backend(refresh: bool = False) -> str:
     """"triton" or "torch": what CUDA tensors get, decided once (again with refresh=True)."""
-    global _backend
-    if _backend is None or refresh:
+    if dispatcher.fp8_backend is None or refresh:
         choice = configured_choice()
         if choice == "torch":
             chosen, why = "torch", f"{ENV_VAR}=torch"
@@ -97,15 +97,15 @@ def backend(refresh: bool = False) -> str:
                 raise RuntimeError(f"{ENV_VAR}=triton, but Triton cannot be used: {error}")
             else:
                 chosen, why = "torch", f"Triton cannot be used: {error}"
-        _backend = chosen
+        dispatcher.fp8_backend = chosen
         log.debug("fp8 quantization kernels: %s (%s)", chosen, why)
-    return _backend
+    return dispatcher.fp8_backend
 
 
 def _load_triton() -> str | None:
     """Import Triton and JIT the kernels (once); None, or why Triton cannot be used."""
     global tl
-    if _kernels:
+    if dispatcher.fp8_kernels:
         return None
     try:
         import triton
@@ -117,7 +117,7 @@ def _load_triton() -> str | None:
     for name in ("_t_pow2", "_t_amax_range", "_t_scale_of", "_t_cast_one", "_t_commit"):
         names[name] = triton.jit(names[name])
     for name in ("_k_amax", "_k_cast", "_k_commit", "_k_dequant"):
-        _kernels[name] = triton.jit(names[name])
+        dispatcher.fp8_kernels[name] = triton.jit(names[name])
     return None
 
 
@@ -133,10 +133,11 @@ def _dense(x: torch.Tensor) -> bool:
 
 def _device_info(device: torch.device) -> tuple[bool, int]:
     """(has FP8 conversions, SM count), cached per device."""
-    if device not in _capable:
+    capable = dispatcher.fp8_capable
+    if device not in capable:
         props = torch.cuda.get_device_properties(device)
-        _capable[device] = ((props.major, props.minor) >= (8, 9), props.multi_processor_count)
-    return _capable[device]
+        capable[device] = ((props.major, props.minor) >= (8, 9), props.multi_processor_count)
+    return capable[device]
 
 
 def uses_triton(*tensors: torch.Tensor) -> bool:
@@ -244,7 +245,7 @@ def scaled_cast(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *,
     out = _like(x, fp8_dtype)
     blocks = -(-x.numel() // _CAST_BLOCK)
     record = amax_out is not None
-    _kernels["_k_cast"][(blocks,)](
+    dispatcher.fp8_kernels["_k_cast"][(blocks,)](
         ((x, x, x), (out, out, out), (x.numel(), 0, 0)), (blocks, blocks),
         ((scale, 0, 0, 0, 0), (scale, amax_out if record else scale), (top, 1.0, 1.0, float("nan"))), (scale, 0, 0),
         MODE=_FROM_DESCALE if inverse else _FROM_SCALE, RECORD=record, COMMIT=False, MOST_RECENT=False, LB=1,
@@ -260,7 +261,7 @@ def dequantize(x8: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> t
         return torch.mul(x8.to(dtype), descale.float(), out=out)
     out = _like(x8, dtype)
     n = x8.numel()
-    _kernels["_k_dequant"][(-(-n // _DEQUANT_BLOCK),)](
+    dispatcher.fp8_kernels["_k_dequant"][(-(-n // _DEQUANT_BLOCK),)](
         x8, out, n, descale, BLOCK=_DEQUANT_BLOCK, num_warps=8)
     return out
 
@@ -285,8 +286,8 @@ def _launch_amax(xs: Sequence[torch.Tensor], out: torch.Tensor, atomic: bool, bl
     target = programs_per_sm * _device_info(xs[0].device)[1]
     counts = [min(-(-n // block), _MAX_PARTIALS, max(1, round(target * n / total))) for n in ns]
     ends = _ends(counts)
-    _kernels["_k_amax"][(ends[2],)](_padded(xs, xs[0]), tuple(ns), ends, out, ATOMIC=atomic, BLOCK=block,
-                                    num_warps=warps)
+    amax_kernel = dispatcher.fp8_kernels["_k_amax"]
+    amax_kernel[(ends[2],)](_padded(xs, xs[0]), tuple(ns), ends, out, ATOMIC=atomic, BLOCK=block, num_warps=warps)
     return ends
 
 
@@ -310,14 +311,14 @@ def _triton_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: t
     lb = 1 << max(hist.length - 1, 0).bit_length() if hist is not None else 1
     # Delayed scaling: the cast's last program records the amaxes (no second launch).
     commit = (hist.buf, hist.length, blocks[2]) if delayed else (info, 0, 0)
-    _kernels["_k_cast"][(blocks[2],)](
+    dispatcher.fp8_kernels["_k_cast"][(blocks[2],)](
         (_padded(xs, xs[0]), _padded(outs, outs[0]), ns),
         blocks[:2], (src, (info, cur), (top, max_scale, margin, float("nan"))), commit,
         MODE=mode, RECORD=delayed, COMMIT=delayed, MOST_RECENT=hist is not None and hist.most_recent, LB=lb,
         BLOCK=_CAST_BLOCK, num_warps=8)
     if hist is not None and not delayed:  # the first call of a history: its current-scaling amaxes
-        _kernels["_k_commit"][(1,)](hist.buf, info[3:], info, hist.length, MOST_RECENT=hist.most_recent, LB=lb,
-                                     num_warps=4)
+        commit_kernel = dispatcher.fp8_kernels["_k_commit"]
+        commit_kernel[(1,)](hist.buf, info[3:], info, hist.length, MOST_RECENT=hist.most_recent, LB=lb, num_warps=4)
     return outs
 
 

@@ -16,6 +16,7 @@ import torch
 from fusedattn_select import dtypes
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import entries, options, tiers
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import Arguments, call_options, check_args
 from fusedattn_select.runtime.fallback import fallback_backward, fallback_forward
@@ -85,8 +86,8 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
     elif found.fused and found.bucketed:
         found = entries.count_call(found, q, k, v)
     saved: tuple = (None,) * 4
-    entries.counters["calls"] += 1
-    entries.counters["fused_calls" if found.fused else "fallback_calls"] += 1
+    dispatcher.counters["calls"] += 1
+    dispatcher.counters["fused_calls" if found.fused else "fallback_calls"] += 1
     if found.fused:
         out, stats, rng, fp8_saved = fused_forward(found, q, k, v, inputs, scales)
         if heads is not None:

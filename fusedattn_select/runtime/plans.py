@@ -21,9 +21,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
 
@@ -37,9 +35,9 @@ from fusedattn_select.probing.cudnn.plan_blob import (PlanBlobError, StoredGraph
                                                       serialize_build)
 from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
 from fusedattn_select.runtime import launch, native
+from fusedattn_select.runtime.dispatcher import PLAN_COUNTERS, dispatcher
 from fusedattn_select.runtime.streams import loading_stream
 from fusedattn_select.selection.selector import Selector
-from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.store.protocol import Store
 from fusedattn_select.types import Backend, Fingerprint, Phase, ProbeDepth, Verdict
 
@@ -67,17 +65,14 @@ class TensorSpec:
     dtype: torch.dtype
 
 
-# plan_stats()'s counters, each reported (0 until counted); the *_ms ones sum milliseconds.
-_COUNTERS = ("builds", "build_ms", "build_failures", "loads", "load_ms", "load_failures", "executes")
-_stats: Counter[str] = Counter()
-_stats_lock = threading.Lock()
 
-
+# plan_stats() reports each of PLAN_COUNTERS (0 until counted); the *_ms ones sum milliseconds.
 def plan_stats() -> dict[str, float]:
     """Counters: plan builds (by dispatch), their ms and failures; plan loads (from the persistent
     store), their ms, and stored plans that did not load (dropped and rebuilt); executes."""
-    with _stats_lock:
-        return {name: round(float(_stats[name]), 3) if name.endswith("_ms") else _stats[name] for name in _COUNTERS}
+    stats = dispatcher.plan_stats
+    with dispatcher.plan_stats_lock:
+        return {name: round(float(stats[name]), 3) if name.endswith("_ms") else stats[name] for name in PLAN_COUNTERS}
 
 
 class PlanBuildError(Exception):
@@ -196,7 +191,7 @@ class Plan:
         if direct is not None:
             if self._direct_proven:  # the steady state, inline
                 direct(buffers, workspace, handle)
-                _stats["executes"] += 1
+                dispatcher.plan_stats["executes"] += 1
                 return
             if self._launch(direct, buffers, workspace, handle):
                 return
@@ -204,7 +199,7 @@ class Plan:
         if uids is not None:
             try:
                 self.graph.execute(buffers, workspace, handle=handle, tensor_uids=uids)
-                _stats["executes"] += 1  # a benign race under threads: the counter is for tests and logs
+                dispatcher.plan_stats["executes"] += 1  # a benign race under threads: the counter is for tests and logs
                 if not self._ordered_checked:
                     self._ordered_checked = True
                     self._native = native.plan_runner(self)
@@ -217,7 +212,7 @@ class Plan:
                 self._uids = None
         self._ordered_checked = True
         self.graph.execute(dict(zip(self._slots, buffers)), workspace, handle=handle)
-        _stats["executes"] += 1
+        dispatcher.plan_stats["executes"] += 1
 
     def _launch(self, direct: launch.Launcher, buffers: tuple[Any, ...], workspace: torch.Tensor, handle: Any
                 ) -> bool:
@@ -233,7 +228,7 @@ class Plan:
                 self._direct = None
                 return False
             self._direct_proven = True
-        _stats["executes"] += 1
+        dispatcher.plan_stats["executes"] += 1
         return True
 
 
@@ -264,8 +259,6 @@ def _uids(slots: tuple[Any, ...]) -> Optional[tuple[int, ...]]:
 
 
 # ----- handles and streams ----------------------------------------------------------------------
-_local = threading.local()
-
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
@@ -286,9 +279,9 @@ def _prepare_handle(device: torch.device) -> tuple[Any, int]:
     `cudnn.set_stream` costs several driver queries, so it is called only when the stream changed
     since the last call on this handle.
     """
-    handles = getattr(_local, "handles", None)
+    handles = getattr(dispatcher.per_thread, "handles", None)
     if handles is None:
-        handles = _local.handles = {}
+        handles = dispatcher.per_thread.handles = {}
     index = device.index
     if index is None:
         index = torch.cuda.current_device()
@@ -305,10 +298,6 @@ def _prepare_handle(device: torch.device) -> tuple[Any, int]:
 
 
 # ----- workspace --------------------------------------------------------------------------------
-_workspaces: dict[tuple[int, int], torch.Tensor] = {}
-_workspace_lock = threading.Lock()
-
-
 def workspace_for(device: torch.device, size: int, stream: Optional[int] = None) -> torch.Tensor:
     """The workspace of (device, current stream), grown to at least `size` bytes (`stream`: the
     current stream's handle, when the caller has it already).
@@ -324,18 +313,18 @@ def workspace_for(device: torch.device, size: int, stream: Optional[int] = None)
         return torch.empty(size, dtype=torch.uint8, device=device)
     key = (device.index if device.index is not None else torch.cuda.current_device(),
            _current_stream(device) if stream is None else stream)
-    buffer = _workspaces.get(key)
+    buffer = dispatcher.workspaces.get(key)
     if buffer is None or buffer.numel() < size:
-        with _workspace_lock:
-            buffer = _workspaces.get(key)
+        with dispatcher.workspace_lock:
+            buffer = dispatcher.workspaces.get(key)
             if buffer is None or buffer.numel() < size:
                 buffer = torch.empty(size, dtype=torch.uint8, device=device)
-                _workspaces[key] = buffer
+                dispatcher.workspaces[key] = buffer
     return buffer
 
 
 def workspace_bytes() -> int:
-    return sum(buffer.numel() for buffer in _workspaces.values())
+    return sum(buffer.numel() for buffer in dispatcher.workspaces.values())
 
 
 # ----- building ---------------------------------------------------------------------------------
@@ -371,19 +360,18 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
         plan = Plan(build, phase, device, cfg)
     except Exception as err:  # noqa: BLE001 - every failure becomes a recorded verdict
         verdict = cudnn_probe.verdict_from_exception(err, backend, phase, ProbeDepth.FULL, "build_plans")
-        with _stats_lock:
-            _stats["build_failures"] += 1
+        with dispatcher.plan_stats_lock:
+            dispatcher.plan_stats["build_failures"] += 1
         raise PlanBuildError(verdict) from err
-    with _stats_lock:
-        _stats["builds"] += 1
-        _stats["build_ms"] += (time.perf_counter() - started) * 1e3
+    with dispatcher.plan_stats_lock:
+        dispatcher.plan_stats["builds"] += 1
+        dispatcher.plan_stats["build_ms"] += (time.perf_counter() - started) * 1e3
     return plan
 
 
 # ----- finding a plan: this process, the persistent store, a build -------------------------------
-# Plans by (device ordinal, plan key): call signatures that run the same graph share one plan.
-_plans: OncePerKey[Plan] = OncePerKey()
-_plans_by_problem: dict[tuple, Plan] = {}
+# The Dispatcher's `plans` by (device ordinal, plan key): call signatures that run the same graph
+# share one plan; `plans_by_problem` finds them by (device, problem, backend, phase).
 
 
 def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, *,
@@ -399,7 +387,7 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
     index = device.index if device.index is not None else torch.cuda.current_device()
     # Every shape of a bucket asks for the same plans: found by the problem's key, without
     # describing the graph again for its plan key.
-    known = _plans_by_problem.get((index, cfg.cache_key(), backend, phase))
+    known = dispatcher.plans_by_problem.get((index, cfg.cache_key(), backend, phase))
     if known is not None:
         return known
     offpath.require(f"plans of {cfg.cache_key()}", offpath.STORED)
@@ -412,8 +400,9 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
         offpath.require(f"a build of {cfg.cache_key()}'s {phase.value} plan", None)
         return build_plan(cfg, backend, phase, device)
     plan_key = plan_store.PlanKey(key, signature)
-    plan, _ = _plans.get_or_build((index, key), lambda: _load_or_build(cfg, backend, phase, device, plan_key, selector))
-    _plans_by_problem[(index, cfg.cache_key(), backend, phase)] = plan
+    plan, _ = dispatcher.plans.get_or_build((index, key),
+                                            lambda: _load_or_build(cfg, backend, phase, device, plan_key, selector))
+    dispatcher.plans_by_problem[(index, cfg.cache_key(), backend, phase)] = plan
     return plan
 
 
@@ -434,9 +423,9 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
             stored = deserialize_graph(blob, key, handle=handle)
         _check_signature(stored, signature)
         plan = Plan(stored, phase, device, cfg)
-        with _stats_lock:
-            _stats["loads"] += 1
-            _stats["load_ms"] += (time.perf_counter() - started) * 1e3
+        with dispatcher.plan_stats_lock:
+            dispatcher.plan_stats["loads"] += 1
+            dispatcher.plan_stats["load_ms"] += (time.perf_counter() - started) * 1e3
         return plan
 
     plan, origin = plan_store.obtain(
@@ -445,8 +434,8 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
     )
     plan.source = None  # serialized (or not persisted): the plan needs only its graph
     if origin == plan_store.REBUILT:
-        with _stats_lock:
-            _stats["load_failures"] += 1
+        with dispatcher.plan_stats_lock:
+            dispatcher.plan_stats["load_failures"] += 1
     return plan
 
 
@@ -488,9 +477,3 @@ def _same_kind(fingerprint: Fingerprint, index: int) -> bool:
         return False
     return (props.name == fingerprint.device_name and f"{props.major}.{props.minor}" == fingerprint.compute_capability
             and props.multi_processor_count == fingerprint.sm_count)
-
-
-def clear_plan_cache() -> None:
-    """Forget this process's plans (the persistent store keeps its blobs)."""
-    _plans.clear()
-    _plans_by_problem.clear()

@@ -12,18 +12,17 @@ rest of the process never waits on it.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 
 import torch
 
-_local = threading.local()
+from fusedattn_select.runtime.dispatcher import dispatcher
 
 
 def _private(index: int) -> torch.cuda.Stream:
-    streams = getattr(_local, "streams", None)
+    streams = getattr(dispatcher.per_thread, "loading_streams", None)
     if streams is None:
-        streams = _local.streams = {}
+        streams = dispatcher.per_thread.loading_streams = {}
     stream = streams.get(index)
     if stream is None:
         stream = streams[index] = torch.cuda.Stream(device=index)

@@ -20,9 +20,7 @@ flash nor memory-efficient attention takes (torch would run its math kernel).
 from __future__ import annotations
 
 import logging
-import queue
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -32,6 +30,7 @@ import torch
 
 from fusedattn_select import offpath
 from fusedattn_select.runtime import dense_builds, entries
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fused import fused_forward
 from fusedattn_select.runtime.lean import lean_forward
@@ -73,23 +72,24 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
             log.debug("fusedattn_select: %s runs on torch SDPA until its cuDNN plans are ready (%s)",
                       _describe(signature), err)
             return Entry(signature[0], fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet",
-                         waiting=preparer.submit(signature), torch_call=torch_call(signature[0], q, k))
+                         waiting=dispatcher.preparer.submit(lambda: prepare(signature)),
+                         torch_call=torch_call(signature[0], q, k))
         if not found.fused:
             return found
         key = runner_key(found)
-        choice = choices.get(key) or choices.load(key)
+        choice = dispatcher.choices.get(key) or load_choice(key)
         keeper = Entry(signature[0], fallback=FALLBACK_TORCH, torch_call=torch_call(signature[0], q, k))
         if choice is None:  # both runners exist and this device never timed them for this bucket
-            choice = choices.measure(key, keeper, found, q, k, v)
+            choice = measure(key, keeper, found, q, k, v)
             if choice is None:
                 return keeper
             log.info("fusedattn_select: %s: %s runs its bucket (%s)", _describe_entry(found),
                      "cuDNN" if choice.runner == CUDNN else "torch SDPA", choice.why())
-        return choices.apply(found, choice, keeper)
+        return apply_choice(found, choice, keeper)
 
-    found, built = entries.entries.get_or_build(signature, decide)
+    found, built = dispatcher.entries.get_or_build(signature, lambda: entries.settle(decide()))
     if built:
-        entries.counters["entries_built"] += 1
+        dispatcher.counters["entries_built"] += 1
     return found
 
 
@@ -200,7 +200,7 @@ def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_dec
         if new is not found:
             return run_decided(new, q, k, v, NO_INPUTS, False, False)
     found.calls += 1
-    counters = entries.counters
+    counters = dispatcher.counters
     counters["calls"] += 1
     counters["torch_calls"] += 1
     return found.torch_call(q, k, v)
@@ -208,7 +208,7 @@ def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_dec
 
 def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Entry:
     """Put the prepared entry (or, where measured faster, torch for good) in place of `waiting`, once."""
-    with entries.table_lock:
+    with dispatcher.lock:
         if waiting.waiting is not job:
             return waiting
         waiting.waiting = None
@@ -222,14 +222,14 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
         entries.replace(waiting, prepared)
         return prepared
     key = runner_key(prepared)
-    choice = choices.get(key)
+    choice = dispatcher.choices.get(key)
     if choice is None:
-        choice = choices.measure(key, waiting, prepared, q, k, v)
+        choice = measure(key, waiting, prepared, q, k, v)
         if choice is None:
             return waiting
-    new = choices.apply(prepared, choice, waiting)
+    new = apply_choice(prepared, choice, waiting)
     entries.replace(waiting, new)
-    entries.counters["swaps"] += 1
+    dispatcher.counters["swaps"] += 1
     log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", _describe_entry(prepared),
              "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
     return new
@@ -274,89 +274,76 @@ def cudnn_forward(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return fused_forward(found, q, k, v, NO_INPUTS, None)[0]
 
 
-class Choices:
-    """Runner choices by runner_key: measured here, or read from the persistent store."""
-
-    def __init__(self) -> None:
-        self._known: dict[str, Choice] = {}
-        self._failed: dict[str, str] = {}  # keys whose cuDNN runner failed when timed: why
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> Choice | None:
-        return self._known.get(key)
-
-    def load(self, key: str) -> Choice | None:
-        """The stored choice of `key` (read into memory), or None (off the caller's path only)."""
-        found = self._known.get(key)
-        if found is not None:
-            return found
-        found = runners.stored(selection.default_selector(), key)
-        if found is None:
-            return None
-        with self._lock:
-            self._known[key] = found
+# Runner choices by runner_key are the Dispatcher's `choices`: measured here, or read from the
+# persistent store; `failed_choices` holds the keys whose cuDNN runner failed when timed, with why.
+def load_choice(key: str) -> Choice | None:
+    """The choice of `key`, read from the store into memory where this process has none yet, or
+    None (off the caller's path only)."""
+    found = dispatcher.choices.get(key)
+    if found is not None:
         return found
-
-    def apply(self, found: Entry, choice: Choice | None, keeper: Entry) -> Entry:
-        """`found`, or `keeper` (the signature's torch runner) when `choice` is torch."""
-        if choice is None or choice.runner == CUDNN:
-            return found
-        keeper.torch_because = choice.why()
-        keeper.selection, keeper.cfg, keeper.cudnn = found.selection, found.cfg, found
-        return keeper
-
-    def measure(self, key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
-                v: torch.Tensor) -> Choice | None:
-        """Time both runners' forward on the caller's tensors (in turns) and keep the faster, cuDNN on a
-        tie within 2%; None, with `keeper` saying why, when the cuDNN runner fails (torch keeps it)."""
-        failed = self._failed.get(key)
-        if failed is not None:
-            keeper.torch_because = failed
-            return None
-        pair = (lambda: keeper.torch_call(q, k, v), lambda: cudnn_forward(prepared, q, k, v))
-        timed: tuple[list, list] = ([], [])
-        try:
-            with torch.no_grad():
-                for runner in pair:
-                    runner()
-                for round_ in range(ROUNDS):
-                    for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        pair[which]()
-                        end.record()
-                        timed[which].append((start, end))
-                end.synchronize()
-        except Exception as err:  # noqa: BLE001 - the call goes on, on torch
-            keeper.torch_because = f"its cuDNN runner failed when timed ({type(err).__name__}: {err})"
-            with self._lock:
-                first = key not in self._failed
-                self._failed[key] = keeper.torch_because
-            if first:  # once per bucket: its other signatures stay on torch without timing again
-                log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(prepared),
-                            keeper.torch_because)
-            return None
-        torch_us, cudnn_us = (statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) for pairs in timed)
-        choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
-        with self._lock:  # two signatures of one bucket timed at once: the first timing stands
-            if key in self._known:
-                return self._known[key]
-            self._known[key] = choice
-        entries.counters["measured"] += 1
-        runners.store(selection.default_selector(), key, choice)
-        return choice
-
-    def describe(self) -> dict[str, str]:
-        """Each measured or stored choice of this process: key -> "runner (why)"."""
-        return {key: choice.describe() for key, choice in list(self._known.items())}
-
-    def clear(self) -> None:
-        with self._lock:
-            self._known.clear()
-            self._failed.clear()
+    found = runners.stored(selection.default_selector(), key)
+    if found is None:
+        return None
+    with dispatcher.choices_lock:
+        dispatcher.choices[key] = found
+    return found
 
 
-choices = Choices()
+def apply_choice(found: Entry, choice: Choice | None, keeper: Entry) -> Entry:
+    """`found`, or `keeper` (the signature's torch runner) when `choice` is torch."""
+    if choice is None or choice.runner == CUDNN:
+        return found
+    keeper.torch_because = choice.why()
+    keeper.selection, keeper.cfg, keeper.cudnn = found.selection, found.cfg, found
+    return keeper
+
+
+def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
+            v: torch.Tensor) -> Choice | None:
+    """Time both runners' forward on the caller's tensors (in turns) and keep the faster, cuDNN on a
+    tie within 2%; None, with `keeper` saying why, when the cuDNN runner fails (torch keeps it)."""
+    failed = dispatcher.failed_choices.get(key)
+    if failed is not None:
+        keeper.torch_because = failed
+        return None
+    pair = (lambda: keeper.torch_call(q, k, v), lambda: cudnn_forward(prepared, q, k, v))
+    timed: tuple[list, list] = ([], [])
+    try:
+        with torch.no_grad():
+            for runner in pair:
+                runner()
+            for round_ in range(ROUNDS):
+                for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    pair[which]()
+                    end.record()
+                    timed[which].append((start, end))
+            end.synchronize()
+    except Exception as err:  # noqa: BLE001 - the call goes on, on torch
+        keeper.torch_because = f"its cuDNN runner failed when timed ({type(err).__name__}: {err})"
+        with dispatcher.choices_lock:
+            first = key not in dispatcher.failed_choices
+            dispatcher.failed_choices[key] = keeper.torch_because
+        if first:  # once per bucket: its other signatures stay on torch without timing again
+            log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(prepared),
+                        keeper.torch_because)
+        return None
+    torch_us, cudnn_us = (statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) for pairs in timed)
+    choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
+    with dispatcher.choices_lock:  # two signatures of one bucket timed at once: the first timing stands
+        if key in dispatcher.choices:
+            return dispatcher.choices[key]
+        dispatcher.choices[key] = choice
+    dispatcher.counters["measured"] += 1
+    runners.store(selection.default_selector(), key, choice)
+    return choice
+
+
+def describe_choices() -> dict[str, str]:
+    """Each measured or stored choice of this process: key -> "runner (why)"."""
+    return {key: choice.describe() for key, choice in list(dispatcher.choices.items())}
 
 
 # ----- preparing off the caller's path --------------------------------------------------------------
@@ -365,32 +352,6 @@ def dummies(signature: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     reads only that, so the caller's tensors are not kept alive while a signature waits."""
     return tuple(torch.empty_strided(signature[i + 2], signature[i + 3], dtype=signature[i + 1],
                                      device=signature[i]) for i in (1, 5, 9))  # type: ignore[return-value]
-
-
-class Preparer:
-    """One daemon thread of this process that prepares waiting signatures, first come first served."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, signature: tuple) -> Future:
-        future: Future = Future()
-        self._jobs.put((signature, future))
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="fusedattn-prepare", daemon=True)
-                self._thread.start()
-        return future
-
-    def _loop(self) -> None:
-        while True:
-            signature, future = self._jobs.get()
-            try:
-                future.set_result(prepare(signature))
-            except BaseException as err:  # noqa: BLE001 - handed to the caller's next call
-                future.set_exception(err.with_traceback(None))  # its frames would keep the dummies alive
 
 
 def prepare(signature: tuple) -> Entry:
@@ -424,9 +385,7 @@ def prepare(signature: tuple) -> Entry:
         else:
             found = entries.new_entry(signature, *dummies(signature), NO_INPUTS, None)
     if found.fused:
-        choices.load(runner_key(found))
+        load_choice(runner_key(found))
     log.debug("fusedattn_select: %s prepared in %.0f ms", _describe(signature), (time.perf_counter() - started) * 1e3)
     return found
 
-
-preparer = Preparer()

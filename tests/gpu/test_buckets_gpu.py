@@ -9,6 +9,7 @@ from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
 from fusedattn_select.buckets import Bucket, bucket_form  # noqa: E402
 from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention, reference_attention_bshd  # noqa: E402
@@ -28,7 +29,7 @@ def _check(b, sq, skv, *, lse=False, **kwargs):
     q, k, v = _tensors(b, sq, skv)
     result = attention(q, k, v, return_lse=lse, **kwargs)
     out, got_lse = result if lse else (result, None)
-    entry = list(dispatch_entries.entries.values())[-1]
+    entry = list(dispatcher.entries.values())[-1]
     if sq == skv == 1:
         # cuDNN 9.19 (H100) refuses this training backward: "s_q = s_kv = 1 is not supported".
         assert not entry.fused and "s_q = s_kv = 1" in entry.reason
@@ -96,7 +97,7 @@ def test_new_shapes_inside_a_bucket_build_nothing_and_select_without_probing():
 def test_the_selection_dispatch_relies_on_is_the_bucket_graphs():
     q, k, v = _tensors(3, 700, 700)
     attention(q, k, v, mask="causal")
-    entry = list(dispatch_entries.entries.values())[-1]
+    entry = list(dispatcher.entries.values())[-1]
     call = config_from_tensors(q, k, v, mask="causal", is_training=True)
     form = bucket_form(call)
     assert entry.cfg == form and entry.call_cfg == call
@@ -120,7 +121,7 @@ def _decode_reference(q, k, v, **kwargs):
 
 def _entry_of(q, k, v, layout, mask):
     options = CallOptions(layout, mask, (-1, -1), None, 0.0, "vanilla", False, False, "", False, False, False, False)
-    return dispatch_entries.entries.get(dispatch_entries.key(q, k, v, options, OptionalInputs(None, None, None, None,
+    return dispatcher.entries.get(dispatch_entries.key(q, k, v, options, OptionalInputs(None, None, None, None,
                                                                                               None)))
 
 

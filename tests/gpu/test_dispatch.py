@@ -14,7 +14,7 @@ import time
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
-from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.fallback_log import short_reason  # noqa: E402
 from fusedattn_select.runtime.problem import cudnn_alibi_slopes  # noqa: E402
@@ -49,7 +49,7 @@ def _to_bhsd(t, layout):
 
 def _entry_for_last_call():
     """The dispatch entry decided most recently (dict order is insertion order)."""
-    return list(dispatch_entries.entries.values())[-1]
+    return list(dispatcher.entries.values())[-1]
 
 
 # ----- outputs and gradients against reference.py ------------------------------------------------

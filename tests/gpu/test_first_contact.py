@@ -19,7 +19,7 @@ import time
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
-from fusedattn_select.runtime import entries as dispatch_entries
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime import tiers
 from fusedattn_select.runtime.api import attention, dispatch_info
 from fusedattn_select.runtime.reference import reference_attention_bshd
@@ -37,7 +37,7 @@ def _tensors(b, s, hq, hkv, d, seed=0, grad=True):
 
 def _entry(q, k, v):
     """The entry attention() filed for this call (its newest one)."""
-    return list(dispatch_entries.entries.values())[-1]
+    return list(dispatcher.entries.values())[-1]
 
 
 def _check_against_reference(q, k, v, **kwargs):
@@ -56,14 +56,14 @@ def _check_against_reference(q, k, v, **kwargs):
 
 def test_a_new_signature_runs_torch_then_swaps_in_cudnn_with_the_same_results(monkeypatch):
     measured = []
-    real_measure = tiers.choices.measure
+    real_measure = tiers.measure
 
     def measure_then_keep_cudnn(key, *args):
         # The measurement runs for real; cuDNN is kept so that this test checks the swapped-in runner.
         measured.append(real_measure(key, *args))
         return tiers.Choice(tiers.CUDNN, measured[-1].torch_us, measured[-1].cudnn_us)
 
-    monkeypatch.setattr(tiers.choices, "measure", measure_then_keep_cudnn)
+    monkeypatch.setattr(tiers, "measure", measure_then_keep_cudnn)
     q, k, v = _tensors(2, 333, 6, 3, 96)
     before = dispatch_info()
     started = time.perf_counter()
@@ -93,7 +93,7 @@ def test_the_measured_choice_serves_new_shapes_of_its_bucket_at_once():
             assert time.perf_counter() - started < SWAP_WAIT_S, "no swap"
             attention(q, k, v, mask="causal")
             time.sleep(0.05)
-        runner = tiers.choices.get(tiers.runner_key(_entry(q, k, v)))
+        runner = dispatcher.choices.get(tiers.runner_key(_entry(q, k, v)))
         assert runner is not None, "the swap kept no measured choice"
         q2, k2, v2 = _tensors(1, 180, 10, 5, 72, seed=1, grad=False)  # the same bucket (256)
         attention(q2, k2, v2, mask="causal")

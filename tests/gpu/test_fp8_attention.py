@@ -9,7 +9,7 @@ import logging
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, torch
 
-from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import FP8History, attention, clear_plans  # noqa: E402
 from fusedattn_select.selection import fp8_speed  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
@@ -37,7 +37,7 @@ def test_fp8_inference_matches_bf16():
     with torch.no_grad():
         want = attention(q, k, v, mask="causal")
         got = attention(q, k, v, mask="causal", fp8=True)
-    entry = list(dispatch_entries.by_call.values())[-1]
+    entry = list(dispatcher.by_call.values())[-1]
     if not _fused_fp8(entry):
         pytest.skip(f"no FP8 forward here: {entry.reason}")
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
@@ -51,7 +51,7 @@ def test_delayed_scaling_records_amaxes_and_matches_bf16():
             q, k, v = _qkv(seed)
             want = attention(q, k, v, mask="causal")
             got = attention(q, k, v, mask="causal", fp8=history)
-            entry = list(dispatch_entries.entries.values())[-1]
+            entry = list(dispatcher.entries.values())[-1]
             if not entry.fused:
                 pytest.skip(f"no FP8 forward here: {entry.reason}")
             assert _cos(got, want) >= 0.995, f"call {seed}"
@@ -81,7 +81,7 @@ def test_fp8_training_gradients_match_bf16_and_follow_the_speed_record(caplog):
     want = attention(q, k, v, mask="causal")
     want_grads = torch.autograd.grad(want, (q, k, v), grad)
     got = attention(q, k, v, mask="causal", fp8=True)
-    entry = list(dispatch_entries.by_call.values())[-1]
+    entry = list(dispatcher.by_call.values())[-1]
     if not _fused_fp8(entry):
         pytest.skip(f"no FP8 training here: {entry.reason}")
     got_grads = torch.autograd.grad(got, (q, k, v), grad)
@@ -105,13 +105,13 @@ def test_fp8_output_is_the_kernels_output_without_the_conversion():
     descale = [torch.tensor([1 / scale], device=CUDA) for _ in range(3)]
     with torch.no_grad():
         out = attention(q8, k8, v8, mask="causal", fp8=FP8Scales(*descale, o_dtype=torch.float8_e4m3fn))
-        entry = list(dispatch_entries.entries.values())[-1]
+        entry = list(dispatcher.entries.values())[-1]
         if not entry.fused:
             pytest.skip(f"no FP8 forward with FP8 output here: {entry.reason}")
         converted = attention(q8, k8, v8, mask="causal", fp8=FP8Scales(*descale, o_dtype=torch.bfloat16))
         want = attention(q, k, v, mask="causal")
     assert isinstance(out, FP8Tensor) and out.data.dtype == torch.float8_e4m3fn and out.data.shape == q.shape
-    if list(dispatch_entries.entries.values())[-1].forward is entry.forward:  # the same FP8-output graph
+    if list(dispatcher.entries.values())[-1].forward is entry.forward:  # the same FP8-output graph
         assert torch.equal(out.dequantize(torch.bfloat16), converted)
     assert _cos(out.dequantize(torch.bfloat16), want) >= 0.99
 
@@ -122,9 +122,9 @@ def test_delayed_scaling_with_fp8_output_skips_only_the_conversion():
     q, k, v = _qkv(seed=5)
     with torch.no_grad():
         converted = attention(q, k, v, mask="causal", fp8=FP8History())
-        plain_entry = list(dispatch_entries.entries.values())[-1]
+        plain_entry = list(dispatcher.entries.values())[-1]
         out = attention(q, k, v, mask="causal", fp8=FP8History(o_dtype=torch.float8_e4m3fn))
-        entry = list(dispatch_entries.entries.values())[-1]
+        entry = list(dispatcher.entries.values())[-1]
         if not entry.fused:
             pytest.skip(f"no FP8 forward with FP8 output here: {entry.reason}")
         want = attention(q, k, v, mask="causal")

@@ -9,7 +9,7 @@ import time
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
-from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
@@ -52,7 +52,7 @@ def capture(call):
 
 
 def _entry_of_last_call():
-    return list(dispatch_entries.by_call.values())[-1]
+    return list(dispatcher.by_call.values())[-1]
 
 
 @pytest.fixture

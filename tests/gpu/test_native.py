@@ -19,7 +19,7 @@ from test_hot_path import _entry_of_last_call, _reference, _tensors, capture
 from fusedattn_select.cli.main import main  # noqa: E402
 from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import native  # noqa: E402
-from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.fp8 import FP8History  # noqa: E402
 
@@ -36,7 +36,7 @@ def built(tmp_path_factory):
         # the cache directory, which every test changes), and no background build.
         patch.setenv(native.ENV_VAR, "1")
         patch.setenv(native.DIR_ENV, os.environ.get(native.DIR_ENV) or str(tmp_path_factory.mktemp("native")))
-        patch.setattr(native, "_loaded", {})
+        patch.setattr(dispatcher, "native_loaded", {})
         if native.load() is None:
             from torch.utils import cpp_extension
 
@@ -56,7 +56,7 @@ def fresh(built, use_settings):
 
 def _python_path(run):
     """What `run()` returns with every lean entry made so far on the Python path."""
-    for found in list(dispatch_entries.by_call.values()) + list(dispatch_entries.entries.values()):
+    for found in list(dispatcher.by_call.values()) + list(dispatcher.entries.values()):
         if found.lean is not None:
             found.lean = dataclasses.replace(found.lean, native=None)
     native.forget_calls()  # the table holds the compiled plans
@@ -241,7 +241,7 @@ def test_general_path_plans_run_compiled_with_the_python_paths_results(fresh):
     with torch.no_grad():
         for name, call in calls.items():
             call()  # the plan's first run binds in order (Python); both FP8 calls share one entry
-            found = [e for e in dispatch_entries.entries.values() if e.opts.fp8 == name.startswith("fp8")]
+            found = [e for e in dispatcher.entries.values() if e.opts.fp8 == name.startswith("fp8")]
             assert len(found) == 1, name
             entry = found[0]
             assert entry.fused and entry.lean is None, (name, entry.reason)

@@ -24,9 +24,9 @@ logging.basicConfig(level=logging.INFO, format="%(message)s")
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 128, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 first = attention(q, k, v, mask="causal")
-started = native.background.started
+started = native.background().started
 deadline = time.monotonic() + 400
-while native.background.thread is not None and native.background.thread.is_alive() and time.monotonic() < deadline:
+while native.background().thread is not None and native.background().thread.is_alive() and time.monotonic() < deadline:
     attention(q, k, v, mask="causal")
     time.sleep(0.5)
 before = native.table_calls()

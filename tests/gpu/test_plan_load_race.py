@@ -20,6 +20,7 @@ import json, threading
 import torch
 from fusedattn_select import attention
 from fusedattn_select.runtime import plans
+from fusedattn_select.runtime.dispatcher import dispatcher
 
 wanted, real = [], plans._load_or_build
 
@@ -37,7 +38,7 @@ errors = []
 def load_again():
     try:
         for _ in range(30):
-            plans.clear_plan_cache()
+            dispatcher.forget_plans()
             for cfg, backend, phase, selector in wanted:
                 plans.obtain_plan(cfg, backend, phase, q.device, selector=selector)
     except Exception as err:

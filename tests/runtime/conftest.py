@@ -30,9 +30,10 @@ def native_dir(tmp_path, monkeypatch):
     loaded and no background build started yet in this process."""
     from fusedattn_select.runtime import native
     from fusedattn_select.runtime.native import autobuild
+    from fusedattn_select.runtime.dispatcher import dispatcher
 
     monkeypatch.setenv(native.DIR_ENV, str(tmp_path / "native"))
     monkeypatch.delenv(native.ENV_VAR, raising=False)
-    monkeypatch.setattr(native, "_loaded", {})
-    monkeypatch.setattr(native, "background", autobuild.BackgroundBuild())
+    monkeypatch.setattr(dispatcher, "native_loaded", {})
+    monkeypatch.setattr(dispatcher, "native_build", autobuild.BackgroundBuild())
     return tmp_path / "native"

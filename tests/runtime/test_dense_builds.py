@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import dense_builds, entries
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.options import CallOptions
 from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection.selector import Selector
@@ -90,12 +91,12 @@ def fresh_worker(monkeypatch):
         pytest.skip("cuDNN frontend installed: the worker would build (tests/gpu/test_hot_path.py)")
     except ImportError:
         pass
-    monkeypatch.setattr(dense_builds, "_worker", None)
-    monkeypatch.setattr(dense_builds, "_deaths", 0)
+    monkeypatch.setattr(dispatcher, "worker", None)
+    monkeypatch.setattr(dispatcher, "worker_deaths", 0)
     yield
-    if dense_builds._worker is not None:
-        dense_builds._worker.close()
-        dense_builds._worker.process.wait(timeout=60)
+    if dispatcher.worker is not None:
+        dispatcher.worker.close()
+        dispatcher.worker.process.wait(timeout=60)
 
 
 def test_a_job_the_worker_cannot_do_fails_its_future_with_the_workers_error(fresh_worker, tmp_path):
@@ -104,34 +105,34 @@ def test_a_job_the_worker_cannot_do_fails_its_future_with_the_workers_error(fres
     assert isinstance(err, RuntimeError) and "cudnn-frontend is not installed" in err.args[0]
     again = dense_builds._submit(_job(tmp_path))  # the same worker answers the next job
     assert isinstance(again.exception(timeout=120), RuntimeError)
-    assert dense_builds._worker.process.poll() is None and dense_builds._deaths == 0
+    assert dispatcher.worker.process.poll() is None and dispatcher.worker_deaths == 0
     assert not dense_builds.report(again, CFG.cache_key())  # logged: the caller builds the plans itself
 
 
 def test_a_worker_that_dies_before_answering_fails_its_jobs_counts_a_death_and_the_next_job_starts_another(
         fresh_worker, tmp_path):
     future = dense_builds._submit(_job(tmp_path))
-    first = dense_builds._worker
+    first = dispatcher.worker
     first.process.kill()  # long before it has imported what it needs to answer
     assert "exited with code" in str(future.exception(timeout=120))
     first.process.wait(timeout=60)
     dense_builds._submit(_job(tmp_path)).exception(timeout=120)
-    assert dense_builds._worker is not first and dense_builds._deaths == 1
+    assert dispatcher.worker is not first and dispatcher.worker_deaths == 1
 
 
 def test_after_two_workers_died_before_answering_the_process_builds_inline(monkeypatch, tmp_path):
     monkeypatch.setattr(dense_builds, "in_background", lambda selector: (str(tmp_path), 0))
-    monkeypatch.setattr(dense_builds, "_deaths", dense_builds.MAX_DEATHS)
+    monkeypatch.setattr(dispatcher, "worker_deaths", dense_builds.MAX_DEATHS)
     assert dense_builds.ask(None, CFG, False) is None
 
 
 def test_a_worker_that_cannot_start_means_building_inline(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(dense_builds, "in_background", lambda selector: (str(tmp_path), 0))
-    monkeypatch.setattr(dense_builds, "_worker", None)
+    monkeypatch.setattr(dispatcher, "worker", None)
     monkeypatch.setattr(dense_builds.sys, "executable", str(tmp_path / "no-python-here"))
     with caplog.at_level("WARNING", logger="fusedattn_select"):
         assert dense_builds.ask(None, CFG, False) is None
-    assert "no worker process for dense plans" in caplog.text and dense_builds._worker is None
+    assert "no worker process for dense plans" in caplog.text and dispatcher.worker is None
 
 
 def test_what_the_workers_libraries_print_does_not_corrupt_its_answers(fresh_worker, tmp_path, monkeypatch):
@@ -141,7 +142,7 @@ def test_what_the_workers_libraries_print_does_not_corrupt_its_answers(fresh_wor
     monkeypatch.syspath_prepend(str(site))  # the worker imports what this process imports
     future = dense_builds._submit(_job(tmp_path))
     assert "cudnn-frontend is not installed" in str(future.exception(timeout=120))
-    assert dense_builds._deaths == 0
+    assert dispatcher.worker_deaths == 0
 
 
 def test_a_worker_whose_caller_is_gone_exits_quietly_when_it_answers():

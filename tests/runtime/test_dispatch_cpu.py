@@ -16,7 +16,7 @@ from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import api as dispatch  # noqa: E402
 from fusedattn_select.runtime import options  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
-from fusedattn_select.runtime.entries import entries  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.layouts import formats  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 
@@ -233,7 +233,7 @@ def test_float32_inputs_fall_back_to_torch_sdpa():
     q, k, v = _bshd(dtype=torch.float32)
     out = attention(q, k, v, mask="causal")
     torch.testing.assert_close(out, _reference_bshd(q, k, v, mask="causal"), atol=1e-5, rtol=1e-5)
-    entry = next(iter(entries.values()))
+    entry = next(iter(dispatcher.entries.values()))
     assert entry.fallback == dispatch.FALLBACK_TORCH and "q=torch.float32" in entry.reason
 
 
@@ -241,7 +241,7 @@ def test_problems_torch_sdpa_expresses_use_torch_sdpa_others_reference():
     q, k, v = _bshd()
     attention(q, k, v, mask="causal")
     attention(q, k, v, mask="causal", window_size=(2, 0))
-    kinds = sorted(e.fallback for e in entries.values())
+    kinds = sorted(e.fallback for e in dispatcher.entries.values())
     assert kinds == [dispatch.FALLBACK_REFERENCE, dispatch.FALLBACK_TORCH]
 
 

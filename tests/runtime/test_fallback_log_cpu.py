@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select.runtime import api as dispatch  # noqa: E402
 from fusedattn_select.runtime.api import attention  # noqa: E402
-from fusedattn_select.runtime.entries import entries  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.fallback_log import MAX_REASON_CHARS, short_reason  # noqa: E402
 
 sdpa = pytest.importorskip("fusedattn_select.integrations.sdpa")
@@ -36,8 +36,8 @@ def test_one_problem_run_by_attention_and_by_the_sdpa_drop_in_is_logged_once(cap
     q, k, v = bhsd()
     sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
     attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask="causal")  # BSHD view, same memory
-    assert len(entries) == 2  # two call signatures of one problem
-    configs = {(e.call_cfg or e.cfg).cache_key() for e in entries.values()}
+    assert len(dispatcher.entries) == 2  # two call signatures of one problem
+    configs = {(e.call_cfg or e.cfg).cache_key() for e in dispatcher.entries.values()}
     assert len(configs) == 1
     assert len(fallback_messages(caplog)) == 1
 

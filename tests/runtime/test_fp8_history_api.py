@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 
 import fusedattn_select
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.runtime import api, entries
+from fusedattn_select.runtime import api
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 
 pytestmark = pytest.mark.usefixtures("no_platform")
@@ -76,7 +77,7 @@ def test_fp8_history_on_cpu_falls_back_in_the_input_precision(dtype):
     # The fallback computes in the input precision: torch's SDPA result exactly, no FP8 rounding.
     torch.testing.assert_close(out, _sdpa(q, k, v, is_causal=True), rtol=0, atol=0)
     assert history.calls == 0 and history.amax_history is None  # nothing quantized, nothing recorded
-    found = [e for e in entries.entries.values()]
+    found = [e for e in dispatcher.entries.values()]
     assert len(found) == 1 and not found[0].fused and found[0].opts.fp8 is True
 
 
@@ -84,8 +85,8 @@ def test_fp8_history_calls_of_one_signature_share_one_decision():
     q, k, v = _qkv()
     first = api.attention(q, k, v, fp8=FP8History())
     second = api.attention(q, k, v, fp8=FP8History(length=4, algo="most_recent"))
-    assert entries.counters["entries_built"] == 1
-    assert entries.counters["fallback_calls"] == 2
+    assert dispatcher.counters["entries_built"] == 1
+    assert dispatcher.counters["fallback_calls"] == 2
     torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
@@ -98,9 +99,9 @@ def test_fp8_history_calls_are_found_by_their_output_precision_not_the_history()
     alive = weakref.ref(history)
     api.attention(q, k, v, fp8=history)
     api.attention(q, k, v, fp8=FP8History(length=2))
-    assert len(entries.by_call) == 1  # one fast-path key for every history of this signature
+    assert len(dispatcher.by_call) == 1  # one fast-path key for every history of this signature
     api.attention(q, k, v, fp8=FP8History(o_dtype=torch.float8_e4m3fn))
-    assert len(entries.by_call) == 2 and entries.counters["entries_built"] == 2
+    assert len(dispatcher.by_call) == 2 and dispatcher.counters["entries_built"] == 2
     del history
     gc.collect()
     assert alive() is None  # the tables hold no history
@@ -149,4 +150,4 @@ def test_fp8_output_on_cpu_is_an_fp8_tensor_of_the_fallback_result():
     # e4m3 keeps 3 mantissa bits: each value within 2**-4 of itself (plus the smallest step).
     assert bool(((got - ref).abs() <= ref.abs() * 2 ** -4 + 2 ** -9 * ref.abs().max()).all())
     plain = api.attention(q, k, v, mask="causal", fp8=FP8History())
-    assert plain.dtype == torch.bfloat16 and entries.counters["entries_built"] == 2  # separate signatures
+    assert plain.dtype == torch.bfloat16 and dispatcher.counters["entries_built"] == 2  # separate signatures

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import api, entries, lean, plans
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.args import Arguments
 from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
@@ -169,13 +170,13 @@ def test_a_signature_whose_class_keeps_changing_shape_is_never_promoted(monkeypa
     # Decode-like: every layer calls length n once, then length n+1 is new; across two generate()
     # calls each length reaches dense_after calls, but never half of its class's calls since its first.
     use_settings(dense_after=4)
-    monkeypatch.setattr(entries, "class_calls", Counter())
+    monkeypatch.setattr(dispatcher, "class_calls", Counter())
     q, k, v = _qkv()
     lengths = {}
     for _ in range(2):  # two generate() calls
         for n in range(10):
             found = lengths.setdefault(n, entries.Entry(_options(), ragged_forward={}, shape_class="c",
-                                                        class_calls_before=entries.class_calls["c"]))
+                                                        class_calls_before=dispatcher.class_calls["c"]))
             for _ in range(3):  # three layers
                 assert entries.count_call(found, q, k, v) is found
     assert all(e.calls == 6 and e.promotion == "" for e in lengths.values())
@@ -193,15 +194,15 @@ def promotions(monkeypatch, use_settings):
 
     monkeypatch.setattr(entries, "promote", promote)
     for name in ("class_calls", "class_pass"):
-        monkeypatch.setattr(entries, name, Counter())
-    monkeypatch.setattr(entries, "newest", {})
+        monkeypatch.setattr(dispatcher, name, Counter())
+    monkeypatch.setattr(dispatcher, "newest", {})
     use_settings(dense_after=16)
     return made
 
 
 def _bucketed(shape_class: str = "c") -> entries.Entry:
     return entries.Entry(_options(), ragged_forward={}, shape_class=shape_class,
-                         class_calls_before=entries.class_calls[shape_class])
+                         class_calls_before=dispatcher.class_calls[shape_class])
 
 
 def test_a_deep_models_decode_lengths_stay_on_bucket_plans(promotions):
@@ -213,7 +214,7 @@ def test_a_deep_models_decode_lengths_stay_on_bucket_plans(promotions):
         for _ in range(32):
             entries.count_call(found, q, k, v)
     assert promotions == [(lengths[0], 16)]  # before the first pass was known
-    assert entries.class_pass["c"] == 32
+    assert dispatcher.class_pass["c"] == 32
 
 
 def test_a_shape_a_deep_model_keeps_calling_is_promoted(promotions):
@@ -228,7 +229,7 @@ def test_a_shape_a_deep_model_keeps_calling_is_promoted(promotions):
             entries.count_call(found, q, k, v)
     # The first at dense_after (before its class's pass was known); the one that keeps coming back
     # once past two passes of its class (65 calls) with half its class's calls since its first (96).
-    assert promotions == [(fixed, 16), (zeroth, 16), (first, 96)] and entries.class_pass["d"] == 32
+    assert promotions == [(fixed, 16), (zeroth, 16), (first, 96)] and dispatcher.class_pass["d"] == 32
 
 
 def test_a_shape_after_a_long_used_one_is_promoted_within_two_max_passes(promotions):
@@ -239,7 +240,7 @@ def test_a_shape_after_a_long_used_one_is_promoted_within_two_max_passes(promoti
     after = _bucketed()
     for _ in range(400):
         entries.count_call(after, q, k, v)
-    assert entries.class_pass["c"] == entries.MAX_PASS == 128  # 1000 calls are no pass
+    assert dispatcher.class_pass["c"] == entries.MAX_PASS == 128  # 1000 calls are no pass
     assert promotions == [(long_used, 16), (after, 2 * entries.MAX_PASS + 1)]
 
 
@@ -261,19 +262,19 @@ def test_attention_on_cpu_falls_back_to_sdpa_and_files_its_call(dtype):
     v = torch.randn(2, 9, 2, 8, generator=gen).to(dtype)
     expected = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True).transpose(1, 2)
-    assert not entries.by_call
+    assert not dispatcher.by_call
     call_key = entries.fast_key(q, k, v, tuple(Arguments(mask="causal")), False)
 
     first = api.attention(q, k, v, mask="causal")
-    assert call_key in entries.by_call
-    filed = entries.by_call[call_key]
+    assert call_key in dispatcher.by_call
+    filed = dispatcher.by_call[call_key]
     assert not filed.fused and filed.fallback == api.FALLBACK_TORCH
-    built = entries.counters["entries_built"]
+    built = dispatcher.counters["entries_built"]
 
     second = api.attention(q, k, v, mask="causal")
-    assert entries.by_call[call_key] is filed and len(entries.by_call) == 1
-    assert entries.counters["entries_built"] == built == 1
-    assert entries.counters["fallback_calls"] == 2
+    assert dispatcher.by_call[call_key] is filed and len(dispatcher.by_call) == 1
+    assert dispatcher.counters["entries_built"] == built == 1
+    assert dispatcher.counters["fallback_calls"] == 2
     for out in (first, second):
         assert out.shape == q.shape and out.dtype == dtype
         torch.testing.assert_close(out, expected, rtol=0, atol=0)  # the same SDPA call: bit-identical
@@ -285,7 +286,7 @@ def test_calls_with_lengths_take_the_hot_path_and_lengths_of_another_shape_are_s
     lens = torch.tensor([5, 3], dtype=torch.int32)
     for _ in range(2):
         api.attention(q, k, v, mask="padding", seqlens_q=lens, seqlens_kv=lens)
-    assert len(entries.by_call) == 1 and entries.counters["entries_built"] == 1
+    assert len(dispatcher.by_call) == 1 and dispatcher.counters["entries_built"] == 1
     with pytest.raises(ConfigError, match="seqlens_q"):
         api.attention(q, k, v, mask="padding", seqlens_q=torch.tensor([5, 3, 1], dtype=torch.int32),
                       seqlens_kv=lens)
@@ -305,11 +306,11 @@ def test_a_bool_is_refused_after_a_call_with_the_number_it_equals(valid, bad):
 def test_clear_plans_empties_by_call():
     q, k, v = _qkv(dtype=torch.float32)
     api.attention(q, k, v)
-    assert len(entries.by_call) == 1 and len(entries.entries) == 1
+    assert len(dispatcher.by_call) == 1 and len(dispatcher.entries) == 1
     api.clear_plans()
-    assert entries.by_call == {}
-    assert len(entries.entries) == 0
-    assert entries.counters["calls"] == 0
+    assert dispatcher.by_call == {}
+    assert len(dispatcher.entries) == 0
+    assert dispatcher.counters["calls"] == 0
 
 
 # ----- apply_lean ----------------------------------------------------------------------------------
@@ -385,7 +386,7 @@ def test_attention_asks_the_compiled_table_first_and_only_for_calls_it_can_hold(
         asked.append(arguments)
         return answer.get("out")
 
-    monkeypatch.setattr(api.native, "call", table)
+    monkeypatch.setattr(dispatcher, "native_call", table)
     q, k, v = _qkv((1, 8, 2, 16))
     lens = torch.full((1,), 8, dtype=torch.int32)
     api.attention(q, k, v, mask="causal", attn_scale=0.5)  # None: decided in Python (CPU: falls back)

@@ -28,17 +28,17 @@ def test_without_a_gpu_the_first_lookup_says_once_why_no_build_starts(native_dir
     caplog.set_level(logging.INFO, logger="fusedattn_select")
     assert native.mode() == "auto"
     assert native.load() is None and native.load() is None
-    native.background.start(_module(native_dir), native.include_dirs, lambda: None)  # a second start: nothing
+    native.background().start(_module(native_dir), native.include_dirs, lambda: None)  # a second start: nothing
     said = [r.getMessage() for r in caplog.records if "not built" in r.getMessage()]
     assert said == ["fusedattn_select: compiled lean path not built (no CUDA device); calls run the Python lean path"]
-    assert native.background.started and native.background.thread is None and native.generation() == 0
+    assert native.background().started and native.background().thread is None and native.generation() == 0
 
 
 @pytest.mark.parametrize("value", ["1", "0"])
 def test_only_auto_builds(native_dir, monkeypatch, value):
     monkeypatch.setenv(native.ENV_VAR, value)
     assert native.load() is None
-    assert not native.background.started
+    assert not native.background().started
 
 
 def test_a_remembered_failure_stops_later_builds_and_status_names_it(native_dir):
@@ -59,7 +59,7 @@ def test_a_failed_background_build_is_logged_once_remembered_and_loads_nothing(n
     caplog.set_level(logging.INFO, logger="fusedattn_select")
     module = _module(native_dir)
     built = []
-    native.background._run(module, lambda: built.append(True), "0")
+    native.background()._run(module, lambda: built.append(True), "0")
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "could not be built in the background (exit code 1: error: native build:" in \
         warned[0].getMessage()
@@ -108,7 +108,7 @@ def test_a_process_that_finds_another_building_waits_for_it_and_starts_no_build(
     holder = _hold_the_lock(module)
     assert autobuild.building_elsewhere(module)
     built = []
-    waiter = threading.Thread(target=native.background._run, args=(module, lambda: built.append(True), "0"))
+    waiter = threading.Thread(target=native.background()._run, args=(module, lambda: built.append(True), "0"))
     waiter.start()
     waiter.join(0.3)
     assert waiter.is_alive() and built == []  # waiting on the other build

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from fusedattn_select.cli.main import main  # noqa: E402
 from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import native  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 
 
 @pytest.mark.parametrize("value, on", [("", True), ("auto", True), (" AUTO ", True), ("1", True), ("0", False)])
@@ -61,9 +62,9 @@ def test_module_name_follows_the_headers_too(tmp_path, monkeypatch):
     source.write_bytes(native.SOURCE.read_bytes())
     (tmp_path / "graphs.h").write_text("// one\n")
     monkeypatch.setattr(native, "SOURCE", source)
-    monkeypatch.setattr(native, "_names", {})
+    monkeypatch.setattr(dispatcher, "native_names", {})
     first = native.module_name()
-    native._names.clear()
+    dispatcher.native_names.clear()
     (tmp_path / "graphs.h").write_text("// two\n")
     assert native.module_name() != first
 
@@ -81,7 +82,7 @@ def test_switched_off_loads_nothing_even_where_built(native_dir, monkeypatch):
     path.write_bytes(b"not a shared object")
     monkeypatch.setenv(native.ENV_VAR, "0")
     assert native.load() is None
-    assert native._loaded == {}  # not even tried
+    assert dispatcher.native_loaded == {}  # not even tried
 
 
 def test_a_module_that_does_not_load_is_the_python_path_with_a_warning(native_dir, caplog):
@@ -170,14 +171,14 @@ class _Lean:
 
 
 def test_no_module_means_an_empty_table(native_dir, monkeypatch):
-    monkeypatch.setattr(native, "_table", None)
-    monkeypatch.setattr(native, "call", None)
+    monkeypatch.setattr(dispatcher, "native_table", None)
+    monkeypatch.setattr(dispatcher, "native_call", None)
     native.remember(None, None, None, (), None)  # nothing to file into: no error
     native.forget_calls()
     assert native.table_calls() == 0
 
 
-def test_forgetting_the_table_keeps_its_count_until_a_reset(monkeypatch):
+def test_forgetting_the_table_keeps_its_count_until_clear_plans(monkeypatch):
     class Table:  # the module's count of calls, which its forget() zeroes
         n = 5
 
@@ -188,13 +189,15 @@ def test_forgetting_the_table_keeps_its_count_until_a_reset(monkeypatch):
             self.n = 0
 
     table = Table()
-    monkeypatch.setattr(native, "_table", table)
-    monkeypatch.setattr(native, "_forgotten_calls", 0)
+    monkeypatch.setattr(dispatcher, "native_table", table)
+    monkeypatch.setattr(dispatcher, "native_forgotten_calls", 0)
     native.forget_calls()
     assert native.table_calls() == 5
     table.n = 2
     assert native.table_calls() == 7
-    native.forget_calls(reset_count=True)
+    monkeypatch.setattr(dispatcher, "entries", type(dispatcher.entries)())  # clear() empties these too
+    monkeypatch.setattr(dispatcher, "by_call", {})
+    dispatcher.clear()  # clear_plans: every counter starts again
     assert native.table_calls() == 0
 
 

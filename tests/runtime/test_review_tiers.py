@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import api, dense_builds, entries, tiers
+from fusedattn_select.runtime.dispatcher import Preparer, dispatcher
 from fusedattn_select.runtime.args import Arguments, call_options
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH
@@ -71,18 +72,18 @@ def waiting_entry(opts, prepared, torch_call=None):
 def isolated(monkeypatch):
     """Save and restore the module state these tests touch; no store reads or writes, no CUDA events,
     and a cuDNN forward that runs (tests that need it to fail patch it again)."""
-    saved = (dict(entries.counters), dict(entries.entries._values), dict(entries.by_call),
-             dict(tiers.choices._known), entries.class_calls.copy(), dict(entries.newest), entries.class_pass.copy(),
-             dict(tiers.choices._failed))
+    saved = (dict(dispatcher.counters), dict(dispatcher.entries._values), dict(dispatcher.by_call),
+             dict(dispatcher.choices), dispatcher.class_calls.copy(), dict(dispatcher.newest), dispatcher.class_pass.copy(),
+             dict(dispatcher.failed_choices))
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(tiers.runners, "store", lambda *args: False)
-    monkeypatch.setattr(tiers.choices, "load", lambda key: tiers.choices.get(key))
+    monkeypatch.setattr(tiers, "load_choice", lambda key: dispatcher.choices.get(key))
     monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: q.clone())
     yield
     counters, values, by_call, known, class_calls, newest, class_pass, failed = saved
-    for table, old in ((entries.counters, counters), (entries.entries._values, values), (entries.by_call, by_call),
-                       (tiers.choices._known, known), (entries.class_calls, class_calls), (entries.newest, newest),
-                       (entries.class_pass, class_pass), (tiers.choices._failed, failed)):
+    for table, old in ((dispatcher.counters, counters), (dispatcher.entries._values, values), (dispatcher.by_call, by_call),
+                       (dispatcher.choices, known), (dispatcher.class_calls, class_calls), (dispatcher.newest, newest),
+                       (dispatcher.class_pass, class_pass), (dispatcher.failed_choices, failed)):
         table.clear()
         table.update(old)
 
@@ -122,10 +123,10 @@ def test_two_signatures_of_one_bucket_decided_at_once_share_one_measured_choice(
             meet.wait(timeout=2)  # both threads measure at once (a fixed version has one wait instead)
         except threading.BrokenBarrierError:
             pass
-        tiers.choices._known[key] = choice
+        dispatcher.choices[key] = choice
         return choice
 
-    monkeypatch.setattr(tiers.choices, "measure", measure)
+    monkeypatch.setattr(tiers, "measure", measure)
     got = {}
 
     def decide(name):
@@ -247,7 +248,8 @@ def test_a_failed_preparation_does_not_keep_its_dummies_alive(monkeypatch):
 
     monkeypatch.setattr(tiers.entries, "new_entry", new_entry)
     q, k, v = qkv()
-    job = tiers.Preparer().submit(entries.key(q, k, v, opts_of(q, k, v), NONE))
+    signature = entries.key(q, k, v, opts_of(q, k, v), NONE)
+    job = Preparer("test-prepare").submit(lambda: tiers.prepare(signature))
     assert isinstance(job.exception(timeout=30), RuntimeError)
     gc.collect()
     assert seen and all(ref() is None for ref in seen), "the dummies are alive while the failed job is kept"
@@ -323,8 +325,8 @@ def test_calls_of_other_threads_during_a_measurement_are_counted(isolated):
     other = Entry(opts, fallback=FALLBACK_TORCH, torch_because="measured faster", torch_call=lambda q, k, v: q)
 
     def run_decided(found, *args):
-        entries.counters["calls"] += 1
-        entries.counters["fused_calls"] += 1
+        dispatcher.counters["calls"] += 1
+        dispatcher.counters["fused_calls"] += 1
         return q
 
     started = []
@@ -337,16 +339,16 @@ def test_calls_of_other_threads_during_a_measurement_are_counted(isolated):
             thread.join()
         return q
 
-    before = dict(entries.counters)
+    before = dict(dispatcher.counters)
     tiers.run(waiting_entry(opts, Entry(opts, cfg=CFG), torch_side), q, k, v, run_decided)
-    assert entries.counters["torch_calls"] == before["torch_calls"] + 1  # the other thread's call
-    assert entries.counters["calls"] == before["calls"] + 2            # its call and this one
+    assert dispatcher.counters["torch_calls"] == before["torch_calls"] + 1  # the other thread's call
+    assert dispatcher.counters["calls"] == before["calls"] + 2            # its call and this one
 
 
 def test_clear_plans_during_a_measurement_keeps_the_counters_cleared(isolated, monkeypatch):
     q, k, v = qkv()
     opts = opts_of(q, k, v)
-    entries.counters["calls"] = entries.counters["fused_calls"] = 100
+    dispatcher.counters["calls"] = dispatcher.counters["fused_calls"] = 100
 
     def cudnn_then_clear(found, q, k, v):
         api.clear_plans()  # another thread
@@ -355,12 +357,12 @@ def test_clear_plans_during_a_measurement_keeps_the_counters_cleared(isolated, m
     monkeypatch.setattr(tiers, "cudnn_forward", cudnn_then_clear)
 
     def run_decided(found, *args):
-        entries.counters["calls"] += 1
-        entries.counters["fused_calls"] += 1
+        dispatcher.counters["calls"] += 1
+        dispatcher.counters["fused_calls"] += 1
         return q
 
     tiers.run(waiting_entry(opts, Entry(opts, cfg=CFG)), q, k, v, run_decided)
-    assert entries.counters["calls"] <= 1, entries.counters
+    assert dispatcher.counters["calls"] <= 1, dispatcher.counters
 
 
 def test_measurement_calls_do_not_count_toward_the_promotion(isolated):
@@ -399,8 +401,8 @@ def test_the_compiled_ops_get_the_cudnn_entry_of_a_torch_served_signature(isolat
     cudnn = Entry(opts, cfg=CFG)
     if served == "waiting":
         found = waiting_entry(opts, cudnn)
-    else:  # what Choices.apply files when torch was measured faster
-        found = tiers.choices.apply(cudnn, tiers.Choice(tiers.TORCH, 9.0, 10.0),
+    else:  # what tiers.apply_choice files when torch was measured faster
+        found = tiers.apply_choice(cudnn, tiers.Choice(tiers.TORCH, 9.0, 10.0),
                                     Entry(opts, fallback=FALLBACK_TORCH, torch_call=tiers.torch_call(opts, q, k)))
     signature = entries.key(q, k, v, opts, NONE)
     assert tiers.cudnn_entry(found, signature, q, k, v, NONE, None) is cudnn

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from fusedattn_select import offpath, settings
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import dense_worker, entries, plans, tiers
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.args import Arguments, call_options
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.types import Backend, Phase
@@ -172,12 +173,12 @@ def test_obtain_plan_refuses_a_memory_miss_and_never_builds_under_stored():
         plans.obtain_plan(cfg, Backend.F16, Phase.FORWARD, device)  # no plan key here: it would build
     assert plans.plan_stats()["build_failures"] == failures  # build_plan never ran
     held = object()
-    plans._plans_by_problem[(0, cfg.cache_key(), Backend.F16, Phase.FORWARD)] = held
+    dispatcher.plans_by_problem[(0, cfg.cache_key(), Backend.F16, Phase.FORWARD)] = held
     try:
         with offpath.only(offpath.MEMORY):
             assert plans.obtain_plan(cfg, Backend.F16, Phase.FORWARD, device) is held
     finally:
-        plans._plans_by_problem.pop((0, cfg.cache_key(), Backend.F16, Phase.FORWARD), None)
+        dispatcher.plans_by_problem.pop((0, cfg.cache_key(), Backend.F16, Phase.FORWARD), None)
 
 
 # ----- the worker's job order -------------------------------------------------------------------------------

@@ -258,12 +258,13 @@ def call_entry(q: Any, k: Any, v: Any, training: bool, **arguments: Any) -> Any:
     """The decision attention(q, k, v, **arguments) runs with (runtime.entries.Entry), found as
     attention() finds it (None before its first call, or for calls with optional tensors)."""
     from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime.dispatcher import dispatcher
     from fusedattn_select.runtime.args import Arguments
 
     # attention()'s non-tensor arguments as its hot-path key holds them (Arguments: order and defaults)
     given = tuple(Arguments(**{n: arguments[n] for n in Arguments._fields if n in arguments}))
     key = entries.fast_key(q, k, v, given, training, arguments.get("seqlens_q"), arguments.get("seqlens_kv"))
-    return entries.by_call.get(key)
+    return dispatcher.by_call.get(key)
 
 
 def steady_plans(call: Callable[[], Any], q: Any, k: Any, v: Any, training: bool, timeout_s: float = 240.0,
@@ -336,8 +337,8 @@ def promotions_done(timeout_s: float = 240.0) -> None:
     do not run beside the timed calls of another implementation)."""
     from concurrent.futures import wait
 
-    from fusedattn_select.runtime import entries
+    from fusedattn_select.runtime.dispatcher import dispatcher
 
-    pending = [e.pending for e in list(entries.by_call.values()) if e.pending is not None]
+    pending = [e.pending for e in list(dispatcher.by_call.values()) if e.pending is not None]
     if pending:
         wait(pending, timeout=timeout_s)

@@ -15,7 +15,6 @@ the same thing.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import importlib.util
@@ -23,11 +22,11 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.native import autobuild
 from fusedattn_select.store.locks import flock
 
@@ -37,14 +36,9 @@ ENV_VAR = "FUSEDATTN_SELECT_NATIVE"
 DIR_ENV = "FUSEDATTN_SELECT_NATIVE_DIR"
 SOURCE = Path(__file__).with_name("lean.cpp")  # it includes the headers beside it
 
-_lock = threading.Lock()
-_loaded: dict[str, Optional[ModuleType]] = {}  # module name -> the module, or None (did not load)
-_names: dict[Path, str] = {}  # source -> module_name()
-# The loaded module, whose table of call signatures (lean.cpp) attention() asks first through `call`:
-# call(q, k, v, arguments) returns the output of a call the table holds, else None.
-_table: Optional[ModuleType] = None
-call: Optional[Callable[..., Any]] = None
-background = autobuild.BackgroundBuild()
+# The Dispatcher holds the loaded modules by name (None: did not load), the module whose table of
+# call signatures (lean.cpp) attention() asks first through `native_call` (call(q, k, v, arguments)
+# returns the output of a call the table holds, else None), and the background build.
 
 
 class NativeBuildError(RuntimeError):
@@ -67,7 +61,16 @@ def enabled() -> bool:
 def generation() -> int:
     """How many modules this process's background build made loadable (lean entries made at an
     older count look for the module again)."""
-    return background.generation
+    build = dispatcher.native_build  # read without the lock: calls ask on the hot path
+    return 0 if build is None else build.generation
+
+
+def background() -> autobuild.BackgroundBuild:
+    """This process's background build of the module (made at first use)."""
+    with dispatcher.native_lock:
+        if dispatcher.native_build is None:
+            dispatcher.native_build = autobuild.BackgroundBuild()
+        return dispatcher.native_build
 
 
 def include_dirs() -> list[Path]:
@@ -91,9 +94,9 @@ def include_dirs() -> list[Path]:
 def module_name() -> str:
     """The build's name: a hash of the sources and of the versions they compile against (worked out
     once per process and source: every new call signature asks)."""
-    name = _names.get(SOURCE)
+    name = dispatcher.native_names.get(SOURCE)
     if name is None:
-        name = _names[SOURCE] = _hash_name()
+        name = dispatcher.native_names[SOURCE] = _hash_name()
     return name
 
 
@@ -170,8 +173,8 @@ def _build(name: str, verbose: bool) -> Path:
     except Exception as err:  # noqa: BLE001 - the compiler's or ninja's own error, passed on whole
         raise NativeBuildError(f"compiling {SOURCE.name} failed: {err}") from None
     _test_in_child(_module_path(name))
-    with _lock:
-        _loaded.pop(name, None)
+    with dispatcher.native_lock:
+        dispatcher.native_loaded.pop(name, None)
     log.info("fusedattn_select: compiled lean path built and tested: %s", _module_path(name))
     return _module_path(name)
 
@@ -180,7 +183,7 @@ def _test_in_child(path: Path) -> None:
     """Run self_test() in a child process (a module that crashes must not take this one down);
     remove the module and raise NativeBuildError when it fails."""
     env = dict(os.environ, **{DIR_ENV: str(build_dir()), ENV_VAR: "1", "FUSEDATTN_SELECT_CACHE": "off"})
-    code = "from fusedattn_select.runtime import native; native.self_test()"
+    code = "from fusedattn_select.runtime.native.check import self_test; self_test()"
     try:
         child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
         failed = child.returncode != 0
@@ -191,40 +194,6 @@ def _test_in_child(path: Path) -> None:
         path.unlink(missing_ok=True)
         raise NativeBuildError(f"the built module failed its test ({detail}); if it crashed, build with the "
                                f"compiler of the C++ runtime torch runs with (set CXX)")
-
-
-def self_test() -> None:
-    """Load the built module and check it: the C++ runtime, and on a GPU a tiny forward and backward
-    against the Python path (AssertionError or a crash when it is wrong)."""
-    import torch
-
-    module = load()
-    assert module is not None, f"no module loads from {_module_path(module_name())}"
-    assert module.stream_check(7) == "eng7"
-    if not torch.cuda.is_available():
-        return
-    from fusedattn_select.runtime import entries
-    from fusedattn_select.runtime.api import attention
-    from fusedattn_select.runtime.run_settings import run_settings
-
-    q, k, v = (torch.randn(2, 64, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    got = {}
-    # Its own plans at once, from the first call (not torch SDPA first): a table entry.
-    with run_settings.use(dense_after=1, dense_builds="inline", first_calls="wait"):
-        for label, calls in (("native", 3), ("python", 1)):
-            before = table_calls()
-            for _ in range(calls):  # native: decided and promoted, filed in the table, run from it
-                out = attention(q, k, v, mask="causal")
-                got[label] = (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
-            ran = table_calls() - before
-            assert ran >= 1 if label == "native" else ran == 0, f"the table ran {ran} of the {label} calls"
-            for found in entries.by_call.values():
-                if found.lean is not None:
-                    assert label == "python" or found.lean.native is not None, "the compiled path did not run"
-                    found.lean = dataclasses.replace(found.lean, native=None)
-            forget_calls()
-    for a, b in zip(got["native"], got["python"]):
-        assert torch.allclose(a.float(), b.float(), atol=2e-2), "compiled and Python paths differ"
 
 
 def status() -> dict[str, Any]:
@@ -245,7 +214,8 @@ def status() -> dict[str, Any]:
     failure = "" if info["built"] else autobuild.earlier_failure(path)
     if failure:
         info["problem"] = f"an earlier build failed: {failure}"
-    info["building"] = background.thread is not None and background.thread.is_alive()
+    build = dispatcher.native_build
+    info["building"] = build is not None and build.thread is not None and build.thread.is_alive()
     refusal = untrusted(path) if info["built"] else ""
     info["refused"] = refusal or None
     if refusal:
@@ -260,24 +230,27 @@ def load(device: Optional[int] = None) -> Optional[ModuleType]:
     if not enabled():
         return None
     name = module_name()
-    if name in _loaded:
-        return _loaded[name]
-    with _lock:
-        if name not in _loaded:
-            module = _loaded[name] = _import(name)
+    loaded = dispatcher.native_loaded
+    if name in loaded:
+        return loaded[name]
+    start_build = False
+    with dispatcher.native_lock:
+        if name not in loaded:
+            module = loaded[name] = _import(name)
             if module is not None:
-                global _table, call
-                _table, call = module, module.call
-            elif mode() == "auto" and not _module_path(name).is_file():
-                background.start(_module_path(name), include_dirs, lambda: _forget_missing(name), device)
-    return _loaded[name]
+                dispatcher.native_table, dispatcher.native_call = module, module.call
+            else:
+                start_build = mode() == "auto" and not _module_path(name).is_file()
+    if start_build:
+        background().start(_module_path(name), include_dirs, lambda: _forget_missing(name), device)
+    return loaded[name]
 
 
 def _forget_missing(name: str) -> None:
     """The module is built now: the next load() imports it."""
-    with _lock:
-        if _loaded.get(name, False) is None:
-            del _loaded[name]
+    with dispatcher.native_lock:
+        if dispatcher.native_loaded.get(name, False) is None:
+            del dispatcher.native_loaded[name]
 
 
 def untrusted(path: Path) -> str:
@@ -324,30 +297,30 @@ def remember(q: Any, k: Any, v: Any, arguments: tuple, plan: Any) -> None:
     strides, dtypes and devices, whether it trains and whether it is under CUDA-graph capture (what
     runtime/entries.py's fast_key holds). A call the table cannot hold (arguments of other types,
     tensor subclasses) is left to the Python path."""
-    if _table is not None:
-        _table.remember(q, k, v, arguments, plan)
+    table = dispatcher.native_table
+    if table is not None:
+        table.remember(q, k, v, arguments, plan)
 
 
-_forgotten_calls = 0  # calls the table ran before it was last emptied without resetting the count
-
-
-def forget_calls(reset_count: bool = False) -> None:
+def forget_calls() -> None:
     """Empty the table: the next call of each signature decides in Python. Its count of calls
-    (dispatch_info's) goes on unless `reset_count` (clear_plans, which resets every counter)."""
-    global _forgotten_calls
-    if _table is not None:
-        _forgotten_calls = 0 if reset_count else table_calls()
-        _table.forget()
+    (dispatch_info's) goes on (clear_plans, which resets every counter, empties it through
+    Dispatcher.clear)."""
+    table = dispatcher.native_table
+    if table is not None:
+        dispatcher.native_forgotten_calls = table_calls()
+        table.forget()
 
 
 def table_calls() -> int:
-    """Calls the table ran (0 where no module is loaded), since the last forget_calls(reset_count=True)."""
-    return 0 if _table is None else _forgotten_calls + int(_table.calls())
+    """Calls the table ran (0 where no module is loaded), since clear_plans."""
+    table = dispatcher.native_table
+    return 0 if table is None else dispatcher.native_forgotten_calls + int(table.calls())
 
 
 def executes() -> int:
     """Graphs the compiled path has run in this process (0 where it is not loaded)."""
-    return sum(int(module.executes()) for module in list(_loaded.values()) if module is not None)
+    return sum(int(module.executes()) for module in list(dispatcher.native_loaded.values()) if module is not None)
 
 
 def graph(module: ModuleType, plan: Any, call_index: tuple[int, ...]) -> Optional[Any]:

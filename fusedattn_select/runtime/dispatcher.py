@@ -1,0 +1,135 @@
+"""The Dispatcher: every piece of state attention() keeps between calls, owned by one object.
+
+The modules of runtime/ hold behaviour; what they remember lives here, in the process's one
+`dispatcher`: the decided call signatures and the table of calls, the counters `dispatch_info()`
+reports, the bookkeeping that promotes a bucketed shape to its own plans, the measured runner
+choices, the thread that prepares signatures off the caller's path, the plan cache and its
+workspaces, the worker process that builds plans, the triton kernels of the FP8 path and the
+compiled module. `dispatcher.clear()` (clear_plans) forgets it in one place.
+
+This module sits at the bottom of runtime/'s imports (it imports no other runtime module), so
+every module reaches the state without an import cycle.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import Counter
+from concurrent.futures import Future
+from typing import Any, Callable, Optional
+
+from fusedattn_select.single_flight import OncePerKey
+
+COUNTERS = ("calls", "fused_calls", "fallback_calls", "entries_built", "promotions", "torch_calls", "swaps",
+            "measured")
+PLAN_COUNTERS = ("builds", "build_ms", "build_failures", "loads", "load_ms", "load_failures", "executes")
+
+
+class Preparer:
+    """One daemon thread that runs jobs in the order they came and hands each result to its Future."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], Any]) -> Future:
+        future: Future = Future()
+        self._jobs.put((job, future))
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            job, future = self._jobs.get()
+            try:
+                future.set_result(job())
+            except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
+                future.set_exception(err.with_traceback(None))  # its frames would keep the job's tensors alive
+            del job, future
+
+
+class Dispatcher:
+    """The runtime's state (see the module docstring). One per process: `dispatcher`."""
+
+    def __init__(self) -> None:
+        # Decisions. `entries`: one per call signature (entries.key); `by_call`: the same entries by
+        # the call as given (entries.fast_key). `lock` guards replacing an entry in both.
+        self.lock = threading.Lock()
+        self.entries: OncePerKey[Any] = OncePerKey()
+        self.by_call: dict[tuple, Any] = {}
+        self.counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
+        # Promotion of bucketed shapes (entries.count_call): calls per problem class, the newest
+        # signature of each class, and the calls one pass over a model's layers makes of a shape.
+        self.class_calls: Counter[str] = Counter()
+        self.newest: dict[str, Any] = {}
+        self.class_pass: Counter[str] = Counter()
+        # Runner choices by runner key (tiers.py): measured or read from the store; and the keys
+        # whose cuDNN runner failed when timed, with why.
+        self.choices: dict[str, Any] = {}
+        self.failed_choices: dict[str, str] = {}
+        self.choices_lock = threading.Lock()
+        self.preparer = Preparer("fusedattn-prepare")
+        # Plans (plans.py): by (device, plan key) and by (device, problem, backend, phase); their
+        # counters; one workspace per (device, stream).
+        self.plans: OncePerKey[Any] = OncePerKey()
+        self.plans_by_problem: dict[tuple, Any] = {}
+        self.plan_stats: Counter[str] = Counter()
+        self.plan_stats_lock = threading.Lock()
+        self.workspaces: dict[tuple[int, int], Any] = {}
+        self.workspace_lock = threading.Lock()
+        # The worker process that builds plans (dense_builds.py), and how many died before answering.
+        self.worker: Optional[Any] = None
+        self.worker_deaths = 0
+        self.worker_lock = threading.Lock()
+        # The FP8 path's triton kernels (fp8_kernels.py): the chosen backend, the kernels, per-device facts.
+        self.fp8_backend: Optional[str] = None
+        self.fp8_kernels: dict[str, Any] = {}
+        self.fp8_capable: dict[Any, Any] = {}
+        # The compiled module (native/): loaded modules by name (None: did not load), the one whose
+        # table attention() asks first (`native_call`), the calls its table ran before it was last
+        # emptied, and its background build.
+        self.native_lock = threading.Lock()
+        self.native_names: dict[Any, str] = {}  # source file -> its module's name (a hash, worked out once)
+        self.native_loaded: dict[str, Any] = {}
+        self.native_table: Optional[Any] = None
+        self.native_call: Optional[Callable[..., Any]] = None
+        self.native_forgotten_calls = 0
+        self.native_build: Optional[Any] = None
+        # Held while deciding whether a problem's fallback was logged (entries.log_fallback).
+        self.log_lock = threading.Lock()
+        # Per thread: cuDNN handles by device (`handles`, plans.py) and private streams for loading
+        # plans (`loading_streams`, streams.py).
+        self.per_thread = threading.local()
+
+    def clear(self) -> None:
+        """Forget every decision, count, runner choice and plan (clear_plans): the next call of each
+        signature decides again. The loaded compiled module, the worker and the kernels stay."""
+        self.entries.clear()
+        with self.lock:
+            self.by_call.clear()
+        if self.native_table is not None:
+            self.native_forgotten_calls = 0
+            self.native_table.forget()
+        self.class_calls.clear()
+        self.newest.clear()
+        self.class_pass.clear()
+        with self.choices_lock:
+            self.choices.clear()
+            self.failed_choices.clear()
+        for name in self.counters:
+            self.counters[name] = 0
+        self.forget_plans()
+
+    def forget_plans(self) -> None:
+        """Forget this process's plans (the persistent store keeps their blobs)."""
+        self.plans.clear()
+        self.plans_by_problem.clear()
+
+
+dispatcher = Dispatcher()
