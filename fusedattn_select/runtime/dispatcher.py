@@ -69,10 +69,11 @@ class Dispatcher:
         self.class_calls: Counter[str] = Counter()
         self.newest: dict[str, Any] = {}
         self.class_pass: Counter[str] = Counter()
-        # Runner choices by runner key (tiers.py): measured or read from the store; and the keys
-        # whose cuDNN runner failed when timed, with why.
+        # Runner choices by runner key (tiers.py): measured or read from the store; the keys whose
+        # cuDNN runner failed when timed, with why; and one lock per key, held while it is timed.
         self.choices: dict[str, Any] = {}
         self.failed_choices: dict[str, str] = {}
+        self.timing: dict[str, threading.Lock] = {}
         self.choices_lock = threading.Lock()
         self.preparer = Preparer("fusedattn-prepare")
         # Plans (plans.py): by (device, plan key) and by (device, problem, backend, phase); their
@@ -122,6 +123,7 @@ class Dispatcher:
         with self.choices_lock:
             self.choices.clear()
             self.failed_choices.clear()
+            self.timing.clear()
         for name in self.counters:
             self.counters[name] = 0
         self.forget_plans()

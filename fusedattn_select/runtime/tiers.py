@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -77,12 +78,13 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
         if not found.fused:
             return found
         key = runner_key(found)
-        choice = dispatcher.choices.get(key) or load_choice(key)
+        choice, timed = dispatcher.choices.get(key) or load_choice(key), False
         keeper = Entry(signature[0], fallback=FALLBACK_TORCH, torch_call=torch_call(signature[0], q, k))
         if choice is None:  # both runners exist and this device never timed them for this bucket
-            choice = measure(key, keeper, found, q, k, v)
+            choice, timed = measure_once(key, keeper, found, q, k, v)
             if choice is None:
                 return keeper
+        if timed:
             log.info("fusedattn_select: %s: %s runs its bucket (%s)", _describe_entry(found),
                      "cuDNN" if choice.runner == CUDNN else "torch SDPA", choice.why())
         return apply_choice(found, choice, keeper)
@@ -224,7 +226,7 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     key = runner_key(prepared)
     choice = dispatcher.choices.get(key)
     if choice is None:
-        choice = measure(key, waiting, prepared, q, k, v)
+        choice, _ = measure_once(key, waiting, prepared, q, k, v)
         if choice is None:
             return waiting
     new = apply_choice(prepared, choice, waiting)
@@ -299,14 +301,28 @@ def apply_choice(found: Entry, choice: Choice | None, keeper: Entry) -> Entry:
     return keeper
 
 
+def measure_once(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> tuple[Choice | None, bool]:
+    """(the choice of `key`, whether this call timed it): one timing per key in this process, so
+    every signature of a bucket runs on one runner; a signature decided while another of its bucket
+    is timed waits for that timing (a few forward calls) and takes its result."""
+    with dispatcher.choices_lock:
+        flight = dispatcher.timing.setdefault(key, threading.Lock())
+    with flight:
+        known = dispatcher.choices.get(key)
+        if known is not None:
+            return known, False
+        failed = dispatcher.failed_choices.get(key)
+        if failed is not None:
+            keeper.torch_because = failed
+            return None, False
+        return measure(key, keeper, prepared, q, k, v), True
+
+
 def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor) -> Choice | None:
     """Time both runners' forward on the caller's tensors (in turns) and keep the faster, cuDNN on a
     tie within 2%; None, with `keeper` saying why, when the cuDNN runner fails (torch keeps it)."""
-    failed = dispatcher.failed_choices.get(key)
-    if failed is not None:
-        keeper.torch_because = failed
-        return None
     pair = (lambda: keeper.torch_call(q, k, v), lambda: cudnn_forward(prepared, q, k, v))
     timed: tuple[list, list] = ([], [])
     try:
@@ -332,9 +348,7 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
         return None
     torch_us, cudnn_us = (statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) for pairs in timed)
     choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
-    with dispatcher.choices_lock:  # two signatures of one bucket timed at once: the first timing stands
-        if key in dispatcher.choices:
-            return dispatcher.choices[key]
+    with dispatcher.choices_lock:
         dispatcher.choices[key] = choice
     dispatcher.counters["measured"] += 1
     runners.store(selection.default_selector(), key, choice)

@@ -101,46 +101,6 @@ def decide_from_memory(monkeypatch):
 # Open defects (HEAD fc809ec)
 # =====================================================================================================
 
-# ----- one bucket, two runners --------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="tiers.entry (968bf53) and tiers.swap measure a runner key with no single "
-                   "flight: two signatures of one bucket decided at once both measure, and timing noise can leave one "
-                   "on torch and one on cuDNN in one process (the store keeps the last writer's: the next process "
-                   "differs again)")
-def test_two_signatures_of_one_bucket_decided_at_once_share_one_measured_choice(isolated, monkeypatch):
-    decide_from_memory(monkeypatch)
-    q, k, v = qkv()
-    opts = opts_of(q, k, v)
-    measured = []
-    lock = threading.Lock()
-    meet = threading.Barrier(2)
-
-    def measure(key, *args):
-        with lock:
-            measured.append(key)
-            # The two timings land on either side of the 2% tie rule.
-            choice = tiers.Choice(tiers.TORCH if len(measured) == 1 else tiers.CUDNN, 9.9, 10.0)
-        try:
-            meet.wait(timeout=2)  # both threads measure at once (a fixed version has one wait instead)
-        except threading.BrokenBarrierError:
-            pass
-        dispatcher.choices[key] = choice
-        return choice
-
-    monkeypatch.setattr(tiers, "measure", measure)
-    got = {}
-
-    def decide(name):
-        got[name] = tiers.entry((opts, name), q, k, v, NONE, None)
-
-    threads = [threading.Thread(target=decide, args=(name,)) for name in ("review-a", "review-b")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(measured) == 1, measured
-    assert bool(got["review-a"].torch_because) == bool(got["review-b"].torch_because)
-
-
 # ----- a failing measurement: once per bucket ---------------------------------------------------------
 def test_a_failing_measurement_warns_once_per_bucket(isolated, monkeypatch, caplog):
     decide_from_memory(monkeypatch)
@@ -406,3 +366,39 @@ def test_the_compiled_ops_get_the_cudnn_entry_of_a_torch_served_signature(isolat
                                     Entry(opts, fallback=FALLBACK_TORCH, torch_call=tiers.torch_call(opts, q, k)))
     signature = entries.key(q, k, v, opts, NONE)
     assert tiers.cudnn_entry(found, signature, q, k, v, NONE, None) is cudnn
+
+
+# ----- one bucket, two runners (fixed: tiers.measure_once) --------------------------------------------------------------------
+def test_two_signatures_of_one_bucket_decided_at_once_share_one_measured_choice(isolated, monkeypatch):
+    decide_from_memory(monkeypatch)
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    measured = []
+    lock = threading.Lock()
+    meet = threading.Barrier(2)
+
+    def measure(key, *args):
+        with lock:
+            measured.append(key)
+            # The two timings land on either side of the 2% tie rule.
+            choice = tiers.Choice(tiers.TORCH if len(measured) == 1 else tiers.CUDNN, 9.9, 10.0)
+        try:
+            meet.wait(timeout=2)  # both threads measure at once (a fixed version has one wait instead)
+        except threading.BrokenBarrierError:
+            pass
+        dispatcher.choices[key] = choice
+        return choice
+
+    monkeypatch.setattr(tiers, "measure", measure)
+    got = {}
+
+    def decide(name):
+        got[name] = tiers.entry((opts, name), q, k, v, NONE, None)
+
+    threads = [threading.Thread(target=decide, args=(name,)) for name in ("review-a", "review-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(measured) == 1, measured
+    assert bool(got["review-a"].torch_because) == bool(got["review-b"].torch_because)
