@@ -24,7 +24,8 @@ sequences, chunked attention, image-token overlays, holes in the 2D mask, a 2D m
 torch.compile, a mask the model made or changed.
 
 `report()` / `format_report()` (report.py) and `configs_from_hf()` / `layer_problems()`
-(problems.py) need neither torch nor transformers for a dict, a JSON string or a config.json path.
+(problems.py) read a model config with one JSON reader (model_reading.py) that needs neither torch
+nor transformers; a transformers config or model is read through its to_dict().
 """
 
 from __future__ import annotations

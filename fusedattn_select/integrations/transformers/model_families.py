@@ -50,6 +50,8 @@ class Family:
     max_window_layers_default: int | None = None
     use_sliding_window_default: bool | None = None
     sliding_window_default: int | None = None
+    chunked_every: int | None = None  # Llama 4: every n-th layer full, the rest chunked
+    chunk_size_default: int | None = None
     query_pre_attn_scalar_default: float | None = None
     softcap_default: float | None = None
     unscaled: bool = False  # T5: no 1/sqrt(d) on the scores
@@ -97,6 +99,7 @@ FAMILIES: dict[str, Family] = {
     "gemma3_text": replace(GENERIC, sliding_pattern=PATTERN_KEY, pattern_default=6, sliding_window_default=4096,
                            head_dim_default=256, query_pre_attn_scalar_default=256),
     "gpt_oss": replace(GENERIC, sliding_pattern=EVERY_OTHER, sliding_window_default=128, sinks=True),
+    "llama4_text": replace(GENERIC, chunked_every=4, chunk_size_default=8192),
     "qwen2": _QWEN,
     "qwen2_moe": _QWEN,
     "qwen3": _QWEN,
@@ -122,7 +125,7 @@ FAMILIES: dict[str, Family] = {
 ENCODER_DECODER_TYPES = tuple(name for name, family in FAMILIES.items() if family.encoder_decoder)
 # The model_type of a nested config that names none, by the model_type around it.
 _INNER_TYPES = {("clip", "text"): "clip_text_model", ("clip", "vision"): "clip_vision_model",
-                ("gemma3", "text"): "gemma3_text"}
+                ("gemma3", "text"): "gemma3_text", ("llama4", "text"): "llama4_text"}
 
 
 def family(model_type: str, inside: str = "", vision: bool = False) -> Family:

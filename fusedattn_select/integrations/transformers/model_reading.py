@@ -124,6 +124,12 @@ def _layer_types(fields: Fields, family: families.Family, layers: int, window: i
             raise ConfigError(fields.path("layer_types"), f"{len(given)} entries",
                               f"must give one type per layer (num_hidden_layers={layers})")
         return tuple(given)
+    if family.chunked_every is not None and _chunk_size(fields, family) is not None:
+        # Llama 4: layers without RoPE (no_rope_layers[i] == 0) attend fully, the others in chunks.
+        given_no_rope = fields.data.get("no_rope_layers") or [
+            int((i + 1) % fields.get("no_rope_layer_interval", POSITIVE_INTEGER, family.chunked_every) != 0)
+            for i in range(layers)]
+        return tuple("chunked_attention" if rope else "full_attention" for rope in given_no_rope)
     if window is None:
         return ("full_attention",) * layers
     pattern = family.sliding_pattern
@@ -138,6 +144,10 @@ def _layer_types(fields: Fields, family: families.Family, layers: int, window: i
         return ("sliding_attention",) * layers
     # Every `every`-th layer (1-based) is full attention, as transformers' configs build layer_types.
     return tuple("sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers))
+
+
+def _chunk_size(fields: Fields, family: families.Family) -> int | None:
+    return fields.get("attention_chunk_size", POSITIVE_INTEGER, family.chunk_size_default)
 
 
 def _window(fields: Fields, family: families.Family) -> int | None:
@@ -228,7 +238,7 @@ def read_stack(fields: Fields, family: families.Family, prefix: str = "", role: 
         layer_types=_layer_types(fields, family, layers, window) if role == families.MODEL
         else ("full_attention",) * layers,
         causal=causal, seqlen_q=seqlen, seqlen_kv=seqlen, sliding_window=window,
-        chunk_size=fields.get("attention_chunk_size", POSITIVE_INTEGER), dropout=_dropout(fields, family),
+        chunk_size=_chunk_size(fields, family), dropout=_dropout(fields, family),
         attn_scale=_attn_scale(fields, family, head_dim_qk),
         bias="alibi" if alibi else "post_scale_bias" if family.relative_bias else "no_bias",
         bias_shape="1hss" if family.relative_bias and not alibi else None,
