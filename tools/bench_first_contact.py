@@ -14,7 +14,8 @@ fresh process with an empty store (FUSEDATTN_SELECT_CACHE_DIR a new temp directo
   4. a tiny forward (b1 h1 s64 d64): first call, medians of calls 2-101 and 1001-1100 vs SDPA default
   5. Llama-3-8B's attention (b1 s8192 32/8 d128 causal) fwd+bwd warm: attention() vs the raw cuDNN
      graph vs flash, in turns in one process (CUDA events, medians)
-  6. a fresh process's first training step (b2 s4096) from the process's start, imports included
+  6. a fresh process's first training step (b2 s4096) from the process's start, imports included;
+     three processes per side, the sides in turns, each side's median
   7. the compiled module loaded vs not (FUSEDATTN_SELECT_NATIVE=1/0; built first where it is not):
      generate() tokens/s and a training step, in turns
 

@@ -20,7 +20,6 @@ flash nor memory-efficient attention takes (torch would run its math kernel).
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -346,13 +345,21 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
             log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(prepared),
                         keeper.torch_because)
         return None
-    torch_us, cudnn_us = (statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) for pairs in timed)
+    torch_us, cudnn_us = (_median([s.elapsed_time(e) * 1e3 for s, e in pairs]) for pairs in timed)
     choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
     with dispatcher.choices_lock:
         dispatcher.choices[key] = choice
     dispatcher.counters["measured"] += 1
     runners.store(selection.default_selector(), key, choice)
     return choice
+
+
+def _median(values: list[float]) -> float:
+    # Not statistics.median: importing statistics imports decimal, which costs a fresh process
+    # 130-150 ms of import time on some Pythons (measured with -X importtime).
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def describe_choices() -> dict[str, str]:

@@ -255,8 +255,8 @@ def test_general_path_plans_run_compiled_with_the_python_paths_results(fresh):
             assert torch.equal(got, want), name
 
 
-def test_switched_off_calls_run_the_python_path(fresh, monkeypatch):
-    monkeypatch.setenv(native.ENV_VAR, "0")
+def test_switched_off_calls_run_the_python_path(fresh, use_settings):
+    use_settings(native="0")
     q, k, v = _tensors("bshd", grad=False)
     with torch.no_grad():
         attention(q, k, v, mask="causal")

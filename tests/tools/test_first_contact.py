@@ -230,6 +230,21 @@ def test_first_step_is_timed_from_the_process_start(monkeypatch):
     assert found["status"] == "ok"
 
 
+def test_each_side_of_the_first_step_is_its_median_process(monkeypatch):
+    rounds = {"ours": iter([3000.0, 1000.0, 2000.0]), "flash": iter([1500.0, 1500.0, 1500.0]),
+              "default": iter([900.0, 5000.0, 1100.0])}
+
+    def fake(part, side, args, timeout_s, env=None):
+        return {"status": "ok", "spawned_at": 0.0, "first_result_at": next(rounds[side]) / 1e3}
+
+    monkeypatch.setattr(parts, "run_fresh", fake)
+    found = parts.first_step(options.parse_args([]), Budget(100.0))
+    assert parts.FIRST_STEP_ROUNDS == 3
+    assert {s: found["sides"][s]["to_first_result_ms"] for s in rounds} == {
+        "ours": 2000.0, "flash": 1500.0, "default": 1100.0}
+    assert found["sides"]["ours"]["rounds_ms"] == [3000.0, 1000.0, 2000.0]
+
+
 def test_generated_tokens_are_compared_with_flash():
     sides = {"ours": {"first_tokens": [1, 2, 3, 4]}, "flash": {"first_tokens": [1, 2, 3, 5]},
              "default": {"status": "failed: x"}}
