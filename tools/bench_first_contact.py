@@ -10,7 +10,8 @@ fresh process with an empty store (FUSEDATTN_SELECT_CACHE_DIR a new temp directo
      an unbuilt bucket (b2 s3000), again; vs flash's same call
   2. transformers generate() (random weights; a Llama 6 layers 12/4 heads batch 1, a Qwen2 4 layers
      14/2 heads batch 2): first call, again, a new prompt length; tokens/s vs flash
-  3. fine-tuning a 4-layer Llama with a new sequence length every step (batch 4, AdamW); ms per step
+  3. fine-tuning a 4-layer Llama with a new sequence length every step (batch 4, AdamW); ms per step,
+     three processes per side in turns, each step's median
   4. a tiny forward (b1 h1 s64 d64): first call, medians of calls 2-101 and 1001-1100 vs SDPA default
   5. Llama-3-8B's attention (b1 s8192 32/8 d128 causal) fwd+bwd warm: attention() vs the raw cuDNN
      graph vs flash, in turns in one process (CUDA events, medians)

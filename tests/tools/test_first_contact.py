@@ -239,10 +239,24 @@ def test_each_side_of_the_first_step_is_its_median_process(monkeypatch):
 
     monkeypatch.setattr(parts, "run_fresh", fake)
     found = parts.first_step(options.parse_args([]), Budget(100.0))
-    assert parts.FIRST_STEP_ROUNDS == 3
+    assert parts.ROUNDS == 3
     assert {s: found["sides"][s]["to_first_result_ms"] for s in rounds} == {
         "ours": 2000.0, "flash": 1500.0, "default": 1100.0}
     assert found["sides"]["ours"]["rounds_ms"] == [3000.0, 1000.0, 2000.0]
+
+
+def test_each_fine_tune_step_is_its_median_over_the_processes(monkeypatch):
+    steps = {"ours": iter([[30.0, 5.0], [10.0, 7.0], [20.0, 6.0]]), "flash": iter([[9.0, 4.0]] * 3),
+             "default": iter([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])}
+
+    def fake(part, side, args, timeout_s, env=None):
+        return {"status": "ok", "step_ms": next(steps[side])}
+
+    monkeypatch.setattr(parts, "run_fresh", fake)
+    found = parts.finetune(options.parse_args([]), Budget(100.0))
+    assert found["sides"]["ours"]["step_ms"] == [20.0, 6.0]
+    assert found["sides"]["ours"]["rounds_step_ms"] == [[30.0, 5.0], [10.0, 7.0], [20.0, 6.0]]
+    assert found["sides"]["default"]["step_ms"] == [2.0, 2.0]
 
 
 def test_generated_tokens_are_compared_with_flash():

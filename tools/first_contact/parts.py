@@ -16,6 +16,10 @@ from tools.first_contact.processes import run_fresh
 from tools.first_contact.sides import SIDES
 
 # Seconds one process of a part may run (its expected time is well below: see the module docs).
+# Fresh processes per side in rows 3 and 6, the sides in turns: a process's start-up and torch import
+# vary by a second or more from one process to the next, and one step's time by a third, more than
+# the differences those rows look for.
+ROUNDS = 3
 TIMEOUTS_S = {"env": 60.0, "first_calls": 90.0, "generate": 90.0, "finetune": 90.0, "big_shape": 120.0,
               "first_step": 60.0}
 
@@ -81,11 +85,25 @@ def _token_agreement(sides: Mapping[str, dict]) -> None:
 
 
 def finetune(plan: Plan, budget: Budget) -> dict[str, Any]:
-    """Row 3."""
+    """Row 3: each side in ROUNDS fresh processes, the sides in turns; a side's `step_ms` is each
+    step's median over its processes (every process's steps in `rounds_step_ms`)."""
     args = plan.part_args("finetune")
-    sides = _sides("finetune", args, budget)
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    for _ in range(ROUNDS):
+        for side, found in _sides("finetune", args, budget).items():
+            runs[side].append(found)
+    sides = {side: _median_steps(found) for side, found in runs.items()}
     return {"model": _model_text(args["config"]), "batch": args["batch"], "sides": sides,
             "status": overall_status(sides)}
+
+
+def _median_steps(runs: list[dict]) -> dict[str, Any]:
+    """The side's last finished process, with each step's median over the finished ones."""
+    done = [r for r in runs if r.get("status") == "ok" and r.get("step_ms")]
+    if not done:
+        return dict(runs[-1])
+    steps = [sorted(values)[(len(values) - 1) // 2] for values in zip(*(r["step_ms"] for r in done))]
+    return dict(done[-1], step_ms=steps, rounds_step_ms=[r["step_ms"] for r in done])
 
 
 def big_shape(plan: Plan, budget: Budget) -> dict[str, Any]:
@@ -98,16 +116,13 @@ def big_shape(plan: Plan, budget: Budget) -> dict[str, Any]:
     return found
 
 
-# Fresh processes per side in row 6, the sides in turns: a process's start-up and torch import vary
-# by a second or more from one process to the next, more than the difference row 6 looks for.
-FIRST_STEP_ROUNDS = 3
 
 
 def first_step(plan: Plan, budget: Budget) -> dict[str, Any]:
     """Row 6: time to the first result, from just before the process starts; each side's median of
-    FIRST_STEP_ROUNDS processes (all of them in `rounds_ms`)."""
+    ROUNDS processes (all of them in `rounds_ms`)."""
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for _ in range(FIRST_STEP_ROUNDS):
+    for _ in range(ROUNDS):
         for side, found in _sides("first_step", plan.part_args("first_step"), budget).items():
             if "first_result_at" in found and "spawned_at" in found:
                 found["to_first_result_ms"] = (found["first_result_at"] - found["spawned_at"]) * 1e3
