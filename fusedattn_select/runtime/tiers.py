@@ -73,12 +73,12 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                       _describe(signature), err)
             return Entry(signature[0], fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet",
                          waiting=dispatcher.preparer.submit(lambda: prepare(signature)),
-                         torch_call=torch_call(signature[0], q, k))
+                         torch_call=torch_call(signature[0], q, k, v))
         if not found.fused:
             return found
         key = runner_key(found)
         choice, timed = dispatcher.choices.get(key) or load_choice(key), False
-        keeper = Entry(signature[0], fallback=FALLBACK_TORCH, torch_call=torch_call(signature[0], q, k))
+        keeper = Entry(signature[0], fallback=FALLBACK_TORCH, torch_call=torch_call(signature[0], q, k, v))
         if choice is None:  # both runners exist and this device never timed them for this bucket
             choice, timed = measure_once(key, keeper, found, q, k, v)
             if choice is None:
@@ -152,39 +152,62 @@ def _describe(signature: tuple) -> str:
 
 
 # ----- running and swapping -------------------------------------------------------------------------
-_cudnn_sdp_enabled = torch._C._get_cudnn_sdp_enabled
-_set_cudnn_sdp = torch._C._set_sdp_use_cudnn
+# torch's flash and memory-efficient kernels, called directly (None on a torch without them).
+_flash = getattr(torch, "_scaled_dot_product_flash_attention", None)
+_efficient = getattr(torch, "_scaled_dot_product_efficient_attention", None)
 
 
+def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """f(q, k, v) -> out on torch for a signature `wait_reason` lets run there, with everything but the
+    tensors fixed once: torch's flash kernel, else its memory-efficient one, called directly; SDPA
+    itself where neither is (CPU tensors, a head dim SDPA pads, torch's own switches turning them off).
 
-
-def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """f(q, k, v) -> out: torch SDPA for a signature `wait_reason` lets run on torch, with everything
-    but the tensors fixed once. SDPA's cuDNN backend is off for the call: it would build graphs of
-    its own (100-250 ms each), which is what running on torch avoids; flash or memory-efficient runs."""
-    qb, kb = bhsd(q, opts.layout), bhsd(k, opts.layout)
-    sq, skv = qb.shape[2], kb.shape[2]
-    causal = sdpa_mask_form(opts.mask, sq, skv) == "causal"
+    Not through SDPA: SDPA picks its kernel by process-wide switches, and its cuDNN kernel builds
+    graphs of its own (100-250 ms each), which is what running on torch avoids; turning that switch
+    off around a call would turn it off for every thread meanwhile, and undo a change another
+    thread made."""
+    qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
+    causal = sdpa_mask_form(opts.mask, qb.shape[2], kb.shape[2]) == "causal"
     gqa = qb.shape[1] != kb.shape[1]
-    dropout, scale = opts.dropout, opts.attn_scale
-    # The caller's dims to BHSD (what SDPA takes) and back; none for BHSD itself.
+    dropout, scale, lse = opts.dropout, opts.attn_scale, opts.training
+    kernel = _direct_kernel(qb, kb, vb, dropout, causal, gqa)
+    # The caller's dims to BHSD (what the kernels take) and back; none for BHSD itself.
     to, back = (None, None) if opts.layout == "bhsd" else (TO_BHSD[opts.layout], FROM_BHSD[opts.layout])
 
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if to is not None:
             q, k, v = q.permute(to), k.permute(to), v.permute(to)
-        cudnn_on = _cudnn_sdp_enabled()
-        if cudnn_on:
-            _set_cudnn_sdp(False)
-        try:
-            out = (torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True) if gqa
-                   else torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale))
-        finally:
-            if cudnn_on:
-                _set_cudnn_sdp(True)
+        if kernel == "flash":
+            out = _flash(q, k, v, dropout, causal, False, scale=scale)[0]
+        elif kernel == "efficient":  # its log-sum-exp only where a backward needs it
+            out = _efficient(q, k, v, None, lse, dropout, causal, scale=scale)[0]
+        elif gqa:
+            out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True)
+        else:
+            out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
         return out if back is None else out.permute(back)
 
     return call
+
+
+def _direct_kernel(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, dropout: float, causal: bool,
+                   gqa: bool) -> str:
+    """"flash" or "efficient" where torch's own checks let that kernel take the problem as given
+    (SDPA pads a head dim that is not a multiple of 8 and makes the last dim contiguous first; the
+    memory-efficient kernel takes no GQA), else "sdpa"."""
+    if not qb.is_cuda or _flash is None or _efficient is None:
+        return "sdpa"
+    if qb.shape[-1] % 8 or vb.shape[-1] % 8 or any(t.stride(-1) != 1 for t in (qb, kb, vb)):
+        return "sdpa"
+    try:
+        params = torch.backends.cuda.SDPAParams(qb, kb, vb, None, dropout, causal, gqa)
+        if torch.backends.cuda.can_use_flash_attention(params, False):
+            return "flash"
+        if not gqa and torch.backends.cuda.can_use_efficient_attention(params, False):
+            return "efficient"
+    except (AttributeError, TypeError, RuntimeError):  # an older torch: SDPA chooses
+        pass
+    return "sdpa"
 
 
 def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Any:

@@ -72,18 +72,18 @@ def waiting_entry(opts, prepared, torch_call=None):
 def isolated(monkeypatch):
     """Save and restore the module state these tests touch; no store reads or writes, no CUDA events,
     and a cuDNN forward that runs (tests that need it to fail patch it again)."""
-    saved = (dict(dispatcher.counters), dict(dispatcher.entries._values), dict(dispatcher.by_call),
-             dict(dispatcher.choices), dispatcher.class_calls.copy(), dict(dispatcher.newest), dispatcher.class_pass.copy(),
-             dict(dispatcher.failed_choices))
+    d = dispatcher
+    saved = (dict(d.counters), dict(d.entries._values), dict(d.by_call), dict(d.choices), d.class_calls.copy(),
+             dict(d.newest), d.class_pass.copy(), dict(d.failed_choices))
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(tiers.runners, "store", lambda *args: False)
     monkeypatch.setattr(tiers, "load_choice", lambda key: dispatcher.choices.get(key))
     monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: q.clone())
     yield
     counters, values, by_call, known, class_calls, newest, class_pass, failed = saved
-    for table, old in ((dispatcher.counters, counters), (dispatcher.entries._values, values), (dispatcher.by_call, by_call),
-                       (dispatcher.choices, known), (dispatcher.class_calls, class_calls), (dispatcher.newest, newest),
-                       (dispatcher.class_pass, class_pass), (dispatcher.failed_choices, failed)):
+    for table, old in ((d.counters, counters), (d.entries._values, values), (d.by_call, by_call), (d.choices, known),
+                       (d.class_calls, class_calls), (d.newest, newest), (d.class_pass, class_pass),
+                       (d.failed_choices, failed)):
         table.clear()
         table.update(old)
 
@@ -144,7 +144,7 @@ def test_a_swap_between_a_checkpointed_forward_and_its_recompute(isolated):
     job: Future = Future()
     # The signature was decided by an un-checkpointed layer's call: torch until its plans are ready.
     waiting = Entry(opts, fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet", waiting=job,
-                    torch_call=tiers.torch_call(opts, q, k))
+                    torch_call=tiers.torch_call(opts, q, k, v))
 
     def run_decided(found, q, k, v, *args):
         return _SavesLikeLean.apply(q, k, v)
@@ -157,29 +157,6 @@ def test_a_swap_between_a_checkpointed_forward_and_its_recompute(isolated):
     threading.Timer(0.2, lambda: job.set_result(Entry(opts, cfg=CFG))).start()
     out = torch.utils.checkpoint.checkpoint(layer, q, k, v, use_reentrant=False)
     out.sum().backward()
-
-
-# ----- the torch runner and the process-wide cuDNN SDPA switch ----------------------------------------
-@pytest.mark.xfail(strict=True, reason="torch_call turns torch's process-wide cuDNN SDPA switch off around each call "
-                   "and back on after it: a change another thread makes meanwhile is overwritten (and other threads' "
-                   "own SDPA calls run with cuDNN off while a torch-served call runs)")
-def test_torch_call_does_not_undo_a_switch_change_made_meanwhile(monkeypatch):
-    q, k, v = qkv()
-    call = tiers.torch_call(opts_of(q, k, v), q, k)
-    real = tiers.torch_sdpa
-
-    def sdpa_while_another_thread_turns_cudnn_off(*args, **kwargs):
-        torch.backends.cuda.enable_cudnn_sdp(False)  # the user's own setting, from another thread
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tiers, "torch_sdpa", sdpa_while_another_thread_turns_cudnn_off)
-    before = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(True)
-    try:
-        call(q, k, v)
-        assert torch.backends.cuda.cudnn_sdp_enabled() is False  # True today: the user's setting is lost
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(before)
 
 
 # ----- memory of a waiting signature -----------------------------------------------------------------
@@ -363,7 +340,7 @@ def test_the_compiled_ops_get_the_cudnn_entry_of_a_torch_served_signature(isolat
         found = waiting_entry(opts, cudnn)
     else:  # what tiers.apply_choice files when torch was measured faster
         found = tiers.apply_choice(cudnn, tiers.Choice(tiers.TORCH, 9.0, 10.0),
-                                    Entry(opts, fallback=FALLBACK_TORCH, torch_call=tiers.torch_call(opts, q, k)))
+                                    Entry(opts, fallback=FALLBACK_TORCH, torch_call=tiers.torch_call(opts, q, k, v)))
     signature = entries.key(q, k, v, opts, NONE)
     assert tiers.cudnn_entry(found, signature, q, k, v, NONE, None) is cudnn
 
@@ -402,3 +379,23 @@ def test_two_signatures_of_one_bucket_decided_at_once_share_one_measured_choice(
         thread.join()
     assert len(measured) == 1, measured
     assert bool(got["review-a"].torch_because) == bool(got["review-b"].torch_because)
+
+
+# ----- the torch runner and the process-wide cuDNN SDPA switch (fixed: tiers.torch_call never turns it) ----------------------------------------
+def test_torch_call_does_not_undo_a_switch_change_made_meanwhile(monkeypatch):
+    q, k, v = qkv()
+    call = tiers.torch_call(opts_of(q, k, v), q, k, v)
+    real = tiers.torch_sdpa
+
+    def sdpa_while_another_thread_turns_cudnn_off(*args, **kwargs):
+        torch.backends.cuda.enable_cudnn_sdp(False)  # the user's own setting, from another thread
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tiers, "torch_sdpa", sdpa_while_another_thread_turns_cudnn_off)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        call(q, k, v)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is False  # the other thread's setting stands
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

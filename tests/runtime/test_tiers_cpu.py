@@ -126,7 +126,7 @@ def test_torch_call_matches_sdpa_computed_directly(layout, mask, sq, hkv, dtype)
     scale = 0.2 if hkv == 2 else None
     q, k, v = qkv(layout, sq=sq, skv=48, hq=4, hkv=hkv, d=32, dtype=dtype)
     opts = call_options(q, k, v, NONE, Arguments(layout=layout, mask=mask, attn_scale=scale))
-    call = tiers.torch_call(opts, q, k)
+    call = tiers.torch_call(opts, q, k, v)
     for tensors in ((q, k, v), qkv(layout, sq=sq, skv=48, hq=4, hkv=hkv, d=32, dtype=dtype)):  # prepared once
         out = call(*tensors)
         assert out.shape == tensors[0].shape and out.dtype == dtype
@@ -137,7 +137,7 @@ def test_torch_call_matches_sdpa_computed_directly(layout, mask, sq, hkv, dtype)
 @pytest.mark.parametrize("enabled", [True, False])
 def test_torch_call_leaves_the_cudnn_sdp_switch_as_it_was(enabled):
     q, k, v = qkv()
-    call = tiers.torch_call(call_options(q, k, v, NONE, Arguments()), q, k)
+    call = tiers.torch_call(call_options(q, k, v, NONE, Arguments()), q, k, v)
     before = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(enabled)
     try:
