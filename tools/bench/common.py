@@ -333,12 +333,14 @@ def in_turns(timers: Sequence[tuple[str, Timer]], rounds: int) -> dict[str, dict
 
 
 def promotions_done(timeout_s: float = 240.0) -> None:
-    """Wait until the worker process has finished every dense-plan job asked so far (so its builds
-    do not run beside the timed calls of another implementation)."""
+    """Wait until the worker process has finished every dense-plan job asked so far, and every
+    signature torch serves while its cuDNN runner is prepared has it prepared (so no build runs
+    beside the timed calls of another implementation, and the next calls swap)."""
     from concurrent.futures import wait
 
     from fusedattn_select.runtime.dispatcher import dispatcher
 
     pending = [e.pending for e in list(dispatcher.by_call.values()) if e.pending is not None]
+    pending += [e.waiting for e in list(dispatcher.entries.values()) if e.waiting is not None]
     if pending:
         wait(pending, timeout=timeout_s)
