@@ -347,3 +347,40 @@ def test_modules_and_functions_stay_short(path):
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             assert node.end_lineno - node.lineno + 1 <= 80, f"{path.name}: {node.name}"
+
+
+# ----- one document from runs that each measured some parts -----------------------------------------
+def _run_document(parts_measured, commit, **changes):
+    document = {"schema": "fusedattn-first-contact/1", "command": f"python -m tools.bench_first_contact ({commit})",
+                "date": "2026-11-27 00:00 UTC", "device": "GPU X", "torch": "2.11", "cudnn_backend": "9.19.0",
+                "cudnn_frontend": "1.32.0", "git_commit": commit, "wall_s": 10.0, "budget_s": 100.0,
+                "parts_selected": list(parts_measured),
+                "parts": {name: copy.deepcopy(DOCUMENT["parts"][name]) for name in parts_measured}}
+    document.update(changes)
+    return document
+
+
+def test_runs_of_some_parts_merge_into_one_document_with_every_verdict():
+    from tools.first_contact import merge
+
+    merged = merge.merge([_run_document(("first_calls", "generate", "finetune"), "aaa"),
+                          _run_document(("big_shape", "first_step", "native"), "bbb")])
+    whole = [v.as_json() for v in targets.evaluate(DOCUMENT)]
+    assert merged["targets"] == whole and len(whole) == 15
+    assert merged["git_commit"] == "aaa+bbb" and merged["wall_s"] == 20.0
+    assert [run["git_commit"] for run in merged["merged_from"]] == ["aaa", "bbb"]
+    assert "merged from 2 runs" in merged["table"]
+
+
+def test_runs_on_different_devices_or_versions_do_not_merge(tmp_path, capsys):
+    from tools.first_contact import merge
+
+    with pytest.raises(ValueError, match="cudnn_frontend"):
+        merge.merge([_run_document(("first_calls",), "a"), _run_document(("native",), "b", cudnn_frontend="1.28.0")])
+    paths = []
+    for name, document in (("a", _run_document(("first_calls",), "a")), ("b", _run_document(("native",), "b",
+                                                                                            device="GPU Y"))):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(__import__("json").dumps(document))
+    assert merge.main(["-o", str(tmp_path / "out.json"), *map(str, paths)]) == 2
+    assert "device" in capsys.readouterr().err and not (tmp_path / "out.json").exists()

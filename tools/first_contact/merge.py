@@ -1,0 +1,72 @@
+"""One result document from runs of the first-contact bench that each measured some of its parts,
+on one machine with one tree (one command may run at most 10 minutes on the lent GPU, less than
+the whole bench with the compiled module still to build):
+
+    python -m tools.first_contact.merge -o tools/results/first-contact-h100.json a.json b.json c.json
+
+A part measured by more than one run is taken from the last. The runs must name one device and one
+set of versions; each run's command, commit, date, parts and wall time stay in `merged_from`, and
+the verdicts are worked out again from the merged parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tools.bench.common import clean_json
+from tools.bench_first_contact import TOP_LEVEL, _heading, write
+from tools.first_contact import targets
+
+
+def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The merged document; ValueError naming the field where two runs differ in device or versions."""
+    if not documents:
+        raise ValueError("no run to merge")
+    first = documents[0]
+    for other in documents[1:]:
+        for key in TOP_LEVEL:
+            if key not in ("nvidia_smi", "host") and other.get(key) != first.get(key):
+                raise ValueError(f"{key}: {first.get(key)!r} in one run, {other.get(key)!r} in another")
+    merged: dict[str, Any] = {key: value for key, value in first.items()
+                              if key not in ("command", "parts", "parts_selected", "targets", "table", "wall_s")}
+    merged["parts"] = {}
+    for document in documents:
+        merged["parts"].update(document.get("parts") or {})
+    merged["merged_from"] = [{key: document.get(key) for key in ("command", "git_commit", "date", "parts_selected",
+                                                                  "wall_s", "budget_s")} for document in documents]
+    merged["command"] = " && ".join(str(document.get("command")) for document in documents)
+    merged["git_commit"] = "+".join(dict.fromkeys(str(document.get("git_commit")) for document in documents))
+    merged["date"] = documents[-1].get("date")
+    merged["wall_s"] = sum(float(document.get("wall_s") or 0) for document in documents)
+    merged["parts_selected"] = list(merged["parts"])
+    verdicts = targets.evaluate(merged)
+    merged["targets"] = [v.as_json() for v in verdicts]
+    merged["table"] = targets.render(verdicts, _heading(merged) + f" (merged from {len(documents)} runs)")
+    return clean_json(merged)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.first_contact.merge", description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--output", required=True, help="write the merged document here")
+    parser.add_argument("runs", nargs="+", help="the runs' JSON documents, in the order they ran")
+    args = parser.parse_args(argv)
+    try:
+        documents = []
+        for path in args.runs:
+            with open(path) as handle:
+                documents.append(json.load(handle))
+        merged = merge(documents)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    write(merged, args.output)
+    print(merged["table"], end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
