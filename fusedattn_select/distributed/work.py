@@ -2,8 +2,8 @@
 
 An item is one distinct problem: its probe (every pass) and, at depth full, the plans of every
 pass. Probe and plans stay together because a full probe compiles the kernels the plan build then
-reuses in the same process (a later build of the same kernels in-process is ~90 ms instead of
-250-600 ms cold), so splitting one problem's passes across ranks would pay the compile twice. The
+reuses in the same process (a later build of the same kernels in-process is several times faster
+than a cold one), so splitting one problem's passes across ranks would pay the compile twice. The
 key is the problem's cache key; a shape bucket becomes an item with the bucket's key.
 """
 

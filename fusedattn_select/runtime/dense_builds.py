@@ -1,9 +1,8 @@
 """Where a steady shape's own (dense) plans are built: in a worker process, so the caller never waits.
 
 A call signature that bucket plans run gets its shape's own plans once it is steady (entries.count_call).
-Building them takes ~150 ms of cuDNN work that holds the GIL (measured on an H100 with cudnn-frontend
-1.32: a build on another thread stopped the calling thread's Python for 130-150 ms of a 150 ms
-build), so a thread would stall the caller as much as building inline. Instead one spawned worker
+Building them is cuDNN work that holds the GIL for nearly all of its length (docs/performance.md,
+"Measured facts behind the design"), so a thread would stall the caller as much as building inline. Instead one spawned worker
 process per calling process selects the shape's own graphs and builds its plans into the persistent
 store; the caller keeps running bucket plans meanwhile, sees the job done at a later call, and then
 reads the answer and loads the plans from the store (a few ms) instead of building them.

@@ -332,14 +332,11 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
                kernel_cache: bool = False) -> Plan:
     """Build `phase` of `cfg` for `backend` on `device` (FULL depth: kernels compiled).
 
-    Plans are built static, without cuDNN's dynamic shapes and kernel cache: measured on H200 with
-    cuDNN 9.19 (cudnn-frontend 1.28 and 1.32 alike), a forward plan built from a kernel cache warmed
-    by another sequence length of the same problem class returns wrong results (b2 h4 d64 causal
-    bf16 inference, s128 built first: s256 gave NaN, s192 a max error of 3.7; passing the shapes as
-    execute-time overrides did not help; built static, every shape matched reference.py). A new
-    batch size or sequence length therefore costs a full build once per process (two graphs, fwd
-    and bwd: 430 ms with frontend 1.28, 59 ms with 1.32 on H200). `kernel_cache=True` restores the
-    cached path for a platform where it is known to be correct.
+    Plans are built static, without cuDNN's dynamic shapes and kernel cache: a forward plan built
+    from a kernel cache warmed by another sequence length of the same problem class returned wrong
+    results (docs/performance.md, "Measured facts behind the design"). A new batch size or sequence
+    length therefore costs a full build once per process. `kernel_cache=True` restores the cached
+    path for a platform where it is known to be correct.
 
     Raises PlanBuildError carrying the verdict to record: UNSUPPORTED when cuDNN rejects the graph,
     FAILED for incidents (out of memory, CUDA errors) that say nothing about support.

@@ -163,7 +163,7 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     itself where neither is (CPU tensors, a head dim SDPA pads, torch's own switches turning them off).
 
     Not through SDPA: SDPA picks its kernel by process-wide switches, and its cuDNN kernel builds
-    graphs of its own (100-250 ms each), which is what running on torch avoids; turning that switch
+    graphs of its own on a new shape's first call, which is what running on torch avoids; turning that switch
     off around a call would turn it off for every thread meanwhile, and undo a change another
     thread made."""
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)

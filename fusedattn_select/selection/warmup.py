@@ -4,8 +4,7 @@ A first answer costs a probe: a few ms with depth="fast", hundreds of ms with "f
 compiles the kernels. warmup() pays that once per distinct problem, `jobs` at a time, and leaves
 the answers in the decision cache and the persistent store for every later call and process.
 
-Builds hold the GIL (measured with cudnn-frontend 1.32 on an H200: 4 builds on 4 threads took
-longer than in sequence), so `workers="processes"` runs the builds in worker processes that share
+Builds hold the GIL (4 builds on 4 threads took longer than in sequence: docs/performance.md), so `workers="processes"` runs the builds in worker processes that share
 the persistent store; the calling process then reads every answer back from the store. Threads
 stay the default: every rank of a job may warm at once, and eight ranks with eight worker
 processes each would start 64 CUDA contexts.
@@ -13,7 +12,7 @@ processes each would start 64 CUDA contexts.
 With depth="full" it also builds the execution plans attention() will run for each accepted
 problem (forward, and backward when training: the same graphs and plan keys as dispatch for dense
 tensors of the problem's layout: probing/cudnn/plans.py) and stores them serialized, so a later process's
-attention() on that problem loads them (~20 ms) instead of building (hundreds of ms). This needs
+attention() on that problem loads them instead of building them (much slower). This needs
 the live cuDNN engine, cudnn-frontend and a persistent store, not torch; problems attention() does
 not run as described (THD, paged KV, cuda_graph=True, ...) get no plans, with the reason in the row.
 

@@ -8,12 +8,13 @@ memory and no kernel launch, and turns the outcome into a Verdict:
                   express (stage "graph_api"); cached by the selector
     FAILED        an incident (out of memory, CUDA/driver error, unexpected exception); never cached
 
-Cost (H200, cuDNN 9.19): the constructor pays cuDNN's one-time process initialisation (the first
-handle and the first graph, a few hundred ms); after that a FAST probe is ~3 ms per graph and a
-FULL probe compiles kernels (hundreds of ms cold; ~30 ms when the driver's JIT cache on disk
-already holds them). FULL probes build with dynamic shapes and a kernel cache per (thread, device,
-problem class, operation), so a new batch size or sequence length of a known problem class builds
-in ~3 ms where cuDNN supports dynamic shapes for the graph (on Hopper: the forward).
+Cost (measured in docs/performance.md, "Measured facts behind the design"): the constructor pays
+cuDNN's one-time process initialisation (the first handle and the first graph); after that a FAST
+probe costs milliseconds per graph and a FULL probe compiles kernels (much less when the driver's
+JIT cache on disk already holds them). FULL probes build with dynamic shapes and a kernel cache per
+(thread, device, problem class, operation), so a new batch size or sequence length of a known
+problem class builds in about a FAST probe's time where cuDNN supports dynamic shapes for the graph
+(on Hopper: the forward).
 
 torch is not needed (see device.py); graphs are not kept after a probe. Probes of different
 problems may run concurrently on different threads.
@@ -50,8 +51,8 @@ class CudnnEngine:
     `device` is a CUDA device ordinal (or "cuda:N" / torch.device); None means the device of the
     calling thread's current CUDA context, else device 0. The constructor initialises CUDA and
     cuDNN and (with `warm_up`) builds one small graph, so cuDNN's one-time library loading is paid
-    here, not by the first probe: `init_ms` is the whole cost (a few hundred ms once per process),
-    `warm_up_ms` its graph part. Raises PlatformError when cudnn-frontend or cuda-python cannot be
+    here, not by the first probe: `init_ms` is the whole cost (once per process), `warm_up_ms` its
+    graph part. Raises PlatformError when cudnn-frontend or cuda-python cannot be
     imported, no CUDA device exists, or libcudnn cannot be loaded.
     """
 
@@ -129,8 +130,8 @@ class CudnnEngine:
 
     # ----- internals ---------------------------------------------------------------------------
     def _warm_up(self) -> float:
-        """Build one small graph: cuDNN loads its engine libraries on the first heuristics query
-        (~250 ms), which would otherwise land in the timings of the first real probe."""
+        """Build one small graph: cuDNN loads its engine libraries on the first heuristics query,
+        which would otherwise land in the timings of the first real probe."""
         started = time.perf_counter()
         cfg = AttnConfig(batch_size=1, num_heads_q=1, num_heads_kv=1, seqlen_q=64, seqlen_kv=64,
                          head_dim_qk=64, is_training=False)

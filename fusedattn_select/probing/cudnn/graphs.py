@@ -9,7 +9,7 @@ build steps:
     build_operation_graph   the backend operation graph is created
     create_execution_plans  cuDNN's heuristics (modes A, then FALLBACK) list engine configs
     check_support           the first plan is asked whether it supports the graph
-    build_plans             (ProbeDepth.FULL only) kernels are compiled: ~300-600 ms cold (H200)
+    build_plans             (ProbeDepth.FULL only) kernels are compiled: the slow step
 
 The probing engine runs it to answer "is this supported"; dispatch runs it with ProbeDepth.FULL
 and then executes `GraphBuild.graph` with device pointers bound to `GraphBuild.tensors`.

@@ -1,8 +1,8 @@
 """Serialized cuDNN execution plans in the persistent store: keys, blobs, and load-or-build.
 
-A plan that attention() runs is a cuDNN graph built to ProbeDepth.FULL (a few hundred ms: kernels
-are compiled). cudnn-frontend can serialize a built graph and deserialize it in another process
-(~20 ms instead of ~250 ms, bit-exact), so the persistent store keeps one blob per graph and a
+A plan that attention() runs is a cuDNN graph built to ProbeDepth.FULL (kernels are compiled).
+cudnn-frontend can serialize a built graph and deserialize it in another process (bit-exact, and
+an order of magnitude faster than building: docs/performance.md), so the persistent store keeps one blob per graph and a
 later process loads instead of building. This module holds what dispatch and warmup share; it
 does not import torch (warmup persists plans without it).
 
