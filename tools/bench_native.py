@@ -10,7 +10,6 @@ each before the next round of any, the order rotating (tools/bench/common.in_tur
 
     compiled       attention(), its lean entry run by the compiled module (runtime/native), found
                    in the module's table of call signatures
-    compiled, Python lookup   the same compiled plan found by attention()'s Python lookup (the table off)
     python         the same entry with the compiled plan taken away: the pure-Python lean path
     sdpa cudnn     torch SDPA with only its cuDNN backend enabled
     sdpa default   torch SDPA with its own backend choice
@@ -37,8 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fusedattn_select.runtime import api, native  # noqa: E402
-from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
+from fusedattn_select.runtime import native  # noqa: E402
 from fusedattn_select.runtime.api import attention  # noqa: E402
 from tools.bench.common import call_entry, in_turns, steady_plans  # noqa: E402
 from tools.bench.host_overhead import _batch_timer  # noqa: E402
@@ -101,15 +99,10 @@ def measure(name: str, spec: tuple, rounds: int) -> dict:
             return row
         compiled = entry.lean
         python = dataclasses.replace(compiled, native=None)
-        module, remember = dispatcher.native_table, api._table_remember
-
-        def use(lean, table=True):
+        def use(lean):
             def setup():
                 entry.lean = lean
                 native.forget_calls()  # the table holds the compiled plan: the next call decides again
-                # Without the table, attention() finds the compiled plan in Python (as before 5985e27).
-                dispatcher.native_call = module.call if table else None
-                api._table_remember = remember if table else (lambda *_: None)
                 _sdpa_backends(SDPA["sdpa default"])
             return setup
 
@@ -117,7 +110,6 @@ def measure(name: str, spec: tuple, rounds: int) -> dict:
             return lambda: _sdpa_backends(enabled)
 
         timers = [("compiled", _batch_timer(torch, ours, calls, _after(use(compiled)))),
-                  ("compiled, Python lookup", _batch_timer(torch, ours, calls, _after(use(compiled, table=False)))),
                   ("python", _batch_timer(torch, ours, calls, _after(use(python))))]
         timers += [(label, _batch_timer(torch, sdpa, calls, _after(backend(enabled)))) for label, enabled in SDPA.items()]
         try:
@@ -133,22 +125,21 @@ def measure(name: str, spec: tuple, rounds: int) -> dict:
 
 
 def render(result: dict) -> str:
-    labels = ("compiled", "compiled, Python lookup", "python") + tuple(SDPA)
+    labels = ("compiled", "python") + tuple(SDPA)
     lines = [f"Device: {result['device']}; torch {result['torch']}, cuDNN {result['cudnn']}, "
              f"cudnn-frontend {result['frontend']}. Per-call µs (median of {result['rounds']} batches taken in "
              "turns; min in brackets); ratios are compiled / the named one.", "",
-             "| problem | " + " | ".join(labels) + " | compiled/Python lookup | compiled/python | compiled/sdpa cudnn"
-             " | compiled/sdpa default |",
-             "|---|" + "---|" * (len(labels) + 4)]
+             "| problem | " + " | ".join(labels) + " | compiled/python | compiled/sdpa cudnn | compiled/sdpa default |",
+             "|---|" + "---|" * (len(labels) + 3)]
     for row in result["rows"]:
         if "status" in row:
-            lines.append(f"| {row['problem']} | {row['status']} |" + " |" * (len(labels) + 3))
+            lines.append(f"| {row['problem']} | {row['status']} |" + " |" * (len(labels) + 2))
             continue
         cells = [f"{row[x]['median_us']:.1f} ({row[x]['min_us']:.1f})" if "median_us" in row[x] else row[x]["error"]
                  for x in labels]
         base = row["compiled"].get("median_us")
         ratios = [f"{base / row[x]['median_us']:.3f}" if base and "median_us" in row[x] else "-"
-                  for x in ("compiled, Python lookup", "python", "sdpa cudnn", "sdpa default")]
+                  for x in ("python", "sdpa cudnn", "sdpa default")]
         lines.append(f"| {row['problem']} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines) + "\n"
 
