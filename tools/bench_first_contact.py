@@ -9,7 +9,8 @@ fresh process with an empty store (FUSEDATTN_SELECT_CACHE_DIR a new temp directo
   1. first fwd+bwd (causal bf16, 32/8 heads, d128) of a fresh process (b2 s1000), again, at a shape of
      an unbuilt bucket (b2 s3000), again; vs flash's same call
   2. transformers generate() (random weights; a Llama 6 layers 12/4 heads batch 1, a Qwen2 4 layers
-     14/2 heads batch 2): first call, again, a new prompt length; tokens/s vs flash
+     14/2 heads batch 2): first call, again, a new prompt length; tokens/s vs flash, three processes
+     per side in turns, each call's median
   3. fine-tuning a 4-layer Llama with a new sequence length every step (batch 4, AdamW); ms per step,
      three processes per side in turns, each step's median
   4. a tiny forward (b1 h1 s64 d64): first call, medians of calls 2-101 and 1001-1100 vs SDPA default
@@ -22,7 +23,9 @@ fresh process with an empty store (FUSEDATTN_SELECT_CACHE_DIR a new temp directo
 
 Writes one JSON document (device, versions, git commit, date, every part's figures and the verdicts)
 to -o, and prints the done-when table. A part that fails records "failed: reason" and the run goes
-on; the run keeps to a time budget (default 460 s, --quick 300 s). Modules: tools/first_contact/.
+on; the run keeps to a time budget (default 460 s, --quick 300 s), skipping the parts it has no time
+left for. Where one command may run only so long, run the parts in several runs on one machine and
+merge them: `python -m tools.first_contact.merge -o OUT a.json b.json`. Modules: tools/first_contact/.
 """
 
 from __future__ import annotations

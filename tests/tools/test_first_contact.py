@@ -259,6 +259,23 @@ def test_each_fine_tune_step_is_its_median_over_the_processes(monkeypatch):
     assert found["sides"]["default"]["step_ms"] == [2.0, 2.0]
 
 
+def test_each_generate_call_is_its_median_over_the_processes(monkeypatch):
+    speeds = {"ours": iter([(10.0, 90.0), (30.0, 70.0), (20.0, 80.0)]), "flash": iter([(9.0, 9.0)] * 99),
+              "default": iter([(1.0, 1.0)] * 99)}
+
+    def fake(part, side, args, timeout_s, env=None):
+        first, again = next(speeds[side])
+        return {"status": "ok", "first_tokens": [1, 2], "calls": {"first": {"prompt": 3, "tokens_per_s": first},
+                                                                 "again": {"prompt": 3, "tokens_per_s": again}}}
+
+    monkeypatch.setattr(parts, "run_fresh", fake)
+    plan = options.parse_args(["--quick"])  # one model
+    found = parts.generate(plan, Budget(100.0))["models"]["llama"]["sides"]["ours"]
+    assert found["calls"] == {"first": {"prompt": 3, "tokens_per_s": 20.0}, "again": {"prompt": 3, "tokens_per_s": 80.0}}
+    assert [c["first"]["tokens_per_s"] for c in found["rounds_calls"]] == [10.0, 30.0, 20.0]
+    assert found["first_tokens_equal_to_flash"] == 1.0
+
+
 def test_generated_tokens_are_compared_with_flash():
     sides = {"ours": {"first_tokens": [1, 2, 3, 4]}, "flash": {"first_tokens": [1, 2, 3, 5]},
              "default": {"status": "failed: x"}}

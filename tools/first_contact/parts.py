@@ -16,9 +16,9 @@ from tools.first_contact.processes import run_fresh
 from tools.first_contact.sides import SIDES
 
 # Seconds one process of a part may run (its expected time is well below: see the module docs).
-# Fresh processes per side in rows 3 and 6, the sides in turns: a process's start-up and torch import
-# vary by a second or more from one process to the next, and one step's time by a third, more than
-# the differences those rows look for.
+# Fresh processes per side in rows 2, 3 and 6, the sides in turns: a process's start-up and torch
+# import vary by a second or more from one process to the next, one step's time by a third and one
+# generate()'s tokens/s by a fifth, more than the differences those rows look for.
 ROUNDS = 3
 TIMEOUTS_S = {"env": 60.0, "first_calls": 90.0, "generate": 90.0, "finetune": 90.0, "big_shape": 120.0,
               "first_step": 60.0}
@@ -61,17 +61,35 @@ def first_calls(plan: Plan, budget: Budget) -> dict[str, Any]:
 
 
 def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
-    """Row 2: each model, each side in its own fresh process."""
+    """Row 2: each model, each side in ROUNDS fresh processes, the sides in turns; each call's
+    tokens/s is its median over the side's processes (every process's calls in `rounds_calls`)."""
     models: dict[str, Any] = {}
     for name in plan.generate_models:
         config, batch, prompt, new_tokens, new_prompt = options.GENERATE[name]
         args = {"config": config, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
                 "new_prompt": new_prompt, "seed": options.SEED}
-        sides = _sides("generate", args, budget)
+        runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+        for _ in range(ROUNDS):
+            for side, found in _sides("generate", args, budget).items():
+                runs[side].append(found)
+        sides = {side: _median_calls(found) for side, found in runs.items()}
         _token_agreement(sides)
         models[name] = {"model": _model_text(config), "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
                         "new_prompt": new_prompt, "sides": sides, "status": overall_status(sides)}
     return {"models": models, "status": overall_status(models)}
+
+
+def _median_calls(runs: list[dict]) -> dict[str, Any]:
+    """The side's first finished process (its tokens and counters), with each call's median tokens/s
+    over the finished ones."""
+    done = [r for r in runs if r.get("status") == "ok" and r.get("calls")]
+    if not done:
+        return dict(runs[-1])
+    calls = {}
+    for call, first in done[0]["calls"].items():
+        speeds = sorted(r["calls"][call]["tokens_per_s"] for r in done if call in r["calls"])
+        calls[call] = dict(first, tokens_per_s=speeds[(len(speeds) - 1) // 2])
+    return dict(done[0], calls=calls, rounds_calls=[r["calls"] for r in done])
 
 
 def _token_agreement(sides: Mapping[str, dict]) -> None:
