@@ -13,6 +13,7 @@ from fusedattn_select.cli.exit_codes import EPILOG, answers_exit_code
 from fusedattn_select.cli.problems import problems
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.probing.nearest import NearProblem
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.result import Selection
 from fusedattn_select.selection import runners
@@ -22,6 +23,7 @@ from fusedattn_select.types import Outcome, ProbeDepth, Verdict
 VERDICT_HEADER = ("backend", "phase", "verdict", "stage", "provenance", "depth", "ms", "reason")
 RECORDED_MS = "recorded ms"  # the ms column's header when the times were measured on the recording device
 SAME_AS_ABOVE = "(same as above)"
+NEAREST_HEADER = "nearest recorded problems: OTHER problems, not an answer for this one; closest first"
 
 # (problem name, its selection, the reasons the transformers integration cannot run it fused)
 Answer = tuple[str, Selection, tuple[str, ...]]
@@ -63,6 +65,25 @@ def format_selection(name: str, selection: Selection, recorded: bool = False,
     return lines
 
 
+def nearest_recorded(selector: Selector, selection: Selection) -> tuple[NearProblem, ...]:
+    """The recorded problems nearest to a problem a snapshot holds no data for; () for any other answer."""
+    engine = selector.engine
+    if not selection.no_data or selection.config is None or not isinstance(engine, SnapshotEngine):
+        return ()
+    return engine.nearest(selection.config)
+
+
+def format_nearest(nearest: tuple[NearProblem, ...]) -> list[str]:
+    """The text lines that list `nearest` under a no-data answer, each with the fields that differ."""
+    if not nearest:
+        return []
+    lines = [f"  {NEAREST_HEADER}:"]
+    for number, near in enumerate(nearest, 1):
+        lines.append(f"    {number}. {near.describe()}")
+        lines.append("       differs: " + ", ".join(d.describe() for d in near.differences))
+    return lines
+
+
 def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer],
                 model_notes: tuple[str, ...]) -> None:
     if notice:
@@ -77,6 +98,7 @@ def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
         "notes": list(model_notes),
         "results": [
             {"name": name, "selection": sel.to_dict(), "runner": _runner_dict(selector, sel),
+             "nearest": [near.to_dict() for near in nearest_recorded(selector, sel)],
              **({"integration_reasons": list(notes)} if notes else {})}
             for name, sel, notes in answers
         ],
@@ -112,6 +134,7 @@ def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
         lines.append("")
         lines += format_selection(name, sel, recorded, runners.for_selection(selector, sel))
         lines += [f"  -> not fused by the transformers integration: {note}" for note in notes]
+        lines += format_nearest(nearest_recorded(selector, sel))
     print("\n".join(lines))
 
 

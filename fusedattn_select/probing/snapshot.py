@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError, SnapshotError
+from fusedattn_select.probing.nearest import NEAREST_LIMIT, NearProblem, RecordedProblem, nearest
 from fusedattn_select.types import (
     Backend,
     Fingerprint,
@@ -124,15 +125,15 @@ def read_header(path: str | Path) -> SnapshotFile:
     return _header(path, _read_json(path))
 
 
-def _entries(path: Path, data: Mapping[str, Any]) -> dict[tuple[str, Phase], Verdict]:
-    answers: dict[tuple[str, Phase], Verdict] = {}
+def _entries(path: Path, data: Mapping[str, Any]) -> list[RecordedProblem]:
+    problems: list[RecordedProblem] = []
     for index, raw in enumerate(data["entries"]):
         where = f"snapshot {path}: entries[{index}]"
         if not isinstance(raw, Mapping):
             raise SnapshotError(f"{where}: must be an object")
         try:
             cfg = AttnConfig.from_dict(raw["config"])
-            verdicts = [Verdict.from_dict(v) for v in raw["verdicts"]]
+            verdicts = tuple(Verdict.from_dict(v).with_provenance(Provenance.SNAPSHOT) for v in raw["verdicts"])
             # Index by the key this library computes for the recorded config, so a change in how keys
             # are derived can never make a recorded answer apply to a different problem.
             key = cfg.cache_key()
@@ -144,9 +145,13 @@ def _entries(path: Path, data: Mapping[str, Any]) -> dict[tuple[str, Phase], Ver
         recorded = raw.get("cache_key")
         if isinstance(recorded, str) and recorded != key:
             log.debug("%s: recorded cache_key %s re-derived as %s", where, recorded, key)
-        for verdict in verdicts:
-            answers.setdefault((key, verdict.phase), verdict.with_provenance(Provenance.SNAPSHOT))
-    return answers
+        name, suite = raw.get("name"), raw.get("suite")
+        problems.append(RecordedProblem(
+            name=name if isinstance(name, str) else f"entries[{index}]",
+            suite=suite if isinstance(suite, str) else "",
+            file_name=path.name, config=cfg, verdicts=verdicts,
+        ))
+    return problems
 
 
 class SnapshotEngine:
@@ -154,11 +159,13 @@ class SnapshotEngine:
 
     provenance = Provenance.SNAPSHOT
 
-    def __init__(self, files: Iterable[SnapshotFile], answers: Mapping[tuple[str, Phase], Verdict]) -> None:
+    def __init__(self, files: Iterable[SnapshotFile], answers: Mapping[tuple[str, Phase], Verdict],
+                 recorded: Iterable[RecordedProblem] = ()) -> None:
         self.files = tuple(files)
         if not self.files:
             raise SnapshotError("a snapshot engine needs at least one snapshot file")
         self._answers = dict(answers)
+        self.recorded = tuple(recorded)
         self._fingerprint = self.files[0].fingerprint
         self.file_names = "+".join(f.file_name for f in self.files)
         self.name = f"snapshot:{self.file_names}"
@@ -177,6 +184,7 @@ class SnapshotEngine:
         """
         files: list[SnapshotFile] = []
         answers: dict[tuple[str, Phase], Verdict] = {}
+        recorded: dict[str, RecordedProblem] = {}
         for path in (Path(p) for p in paths):
             data = _read_json(path)
             header = _header(path, data)
@@ -189,16 +197,24 @@ class SnapshotEngine:
                             f"but {first.path} with {getattr(first.fingerprint, name)!r}; "
                             "only snapshots of one platform can be merged"
                         )
-            for key, verdict in _entries(path, data).items():
-                answers.setdefault(key, verdict)
+            for problem in _entries(path, data):
+                key = problem.config.cache_key()
+                recorded.setdefault(key, problem)
+                for verdict in problem.verdicts:
+                    answers.setdefault((key, verdict.phase), verdict)
             files.append(header)
-        return cls(files, answers)
+        return cls(files, answers, recorded.values())
 
     def fingerprint(self) -> Fingerprint:
         return self._fingerprint
 
     def __len__(self) -> int:
         return len(self._answers)
+
+    def nearest(self, cfg: AttnConfig, limit: int = NEAREST_LIMIT) -> tuple[NearProblem, ...]:
+        """The recorded problems closest to `cfg` (probing.nearest says how they are ranked), best
+        first, `cfg` itself left out: OTHER problems, whose verdicts are never `cfg`'s answer."""
+        return nearest(cfg, self.recorded, limit)
 
     def describe(self) -> str:
         """Where the answers were recorded: "NVIDIA H100 80GB HBM3, cuDNN 9.19.0 on 2026-11-21"."""
