@@ -70,10 +70,10 @@ class Dispatcher:
         self.newest: dict[str, Any] = {}
         self.class_pass: Counter[str] = Counter()
         # Runner choices by runner key (tiers.py): measured or read from the store; the keys whose
-        # cuDNN runner failed when timed, with why; and one lock per key, held while it is timed.
+        # cuDNN runner failed when timed, with why; and the timings by key, made once each.
         self.choices: dict[str, Any] = {}
         self.failed_choices: dict[str, str] = {}
-        self.timing: dict[str, threading.Lock] = {}
+        self.timings: OncePerKey[Any] = OncePerKey()
         self.choices_lock = threading.Lock()
         self.preparer = Preparer("fusedattn-prepare")
         # Plans (plans.py): by (device, plan key) and by (device, problem, backend, phase); their
@@ -123,7 +123,7 @@ class Dispatcher:
         with self.choices_lock:
             self.choices.clear()
             self.failed_choices.clear()
-            self.timing.clear()
+        self.timings.clear()
         for name in self.counters:
             self.counters[name] = 0
         self.forget_plans()

@@ -20,7 +20,6 @@ flash nor memory-efficient attention takes (torch would run its math kernel).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -328,17 +327,21 @@ def measure_once(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: t
     """(the choice of `key`, whether this call timed it): one timing per key in this process, so
     every signature of a bucket runs on one runner; a signature decided while another of its bucket
     is timed waits for that timing (a few forward calls) and takes its result."""
-    with dispatcher.choices_lock:
-        flight = dispatcher.timing.setdefault(key, threading.Lock())
-    with flight:
+    timed = []
+
+    def timing() -> Choice | None:
         known = dispatcher.choices.get(key)
         if known is not None:
-            return known, False
+            return known
         failed = dispatcher.failed_choices.get(key)
         if failed is not None:
             keeper.torch_because = failed
-            return None, False
-        return measure(key, keeper, prepared, q, k, v), True
+            return None
+        timed.append(key)
+        return measure(key, keeper, prepared, q, k, v)
+
+    choice, _ = dispatcher.timings.get_or_build(key, timing)
+    return choice, bool(timed)
 
 
 def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,

@@ -79,6 +79,7 @@ def isolated(monkeypatch):
     monkeypatch.setattr(tiers.runners, "store", lambda *args: False)
     monkeypatch.setattr(tiers, "load_choice", lambda key: dispatcher.choices.get(key))
     monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: q.clone())
+    monkeypatch.setattr(d, "timings", type(d.timings)())  # no timing made by another test
     yield
     counters, values, by_call, known, class_calls, newest, class_pass, failed = saved
     for table, old in ((d.counters, counters), (d.entries._values, values), (d.by_call, by_call), (d.choices, known),
