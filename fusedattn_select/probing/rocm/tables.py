@@ -24,7 +24,11 @@ class DeclaredTableError(FusedAttnSelectError):
 
 @dataclass(frozen=True)
 class DeclaredSource:
-    """Where a table's facts were read: upstream repository, path and commit, and our pinned copy."""
+    """Where a table's facts were read: upstream repository, path and commit, and our pinned copy.
+
+    `pinned` is the copy's path relative to the repository root (under tests/data): the tests
+    compare the table with it; the installed package neither ships nor reads it.
+    """
 
     repository: str
     path: str
@@ -47,9 +51,6 @@ class DeclaredTable:
     facts: Mapping[str, Any]
     path: str
     digest: str
-
-    def pinned_path(self, source: DeclaredSource) -> Path:
-        return Path(self.path).parent / source.pinned
 
     def describe_sources(self) -> str:
         return f"{self.name} ({self.title}): " + "; ".join(s.cite() for s in self.sources)

@@ -6,16 +6,25 @@ import ast
 import csv
 import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
+from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.probing.rocm.tables import TABLE_NAMES, load_table
+from fusedattn_select.probing.rocm.engine import DeclaredRocmEngine
+from fusedattn_select.probing.rocm.tables import DECLARED_DIR, TABLE_NAMES, load_table
+from fusedattn_select.types import Outcome, Phase, ProbeDepth
+
+# A source's `pinned` path is relative to the repository root; the copies live in tests/data only.
+REPOSITORY = Path(__file__).resolve().parents[3]
+PINNED_DIR = REPOSITORY / "tests" / "data" / "rocm_sources"
 
 
 def pinned_text(table, name_part: str) -> str:
     (source,) = [s for s in table.sources if name_part in s.pinned]
-    return table.pinned_path(source).read_text(encoding="utf-8")
+    return (REPOSITORY / source.pinned).read_text(encoding="utf-8")
 
 
 def python_assignments(text: str) -> dict:
@@ -32,7 +41,31 @@ def test_every_source_names_a_commit_and_its_pinned_copy_exists(name):
     for source in table.sources:
         assert re.fullmatch(r"[0-9a-f]{40}", source.commit), source
         assert source.repository and source.path
-        assert table.pinned_path(source).is_file(), source.pinned
+        pinned = REPOSITORY / source.pinned
+        assert pinned.is_relative_to(PINNED_DIR) and pinned.is_file(), source.pinned
+
+
+def test_every_pinned_copy_is_cited_by_a_table():
+    cited = {REPOSITORY / s.pinned for name in TABLE_NAMES for s in load_table(name).sources}
+    copies = {p for p in PINNED_DIR.rglob("*") if p.is_file() and p.name != "README.md"}
+    assert copies == cited
+
+
+def test_the_tables_answer_the_same_without_the_pinned_copies(tmp_path):
+    for path in DECLARED_DIR.glob("*.json"):
+        shutil.copy(path, tmp_path / path.name)
+    cfg = AttnConfig(batch_size=2, num_heads_q=16, num_heads_kv=16, seqlen_q=4096, seqlen_kv=4096,
+                     head_dim_qk=128, mask="causal_bottom_right", is_training=False)
+    alone, shipped = (
+        DeclaredRocmEngine("gfx942", directory=d).probe(cfg, cfg.candidate, Phase.FORWARD, ProbeDepth.FAST)
+        for d in (str(tmp_path), str(DECLARED_DIR))
+    )
+    assert (alone.outcome, alone.stage) == (Outcome.SUPPORTED, "declared:hipdnn_sdpa")
+    assert (alone.message, alone.detail) == (shipped.message, shipped.detail)
+
+
+def test_the_package_holds_the_declared_tables_and_no_source_copies():
+    assert sorted(p.name for p in DECLARED_DIR.iterdir()) == sorted(f"{name}.json" for name in TABLE_NAMES)
 
 
 def test_an_unknown_table_name_is_refused():
