@@ -287,6 +287,16 @@ def test_write_outputs_writes_json_and_markdown(tmp_path):
     assert json.loads(json_path.read_text())["schema_problems"] == ["wall_seconds missing"]
 
 
+def test_render_prints_the_markdown_the_run_wrote_from_its_json_alone(tmp_path, capsys):
+    from tools.bench.main import main
+
+    json_path, md_path = document.write_outputs(_doc(), tmp_path / "out")
+    written = md_path.read_text()
+    md_path.unlink()  # tools/results keeps only the JSON
+    assert main(["--render", str(json_path)]) == 0
+    assert capsys.readouterr().out == written
+
+
 def test_probe_aggregation():
     def graph(phase, full_ms, seen=False, outcome="supported"):
         return {"phase": phase, "fast_ms": 4.0, "full_ms": full_ms, "rebuild_ms": 3.0, "build_plans_ms": full_ms - 5,

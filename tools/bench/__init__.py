@@ -1,6 +1,7 @@
 """fusedattn-select benchmark: one command, one run, every figure side by side.
 
     python -m tools.bench [--out DIR] [--quick] [--budget SECONDS] [--sections 1,2,5]
+    python -m tools.bench --render DIR/bench.json      # bench.md again, from the JSON alone
 
 Measures on the GPU machine and writes DIR/bench.json and DIR/bench.md (DIR: --out, else $OUT,
 else ./bench-out), plus DIR/bench.log with the output of every measuring subprocess:

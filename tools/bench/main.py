@@ -12,7 +12,7 @@ import traceback
 from typing import Any, Sequence
 
 from tools.bench.common import RESULT_STATUS_OK, SCHEMA, Partial, clean_json, error_status, failed, log, skipped
-from tools.bench.document import write_outputs
+from tools.bench.document import render_markdown, write_outputs
 from tools.bench.environment import meta, utc_now
 from tools.bench.options import RUN_ORDER, SECTION_TITLES, SECTIONS, parse_args
 from tools.bench.runner import Runner
@@ -86,6 +86,9 @@ def run(runner: Runner) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        print(render_markdown(json.loads(args.render.read_text())), end="")
+        return 0
     if args.worker:
         return run_worker_main(args)
     runner = Runner(args)

@@ -69,6 +69,9 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
     parser.add_argument("--sections", default="all", help="'all' or a comma list of 1-7 / section names")
     parser.add_argument("--dispatch-files", default=None,
                         help="comma list of configs/ stems the dispatch section measures (default: the mode's)")
+    parser.add_argument("--render", default=None, type=Path, metavar="BENCH_JSON",
+                        help="print the markdown report of a written bench.json and measure nothing "
+                             "(tools/results keeps only the JSON)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-args", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
