@@ -1,5 +1,6 @@
-"""The hot-path table: one decision per call signature (config, selection, plans, or why it falls
-back), made once and found again by one dict lookup."""
+"""Deciding a call signature: its config, selection, plans (or why it falls back) and its runner,
+made once and filed in the Dispatcher's tables, where later calls find it by one dict lookup; and
+the promotion of a steady bucketed shape to its own plans."""
 
 from __future__ import annotations
 
