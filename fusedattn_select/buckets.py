@@ -132,3 +132,40 @@ def larger_buckets(bucket: Bucket, batch_doublings: int = 3, length_doublings: i
             seqlen_q = bucket.seqlen_q << j if bucket.seqlen_q == bucket.seqlen_kv else bucket.seqlen_q
             found.append(Bucket(bucket.batch << i, seqlen_q, bucket.seqlen_kv << j))
     return sorted(found, key=lambda b: (b.batch * b.seqlen_q * b.seqlen_kv, b.batch))
+
+
+# How far a recorded ladder reaches by default (snapshot record): batch sizes up to 64 and lengths up
+# to 16384, extended to a recorded problem's own bucket where it is larger.
+LADDER_MAX_BATCH = 64
+LADDER_MAX_SEQLEN = 16384
+
+
+def _rungs(low: int, high: int) -> list[int]:
+    """The powers of two from `low` to `high`, both included (`low` a power of two)."""
+    rungs = []
+    while low <= high:
+        rungs.append(low)
+        low <<= 1
+    return rungs
+
+
+def ladder(cfg: AttnConfig, max_batch: int = LADDER_MAX_BATCH, max_seqlen: int = LADDER_MAX_SEQLEN) -> list[Bucket]:
+    """The buckets of `cfg`'s problem class and shape kind, smallest first: every batch bucket up to
+    `max_batch` times every length bucket up to `max_seqlen` (each extended to cfg's own bucket).
+
+    The lengths follow `cfg`'s kind, as `larger_buckets` does: self-attention (equal lengths) walks
+    both lengths together; otherwise the query length stays at cfg's bucket (1 for a decode step) and
+    the key/value length walks. Every shape of that kind up to the maxima lands in one of them
+    (`Bucket.of`); [] when `cfg` has no bucket form."""
+    for field, value in (("max_batch", max_batch), ("max_seqlen", max_seqlen)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field}={value!r}: must be a positive integer")
+    if why_not_bucketed(cfg):
+        return []
+    own = Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
+    batches = _rungs(1, max(own.batch, bucket_batch(max_batch)))
+    lengths = _rungs(MIN_SEQLEN, max(own.seqlen_kv, bucket_seqlen(max_seqlen)))
+    if own.seqlen_kv == 1:  # one key: a length of its own, outside the ladder's rungs
+        lengths = [1]
+    self_attention = cfg.seqlen_q == cfg.seqlen_kv
+    return [Bucket(b, s if self_attention else own.seqlen_q, s) for b in batches for s in lengths]

@@ -7,12 +7,13 @@ import logging
 import time
 from typing import Any
 
+from fusedattn_select.buckets import LADDER_MAX_BATCH, LADDER_MAX_SEQLEN
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
 from fusedattn_select.cli.exit_codes import EXIT_SELECTED
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import PlatformError
-from fusedattn_select.selection.recorder import record_snapshot, summarize, write_snapshot
+from fusedattn_select.selection.recorder import Ladder, record_snapshot, summarize, write_snapshot
 from fusedattn_select.types import ProbeDepth
 
 log = logging.getLogger("fusedattn_select")
@@ -20,23 +21,32 @@ log = logging.getLogger("fusedattn_select")
 
 def _log_progress(done: int, total: int, entry: dict) -> None:
     outcomes = ",".join(f"{v['phase']}:{v['outcome']}" for v in entry["verdicts"])
-    log.info("fusedattn_select: [%d/%d] %s:%s %s", done, total, entry["suite"], entry["name"], outcomes)
+    if "bucket" in entry:  # a ladder's row: the class of entries[i] at one bucket
+        bucket = entry["bucket"]
+        what = (f"entries[{entry['entry']}] bucket B={bucket['batch']} S_q={bucket['seqlen_q']} "
+                f"S_kv={bucket['seqlen_kv']}")
+    else:
+        what = f"{entry['suite']}:{entry['name']}"
+    log.info("fusedattn_select: [%d/%d] %s %s", done, total, what, outcomes)
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
     depth = ProbeDepth.parse(args.depth, "--depth")
+    ladder = None if args.no_ladder else Ladder(args.ladder_max_batch, args.ladder_max_seqlen)
     for path in args.suites:  # bad input fails before the device is touched
         load_config_file(path)
     engine, reason = engines.live_engine()
     if engine is None:
         raise PlatformError(f"snapshot record needs a live CUDA device with cuDNN: {reason}")
     started = time.perf_counter()
-    snapshot = record_snapshot(args.suites, engine, depth=depth, jobs=args.jobs, progress=_log_progress)
+    snapshot = record_snapshot(args.suites, engine, depth=depth, jobs=args.jobs, progress=_log_progress,
+                               ladder=ladder)
     path = write_snapshot(snapshot, args.output)
     counts = summarize(snapshot)
+    buckets = f" (and {len(snapshot['buckets'])} bucket rows of their classes' ladders)" if ladder is not None else ""
     print(
         f"recorded {counts['entries']} entries ({counts['selected']} selected, {counts['none']} none, "
-        f"{counts['failed']} failed) on {engine.fingerprint().describe()} at depth {depth.value} "
+        f"{counts['failed']} failed) on {engine.fingerprint().describe()}{buckets} at depth {depth.value} "
         f"in {time.perf_counter() - started:.1f} s -> {path}"
     )
     return EXIT_SELECTED
@@ -53,4 +63,10 @@ def register_snapshot(subparsers: Any, common: argparse.ArgumentParser) -> None:
     record.add_argument("-o", "--output", required=True, metavar="FILE", help="snapshot JSON to write")
     add_depth_option(record, default=ProbeDepth.FAST)
     record.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="probe N entries at once")
+    record.add_argument("--ladder-max-batch", type=positive_int, default=LADDER_MAX_BATCH, metavar="N",
+                        help="record each problem class over its bucket ladder up to batch N (default %(default)s)")
+    record.add_argument("--ladder-max-seqlen", type=positive_int, default=LADDER_MAX_SEQLEN, metavar="N",
+                        help="... and up to sequence length N (default %(default)s)")
+    record.add_argument("--no-ladder", action="store_true",
+                        help="record only the entries' own shapes (a CPU then answers no other shape)")
     record.set_defaults(func=_cmd_record)

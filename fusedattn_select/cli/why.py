@@ -18,7 +18,7 @@ from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.result import Selection
 from fusedattn_select.selection import runners
 from fusedattn_select.selection.selector import Selector, set_default_selector
-from fusedattn_select.types import Outcome, ProbeDepth, Verdict
+from fusedattn_select.types import Outcome, ProbeDepth, Provenance, Verdict
 
 VERDICT_HEADER = ("backend", "phase", "verdict", "stage", "provenance", "depth", "ms", "reason")
 RECORDED_MS = "recorded ms"  # the ms column's header when the times were measured on the recording device
@@ -73,6 +73,18 @@ def nearest_recorded(selector: Selector, selection: Selection) -> tuple[NearProb
     return engine.nearest(selection.config)
 
 
+def answered_from(selector: Selector, selection: Selection) -> str | None:
+    """Which recorded row of a snapshot answers: "snapshot, bucket B=8 S_q=1024 S_kv=1024 (...)" when the
+    shape was not recorded and its bucket's row answers, "snapshot, this shape's own row" otherwise,
+    each with the GPU it was recorded on; None for any answer not replayed from a snapshot."""
+    engine = selector.engine
+    if (not isinstance(engine, SnapshotEngine) or selection.no_data or not selection.verdicts
+            or any(v.provenance is Provenance.RULE for v in selection.verdicts)):
+        return None
+    row = selection.plan_form if selection.plan_form.startswith("bucket") else "this shape's own row"
+    return f"snapshot, {row}, recorded on {engine.describe()}"
+
+
 def format_nearest(nearest: tuple[NearProblem, ...]) -> list[str]:
     """The text lines that list `nearest` under a no-data answer, each with the fields that differ."""
     if not nearest:
@@ -98,6 +110,7 @@ def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
         "notes": list(model_notes),
         "results": [
             {"name": name, "selection": sel.to_dict(), "runner": _runner_dict(selector, sel),
+             "answered_from": answered_from(selector, sel),
              "nearest": [near.to_dict() for near in nearest_recorded(selector, sel)],
              **({"integration_reasons": list(notes)} if notes else {})}
             for name, sel, notes in answers
@@ -133,6 +146,11 @@ def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
     for name, sel, notes in answers:
         lines.append("")
         lines += format_selection(name, sel, recorded, runners.for_selection(selector, sel))
+        source = answered_from(selector, sel)
+        if source is not None and sel.plan_form.startswith("bucket"):
+            # Said only where it matters: the verdicts are of the bucket's graphs, not this exact shape's.
+            lines.append(f"  answered from: {source} (this shape was not recorded; a GPU runs it in that "
+                         "bucket)")
         lines += [f"  -> not fused by the transformers integration: {note}" for note in notes]
         lines += format_nearest(nearest_recorded(selector, sel))
     print("\n".join(lines))

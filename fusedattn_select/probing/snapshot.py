@@ -5,6 +5,12 @@ A snapshot is the JSON written by `fusedattn_select.selection.recorder.record_sn
 verdicts of each phase. Replaying never guesses: a problem that was not recorded, or a "yes"
 recorded at depth fast asked at depth full, is answered NO_DATA at stage "snapshot", naming the
 files it was looked up in: only a live probe can answer it.
+
+A snapshot recorded over bucket ladders (`snapshot record` with a ladder) also holds, under
+"buckets", the verdicts of each recorded class's bucket forms: the graphs a live GPU runs every shape
+of the class in. A shape the snapshot did not record exactly is then answered by the row of the bucket
+a GPU would run it in (`bucket_for`: buckets.bucket_form, the live path's own bucket), and the answer
+says so (Selection.plan_form names the bucket). An exactly recorded shape answers from its own row.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from fusedattn_select.buckets import Bucket, bucket_form
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError, SnapshotError
 from fusedattn_select.probing.nearest import NEAREST_LIMIT, NearProblem, RecordedProblem, nearest
@@ -154,18 +161,79 @@ def _entries(path: Path, data: Mapping[str, Any]) -> list[RecordedProblem]:
     return problems
 
 
+# A ladder's recorded bucket verdicts, by (the bucket form's problem class key, bucket).
+BucketIndex = dict[tuple[str, Bucket], tuple[Verdict, ...]]
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _rungs(where: str, group: Mapping[str, Any], verdicts: tuple[Verdict, ...],
+           phases: int) -> list[tuple[Bucket, tuple[Verdict, ...]]]:
+    """A group's rungs: each [batch, seqlen_q, seqlen_kv, then one index into `verdicts` per verdict]."""
+    rungs = group.get("rungs")
+    if not isinstance(rungs, list):
+        raise SnapshotError(f"{where}: 'rungs' must be a list of [batch, seqlen_q, seqlen_kv, verdict index...]")
+    found = []
+    for number, rung in enumerate(rungs):
+        # A rule answers only the phases it rejects: 1 to `phases` verdicts.
+        if not isinstance(rung, list) or not 4 <= len(rung) <= 3 + phases or not all(_positive(v) for v in rung[:3]):
+            raise SnapshotError(f"{where}: rungs[{number}]={_described(rung, with_type=False)}: must be "
+                                f"[batch, seqlen_q, seqlen_kv] (positive integers) and 1 to {phases} verdict indices")
+        picked = rung[3:]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(verdicts) for i in picked):
+            raise SnapshotError(f"{where}: rungs[{number}]: verdict indices {_described(picked, with_type=False)} "
+                                f"must be in 0..{len(verdicts) - 1}")
+        found.append((Bucket(*rung[:3]), tuple(verdicts[i] for i in picked)))
+    return found
+
+
+def _bucket_rows(path: Path, data: Mapping[str, Any], problems: list[RecordedProblem], index: BucketIndex) -> int:
+    """Add the rungs a ladder recorded ("buckets", see recorder.bucket_groups) to `index`, the first
+    recorded of each kept; returns how many were read. Nothing per rung is derived here (a bucket's
+    form and key are made when a shape asks for it): a file of thousands of rungs loads in milliseconds."""
+    groups = data.get("buckets", [])
+    if not isinstance(groups, list):
+        raise SnapshotError(f"snapshot {path}: 'buckets' must be a list")
+    count = 0
+    for number, group in enumerate(groups):
+        where = f"snapshot {path}: buckets[{number}]"
+        if not isinstance(group, Mapping):
+            raise SnapshotError(f"{where}: must be an object")
+        entry = group.get("entry")
+        if isinstance(entry, bool) or not isinstance(entry, int) or not 0 <= entry < len(problems):
+            raise SnapshotError(f"{where}: entry={_described(entry, with_type=False)}: must be the index "
+                                f"of a recorded entry (0 to {len(problems) - 1})")
+        own = bucket_form(problems[entry].config)
+        if own is None:
+            raise SnapshotError(f"{where}: entries[{entry}] ({problems[entry].label}) has no bucket form")
+        try:
+            verdicts = tuple(Verdict.from_dict(v).with_provenance(Provenance.SNAPSHOT) for v in group["verdicts"])
+        except _MALFORMED as err:
+            raise SnapshotError(f"{where}: malformed verdicts ({_described(err)})") from None
+        class_key = own.shape_class_key()
+        for bucket, answer in _rungs(where, group, verdicts, len(own.phases)):
+            index.setdefault((class_key, bucket), answer)
+            count += 1
+    return count
+
+
 class SnapshotEngine:
     """A ProbeEngine that answers from one or more snapshot files recorded on one device."""
 
     provenance = Provenance.SNAPSHOT
 
     def __init__(self, files: Iterable[SnapshotFile], answers: Mapping[tuple[str, Phase], Verdict],
-                 recorded: Iterable[RecordedProblem] = ()) -> None:
+                 recorded: Iterable[RecordedProblem] = (), buckets: BucketIndex | None = None) -> None:
         self.files = tuple(files)
         if not self.files:
             raise SnapshotError("a snapshot engine needs at least one snapshot file")
         self._answers = dict(answers)
         self.recorded = tuple(recorded)
+        # The bucket forms a ladder recorded: only those answer for other shapes, never an entry that
+        # happens to be a ragged problem.
+        self._buckets: BucketIndex = dict(buckets or {})
         self._fingerprint = self.files[0].fingerprint
         self.file_names = "+".join(f.file_name for f in self.files)
         self.name = f"snapshot:{self.file_names}"
@@ -185,6 +253,7 @@ class SnapshotEngine:
         files: list[SnapshotFile] = []
         answers: dict[tuple[str, Phase], Verdict] = {}
         recorded: dict[str, RecordedProblem] = {}
+        buckets: BucketIndex = {}
         for path in (Path(p) for p in paths):
             data = _read_json(path)
             header = _header(path, data)
@@ -197,19 +266,45 @@ class SnapshotEngine:
                             f"but {first.path} with {getattr(first.fingerprint, name)!r}; "
                             "only snapshots of one platform can be merged"
                         )
-            for problem in _entries(path, data):
+            problems = _entries(path, data)
+            for problem in problems:
                 key = problem.config.cache_key()
                 recorded.setdefault(key, problem)
                 for verdict in problem.verdicts:
                     answers.setdefault((key, verdict.phase), verdict)
+            _bucket_rows(path, data, problems, buckets)
             files.append(header)
-        return cls(files, answers, recorded.values())
+        return cls(files, answers, recorded.values(), buckets)
 
     def fingerprint(self) -> Fingerprint:
         return self._fingerprint
 
     def __len__(self) -> int:
         return len(self._answers)
+
+    @property
+    def bucket_count(self) -> int:
+        """How many buckets the loaded snapshots recorded over ladders."""
+        return len(self._buckets)
+
+    def bucket_for(self, cfg: AttnConfig) -> AttnConfig | None:
+        """The recorded bucket form whose verdicts answer `cfg`: the bucket a live GPU runs it in
+        (buckets.bucket_form, as the live Selector picks it with nothing learned yet), when `cfg`
+        itself was not recorded and that bucket was; else None (its own row, or no data, answers)."""
+        if not self._buckets:
+            return None
+        key = cfg.cache_key()
+        if any((key, phase) in self._answers for phase in cfg.phases):
+            return None
+        form = bucket_form(cfg)
+        recorded = None if form is None else self._buckets.get(
+            (form.shape_class_key(), Bucket(form.batch_size, form.seqlen_q, form.seqlen_kv)))
+        if recorded is None:
+            return None
+        form_key = form.cache_key()
+        for verdict in recorded:  # probe() answers the form from here on (setdefault: threads agree)
+            self._answers.setdefault((form_key, verdict.phase), verdict)
+        return form
 
     def nearest(self, cfg: AttnConfig, limit: int = NEAREST_LIMIT) -> tuple[NearProblem, ...]:
         """The recorded problems closest to `cfg` (probing.nearest says how they are ranked), best

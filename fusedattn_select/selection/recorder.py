@@ -3,20 +3,30 @@
 Snapshots are how the library answers on machines without a GPU (CI, laptops): they must come from
 a real device, so recording from a SnapshotEngine is refused. Each problem is asked through a fresh
 `Selector` without a persistent store, so every verdict in the file comes from this run.
+
+With a `Ladder`, each problem class is also recorded over its bucket ladder (buckets.ladder): the
+bucket forms whose graphs a live GPU runs every shape of the class in. Those rows sit apart from the
+entries, under "buckets", grouped by the entry whose class they are, each rung naming its bucket, so
+no reader takes one for an exact shape; the snapshot engine answers an unrecorded shape of the class from its bucket's
+row (probing.snapshot).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from fusedattn_select._version import __version__
+from fusedattn_select.buckets import LADDER_MAX_BATCH, LADDER_MAX_SEQLEN, Bucket, bucket_form, ladder
+from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig, load_config_file
 from fusedattn_select.errors import SnapshotError
 from fusedattn_select.probing import torch_rules
@@ -31,16 +41,87 @@ log = logging.getLogger("fusedattn_select")
 Progress = Callable[[int, int, dict], None]
 
 
-def _failed_verdicts(named: NamedConfig, depth: ProbeDepth, err: Exception) -> tuple[Verdict, ...]:
+@dataclass(frozen=True)
+class Ladder:
+    """How far each problem class is recorded over its bucket ladder: batch sizes up to `max_batch`,
+    lengths up to `max_seqlen` (each extended to a recorded problem's own bucket; buckets.ladder)."""
+
+    max_batch: int = LADDER_MAX_BATCH
+    max_seqlen: int = LADDER_MAX_SEQLEN
+
+    def __post_init__(self) -> None:
+        for field in ("max_batch", "max_seqlen"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ladder {field}={value!r}: must be a positive integer")
+
+
+def ladder_work(configs: Iterable[AttnConfig], reach: Ladder) -> list[tuple[int, Bucket, AttnConfig]]:
+    """(entry index, bucket, bucket form) for every bucket on the ladders of `configs`, each form once:
+    the first entry of a class whose ladder holds a bucket is the one its row names."""
+    seen: set[str] = set()
+    work = []
+    for index, cfg in enumerate(configs):
+        for bucket in ladder(cfg, reach.max_batch, reach.max_seqlen):
+            form = bucket_form(cfg, bucket)
+            key = form.cache_key() if form is not None else None
+            if key is not None and key not in seen:
+                seen.add(key)
+                work.append((index, bucket, form))
+    return work
+
+
+def bucket_groups(rows: Iterable[tuple[int, Bucket, tuple[Verdict, ...]]]) -> list[dict[str, Any]]:
+    """The "buckets" of a snapshot from (entry index, bucket, verdicts) rows: one group per entry,
+    {"entry", "verdicts", "rungs"}, each rung [batch, seqlen_q, seqlen_kv, i, ...] with one index into
+    the group's "verdicts" per phase. The group's verdicts are kept once each, without probe times
+    (they would make every rung's verdicts distinct); rows of one entry keep their order."""
+    groups: dict[int, tuple[dict[str, Any], dict[str, int]]] = {}
+    for index, bucket, verdicts in rows:
+        group, seen = groups.setdefault(index, ({"entry": index, "verdicts": [], "rungs": []}, {}))
+        rung: list[int] = [bucket.batch, bucket.seqlen_q, bucket.seqlen_kv]
+        for verdict in verdicts:
+            raw = dataclasses.replace(_as_probed(verdict), timings_ms=()).to_dict()
+            text = json.dumps(raw, sort_keys=True)
+            if text not in seen:
+                seen[text] = len(group["verdicts"])
+                group["verdicts"].append(raw)
+            rung.append(seen[text])
+        group["rungs"].append(rung)
+    return [group for group, _ in groups.values()]
+
+
+def _failed_verdicts(cfg: AttnConfig, depth: ProbeDepth, err: Exception) -> tuple[Verdict, ...]:
     # An engine must not raise (see ProbeEngine), but if one does the entry is still recorded, as
     # a failure with the error text, so a recording never hides a problem it could not answer.
-    cfg = named.config
     message = f"{type(err).__name__}: {err}"
     return tuple(
         Verdict(cfg.candidate, phase, Outcome.FAILED, "recorder", message, message,
                 Provenance.LIVE_PROBE, depth)
         for phase in cfg.phases
     )
+
+
+def _verdicts(selector: Selector, cfg: AttnConfig, depth: ProbeDepth, what: str) -> tuple[Verdict, ...]:
+    """`cfg`'s own verdicts, or failures with the error an engine raised (see _failed_verdicts)."""
+    try:
+        return selector.select(cfg, depth).verdicts
+    except Exception as err:  # noqa: BLE001 - recorded, see _failed_verdicts
+        log.error("fusedattn_select: recording %s raised %s", what, err)
+        return _failed_verdicts(cfg, depth, err)
+
+
+def _entry_row(selector: Selector, depth: ProbeDepth, suite: str, named: NamedConfig) -> dict[str, Any]:
+    """An "entries" row: the problem as named in its suite, its config and its own verdicts."""
+    verdicts = _verdicts(selector, named.config, depth, f"{suite}:{named.name}")
+    return {
+        "suite": suite,
+        "name": named.name,
+        "cache_key": named.config.cache_key(),
+        # With defaults, so the recorded problem keeps its meaning if a default ever changes.
+        "config": named.config.to_dict(include_defaults=True),
+        "verdicts": [_as_probed(v).to_dict() for v in verdicts],
+    }
 
 
 def record_snapshot(
@@ -50,6 +131,7 @@ def record_snapshot(
     jobs: int = 1,
     progress: Progress | None = None,
     ask_torch: bool = True,
+    ladder: Ladder | None = None,
 ) -> dict[str, Any]:
     """Probe every entry of the YAML config files `paths` with `engine`; return the snapshot dict.
 
@@ -60,6 +142,9 @@ def record_snapshot(
     With `ask_torch` and torch seeing a CUDA device, each entry also gets PyTorch's own answer
     (`"torch"`, see probing.torch_rules.torch_answer) and the header torch's versions (`"torch"`);
     without torch the header says why (`"torch": {"unavailable": reason}`) and entries have none.
+
+    With `ladder`, every bucket form on the ladders of the entries' classes is probed too and
+    recorded under "buckets" (see bucket_groups; `progress` is called for each of those as well).
     """
     if engine.provenance is Provenance.SNAPSHOT:
         raise SnapshotError(
@@ -68,34 +153,27 @@ def record_snapshot(
     probe_depth = ProbeDepth.parse(depth, "depth")
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be >= 1")
+    if ladder is not None and not isinstance(ladder, Ladder):
+        raise ValueError(f"ladder={ladder!r}: must be a recorder.Ladder or None")
     paths = [Path(p) for p in paths]
-    files = [load_config_file(p) for p in paths]
-    work = [(path.name, named) for path, cfg_file in zip(paths, files) for named in cfg_file.entries]
-    # A snapshot records each problem's own graphs, as described (never its bucket form).
+    work = [(path.name, named) for path in paths for named in load_config_file(path).entries]
+    rungs = ladder_work([named.config for _, named in work], ladder) if ladder is not None else []
+    # Each problem's own graphs, as described; bucket forms are asked as problems of their own.
     selector = Selector(engine, store=None, bucket_forms=False)
     torch_header, torch_missing = torch_rules.torch_platform() if ask_torch else (None, "not asked (ask_torch=False)")
     if torch_header is None:
         log.info("fusedattn_select: recording without torch's answers: %s", torch_missing)
-    total = len(work)
-    done = 0
+    total, done = len(work) + len(rungs), 0
 
     def answer(item: tuple[str, NamedConfig]) -> dict[str, Any]:
-        suite, named = item
-        try:
-            verdicts = selector.select(named.config, probe_depth).verdicts
-        except Exception as err:  # noqa: BLE001 - recorded, see _failed_verdicts
-            log.error("fusedattn_select: recording %s:%s raised %s", suite, named.name, err)
-            verdicts = _failed_verdicts(named, probe_depth, err)
-        return {
-            "suite": suite,
-            "name": named.name,
-            "cache_key": named.config.cache_key(),
-            # With defaults, so the recorded problem keeps its meaning if a default ever changes.
-            "config": named.config.to_dict(include_defaults=True),
-            "verdicts": [_as_probed(v).to_dict() for v in verdicts],
-        }
+        return _entry_row(selector, probe_depth, *item)
+
+    def rung(item: tuple[int, Bucket, AttnConfig]) -> tuple[int, Bucket, tuple[Verdict, ...]]:
+        index, bucket, form = item
+        return index, bucket, _verdicts(selector, form, probe_depth, f"entries[{index}] at bucket {bucket.describe()}")
 
     entries: list[dict[str, Any]] = []
+    rows: list[tuple[int, Bucket, tuple[Verdict, ...]]] = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for (_, named), entry in zip(work, pool.map(answer, work)):
             if torch_header is not None:
@@ -106,7 +184,13 @@ def record_snapshot(
             done += 1
             if progress is not None:
                 progress(done, total, entry)
-
+        for row in pool.map(rung, rungs):
+            rows.append(row)
+            done += 1
+            if progress is not None:
+                index, bucket, verdicts = row
+                progress(done, total, {"entry": index, "bucket": dataclasses.asdict(bucket),
+                                       "verdicts": [v.to_dict() for v in verdicts]})
     return {
         "schema": SCHEMA,
         "recorder_version": __version__,
@@ -117,6 +201,8 @@ def record_snapshot(
         "torch": torch_header if torch_header is not None else {"unavailable": torch_missing},
         "suites": [p.name for p in paths],
         "entries": entries,
+        **({"buckets": bucket_groups(rows), "ladder": {"max_batch": ladder.max_batch, "max_seqlen": ladder.max_seqlen}}
+           if ladder is not None else {}),
     }
 
 
@@ -160,4 +246,4 @@ def write_snapshot(snapshot: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-__all__ = ["record_snapshot", "summarize", "write_snapshot"]
+__all__ = ["Ladder", "bucket_groups", "ladder_work", "record_snapshot", "summarize", "write_snapshot"]

@@ -29,7 +29,6 @@ log = logging.getLogger("fusedattn_select")
 
 NO_PLATFORM = Fingerprint(platform="none")
 
-
 # cache_info()'s counters, each reported (0 until counted).
 _COUNTERS = ("hits", "misses", "probes", "probe_failures", "rule_rejections", "persistent_hits")
 
@@ -126,6 +125,8 @@ class Selector:
         self._answers_generation = 0
         self._buckets = BucketIndex(store, self._fingerprint)
         self._bucket_forms = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
+        # A snapshot recorded over bucket ladders answers a shape it did not record by its bucket's row.
+        self._recorded_buckets = bucket_forms and not self._bucket_forms and getattr(engine, "bucket_for", None)
         self._in_flight: dict[str, Future] = {}
         self._stats: Counter[str] = Counter()
 
@@ -215,7 +216,10 @@ class Selector:
     def bucket_for(self, cfg: AttnConfig) -> AttnConfig | None:
         """The bucket form whose graphs answer (and run) `cfg`: the smallest bucket of its class already
         answered "yes" that holds its shape, else its own bucket; None when it has no bucket form or
-        this selector answers problems by their own graphs."""
+        this selector answers problems by their own graphs. From a snapshot: its recorded row of the
+        bucket a GPU runs `cfg` in, when `cfg` was not recorded itself (SnapshotEngine.bucket_for)."""
+        if self._recorded_buckets:
+            return self._recorded_buckets(cfg)
         return self._buckets.find(cfg) if self._bucket_forms else None
 
     def learn_bucket(self, form: AttnConfig) -> None:
@@ -310,12 +314,8 @@ class Selector:
 
     def cache_info(self) -> dict[str, object]:
         with self._lock:
-            info = {
-                **{name: self._stats[name] for name in _COUNTERS},
-                "entries": len(self._memory),
-                "engine": self.engine_name,
-                "fingerprint": self._fingerprint.key(),
-            }
+            info = {**{name: self._stats[name] for name in _COUNTERS}, "entries": len(self._memory),
+                    "engine": self.engine_name, "fingerprint": self._fingerprint.key()}
         if self.store is not None:
             info["store"] = self.store.info()
         return info
