@@ -87,8 +87,8 @@ def _median_calls(runs: list[dict]) -> dict[str, Any]:
         return dict(runs[-1])
     calls = {}
     for call, first in done[0]["calls"].items():
-        speeds = sorted(r["calls"][call]["tokens_per_s"] for r in done if call in r["calls"])
-        calls[call] = dict(first, tokens_per_s=speeds[(len(speeds) - 1) // 2])
+        calls[call] = dict(first, tokens_per_s=_middle([r["calls"][call]["tokens_per_s"] for r in done
+                                                        if call in r["calls"]]))
     return dict(done[0], calls=calls, rounds_calls=[r["calls"] for r in done])
 
 
@@ -120,7 +120,7 @@ def _median_steps(runs: list[dict]) -> dict[str, Any]:
     done = [r for r in runs if r.get("status") == "ok" and r.get("step_ms")]
     if not done:
         return dict(runs[-1])
-    steps = [sorted(values)[(len(values) - 1) // 2] for values in zip(*(r["step_ms"] for r in done))]
+    steps = [_middle(values) for values in zip(*(r["step_ms"] for r in done))]
     return dict(done[-1], step_ms=steps, rounds_step_ms=[r["step_ms"] for r in done])
 
 
@@ -149,12 +149,17 @@ def first_step(plan: Plan, budget: Budget) -> dict[str, Any]:
     return {"sides": sides, "status": overall_status(sides)}
 
 
+def _middle(values: Any, key: Any = None) -> Any:
+    """The median of an odd number of values (ROUNDS), the lower of the two middle ones otherwise."""
+    ordered = sorted(values, key=key)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def _median_run(runs: list[dict]) -> dict[str, Any]:
     """The process whose time to its first result is the median of its side's (a failed one where
     none finished), with every process's time."""
-    timed = sorted((r for r in runs if r.get("status") == "ok" and "to_first_result_ms" in r),
-                   key=lambda r: r["to_first_result_ms"])
-    chosen = dict(timed[(len(timed) - 1) // 2] if timed else runs[-1])
+    timed = [r for r in runs if r.get("status") == "ok" and "to_first_result_ms" in r]
+    chosen = dict(_middle(timed, key=lambda r: r["to_first_result_ms"]) if timed else runs[-1])
     chosen["rounds_ms"] = [r.get("to_first_result_ms") for r in runs]
     return chosen
 
