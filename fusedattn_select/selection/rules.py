@@ -19,6 +19,12 @@ TE_SELECTOR = (
     "transformer_engine/common/fused_attn/fused_attn.cpp (nvte_get_fused_attn_backend)"
 )
 CUDNN_FE_SDPA_FP8 = "https://github.com/NVIDIA/cudnn-frontend/blob/main/docs/operations/Attention.md"
+# Silent-corruption reports: the graph builds and check_support passes, yet the output is wrong.
+PYTORCH_DECODE_GUARD = "https://github.com/pytorch/pytorch/pull/194927"
+PYTORCH_DECODE_ISSUE = "https://github.com/pytorch/pytorch/issues/193893"
+CUDNN_FE_FP8_D256_ISSUE = "https://github.com/NVIDIA/cudnn-frontend/issues/981"
+CUDNN_FE_FP8_D256_KERNEL = "https://github.com/NVIDIA/cudnn-frontend/pull/860"
+CUDNN_FE_FP8_D256_FIX = "https://github.com/NVIDIA/cudnn-frontend/pull/985"
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,11 @@ class Rule:
 
     `backends` and `phases` say what it applies to; `cudnn_versions` is an inclusive range of
     cuDNN backend versions (None = unbounded) and is only checked against a known fingerprint.
-    `condition(cfg, fingerprint)` returns True when the rule rejects.
+    `frontend_versions` is (first affected, first fixed) of cudnn-frontend, a half-open range of
+    PEP 440 versions ("1.29.0.dev0" sorts before "1.29.0"; None = unbounded). `sm_archs` is an
+    inclusive range of compute capabilities as TransformerEngine writes them (90 = 9.0), only
+    checked against a known device. `condition(cfg, fingerprint)` returns True when the rule
+    rejects. `see_also` holds further links (the fix, the upstream guard) next to `source`.
     """
 
     name: str
@@ -38,19 +48,19 @@ class Rule:
     source: str
     cudnn_versions: tuple[int | None, int | None] = (None, None)
     known_bug: bool = False
+    frontend_versions: tuple[str | None, str | None] = (None, None)
+    sm_archs: tuple[int, int] | None = None
+    see_also: tuple[str, ...] = ()
 
     def applies(self, cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
         if cfg.candidate not in self.backends:
             return False
-        low, high = self.cudnn_versions
-        if low is not None or high is not None:
-            version = fingerprint.cudnn_backend_version
-            if version <= 0:
-                return False
-            if low is not None and version < low:
-                return False
-            if high is not None and version > high:
-                return False
+        if not _in_range(fingerprint.cudnn_backend_version, *self.cudnn_versions):
+            return False
+        if self.frontend_versions != (None, None) and not _frontend_in(fingerprint, *self.frontend_versions):
+            return False
+        if self.sm_archs is not None and not _in_range(fingerprint.sm_arch, *self.sm_archs):
+            return False
         return self.condition(cfg, fingerprint)
 
     def verdict(self, cfg: AttnConfig, phase: Phase) -> Verdict:
@@ -60,9 +70,46 @@ class Rule:
             outcome=Outcome.UNSUPPORTED,
             stage=f"rule:{self.name}",
             message=self.reason,
-            detail=f"{self.reason} (source: {self.source})",
+            detail=f"{self.reason} (source: {' '.join((self.source, *self.see_also))})",
             provenance=Provenance.RULE,
         )
+
+
+def _in_range(value: int, low: int | None, high: int | None) -> bool:
+    """`value` within the inclusive range; an unknown value (0) is outside any bounded range."""
+    if low is None and high is None:
+        return True
+    if value <= 0:
+        return False
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def frontend_version_key(text: str) -> tuple[int, ...] | None:
+    """A sort key of a cudnn-frontend version as PEP 440 orders the forms it ships ("1.32.0",
+    "1.29.0.dev66375696", "1.29.0rc1": a dev build before a pre-release before the release);
+    None for text that is not such a version."""
+    release, _, dev = text.strip().partition(".dev")
+    pre = ""
+    for marker in ("rc", "b", "a"):
+        if marker in release:
+            release, _, pre = release.partition(marker)
+            break
+    parts = release.split(".")
+    if not all(p.isdigit() for p in parts) or (dev and not dev.isdigit()) or (pre and not pre.isdigit()):
+        return None
+    numbers = tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
+    # dev (0) < pre-release (1) < release (2); the number after each orders builds of one kind.
+    stage = 0 if dev else 1 if pre else 2
+    return (*numbers[:3], stage, int(dev or pre or 0))
+
+
+def _frontend_in(fingerprint: Fingerprint, first_affected: str | None, first_fixed: str | None) -> bool:
+    version = frontend_version_key(fingerprint.cudnn_frontend_version)
+    if version is None:  # unknown: as with the cuDNN version, a version-scoped rule does not fire
+        return False
+    if first_affected is not None and version < frontend_version_key(first_affected):
+        return False
+    return first_fixed is None or version < frontend_version_key(first_fixed)
 
 
 BOTH = (Phase.FORWARD, Phase.BACKWARD)
@@ -74,6 +121,18 @@ FP8 = (Backend.FP8,)
 
 def _non_padding(cfg: AttnConfig) -> bool:
     return not cfg.has_padding
+
+
+def _decode_step(cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
+    # PyTorch's guard tests the graph's own s_q == 1 and leaves out 9.24.1, which did not corrupt.
+    return cfg.seqlen_q == 1 and fingerprint.cudnn_backend_version != 92401
+
+
+def _masked_fp8_d256(cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
+    # The fix (PR 985) names the masked softmax variants of the d256 kernel; no-mask was always
+    # right. A padding mask alone is served through sequence lengths, not a masked variant.
+    masked = cfg.mask not in ("no_mask", "padding") or tuple(cfg.window_size) != (-1, -1)
+    return cfg.head_dim_qk == 256 and cfg.resolved_head_dim_v == 256 and masked
 
 
 RULES: tuple[Rule, ...] = (
@@ -146,6 +205,25 @@ RULES: tuple[Rule, ...] = (
         "known cuDNN >= 9.11 bug on Hopper: backward with 128 <= head dims and head_dim_qk != "
         "head_dim_v (other than 192/128)",
         TE_SELECTOR, cudnn_versions=(91100, None), known_bug=True,
+    ),
+    Rule(
+        "cudnn-9.19-9.25.0-blackwell-decode",
+        F16, FWD,
+        _decode_step,
+        "known cuDNN 9.19-9.25.0 bug on SM 10.x/11.x: SDPA with seqlen_q == 1 (decode) silently "
+        "returns wrong output (PyTorch disables it; 9.24.1 is not affected); upgrade cuDNN past 9.25.0",
+        PYTORCH_DECODE_GUARD, cudnn_versions=(91900, 92500), known_bug=True, sm_archs=(100, 119),
+        see_also=(PYTORCH_DECODE_ISSUE,),
+    ),
+    Rule(
+        "cudnn-frontend-1.29-dev-fp8-d256-masked",
+        FP8, FWD,
+        _masked_fp8_d256,
+        "known cudnn-frontend 1.29.0 development-build bug on SM 10.0/10.3: FP8 forward at head dim "
+        "256 with a causal mask or window silently returns wrong output; use cudnn-frontend 1.29.0 "
+        "or newer",
+        CUDNN_FE_FP8_D256_ISSUE, known_bug=True, frontend_versions=("1.29.0.dev0", "1.29.0"),
+        sm_archs=(100, 103), see_also=(CUDNN_FE_FP8_D256_FIX, CUDNN_FE_FP8_D256_KERNEL),
     ),
 )
 

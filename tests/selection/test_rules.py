@@ -16,8 +16,8 @@ BASE = dict(batch_size=2, num_heads_q=16, num_heads_kv=16, seqlen_q=2048, seqlen
 FP8 = dict(qkv_dtype="fp8_e4m3")
 
 
-def hopper(version: int = 91900, cc: str = "9.0") -> Fingerprint:
-    return Fingerprint("cuda", "NVIDIA H100 80GB HBM3", cc, 132, version, "1.32.0", "580.00", "0.1.0")
+def hopper(version: int = 91900, cc: str = "9.0", frontend: str = "1.32.0") -> Fingerprint:
+    return Fingerprint("cuda", "NVIDIA H100 80GB HBM3", cc, 132, version, frontend, "580.00", "0.1.0")
 
 
 def cfg(**changes) -> AttnConfig:
@@ -27,6 +27,9 @@ def cfg(**changes) -> AttnConfig:
 CUDA_GRAPH = dict(cuda_graph=True, seqlen_kv=1000, seqlen_q=1000)
 WINDOW = dict(window_size=(128, 128), seqlen_kv=2048)
 MLA = dict(head_dim_qk=256, head_dim_v=128)
+DECODE = dict(seqlen_q=1, is_training=False)
+FP8_D256 = dict(FP8, head_dim_qk=256, mask="causal", is_training=False)
+DEV_FRONTEND = "1.29.0.dev66375696"
 
 # (rule, config changes, cuDNN version, compute capability, phase): the rule rejects this problem.
 FIRES = [
@@ -49,6 +52,14 @@ FIRES = [
      Phase.BACKWARD),
     ("cudnn-9.11-hopper-mla-backward", MLA, 91100, "9.0", Phase.BACKWARD),
     ("cudnn-9.11-hopper-mla-backward", dict(head_dim_qk=128, head_dim_v=256), 91900, "9.0", Phase.BACKWARD),
+    ("cudnn-9.19-9.25.0-blackwell-decode", DECODE, 91900, "10.0", Phase.FORWARD),
+    ("cudnn-9.19-9.25.0-blackwell-decode", DECODE, 92500, "10.3", Phase.FORWARD),
+    ("cudnn-9.19-9.25.0-blackwell-decode", dict(DECODE, is_training=True), 92400, "11.0", Phase.FORWARD),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, DEV_FRONTEND),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", dict(FP8_D256, mask="causal_bottom_right"), 92600, "10.3",
+     Phase.FORWARD, "1.29.0.dev0"),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", dict(FP8_D256, mask="no_mask", window_size=(128, 0)), 92600,
+     "10.0", Phase.FORWARD, DEV_FRONTEND),
 ]
 
 # Near misses: one condition (backend, phase, version bound, shape) away from a rule; it must not fire.
@@ -89,26 +100,50 @@ NEAR_MISSES = [
     ("cudnn-9.11-hopper-mla-backward", dict(head_dim_qk=192, head_dim_v=128), 91900, "9.0", Phase.BACKWARD),
     ("cudnn-9.11-hopper-mla-backward", dict(head_dim_qk=128, head_dim_v=128), 91900, "9.0", Phase.BACKWARD),
     ("cudnn-9.11-hopper-mla-backward", dict(head_dim_qk=96, head_dim_v=128), 91900, "9.0", Phase.BACKWARD),
+    # Decode on Blackwell: outside 9.19-9.25.0, at 9.24.1, on Hopper or SM 12.x, with seqlen_q > 1, FP8.
+    ("cudnn-9.19-9.25.0-blackwell-decode", DECODE, 91802, "10.0", Phase.FORWARD),
+    ("cudnn-9.19-9.25.0-blackwell-decode", DECODE, 92501, "10.0", Phase.FORWARD),
+    ("cudnn-9.19-9.25.0-blackwell-decode", DECODE, 92401, "10.0", Phase.FORWARD),
+    ("cudnn-9.19-9.25.0-blackwell-decode", DECODE, 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-9.25.0-blackwell-decode", DECODE, 91900, "12.0", Phase.FORWARD),
+    ("cudnn-9.19-9.25.0-blackwell-decode", dict(DECODE, seqlen_q=2), 91900, "10.0", Phase.FORWARD),
+    ("cudnn-9.19-9.25.0-blackwell-decode", dict(DECODE, **FP8), 91900, "10.0", Phase.FORWARD),
+    # FP8 d256: released frontends before and after the development builds, other archs, no mask, d128, F16.
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, "1.28.0"),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, "1.29.0"),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, "1.32.0"),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, ""),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "9.0", Phase.FORWARD, DEV_FRONTEND),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "12.0", Phase.FORWARD, DEV_FRONTEND),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", dict(FP8_D256, mask="no_mask"), 91900, "10.0", Phase.FORWARD,
+     DEV_FRONTEND),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", dict(FP8_D256, mask="padding"), 91900, "10.0", Phase.FORWARD,
+     DEV_FRONTEND),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", dict(FP8_D256, head_dim_qk=128), 91900, "10.0", Phase.FORWARD,
+     DEV_FRONTEND),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", dict(FP8_D256, qkv_dtype="bf16"), 91900, "10.0", Phase.FORWARD,
+     DEV_FRONTEND),
+    ("cudnn-frontend-1.29-dev-fp8-d256-masked", dict(FP8_D256, is_training=True), 91900, "10.0", Phase.BACKWARD,
+     DEV_FRONTEND),
 ]
 
 
-def _fires(name: str, changes: dict, version: int, cc: str, phase: Phase) -> bool:
+def _fires(name: str, changes: dict, version: int, cc: str, phase: Phase, frontend: str = "1.32.0") -> bool:
     rule = rules_by_name()[name]
-    return phase in rule.phases and rule.applies(cfg(**changes), hopper(version, cc))
+    return phase in rule.phases and rule.applies(cfg(**changes), hopper(version, cc, frontend))
 
 
-@pytest.mark.parametrize("name, changes, version, cc, phase", FIRES,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(FIRES)])
-def test_rule_fires_on_the_problem_it_targets(name, changes, version, cc, phase):
-    assert _fires(name, changes, version, cc, phase)
-    verdict = apply_rules(cfg(**changes), hopper(version, cc), phase)
-    assert verdict is not None and verdict.stage.startswith("rule:")
+@pytest.mark.parametrize("case", FIRES, ids=[f"{c[0]}-{i}" for i, c in enumerate(FIRES)])
+def test_rule_fires_on_the_problem_it_targets(case):
+    name, changes, version, cc, phase, *frontend = case
+    assert _fires(*case)
+    verdict = apply_rules(cfg(**changes), hopper(version, cc, *frontend), phase)
+    assert verdict is not None and verdict.stage == f"rule:{name}"
 
 
-@pytest.mark.parametrize("name, changes, version, cc, phase", NEAR_MISSES,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(NEAR_MISSES)])
-def test_rule_does_not_fire_on_a_near_miss(name, changes, version, cc, phase):
-    assert not _fires(name, changes, version, cc, phase)
+@pytest.mark.parametrize("case", NEAR_MISSES, ids=[f"{c[0]}-{i}" for i, c in enumerate(NEAR_MISSES)])
+def test_rule_does_not_fire_on_a_near_miss(case):
+    assert not _fires(*case)
 
 
 def test_every_rule_has_a_firing_case_and_a_near_miss():
@@ -121,10 +156,10 @@ def test_version_scoped_rule_does_not_fire_when_the_cudnn_version_is_unknown():
     assert not rules_by_name()["cudnn-le-9.15.0-cuda-graph-training"].applies(cfg(**CUDA_GRAPH), hopper(0))
 
 
-def test_known_bug_rules_state_their_cudnn_versions():
+def test_known_bug_rules_state_their_versions():
     for rule in RULES:
         if rule.known_bug:
-            assert rule.cudnn_versions != (None, None), rule.name
+            assert (rule.cudnn_versions, rule.frontend_versions) != ((None, None), (None, None)), rule.name
 
 
 def test_every_rule_has_a_reason_and_a_source_link():
