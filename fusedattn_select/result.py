@@ -3,9 +3,80 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.types import Backend, Outcome, Provenance, Verdict
+from fusedattn_select.types import Backend, Outcome, Phase, Provenance, Verdict
+
+
+class Change(NamedTuple):
+    """One field in which an alternative differs from the problem asked."""
+
+    field: str
+    asked: Any
+    instead: Any
+
+    def describe(self) -> str:
+        return f"{self.field} {self.asked} -> {self.instead}"
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """Another problem, one or two fields away from the one asked, that the engine which answered
+    NONE answers with a backend: a suggestion, never an answer for the problem asked.
+
+    `kind` names the change in the user's words ("pad head dim", "fp16 instead of bf16");
+    `changes` lists the fields that differ; `configs` holds the problem whose verdicts are shown (two
+    when the forward and backward come from different problems: an FP8 forward with a bf16
+    backward); `verdicts` are the answers of `engine` for them; `extra_flops_percent` is what a
+    padded head dim costs in attention FLOPs; `note` says what using it takes.
+    """
+
+    kind: str
+    changes: tuple[Change, ...]
+    backend: Backend
+    configs: tuple[AttnConfig, ...]
+    verdicts: tuple[Verdict, ...]
+    note: str = ""
+    extra_flops_percent: float | None = None
+    plan_form: str = ""
+    engine: str = ""
+
+    @property
+    def provenance(self) -> tuple[Provenance, ...]:
+        return tuple(dict.fromkeys(v.provenance for v in self.verdicts))
+
+    @property
+    def answer(self) -> str:
+        """Its backend per pass: "F16", or "FP8 forward, F16 backward" where the passes differ."""
+        by_phase = {v.phase: v.backend for v in self.verdicts}
+        if len(set(by_phase.values())) > 1:
+            ordered = sorted(by_phase.items(), key=lambda item: item[0] is not Phase.FORWARD)
+            return ", ".join(f"{backend.value} {phase.value}" for phase, backend in ordered)
+        return self.backend.value
+
+    def describe(self) -> str:
+        """One line: the change, the answer, its cost and where the answer came from."""
+        changes = ", ".join(c.describe() for c in self.changes)
+        cost = f"; +{self.extra_flops_percent:.1f}% attention FLOPs" if self.extra_flops_percent else ""
+        provenance = "/".join(p.value for p in self.provenance) + (f" from {self.engine}" if self.engine else "")
+        note = f"; {self.note}" if self.note else ""
+        return f"{self.kind} ({changes}): {self.answer}{cost} [{provenance}]{note}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "changes": [{"field": c.field, "asked": c.asked, "instead": c.instead} for c in self.changes],
+            "backend": self.backend.value,
+            "answer": self.answer,
+            "extra_flops_percent": None if self.extra_flops_percent is None else round(self.extra_flops_percent, 2),
+            "note": self.note,
+            "plan_form": self.plan_form,
+            "provenance": [p.value for p in self.provenance],
+            "engine": self.engine,
+            "verdicts": [v.to_dict() for v in self.verdicts],
+            "configs": [c.to_dict() for c in self.configs],
+        }
 
 
 @dataclass(frozen=True)
@@ -20,6 +91,9 @@ class Selection:
     `plan_form` says which graphs the verdicts are about and attention() runs: the problem's shape
     bucket ("bucket B=4 S_q=1024 S_kv=1024: ragged, padding mask") or its exact shape ("dense");
     "" where the engine answers for the problem as recorded.
+    `alternatives` (empty unless asked: select(cfg, alternatives=True), or `why`) are other problems
+    the same engine supports, one or two fields away, found with `alternative_probes` candidate
+    problems asked; neither takes part in equality: an answer is the same with or without them.
     """
 
     backend: Backend
@@ -34,6 +108,8 @@ class Selection:
     engine: str = ""
     notice: str = ""
     plan_form: str = ""
+    alternatives: tuple[Alternative, ...] = field(default=(), compare=False)
+    alternative_probes: int = field(default=0, compare=False)
 
     @property
     def selected(self) -> bool:
@@ -63,5 +139,7 @@ class Selection:
             "engine": self.engine,
             "notice": self.notice,
             "plan_form": self.plan_form,
+            "alternatives": [a.to_dict() for a in self.alternatives],
+            "alternative_probes": self.alternative_probes,
             "config": self.config.to_dict() if self.config is not None else None,
         }

@@ -16,7 +16,7 @@ from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing.nearest import NearProblem
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.result import Selection
-from fusedattn_select.selection import runners
+from fusedattn_select.selection import alternatives, runners
 from fusedattn_select.selection.selector import Selector, set_default_selector
 from fusedattn_select.types import Outcome, ProbeDepth, Provenance, Verdict
 
@@ -24,6 +24,7 @@ VERDICT_HEADER = ("backend", "phase", "verdict", "stage", "provenance", "depth",
 RECORDED_MS = "recorded ms"  # the ms column's header when the times were measured on the recording device
 SAME_AS_ABOVE = "(same as above)"
 NEAREST_HEADER = "nearest recorded problems: OTHER problems, not an answer for this one; closest first"
+ALTERNATIVES_HEADER = "what would work instead: OTHER problems, not an answer for this one; cheapest change first"
 
 # (problem name, its selection, the reasons the transformers integration cannot run it fused)
 Answer = tuple[str, Selection, tuple[str, ...]]
@@ -96,8 +97,44 @@ def format_nearest(nearest: tuple[NearProblem, ...]) -> list[str]:
     return lines
 
 
+def format_alternatives(search: alternatives.Search | None) -> list[str]:
+    """The text lines under a NONE: the alternatives found and the candidate problems asked."""
+    if search is None:
+        return []
+    spent = f"{search.probes} candidate problems asked, at most {search.max_probes}"
+    spent += " (cap reached)" if search.capped else ""
+    if not search.alternatives:
+        return [f"  what would work instead: none found ({spent})"]
+    lines = [f"  {ALTERNATIVES_HEADER} ({spent}):"]
+    lines += [f"    {number}. {alt.describe()}" for number, alt in enumerate(search.alternatives, 1)]
+    return lines
+
+
+def _search_dict(search: alternatives.Search | None) -> dict[str, Any] | None:
+    if search is None:
+        return None
+    return {"found": [alt.to_dict() for alt in search.alternatives], "probes": search.probes,
+            "max_probes": search.max_probes, "capped": search.capped}
+
+
+def _with_alternatives(selector: Selector, answers: list[Answer], depth: ProbeDepth, limit: int,
+                       max_probes: int) -> tuple[list[Answer], list[alternatives.Search | None]]:
+    """Each refused answer with its alternatives (searched through `selector`), and each search."""
+    searches: list[alternatives.Search | None] = []
+    filled = []
+    for name, sel, notes in answers:
+        refused = not sel.selected and any(v.outcome is Outcome.UNSUPPORTED for v in sel.verdicts)
+        search = alternatives.find(selector, sel, limit=limit, max_probes=max_probes, probe_depth=depth) \
+            if limit and refused else None
+        if search is not None:
+            sel = dataclasses.replace(sel, alternatives=search.alternatives, alternative_probes=search.probes)
+        searches.append(search)
+        filled.append((name, sel, notes))
+    return filled, searches
+
+
 def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer],
-                model_notes: tuple[str, ...]) -> None:
+                model_notes: tuple[str, ...], searches: list[alternatives.Search | None]) -> None:
     if notice:
         print(notice, file=sys.stderr)
     engine = selector.engine
@@ -112,8 +149,9 @@ def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
             {"name": name, "selection": sel.to_dict(), "runner": _runner_dict(selector, sel),
              "answered_from": answered_from(selector, sel),
              "nearest": [near.to_dict() for near in nearest_recorded(selector, sel)],
+             "alternatives": _search_dict(search),
              **({"integration_reasons": list(notes)} if notes else {})}
-            for name, sel, notes in answers
+            for (name, sel, notes), search in zip(answers, searches)
         ],
     }
     print(json.dumps(document, indent=2))
@@ -138,12 +176,12 @@ def _header(selector: Selector, depth: ProbeDepth) -> list[str]:
 
 
 def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer],
-                model_notes: tuple[str, ...]) -> None:
+                model_notes: tuple[str, ...], searches: list[alternatives.Search | None]) -> None:
     lines = [notice] if notice else []
     lines += _header(selector, depth)
     lines += [f"note: {note}" for note in model_notes]
     recorded = isinstance(selector.engine, SnapshotEngine)
-    for name, sel, notes in answers:
+    for (name, sel, notes), search in zip(answers, searches):
         lines.append("")
         lines += format_selection(name, sel, recorded, runners.for_selection(selector, sel))
         source = answered_from(selector, sel)
@@ -153,6 +191,7 @@ def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
                          "bucket)")
         lines += [f"  -> not fused by the transformers integration: {note}" for note in notes]
         lines += format_nearest(nearest_recorded(selector, sel))
+        lines += format_alternatives(search)
     print("\n".join(lines))
 
 
@@ -169,9 +208,17 @@ def _cmd_why(args: argparse.Namespace) -> int:
     set_default_selector(selector)
     depth = ProbeDepth.FULL if args.full else ProbeDepth.FAST
     answers = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in asked.problems]
-    (_print_json if args.json else _print_text)(selector, depth, notice, answers, asked.notes)
+    answers, searches = _with_alternatives(selector, answers, depth, args.alternatives, args.alternatives_max_probes)
+    (_print_json if args.json else _print_text)(selector, depth, notice, answers, asked.notes, searches)
     return answers_exit_code([sel.selected and not notes for _, sel, notes in answers],
                              [sel.no_data for _, sel, _ in answers])
+
+
+def _count(text: str) -> int:
+    """A non-negative whole number for --alternatives and --alternatives-max-probes."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a non-negative whole number")
+    return int(text)
 
 
 def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -200,6 +247,12 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--full", action="store_true", help="probe depth 'full': also build the kernels (from a snapshot, only answers "
                         "recorded at depth full say yes; a fast-recorded yes is no data)")
+    parser.add_argument("--alternatives", type=_count, default=alternatives.DEFAULT_LIMIT, metavar="N",
+                        help="for each NONE, list up to N supported problems one or two fields away, asked through "
+                        f"the same engine (default {alternatives.DEFAULT_LIMIT}; 0: none); see docs/alternatives.md")
+    parser.add_argument("--alternatives-max-probes", type=_count, default=alternatives.DEFAULT_MAX_PROBES,
+                        metavar="N", help="ask at most N candidate problems for each NONE "
+                        f"(default {alternatives.DEFAULT_MAX_PROBES})")
     engines.add_source_options(parser)
     parser.add_argument("--platform", choices=("cuda", "rocm"), default="cuda",
                         help="cuda (default): live cuDNN or snapshots; rocm: AMD declared capability tables "

@@ -472,16 +472,15 @@ def set_default_selector(selector: Selector | None) -> Selector | None:
     return old
 
 
-def select(cfg: AttnConfig, probe_depth: str = "fast") -> Selection:
-    """Which fused backend runs `cfg` on this platform, and if none, every reason why.
-
-    The first answer for a problem probes cuDNN (a few ms per graph with probe_depth="fast",
-    hundreds of ms with "full", which also compiles the kernels); later answers come from the
-    decision cache in about a microsecond. Without a GPU the answer comes from the bundled
-    snapshots (see `Selection.notice`; choose others with use_snapshots()); a problem they do not
-    hold is NONE with `Selection.no_data` True: only a live probe can answer it.
-    """
-    return default_selector().select(cfg, probe_depth)
+def select(cfg: AttnConfig, probe_depth: str = "fast", *, alternatives: bool = False) -> Selection:
+    """Which fused backend runs `cfg` here, and if none, every reason why (cached; without a GPU the
+    bundled snapshots answer, `Selection.no_data` where they hold nothing). `alternatives=True`: a
+    NONE also lists supported problems one or two fields away (`Selection.alternatives`)."""
+    selection = default_selector().select(cfg, probe_depth)
+    if alternatives:  # imported here: the alternatives module imports this one
+        from fusedattn_select.selection.alternatives import with_alternatives
+        selection = with_alternatives(default_selector(), selection, probe_depth=probe_depth)
+    return selection
 
 
 def get_backend(cfg: AttnConfig) -> tuple[Backend, str]:
