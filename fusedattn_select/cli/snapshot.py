@@ -32,7 +32,7 @@ def _log_progress(done: int, total: int, entry: dict) -> None:
 
 def _cmd_record(args: argparse.Namespace) -> int:
     depth = ProbeDepth.parse(args.depth, "--depth")
-    ladder = None if args.no_ladder else Ladder(args.ladder_max_batch, args.ladder_max_seqlen)
+    ladder = None if args.no_ladder else Ladder(args.ladder_max_batch, args.ladder_max_seqlen, args.ladder_depth)
     for path in args.suites:  # bad input fails before the device is touched
         load_config_file(path)
     engine, reason = engines.live_engine()
@@ -67,6 +67,9 @@ def register_snapshot(subparsers: Any, common: argparse.ArgumentParser) -> None:
                         help="record each problem class over its bucket ladder up to batch N (default %(default)s)")
     record.add_argument("--ladder-max-seqlen", type=positive_int, default=LADDER_MAX_SEQLEN, metavar="N",
                         help="... and up to sequence length N (default %(default)s)")
+    record.add_argument("--ladder-depth", choices=[d.value for d in ProbeDepth], default=None,
+                        help="probe depth of the ladder's rungs (default: --depth); e.g. --depth full "
+                        "--ladder-depth fast builds the entries' kernels and checks support at every rung")
     record.add_argument("--no-ladder", action="store_true",
                         help="record only the entries' own shapes (a CPU then answers no other shape)")
     record.set_defaults(func=_cmd_record)

@@ -22,8 +22,9 @@ log = logging.getLogger("fusedattn_select")
 SNAPSHOT_ENV = settings.SNAPSHOT
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
 TARGETS = ("h100", "h200")
-# Suites recorded per target and shipped with the package.
-BUNDLED_SUITES = ("configs", "hopper-suite")
+# Suites recorded per target and shipped with the package (tools/record_snapshots.py records them;
+# "models" is probes/hf-models.yaml, the problems of the config.json corpus).
+BUNDLED_SUITES = ("configs", "hopper-suite", "models")
 DEFAULT_TARGET = "h100"
 CHOOSE_HINT = "choose with --target/--snapshot, or fusedattn_select.use_snapshots()"
 

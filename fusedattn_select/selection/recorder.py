@@ -44,16 +44,25 @@ Progress = Callable[[int, int, dict], None]
 @dataclass(frozen=True)
 class Ladder:
     """How far each problem class is recorded over its bucket ladder: batch sizes up to `max_batch`,
-    lengths up to `max_seqlen` (each extended to a recorded problem's own bucket; buckets.ladder)."""
+    lengths up to `max_seqlen` (each extended to a recorded problem's own bucket; buckets.ladder), and
+    at which probe depth (None: the entries' own)."""
 
     max_batch: int = LADDER_MAX_BATCH
     max_seqlen: int = LADDER_MAX_SEQLEN
+    depth: ProbeDepth | None = None
 
     def __post_init__(self) -> None:
         for field in ("max_batch", "max_seqlen"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ladder {field}={value!r}: must be a positive integer")
+        if self.depth is not None:
+            object.__setattr__(self, "depth", ProbeDepth.parse(self.depth, "ladder depth"))
+
+    def header(self) -> dict[str, Any]:
+        """What the snapshot says about its ladder ("depth" only where the rungs have a depth of their own)."""
+        reach = {"max_batch": self.max_batch, "max_seqlen": self.max_seqlen}
+        return reach if self.depth is None else {**reach, "depth": self.depth.value}
 
 
 def ladder_work(configs: Iterable[AttnConfig], reach: Ladder) -> list[tuple[int, Bucket, AttnConfig]]:
@@ -143,8 +152,10 @@ def record_snapshot(
     (`"torch"`, see probing.torch_rules.torch_answer) and the header torch's versions (`"torch"`);
     without torch the header says why (`"torch": {"unavailable": reason}`) and entries have none.
 
-    With `ladder`, every bucket form on the ladders of the entries' classes is probed too and
-    recorded under "buckets" (see bucket_groups; `progress` is called for each of those as well).
+    With `ladder`, every bucket form on the ladders of the entries' classes is probed too (at
+    `ladder.depth`, default `depth`) and recorded under "buckets" (see bucket_groups; `progress` is
+    called for each of those as well). A rung keeps its verdicts' depth, so a fast rung never answers
+    a question at depth full.
     """
     if engine.provenance is Provenance.SNAPSHOT:
         raise SnapshotError(
@@ -158,6 +169,8 @@ def record_snapshot(
     paths = [Path(p) for p in paths]
     work = [(path.name, named) for path in paths for named in load_config_file(path).entries]
     rungs = ladder_work([named.config for _, named in work], ladder) if ladder is not None else []
+    # Building every rung's kernels (depth full) costs a plan build per graph: a ladder may ask less.
+    rung_depth = ladder.depth if ladder is not None and ladder.depth is not None else probe_depth
     # Each problem's own graphs, as described; bucket forms are asked as problems of their own.
     selector = Selector(engine, store=None, bucket_forms=False)
     torch_header, torch_missing = torch_rules.torch_platform() if ask_torch else (None, "not asked (ask_torch=False)")
@@ -170,7 +183,7 @@ def record_snapshot(
 
     def rung(item: tuple[int, Bucket, AttnConfig]) -> tuple[int, Bucket, tuple[Verdict, ...]]:
         index, bucket, form = item
-        return index, bucket, _verdicts(selector, form, probe_depth, f"entries[{index}] at bucket {bucket.describe()}")
+        return index, bucket, _verdicts(selector, form, rung_depth, f"entries[{index}] at bucket {bucket.describe()}")
 
     entries: list[dict[str, Any]] = []
     rows: list[tuple[int, Bucket, tuple[Verdict, ...]]] = []
@@ -201,7 +214,7 @@ def record_snapshot(
         "torch": torch_header if torch_header is not None else {"unavailable": torch_missing},
         "suites": [p.name for p in paths],
         "entries": entries,
-        **({"buckets": bucket_groups(rows), "ladder": {"max_batch": ladder.max_batch, "max_seqlen": ladder.max_seqlen}}
+        **({"buckets": bucket_groups(rows), "ladder": ladder.header()}
            if ladder is not None else {}),
     }
 

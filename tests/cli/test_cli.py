@@ -95,7 +95,7 @@ def test_why_target_merges_both_bundled_snapshots(capsys, bundled_dir, recorded_
 def test_why_target_without_bundled_snapshot_is_bad_input(capsys, bundled_dir):
     code, out, err = run(capsys, "why", "--target", "h200", *PROBLEM)
     assert code == 2 and out == ""
-    assert err.startswith("error: no bundled snapshot for h200 is installed (h200-configs.json, h200-hopper-suite.json missing")
+    assert err.startswith("error: no bundled snapshot for h200 is installed (h200-configs.json, h200-hopper-suite.json, h200-models.json missing")
 
 
 def test_why_config_file_answers_every_entry_and_exits_1_when_any_is_none(capsys, recorded_snapshot, suite_file):
