@@ -1,4 +1,5 @@
-"""`cache info|clear|export|import|repair`: inspect or manage the persistent decision and plan store.
+"""`cache info|clear|export|import|repair`: inspect or manage the persistent store of decisions, plans
+and runner choices.
 
 Commands that only look (info, export) open the store read-only: they create, write and move
 nothing. Each action's exit code says whether it did what it was asked (see EPILOG).
@@ -57,7 +58,8 @@ def _clear(store: Store, args: argparse.Namespace) -> int:
     except CacheError as err:
         print(f"error: cache clear: {err}", file=sys.stderr)
         return EXIT_NOT_DONE
-    print(f"cleared {before['entries']} decisions and {before['plans']} plans from {before['path']}")
+    print(f"cleared {before['entries']} decisions, {before['plans']} plans and {before.get('runner_choices', 0)} "
+          f"runner choices from {before['path']}")
     return EXIT_SELECTED
 
 
@@ -158,12 +160,12 @@ def register_cache(subparsers: Any, common: argparse.ArgumentParser) -> None:
     info = actions.add_parser("info", parents=[common], epilog=EPILOG,
                               help="where the cache is, what it holds, and what is wrong with it")
     info.add_argument("--json", action="store_true", help="print one JSON object")
-    actions.add_parser("clear", parents=[common], epilog=EPILOG, help="remove every decision and plan")
+    actions.add_parser("clear", parents=[common], epilog=EPILOG, help="remove every decision, plan and runner choice")
     export = actions.add_parser("export", parents=[common], epilog=EPILOG,
-                                help="write the cached decisions and plans to FILE")
+                                help="write the cached decisions, plans and runner choices to FILE")
     export.add_argument("file", metavar="FILE")
     load = actions.add_parser("import", parents=[common], epilog=EPILOG,
-                              help="add decisions and plans from an exported FILE")
+                              help="add decisions, plans and runner choices from an exported FILE")
     load.add_argument("file", metavar="FILE")
     load.add_argument("--fingerprint", type=_fingerprint_key, metavar="KEY|all",
                       help="import the rows of this fingerprint key only, or of every fingerprint (all); "

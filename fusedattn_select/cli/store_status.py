@@ -26,7 +26,7 @@ def describe_store(info: dict[str, Any]) -> str:
         return f"DEGRADED: in memory only, lost at exit: {info['degraded']}"
     if info.get("switched_off"):
         return f"in memory only ({info['switched_off']})"
-    held = f"{info['entries']} decisions, {info['plans']} plans"
+    held = f"{info['entries']} decisions, {info['plans']} plans, {info.get('runner_choices', 0)} runner choices"
     if info.get("damage"):
         return (f"DAMAGED: {info['path']} ({info['damage']}): {held} recoverable; `fusedattn-select cache "
                 "repair` salvages them")

@@ -1,29 +1,29 @@
 """Measured runner choices: whether torch SDPA or cuDNN runs a bucket faster on a device.
 
 attention() times both runners once both exist (runtime/tiers.py) and keeps the faster for the
-graphs' key (a bucket form: one choice per problem class and bucket); the choice is stored next to
-the plans under `runner:<key>` for the selector's fingerprint, so the next process, `why` and the
-transformers report read it. The verdict (F16/FP8/NONE) stays what cuDNN supports; this is which of
+graphs' key (a bucket form: one choice per problem class and bucket); the choice is a runner choice
+row of the store (store.put_runner_choice: JSON timings, kept even where serialized plans are
+refused) under the selector's fingerprint, so the next process, `why` and the transformers report
+read it. The verdict (F16/FP8/NONE) stays what cuDNN supports; this is which of
 two exact runners is faster here. Torch-free.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fusedattn_select.result import Selection
     from fusedattn_select.selection.selector import Selector
 
-PREFIX = "runner:"
 TORCH, CUDNN = "torch", "cudnn"
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The runner kept, and the median forward call time of each (microseconds)."""
+    """The runner kept, and the median forward call time of each (microseconds). Its fields are the
+    store's runner choice fields (store.entries.RUNNER_CHOICE_FIELDS)."""
 
     runner: str
     torch_us: float
@@ -39,15 +39,11 @@ class Choice:
 def stored(selector: Selector, key: str) -> Choice | None:
     """The choice stored for `key` under the selector's fingerprint, or None."""
     store = selector.store
-    blob = store.get_plan(selector.fingerprint, PREFIX + key) if store is not None else None
-    if blob is None:
+    fields = store.get_runner_choice(selector.fingerprint, key) if store is not None else None
+    if fields is None:
         return None
-    try:
-        data = json.loads(blob)
-        found = Choice(str(data["runner"]), float(data["torch_us"]), float(data["cudnn_us"]))
-    except (ValueError, TypeError, KeyError):
-        return None
-    return found if found.runner in (TORCH, CUDNN) else None  # a damaged row: measured again
+    found = Choice(**fields)  # the store hands back exactly Choice's fields, checked
+    return found if found.runner in (TORCH, CUDNN) else None  # a runner this version does not know: measured again
 
 
 def store(selector: Selector, key: str, choice: Choice) -> bool:
@@ -55,7 +51,7 @@ def store(selector: Selector, key: str, choice: Choice) -> bool:
     target = selector.store
     if target is None:
         return False
-    return bool(target.put_plan(selector.fingerprint, PREFIX + key, json.dumps(dataclasses.asdict(choice)).encode()))
+    return bool(target.put_runner_choice(selector.fingerprint, key, dataclasses.asdict(choice)))
 
 
 def runner_key(graphs_key: str, heads_as_batch: bool = False) -> str:

@@ -32,7 +32,14 @@ from typing import Callable, Iterator, TypeVar
 from fusedattn_select._version import __version__
 from fusedattn_select.store.locks import flock_directory, shared_flock
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheUnavailableError
-from fusedattn_select.store.schema import DATA_TABLES, create_schema, schema_is_current, schema_version
+from fusedattn_select.store.schema import (
+    DATA_TABLES,
+    UPGRADABLE,
+    create_schema,
+    schema_is_current,
+    schema_version,
+    upgrade,
+)
 from fusedattn_select.store.swap import SalvageSwap
 
 log = logging.getLogger("fusedattn_select")
@@ -273,6 +280,11 @@ class Database:
         version = schema_version(conn)  # again, inside the lock: another process may have won
         if version is not None and version > SCHEMA_VERSION:
             raise CacheUnavailableError(_newer_schema(self.path, version))
+        if version in UPGRADABLE:
+            moved = upgrade(conn)
+            log.info("fusedattn_select: decision cache %s upgraded from schema %s to %d (%d runner choices "
+                     "moved out of the plans table)", self.path, version, SCHEMA_VERSION, moved)
+            return
         if version is not None and version != SCHEMA_VERSION:
             log.warning("fusedattn_select: decision cache %s has schema %s; starting it over at schema %d",
                         self.path, version, SCHEMA_VERSION)

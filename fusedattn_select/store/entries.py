@@ -11,8 +11,9 @@ import enum
 import hashlib
 import json
 import logging
+import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from fusedattn_select.types import Fingerprint, Outcome, ProbeDepth, Verdict
 
@@ -79,7 +80,7 @@ def new_entry(fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], d
     try:
         depth = ProbeDepth(depth)
     except ValueError:
-        raise ValueError(f"depth={depth!r}: must be 'fast' or 'full'") from None
+        raise ValueError(f"depth={depth!r}: must be 'fast', 'full' or 'verify'") from None
     fp_key = fingerprint.key()
     # Not sort_keys: timings_ms is an ordered mapping (the cuDNN steps in the order they ran).
     text = json.dumps([v.to_dict() for v in verdicts], separators=(",", ":"))
@@ -101,6 +102,63 @@ def plan_to_store(fingerprint: Fingerprint, plan_key: str, blob: bytes, max_byte
     return blob
 
 
+# A runner choice: the runner kept and the median forward call time of each runner (microseconds).
+# The store checks the shape only; which runner names exist is selection/runners.py's business.
+RUNNER_CHOICE_FIELDS = ("runner", "torch_us", "cudnn_us")
+_MAX_RUNNER_NAME = 64
+
+
+@dataclass(frozen=True)
+class NewRunnerChoice:
+    """A runner choice handed to put_runner_choice(): checked, encoded and sized once."""
+
+    fp_key: str
+    key: str
+    text: str  # the choice as the JSON a database row holds
+    choice: dict[str, Any]
+    size: int  # what it counts against max_bytes: the encoded choice and the two keys
+
+
+def check_runner_choice(choice: Any) -> dict[str, Any]:
+    """`choice` as the dict a store keeps: exactly RUNNER_CHOICE_FIELDS, a short runner name and two
+    finite non-negative times. ValueError naming the field otherwise."""
+    if not isinstance(choice, Mapping) or set(choice) != set(RUNNER_CHOICE_FIELDS):
+        raise ValueError(f"choice={shown(choice)}: must be a mapping of exactly {', '.join(RUNNER_CHOICE_FIELDS)}")
+    runner = choice["runner"]
+    if not isinstance(runner, str) or not 0 < len(runner) <= _MAX_RUNNER_NAME:
+        raise ValueError(f"runner={shown(runner)}: must be a name of 1 to {_MAX_RUNNER_NAME} characters")
+    checked: dict[str, Any] = {"runner": runner}
+    for field in RUNNER_CHOICE_FIELDS[1:]:
+        value = choice[field]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{field}={shown(value)}: must be a finite number of microseconds >= 0")
+        checked[field] = float(value)
+    return checked
+
+
+def new_runner_choice(fingerprint: Fingerprint, key: str, choice: Mapping[str, Any]) -> NewRunnerChoice:
+    """put_runner_choice()'s arguments, checked (TypeError or ValueError)."""
+    check_fingerprint(fingerprint)
+    check_key("key", key)
+    return runner_choice_row(fingerprint.key(), key, choice)
+
+
+def runner_choice_row(fp_key: str, key: str, choice: Mapping[str, Any]) -> NewRunnerChoice:
+    """The row of `choice` (checked: ValueError) under `fp_key` and `key`."""
+    checked = check_runner_choice(choice)
+    text = json.dumps(checked, sort_keys=True, separators=(",", ":"))
+    return NewRunnerChoice(fp_key, key, text, checked, len(text.encode()) + len(fp_key) + len(key))
+
+
+def parse_runner_choice(text: Any) -> dict[str, Any]:
+    """A stored runner choice (its JSON text); BadEntry when it must not be used."""
+    data = parse_json(text, "runner choice fields")
+    try:
+        return check_runner_choice(data)
+    except ValueError as err:
+        raise BadEntry(str(err)) from None
+
+
 # ----- encoding -----------------------------------------------------------------------------------
 def sha256(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()
@@ -118,6 +176,17 @@ def plan_export_row(fp_key: str, key: str, blob: bytes) -> dict:
     """One plan as a row of an export file: base64, with its size and sha256."""
     return {"fingerprint": fp_key, "key": key, "sha256": sha256(blob), "size": len(blob),
             "blob": base64.b64encode(blob).decode("ascii")}
+
+
+def runner_choice_export_row(fp_key: str, key: str, choice: dict[str, Any], created: float) -> dict:
+    """One runner choice as a row of an export file, with the sha256 of its content."""
+    return {"fingerprint": fp_key, "key": key, "choice": choice, "created": created,
+            "sha256": runner_choice_digest(fp_key, key, choice)}
+
+
+def runner_choice_digest(fp_key: str, key: str, choice: dict[str, Any]) -> str:
+    """The sha256 an export file carries for a runner choice row, over its canonical content."""
+    return sha256(json.dumps([fp_key, key, choice], sort_keys=True, separators=(",", ":")).encode())
 
 
 # ----- reading back -------------------------------------------------------------------------------
@@ -142,7 +211,7 @@ def parse_depth(value: Any) -> ProbeDepth:
     try:
         return ProbeDepth(value)
     except PARSE_ERRORS:
-        raise BadEntry(f"depth {shown(value)} is not 'fast' or 'full'") from None
+        raise BadEntry(f"depth {shown(value)} is not 'fast', 'full' or 'verify'") from None
 
 
 def _not_json(name: str) -> Any:

@@ -1,7 +1,7 @@
 """The memory store: the persistent store's behaviour over dicts, private to one process.
 
 Used when persistence is off ($FUSEDATTN_SELECT_CACHE=off) or impossible (no writable directory).
-It keeps plans too (`plans_enabled` is True), bounded by max_bytes like decisions, but they die
+It keeps plans and runner choices too (`plans_enabled` is True), bounded by max_bytes like decisions, but they die
 with the process (`persistent` is False): callers that gain from plans only across processes
 check `persistent`. Its key locks exclude threads only. `degraded` says why the persistent store
 could not be used when that is why this one is memory; `switched_off` the value of
@@ -15,15 +15,18 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from fusedattn_select.store.entries import (
     NewEntry,
+    NewRunnerChoice,
     Written,
     check_fingerprint,
     new_entry,
+    new_runner_choice,
     plan_export_row,
     plan_to_store,
+    runner_choice_export_row,
     verdict_export_row,
 )
 from fusedattn_select.store.locks import KeyLocks
@@ -34,7 +37,7 @@ from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
 
 
 class MemoryStore:
-    """Decisions and plans in this process's memory, least recently used last in each dict."""
+    """Decisions, plans and runner choices in this process's memory, least recently used last in each dict."""
 
     kind = "memory"
     path = None
@@ -50,6 +53,7 @@ class MemoryStore:
         # (fingerprint key, key) -> (entry, when it was stored)
         self._verdicts: OrderedDict[tuple[str, str], tuple[NewEntry, float]] = OrderedDict()
         self._plans: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._runner_choices: OrderedDict[tuple[str, str], tuple[NewRunnerChoice, float]] = OrderedDict()
         self._fingerprints: dict[str, Fingerprint] = {}
 
     # ----- decisions ---------------------------------------------------------------------------
@@ -70,7 +74,7 @@ class MemoryStore:
         row_key = (entry.fp_key, entry.key)
         with self._lock:
             stored = self._verdicts.get(row_key)
-            if stored is not None and stored[0].depth is ProbeDepth.FULL and entry.depth is ProbeDepth.FAST:
+            if stored is not None and stored[0].depth is not entry.depth and stored[0].depth.answers(entry.depth):
                 self._verdicts.move_to_end(row_key)
                 return Written.KEPT_FULL
             self._fingerprints.setdefault(entry.fp_key, fingerprint)
@@ -103,6 +107,29 @@ class MemoryStore:
     def _plan_refusal(self) -> str:
         return ""  # memory of this process: nothing another user could have planted
 
+    # ----- runner choices ----------------------------------------------------------------------
+    def get_runner_choice(self, fingerprint: Fingerprint, key: str) -> dict[str, Any] | None:
+        check_fingerprint(fingerprint)
+        with self._lock:
+            stored = self._runner_choices.get((fingerprint.key(), key))
+            if stored is None:
+                return None
+            self._runner_choices.move_to_end((fingerprint.key(), key))
+            return dict(stored[0].choice)
+
+    def put_runner_choice(self, fingerprint: Fingerprint, key: str, choice: Mapping[str, Any]) -> bool:
+        """Store `choice` (entries.RUNNER_CHOICE_FIELDS; ValueError otherwise)."""
+        return self._put_runner_choice(new_runner_choice(fingerprint, key, choice), fingerprint)
+
+    def _put_runner_choice(self, entry: NewRunnerChoice, fingerprint: Fingerprint) -> bool:
+        row_key = (entry.fp_key, entry.key)
+        with self._lock:
+            self._fingerprints.setdefault(entry.fp_key, fingerprint)
+            self._runner_choices[row_key] = (entry, time.time())
+            self._runner_choices.move_to_end(row_key)
+            self._evict(keep=("runner_choices", row_key))
+        return True
+
     # ----- whole store -------------------------------------------------------------------------
     def key_lock(self, fingerprint: Fingerprint, key: str,
                  timeout: float = KEY_LOCK_TIMEOUT_S) -> contextlib.AbstractContextManager[bool]:
@@ -113,7 +140,7 @@ class MemoryStore:
         with self._lock:
             return {
                 "kind": self.kind, "path": None, "entries": len(self._verdicts), "plans": len(self._plans),
-                "bytes": self._payload_bytes(), "max_bytes": self.max_bytes, "persistent": False,
+                "runner_choices": len(self._runner_choices), "bytes": self._payload_bytes(), "max_bytes": self.max_bytes, "persistent": False,
                 "read_only": False, "degraded": self.degraded or None, "switched_off": self.switched_off or None,
                 "plans_enabled": True, "plans_refused": None, "damage": None, "failed_writes": 0,
                 "write_failure": None,
@@ -123,6 +150,7 @@ class MemoryStore:
         with self._lock:
             self._verdicts.clear()
             self._plans.clear()
+            self._runner_choices.clear()
             self._fingerprints.clear()
 
     def export(self, path: str | os.PathLike, fingerprint: Fingerprint | str | None = None) -> dict:
@@ -133,7 +161,7 @@ class MemoryStore:
         """Load an export file, verifying every row; see transfer.import_store."""
         return import_store(self, path, fingerprint)
 
-    def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict]]:
+    def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict], list[dict]]:
         with self._lock:
             verdicts = [
                 verdict_export_row(fp, key, entry.depth, entry.verdicts, created)
@@ -143,23 +171,29 @@ class MemoryStore:
                 plan_export_row(fp, key, blob)
                 for (fp, key), blob in sorted(self._plans.items()) if fingerprint_key in (None, fp)
             ]
+            runner_choices = [
+                runner_choice_export_row(fp, key, entry.choice, created)
+                for (fp, key), (entry, created) in sorted(self._runner_choices.items()) if fingerprint_key in (None, fp)
+            ]
             fingerprints = {
                 fp: fingerprint.to_dict() for fp, fingerprint in self._fingerprints.items()
                 if fingerprint_key in (None, fp)
             }
-        return fingerprints, verdicts, plans
+        return fingerprints, verdicts, plans, runner_choices
 
     # ----- size bound --------------------------------------------------------------------------
     def _payload_bytes(self) -> int:
-        return sum(len(blob) for blob in self._plans.values()) + sum(e.size for e, _ in self._verdicts.values())
+        return (sum(len(blob) for blob in self._plans.values()) + sum(e.size for e, _ in self._verdicts.values())
+                + sum(e.size for e, _ in self._runner_choices.values()))
 
     def _evict(self, keep: tuple[str, tuple[str, str]]) -> None:
-        """Least recently used first, plans before decisions, down to 90% of max_bytes."""
+        """Least recently used first: plans, then runner choices, then decisions, down to 90% of max_bytes."""
         total = self._payload_bytes()
         if total <= self.max_bytes:
             return
         target = int(self.max_bytes * EVICT_TO_FRACTION)
-        for table, rows in (("plans", self._plans), ("verdicts", self._verdicts)):
+        tables = (("plans", self._plans), ("runner_choices", self._runner_choices), ("verdicts", self._verdicts))
+        for table, rows in tables:
             for row_key in list(rows):  # oldest use first
                 if total <= target:
                     return

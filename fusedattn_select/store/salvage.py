@@ -22,21 +22,24 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from fusedattn_select.store.pages import scan
+from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX, legacy_runner_row
 
 # The columns of each data table copied into the fresh database (the schema of SCHEMA_VERSION).
 TABLE_COLUMNS = {
     "fingerprints": ("fingerprint_key", "fingerprint", "created"),
     "verdicts": ("fingerprint_key", "config_key", "depth", "verdicts", "size", "created", "last_used"),
     "plans": ("fingerprint_key", "plan_key", "sha256", "size", "created", "last_used", "blob"),
+    "runner_choices": ("fingerprint_key", "runner_key", "choice", "size", "created", "last_used"),
 }
 # How many leading columns of TABLE_COLUMNS make each table's primary key.
-_KEY_COLUMNS = {"fingerprints": 1, "verdicts": 2, "plans": 2}
+_KEY_COLUMNS = {"fingerprints": 1, "verdicts": 2, "plans": 2, "runner_choices": 2}
 # What each column of TABLE_COLUMNS holds. Every column is NOT NULL, so these shapes tell the tables
 # apart; SQLite stores an integral REAL as an integer on disk, and reads it back as a REAL.
 _COLUMN_KINDS = {
     "fingerprints": ("text", "text", "real"),
     "verdicts": ("text", "text", "text", "text", "integer", "real", "real"),
     "plans": ("text", "text", "text", "integer", "real", "real", "blob"),
+    "runner_choices": ("text", "text", "text", "integer", "real", "real"),
 }
 # The Python types a value of each kind is read as (the first) or stored as on disk; the types of
 # the rows of each table as stored, and as read.
@@ -56,8 +59,9 @@ class SalvageReport:
     lost: dict[str, int | None] = field(default_factory=dict)
 
     def describe(self) -> str:
-        """e.g. "salvaged 17 decisions, 1 plans, 1 fingerprints; lost 0 rows"."""
-        names = {"verdicts": "decisions", "plans": "plans", "fingerprints": "fingerprints"}
+        """e.g. "salvaged 1 fingerprints, 17 decisions, 1 plans, 0 runner choices; lost 0 rows"."""
+        names = {"verdicts": "decisions", "plans": "plans", "fingerprints": "fingerprints",
+                 "runner_choices": "runner choices"}
         kept = ", ".join(f"{self.salvaged.get(table, 0)} {names[table]}" for table in TABLE_COLUMNS)
         if any(count is None for count in self.lost.values()):
             known = sum(count or 0 for count in self.lost.values())
@@ -90,7 +94,12 @@ def recover(path: Path) -> Recovered:
     source = _open_read_only(path, pages.page_size)
     if source is not None:
         try:
+            absent = _absent_tables(source)
+            for table in absent:  # a schema 1 file has no runner_choices: nothing of it is lost
+                counted[table] = 0
             for table, columns in TABLE_COLUMNS.items():
+                if table in absent:
+                    continue
                 from_sqlite: set[tuple] = set()
                 for row in readable_rows(source, table, columns):
                     # SQLite reads a page cut short as if the rest were zeros: rows of NULLs.
@@ -103,9 +112,32 @@ def recover(path: Path) -> Recovered:
                 counted[table] = counted[table] if by_sqlite is None else by_sqlite
         finally:
             source.close()
-    rows = {table: list(by_key.values()) for table, by_key in found.items()}
-    return Recovered(rows, {table: None if counted[table] is None else max(counted[table] - len(rows[table]), 0)
-                            for table in TABLE_COLUMNS})
+    lost = {table: None if counted[table] is None else max(counted[table] - len(found[table]), 0)
+            for table in TABLE_COLUMNS}
+    _move_legacy_runner_choices(found)
+    return Recovered({table: list(by_key.values()) for table, by_key in found.items()}, lost)
+
+
+def _absent_tables(conn: sqlite3.Connection) -> set[str]:
+    """The data tables the file's schema does not hold (none when its schema cannot be read)."""
+    try:
+        held = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError:
+        return set()
+    return set(TABLE_COLUMNS) - held
+
+
+def _move_legacy_runner_choices(found: dict[str, dict[tuple, tuple]]) -> None:
+    """Schema 1's runner choice plan rows, as the runner_choices rows an upgrade makes of them
+    (schema.upgrade): a salvage of a schema 1 file writes the current schema."""
+    plan_columns = TABLE_COLUMNS["plans"]
+    at = [plan_columns.index(column) for column in ("fingerprint_key", "plan_key", "blob", "created", "last_used")]
+    for key, values in list(found["plans"].items()):
+        if isinstance(values[1], str) and values[1].startswith(LEGACY_RUNNER_PREFIX):
+            del found["plans"][key]
+            converted = legacy_runner_row(tuple(values[i] for i in at))
+            if converted is not None:
+                found["runner_choices"].setdefault(converted[:2], converted)
 
 
 def salvage(damaged: Path, fresh: sqlite3.Connection) -> SalvageReport:

@@ -1,18 +1,22 @@
-"""The database schema of SCHEMA_VERSION: its tables, indexes and triggers, and how to tell a
-file's schema (shared by the database and the salvaged copies written for it)."""
+"""The database schema of SCHEMA_VERSION: its tables, indexes and triggers, how to tell a file's
+schema, and the upgrade of a schema 1 file (shared by the database and the salvaged copies written
+for it)."""
 
 from __future__ import annotations
 
 import sqlite3
 
 from fusedattn_select._version import __version__
+from fusedattn_select.store.entries import BadEntry, parse_runner_choice, runner_choice_row
 from fusedattn_select.store.protocol import SCHEMA_VERSION
 
-# The payload total of both tables is kept by triggers, so a write never sums a whole table.
+# The payload tables: each row's `size` counts against max_bytes.
+PAYLOAD_TABLES = ("verdicts", "plans", "runner_choices")
+# The payload total of every payload table is kept by triggers, so a write never sums a whole table.
 _PAYLOAD_TRIGGERS = tuple(
     f"CREATE TRIGGER IF NOT EXISTS payload_{table}_{event} AFTER {event.upper()}{of} ON {table}"
     f" BEGIN UPDATE totals SET bytes = bytes {change} WHERE name = 'payload'; END"
-    for table in ("verdicts", "plans")
+    for table in PAYLOAD_TABLES
     for event, of, change in (("insert", "", "+ NEW.size"), ("delete", "", "- OLD.size"),
                               ("update", " OF size", "+ NEW.size - OLD.size"))
 )
@@ -31,13 +35,23 @@ SCHEMA = (
     " size INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL, blob BLOB NOT NULL,"
     " PRIMARY KEY (fingerprint_key, plan_key))",
     "CREATE INDEX IF NOT EXISTS plans_by_last_use ON plans (last_used, size)",
+    # Six columns: the salvage's page scanner tells a table's rows apart by their shape.
+    "CREATE TABLE IF NOT EXISTS runner_choices ("
+    " fingerprint_key TEXT NOT NULL, runner_key TEXT NOT NULL, choice TEXT NOT NULL,"
+    " size INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL,"
+    " PRIMARY KEY (fingerprint_key, runner_key))",
+    "CREATE INDEX IF NOT EXISTS runner_choices_by_last_use ON runner_choices (last_used, size)",
     "CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, bytes INTEGER NOT NULL)",
     # Counted once when the table is new (a store written before totals existed), kept by triggers after.
     "INSERT OR IGNORE INTO totals (name, bytes) VALUES ('payload',"
-    " (SELECT COALESCE(SUM(size), 0) FROM verdicts) + (SELECT COALESCE(SUM(size), 0) FROM plans))",
+    + " + ".join(f"(SELECT COALESCE(SUM(size), 0) FROM {table})" for table in PAYLOAD_TABLES) + ")",
     *_PAYLOAD_TRIGGERS,
 )
-DATA_TABLES = ("verdicts", "plans", "fingerprints")
+DATA_TABLES = ("verdicts", "plans", "runner_choices", "fingerprints")
+# Schema 1 kept a runner choice as a plan row whose key was this prefix and the choice's key, its
+# JSON as the blob. Schemas a writer upgrades in place (older ones are started over).
+LEGACY_RUNNER_PREFIX = "runner:"
+UPGRADABLE = (1,)
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
@@ -49,6 +63,43 @@ def create_schema(conn: sqlite3.Connection) -> None:
                  (f"fusedattn-select {__version__}",))
 
 
+def upgrade(conn: sqlite3.Connection) -> int:
+    """Bring a database of an UPGRADABLE schema to SCHEMA_VERSION inside the caller's transaction,
+    keeping every row: the new tables, and schema 1's runner choice plan rows moved to
+    runner_choices. How many runner choices moved."""
+    create_schema(conn)
+    rows = conn.execute("SELECT fingerprint_key, plan_key, blob, created, last_used FROM plans"
+                        " WHERE substr(plan_key, 1, ?) = ?", (len(LEGACY_RUNNER_PREFIX), LEGACY_RUNNER_PREFIX)).fetchall()
+    moved = 0
+    for row in rows:
+        converted = legacy_runner_row(row)
+        if converted is not None:
+            moved += conn.execute(
+                "INSERT OR IGNORE INTO runner_choices (fingerprint_key, runner_key, choice, size, created, last_used)"
+                " VALUES (?, ?, ?, ?, ?, ?)", converted).rowcount
+        # A runner choice was never a plan: a row that does not parse is dropped, not kept as one.
+        conn.execute("DELETE FROM plans WHERE fingerprint_key = ? AND plan_key = ?", (row[0], row[1]))
+    return moved
+
+
+def legacy_runner_row(row: tuple) -> tuple | None:
+    """The runner_choices row of a schema 1 plan row (fingerprint_key, plan_key, blob, created,
+    last_used) that held a runner choice; None when its key or blob is not one."""
+    fp_key, plan_key, blob, created, last_used = row
+    if not isinstance(plan_key, str) or not plan_key.startswith(LEGACY_RUNNER_PREFIX):
+        return None
+    key = plan_key[len(LEGACY_RUNNER_PREFIX):]
+    try:
+        text = blob.decode() if isinstance(blob, bytes) else blob
+        choice = parse_runner_choice(text)
+    except (BadEntry, UnicodeDecodeError, AttributeError):
+        return None
+    if not key or not isinstance(fp_key, str):
+        return None
+    new = runner_choice_row(fp_key, key, choice)
+    return fp_key, key, new.text, new.size, created, last_used
+
+
 def schema_version(conn: sqlite3.Connection) -> int | None:
     if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
         return None
@@ -57,6 +108,11 @@ def schema_version(conn: sqlite3.Connection) -> int | None:
         return int(row[0]) if row is not None else None
     except (TypeError, ValueError):
         return 0
+
+
+def has_table(conn: sqlite3.Connection, table: str) -> bool:
+    """Whether the file holds `table` (a schema 1 file opened read-only has no runner_choices)."""
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
 
 
 def schema_is_current(conn: sqlite3.Connection) -> bool:

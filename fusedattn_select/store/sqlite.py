@@ -1,4 +1,5 @@
-"""The persistent store: decisions and serialized plans in one SQLite file shared by every process.
+"""The persistent store: decisions, serialized plans and runner choices in one SQLite file shared by
+every process.
 
 `<dir>/decisions.sqlite3` (see database.py for WAL, retries and recovery from damage); point
 FUSEDATTN_SELECT_CACHE_DIR at local disk on clusters whose home directories are network mounts.
@@ -6,7 +7,8 @@ Key locks add a flock per key in `<dir>/locks/` (see locks.py).
 
 Serialized plans load native code: they are only read from, or written to, a database file and a
 directory that pass trust.untrusted_reason (owned by the current user, writable by no one else,
-the whole path); otherwise plans are refused with one warning and decisions are still cached.
+the whole path); otherwise plans are refused with one warning and decisions and runner choices
+(JSON, no native code) are still cached.
 
 A read never waits for the write lock: the last-use stamps of rows read are written in batches
 (uses.py).
@@ -25,21 +27,21 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from fusedattn_select.store.database import DATA_TABLES, Database, StoreFailure, integrity_problem
 from fusedattn_select.store.entries import (
     BadEntry,
     NewEntry,
+    NewRunnerChoice,
     Written,
     check_fingerprint,
     new_entry,
-    parse_json,
+    new_runner_choice,
     parse_row,
-    plan_export_row,
+    parse_runner_choice,
     plan_to_store,
     sha256,
-    verdict_export_row,
 )
 from fusedattn_select.store.locks import KeyLocks, LockFiles
 from fusedattn_select.store.protocol import (
@@ -50,7 +52,8 @@ from fusedattn_select.store.protocol import (
     Entry,
     ImportReport,
 )
-from fusedattn_select.store import salvage
+from fusedattn_select.store import sqlite_rows
+from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX, has_table, legacy_runner_row
 from fusedattn_select.store.settings import resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.store.uses import PendingUses
@@ -61,14 +64,18 @@ log = logging.getLogger("fusedattn_select")
 
 DATABASE_NAME = "decisions.sqlite3"
 
-# A decision or a plan is one row of its table, keyed by (fingerprint_key, its key column).
-_ROWS = {"decision": ("verdicts", "config_key"), "plan": ("plans", "plan_key")}
+# A decision, a plan or a runner choice is one row of its table, keyed by (fingerprint_key, its key column).
+_ROWS = {"decision": ("verdicts", "config_key"), "plan": ("plans", "plan_key"),
+         "runner choice": ("runner_choices", "runner_key")}
+# Eviction order: a plan is rebuilt in a fraction of a second, a runner choice measured again in a
+# few calls, a decision is a probe.
+_EVICTION_ORDER = ("plans", "runner_choices", "verdicts")
 # How long a write waits for the lock after the write before it failed.
 FAILING_PATIENCE_S = 1.0
 
 
 class PersistentStore:
-    """Decisions and serialized plans in `<directory>/decisions.sqlite3`, shared by processes.
+    """Decisions, serialized plans and runner choices in `<directory>/decisions.sqlite3`, shared by processes.
 
     Raises CacheUnavailableError when the directory cannot be created or written, or holds a
     database of a newer schema. `plans_enabled` is False while the directory or the database file
@@ -157,7 +164,7 @@ class PersistentStore:
             stored = conn.execute(
                 "SELECT depth FROM verdicts WHERE fingerprint_key = ? AND config_key = ?", (fp_key, key),
             ).fetchone()
-            if stored is not None and stored[0] == ProbeDepth.FULL.value and depth is ProbeDepth.FAST:
+            if stored is not None and stored[0] in {d.value for d in ProbeDepth if d is not depth and d.answers(depth)}:
                 conn.execute("UPDATE verdicts SET last_used = ? WHERE fingerprint_key = ? AND config_key = ?",
                              (now, fp_key, key))
                 return Written.KEPT_FULL
@@ -245,7 +252,7 @@ class PersistentStore:
         if row is None:
             return None
         digest, size, blob = row
-        problem = _plan_problem(digest, size, blob)
+        problem = sqlite_rows.plan_problem(digest, size, blob)
         if problem:
             self._drop_bad_row("plan", fp_key, plan_key, problem, "sha256", digest)
             return None
@@ -264,6 +271,72 @@ class PersistentStore:
             )
         return problem
 
+    # ----- runner choices ----------------------------------------------------------------------
+    def get_runner_choice(self, fingerprint: Fingerprint, key: str) -> dict[str, Any] | None:
+        """The runner choice stored for `key`, or None; kept where plans are refused too."""
+        check_fingerprint(fingerprint)
+        fp_key = fingerprint.key()
+        if not self._holds_runner_choices_table():
+            return self._legacy_runner_choice(fp_key, key)
+        row = self._read_row("runner choice", "choice", fp_key, key)
+        if row is None:
+            return None
+        try:
+            choice = parse_runner_choice(row[0])
+        except BadEntry as bad:
+            self._drop_bad_row("runner choice", fp_key, key, bad, "choice", row[0])
+            return None
+        self._record_use("runner choice", fp_key, key)
+        return choice
+
+    def _holds_runner_choices_table(self) -> bool:
+        """False only for a schema 1 file opened read-only (a writer upgrades the file as it opens it)."""
+        if not self.read_only:
+            return True
+        try:
+            return self._db.run("read the schema", lambda conn: has_table(conn, "runner_choices"))
+        except StoreFailure:  # damage: _read_row reports it
+            return True
+
+    def _legacy_runner_choice(self, fp_key: str, key: str) -> dict[str, Any] | None:
+        """A schema 1 file opened read-only: the choice from its plan row (see schema.upgrade)."""
+        row = self._read_row("plan", "fingerprint_key, plan_key, blob, created, last_used", fp_key,
+                             LEGACY_RUNNER_PREFIX + key)
+        converted = legacy_runner_row(row) if row is not None else None
+        return parse_runner_choice(converted[2]) if converted is not None else None
+
+    def put_runner_choice(self, fingerprint: Fingerprint, key: str, choice: Mapping[str, Any]) -> bool:
+        """Store `choice` (entries.RUNNER_CHOICE_FIELDS; ValueError otherwise); False when the write
+        failed (logged) or the store is read-only."""
+        return self._put_runner_choice(new_runner_choice(fingerprint, key, choice), fingerprint)
+
+    def _put_runner_choice(self, entry: NewRunnerChoice, fingerprint: Fingerprint) -> bool:
+        if self.read_only:
+            return False
+
+        def write(conn: sqlite3.Connection) -> None:
+            self._uses.write(conn)
+            now = time.time()
+            _remember_fingerprint(conn, fingerprint, now)
+            conn.execute(
+                "INSERT INTO runner_choices (fingerprint_key, runner_key, choice, size, created, last_used)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (fingerprint_key, runner_key) DO UPDATE SET choice = excluded.choice,"
+                " size = excluded.size, created = excluded.created, last_used = excluded.last_used",
+                (entry.fp_key, entry.key, entry.text, entry.size, now, now),
+            )
+            rowid = conn.execute("SELECT rowid FROM runner_choices WHERE fingerprint_key = ? AND runner_key = ?",
+                                 (entry.fp_key, entry.key)).fetchone()[0]
+            self._evict(conn, keep=("runner_choices", rowid))
+
+        try:
+            self._db.run("store a runner choice", write, write=True, patience_s=self._patience())
+        except StoreFailure as err:
+            self._write_failed("runner choice", err)
+            return False
+        self._failing = False
+        return True
+
     # ----- whole store -------------------------------------------------------------------------
     def key_lock(self, fingerprint: Fingerprint, key: str,
                  timeout: float = KEY_LOCK_TIMEOUT_S) -> contextlib.AbstractContextManager[bool]:
@@ -274,17 +347,17 @@ class PersistentStore:
         """Totals and state: see protocol.STATE_KEYS. A damaged file's totals count the rows that can
         be read."""
         try:
-            entries, plans, payload = self._recovered_totals() if self._db.damage else self._db.run(
-                "read the totals", _totals)
+            entries, plans, runners, payload = (sqlite_rows.recovered_totals(self.path) if self._db.damage
+                                                else self._db.run("read the totals", sqlite_rows.totals))
         except StoreFailure as err:
             if not self._db.damage:
                 log.warning("fusedattn_select: decision cache %s: %s", self.path, err)
-            entries, plans, payload = self._recovered_totals()
+            entries, plans, runners, payload = sqlite_rows.recovered_totals(self.path)
         pending = self._db.salvaged_copy.exists()
         refusal = self._plan_refusal()
         return {
             "kind": self.kind, "path": str(self.path), "entries": entries, "plans": plans,
-            "bytes": payload, "max_bytes": self.max_bytes, "persistent": True, "read_only": self.read_only,
+            "runner_choices": runners, "bytes": payload, "max_bytes": self.max_bytes, "persistent": True, "read_only": self.read_only,
             "degraded": None, "switched_off": None, "plans_enabled": not refusal,
             "plans_refused": refusal or None,
             "damage": (f"a salvage was interrupted: {self._db.salvaged_copy.name} waits to take the file's "
@@ -293,7 +366,7 @@ class PersistentStore:
         }
 
     def clear(self) -> None:
-        """Remove every decision and plan, in one transaction; CacheError (nothing removed) when the
+        """Remove every decision, plan and runner choice, in one transaction; CacheError (nothing removed) when the
         store is read-only or the database cannot be written."""
         if self.read_only:
             raise CacheError(f"decision cache {self.path}: opened read-only, not cleared")
@@ -339,62 +412,20 @@ class PersistentStore:
             raise CacheError(f"decision cache {self.path}: opened read-only, nothing imported")
         return import_store(self, path, fingerprint)
 
-    def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict]]:
+    def _export_rows(self, fingerprint_key: str | None) -> sqlite_rows.ExportRows:
         refused = bool(self._plan_refusal())
-
-        def read(conn: sqlite3.Connection) -> list[list[tuple]]:
-            return [[] if table == "plans" and refused else _sorted_rows(
-                conn.execute(f"SELECT {', '.join(columns)} FROM {table}"), fingerprint_key)
-                for table, columns in _EXPORTED.items()]
-
         if self.check_damage():
-            fingerprint_rows, verdict_rows, plan_rows = self._recovered_export_rows(fingerprint_key)
+            raw = sqlite_rows.recovered_export_rows(self.path, fingerprint_key, refused)
         else:
             try:
-                fingerprint_rows, verdict_rows, plan_rows = self._db.run("export", read)
+                raw = self._db.run("export", lambda conn: sqlite_rows.raw_export_rows(conn, fingerprint_key, refused))
             except StoreFailure:  # damage the quick check did not see, or a file that is not a database
-                fingerprint_rows, verdict_rows, plan_rows = self._recovered_export_rows(fingerprint_key)
-        fingerprints = {}
-        for fp_key, text in fingerprint_rows:
-            with contextlib.suppress(BadEntry):
-                fingerprints[fp_key] = parse_json(text, "fingerprint")
-        verdicts = []
-        for fp_key, key, depth, text, created in verdict_rows:
-            try:
-                parsed, parsed_depth = parse_row(depth, text)
-            except BadEntry as bad:
-                log.warning("fusedattn_select: not exporting the decision %s: %s", key, bad)
-                continue
-            verdicts.append(verdict_export_row(fp_key, key, parsed_depth, parsed, created))
-        plans = []
-        for fp_key, key, digest, size, blob in plan_rows:
-            if _plan_problem(digest, size, blob):
-                log.warning("fusedattn_select: not exporting the damaged plan %s", key)
-                continue
-            plans.append(plan_export_row(fp_key, key, blob))
-        return fingerprints, verdicts, plans
-
-    def _recovered_export_rows(self, fingerprint_key: str | None) -> list[list[tuple]]:
-        """What _export_rows reads, from a damaged file: every row salvage would keep."""
-        recovered = salvage.recover(self.path).rows
-        refused = bool(self._plan_refusal())
-        tables = []
-        for table, columns in _EXPORTED.items():
-            at = [salvage.TABLE_COLUMNS[table].index(column) for column in columns]
-            rows = [] if table == "plans" and refused else recovered.get(table, [])
-            tables.append(_sorted_rows((tuple(row[i] for i in at) for row in rows), fingerprint_key))
-        return tables
-
-    def _recovered_totals(self) -> tuple[int, int, int]:
-        """The totals of a damaged file: of every row salvage would keep."""
-        recovered = salvage.recover(self.path).rows
-        sizes = {table: [row[salvage.TABLE_COLUMNS[table].index("size")] for row in recovered.get(table, [])]
-                 for table in ("verdicts", "plans")}
-        return len(sizes["verdicts"]), len(sizes["plans"]), sum(sizes["verdicts"]) + sum(sizes["plans"])
+                raw = sqlite_rows.recovered_export_rows(self.path, fingerprint_key, refused)
+        return sqlite_rows.export_rows(raw)
 
     # ----- rows --------------------------------------------------------------------------------
     def _read_row(self, kind: str, columns: str, fp_key: str, key: str) -> tuple | None:
-        """`columns` of the `kind` ("decision" or "plan") row, or None: no row, or unreadable (logged)."""
+        """`columns` of the `kind` (a key of _ROWS) row, or None: no row, or unreadable (logged)."""
         table, key_column = _ROWS[kind]
         try:
             return self._db.run(f"read a {kind}", lambda conn: conn.execute(
@@ -429,13 +460,13 @@ class PersistentStore:
             self._uses.note(*_ROWS[kind], fp_key, key)
 
     def _evict(self, conn: sqlite3.Connection, keep: tuple[str, int]) -> None:
-        """Least recently used first, plans before decisions, down to 90% of max_bytes."""
-        total = _payload_bytes(conn)
+        """Least recently used first, in _EVICTION_ORDER, down to 90% of max_bytes."""
+        total = sqlite_rows.payload_bytes(conn)
         if total <= self.max_bytes:
             return
         target = int(self.max_bytes * EVICT_TO_FRACTION)
         evicted = {}
-        for table in ("plans", "verdicts"):
+        for table in _EVICTION_ORDER:
             doomed = []
             rows = conn.execute(f"SELECT rowid, size FROM {table} ORDER BY last_used, rowid")
             for rowid, size in rows:
@@ -448,8 +479,9 @@ class PersistentStore:
             evicted[table] = len(doomed)
             if total <= target:
                 break
-        log.info("fusedattn_select: decision cache over %d bytes: evicted %d plans and %d decisions",
-                 self.max_bytes, evicted.get("plans", 0), evicted.get("verdicts", 0))
+        log.info("fusedattn_select: decision cache over %d bytes: evicted %d plans, %d runner choices and %d "
+                 "decisions", self.max_bytes, evicted.get("plans", 0), evicted.get("runner_choices", 0),
+                 evicted.get("verdicts", 0))
 
 
 def _remember_fingerprint(conn: sqlite3.Connection, fingerprint: Fingerprint, now: float) -> None:
@@ -457,43 +489,3 @@ def _remember_fingerprint(conn: sqlite3.Connection, fingerprint: Fingerprint, no
         "INSERT OR IGNORE INTO fingerprints (fingerprint_key, fingerprint, created) VALUES (?, ?, ?)",
         (fingerprint.key(), json.dumps(fingerprint.to_dict(), sort_keys=True), now),
     )
-
-
-def _totals(conn: sqlite3.Connection) -> tuple[int, int, int]:
-    entries = conn.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
-    plans = conn.execute("SELECT COUNT(*) FROM plans").fetchone()[0]
-    return entries, plans, _payload_bytes(conn)
-
-
-# What an export holds of each table, in this order.
-_EXPORTED = {
-    "fingerprints": ("fingerprint_key", "fingerprint"),
-    "verdicts": ("fingerprint_key", "config_key", "depth", "verdicts", "created"),
-    "plans": ("fingerprint_key", "plan_key", "sha256", "size", "blob"),
-}
-
-
-def _sorted_rows(rows: Iterable[tuple], fingerprint_key: str | None) -> list[tuple]:
-    return sorted((row for row in rows if fingerprint_key in (None, row[0])), key=lambda row: (str(row[0]), str(row[1])))
-
-
-def _payload_bytes(conn: sqlite3.Connection) -> int:
-    row = None
-    with contextlib.suppress(sqlite3.OperationalError):  # a file opened read-only from before totals existed
-        row = conn.execute("SELECT bytes FROM totals WHERE name = 'payload'").fetchone()
-    if row is not None:
-        return row[0]
-    return conn.execute(
-        "SELECT (SELECT COALESCE(SUM(size), 0) FROM plans) + (SELECT COALESCE(SUM(size), 0) FROM verdicts)"
-    ).fetchone()[0]
-
-
-def _plan_problem(digest: object, size: object, blob: object) -> str:
-    """Why a stored plan row must not be used ("" when its blob matches its size and digest)."""
-    if not isinstance(blob, bytes):
-        return f"blob is {type(blob).__name__}, not bytes"
-    if len(blob) != size:
-        return f"blob has {len(blob)} bytes, {size} were stored (truncated)"
-    if sha256(blob) != digest:
-        return "sha256 of the blob does not match the stored digest"
-    return ""

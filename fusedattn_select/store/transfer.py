@@ -1,7 +1,9 @@
 """Export a store to a JSON file and import one, verifying every row (both stores delegate here).
 
-An export file holds the fingerprints' descriptions, decisions (with the sha256 of their content)
-and plans (base64 with their size and sha256). Import trusts nothing in it: a fingerprint must hash
+An export file holds the fingerprints' descriptions, decisions and runner choices (each with the
+sha256 of its content) and plans (base64 with their size and sha256). A schema 1 file's runner
+choices are plan rows keyed `runner:<key>` (schema.LEGACY_RUNNER_PREFIX): they import as runner
+choices, never as plans. Import trusts nothing in it: a fingerprint must hash
 to its key, every row must parse and match its sha256, a plan its size; a row that fails is skipped
 with its reason. These checks catch damage and edits, not a forger: anyone can write a consistent
 file, so import only files you trust. Every row is checked before any is written, and a file
@@ -30,13 +32,18 @@ from fusedattn_select.store.entries import (
     Written,
     decision_digest,
     fingerprint_key,
+    NewRunnerChoice,
     new_entry,
     parse_depth,
+    parse_json,
     parse_verdicts,
+    runner_choice_digest,
+    runner_choice_row,
     sha256,
     shown,
 )
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheError, ImportReport
+from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX
 from fusedattn_select.types import Fingerprint
 
 log = logging.getLogger("fusedattn_select")
@@ -47,11 +54,14 @@ EXPORT_FORMAT = "fusedattn-select-cache"
 class Transferable(Protocol):
     """What export and import need of a store besides put_plan (package-internal)."""
 
-    def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict]]:
-        """(fingerprint descriptions by key, decision rows, plan rows) of valid entries."""
+    def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict], list[dict]]:
+        """(fingerprint descriptions by key, decision rows, plan rows, runner choice rows) of valid entries."""
 
     def _put(self, fingerprint: Fingerprint, entry: NewEntry) -> Written:
         """put() of a checked entry, saying what became of it."""
+
+    def _put_runner_choice(self, entry: NewRunnerChoice, fingerprint: Fingerprint) -> bool:
+        """put_runner_choice() of a checked runner choice; whether it was stored."""
 
     def _plan_refusal(self) -> str:
         """Why plans may not be written to this store ("" when they may)."""
@@ -63,12 +73,12 @@ class Transferable(Protocol):
 def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fingerprint | str | None = None) -> dict:
     """Write every valid entry (of `fingerprint` only, when given) to a JSON file.
 
-    Returns {"path", "verdicts", "plans"} counts. Raises CacheError naming the path when it cannot be
+    Returns {"path", "verdicts", "plans", "runner_choices"} counts. Raises CacheError naming the path when it cannot be
     written (no such directory, a directory, no permission, disk full); nothing is left behind then.
     """
     path = Path(path)
     _check_writable(path)
-    fingerprints, verdict_rows, plan_rows = store._export_rows(fingerprint_key(fingerprint))
+    fingerprints, verdict_rows, plan_rows, runner_rows = store._export_rows(fingerprint_key(fingerprint))
     document = {
         "format": EXPORT_FORMAT,
         "schema_version": SCHEMA_VERSION,
@@ -77,11 +87,13 @@ def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fing
         "fingerprints": fingerprints,
         "verdicts": verdict_rows,
         "plans": plan_rows,
+        "runner_choices": runner_rows,
     }
     _write_export(path, document)
-    log.info("fusedattn_select: exported %d decisions and %d plans to %s",
-             len(verdict_rows), len(plan_rows), path)
-    return {"path": str(path), "verdicts": len(verdict_rows), "plans": len(plan_rows)}
+    log.info("fusedattn_select: exported %d decisions, %d plans and %d runner choices to %s",
+             len(verdict_rows), len(plan_rows), len(runner_rows), path)
+    return {"path": str(path), "verdicts": len(verdict_rows), "plans": len(plan_rows),
+            "runner_choices": len(runner_rows)}
 
 
 def _check_writable(path: Path) -> None:
@@ -145,12 +157,17 @@ def import_store(store: Transferable, path: str | os.PathLike,
     document = read_export(path)
     owners = _Owners.of(document, fingerprint_key(fingerprint))
     decision_rows, plan_rows = _list_field(document, "verdicts"), _list_field(document, "plans")
+    runner_rows = _list_field(document, "runner_choices")
+    legacy = [row for row in plan_rows if document["schema_version"] == 1 and _is_legacy_runner_row(row)]
+    plan_rows = [row for row in plan_rows if not any(row is other for other in legacy)]
     refusal = store._plan_refusal() if plan_rows else ""
     skipped: list[tuple[str, str]] = []
     decisions = _checked_rows(path, owners, "verdicts", decision_rows, skipped, _check_decision)
     plans = _checked_rows(path, owners, "plans", plan_rows, skipped,
                           lambda fp, row: _check_plan(fp, row, refusal))
-    imported_decisions = imported_plans = 0
+    runners = (_checked_rows(path, owners, "runner_choices", runner_rows, skipped, _check_runner_choice)
+               + _checked_rows(path, owners, "plans", legacy, skipped, _check_legacy_runner_choice))
+    imported_decisions = imported_plans = imported_runners = 0
     for label, fp, entry in decisions:
         reason = _write_decision(store, fp, entry)
         if reason:
@@ -162,9 +179,14 @@ def import_store(store: Transferable, path: str | os.PathLike,
             imported_plans += 1
         else:
             skipped.append((label, "the store refused the plan (see the warning)"))
-    log.info("fusedattn_select: imported %d decisions and %d plans from %s (%d rows skipped)",
-             imported_decisions, imported_plans, path, len(skipped))
-    return ImportReport(imported_decisions, imported_plans, tuple(skipped))
+    for label, fp, entry in runners:
+        if store._put_runner_choice(entry, fp):
+            imported_runners += 1
+        else:
+            skipped.append((label, "the store could not write it (see the warning)"))
+    log.info("fusedattn_select: imported %d decisions, %d plans and %d runner choices from %s (%d rows skipped)",
+             imported_decisions, imported_plans, imported_runners, path, len(skipped))
+    return ImportReport(imported_decisions, imported_plans, tuple(skipped), imported_runners)
 
 
 def read_export(path: Path) -> dict:
@@ -200,7 +222,7 @@ def _checked_rows(path: Path, owners: _Owners, field: str, rows: list, skipped: 
                   check: RowCheck) -> list[tuple[str, Fingerprint, Any]]:
     """(label, fingerprint, what to write) of each row that checks out; every other row is appended to
     `skipped` with its reason. CacheError when a row holds a value no export holds."""
-    kind = "decision" if field == "verdicts" else "plan"
+    kind = {"verdicts": "decision", "plans": "plan", "runner_choices": "runner choice"}[field]
     accepted = []
     for index, row in enumerate(rows):
         label = _label(kind, row)
@@ -292,6 +314,41 @@ def _check_plan(fingerprint: Fingerprint, row: dict, refusal: str) -> tuple[str,
     if row.get("sha256") != sha256(blob):
         return "sha256 of the blob does not match the row"
     return key, blob
+
+
+def _check_runner_choice(fingerprint: Fingerprint, row: dict) -> NewRunnerChoice | str:
+    key = row.get("key")
+    if not isinstance(key, str) or not key:
+        return f"key={shown(key)}: must be a non-empty string"
+    try:
+        entry = runner_choice_row(fingerprint.key(), key, row.get("choice"))
+    except ValueError as err:
+        return str(err)
+    digest = row.get("sha256")
+    if digest is None:
+        return "carries no sha256 of its content"
+    if digest != runner_choice_digest(fingerprint.key(), key, entry.choice):
+        return "sha256 of the runner choice does not match the row (edited or damaged)"
+    return entry
+
+
+def _is_legacy_runner_row(row: Any) -> bool:
+    return isinstance(row, dict) and isinstance(row.get("key"), str) and row["key"].startswith(LEGACY_RUNNER_PREFIX)
+
+
+def _check_legacy_runner_choice(fingerprint: Fingerprint, row: dict) -> NewRunnerChoice | str:
+    """A schema 1 plan row holding a runner choice (its JSON as the blob), checked as a plan row is."""
+    checked = _check_plan(fingerprint, row, "")
+    if isinstance(checked, str):
+        return checked
+    key, blob = checked
+    if key == LEGACY_RUNNER_PREFIX:
+        return f"key={shown(key)}: names no runner choice"
+    try:
+        return runner_choice_row(fingerprint.key(), key[len(LEGACY_RUNNER_PREFIX):],
+                                 parse_json(blob.decode("utf-8", "replace"), "runner choice fields"))
+    except ValueError as err:  # BadEntry too
+        return f"not a runner choice ({shown(err)})"
 
 
 @dataclass(frozen=True)

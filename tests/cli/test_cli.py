@@ -380,7 +380,7 @@ def test_cache_info_export_import_clear(capsys, tmp_path):
     code, out, _ = run(capsys, "cache", "import", str(export))
     assert code == 0 and json.loads(out)["skipped"] == []
     code, out, _ = run(capsys, "cache", "clear")
-    assert code == 0 and out.startswith("cleared 0 decisions and 0 plans from ")
+    assert code == 0 and out.startswith("cleared 0 decisions, 0 plans and 0 runner choices from ")
 
 
 def test_cache_import_of_a_missing_file_is_bad_input(capsys, tmp_path):

@@ -4,6 +4,7 @@ read from the store where attention() persisted it (selection/runners.py); nothi
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 from fusedattn_select.config import AttnConfig
@@ -45,7 +46,9 @@ def test_a_choice_for_another_problem_or_a_bad_blob_is_not_used(tmp_path):
     other = dispatch_config(CFG.replace(num_heads_q=8, num_heads_kv=8)).cache_key()
     runners.store(selector, runners.runner_key(other), runners.Choice(runners.CUDNN, 30.0, 10.0))
     assert runners.for_selection(selector, selection) is None
-    key = runners.PREFIX + runners.runner_key(dispatch_config(CFG).cache_key())
-    selector.store.put_plan(selector.fingerprint, key, b"not json")
+    key = runners.runner_key(dispatch_config(CFG).cache_key())
+    conn = sqlite3.connect(selector.store.path, isolation_level=None)  # a damaged row
+    conn.execute("INSERT INTO runner_choices VALUES (?, ?, 'not json', 10, 0, 0)", (selector.fingerprint.key(), key))
+    conn.close()
     assert runners.for_selection(selector, selection) is None
     assert os.path.isdir(tmp_path / "store")

@@ -1,8 +1,8 @@
 """Damage in any one place of a real store loses only the rows stored there: every row whose leaf
 page and overflow pages are intact is recovered with its values, and no deleted row comes back.
 
-The store: 600 decisions and two plans of 100 KB (each with an overflow chain) written through
-PersistentStore; rows deleted (whole leaf pages go onto the freelist, single cells into free blocks
+The store: 600 decisions, two plans of 100 KB (each with an overflow chain) and 120 runner choices
+written through PersistentStore; rows deleted (whole leaf pages go onto the freelist, single cells into free blocks
 of their pages); part of it checkpointed into the file, part still in the write-ahead log. Each
 trial damages a fresh copy of the file: every page zeroed in turn, cuts at several lengths, a
 damaged header, a damaged root and interior page.
@@ -29,6 +29,8 @@ DECISIONS = 600
 CHECKPOINTED = 590  # decisions written before the checkpoint; the rest are only in the log
 DELETED_BEFORE_CHECKPOINT = [*range(100, 160), *range(200, 400, 7)]
 DELETED_IN_LOG = [*range(300, 340), *range(CHECKPOINTED, DECISIONS, 3)]
+RUNNER_CHOICES = 120
+DELETED_RUNNER_CHOICES = [*range(10, 40), *range(60, 120, 5)]
 KEPT_PLAN = random.Random(1).randbytes(100_000)
 DELETED_PLAN = random.Random(2).randbytes(100_000)
 
@@ -63,7 +65,11 @@ def _decision(index: int):
     return SUPPORTED_FULL if index % 3 else REJECTED_FAST
 
 
-def _delete(path: Path, indexes: list[int], plans: list[str]) -> None:
+def _runner_choice(index: int) -> dict:
+    return {"runner": "torch" if index % 2 else "cudnn", "torch_us": 10.0 + index, "cudnn_us": 20.5}
+
+
+def _delete(path: Path, indexes: list[int], plans: list[str], runners: list[int] = ()) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         # Some builds of SQLite zero what a delete frees (Debian's does): here the deleted rows'
@@ -72,6 +78,7 @@ def _delete(path: Path, indexes: list[int], plans: list[str]) -> None:
         conn.execute("BEGIN")
         conn.executemany("DELETE FROM verdicts WHERE config_key = ?", [(f"key-{i}",) for i in indexes])
         conn.executemany("DELETE FROM plans WHERE plan_key = ?", [(key,) for key in plans])
+        conn.executemany("DELETE FROM runner_choices WHERE runner_key = ?", [(f"bucket-{i}",) for i in runners])
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -91,7 +98,8 @@ def _select(directory: Path, scratch: Path) -> dict[str, dict[tuple, tuple]]:
         conn.close()
 
 
-def _described(directory: Path, scratch: Path, deleted_decisions: list[int], deleted_plans: list[str]) -> Store:
+def _described(directory: Path, scratch: Path, deleted_decisions: list[int], deleted_plans: list[str],
+               deleted_runners: list[int] = ()) -> Store:
     live = _select(directory, scratch)
     pages = scan(directory / DATABASE_NAME)
     where = {table: {} for table in TABLE_COLUMNS}
@@ -102,6 +110,7 @@ def _described(directory: Path, scratch: Path, deleted_decisions: list[int], del
         "fingerprints": set(),
         "verdicts": {(H100.key(), f"key-{i}") for i in deleted_decisions},
         "plans": {(H100.key(), key) for key in deleted_plans},
+        "runner_choices": {(H100.key(), f"bucket-{i}") for i in deleted_runners},
     }
     return Store(directory, live, deleted, where, pages.wal_pages, pages.page_size)
 
@@ -116,7 +125,9 @@ def with_log(tmp_path_factory) -> Store:
         assert store.put(H100, f"key-{index}", _decision(index), ProbeDepth.FULL)
     assert store.put_plan(H100, "plan-kept", KEPT_PLAN)
     assert store.put_plan(H100, "plan-deleted", DELETED_PLAN)
-    _delete(store.path, DELETED_BEFORE_CHECKPOINT, ["plan-deleted"])
+    for index in range(RUNNER_CHOICES):
+        assert store.put_runner_choice(H100, f"bucket-{index}", _runner_choice(index))
+    _delete(store.path, DELETED_BEFORE_CHECKPOINT, ["plan-deleted"], DELETED_RUNNER_CHOICES)
     store.close()  # the last connection: the log is checkpointed into the file and removed
     store = PersistentStore(cache)
     for index in range(CHECKPOINTED, DECISIONS):
@@ -127,7 +138,7 @@ def with_log(tmp_path_factory) -> Store:
         shutil.copy(cache / name, kept / name)
     store.close()
     return _described(kept, tmp_path_factory.mktemp("select") / "copy", DELETED_BEFORE_CHECKPOINT + DELETED_IN_LOG,
-                      ["plan-deleted"])
+                      ["plan-deleted"], DELETED_RUNNER_CHOICES)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +152,7 @@ def checkpointed(with_log, tmp_path_factory) -> Store:
     conn.close()
     assert not (directory / (DATABASE_NAME + "-wal")).exists()
     return _described(directory, tmp_path_factory.mktemp("select") / "copy", DELETED_BEFORE_CHECKPOINT + DELETED_IN_LOG,
-                      ["plan-deleted"])
+                      ["plan-deleted"], DELETED_RUNNER_CHOICES)
 
 
 def _damaged_copy(store: Store, directory: Path, data: bytes) -> Path:
@@ -186,6 +197,7 @@ def test_the_store_has_what_the_sweep_needs(with_log, checkpointed):
         assert len(store.live["verdicts"]) == DECISIONS - len(set(DELETED_BEFORE_CHECKPOINT + DELETED_IN_LOG))
         assert store.live["plans"][(H100.key(), "plan-kept")][-1] == KEPT_PLAN
         assert len(store.pages["plans"][(H100.key(), "plan-kept")]) > 20  # an overflow chain
+        assert len(store.live["runner_choices"]) == RUNNER_CHOICES - len(DELETED_RUNNER_CHOICES)
     assert with_log.wal_pages and not checkpointed.wal_pages
     conn = sqlite3.connect(f"{checkpointed.file.as_uri()}?mode=ro", uri=True)
     assert conn.execute("PRAGMA freelist_count").fetchone()[0] > 5

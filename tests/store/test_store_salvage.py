@@ -80,7 +80,7 @@ def test_write_salvages_every_row_of_a_database_with_a_damaged_index_page(cache_
     assert len(aside) == 1 and aside[0].read_bytes() == damaged_bytes
     messages = [r.getMessage() for r in warnings_of(caplog) if "salvaged" in r.getMessage()]
     assert len(messages) == 1
-    assert f"salvaged 1 fingerprints, {ROWS} decisions, 1 plans; lost 0 rows" in messages[0]
+    assert f"salvaged 1 fingerprints, {ROWS} decisions, 1 plans, 0 runner choices; lost 0 rows" in messages[0]
     assert not [p for p in cache_dir.iterdir() if p.name.endswith((".lock", ".recover.lock"))
                 or ".salvage-" in p.name]
 
@@ -120,7 +120,7 @@ def test_write_salvages_every_row_under_a_damaged_root_page_of_the_decisions_tab
     assert store.get_plan(H100, "plan-0") == PLAN
     assert store.integrity_check() == ["ok"]
     messages = [r.getMessage() for r in warnings_of(caplog) if "salvaged" in r.getMessage()]
-    assert len(messages) == 1 and f"salvaged 1 fingerprints, {ROWS} decisions, 1 plans; lost 0 rows" in messages[0]
+    assert len(messages) == 1 and f"salvaged 1 fingerprints, {ROWS} decisions, 1 plans, 0 runner choices; lost 0 rows" in messages[0]
 
 
 def test_read_only_store_exports_every_row_of_a_database_with_a_damaged_primary_key_index(cache_dir, tmp_path):
