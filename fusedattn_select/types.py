@@ -65,10 +65,18 @@ class Provenance(TextEnum):
 
 
 class ProbeDepth(TextEnum):
-    """How far a probe goes: `fast` stops after cuDNN's check_support, `full` also builds plans."""
+    """How far a probe goes: `fast` stops after cuDNN's check_support, `full` also builds plans,
+    `verify` also runs the graphs once on seeded data and compares them with a reference."""
 
     FAST = "fast"
     FULL = "full"
+    VERIFY = "verify"
+
+    def answers(self, asked: "ProbeDepth") -> bool:
+        """Whether an answer probed to this depth answers a question at depth `asked`: a deeper
+        probe answers every shallower question (a "no" from any depth answers every question;
+        callers check that apart)."""
+        return _DEPTH_ORDER.index(self) >= _DEPTH_ORDER.index(asked)
 
     @classmethod
     def parse(cls, value: "str | ProbeDepth", field: str = "probe_depth") -> "ProbeDepth":
@@ -76,7 +84,12 @@ class ProbeDepth(TextEnum):
         try:
             return cls(value)
         except ValueError:
-            raise ConfigError(field, value, "must be 'fast' or 'full'") from None
+            raise ConfigError(field, value, "must be 'fast', 'full' or 'verify'") from None
+
+
+_DEPTH_ORDER = (ProbeDepth.FAST, ProbeDepth.FULL, ProbeDepth.VERIFY)
+# The stage of a verdict decided by running the graphs and comparing their results (depth verify).
+NUMERICS_STAGE = "numerics"
 
 
 _REJECTION_KIND = {
@@ -99,8 +112,9 @@ def rejection_line(backend: Backend, phases: "tuple[Phase, ...] | list[Phase]", 
 class Verdict:
     """The answer for one backend and one phase (forward or backward) of one problem.
 
-    `stage` names where the answer was decided: a rule's name, or the cuDNN step (validate,
-    build_operation_graph, create_execution_plans, check_support, build_plans). `message` is one
+    `stage` names where the answer was decided: a rule's name, the cuDNN step (validate,
+    build_operation_graph, create_execution_plans, check_support, build_plans), or "numerics"
+    (depth verify: the graphs ran and their results were compared). `message` is one
     cleaned line; `detail` keeps the full original text.
     """
 
@@ -117,6 +131,11 @@ class Verdict:
     @property
     def supported(self) -> bool:
         return self.outcome is Outcome.SUPPORTED
+
+    @property
+    def verified(self) -> bool:
+        """Supported, and its results were compared with a reference (depth verify, stage numerics)."""
+        return self.supported and self.depth is ProbeDepth.VERIFY and self.stage == NUMERICS_STAGE
 
     @property
     def total_ms(self) -> float:

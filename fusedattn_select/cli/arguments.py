@@ -19,6 +19,6 @@ def positive_int(text: str) -> int:
 
 
 def add_depth_option(parser: argparse.ArgumentParser, default: ProbeDepth) -> None:
-    """`--depth {fast,full}`; the command reads it back with ProbeDepth.parse."""
+    """`--depth {fast,full,verify}`; the command reads it back with ProbeDepth.parse."""
     parser.add_argument("--depth", choices=[d.value for d in ProbeDepth], default=default.value)
 

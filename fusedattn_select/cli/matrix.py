@@ -26,7 +26,8 @@ from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import ProbeDepth
 
-LEGEND = ("cells: accepted/answered (F16 or FP8 / problems with a verdict); ?N: N problems not recorded "
+LEGEND = ("cells: accepted/answered (F16 or FP8 / problems with a verdict); vN: N of the accepted verified "
+          "(depth verify: results compared with a reference); ?N: N problems not recorded "
           "(no data: only a live probe can answer them); !N: N probes failed")
 
 
@@ -129,8 +130,8 @@ def _document(source: Source, matrix: Matrix, problems: Sequence[Problem], depth
         "cells": [{"row": list(row), "column": list(column), **cell.to_dict()}
                   for (row, column), cell in sorted(matrix.cells.items(), key=lambda item: (
                       matrix.rows.index(item[0][0]), matrix.columns.index(item[0][1])))],
-        "problems": [{"suite": p.suite, "name": p.name, "answer": p.answer, "selection": p.selection.to_dict()}
-                     for p in problems],
+        "problems": [{"suite": p.suite, "name": p.name, "answer": p.answer, "verified": p.verified,
+                      "selection": p.selection.to_dict()} for p in problems],
         "compare_torch": comparison,
     }
 
@@ -176,7 +177,7 @@ def _depths(source: Source, problems: Sequence[Problem], depth: ProbeDepth) -> s
     for problem in problems:
         verdicts = problem.selection.verdicts
         if verdicts and problem.answer not in (NO_DATA, FAILED):
-            name = min(v.depth.value for v in verdicts)  # "fast" < "full": the shallower pass decides
+            name = min((v.depth for v in verdicts), key=list(ProbeDepth).index).value  # the shallower pass decides
             recorded[name] = recorded.get(name, 0) + 1
     return "recorded at depth " + (", ".join(f"{name} ({n} problems)" for name, n in sorted(recorded.items()))
                                     or "-")

@@ -107,6 +107,12 @@ class Problem:
     def key(self, axes: Sequence[str]) -> tuple[str, ...]:
         return tuple(AXES[axis][0](self.config) for axis in axes)
 
+    @property
+    def verified(self) -> bool:
+        """Accepted, and every pass's results were compared with a reference (depth verify)."""
+        verdicts = self.selection.verdicts
+        return self.answer not in (NONE, NO_DATA, FAILED) and bool(verdicts) and all(v.verified for v in verdicts)
+
 
 @dataclass
 class Cell:
@@ -116,6 +122,7 @@ class Cell:
     none: int = 0
     no_data: int = 0
     failed: int = 0
+    verified: int = 0  # of the accepted: results compared with a reference (depth verify)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -132,11 +139,13 @@ class Cell:
             self.none += 1
         else:
             self.accepted += 1
+            self.verified += problem.verified
         self.problems.append(f"{problem.suite}:{problem.name}")
 
     def text(self) -> str:
-        """"3/4" accepted of answered; "?2" problems without data; "!1" failed probes."""
+        """"3/4" accepted of answered; "v3" of them verified; "?2" problems without data; "!1" failed probes."""
         parts = [f"{self.accepted}/{self.answered}"] if self.answered else []
+        parts += [f"v{self.verified}"] if self.verified else []
         parts += [f"?{self.no_data}"] if self.no_data else []
         parts += [f"!{self.failed}"] if self.failed else []
         return " ".join(parts)
@@ -147,7 +156,7 @@ class Cell:
 
     def to_dict(self) -> dict[str, Any]:
         return {"accepted": self.accepted, "none": self.none, "no_data": self.no_data, "failed": self.failed,
-                "problems": list(self.problems)}
+                "verified": self.verified, "problems": list(self.problems)}
 
 
 @dataclass
@@ -170,6 +179,7 @@ class Matrix:
             total.none += cell.none
             total.no_data += cell.no_data
             total.failed += cell.failed
+            total.verified += cell.verified
         return total
 
 

@@ -33,8 +33,9 @@ Answer = tuple[str, Selection, tuple[str, ...]]
 def _verdict_row(verdict: Verdict) -> list[str]:
     # A problem nothing recorded has no depth of its own: "-" rather than the depth asked.
     unrecorded = verdict.outcome is Outcome.NO_DATA and not verdict.timings_ms
+    outcome = "verified" if verdict.verified else verdict.outcome.value  # supported, results compared (verify)
     return [
-        verdict.backend.value, verdict.phase.value, verdict.outcome.value, verdict.stage,
+        verdict.backend.value, verdict.phase.value, outcome, verdict.stage,
         verdict.provenance.value, "-" if unrecorded else verdict.depth.value,
         f"{verdict.total_ms:.2f}" if verdict.timings_ms else "-",
         verdict.message,
@@ -147,6 +148,7 @@ def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
         "notes": list(model_notes),
         "results": [
             {"name": name, "selection": sel.to_dict(), "runner": _runner_dict(selector, sel),
+             "verified": sel.selected and all(v.verified for v in sel.verdicts),
              "answered_from": answered_from(selector, sel),
              "nearest": [near.to_dict() for near in nearest_recorded(selector, sel)],
              "alternatives": _search_dict(search),
@@ -206,7 +208,7 @@ def _cmd_why(args: argparse.Namespace) -> int:
     else:
         selector, notice = engines.choose_selector(args.snapshot, args.target)
     set_default_selector(selector)
-    depth = ProbeDepth.FULL if args.full else ProbeDepth.FAST
+    depth = ProbeDepth.VERIFY if args.verify else ProbeDepth.FULL if args.full else ProbeDepth.FAST
     answers = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in asked.problems]
     answers, searches = _with_alternatives(selector, answers, depth, args.alternatives, args.alternatives_max_probes)
     (_print_json if args.json else _print_text)(selector, depth, notice, answers, asked.notes, searches)
@@ -247,6 +249,8 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--full", action="store_true", help="probe depth 'full': also build the kernels (from a snapshot, only answers "
                         "recorded at depth full say yes; a fast-recorded yes is no data)")
+    parser.add_argument("--verify", action="store_true", help="probe depth 'verify': also run the graphs once on "
+                        "seeded data against a float32 reference (needs torch; see docs/verify.md)")
     parser.add_argument("--alternatives", type=_count, default=alternatives.DEFAULT_LIMIT, metavar="N",
                         help="for each NONE, list up to N supported problems one or two fields away, asked through "
                         f"the same engine (default {alternatives.DEFAULT_LIMIT}; 0: none); see docs/alternatives.md")

@@ -49,7 +49,7 @@ def work_items(configs: Iterable[ConfigItem], depth: ProbeDepth) -> tuple[list[W
 
 def _cost(cfg: AttnConfig, depth: ProbeDepth) -> int:
     passes = len(cfg.phases)
-    if depth is ProbeDepth.FULL and dispatch_config(cfg) is not None:
+    if depth.answers(ProbeDepth.FULL) and dispatch_config(cfg) is not None:
         return 2 * passes  # a full probe and a plan build per pass
     return passes
 

@@ -38,6 +38,11 @@ from fusedattn_select.types import (
 
 log = logging.getLogger("fusedattn_select")
 
+# What a supported verdict recorded at a depth established, and what a deeper question asks.
+_REACHED = {ProbeDepth.FAST: "check_support passed, kernels not built",
+            ProbeDepth.FULL: "kernels built, results not compared with a reference"}
+_ASKED = {ProbeDepth.FULL: "they build", ProbeDepth.VERIFY: "they compute the right results"}
+
 SCHEMA = "fusedattn-select-snapshot/1"
 
 # Fingerprint fields that must agree for two snapshots to be merged into one engine: the answers
@@ -321,7 +326,8 @@ class SnapshotEngine:
         )
 
     def probe(self, cfg: AttnConfig, backend: Backend, phase: Phase, depth: ProbeDepth) -> Verdict:
-        """The recorded verdict for this problem and phase, or NO_DATA when none answers `depth`.
+        """The recorded verdict for this problem and phase, or NO_DATA when none answers `depth`
+        (a "yes" recorded at depth full does not answer depth verify either).
 
         A verdict keeps the depth it was recorded at. A "yes" recorded at depth fast says nothing
         about whether the kernels build, so it does not answer a question at depth full; a "no"
@@ -332,11 +338,12 @@ class SnapshotEngine:
         if verdict is None or verdict.backend is not backend:
             answer = self._no_data(key, backend, phase, depth, f"not recorded in {self.file_names}; "
                                    "only a live probe on a GPU can answer it")
-        elif depth is ProbeDepth.FULL and verdict.depth is ProbeDepth.FAST and verdict.supported:
+        elif verdict.supported and not verdict.depth.answers(depth):
             answer = self._no_data(
-                key, backend, phase, ProbeDepth.FAST,
-                f"recorded at depth fast in {self.file_names} (check_support passed, kernels not built); "
-                "ask at depth fast for that answer: only a live probe at depth full can say whether they build",
+                key, backend, phase, verdict.depth,
+                f"recorded at depth {verdict.depth.value} in {self.file_names} ({_REACHED[verdict.depth]}); "
+                f"ask at depth {verdict.depth.value} for that answer: only a live probe at depth {depth.value} "
+                f"can say whether {_ASKED[depth]}",
                 verdict.timings_ms,
             )
         else:

@@ -50,12 +50,10 @@ def _no_data(verdicts: tuple[Verdict, ...]) -> bool:
 
 
 def _satisfies(entry: _Entry, depth: ProbeDepth) -> bool:
-    """A full probe answers a fast question; a fast 'yes' does not answer a full one."""
+    """A deeper probe answers a shallower question; a shallower 'yes' never answers a deeper one."""
     if entry.exact_depth:
         return entry.depth is depth
-    if entry.depth is ProbeDepth.FULL or depth is ProbeDepth.FAST:
-        return True
-    return any(not v.supported for v in entry.verdicts)
+    return entry.depth.answers(depth) or any(not v.supported for v in entry.verdicts)
 
 
 def _message(verdicts: tuple[Verdict, ...]) -> str:

@@ -9,6 +9,9 @@ the persistent store; the calling process then reads every answer back from the 
 stay the default: every rank of a job may warm at once, and eight ranks with eight worker
 processes each would start 64 CUDA contexts.
 
+With depth="verify" each answer also runs the graphs once on seeded data against a float32
+reference (probing/cudnn/numerics.py; needs torch), and plans are built as with "full".
+
 With depth="full" it also builds the execution plans attention() will run for each accepted
 problem (forward, and backward when training: the same graphs and plan keys as dispatch for dense
 tensors of the problem's layout: probing/cudnn/plans.py) and stores them serialized, so a later process's
@@ -168,7 +171,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     if selector is None:
         selector = default_selector()
     plans, plan_note = plan_target(selector, probe_depth)
-    if plan_note and problems and probe_depth is ProbeDepth.FULL:
+    if plan_note and problems and probe_depth.answers(ProbeDepth.FULL):
         log.info("fusedattn_select: warmup builds no execution plans: %s", plan_note)
     use_processes = _use_processes(workers_kind, selector, plans, workers, len(problems))
 
@@ -327,7 +330,7 @@ def describe(cfg: AttnConfig) -> str:
 
 def plan_target(selector: Selector, depth: ProbeDepth) -> tuple[tuple | None, str]:
     """((store, fingerprint, device) to build plans for, "") or (None, why no plans are built)."""
-    if depth is not ProbeDepth.FULL:
+    if not depth.answers(ProbeDepth.FULL):
         return None, "depth fast builds nothing"
     engine, fingerprint = selector.engine, selector.fingerprint
     if engine is None or engine.name != "cudnn" or fingerprint.platform != "cuda":

@@ -547,7 +547,7 @@ def test_parse_config_file_accepts_parsed_data():
 
 def test_probe_depth_parse_names_the_field_and_allowed_values():
     assert ProbeDepth.parse("full") is ProbeDepth.FULL
-    with pytest.raises(ConfigError, match=r"depth='deep': must be 'fast' or 'full'"):
+    with pytest.raises(ConfigError, match=r"depth='deep': must be 'fast', 'full' or 'verify'"):
         ProbeDepth.parse("deep", "depth")
 
 

@@ -57,9 +57,13 @@ def test_fast_recorded_no_answers_a_question_at_full(engine, suite):
 
 def test_full_recorded_yes_answers_both_depths(recorded_snapshot, tmp_path, suite):
     engine = full_recorded(recorded_snapshot, tmp_path)
-    for depth in ProbeDepth:
+    for depth in (ProbeDepth.FAST, ProbeDepth.FULL):
         verdict = engine.probe(suite.get("infer").config, Backend.F16, Phase.FORWARD, depth)
         assert verdict.outcome is Outcome.SUPPORTED and verdict.depth is ProbeDepth.FULL
+    # Built is not verified: a full-recorded yes is no data at depth verify.
+    verdict = engine.probe(suite.get("infer").config, Backend.F16, Phase.FORWARD, ProbeDepth.VERIFY)
+    assert verdict.outcome is Outcome.NO_DATA and "recorded at depth full" in verdict.message
+    assert "only a live probe at depth verify" in verdict.message
 
 
 def test_selector_keeps_the_fast_yes_after_a_full_question_found_no_data(engine, suite):

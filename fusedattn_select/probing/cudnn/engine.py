@@ -42,6 +42,7 @@ from fusedattn_select.probing.cudnn.device import (
 from fusedattn_select.probing.cudnn.features import FrontendFeatures, frontend_features
 from fusedattn_select.probing.cudnn.graphs import GraphBuild, build_graph, operation_for
 from fusedattn_select.probing.cudnn.messages import verdict_from_exception
+from fusedattn_select.probing.cudnn.numerics import verify
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 
@@ -89,9 +90,13 @@ class CudnnEngine:
         FAST builds a static graph up to check_support. FULL also compiles the kernels, with dynamic
         shapes and this thread's kernel cache for the problem class; where cuDNN rejects dynamic
         shapes for the graph, build_graph builds it static (noted in Verdict.detail), so the verdict
-        is about the problem, not about dynamic shapes.
+        is about the problem, not about dynamic shapes. VERIFY builds the graphs as dispatch does,
+        runs them on seeded data and compares with a float32 reference (numerics.py); it raises
+        PlatformError where torch with CUDA is missing.
         """
         depth = ProbeDepth.parse(depth, "depth")
+        if depth is ProbeDepth.VERIFY:
+            return verify(self, cfg, backend, phase)
         try:
             with device_context(self.device):
                 resources = thread_resources(self.device)

@@ -1,0 +1,110 @@
+"""Tolerances and comparisons of depth `verify` (numerics.py): how far a result may be from the
+float32 reference, and how one is compared. torch is not imported here (tensors come in)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.types import Phase
+
+SEED = 20240607  # the seed of every random input; lengths under padding masks derive from it too
+# Unit roundoff of each 16-bit dtype: the rounding step of a value near 1 is twice this.
+UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+# Multiples of the unit roundoff a result may differ by, relative to the reference's largest value.
+# A flash-attention kernel rounds P to 16 bits before P.V and each gradient's dS before dS.K and
+# dS^T.Q; simulating exactly those roundings gives errors near one unit roundoff (docs/verify.md):
+# the factors leave a wide margin for other orders of summation and roundings.
+FACTORS = {"output": 8.0, "gradient": 16.0}
+# The softmax stats are float32 sums of exact 16-bit products: an absolute bound on log-sum-exp values.
+STATS_TOLERANCE = 2e-3
+# Dropout: the error against the dropout-free reference must be this close to the error of a
+# simulated dropout of the same probability (a kernel that drops nothing, or too much, falls outside).
+DROPOUT_BAND = (0.5, 2.0)
+
+
+def tolerance(dtype: str, head_dim: int, kind: str = "output") -> float:
+    """The largest error allowed for a result in `dtype` of head dim `head_dim`, as a fraction of the
+    reference's largest magnitude: FACTORS[kind] x the unit roundoff x sqrt(head_dim / 64) (at least 1).
+
+    kind: "output" (the forward's O) or "gradient" (dQ, dK, dV, dBias, dSink). Head dims above 64 widen
+    the bound with the square root of the length of the dot products each element sums.
+    """
+    if dtype not in UNIT_ROUNDOFF:
+        raise ConfigError("dtype", dtype, "verify compares 16-bit results: must be 'fp16' or 'bf16'")
+    if kind not in FACTORS:
+        raise ConfigError("kind", kind, "must be 'output' or 'gradient'")
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
+        raise ConfigError("head_dim", head_dim, "must be a positive integer")
+    return FACTORS[kind] * UNIT_ROUNDOFF[dtype] * math.sqrt(max(head_dim, 64) / 64)
+
+
+def coarsest(*names: str) -> str:
+    """Of 16-bit dtype names, the one with the largest unit roundoff."""
+    return max(names, key=lambda name: UNIT_ROUNDOFF.get(name, math.inf))
+
+
+# ----- comparisons -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Check:
+    """One result compared with the reference: its error, the bound, and whether it passed.
+
+    For dropout, `error` and `noise` are relative Frobenius errors against the dropout-free
+    reference, of the device's result and of a simulated dropout; `bounds` are the allowed range.
+    """
+
+    name: str
+    error: float
+    tolerance: float
+    passed: bool
+    noise: float = -1.0
+    bounds: tuple[float, float] = (0.0, 0.0)
+
+    def describe(self) -> str:
+        if self.noise >= 0.0:
+            return (f"{self.name} error {self.error:.3g} (simulated dropout {self.noise:.3g}; "
+                    f"allowed {self.bounds[0]:.3g}..{self.bounds[1]:.3g})")
+        return f"{self.name} max error {self.error:.3g} (tolerance {self.tolerance:.3g})"
+
+
+def compare(name: str, got: Any, want: Any, tol: float, rows: Any = None, *, absolute_floor: float = 0.0) -> Check:
+    """Max |got - want| over `rows` (a mask of leading dims, or None: all) divided by
+    max(max |want|, absolute_floor); non-finite values fail."""
+    if rows is not None:
+        got, want = got[rows], want[rows]
+    if got.numel() == 0:
+        return Check(name, 0.0, tol, True)
+    got, want = got.float(), want.float()
+    if not bool(got.isfinite().all()):
+        return Check(name, math.inf, tol, False)
+    scale = max(float(want.abs().max()), absolute_floor, 1e-6)
+    error = float((got - want).abs().max()) / scale
+    return Check(name, error, tol, error <= tol)
+
+
+def compare_dropout(name: str, got: Any, want: Any, sample: Any, tol: float, rows: Any = None) -> Check:
+    """A result under dropout: its distance from the dropout-free reference must be within
+    DROPOUT_BAND of a simulated dropout's (plus `tol` for rounding)."""
+    if rows is not None:
+        got, want, sample = got[rows], want[rows], sample[rows]
+    got, want, sample = got.float(), want.float(), sample.float()
+    if not bool(got.isfinite().all()):
+        return Check(name, math.inf, tol, False, 0.0)
+    norm = max(float(want.norm()), 1e-6)
+    error, noise = float((got - want).norm()) / norm, float((sample - want).norm()) / norm
+    low, high = DROPOUT_BAND[0] * noise, DROPOUT_BAND[1] * noise + tol
+    return Check(name, error, tol, low <= error <= high, noise, (low, high))
+
+
+@dataclass(frozen=True)
+class Planted:
+    """A deliberate error for tests of verify itself (never set otherwise): graphs are built from
+    `graph_config(cfg)` instead of `cfg`, and `after_execute(phase, outputs)` may change results."""
+
+    graph_config: Optional[Callable[[AttnConfig], AttnConfig]] = None
+    after_execute: Optional[Callable[[Phase, dict], None]] = None
+
+

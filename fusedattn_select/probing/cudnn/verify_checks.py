@@ -1,0 +1,146 @@
+"""The forward and backward checks of depth `verify` (tol.py): build, run, compute the reference,
+compare. Imported only when depth verify runs (it imports torch)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.probing.cudnn import tolerances as tol
+from fusedattn_select.probing.cudnn.graphs import build_graph
+from fusedattn_select.probing.cudnn import verify_reference as reference
+from fusedattn_select.probing.cudnn import verify_run as run
+from fusedattn_select.probing.cudnn.verify_run import Unbindable
+from fusedattn_select.types import Backend, Phase, ProbeDepth
+
+__all__ = ["Unbindable", "backward", "forward"]
+
+Result = tuple[dict[str, float], list[tol.Check], str]
+
+
+def _static_build(cfg: AttnConfig, backend: Backend, phase: Phase, handle: Any) -> Any:
+    """The graph as runtime/plans.build_plan builds what attention() runs: static, no kernel cache."""
+    return build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL)
+
+
+def _elapsed_ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1e3
+
+
+def _graph(cfg: AttnConfig, backend: Backend, phase: Phase, handle: Any, seam: tol.Planted) -> Any:
+    built_from = seam.graph_config(cfg) if seam.graph_config is not None else cfg
+    return _static_build(built_from, backend, phase, handle)
+
+
+def _note(bound: run.Bound, *builds: Any) -> str:
+    e = bound.extent
+    parts = [f"batch {e.batch}, lengths q {_lengths(e.lens_q)}, kv {_lengths(e.lens_kv)}"]
+    if e.ragged:
+        parts.append(f"ragged as a bucket plan runs a call of {e.seqlen_q}x{e.seqlen_kv} in "
+                     f"{bound.cfg.seqlen_q}x{bound.cfg.seqlen_kv}")
+    parts += [b.note for b in builds if b.note]
+    return "; ".join(parts)
+
+
+def _lengths(values: tuple[int, ...]) -> str:
+    return str(values[0]) if len(set(values)) == 1 else ",".join(str(v) for v in values)
+
+
+def _rows(rows_ok: torch.Tensor, heads: int) -> torch.Tensor:
+    return rows_ok.expand(rows_ok.shape[0], heads, rows_ok.shape[2])
+
+
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, sample: Any, tol: float, rows: Any) -> tol.Check:
+    if sample is None:
+        return tol.compare(name, got, want, tol, rows)
+    return tol.compare_dropout(name, got, want, sample, tol, rows)
+
+
+def _stats_comparable(cfg: AttnConfig) -> bool:
+    """Whether the graph's stats mean the reference's log-sum-exp: with an extra softmax logit, or
+    ALiBi measured from a bottom-right diagonal, they may differ by a per-row constant by convention."""
+    return cfg.softmax == "vanilla" and not (cfg.bias == "alibi" and cfg.resolved_bottom_right_diagonal)
+
+
+def _run_forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tol.Planted
+                 ) -> tuple[run.Bound, Any, dict[str, float]]:
+    build = _graph(cfg, backend, Phase.FORWARD, handle, seam)
+    started = time.perf_counter()
+    bound = run.new_bound(cfg, torch.device("cuda", device), tol.SEED)
+    run.execute(bound, build, Phase.FORWARD, handle, seam.after_execute)
+    timings = dict(build.timings_ms)
+    timings["execute"] = _elapsed_ms(started)
+    return bound, build, timings
+
+
+def forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tol.Planted,
+            local: Any) -> Result:
+    """(timings, checks, note) of the forward graph: O, and the stats of a training problem."""
+    local.forward = None
+    bound, build, timings = _run_forward(cfg, backend, handle, device, seam)
+    started = time.perf_counter()
+    problem = run.reference_problem(bound)
+    out, lse, rows_ok = reference.forward(problem)
+    sample = None
+    if cfg.dropout > 0.0:
+        sample = reference.forward(run.reference_problem(bound, dropout_sample=True))[0]
+    rows = _rows(rows_ok, cfg.num_heads_q)
+    dtype = tol.coarsest(cfg.qkv_dtype, cfg.resolved_o_dtype)
+    tol = tol.tolerance(dtype, cfg.resolved_head_dim_v, "output")
+    checks = [_compare("O", bound.view("o"), out, sample, tol, rows)]
+    if "stats" in bound.tensors and _stats_comparable(cfg):
+        checks.append(tol.compare("stats", run.stats_rows(bound), lse, tol.STATS_TOLERANCE, rows,
+                                       absolute_floor=1.0))
+    timings["numerics"] = _elapsed_ms(started)
+    if cfg.is_training:
+        # The backward check of this problem, next on this thread, reads this forward's tensors.
+        local.forward = (cfg.cache_key(), backend, device, bound)
+    return timings, checks, _note(bound, build)
+
+
+def _forward_for_backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tol.Planted,
+                          local: Any) -> tuple[run.Bound, dict[str, float]]:
+    kept = getattr(local, "forward", None)
+    local.forward = None
+    if kept is not None and kept[:3] == (cfg.cache_key(), backend, device):
+        return kept[3], {}
+    bound, _, forward_timings = _run_forward(cfg, backend, handle, device, seam)
+    return bound, {"forward_graph": sum(forward_timings.values())}
+
+
+def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tol.Planted,
+             local: Any) -> Result:
+    """(timings, checks, note) of the backward graph: dQ, dK, dV (dBias, dSink where it has them)."""
+    bound, timings = _forward_for_backward(cfg, backend, handle, device, seam, local)
+    build = _graph(cfg, backend, Phase.BACKWARD, handle, seam)
+    timings.update(build.timings_ms)
+    started = time.perf_counter()
+    outputs = run.execute(bound, build, Phase.BACKWARD, handle, seam.after_execute)
+    timings["execute"] = _elapsed_ms(started)
+    started = time.perf_counter()
+    grad_out = bound.view("dO")
+    grads = reference.backward(run.reference_problem(bound), grad_out, bias_grad="dBias" in outputs)
+    sample = None
+    if cfg.dropout > 0.0:
+        sample = reference.backward(run.reference_problem(bound, dropout_sample=True), grad_out,
+                                    bias_grad="dBias" in outputs)
+    dtype = tol.coarsest(cfg.qkv_dtype, cfg.resolved_do_dtype, cfg.resolved_dqkv_dtype)
+    tol_qk = tol.tolerance(dtype, cfg.head_dim_qk, "gradient")
+    tol_v = tol.tolerance(dtype, cfg.resolved_head_dim_v, "gradient")
+    rows = _rows(grads.rows_ok, cfg.num_heads_q)
+    pick = (lambda name: getattr(sample, name)) if sample is not None else (lambda name: None)
+    checks = [
+        _compare("dQ", bound.view("dQ"), grads.dq, pick("dq"), tol_qk, rows),
+        _compare("dK", bound.view("dK"), grads.dk, pick("dk"), tol_qk, None),
+        _compare("dV", bound.view("dV"), grads.dv, pick("dv"), tol_v, None),
+    ]
+    if "dBias" in outputs and grads.dbias is not None:
+        d_bias = outputs["dBias"][..., :bound.extent.seqlen_q, :bound.extent.seqlen_kv]
+        checks.append(_compare("dBias", d_bias, grads.dbias, pick("dbias"), tol_qk, None))
+    if "dSink_token" in outputs and grads.dsink is not None:
+        checks.append(_compare("dSink", outputs["dSink_token"].reshape(-1), grads.dsink, pick("dsink"), tol_qk, None))
+    timings["numerics"] = _elapsed_ms(started)
+    return timings, checks, _note(bound, build)

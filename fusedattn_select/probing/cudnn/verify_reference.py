@@ -1,0 +1,211 @@
+"""The float32 reference depth `verify` compares cuDNN's results with, computed in chunks of query rows.
+
+The reference is written out (forward and the analytic backward) instead of left to autograd, so a
+chunk of query rows holds only (batch, heads of one KV group, rows, keys) scores at a time: memory
+stays bounded for long sequences. Semantics follow runtime/reference.py (TransformerEngine's):
+the diagonal of query row i is key i + offset, offset = len_kv - len_q for bottom-right alignment
+and 0 for top-left; a causal mask keeps keys j <= diagonal; a window (left, right) keeps
+diagonal - left <= j <= diagonal + right; padding masks keys j >= len_kv and query rows i >= len_q.
+ALiBi adds slope * (j - diagonal); off_by_one and learnable softmax add an extra logit (0, or the
+head's sink) with no value vector.
+
+With `dropout_seed` set, dropout is simulated with torch's generator: the result is one sample of
+what a correct kernel computes (its mask differs from cuDNN's), used to size the dropout noise.
+
+Imported only when depth verify runs (it imports torch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+# Elements of one chunk's (batch, group heads, rows, keys) score block: a few such float32 blocks
+# are alive at once, so a chunk holds well under a gigabyte.
+CHUNK_ELEMENTS = 1 << 25
+
+
+@dataclass
+class RefProblem:
+    """One problem's inputs in logical (batch, heads, seqlen, head_dim) order, and its options.
+
+    q (b, Hq, Sq, D), k (b, Hkv, Skv, D), v (b, Hkv, Skv, Dv): any dtype and strides. lens_q and
+    lens_kv: (b,) lengths (the full extents without padding). bias: 4-D, broadcastable to
+    (b, Hq, Sq, Skv). alibi: (Hq,) slopes. sink: (Hq,) for softmax "learnable".
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    lens_q: torch.Tensor
+    lens_kv: torch.Tensor
+    scale: float
+    causal: bool = False
+    bottom_right: bool = False
+    left: int = -1
+    right: int = -1
+    bias: Optional[torch.Tensor] = None
+    alibi: Optional[torch.Tensor] = None
+    softmax: str = "vanilla"
+    sink: Optional[torch.Tensor] = None
+    dropout: float = 0.0
+    dropout_seed: Optional[int] = None
+
+    @property
+    def group(self) -> int:
+        return self.q.shape[1] // self.k.shape[1]
+
+    def chunk_rows(self) -> int:
+        b, skv = self.q.shape[0], self.k.shape[2]
+        return max(1, min(self.q.shape[2], CHUNK_ELEMENTS // max(1, b * self.group * skv)))
+
+
+@dataclass
+class Chunk:
+    """Softmax probabilities of one chunk of query rows of one KV group."""
+
+    p: torch.Tensor          # (b, G, c, Skv) float32, 0 on masked keys and padded rows
+    lse: torch.Tensor        # (b, G, c) natural log-sum-exp (with the extra logit)
+    rows_ok: torch.Tensor    # (b, 1, c) bool: a real query row that sees at least one key
+    keep: Optional[torch.Tensor]  # (b, G, c, Skv) simulated dropout scale (0 or 1/(1-p)), or None
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi's geometric slopes for `heads` heads (Press et al.; the interleaved extension past the
+    largest power of two), as cuDNN's ALiBi mask uses them."""
+    n = 2 ** int(math.floor(math.log2(heads)))
+    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+    slopes += [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(heads - n)]
+    return slopes
+
+
+def _chunk(ref: RefProblem, kv_head: int, start: int, stop: int) -> Chunk:
+    b, skv = ref.q.shape[0], ref.k.shape[2]
+    g = ref.group
+    heads = slice(kv_head * g, (kv_head + 1) * g)
+    device = ref.q.device
+    q = ref.q[:, heads, start:stop].float()
+    k = ref.k[:, kv_head].float().unsqueeze(1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * ref.scale
+    rows = torch.arange(start, stop, device=device).view(1, 1, -1, 1)
+    keys = torch.arange(skv, device=device).view(1, 1, 1, skv)
+    lens_q, lens_kv = ref.lens_q.view(b, 1, 1, 1), ref.lens_kv.view(b, 1, 1, 1)
+    diagonal = rows + (lens_kv - lens_q if ref.bottom_right else 0)
+    allowed = (keys < lens_kv) & (rows < lens_q)
+    if ref.causal:
+        allowed = allowed & (keys <= diagonal)
+    if ref.left >= 0:
+        allowed = allowed & (keys >= diagonal - ref.left)
+    if ref.right >= 0:
+        allowed = allowed & (keys <= diagonal + ref.right)
+    if ref.bias is not None:
+        bias = ref.bias[..., start:stop, :]
+        scores = scores + (bias if bias.shape[1] == 1 else bias[:, heads]).float()
+    if ref.alibi is not None:
+        scores = scores + ref.alibi[heads].view(1, g, 1, 1).float() * (keys - diagonal).float()
+    logits = scores.masked_fill(~allowed, float("-inf"))
+    row_max = logits.amax(dim=-1)
+    extra = None
+    if ref.softmax == "off_by_one":
+        extra = torch.zeros_like(row_max)
+    elif ref.softmax == "learnable":
+        extra = ref.sink[heads].float().view(1, g, 1).expand_as(row_max)
+    if extra is not None:
+        row_max = torch.maximum(row_max, extra)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    expd = torch.exp(logits - row_max.unsqueeze(-1))
+    denom = expd.sum(dim=-1)
+    if extra is not None:
+        denom = denom + torch.exp(extra - row_max)
+    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+    p = expd / safe.unsqueeze(-1)
+    keep = None
+    if ref.dropout > 0.0 and ref.dropout_seed is not None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(ref.dropout_seed + 1_000_003 * kv_head + start)
+        draw = torch.rand(p.shape, generator=generator, device=device)
+        keep = (draw >= ref.dropout).float() / (1.0 - ref.dropout)
+    return Chunk(p, row_max + torch.log(safe), allowed.any(dim=-1), keep)
+
+
+def _chunks(ref: RefProblem):
+    """(kv head, heads slice, start, stop, Chunk) over every chunk of query rows of every KV group."""
+    rows, g = ref.chunk_rows(), ref.group
+    for kv_head in range(ref.k.shape[1]):
+        for start in range(0, ref.q.shape[2], rows):
+            stop = min(start + rows, ref.q.shape[2])
+            yield kv_head, slice(kv_head * g, (kv_head + 1) * g), start, stop, _chunk(ref, kv_head, start, stop)
+
+
+def forward(ref: RefProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output (b, Hq, Sq, Dv), log-sum-exp (b, Hq, Sq), rows_ok (b, 1, Sq)), all float32 but rows_ok.
+
+    Output rows that see no key, and padded rows, are 0; rows_ok says which rows are neither.
+    """
+    b, hq, sq = ref.q.shape[:3]
+    out = torch.zeros((b, hq, sq, ref.v.shape[3]), dtype=torch.float32, device=ref.q.device)
+    lse = torch.zeros((b, hq, sq), dtype=torch.float32, device=ref.q.device)
+    rows_ok = torch.zeros((b, 1, sq), dtype=torch.bool, device=ref.q.device)
+    for kv_head, heads, start, stop, chunk in _chunks(ref):
+        p = chunk.p if chunk.keep is None else chunk.p * chunk.keep
+        out[:, heads, start:stop] = torch.matmul(p, ref.v[:, kv_head].float().unsqueeze(1))
+        lse[:, heads, start:stop] = chunk.lse
+        rows_ok[:, :, start:stop] = chunk.rows_ok
+    return out, lse, rows_ok
+
+
+@dataclass
+class Gradients:
+    """The reference gradients (float32): dQ, dK, dV; dBias for a (1, Hq, Sq, Skv) bias; dSink; and
+    rows_ok (b, 1, Sq), the query rows that are real and see at least one key."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    rows_ok: torch.Tensor
+    dbias: Optional[torch.Tensor] = None
+    dsink: Optional[torch.Tensor] = None
+
+
+def backward(ref: RefProblem, grad_out: torch.Tensor, bias_grad: bool = False) -> Gradients:
+    """The gradients of sum(output * grad_out) with respect to q, k, v (and the bias, the sink).
+
+    grad_out: (b, Hq, Sq, Dv). `bias_grad`: also the gradient of a (1, Hq, Sq, Skv) bias.
+    """
+    b, hq, sq = ref.q.shape[:3]
+    skv = ref.k.shape[2]
+    device = ref.q.device
+    grads = Gradients(torch.zeros(ref.q.shape, dtype=torch.float32, device=device),
+                      torch.zeros(ref.k.shape, dtype=torch.float32, device=device),
+                      torch.zeros(ref.v.shape, dtype=torch.float32, device=device),
+                      torch.zeros((b, 1, sq), dtype=torch.bool, device=device))
+    if bias_grad:
+        grads.dbias = torch.zeros((1, hq, sq, skv), dtype=torch.float32, device=device)
+    if ref.softmax == "learnable":
+        grads.dsink = torch.zeros((hq,), dtype=torch.float32, device=device)
+    for kv_head, heads, start, stop, chunk in _chunks(ref):
+        q = ref.q[:, heads, start:stop].float()
+        k = ref.k[:, kv_head].float().unsqueeze(1)
+        v = ref.v[:, kv_head].float().unsqueeze(1)
+        d_o = grad_out[:, heads, start:stop].float()
+        dropped = chunk.p if chunk.keep is None else chunk.p * chunk.keep
+        # The softmax backward's row term: sum_j P_ij dP_ij, which is dO_i . O_i.
+        row_term = (d_o * torch.matmul(dropped, v)).sum(dim=-1, keepdim=True)
+        d_p = torch.matmul(d_o, v.transpose(-1, -2))
+        if chunk.keep is not None:
+            d_p = d_p * chunk.keep
+        d_s = chunk.p * (d_p - row_term)
+        grads.dq[:, heads, start:stop] = torch.matmul(d_s, k) * ref.scale
+        grads.dk[:, kv_head] += (torch.matmul(d_s.transpose(-1, -2), q) * ref.scale).sum(dim=1)
+        grads.dv[:, kv_head] += torch.matmul(dropped.transpose(-1, -2), d_o).sum(dim=1)
+        grads.rows_ok[:, :, start:stop] = chunk.rows_ok
+        if grads.dbias is not None:
+            grads.dbias[0, heads, start:stop] += d_s.sum(dim=0)
+        if grads.dsink is not None:
+            # The extra logit's probability times (its dP of 0 minus the row term).
+            p_sink = torch.exp(ref.sink[heads].float().view(1, -1, 1) - chunk.lse)
+            grads.dsink[heads] -= (p_sink * row_term.squeeze(-1)).sum(dim=(0, 2))
+    return grads

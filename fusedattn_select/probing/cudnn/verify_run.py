@@ -1,0 +1,236 @@
+"""Running one problem's cuDNN graphs on seeded data for depth `verify`, bound as dispatch binds them.
+
+Every graph tensor is allocated with the dims, strides and dtype the graph declared (as
+runtime/plans.Plan allocates and conforms tensors); outputs that dispatch allocates zeroed under a
+padding mask (o, dQ, dK, dV) are zeroed, every other output is filled with NaN so a value the graph
+should have written and did not shows as a mismatch. Ragged (THD) tensors are bound as
+runtime/ragged.py binds a bucket plan: sequence i of contiguous BSHD memory starts at element
+i * s * token_stride, the last batch slot is unused (offset at the end, length 0).
+
+Imported only when depth verify runs (it imports torch).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from fusedattn_select import dtypes
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.layouts import LAYOUTS
+from fusedattn_select.probing.cudnn.graphs import GraphBuild
+from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
+from fusedattn_select.probing.cudnn.verify_reference import RefProblem, alibi_slopes
+from fusedattn_select.types import Phase
+
+# Outputs dispatch allocates zeroed under a padding mask (runtime/plans.ZEROED_WITH_PADDING).
+ZEROED_WITH_PADDING = frozenset({"o", "dQ", "dK", "dV"})
+# Tensors whose sequence axis is the query's; every other sequence tensor is on the key/value axis.
+QUERY_AXIS = frozenset({"q", "o", "dO", "dQ"})
+_OFFSET_PREFIX = "ragged_offset_"
+_OFFSET_AXIS_TENSOR = {"q": "q", "kv": "k", "o": "o"}
+# Inputs made from seeded random normals (the sink only where it is learned).
+_RANDOM_INPUTS = frozenset({"q", "k", "v", "dO", "bias"})
+DROPOUT_SEED, DROPOUT_OFFSET = 1234, 0
+
+
+class Unbindable(Exception):
+    """The graph has a tensor verify has no data for: its numerics are not checked."""
+
+
+@dataclass(frozen=True)
+class Extent:
+    """The batch and sequence extents the check runs inside the graph's (B, S_q, S_kv).
+
+    Ragged graphs run like a bucket plan: `batch` used slots of `seqlen_q` x `seqlen_kv` memory.
+    lens_q / lens_kv: each used sequence's length (padding masks), else the full extents.
+    """
+
+    batch: int
+    seqlen_q: int
+    seqlen_kv: int
+    lens_q: tuple[int, ...]
+    lens_kv: tuple[int, ...]
+    ragged: bool
+
+
+def ragged_tensors(cfg: AttnConfig) -> frozenset[str]:
+    """The graph tensors stored as THD (located by ragged offsets) for `cfg`."""
+    layout, grads = cfg.layout, LAYOUTS[cfg.resolved_dqkv_layout]
+    formats = {"q": layout.q_format, "k": layout.kv_format, "v": layout.kv_format,
+               "o": cfg.resolved_o_format, "dO": cfg.resolved_do_format,
+               "dQ": grads.q_format, "dK": grads.kv_format, "dV": grads.kv_format}
+    return frozenset(name for name, fmt in formats.items() if fmt == "thd")
+
+
+def extent_for(cfg: AttnConfig, seed: int) -> Extent:
+    """The extents and lengths a check of `cfg` runs (deterministic for a seed).
+
+    With padding the first sequence has the full length and the others a seeded length between half
+    and all of it; a ragged graph also leaves its last batch slot unused and runs sequences of 3/4
+    of the graph's lengths, as a bucket plan runs a shorter call.
+    """
+    ragged = bool(ragged_tensors(cfg))
+    batch = cfg.batch_size - 1 if ragged and cfg.batch_size > 1 else cfg.batch_size
+    sq = cfg.seqlen_q - cfg.seqlen_q // 4 if ragged else cfg.seqlen_q
+    skv = cfg.seqlen_kv - cfg.seqlen_kv // 4 if ragged else cfg.seqlen_kv
+    if not cfg.has_padding:
+        return Extent(batch, sq, skv, (sq,) * batch, (skv,) * batch, ragged)
+    rng = random.Random(seed)
+
+    def lengths(full: int) -> tuple[int, ...]:
+        return (full,) + tuple(rng.randint(max(1, full // 2), full) for _ in range(batch - 1))
+
+    return Extent(batch, sq, skv, lengths(sq), lengths(skv), ragged)
+
+
+def _torch_dtype(data_type: Any) -> torch.dtype:
+    return dtypes.torch_dtype(dtypes.from_cudnn(data_type), torch)
+
+
+def _span(dims: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Elements a (dims, strides) tensor reaches from its first."""
+    if any(d == 0 for d in dims):
+        return 0
+    return 1 + sum((d - 1) * abs(s) for d, s in zip(dims, strides))
+
+
+@dataclass
+class Bound:
+    """The tensors of one problem's check: graph tensors by name, the extent and the reference inputs."""
+
+    cfg: AttnConfig
+    device: torch.device
+    extent: Extent
+    generator: torch.Generator
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    ragged: frozenset[str] = frozenset()
+
+    def allocate(self, build: GraphBuild, name: str, fill: str) -> torch.Tensor:
+        """`name` as `build` declared it, filled with "randn", "nan" or "zero"."""
+        dims, strides = build.dims_strides[name]
+        dtype = _torch_dtype(build.data_types[name])
+        span = _span(dims, strides)
+        if fill == "randn":
+            flat = torch.randn(span, generator=self.generator, device=self.device, dtype=torch.float32).to(dtype)
+        elif fill == "nan" and dtype.is_floating_point:
+            flat = torch.full((span,), float("nan"), device=self.device, dtype=dtype)
+        else:
+            flat = torch.zeros(span, device=self.device, dtype=dtype)
+        return flat.as_strided(dims, strides)
+
+    def view(self, name: str) -> torch.Tensor:
+        """Graph tensor `name` (q, k, v, o, dO, dQ, dK, dV) as the (batch, heads, seqlen, dim) the check covers."""
+        tensor = self.tensors[name]
+        e = self.extent
+        seqlen = e.seqlen_q if name in QUERY_AXIS else e.seqlen_kv
+        if name in self.ragged:
+            _, head, token, element = tensor.stride()
+            return tensor.as_strided((e.batch, tensor.shape[1], seqlen, tensor.shape[3]),
+                                     (seqlen * token, head, token, element))
+        return tensor[:e.batch, :, :seqlen]
+
+    def lengths(self, axis: str) -> torch.Tensor:
+        values = self.extent.lens_q if axis == "q" else self.extent.lens_kv
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def _offsets(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
+    """A ragged offset tensor: each used sequence i at i * s * token_stride, unused slots at the end."""
+    suffix = name[len(_OFFSET_PREFIX):]
+    tensor = _OFFSET_AXIS_TENSOR.get(suffix, suffix)
+    token = build.dims_strides[tensor][1][2]
+    seqlen = bound.extent.seqlen_q if tensor in QUERY_AXIS else bound.extent.seqlen_kv
+    slots, used = build.dims_strides[name][0][0], bound.extent.batch
+    values = [i * seqlen * token for i in range(used)] + [used * seqlen * token] * (slots - used)
+    return torch.tensor(values, dtype=torch.int32, device=bound.device).view(slots, 1, 1, 1)
+
+
+def _lengths_tensor(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
+    slots = build.dims_strides[name][0][0]
+    values = bound.extent.lens_q if name == "seq_len_q" else bound.extent.lens_kv
+    values = list(values) + [0] * (slots - len(values))
+    return torch.tensor(values, dtype=torch.int32, device=bound.device).view(slots, 1, 1, 1)
+
+
+def _input(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
+    """The tensor bound to graph input `name`, made (and kept in `bound`) on first use."""
+    if name in bound.tensors:
+        return bound.tensors[name]
+    cfg = bound.cfg
+    if name in _RANDOM_INPUTS or (name == "sink_token" and cfg.softmax == "learnable"):
+        made = bound.allocate(build, name, "randn")
+    elif name == "sink_token":  # off_by_one: the extra logit is 0
+        made = bound.allocate(build, name, "zero")
+    elif name in ("seq_len_q", "seq_len_kv"):
+        made = _lengths_tensor(bound, build, name)
+    elif name.startswith(_OFFSET_PREFIX):
+        made = _offsets(bound, build, name)
+    elif name in ("seed", "offset"):
+        value = DROPOUT_SEED if name == "seed" else DROPOUT_OFFSET
+        made = torch.full((1, 1, 1, 1), value, dtype=torch.int64, device=bound.device)
+    else:
+        raise Unbindable(f"no verify binding for graph tensor {name!r}")
+    bound.tensors[name] = made
+    return made
+
+
+def execute(bound: Bound, build: GraphBuild, phase: Phase, handle: Any,
+            after_execute: Optional[Callable[[Phase, dict], None]] = None) -> dict[str, torch.Tensor]:
+    """Run `build` once on the current stream with `bound`'s tensors; its outputs by name (kept in `bound`).
+
+    `after_execute(phase, outputs)` (tests only) may change the outputs before they are compared.
+    """
+    written = OUTPUT_NAMES[phase]
+    outputs: dict[str, torch.Tensor] = {}
+    pack = {}
+    for name, graph_tensor in build.tensors.items():
+        if name in written:
+            zeroed = bound.cfg.has_padding and name in ZEROED_WITH_PADDING or name in ("dBias", "dSink_token")
+            outputs[name] = bound.allocate(build, name, "zero" if zeroed else "nan")
+            pack[graph_tensor] = outputs[name]
+        else:
+            pack[graph_tensor] = _input(bound, build, name)
+    workspace = torch.empty(max(int(build.workspace_size), 1), dtype=torch.uint8, device=bound.device)
+    build.graph.execute(pack, workspace, handle=handle)
+    torch.cuda.synchronize(bound.device)
+    if after_execute is not None:
+        after_execute(phase, outputs)
+    bound.tensors.update(outputs)
+    return outputs
+
+
+def reference_problem(bound: Bound, dropout_sample: bool = False) -> RefProblem:
+    """The reference's view of `bound` (after the forward ran, so every input exists)."""
+    cfg = bound.cfg
+    left, right = cfg.window_size
+    alibi = None
+    if cfg.bias == "alibi":
+        alibi = torch.tensor(alibi_slopes(cfg.num_heads_q), dtype=torch.float32, device=bound.device)
+    bias = bound.tensors.get("bias")
+    if bias is not None:
+        bias = bias[:bound.extent.batch] if bias.shape[0] > 1 else bias
+        bias = bias[..., :bound.extent.seqlen_q, :bound.extent.seqlen_kv]
+    sink = bound.tensors["sink_token"].reshape(-1) if cfg.softmax == "learnable" else None
+    return RefProblem(
+        q=bound.view("q"), k=bound.view("k"), v=bound.view("v"),
+        lens_q=bound.lengths("q"), lens_kv=bound.lengths("kv"), scale=float(cfg.resolved_attn_scale),
+        causal=cfg.is_causal, bottom_right=cfg.resolved_bottom_right_diagonal, left=left,
+        right=right, bias=bias, alibi=alibi, softmax=cfg.softmax,
+        sink=sink, dropout=cfg.dropout, dropout_seed=DROPOUT_SEED + 1 if dropout_sample else None,
+    )
+
+
+def new_bound(cfg: AttnConfig, device: torch.device, seed: int) -> Bound:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return Bound(cfg, device, extent_for(cfg, seed), generator, ragged=ragged_tensors(cfg))
+
+
+def stats_rows(bound: Bound) -> torch.Tensor:
+    """The forward's stats output as (batch, heads, seqlen_q) over the checked extent."""
+    stats = bound.tensors["stats"]
+    return stats[:bound.extent.batch, :, :bound.extent.seqlen_q, 0].float()
