@@ -74,3 +74,16 @@ def format_strides(fmt: str, batch: int, heads: int, seqlen: int, head_dim: int,
             raise ConfigError("qkv_layout", f"bhsd+{packing}", "BHSD has no interleaved layouts")
         return (heads * seqlen * head_dim, seqlen * head_dim, head_dim, 1)
     raise ConfigError("format", fmt, "must be one of 'bshd', 'sbhd', 'bhsd', 'thd'")
+
+
+def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a tensor of `shape` packed densely in the dim order `strides` give (outermost
+    first: the largest stride; a tie keeps the dims' own order): the same layout (BSHD, BHSD, a
+    transposed view...) with no gaps, e.g. the compact form of a slice of a longer cache."""
+    order = sorted(range(len(shape)), key=lambda dim: (-strides[dim], dim))
+    dense = [0] * len(shape)
+    step = 1
+    for dim in reversed(order):
+        dense[dim] = step
+        step *= max(shape[dim], 1)
+    return tuple(dense)

@@ -28,6 +28,7 @@ from concurrent.futures import Future
 
 from fusedattn_select import settings
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.layouts import dense_strides
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store.settings import cache_switched_off, default_cache_dir
 from fusedattn_select.store.sqlite import DATABASE_NAME
@@ -107,8 +108,11 @@ def ask_decide(selector: Selector | None, signature: tuple, where: tuple[str, in
     if where is None or dispatcher.worker_deaths >= MAX_DEATHS:
         return None
     opts = signature[0]
-    tensors = [[list(signature[i + 2]), list(signature[i + 3]), str(signature[i + 1]).rsplit(".", 1)[-1]]
-               for i in (1, 5, 9)]
+    # Compact strides of the call's dim order (tiers.dummies): the worker allocates what it decides
+    # on, and a slice of a long cache would cost it the cache's whole span; what the caller's own
+    # strides decide is decided again in the calling process (tiers.for_callers_geometry).
+    tensors = [[list(signature[i + 2]), list(dense_strides(signature[i + 2], signature[i + 3])),
+                str(signature[i + 1]).rsplit(".", 1)[-1]] for i in (1, 5, 9)]
     try:
         return _submit({"kind": "decide", "options": dataclasses.asdict(opts), "tensors": tensors,
                         "store_dir": where[0], "device": where[1]})

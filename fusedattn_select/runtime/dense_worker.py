@@ -4,7 +4,8 @@ Reads one JSON job per line on stdin and answers one JSON line per job on the pi
 - {"id", "config", "return_lse", "store_dir", "device"}: select the problem's own (dense) graphs and
   build their plans into the persistent store; {"id", "result": ""} when stored, else why not;
 - {"id", "kind": "decide", "options", "tensors", "store_dir", "device"}: decide a call signature as
-  attention() would (tensors of the same geometry, made here), storing every selection and plan it
+  attention() would (compact tensors of the call's shapes and dim order, made here: the caller
+  sends compact strides, see dense_builds.ask_decide), storing every selection and plan it
   takes; {"id", "result": JSON {"reason", "forms"}}; then, at a lower priority than any job asked
   for, the next buckets of its problem class (build ahead: the next process, and the next length,
   start warm);

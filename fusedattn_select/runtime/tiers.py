@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from fusedattn_select import offpath
+from fusedattn_select.layouts import dense_strides
 from fusedattn_select.runtime import dense_builds, entries
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.entries import Entry
@@ -214,7 +215,7 @@ def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_dec
     if found.opts.training and (_saved_tensor_hooks() is not None or _current_graph_task() != -1):
         # Checkpointing: a forward the backward recomputes, or the recomputation. Both run the cuDNN
         # entry, so a swap between them cannot make the recomputation run another kernel.
-        fixed = cudnn_entry(found)
+        fixed = cudnn_entry(found, None, q, k, v)
         if fixed is not found:
             return run_decided(fixed, q, k, v, NO_INPUTS, False, False)
     job = found.waiting
@@ -241,6 +242,12 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
         waiting.torch_because = f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})"
         log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(waiting), waiting.torch_because)
         return waiting
+    if prepared.fused:
+        prepared = for_callers_geometry(prepared, q, k, v)
+        if prepared is None:
+            waiting.torch_because = "its cuDNN runner for the caller's strides needs more than memory holds"
+            log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(waiting), waiting.torch_because)
+            return waiting
     if not prepared.fused:  # no cuDNN runner: the entry falls back as a waiting case would
         entries.replace(waiting, prepared)
         return prepared
@@ -268,6 +275,8 @@ def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Ent
     if found.cudnn is None:
         job = found.waiting
         prepared = job.result() if job is not None and job.exception() is None else None
+        if prepared is not None and prepared.fused and len(call) >= 3:
+            prepared = for_callers_geometry(prepared, *call[:3])
         if prepared is None and signature is not None:
             prepared = entries.new_entry(signature, *call)
         found.cudnn = prepared
@@ -395,10 +404,30 @@ def describe_choices() -> dict[str, str]:
 
 # ----- preparing off the caller's path --------------------------------------------------------------
 def dummies(signature: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tensors with the geometry `signature` holds (devices, dtypes, shapes, strides): deciding
-    reads only that, so the caller's tensors are not kept alive while a signature waits."""
-    return tuple(torch.empty_strided(signature[i + 2], signature[i + 3], dtype=signature[i + 1],
-                                     device=signature[i]) for i in (1, 5, 9))  # type: ignore[return-value]
+    """Compact tensors of `signature`'s devices, dtypes, shapes and dim order (layouts.dense_strides):
+    deciding reads no data, so the caller's tensors are not kept alive while a signature waits, and
+    a slice of a long cache costs the slice's memory, not the cache's span."""
+    return tuple(torch.empty_strided(signature[i + 2], dense_strides(signature[i + 2], signature[i + 3]),
+                                     dtype=signature[i + 1], device=signature[i])
+                 for i in (1, 5, 9))  # type: ignore[return-value]
+
+
+def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry | None:
+    """`prepared` (decided on the dummies) where the caller's tensors are compact too; else the
+    signature decided again on the caller's own tensors, from memory (None: memory lacks something).
+
+    The dummies load or build every selection and plan the signature runs, and plans depend on
+    shapes and layout only. What the kernels do with the caller's own strides is decided here, so
+    the runner swapped in, and the one timed against torch, read the caller's memory as it is: K
+    and V read in place as rows of a longer cache (ragged.kv_steps: the bucket plans' offsets step
+    a cache row, not a compact sequence), the Lean's bound geometry, heads-as-batch views."""
+    if all(t.stride() == dense_strides(tuple(t.shape), t.stride()) for t in (q, k, v)):
+        return prepared
+    try:
+        with offpath.only(offpath.MEMORY):
+            return entries.new_entry(entries.key(q, k, v, prepared.opts, NO_INPUTS), q, k, v, NO_INPUTS, None)
+    except offpath.NotReady:
+        return None
 
 
 def prepare(signature: tuple) -> Entry:

@@ -161,9 +161,6 @@ def test_a_swap_between_a_checkpointed_forward_and_its_recompute(isolated):
 
 
 # ----- memory of a waiting signature -----------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="tiers.dummies allocates storage for the whole strided span of the caller's "
-                   "tensors (and the worker does the same on the GPU, keeping it in its caching allocator): a 16-token "
-                   "call on a batch-8 KV cache of 4096 positions allocates ~113 MiB for 1.5 MiB of q, k and v")
 def test_dummies_do_not_allocate_the_callers_strided_span():
     cache_k = torch.empty(8, 4096, 8, 128, dtype=torch.bfloat16)
     cache_v = torch.empty(8, 4096, 8, 128, dtype=torch.bfloat16)

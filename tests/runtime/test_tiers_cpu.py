@@ -8,6 +8,7 @@ import io
 import itertools
 import json
 import queue
+from concurrent.futures import Future
 
 import pytest
 
@@ -15,9 +16,10 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select import offpath, settings
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.runtime import dense_worker, entries, plans, tiers
+from fusedattn_select.runtime import dense_builds, dense_worker, entries, plans, tiers
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.args import Arguments, call_options
+from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.types import Backend, Phase
 
@@ -148,18 +150,78 @@ def test_torch_call_leaves_the_cudnn_sdp_switch_as_it_was(enabled):
 
 
 # ----- dummies -----------------------------------------------------------------------------------------
-def test_dummies_have_the_geometry_of_the_signature():
+def test_dummies_are_compact_tensors_of_the_signatures_shapes_and_dim_order():
     q = torch.randn(2, 40, 8, 128, dtype=torch.bfloat16)[..., :64]       # a non-contiguous slice
     k = torch.randn(2, 4, 40, 64, dtype=torch.bfloat16).transpose(1, 2)   # a BHSD buffer seen as BSHD
     v = torch.randn(2, 40, 4, 64, dtype=torch.float16)
     sig = signature(q, k, v)
     made = tiers.dummies(sig)
     for dummy, original in zip(made, (q, k, v)):
-        assert (dummy.shape, dummy.stride(), dummy.dtype, dummy.device) == \
-            (original.shape, original.stride(), original.dtype, original.device)
+        assert (dummy.shape, dummy.dtype, dummy.device) == (original.shape, original.dtype, original.device)
+        assert dummy.untyped_storage().nbytes() == dummy.numel() * dummy.element_size()  # no gaps
         assert dummy.data_ptr() != original.data_ptr()
-    assert not made[0].is_contiguous() and not made[1].is_contiguous()
-    assert entries.key(*made, sig[0], NONE) == sig  # decided from the dummies, it is the same signature
+    assert made[0].is_contiguous() and made[0].stride() != q.stride()  # the slice, packed
+    assert made[1].stride() == k.stride() and not made[1].is_contiguous()  # BHSD memory stays BHSD
+    assert made[2].stride() == v.stride()
+    compact = tuple(t.contiguous() for t in (q, k, v))
+    assert entries.key(*tiers.dummies(signature(*compact)), sig[0], NONE) == signature(*compact)
+
+
+CFG = AttnConfig(batch_size=2, num_heads_q=4, num_heads_kv=4, seqlen_q=64, seqlen_kv=64, head_dim_qk=64)
+
+
+def opts_of(q, k, v):
+    return call_options(q, k, v, NONE, Arguments())
+
+
+class _Decided:
+    """entries.new_entry standing in: records the limit and the K strides each decision was made under."""
+
+    def __init__(self, monkeypatch, raises=None):
+        self.calls = []
+        self.raises = raises
+        monkeypatch.setattr(tiers.entries, "new_entry", self)
+
+    def __call__(self, sig, q, k, v, inputs, scales):
+        self.calls.append((offpath.limit(), k.stride()))
+        if self.raises is not None:
+            raise self.raises
+        return Entry(sig[0], cfg=CFG)
+
+
+def test_a_compact_callers_signature_keeps_the_entry_prepared_on_the_dummies(monkeypatch):
+    decided = _Decided(monkeypatch)
+    q, k, v = qkv()
+    prepared = Entry(opts_of(q, k, v), cfg=CFG)
+    assert tiers.for_callers_geometry(prepared, q, k, v) is prepared and decided.calls == []
+
+
+def test_a_cache_slice_is_decided_again_on_the_callers_strides_from_memory(monkeypatch):
+    decided = _Decided(monkeypatch)
+    q = torch.randn(2, 16, 4, 64, dtype=torch.bfloat16)
+    cache = torch.randn(2, 4096, 4, 64, dtype=torch.bfloat16)
+    k, v = cache[:, :16], cache[:, :16]  # rows of a longer cache: the bucket plans' offsets step a cache row
+    prepared = Entry(opts_of(q, k, v), cfg=CFG)
+    found = tiers.for_callers_geometry(prepared, q, k, v)
+    assert found is not prepared and decided.calls == [(offpath.MEMORY, k.stride())]
+
+
+def test_a_cache_slice_whose_own_decision_needs_more_than_memory_gets_none(monkeypatch):
+    _Decided(monkeypatch, raises=offpath.NotReady("plans of another form"))
+    q = torch.randn(2, 16, 4, 64, dtype=torch.bfloat16)
+    k = v = torch.randn(2, 4096, 4, 64, dtype=torch.bfloat16)[:, :16]
+    assert tiers.for_callers_geometry(Entry(opts_of(q, k, v), cfg=CFG), q, k, v) is None
+
+
+def test_the_worker_is_sent_compact_strides(monkeypatch):
+    sent = []
+    monkeypatch.setattr(dense_builds, "_submit", lambda job: sent.append(job) or Future())
+    monkeypatch.setattr(dispatcher, "worker_deaths", 0)
+    q = torch.randn(8, 16, 32, 128, dtype=torch.bfloat16)
+    k = v = torch.empty(8, 4096, 8, 128, dtype=torch.bfloat16)[:, :16]
+    assert dense_builds.ask_decide(None, signature(q, k, v), ("store-dir", 0)) is not None
+    shapes_strides = [(tuple(shape), tuple(stride)) for shape, stride, _ in sent[0]["tensors"]]
+    assert shapes_strides == [(tuple(t.shape), t.contiguous().stride()) for t in (q, k, v)]
 
 
 # ----- plans under a limit ----------------------------------------------------------------------------------
