@@ -1,4 +1,4 @@
-"""The forward and backward checks of depth `verify` (tol.py): build, run, compute the reference,
+"""The forward and backward checks of depth `verify` (tolerances.py): build, run, compute the reference,
 compare. Imported only when depth verify runs (it imports torch)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.probing.cudnn import tolerances as tol
+from fusedattn_select.probing.cudnn import tolerances
 from fusedattn_select.probing.cudnn.graphs import build_graph
 from fusedattn_select.probing.cudnn import verify_reference as reference
 from fusedattn_select.probing.cudnn import verify_run as run
@@ -18,7 +18,7 @@ from fusedattn_select.types import Backend, Phase, ProbeDepth
 
 __all__ = ["Unbindable", "backward", "forward"]
 
-Result = tuple[dict[str, float], list[tol.Check], str]
+Result = tuple[dict[str, float], list[tolerances.Check], str]
 
 
 def _static_build(cfg: AttnConfig, backend: Backend, phase: Phase, handle: Any) -> Any:
@@ -30,7 +30,7 @@ def _elapsed_ms(started: float) -> float:
     return (time.perf_counter() - started) * 1e3
 
 
-def _graph(cfg: AttnConfig, backend: Backend, phase: Phase, handle: Any, seam: tol.Planted) -> Any:
+def _graph(cfg: AttnConfig, backend: Backend, phase: Phase, handle: Any, seam: tolerances.Planted) -> Any:
     built_from = seam.graph_config(cfg) if seam.graph_config is not None else cfg
     return _static_build(built_from, backend, phase, handle)
 
@@ -53,10 +53,10 @@ def _rows(rows_ok: torch.Tensor, heads: int) -> torch.Tensor:
     return rows_ok.expand(rows_ok.shape[0], heads, rows_ok.shape[2])
 
 
-def _compare(name: str, got: torch.Tensor, want: torch.Tensor, sample: Any, tol: float, rows: Any) -> tol.Check:
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, sample: Any, tol: float, rows: Any) -> tolerances.Check:
     if sample is None:
-        return tol.compare(name, got, want, tol, rows)
-    return tol.compare_dropout(name, got, want, sample, tol, rows)
+        return tolerances.compare(name, got, want, tol, rows)
+    return tolerances.compare_dropout(name, got, want, sample, tol, rows)
 
 
 def _stats_comparable(cfg: AttnConfig) -> bool:
@@ -65,18 +65,18 @@ def _stats_comparable(cfg: AttnConfig) -> bool:
     return cfg.softmax == "vanilla" and not (cfg.bias == "alibi" and cfg.resolved_bottom_right_diagonal)
 
 
-def _run_forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tol.Planted
+def _run_forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tolerances.Planted
                  ) -> tuple[run.Bound, Any, dict[str, float]]:
     build = _graph(cfg, backend, Phase.FORWARD, handle, seam)
     started = time.perf_counter()
-    bound = run.new_bound(cfg, torch.device("cuda", device), tol.SEED)
+    bound = run.new_bound(cfg, torch.device("cuda", device), tolerances.SEED)
     run.execute(bound, build, Phase.FORWARD, handle, seam.after_execute)
     timings = dict(build.timings_ms)
     timings["execute"] = _elapsed_ms(started)
     return bound, build, timings
 
 
-def forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tol.Planted,
+def forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tolerances.Planted,
             local: Any) -> Result:
     """(timings, checks, note) of the forward graph: O, and the stats of a training problem."""
     local.forward = None
@@ -88,11 +88,11 @@ def forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: t
     if cfg.dropout > 0.0:
         sample = reference.forward(run.reference_problem(bound, dropout_sample=True))[0]
     rows = _rows(rows_ok, cfg.num_heads_q)
-    dtype = tol.coarsest(cfg.qkv_dtype, cfg.resolved_o_dtype)
-    tol = tol.tolerance(dtype, cfg.resolved_head_dim_v, "output")
+    dtype = tolerances.coarsest(cfg.qkv_dtype, cfg.resolved_o_dtype)
+    tol = tolerances.tolerance(dtype, cfg.resolved_head_dim_v, "output")
     checks = [_compare("O", bound.view("o"), out, sample, tol, rows)]
     if "stats" in bound.tensors and _stats_comparable(cfg):
-        checks.append(tol.compare("stats", run.stats_rows(bound), lse, tol.STATS_TOLERANCE, rows,
+        checks.append(tolerances.compare("stats", run.stats_rows(bound), lse, tolerances.STATS_TOLERANCE, rows,
                                        absolute_floor=1.0))
     timings["numerics"] = _elapsed_ms(started)
     if cfg.is_training:
@@ -101,7 +101,7 @@ def forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: t
     return timings, checks, _note(bound, build)
 
 
-def _forward_for_backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tol.Planted,
+def _forward_for_backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tolerances.Planted,
                           local: Any) -> tuple[run.Bound, dict[str, float]]:
     kept = getattr(local, "forward", None)
     local.forward = None
@@ -111,7 +111,7 @@ def _forward_for_backward(cfg: AttnConfig, backend: Backend, handle: Any, device
     return bound, {"forward_graph": sum(forward_timings.values())}
 
 
-def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tol.Planted,
+def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: tolerances.Planted,
              local: Any) -> Result:
     """(timings, checks, note) of the backward graph: dQ, dK, dV (dBias, dSink where it has them)."""
     bound, timings = _forward_for_backward(cfg, backend, handle, device, seam, local)
@@ -127,9 +127,9 @@ def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: 
     if cfg.dropout > 0.0:
         sample = reference.backward(run.reference_problem(bound, dropout_sample=True), grad_out,
                                     bias_grad="dBias" in outputs)
-    dtype = tol.coarsest(cfg.qkv_dtype, cfg.resolved_do_dtype, cfg.resolved_dqkv_dtype)
-    tol_qk = tol.tolerance(dtype, cfg.head_dim_qk, "gradient")
-    tol_v = tol.tolerance(dtype, cfg.resolved_head_dim_v, "gradient")
+    dtype = tolerances.coarsest(cfg.qkv_dtype, cfg.resolved_do_dtype, cfg.resolved_dqkv_dtype)
+    tol_qk = tolerances.tolerance(dtype, cfg.head_dim_qk, "gradient")
+    tol_v = tolerances.tolerance(dtype, cfg.resolved_head_dim_v, "gradient")
     rows = _rows(grads.rows_ok, cfg.num_heads_q)
     pick = (lambda name: getattr(sample, name)) if sample is not None else (lambda name: None)
     checks = [

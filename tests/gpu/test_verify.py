@@ -1,0 +1,131 @@
+"""Probe depth verify on a real device: graphs built as dispatch builds them run once on seeded data
+and are compared with the float32 reference; a planted wrong result turns into NONE at stage numerics.
+
+The planted errors go through numerics.planted, a seam of the check itself (a graph built with a wrong
+attention scale, or an output changed after cuDNN wrote it): cuDNN builds and runs every graph here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.probing.cudnn import numerics
+from fusedattn_select.selection.selector import Selector
+from fusedattn_select.store.memory import MemoryStore
+from fusedattn_select.types import Outcome, Phase, ProbeDepth
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device")]
+
+COUNTER = itertools.count()
+BASE = dict(batch_size=2, num_heads_q=8, num_heads_kv=8, seqlen_q=256, seqlen_kv=256, head_dim_qk=128)
+
+SUPPORTED = {
+    "inference": dict(is_training=False),
+    "training": dict(),
+    "gqa-causal": dict(num_heads_q=16, num_heads_kv=4, mask="causal"),
+    "window": dict(mask="causal", window_size=(63, 0), seqlen_q=512, seqlen_kv=512),
+    "cross-bottom-right-fp16": dict(qkv_dtype="fp16", mask="causal_bottom_right", seqlen_q=128, seqlen_kv=384),
+    "padding": dict(mask="padding_causal", head_dim_qk=64),
+    "ragged": dict(qkv_layout="thd_thd_thd", mask="padding_causal", batch_size=3),
+    "long-causal": dict(batch_size=1, num_heads_kv=2, mask="causal", seqlen_q=4096, seqlen_kv=4096),
+}
+
+
+def fresh(**changes) -> AttnConfig:
+    """A config no other test asked about: a distinct head count keeps it out of every cache."""
+    heads = changes.pop("num_heads_kv", BASE["num_heads_kv"])
+    group = changes.pop("num_heads_q", BASE["num_heads_q"]) // heads
+    heads_kv = heads + next(COUNTER) % 3  # 8, 9, 10 ...: new keys, the same kind of problem
+    return AttnConfig(**{**BASE, **changes, "num_heads_kv": heads_kv, "num_heads_q": heads_kv * group})
+
+
+@pytest.fixture
+def selector(cudnn_engine):
+    return Selector(cudnn_engine, store=MemoryStore())
+
+
+def _skip_unless_built(selection) -> None:
+    """Skip where cuDNN on this device does not build the problem (not what this test checks)."""
+    rejected = [v for v in selection.verdicts if not v.supported and v.stage != numerics.NUMERICS_STAGE]
+    if rejected:
+        pytest.skip(f"not built on this device: {rejected[0].reason()}")
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED))
+def test_verify_answers_supported_problems_as_verified(selector, name):
+    cfg = fresh(**SUPPORTED[name])
+    answer = selector.select(cfg, "verify")
+    _skip_unless_built(answer)
+    assert answer.selected, answer.message
+    assert [v.phase for v in answer.verdicts] == list(cfg.phases)
+    for verdict in answer.verdicts:
+        assert verdict.depth is ProbeDepth.VERIFY and verdict.verified, verdict
+        assert "max error" in verdict.detail and "numerics" in dict(verdict.timings_ms)
+    # A verified answer answers every depth from the cache.
+    for depth in ("fast", "full", "verify"):
+        assert selector.select(cfg, depth).from_cache
+
+
+def test_verify_checks_dropout_against_a_simulated_dropout(selector):
+    answer = selector.select(fresh(dropout=0.1), "verify")
+    _skip_unless_built(answer)
+    assert answer.selected, answer.message
+    assert all(v.verified and "simulated dropout" in v.detail for v in answer.verdicts)
+
+
+def test_verify_runs_a_dense_problem_through_its_bucket_form(selector):
+    answer = selector.select(fresh(is_training=False), "verify")
+    _skip_unless_built(answer)
+    if not answer.plan_form.startswith("bucket"):
+        pytest.skip(f"answered by {answer.plan_form!r} graphs, not a bucket's")
+    assert answer.selected and all(v.verified for v in answer.verdicts)
+    assert "ragged as a bucket plan runs" in answer.verdicts[0].detail
+
+
+def _assert_not_stored_as_supported(selector, cfg) -> None:
+    stored = selector.store.get(selector.fingerprint, cfg.cache_key())
+    assert stored is not None, "a rejection is an answer: it is stored"
+    verdicts, depth = stored
+    assert depth is ProbeDepth.VERIFY and not all(v.supported for v in verdicts)
+    assert selector.select_dense(cfg, "fast").backend.value == "NONE"  # dispatch's question falls back
+
+
+def test_a_corrupted_output_is_unsupported_at_numerics(selector):
+    cfg = fresh(is_training=False)
+
+    def corrupt(phase, outputs):
+        if phase is Phase.FORWARD:
+            outputs["o"].mul_(1.25)
+
+    with numerics.planted(after_execute=corrupt):
+        answer = selector.select_dense(cfg, "verify")
+    _skip_unless_built(answer)
+    [verdict] = answer.verdicts
+    assert verdict.outcome is Outcome.UNSUPPORTED and verdict.stage == numerics.NUMERICS_STAGE
+    assert verdict.message.startswith("results differ from the float32 reference: O max error")
+    assert "at numerics" in answer.message
+    _assert_not_stored_as_supported(selector, cfg)
+
+
+def test_a_graph_built_with_a_wrong_scale_is_unsupported_at_numerics(selector):
+    cfg = fresh(mask="causal")
+
+    def doubled_scale(built: AttnConfig) -> AttnConfig:
+        return dataclasses.replace(built, attn_scale=2.0 * built.resolved_attn_scale)
+
+    with numerics.planted(graph_config=doubled_scale):
+        answer = selector.select_dense(cfg, "verify")
+    _skip_unless_built(answer)
+    assert answer.backend.value == "NONE"
+    for verdict in answer.verdicts:  # the forward's O, and the backward's gradients
+        assert verdict.outcome is Outcome.UNSUPPORTED and verdict.stage == numerics.NUMERICS_STAGE, verdict
+        assert "max error" in verdict.message
+    _assert_not_stored_as_supported(selector, cfg)
+    # Without the planted error the same problem verifies.
+    fixed = Selector(selector.engine, store=MemoryStore()).select_dense(cfg, "verify")
+    assert fixed.selected and all(v.verified for v in fixed.verdicts), fixed.message

@@ -1,0 +1,296 @@
+"""Probe depth verify without a GPU: tolerances, the depth order, which problems verify can check,
+the comparisons, the chunked reference against runtime/reference.py, the caching rules and the CLI.
+
+The selector and CLI tests drive VerifyTestEngine, a TEST DOUBLE defined here: it probes nothing
+and runs no graph. It answers at the depth asked; at depth verify it says "supported at stage
+numerics" (verified) except for head dim 96, which it says computes wrong. GPU tests of the real
+check are in tests/gpu/test_verify.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+
+import pytest
+
+from fusedattn_select import cli
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.errors import ConfigError, PlatformError
+from fusedattn_select.probing import choice
+from fusedattn_select.probing.cudnn import numerics, tolerances
+from fusedattn_select.selection.selector import Selector
+from fusedattn_select.store.memory import MemoryStore
+from fusedattn_select.types import NUMERICS_STAGE, Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
+
+FAST, FULL, VERIFY = ProbeDepth.FAST, ProbeDepth.FULL, ProbeDepth.VERIFY
+BASE = dict(batch_size=2, num_heads_q=8, num_heads_kv=2, seqlen_q=256, seqlen_kv=256, head_dim_qk=64)
+
+
+class VerifyTestEngine:
+    """TEST DOUBLE (see the module docstring): scripted verdicts, counted calls, no probing."""
+
+    name = "verify-test-engine"
+    provenance = Provenance.LIVE_PROBE
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ProbeDepth]] = []
+
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint("test-double", "Test GPU", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
+
+    def probe(self, cfg, backend, phase, depth) -> Verdict:
+        self.calls.append((cfg.cache_key(), depth))
+        timings = (("check_support", 1.0),)
+        if depth is not VERIFY:
+            return Verdict(backend, phase, Outcome.SUPPORTED, "check_support", "", "", self.provenance, depth, timings)
+        if cfg.head_dim_qk == 96:
+            checks = [tolerances.Check("O", 0.31, 0.0442, False)]
+            return numerics.numerics_verdict(backend, phase, checks, {"numerics": 2.0})
+        return numerics.numerics_verdict(backend, phase, [tolerances.Check("O", 0.004, 0.0442, True)], {"numerics": 2.0})
+
+
+def config(**changes) -> AttnConfig:
+    return AttnConfig(**{**BASE, **changes})
+
+
+# ----- tolerances and depths -------------------------------------------------------------------
+def test_tolerance_grows_with_the_unit_roundoff_and_the_head_dim():
+    assert tolerances.tolerance("bf16", 64) == pytest.approx(8 * 2 ** -8)
+    assert tolerances.tolerance("bf16", 32) == tolerances.tolerance("bf16", 64)
+    assert tolerances.tolerance("bf16", 256) == pytest.approx(2 * tolerances.tolerance("bf16", 64))
+    assert tolerances.tolerance("fp16", 128, "gradient") == pytest.approx(16 * 2 ** -11 * math.sqrt(2))
+    assert tolerances.tolerance("fp16", 128) < tolerances.tolerance("bf16", 128)
+    # A 25% error is far outside the bound at every head dim verify sees.
+    assert all(tolerances.tolerance("bf16", d, "gradient") < 0.25 for d in (64, 128, 256, 512))
+    assert tolerances.coarsest("fp16", "bf16") == "bf16"
+
+
+@pytest.mark.parametrize("args, field", [(("fp8_e4m3", 64), "dtype"), (("bf16", 0), "head_dim"),
+                                         (("bf16", 64, "lse"), "kind"), (("bf16", True), "head_dim")])
+def test_tolerance_rejects_what_it_has_no_bound_for(args, field):
+    with pytest.raises(ConfigError, match=field):
+        tolerances.tolerance(*args)
+
+
+def test_depths_parse_and_order():
+    assert ProbeDepth.parse("verify") is VERIFY
+    with pytest.raises(ConfigError, match="must be 'fast', 'full' or 'verify'"):
+        ProbeDepth.parse("numerics")
+    assert [(a.value, b.value) for a, b in itertools.product(ProbeDepth, repeat=2) if a.answers(b)] == [
+        ("fast", "fast"), ("full", "fast"), ("full", "full"), ("verify", "fast"), ("verify", "full"),
+        ("verify", "verify")]
+
+
+def test_verified_means_supported_and_compared():
+    passed = numerics.numerics_verdict(Backend.F16, Phase.FORWARD, [tolerances.Check("O", 0.01, 0.04, True)], {})
+    failed = numerics.numerics_verdict(Backend.F16, Phase.FORWARD, [tolerances.Check("O", 0.3, 0.04, False)], {})
+    assert passed.verified and passed.stage == NUMERICS_STAGE and passed.depth is VERIFY
+    assert not failed.verified and failed.outcome is Outcome.UNSUPPORTED and failed.stage == NUMERICS_STAGE
+    assert failed.message == "results differ from the float32 reference: O max error 0.3 (tolerance 0.04)"
+    built = Verdict(Backend.F16, Phase.FORWARD, Outcome.SUPPORTED, "build_plans", depth=VERIFY)
+    assert not built.verified  # depth verify, numerics not checked
+
+
+def test_unchecked_problems_say_why():
+    assert numerics.unchecked_reason(config(), Backend.F16) == ""
+    assert numerics.unchecked_reason(config(qkv_dtype="fp8_e4m3"), Backend.FP8).startswith("FP8 graphs")
+    paged = config(qkv_layout="paged_kv_bshd_bshd_bshd", page_size=64, num_pages=16, is_training=False,
+                   mask="padding")
+    assert numerics.unchecked_reason(paged, Backend.F16).startswith("paged KV caches")
+
+
+def test_verify_without_torch_is_a_platform_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(PlatformError, match="probe depth 'verify' runs the graphs with torch, which is not installed"):
+        numerics.verify(object(), config(), Backend.F16, Phase.FORWARD)
+
+
+# ----- comparisons and the reference (torch on the CPU) ------------------------------------------
+def test_compare_scales_by_the_reference_and_fails_non_finite():
+    torch = pytest.importorskip("torch")
+    want = torch.tensor([[1.0, -2.0], [0.5, 0.0]])
+    assert tolerances.compare("O", want + 0.01, want, 0.01).error == pytest.approx(0.005)
+    assert not tolerances.compare("O", want * 1.25, want, 0.05).passed
+    assert not tolerances.compare("O", want.masked_fill(want == 0, float("nan")), want, 0.05).passed
+    rows = torch.tensor([True, False])
+    assert tolerances.compare("O", torch.tensor([[1.0, -2.0], [9.0, 9.0]]), want, 0.01, rows).passed
+
+
+def test_dropout_compare_wants_noise_like_a_simulated_dropout():
+    torch = pytest.importorskip("torch")
+    generator = torch.Generator().manual_seed(0)
+    want = torch.randn(4096, generator=generator)
+    noisy = [want + 0.3 * torch.randn(4096, generator=generator) for _ in range(2)]
+    assert tolerances.compare_dropout("O", noisy[0], want, noisy[1], 0.03).passed
+    assert not tolerances.compare_dropout("O", want, want, noisy[1], 0.03).passed  # nothing dropped
+    assert not tolerances.compare_dropout("O", 3 * noisy[0], want, noisy[1], 0.03).passed
+
+
+def _reference_case(torch, reference, mask, window, softmax, bias, padding):
+    from fusedattn_select.runtime.reference import ReferenceOptions, ReferenceTensors, attend
+
+    b, hq, hk, sq, skv, d = 2, 4, 2, 19, 23, 8
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(shape, generator=generator, dtype=torch.float64)
+               for shape in ((b, hq, sq, d), (b, hk, skv, d), (b, hk, skv, d)))
+    lens_q = torch.tensor([sq, 7]) if padding else torch.full((b,), sq)
+    lens_kv = torch.tensor([skv, 11]) if padding else torch.full((b,), skv)
+    bias_t = torch.randn((1, hq, sq, skv), generator=generator, dtype=torch.float64) if bias else None
+    sink = torch.randn(hq, generator=generator, dtype=torch.float64) if softmax == "learnable" else None
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + [t.clone().requires_grad_() for t in (bias_t, sink)
+                                                                  if t is not None]
+    bottom_right = mask.endswith("bottom_right")
+    full_mask = ("padding_" + mask if mask != "no_mask" else "padding") if padding else mask
+    options = ReferenceOptions(mask=full_mask, window_size=window, softmax=softmax, return_lse=True,
+                               compute_dtype=torch.float64)
+    extras = iter(leaves[3:])
+    tensors = ReferenceTensors(bias=next(extras) if bias else None, sink=next(extras) if sink is not None else None,
+                               seqlens_q=lens_q if padding else None, seqlens_kv=lens_kv if padding else None)
+    out, _ = attend(*leaves[:3], options, tensors)
+    grad_out = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    (out * grad_out).sum().backward()
+    problem = reference.RefProblem(q, k, v, lens_q, lens_kv, d ** -0.5, causal="causal" in mask, bottom_right=bottom_right,
+                                   left=window[0], right=window[1], bias=bias_t, softmax=softmax, sink=sink)
+    return problem, out, grad_out, leaves
+
+
+@pytest.mark.parametrize("mask, window, softmax, bias, padding", [
+    ("no_mask", (-1, -1), "vanilla", False, False), ("causal", (-1, -1), "vanilla", True, True),
+    ("causal_bottom_right", (4, -1), "learnable", False, True), ("no_mask", (3, 2), "off_by_one", True, False),
+])
+def test_chunked_reference_matches_the_autograd_reference(monkeypatch, mask, window, softmax, bias, padding):
+    torch = pytest.importorskip("torch")
+    from fusedattn_select.probing.cudnn import verify_reference as reference
+
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 200)  # several chunks of query rows
+    problem, out, grad_out, leaves = _reference_case(torch, reference, mask, window, softmax, bias, padding)
+    got, _, rows_ok = reference.forward(problem)
+    rows = rows_ok.expand(out.shape[:3])
+    assert torch.allclose(got.double()[rows], out[rows], atol=1e-5)
+    grads = reference.backward(problem, grad_out, bias_grad=bias)
+    for mine, theirs in zip((grads.dq, grads.dk, grads.dv, grads.dbias, grads.dsink), leaves[:3] + leaves[3:]):
+        if mine is not None:
+            assert torch.allclose(mine.double(), theirs.grad, atol=1e-4)
+
+
+def test_extent_leaves_a_bucket_slot_unused_and_seeds_lengths():
+    pytest.importorskip("torch")
+    from fusedattn_select.probing.cudnn import verify_run
+
+    ragged = config(qkv_layout="thd_thd_thd", mask="padding_causal", batch_size=4, seqlen_q=1024, seqlen_kv=1024)
+    extent = verify_run.extent_for(ragged, 7)
+    assert (extent.batch, extent.seqlen_q, extent.ragged) == (3, 768, True)
+    assert extent.lens_q[0] == 768 and all(384 <= n <= 768 for n in extent.lens_q)
+    assert extent == verify_run.extent_for(ragged, 7)
+    dense = verify_run.extent_for(config(), 7)
+    assert dense.lens_q == (256, 256) and not dense.ragged
+    assert verify_run.ragged_tensors(ragged) == {"q", "k", "v", "o", "dO", "dQ", "dK", "dV"}
+
+
+# ----- caching rules ---------------------------------------------------------------------------
+def test_a_verified_answer_answers_every_depth_and_a_full_one_does_not_answer_verify():
+    engine = VerifyTestEngine()
+    selector = Selector(engine, store=MemoryStore())
+    cfg = config(is_training=False)
+    assert selector.select(cfg, "full").selected and engine.calls[-1][1] is FULL
+    verified = selector.select(cfg, "verify")
+    assert verified.selected and engine.calls[-1][1] is VERIFY and all(v.verified for v in verified.verdicts)
+    calls = len(engine.calls)
+    for depth in ("fast", "full", "verify"):
+        assert selector.select(cfg, depth).from_cache
+    assert len(engine.calls) == calls
+    fresh = Selector(engine, store=selector.store)  # another process, the same store
+    assert fresh.select(cfg, "verify").from_cache and len(engine.calls) == calls
+
+
+def test_a_numerics_mismatch_is_none_and_never_stored_as_supported():
+    engine = VerifyTestEngine()
+    store = MemoryStore()
+    selector = Selector(engine, store=store)
+    cfg = config(head_dim_qk=96, is_training=False)
+    answer = selector.select(cfg, "verify")
+    assert answer.backend is Backend.NONE and "at numerics: results differ" in answer.message
+    stored, depth = store.get(engine.fingerprint(), cfg.cache_key())
+    assert depth is VERIFY and all(v.outcome is Outcome.UNSUPPORTED for v in stored)
+    assert selector.select(cfg, "fast").backend is Backend.NONE  # dispatch asks fast: it falls back
+
+
+def test_the_store_keeps_a_verified_entry_over_a_shallower_one():
+    store = MemoryStore()
+    fingerprint = VerifyTestEngine().fingerprint()
+    verified = numerics.numerics_verdict(Backend.F16, Phase.FORWARD, [tolerances.Check("O", 0.01, 0.04, True)], {})
+    assert store.put(fingerprint, "k", (verified,), VERIFY)
+    built = Verdict(Backend.F16, Phase.FORWARD, Outcome.SUPPORTED, "build_plans", depth=FULL)
+    assert not store.put(fingerprint, "k", (built,), FULL)
+    assert store.get(fingerprint, "k")[1] is VERIFY
+
+
+# ----- the command line ------------------------------------------------------------------------
+PROBLEM = ["--set", "batch_size=2", "--set", "num_heads_q=8", "--set", "num_heads_kv=2", "--set", "seqlen_q=256",
+           "--set", "seqlen_kv=256", "--set", "head_dim_qk=64", "--set", "is_training=false"]
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def verify_engine(monkeypatch, tmp_path):
+    monkeypatch.setenv("FUSEDATTN_SELECT_CACHE_DIR", str(tmp_path / "cache"))
+    engine = VerifyTestEngine()
+    monkeypatch.setattr(choice, "live_engine", lambda: (engine, ""))
+    return engine
+
+
+def test_why_verify_shows_verified_answers(capsys, verify_engine):
+    code, out, _ = run(capsys, "why", "--verify", "--json", *PROBLEM)
+    document = json.loads(out)
+    assert code == 0 and document["probe_depth"] == "verify" and document["results"][0]["verified"] is True
+    code, out, _ = run(capsys, "why", "--verify", *PROBLEM)
+    assert code == 0 and "depth asked: verify" in out and " verified " in out
+
+
+def test_why_verify_reports_a_missing_torch_as_an_error_line(capsys, monkeypatch, tmp_path):
+    class NeedsTorchTestEngine(VerifyTestEngine):
+        """TEST DOUBLE: raises what the live engine raises at depth verify where torch is missing."""
+
+        def probe(self, cfg, backend, phase, depth):
+            if depth is VERIFY:
+                raise PlatformError("probe depth 'verify' runs the graphs with torch, which is not installed")
+            return super().probe(cfg, backend, phase, depth)
+
+    monkeypatch.setenv("FUSEDATTN_SELECT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(choice, "live_engine", lambda: (NeedsTorchTestEngine(), ""))
+    code, out, err = run(capsys, "why", "--verify", *PROBLEM)
+    assert code == 2 and err.startswith("error: probe depth 'verify'") and "Traceback" not in err
+
+
+def test_matrix_counts_verified_answers(capsys, verify_engine, tmp_path):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("name: s\ndefaults: {batch_size: 2, num_heads_q: 8, num_heads_kv: 2, seqlen_q: 256, "
+                     "seqlen_kv: 256, is_training: false}\nconfigs:\n  - {name: a, head_dim_qk: 64}\n"
+                     "  - {name: b, head_dim_qk: 128}\n  - {name: wrong, head_dim_qk: 96}\n")
+    code, out, _ = run(capsys, "matrix", str(suite), "--depth", "verify")
+    assert "probe depth verify" in out and "total: 2/3 v2" in out
+    code, out, _ = run(capsys, "matrix", str(suite), "--depth", "verify", "--json")
+    document = json.loads(out)
+    assert {p["name"]: p["verified"] for p in document["problems"]} == {"a": True, "b": True, "wrong": False}
+
+
+def test_warmup_and_snapshot_record_accept_depth_verify(capsys, verify_engine, tmp_path):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("name: s\ndefaults: {batch_size: 2, num_heads_q: 8, num_heads_kv: 2, seqlen_q: 256, "
+                     "seqlen_kv: 256, is_training: false}\nconfigs:\n  - {name: a, head_dim_qk: 64}\n")
+    code, out, err = run(capsys, "warmup", str(suite), "--depth", "verify")
+    assert code == 0, err
+    assert (verify_engine.calls[-1][1]) is VERIFY
+    target = tmp_path / "snap.json"
+    code, _, err = run(capsys, "snapshot", "record", str(suite), "-o", str(target), "--depth", "verify", "--no-ladder")
+    assert code == 0, err
+    recorded = json.loads(target.read_text())
+    assert recorded["depth"] == "verify"
