@@ -122,6 +122,48 @@ def ask_decide(selector: Selector | None, signature: tuple, where: tuple[str, in
         return None
 
 
+def queue_ahead(calls: list[AttnConfig], what: str) -> Future | None:
+    """Queue, in the worker and at the priority of build-ahead work, the bucket of each call config
+    in `calls` (in their order); returns at once: the queueing itself (it makes this process's
+    selector) runs on the preparing thread, and its Future gives how many buckets were queued.
+    None, logged, where plans are not built in a worker (FUSEDATTN_SELECT_DENSE_BUILDS=inline)."""
+    if run_settings.get().dense_builds != PROCESS:
+        log.info("fusedattn_select: build ahead for %s: nothing queued (%s=%s builds plans where a call needs "
+                 "them)", what, ENV_VAR, run_settings.get().dense_builds)
+        return None
+    return dispatcher.preparer.submit(lambda: _queue_ahead(calls, what))
+
+
+def _queue_ahead(calls: list[AttnConfig], what: str) -> int:
+    from fusedattn_select.selection.selector import default_selector
+
+    where = in_background(default_selector())
+    if where is None or dispatcher.worker_deaths >= MAX_DEATHS:
+        log.info("fusedattn_select: build ahead for %s: nothing queued (no worker process: no persistent store "
+                 "that keeps plans, no live cuDNN engine, or the worker could not start)", what)
+        return 0
+    queued = 0
+    try:
+        for cfg in calls:
+            job = _submit({"kind": "ahead", "config": cfg.to_dict(), "return_lse": False, "store_dir": where[0],
+                           "device": where[1], "bucket": [cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv]})
+            queued += 1
+            dispatcher.counters["ahead_queued"] += 1
+            dispatcher.ahead.append(job)
+            job.add_done_callback(_count_ahead)
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        log.warning("fusedattn_select: build ahead for %s: the worker took %d of %d buckets (%s: %s)", what,
+                    queued, len(calls), type(err).__name__, err)
+        return queued
+    log.info("fusedattn_select: build ahead for %s: queued %d buckets in the worker process", what, len(calls))
+    return len(calls)
+
+
+def _count_ahead(job: Future) -> None:
+    failed = job.exception() is not None
+    dispatcher.counters["ahead_failed" if failed else "ahead_built" if not job.result() else "ahead_skipped"] += 1
+
+
 def learned_forms(job: Future, what: str) -> list[AttnConfig]:
     """The bucket forms a finished decide job selected (none, logged, when the job failed)."""
     try:

@@ -9,6 +9,9 @@ Reads one JSON job per line on stdin and answers one JSON line per job on the pi
   takes; {"id", "result": JSON {"reason", "forms"}}; then, at a lower priority than any job asked
   for, the next buckets of its problem class (build ahead: the next process, and the next length,
   start warm);
+- {"id", "kind": "ahead", "config", "bucket", "return_lse", "store_dir", "device"}: build one bucket of
+  a problem class ahead (dense_builds.queue_ahead: a registered model's buckets), at the priority of
+  build-ahead work, after every job asked for; {"id", "result": ""} when its plans are stored, else why not;
 - a job that itself failed answers {"id", "error": ...}.
 Exits at the end of its input, and quietly when the answer pipe is closed (the calling process is gone).
 """
@@ -83,8 +86,8 @@ def ahead_buckets(call_cfg: AttnConfig) -> list[Bucket]:
     return [b for b in larger_buckets(own, batch_doublings=0, length_doublings=AHEAD) if b.seqlen_kv <= AHEAD_MAX_TOKENS]
 
 
-def build_ahead(call_cfg: AttnConfig, bucket: Bucket, return_lse: bool, store_dir: str, device: int) -> None:
-    """Select and build the plans of `call_cfg`'s class at `bucket`, into the store."""
+def build_ahead(call_cfg: AttnConfig, bucket: Bucket, return_lse: bool, store_dir: str, device: int) -> str:
+    """Select and build the plans of `call_cfg`'s class at `bucket`, into the store; "" or why not."""
     import torch
 
     from fusedattn_select.runtime import plans
@@ -94,13 +97,28 @@ def build_ahead(call_cfg: AttnConfig, bucket: Bucket, return_lse: bool, store_di
     selection = selector.select_own(cfg)
     form = selector.bucket_for(cfg)
     if not selection.selected or form is None or not selection.plan_form.startswith("bucket"):
-        return
+        return selection.message or f"runs {selection.plan_form} plans, not a bucket's"
     for plan_cfg, backend, phase in plan_phases(form, selection.backend, return_lse):
         try:
             plans.obtain_plan(plan_cfg, backend, phase, torch.device("cuda", device), selector=selector)
         except plans.PlanBuildError as err:
             selector.record_build_failure(form, err.verdict)
-            return
+            return err.verdict.reason()
+    return ""
+
+
+def _run_ahead(job: dict) -> dict | None:
+    """Build one bucket ahead; the answer of a job the caller queued (it has an id), else None."""
+    config = job["config"] if isinstance(job["config"], AttnConfig) else AttnConfig.from_dict(job["config"])
+    bucket = job["bucket"] if isinstance(job["bucket"], Bucket) else Bucket(*job["bucket"])
+    try:
+        why = build_ahead(config, bucket, job["return_lse"], job["store_dir"], job["device"])
+    except Exception as err:  # noqa: BLE001 - ahead of need: the caller builds it when it needs it
+        if "id" not in job:
+            print(f"fusedattn_select: building ahead failed ({type(err).__name__}: {err})", file=sys.stderr)
+            return None
+        return {"id": job["id"], "error": f"{type(err).__name__}: {err}"}
+    return {"id": job["id"], "result": why} if "id" in job else None
 
 
 def _answer(job: dict, jobs: queue.PriorityQueue, order: Any) -> dict:
@@ -119,7 +137,8 @@ def _answer(job: dict, jobs: queue.PriorityQueue, order: Any) -> dict:
 def _read(jobs: queue.PriorityQueue, order: Any) -> None:
     try:
         for line in sys.stdin:
-            jobs.put((ASKED, next(order), json.loads(line)))
+            job = json.loads(line)
+            jobs.put((AHEAD_PRIORITY if job.get("kind") == "ahead" else ASKED, next(order), job))
     finally:  # end of input (the caller is done): after the jobs asked for, before any build ahead
         jobs.put((ASKED, next(order), None))
 
@@ -134,15 +153,14 @@ def main() -> None:
         if job is None:
             return
         if job.get("kind") == "ahead":
+            answer = _run_ahead(job)
+            if answer is None:
+                continue
+        else:
             try:
-                build_ahead(job["config"], job["bucket"], job["return_lse"], job["store_dir"], job["device"])
-            except Exception as err:  # noqa: BLE001 - ahead of need: nobody waits for it
-                print(f"fusedattn_select: building ahead failed ({type(err).__name__}: {err})", file=sys.stderr)
-            continue
-        try:
-            answer = _answer(job, jobs, order)
-        except Exception as err:  # noqa: BLE001 - reported to the caller, who builds inline instead
-            answer = {"id": job["id"], "error": f"{type(err).__name__}: {err}"}
+                answer = _answer(job, jobs, order)
+            except Exception as err:  # noqa: BLE001 - reported to the caller, who builds inline instead
+                answer = {"id": job["id"], "error": f"{type(err).__name__}: {err}"}
         try:
             answers.write(json.dumps(answer) + "\n")
         except BrokenPipeError:  # the calling process exited while this job ran: nobody to answer

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from fusedattn_select.single_flight import OncePerKey
 
 COUNTERS = ("calls", "fused_calls", "fallback_calls", "entries_built", "promotions", "torch_calls", "swaps",
-            "measured")
+            "measured", "ahead_queued", "ahead_built", "ahead_skipped", "ahead_failed")
 PLAN_COUNTERS = ("builds", "build_ms", "build_failures", "loads", "load_ms", "load_failures", "executes")
 
 
@@ -88,6 +88,8 @@ class Dispatcher:
         self.worker: Optional[Any] = None
         self.worker_deaths = 0
         self.worker_lock = threading.Lock()
+        # The worker's jobs building a registered model's buckets ahead (dense_builds.queue_ahead).
+        self.ahead: list[Future] = []
         # The FP8 path's triton kernels (fp8_kernels.py): the chosen backend, the kernels, per-device facts.
         self.fp8_backend: Optional[str] = None
         self.fp8_kernels: dict[str, Any] = {}

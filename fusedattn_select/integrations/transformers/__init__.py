@@ -5,6 +5,7 @@ Use::
     from fusedattn_select.integrations.transformers import register
     register()
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="fusedattn")
+    register(model=model)  # optional: build its bucket plans ahead, in the background
 
 `register()` adds two functions to transformers under the name "fusedattn":
 
@@ -30,7 +31,10 @@ nor transformers; a transformers config or model is read through its to_dict().
 
 from __future__ import annotations
 
+from typing import Any
+
 from fusedattn_select.integrations.transformers.attention import fusedattn_attention
+from fusedattn_select.integrations.transformers.build_ahead import queue_model
 from fusedattn_select.integrations.transformers.dependencies import load
 from fusedattn_select.integrations.transformers.mask_interface import fusedattn_mask
 from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask
@@ -64,12 +68,18 @@ __all__ = [
 ]
 
 
-def register(name: str = ATTN_IMPLEMENTATION) -> str:
+def register(name: str = ATTN_IMPLEMENTATION, *, model: Any = None, max_batch: int = 1,
+             max_length: int | None = None, training: bool | None = None) -> str:
     """Register the "fusedattn" attention and mask functions with transformers; returns the name.
 
     Idempotent. Afterwards `attn_implementation=name` works in `from_pretrained` / `from_config` /
     `model.set_attn_implementation`. It also imports, once, everything the two functions call:
     nothing may be imported inside a model that torch.compile traces.
+
+    With `model` (a model, its config, or a config.json source) it also queues the model's bucket
+    plans to be built ahead in the background worker (build_ahead.py: batch sizes up to `max_batch`,
+    lengths up to `max_length`, default the model's max_position_embeddings; `training` default:
+    the model's own mode, inference for a config), and returns without waiting for them.
     """
     from transformers import AttentionInterface  # optional dependency
     from transformers.masking_utils import AttentionMaskInterface
@@ -77,4 +87,6 @@ def register(name: str = ATTN_IMPLEMENTATION) -> str:
     load()
     AttentionInterface.register(name, fusedattn_attention)
     AttentionMaskInterface.register(name, fusedattn_mask)
+    if model is not None:
+        queue_model(model, max_batch=max_batch, max_length=max_length, training=training)
     return name

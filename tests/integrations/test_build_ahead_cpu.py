@@ -1,0 +1,183 @@
+"""Build ahead per model (integrations/transformers/build_ahead.py): which buckets a model queues and
+in which order, when nothing is queued, that queueing never blocks the caller, what dispatch_info()
+and the log say, and the worker protocol of a queued bucket. No GPU: the worker process runs here
+only where it cannot build (it answers each job with its error); the builds themselves are
+tests/gpu/test_build_ahead.py."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusedattn_select.buckets import Bucket, bucket_form
+from fusedattn_select.integrations.transformers import build_ahead
+from fusedattn_select.runtime import dense_builds
+from fusedattn_select.runtime.api import dispatch_info
+from fusedattn_select.runtime.dispatcher import dispatcher
+
+LLAMA = {"model_type": "llama", "hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4,
+         "num_hidden_layers": 6, "max_position_embeddings": 1024, "torch_dtype": "bfloat16"}
+GEMMA2 = {"model_type": "gemma2", "hidden_size": 2304, "num_attention_heads": 8, "num_key_value_heads": 4,
+          "head_dim": 256, "num_hidden_layers": 4, "max_position_embeddings": 8192, "sliding_window": 4096,
+          "query_pre_attn_scalar": 256, "torch_dtype": "bfloat16"}
+
+
+def _bucket(cfg):
+    return Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
+
+
+# ----- which buckets, in which order ---------------------------------------------------------------
+def test_a_language_model_queues_prefill_then_decode_per_length_batch_1_first_up_to_its_positions():
+    calls = build_ahead.model_calls(LLAMA, max_batch=2)
+    prefill = [c for c in calls if c.seqlen_q > 1 and c.num_heads_q == 12]
+    decode = [c for c in calls if c not in prefill]
+    assert [(c.batch_size, c.seqlen_kv) for c in prefill] == [(b, s) for b in (1, 2) for s in (64, 128, 256, 512, 1024)]
+    assert calls[:2] == [prefill[0], decode[0]]  # at each (batch, length): the prefill, then its decode step
+    assert all(c.mask == "causal" and c.qkv_layout == "bhsd_bhsd_bhsd" for c in prefill)
+    # A decode step over a DynamicCache runs with its KV heads as batch: one head, the query group as rows.
+    assert {(c.num_heads_q, c.num_heads_kv, c.seqlen_q, c.mask) for c in decode} == {(1, 1, 3, "no_mask")}
+    assert [c.seqlen_kv for c in decode[:5]] == [64, 128, 256, 512, 1024]
+    assert len({bucket_form(c).cache_key() for c in calls}) == len(calls)  # one call per bucket form
+
+
+def test_the_scale_is_the_one_transformers_modules_pass():
+    # 128 ** -0.5 and 1 / sqrt(128) differ in the last bit: the prebuilt plans must have the call's key.
+    calls = build_ahead.model_calls(dict(LLAMA, hidden_size=1536))
+    assert {c.attn_scale for c in calls} == {128 ** -0.5}
+
+
+def test_max_length_and_training_bound_the_ladder():
+    calls = build_ahead.model_calls(LLAMA, max_length=200, training=True)
+    assert [(c.seqlen_q, c.seqlen_kv) for c in calls] == [(64, 64), (128, 128), (256, 256)]  # no decode steps
+    assert all(c.is_training for c in calls)
+
+
+def test_sliding_layers_get_their_window_where_it_cuts_and_soft_capped_layers_are_left_out():
+    mistral = dict(LLAMA, model_type="mistral", sliding_window=4096, max_position_embeddings=16384)
+    calls = build_ahead.model_calls(mistral)
+    windows = {(c.seqlen_kv, tuple(c.window_size)) for c in calls if c.seqlen_q > 1}
+    assert {(16384, (4095, 0)), (8192, (4095, 0)), (4096, (-1, -1))} <= windows
+    assert build_ahead.model_calls(GEMMA2) == []  # soft-capped (Gemma 2's default): the float32 reference runs them
+
+
+def test_a_bad_bound_is_refused_naming_it():
+    with pytest.raises(ValueError, match="max_batch=0"):
+        build_ahead.model_calls(LLAMA, max_batch=0)
+
+
+# ----- queueing -----------------------------------------------------------------------------------------
+@pytest.fixture
+def queued(monkeypatch):
+    """The worker's jobs as dense_builds submits them, answered at once ("" : built); no selector."""
+    jobs = []
+
+    def submit(job):
+        jobs.append(job)
+        future = Future()
+        future.set_result("")
+        return future
+
+    monkeypatch.setattr(dense_builds, "_submit", submit)
+    monkeypatch.setattr(dense_builds, "in_background", lambda selector: ("store-dir", 0))
+    monkeypatch.setattr("fusedattn_select.selection.selector.default_selector", lambda: object())
+    monkeypatch.setattr(dispatcher, "ahead", [])
+    monkeypatch.setattr(dispatcher, "worker_deaths", 0)
+    for name in ("ahead_queued", "ahead_built", "ahead_skipped", "ahead_failed"):
+        monkeypatch.setitem(dispatcher.counters, name, 0)
+    return jobs
+
+
+def test_a_registered_model_queues_its_buckets_in_order_with_one_log_line(queued, use_settings, caplog):
+    use_settings(dense_builds=dense_builds.PROCESS)
+    caplog.set_level(logging.INFO, logger="fusedattn_select")
+    job = build_ahead.queue_model(LLAMA, max_batch=1)
+    assert job.result(timeout=30) == len(queued) == 10 and build_ahead.wait(timeout=30)
+    expected = build_ahead.model_calls(LLAMA)
+    assert [(j["kind"], j["config"], j["bucket"]) for j in queued] == [
+        ("ahead", c.to_dict(), [c.batch_size, c.seqlen_q, c.seqlen_kv]) for c in expected]
+    said = [r.getMessage() for r in caplog.records if "build ahead" in r.getMessage()]
+    assert len(said) == 1 and "queued 10 buckets" in said[0]
+    info = dispatch_info()
+    assert (info["ahead_queued"], info["ahead_built"], info["ahead_failed"]) == (10, 10, 0)
+
+
+def test_first_calls_wait_still_builds_ahead(queued, use_settings):
+    # "wait" is about what a call does when its plans are not ready; built ahead, they are.
+    use_settings(dense_builds=dense_builds.PROCESS, first_calls="wait")
+    assert build_ahead.queue_model(LLAMA).result(timeout=30) == 10
+
+
+def test_inline_builds_queue_nothing_and_say_so(queued, use_settings, caplog):
+    use_settings(dense_builds=dense_builds.INLINE)
+    caplog.set_level(logging.INFO, logger="fusedattn_select")
+    assert build_ahead.queue_model(LLAMA) is None and queued == []
+    assert sum("nothing queued" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_no_worker_target_queues_nothing(queued, use_settings, monkeypatch):
+    use_settings(dense_builds=dense_builds.PROCESS)
+    monkeypatch.setattr(dense_builds, "in_background", lambda selector: None)  # no persistent store, no live cuDNN
+    assert build_ahead.queue_model(LLAMA).result(timeout=30) == 0 and queued == []
+
+
+def test_queueing_never_blocks_the_caller(queued, use_settings, monkeypatch):
+    use_settings(dense_builds=dense_builds.PROCESS)
+    released = threading.Event()
+
+    def slow_selector():  # making the selector imports cuDNN and opens the store
+        released.wait(30)
+        return object()
+
+    monkeypatch.setattr("fusedattn_select.selection.selector.default_selector", slow_selector)
+    started = time.perf_counter()
+    job = build_ahead.queue_model(LLAMA)
+    assert time.perf_counter() - started < 1.0 and not job.done()
+    released.set()
+    assert job.result(timeout=30) == 10
+
+
+def test_a_failed_or_skipped_bucket_is_counted(queued, use_settings, monkeypatch):
+    use_settings(dense_builds=dense_builds.PROCESS)
+    answers = iter([RuntimeError("CUDA out of memory"), "runs dense plans, not a bucket's"])
+
+    def submit(job):
+        future = Future()
+        answer = next(answers, "")
+        future.set_exception(answer) if isinstance(answer, Exception) else future.set_result(answer)
+        return future
+
+    monkeypatch.setattr(dense_builds, "_submit", submit)
+    build_ahead.queue_model(LLAMA, max_length=64).result(timeout=30)
+    assert build_ahead.wait(timeout=30)
+    info = dispatch_info()
+    assert (info["ahead_queued"], info["ahead_failed"], info["ahead_skipped"], info["ahead_built"]) == (2, 1, 1, 0)
+
+
+# ----- the worker ------------------------------------------------------------------------------------------
+def test_the_worker_answers_a_queued_bucket_and_puts_it_after_jobs_asked_for(monkeypatch, tmp_path):
+    try:
+        import cudnn  # noqa: F401
+        pytest.skip("cuDNN frontend installed: the worker would build (tests/gpu/test_build_ahead.py)")
+    except ImportError:
+        pass
+    from fusedattn_select.runtime import dense_worker
+
+    monkeypatch.setattr(dispatcher, "worker", None)
+    monkeypatch.setattr(dispatcher, "worker_deaths", 0)
+    cfg = build_ahead.model_calls(LLAMA)[0]
+    try:
+        job = dense_builds._submit({"kind": "ahead", "config": cfg.to_dict(), "bucket": [1, 64, 64],
+                                    "return_lse": False, "store_dir": str(tmp_path), "device": 0})
+        assert isinstance(job.exception(timeout=120), RuntimeError)  # it cannot build here: its error comes back
+        assert dispatcher.worker.process.poll() is None
+    finally:
+        if dispatcher.worker is not None:
+            dispatcher.worker.close()
+            dispatcher.worker.process.wait(timeout=60)
+    assert dense_worker.AHEAD_PRIORITY > dense_worker.ASKED
