@@ -22,17 +22,17 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device")]
 
 COUNTER = itertools.count()
-BASE = dict(batch_size=2, num_heads_q=8, num_heads_kv=8, seqlen_q=256, seqlen_kv=256, head_dim_qk=128)
+BASE = {"batch_size": 2, "num_heads_q": 8, "num_heads_kv": 8, "seqlen_q": 256, "seqlen_kv": 256, "head_dim_qk": 128}
 
 SUPPORTED = {
-    "inference": dict(is_training=False),
-    "training": dict(),
-    "gqa-causal": dict(num_heads_q=16, num_heads_kv=4, mask="causal"),
-    "window": dict(mask="causal", window_size=(63, 0), seqlen_q=512, seqlen_kv=512),
-    "cross-bottom-right-fp16": dict(qkv_dtype="fp16", mask="causal_bottom_right", seqlen_q=128, seqlen_kv=384),
-    "padding": dict(mask="padding_causal", head_dim_qk=64),
-    "ragged": dict(qkv_layout="thd_thd_thd", mask="padding_causal", batch_size=3),
-    "long-causal": dict(batch_size=1, num_heads_kv=2, mask="causal", seqlen_q=4096, seqlen_kv=4096),
+    "inference": {"is_training": False},
+    "training": {},
+    "gqa-causal": {"num_heads_q": 16, "num_heads_kv": 4, "mask": "causal"},
+    "window": {"mask": "causal", "window_size": (63, 0), "seqlen_q": 512, "seqlen_kv": 512},
+    "cross-bottom-right-fp16": {"qkv_dtype": "fp16", "mask": "causal_bottom_right", "seqlen_q": 128, "seqlen_kv": 384},
+    "padding": {"mask": "padding_causal", "head_dim_qk": 64},
+    "ragged": {"qkv_layout": "thd_thd_thd", "mask": "padding_causal", "batch_size": 3},
+    "long-causal": {"batch_size": 1, "num_heads_kv": 2, "mask": "causal", "seqlen_q": 4096, "seqlen_kv": 4096},
 }
 
 

@@ -26,7 +26,7 @@ from fusedattn_select.store.memory import MemoryStore
 from fusedattn_select.types import NUMERICS_STAGE, Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 FAST, FULL, VERIFY = ProbeDepth.FAST, ProbeDepth.FULL, ProbeDepth.VERIFY
-BASE = dict(batch_size=2, num_heads_q=8, num_heads_kv=2, seqlen_q=256, seqlen_kv=256, head_dim_qk=64)
+BASE = {"batch_size": 2, "num_heads_q": 8, "num_heads_kv": 2, "seqlen_q": 256, "seqlen_kv": 256, "head_dim_qk": 64}
 
 
 class VerifyTestEngine:
@@ -49,7 +49,8 @@ class VerifyTestEngine:
         if cfg.head_dim_qk == 96:
             checks = [tolerances.Check("O", 0.31, 0.0442, False)]
             return numerics.numerics_verdict(backend, phase, checks, {"numerics": 2.0})
-        return numerics.numerics_verdict(backend, phase, [tolerances.Check("O", 0.004, 0.0442, True)], {"numerics": 2.0})
+        passed = [tolerances.Check("O", 0.004, 0.0442, True)]
+        return numerics.numerics_verdict(backend, phase, passed, {"numerics": 2.0})
 
 
 def config(**changes) -> AttnConfig:
@@ -152,8 +153,9 @@ def _reference_case(torch, reference, mask, window, softmax, bias, padding):
     out, _ = attend(*leaves[:3], options, tensors)
     grad_out = torch.randn(out.shape, generator=generator, dtype=torch.float64)
     (out * grad_out).sum().backward()
-    problem = reference.RefProblem(q, k, v, lens_q, lens_kv, d ** -0.5, causal="causal" in mask, bottom_right=bottom_right,
-                                   left=window[0], right=window[1], bias=bias_t, softmax=softmax, sink=sink)
+    problem = reference.RefProblem(q, k, v, lens_q, lens_kv, d ** -0.5, causal="causal" in mask,
+                                   bottom_right=bottom_right, left=window[0], right=window[1], bias=bias_t,
+                                   softmax=softmax, sink=sink)
     return problem, out, grad_out, leaves
 
 
@@ -266,7 +268,7 @@ def test_why_verify_reports_a_missing_torch_as_an_error_line(capsys, monkeypatch
 
     monkeypatch.setenv("FUSEDATTN_SELECT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(choice, "live_engine", lambda: (NeedsTorchTestEngine(), ""))
-    code, out, err = run(capsys, "why", "--verify", *PROBLEM)
+    code, _out, err = run(capsys, "why", "--verify", *PROBLEM)
     assert code == 2 and err.startswith("error: probe depth 'verify'") and "Traceback" not in err
 
 
@@ -275,9 +277,9 @@ def test_matrix_counts_verified_answers(capsys, verify_engine, tmp_path):
     suite.write_text("name: s\ndefaults: {batch_size: 2, num_heads_q: 8, num_heads_kv: 2, seqlen_q: 256, "
                      "seqlen_kv: 256, is_training: false}\nconfigs:\n  - {name: a, head_dim_qk: 64}\n"
                      "  - {name: b, head_dim_qk: 128}\n  - {name: wrong, head_dim_qk: 96}\n")
-    code, out, _ = run(capsys, "matrix", str(suite), "--depth", "verify")
+    _code, out, _ = run(capsys, "matrix", str(suite), "--depth", "verify")
     assert "probe depth verify" in out and "total: 2/3 v2" in out
-    code, out, _ = run(capsys, "matrix", str(suite), "--depth", "verify", "--json")
+    _code, out, _ = run(capsys, "matrix", str(suite), "--depth", "verify", "--json")
     document = json.loads(out)
     assert {p["name"]: p["verified"] for p in document["problems"]} == {"a": True, "b": True, "wrong": False}
 
@@ -286,7 +288,7 @@ def test_warmup_and_snapshot_record_accept_depth_verify(capsys, verify_engine, t
     suite = tmp_path / "suite.yaml"
     suite.write_text("name: s\ndefaults: {batch_size: 2, num_heads_q: 8, num_heads_kv: 2, seqlen_q: 256, "
                      "seqlen_kv: 256, is_training: false}\nconfigs:\n  - {name: a, head_dim_qk: 64}\n")
-    code, out, err = run(capsys, "warmup", str(suite), "--depth", "verify")
+    code, _out, err = run(capsys, "warmup", str(suite), "--depth", "verify")
     assert code == 0, err
     assert (verify_engine.calls[-1][1]) is VERIFY
     target = tmp_path / "snap.json"

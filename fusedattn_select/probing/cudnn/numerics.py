@@ -26,7 +26,8 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import PlatformError
@@ -68,12 +69,12 @@ def require_torch() -> Any:
 
 
 # ----- the test seam ---------------------------------------------------------------------------
-_planted: Optional[Planted] = None
+_planted: Planted | None = None
 
 
 @contextlib.contextmanager
-def planted(graph_config: Optional[Callable[[AttnConfig], AttnConfig]] = None,
-            after_execute: Optional[Callable[[Phase, dict], None]] = None) -> Iterator[None]:
+def planted(graph_config: Callable[[AttnConfig], AttnConfig] | None = None,
+            after_execute: Callable[[Phase, dict], None] | None = None) -> Iterator[None]:
     """Within the block, every verify builds and runs with the planted error (tests only)."""
     global _planted
     previous, _planted = _planted, Planted(graph_config, after_execute)

@@ -4,8 +4,9 @@ float32 reference, and how one is compared. torch is not imported here (tensors 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
@@ -104,7 +105,7 @@ class Planted:
     """A deliberate error for tests of verify itself (never set otherwise): graphs are built from
     `graph_config(cfg)` instead of `cfg`, and `after_execute(phase, outputs)` may change results."""
 
-    graph_config: Optional[Callable[[AttnConfig], AttnConfig]] = None
-    after_execute: Optional[Callable[[Phase, dict], None]] = None
+    graph_config: Callable[[AttnConfig], AttnConfig] | None = None
+    after_execute: Callable[[Phase, dict], None] | None = None
 
 

@@ -10,9 +10,9 @@ import torch
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.probing.cudnn import tolerances
-from fusedattn_select.probing.cudnn.graphs import build_graph
 from fusedattn_select.probing.cudnn import verify_reference as reference
 from fusedattn_select.probing.cudnn import verify_run as run
+from fusedattn_select.probing.cudnn.graphs import build_graph
 from fusedattn_select.probing.cudnn.verify_run import Unbindable
 from fusedattn_select.types import Backend, Phase, ProbeDepth
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -47,12 +46,12 @@ class RefProblem:
     bottom_right: bool = False
     left: int = -1
     right: int = -1
-    bias: Optional[torch.Tensor] = None
-    alibi: Optional[torch.Tensor] = None
+    bias: torch.Tensor | None = None
+    alibi: torch.Tensor | None = None
     softmax: str = "vanilla"
-    sink: Optional[torch.Tensor] = None
+    sink: torch.Tensor | None = None
     dropout: float = 0.0
-    dropout_seed: Optional[int] = None
+    dropout_seed: int | None = None
 
     @property
     def group(self) -> int:
@@ -70,13 +69,13 @@ class Chunk:
     p: torch.Tensor          # (b, G, c, Skv) float32, 0 on masked keys and padded rows
     lse: torch.Tensor        # (b, G, c) natural log-sum-exp (with the extra logit)
     rows_ok: torch.Tensor    # (b, 1, c) bool: a real query row that sees at least one key
-    keep: Optional[torch.Tensor]  # (b, G, c, Skv) simulated dropout scale (0 or 1/(1-p)), or None
+    keep: torch.Tensor | None  # (b, G, c, Skv) simulated dropout scale (0 or 1/(1-p)), or None
 
 
 def alibi_slopes(heads: int) -> list[float]:
     """ALiBi's geometric slopes for `heads` heads (Press et al.; the interleaved extension past the
     largest power of two), as cuDNN's ALiBi mask uses them."""
-    n = 2 ** int(math.floor(math.log2(heads)))
+    n = 2 ** math.floor(math.log2(heads))
     slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
     slopes += [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(heads - n)]
     return slopes
@@ -166,8 +165,8 @@ class Gradients:
     dk: torch.Tensor
     dv: torch.Tensor
     rows_ok: torch.Tensor
-    dbias: Optional[torch.Tensor] = None
-    dsink: Optional[torch.Tensor] = None
+    dbias: torch.Tensor | None = None
+    dsink: torch.Tensor | None = None
 
 
 def backward(ref: RefProblem, grad_out: torch.Tensor, bias_grad: bool = False) -> Gradients:

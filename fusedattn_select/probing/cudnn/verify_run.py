@@ -13,8 +13,9 @@ Imported only when depth verify runs (it imports torch).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -179,7 +180,7 @@ def _input(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
 
 
 def execute(bound: Bound, build: GraphBuild, phase: Phase, handle: Any,
-            after_execute: Optional[Callable[[Phase, dict], None]] = None) -> dict[str, torch.Tensor]:
+            after_execute: Callable[[Phase, dict], None] | None = None) -> dict[str, torch.Tensor]:
     """Run `build` once on the current stream with `bound`'s tensors; its outputs by name (kept in `bound`).
 
     `after_execute(phase, outputs)` (tests only) may change the outputs before they are compared.
