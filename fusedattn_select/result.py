@@ -20,62 +20,70 @@ class Change(NamedTuple):
         return f"{self.field} {self.asked} -> {self.instead}"
 
 
+# Verdicts given by a cache: an alternative shows where they were first answered (its `origin`).
+_CACHED = (Provenance.MEMORY_CACHE, Provenance.PERSISTENT_CACHE)
+
+
 @dataclass(frozen=True)
 class Alternative:
     """Another problem, one or two fields away from the one asked, that the engine which answered
     NONE answers with a backend: a suggestion, never an answer for the problem asked.
 
     `kind` names the change in the user's words ("pad head dim", "fp16 instead of bf16");
-    `changes` lists the fields that differ; `configs` holds the problem whose verdicts are shown (two
-    when the forward and backward come from different problems: an FP8 forward with a bf16
-    backward); `verdicts` are the answers of `engine` for them; `extra_flops_percent` is what a
-    padded head dim costs in attention FLOPs; `note` says what using it takes.
+    `changes` lists every field that differs, derived ones too; `config` is that problem and
+    `verdicts` the answers of `engine` for it, or for `answered_by` where a snapshot answers it
+    through the recorded problem at its default scale; `extra_flops_percent` is what a padded head
+    dim costs in attention FLOPs, per pass; `note` says what using it takes; `origin` is the
+    engine's own provenance (live_probe, snapshot), shown where the decision cache gave the verdicts.
     """
 
     kind: str
     changes: tuple[Change, ...]
     backend: Backend
-    configs: tuple[AttnConfig, ...]
+    config: AttnConfig
     verdicts: tuple[Verdict, ...]
     note: str = ""
-    extra_flops_percent: float | None = None
+    extra_flops_percent: tuple[tuple[Phase, float], ...] = ()
     plan_form: str = ""
     engine: str = ""
+    origin: Provenance | None = None
+    answered_by: AttnConfig | None = None
 
     @property
     def provenance(self) -> tuple[Provenance, ...]:
-        return tuple(dict.fromkeys(v.provenance for v in self.verdicts))
+        """Where its verdicts were answered: a live probe, a snapshot row, a rule; also when the
+        decision cache gave them (from_cache)."""
+        return tuple(dict.fromkeys(self.origin if v.provenance in _CACHED and self.origin else v.provenance
+                                   for v in self.verdicts))
 
     @property
-    def answer(self) -> str:
-        """Its backend per pass: "F16", or "FP8 forward, F16 backward" where the passes differ."""
-        by_phase = {v.phase: v.backend for v in self.verdicts}
-        if len(set(by_phase.values())) > 1:
-            ordered = sorted(by_phase.items(), key=lambda item: item[0] is not Phase.FORWARD)
-            return ", ".join(f"{backend.value} {phase.value}" for phase, backend in ordered)
-        return self.backend.value
+    def from_cache(self) -> bool:
+        return any(v.provenance in _CACHED for v in self.verdicts)
 
     def describe(self) -> str:
         """One line: the change, the answer, its cost and where the answer came from."""
         changes = ", ".join(c.describe() for c in self.changes)
-        cost = f"; +{self.extra_flops_percent:.1f}% attention FLOPs" if self.extra_flops_percent else ""
-        provenance = "/".join(p.value for p in self.provenance) + (f" from {self.engine}" if self.engine else "")
+        cost = "".join(f"; +{pct:.1f}% {phase.value} attention FLOPs" for phase, pct in self.extra_flops_percent)
+        provenance = "/".join(p.value for p in self.provenance) + (", cached" if self.from_cache else "")
+        provenance += f" from {self.engine}" if self.engine else ""
         note = f"; {self.note}" if self.note else ""
-        return f"{self.kind} ({changes}): {self.answer}{cost} [{provenance}]{note}"
+        return f"{self.kind} ({changes}): {self.backend.value}{cost} [{provenance}]{note}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "changes": [{"field": c.field, "asked": c.asked, "instead": c.instead} for c in self.changes],
             "backend": self.backend.value,
-            "answer": self.answer,
-            "extra_flops_percent": None if self.extra_flops_percent is None else round(self.extra_flops_percent, 2),
+            "extra_flops_percent": {phase.value: round(percent, 2) for phase, percent in self.extra_flops_percent}
+            or None,
             "note": self.note,
             "plan_form": self.plan_form,
             "provenance": [p.value for p in self.provenance],
+            "from_cache": self.from_cache,
             "engine": self.engine,
             "verdicts": [v.to_dict() for v in self.verdicts],
-            "configs": [c.to_dict() for c in self.configs],
+            "config": self.config.to_dict(),
+            "answered_by": None if self.answered_by is None else self.answered_by.to_dict(),
         }
 
 
@@ -92,8 +100,8 @@ class Selection:
     bucket ("bucket B=4 S_q=1024 S_kv=1024: ragged, padding mask") or its exact shape ("dense");
     "" where the engine answers for the problem as recorded.
     `alternatives` (empty unless asked: select(cfg, alternatives=True), or `why`) are other problems
-    the same engine supports, one or two fields away, found with `alternative_probes` candidate
-    problems asked; neither takes part in equality: an answer is the same with or without them.
+    the same engine supports, one or two fields away, found with `alternative_probes` engine calls
+    (graph probes on a GPU); neither takes part in equality: an answer is the same with or without them.
     """
 
     backend: Backend

@@ -98,14 +98,18 @@ def format_nearest(nearest: tuple[NearProblem, ...]) -> list[str]:
     return lines
 
 
-def format_alternatives(search: alternatives.Search | None) -> list[str]:
-    """The text lines under a NONE: the alternatives found and the candidate problems asked."""
+def format_alternatives(search: alternatives.Search | None, replayed: bool = False) -> list[str]:
+    """The text lines under a NONE: the alternatives found, the candidate problems asked and the
+    engine calls spent (`replayed`: a snapshot's recorded rows, not graph probes)."""
     if search is None:
         return []
-    spent = f"{search.probes} candidate problems asked, at most {search.max_probes}"
-    spent += " (cap reached)" if search.capped else ""
+    if search.max_probes == 0:
+        return ["  what would work instead: not searched (--alternatives-max-probes 0)"]
+    unit = "recorded rows read" if replayed else "graph probes"
+    spent = f"{search.candidates} candidate problems asked, {search.probes} {unit} of at most {search.max_probes}"
+    spent += ", cap reached" if search.capped else ""
     if not search.alternatives:
-        return [f"  what would work instead: none found ({spent})"]
+        return [f"  what would work instead: none found; {spent}"]
     lines = [f"  {ALTERNATIVES_HEADER} ({spent}):"]
     lines += [f"    {number}. {alt.describe()}" for number, alt in enumerate(search.alternatives, 1)]
     return lines
@@ -114,24 +118,27 @@ def format_alternatives(search: alternatives.Search | None) -> list[str]:
 def _search_dict(search: alternatives.Search | None) -> dict[str, Any] | None:
     if search is None:
         return None
-    return {"found": [alt.to_dict() for alt in search.alternatives], "probes": search.probes,
-            "max_probes": search.max_probes, "capped": search.capped}
+    return {"found": [alt.to_dict() for alt in search.alternatives], "candidates": search.candidates,
+            "probes": search.probes, "max_probes": search.max_probes, "capped": search.capped}
 
 
-def _with_alternatives(selector: Selector, answers: list[Answer], depth: ProbeDepth, limit: int,
-                       max_probes: int) -> tuple[list[Answer], list[alternatives.Search | None]]:
-    """Each refused answer with its alternatives (searched through `selector`), and each search."""
+def _selection_dict(selection: Selection) -> dict[str, Any]:
+    """The answer as JSON; its alternatives are listed once, in the result's own "alternatives"."""
+    document = selection.to_dict()
+    for key in ("alternatives", "alternative_probes"):
+        document.pop(key, None)
+    return document
+
+
+def _searches(selector: Selector, answers: list[Answer], depth: ProbeDepth, limit: int,
+              max_probes: int) -> list[alternatives.Search | None]:
+    """For each refused answer the search for its alternatives through `selector`; None for the rest."""
     searches: list[alternatives.Search | None] = []
-    filled = []
-    for name, sel, notes in answers:
+    for _, sel, _ in answers:
         refused = not sel.selected and any(v.outcome is Outcome.UNSUPPORTED for v in sel.verdicts)
-        search = alternatives.find(selector, sel, limit=limit, max_probes=max_probes, probe_depth=depth) \
-            if limit and refused else None
-        if search is not None:
-            sel = dataclasses.replace(sel, alternatives=search.alternatives, alternative_probes=search.probes)
-        searches.append(search)
-        filled.append((name, sel, notes))
-    return filled, searches
+        searches.append(alternatives.find(selector, sel, limit=limit, max_probes=max_probes, probe_depth=depth)
+                        if limit and refused else None)
+    return searches
 
 
 def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: list[Answer],
@@ -147,7 +154,7 @@ def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
         "timings_recorded_on": engine.describe() if isinstance(engine, SnapshotEngine) else None,
         "notes": list(model_notes),
         "results": [
-            {"name": name, "selection": sel.to_dict(), "runner": _runner_dict(selector, sel),
+            {"name": name, "selection": _selection_dict(sel), "runner": _runner_dict(selector, sel),
              "verified": sel.selected and all(v.verified for v in sel.verdicts),
              "answered_from": answered_from(selector, sel),
              "nearest": [near.to_dict() for near in nearest_recorded(selector, sel)],
@@ -193,7 +200,7 @@ def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
                          "bucket)")
         lines += [f"  -> not fused by the transformers integration: {note}" for note in notes]
         lines += format_nearest(nearest_recorded(selector, sel))
-        lines += format_alternatives(search)
+        lines += format_alternatives(search, recorded)
     print("\n".join(lines))
 
 
@@ -210,7 +217,7 @@ def _cmd_why(args: argparse.Namespace) -> int:
     set_default_selector(selector)
     depth = ProbeDepth.VERIFY if args.verify else ProbeDepth.FULL if args.full else ProbeDepth.FAST
     answers = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in asked.problems]
-    answers, searches = _with_alternatives(selector, answers, depth, args.alternatives, args.alternatives_max_probes)
+    searches = _searches(selector, answers, depth, args.alternatives, args.alternatives_max_probes)
     (_print_json if args.json else _print_text)(selector, depth, notice, answers, asked.notes, searches)
     return answers_exit_code([sel.selected and not notes for _, sel, notes in answers],
                              [sel.no_data for _, sel, _ in answers])
@@ -218,9 +225,10 @@ def _cmd_why(args: argparse.Namespace) -> int:
 
 def _count(text: str) -> int:
     """A non-negative whole number for --alternatives and --alternatives-max-probes."""
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a non-negative whole number")
-    return int(text)
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()):  # "²".isdigit() is True, and int("²") fails
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number 0 or more, in digits 0-9")
+    return int(digits)
 
 
 def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -252,11 +260,13 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true", help="probe depth 'verify': also run the graphs once on "
                         "seeded data against a float32 reference (needs torch; see docs/verify.md)")
     parser.add_argument("--alternatives", type=_count, default=alternatives.DEFAULT_LIMIT, metavar="N",
-                        help="for each NONE, list up to N supported problems one or two fields away, asked through "
-                        f"the same engine (default {alternatives.DEFAULT_LIMIT}; 0: none); see docs/alternatives.md")
+                        help="for each refused NONE, list up to N supported problems one or two fields away, asked "
+                        f"through the same engine (default {alternatives.DEFAULT_LIMIT}; 0: none). On a GPU each such "
+                        "NONE costs extra graph probes, up to --alternatives-max-probes; see docs/alternatives.md")
     parser.add_argument("--alternatives-max-probes", type=_count, default=alternatives.DEFAULT_MAX_PROBES,
-                        metavar="N", help="ask at most N candidate problems for each NONE "
-                        f"(default {alternatives.DEFAULT_MAX_PROBES})")
+                        metavar="N", help="spend at most N graph probes (each pass of each graph form a candidate "
+                        "needs; from a snapshot, recorded rows read) on each NONE's alternatives "
+                        f"(default {alternatives.DEFAULT_MAX_PROBES}; 0: none)")
     engines.add_source_options(parser)
     parser.add_argument("--platform", choices=("cuda", "rocm"), default="cuda",
                         help="cuda (default): live cuDNN or snapshots; rocm: AMD declared capability tables "

@@ -1,47 +1,55 @@
-"""What would work instead: for a NONE answer, other problems the same engine supports.
+"""What would work instead: for a refused problem, other problems the same engine supports.
 
-An alternative is another problem, one or two fields away from the one asked (its head dim padded
-to a size the kernels take, another layout, fp16 instead of bf16, deterministic off, no dropout,
-inference instead of training, another mask form, an FP8 forward with a bf16 backward, ...), that
-the selector which answered NONE answers with a backend: live probes on a GPU, recorded rows from a
-snapshot. Alternatives are suggestions labelled as other problems; nothing here changes the answer
-for the problem asked.
+An alternative is another problem, one or two fields away from the one asked (the other causal
+diagonal where both are one, another layout, FP8 output, deterministic off, its head dims padded to
+sizes the kernels take, fp16 instead of bf16, bf16 instead of FP8, no dropout, inference instead of
+training), that the selector which answered NONE answers with a backend: live probes on a GPU,
+recorded rows from a snapshot. Alternatives are suggestions labelled as other problems; nothing
+here changes the answer for the problem asked. Every alternative is one attention() can run.
 
-Cost is bounded: candidates are asked in a fixed order, cheapest change first, each through
-`Selector.select` (its cache, rules and engine), and at most `max_probes` candidate problems are
-asked (DEFAULT_MAX_PROBES unless set). A candidate a rule answers costs no device time but counts.
-From a snapshot, recorded supported problems within two fields of the one asked are candidates too.
+Cost is bounded in graph probes, not in problems: each candidate goes through `Selector.select`
+(its rules, decision cache and engine), which may probe a bucket form and then the dense graphs, a
+decode step's heads-as-batch problem first, forward and backward. A candidate is asked only while
+the most it could still probe fits under `max_probes`; the engine calls the calling thread made
+are counted (`Selector.probes_by_this_thread`), so answers from the cache or a rule cost nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Protocol
 
+from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.layouts import SEPARATE_LAYOUTS
-from fusedattn_select.probing.nearest import RecordedProblem, closeness, counted, differences
+from fusedattn_select.layouts import LAYOUTS, SEPARATE_LAYOUTS
+from fusedattn_select.probing.nearest import DERIVED_FROM, FIELDS, RecordedProblem, closeness, counted, differences
 from fusedattn_select.result import Alternative, Change, Selection
-from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth
+from fusedattn_select.selection.rules import rules_by_name
+from fusedattn_select.types import Outcome, Phase, ProbeDepth, Provenance
 
 DEFAULT_LIMIT = 3
-DEFAULT_MAX_PROBES = 16
+DEFAULT_MAX_PROBES = 32  # graph probes (engine calls) per refused answer: about 8 training candidates
 MAX_CHANGED_FIELDS = 2
-# Head dims cuDNN's SDPA kernels are built around; a padded head dim is tried at the next multiple
-# of 8 (cuDNN's alignment) and then at these, smallest first.
+# Head dims cuDNN's SDPA kernels are built around; a head dim is padded to the next multiple of 8
+# (cuDNN's alignment) or to one of these; the PAD_TRIES cheapest paddings are asked.
 HEAD_DIM_SIZES = (64, 96, 128, 192, 256)
 PAD_TRIES = 3
-_MODEL_FIELDS = frozenset(("num_heads_q", "num_heads_kv"))
-_HEAD_DIMS = frozenset(("head_dim_qk", "head_dim_v"))
+PAD_KIND = "pad head dim"
 # Layouts with Q, K and V in one memory order, tried in this order.
 UNIFORM_LAYOUTS = ("bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd")
-# Same result as asked, by construction: a mask form equal on these shapes, another memory layout.
-_SAME_RESULT_MASKS = {
-    "causal": "causal_bottom_right", "causal_bottom_right": "causal",
-    "padding_causal": "padding_causal_bottom_right", "padding_causal_bottom_right": "padding_causal",
-}
+# The same result by construction where seqlen_q == seqlen_kv: both diagonals are the main one. With
+# a padding mask each sequence has its own lengths, so the padded forms are not swapped.
+_SAME_RESULT_MASKS = {"causal": "causal_bottom_right", "causal_bottom_right": "causal"}
+# A recorded neighbour may differ only in these: dtypes, memory order and switches. Shapes, masks,
+# windows, softmax, bias, dropout, outputs asked for and training change what is computed; a padded
+# head dim is asked by the padding move, with its cost and scale.
+_NEIGHBOUR_FIELDS = frozenset((
+    "qkv_dtype", "o_dtype", "do_dtype", "dqkv_dtype", "scaling_mode", "qkv_layout", "o_format", "do_format",
+    "dqkv_layout", "deterministic", "cuda_graph",
+))
+
+_BACKWARD_FIELDS = frozenset(("do_dtype", "dqkv_dtype", "do_format", "dqkv_layout"))
 
 
 class Answers(Protocol):
@@ -52,22 +60,30 @@ class Answers(Protocol):
 
     def select(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection: ...
 
+    def probes_by_this_thread(self) -> int: ...
+
+    def bucket_for(self, cfg: AttnConfig) -> AttnConfig | None: ...
+
 
 @dataclass(frozen=True)
 class Candidate:
-    """A problem to ask about: its kind, the config(s), and what using it takes."""
+    """A problem to ask about: its kind, its config, what using it takes and, for a padded head dim,
+    the extra attention FLOPs per pass in percent."""
 
     kind: str
-    configs: tuple[AttnConfig, ...]
+    config: AttnConfig
     note: str = ""
-    extra_flops_percent: float | None = None
+    extra_flops_percent: tuple[tuple[Phase, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class Search:
-    """The alternatives found for one answer, and what finding them spent."""
+    """The alternatives found for one answer, and what finding them spent: `candidates` problems
+    asked, `probes` engine calls (graph probes live, recorded rows from a snapshot) under the cap
+    `max_probes`; `capped`: a candidate was left unasked because its probes would not fit."""
 
     alternatives: tuple[Alternative, ...]
+    candidates: int
     probes: int
     max_probes: int
     capped: bool
@@ -75,43 +91,47 @@ class Search:
 
 def find(selector: Answers, selection: Selection, *, limit: int = DEFAULT_LIMIT,
          max_probes: int = DEFAULT_MAX_PROBES, probe_depth: str | ProbeDepth | None = None) -> Search:
-    """Up to `limit` alternatives for `selection` (an answer of `selector`), asking at most
-    `max_probes` candidate problems at `probe_depth` (default: the depth of the answer's verdicts).
-    Only a refusal has alternatives: a selected answer, no data or a failed probe get none."""
+    """Up to `limit` alternatives for `selection` (an answer of `selector`), spending at most
+    `max_probes` engine calls at `probe_depth` (default: the deepest depth of the answer's verdicts).
+    Only a refusal has alternatives: a selected answer, no data or a failed probe get none. Where a
+    known-bug rule refused, an alternative on the same backend says so in its note."""
     _check_count("limit", limit)
     _check_count("max_probes", max_probes)
     cfg = selection.config
     if cfg is None or selection.selected or not any(v.outcome is Outcome.UNSUPPORTED for v in selection.verdicts):
-        return Search((), 0, max_probes, False)
+        return Search((), 0, 0, max_probes, False)
     depth = _depth(selection, probe_depth)
+    known_bug = _known_bug_rule(selection)
+    origin = getattr(selector.engine, "provenance", None)
     found: list[Alternative] = []
-    kinds: set[str] = set()
     asked: set[str] = {cfg.cache_key()}
-    probes, capped = 0, False
+    candidates_asked, capped = 0, False
+    start = selector.probes_by_this_thread()
     for candidate in candidates(cfg, selection, selector):
         if len(found) >= limit:
             break
-        keys = [c.cache_key() for c in candidate.configs]
-        if candidate.kind in kinds or all(key in asked for key in keys):
+        question = _question(candidate, origin)
+        key = question.cache_key()
+        if key in asked or any(a.kind == candidate.kind for a in found):
             continue
-        if probes + len(keys) > max_probes:
-            capped = True
-            break
-        answers = tuple(selector.select(c, depth) for c in candidate.configs)
-        probes += len(keys)
-        asked.update(keys)
-        alternative = _alternative(cfg, candidate, answers)
+        if selector.probes_by_this_thread() - start + _most_probes(selector, question) > max_probes:
+            capped = True  # a cheaper candidate after it may still fit
+            continue
+        asked.add(key)
+        candidates_asked += 1
+        if known_bug and question.candidate is cfg.candidate:
+            candidate = replace(candidate, note=f"{candidate.note}; {_same_kernels_note(known_bug)}")
+        alternative = _alternative(cfg, candidate, question, selector.select(question, depth), origin)
         if alternative is not None:
-            found.append(alternative)
-            kinds.add(candidate.kind)
-    return Search(tuple(found), probes, max_probes, capped)
+            found = _without_supersets(found, alternative)
+    return Search(tuple(found), candidates_asked, selector.probes_by_this_thread() - start, max_probes, capped)
 
 
 def with_alternatives(selector: Answers, selection: Selection, *, limit: int = DEFAULT_LIMIT,
                       max_probes: int = DEFAULT_MAX_PROBES, probe_depth: str | ProbeDepth | None = None) -> Selection:
     """`selection` with its alternatives filled in (see find); the answer itself is unchanged."""
     search = find(selector, selection, limit=limit, max_probes=max_probes, probe_depth=probe_depth)
-    return dataclasses.replace(selection, alternatives=search.alternatives, alternative_probes=search.probes)
+    return replace(selection, alternatives=search.alternatives, alternative_probes=search.probes)
 
 
 def _check_count(name: str, value: object) -> None:
@@ -123,7 +143,51 @@ def _depth(selection: Selection, asked: str | ProbeDepth | None) -> ProbeDepth:
     if asked is not None:
         return ProbeDepth.parse(asked)
     depths = {v.depth for v in selection.verdicts}
-    return ProbeDepth.FULL if ProbeDepth.FULL in depths else ProbeDepth.FAST
+    return next((d for d in (ProbeDepth.VERIFY, ProbeDepth.FULL) if d in depths), ProbeDepth.FAST)
+
+
+def _known_bug_rule(selection: Selection) -> str:
+    """The name of the known-bug rule that refused the problem asked, or ""."""
+    rules = rules_by_name()
+    return next((v.stage[5:] for v in selection.verdicts if not v.supported and v.stage.startswith("rule:")
+                 and getattr(rules.get(v.stage[5:]), "known_bug", False)), "")
+
+
+def _same_kernels_note(rule: str) -> str:
+    # The rule's condition does not hold for this problem, but its graphs may run the same kernels
+    # (another graph form of one kernel family): no report says they are right.
+    return (f"same backend as the refusal by known-bug rule {rule}, which does not cover this problem; "
+            "its kernels may be the same: check it at probe depth verify")
+
+
+def _question(candidate: Candidate, origin: Provenance | None) -> AttnConfig:
+    """The problem asked for `candidate`. A snapshot recorded each problem at its default scale: a
+    padded head dim is looked up there, as the scale is a value the graphs take, not a shape."""
+    if origin is Provenance.SNAPSHOT and candidate.kind == PAD_KIND:
+        return candidate.config.replace(attn_scale=None)
+    return candidate.config
+
+
+def _most_probes(selector: Answers, cfg: AttnConfig) -> int:
+    """The most engine calls select(cfg) can make: each pass of its bucket form and then of its own
+    graphs, and on a GPU a decode step's heads-as-batch problem (its bucket, its graphs) first."""
+    forms = 1 + (selector.bucket_for(cfg) is not None)
+    if getattr(selector.engine, "provenance", None) is Provenance.LIVE_PROBE and heads_as_batch(cfg) is not None:
+        forms += 2
+    return forms * len(cfg.phases)
+
+
+def _without_supersets(found: list[Alternative], new: Alternative) -> list[Alternative]:
+    """`found` with `new` added, unless it only adds changes to one found; one found that only adds
+    changes to `new` makes way for it."""
+    changes = _change_set(new)
+    if any(_change_set(old) <= changes for old in found):
+        return found
+    return [old for old in found if not changes < _change_set(old)] + [new]
+
+
+def _change_set(alternative: Alternative) -> frozenset:
+    return frozenset((c.field, repr(c.instead)) for c in alternative.changes)
 
 
 # ----- candidates, cheapest change first -----------------------------------------------------------
@@ -133,10 +197,9 @@ def candidates(cfg: AttnConfig, selection: Selection, selector: Answers) -> Iter
     CUDA graphs), padding, other dtypes, and last the changes that alter what is computed
     (dropout, training); from a snapshot, its recorded supported neighbours after them."""
     refused = {v.phase for v in selection.verdicts if not v.supported}
-    for move in (_mask_form, _layouts, _fp8_output, _switches, _padded_head_dims, _dtypes,
-                 _fp8_forward_bf16_backward, _no_dropout, _inference):
+    for move in (_mask_form, _layouts, _fp8_output, _switches, _padded_head_dims, _dtypes, _no_dropout, _inference):
         for candidate in _valid(move(cfg, refused)):
-            if _changed_fields(cfg, candidate.configs[0]) <= MAX_CHANGED_FIELDS:
+            if changed_fields(cfg, candidate.config) <= MAX_CHANGED_FIELDS:
                 yield candidate
     yield from _recorded_neighbours(cfg, selector)
 
@@ -152,10 +215,10 @@ def _valid(moves: Iterator[Candidate]) -> Iterator[Candidate]:
 def _mask_form(cfg: AttnConfig, refused: set[Phase]) -> Iterator[Candidate]:
     other = _SAME_RESULT_MASKS.get(cfg.mask)
     if other is not None and cfg.seqlen_q == cfg.seqlen_kv and cfg.bottom_right_diagonal is None:
-        yield Candidate("another mask form", (cfg.replace(mask=other),),
+        yield Candidate("another mask form", cfg.replace(mask=other),
                         "same result: seqlen_q == seqlen_kv puts both diagonals in one place")
     if cfg.mask == "no_mask":
-        yield Candidate("padding mask", (cfg.replace(mask="padding"),),
+        yield Candidate("padding mask", cfg.replace(mask="padding"),
                         "same result with every sequence at its full length")
 
 
@@ -164,94 +227,128 @@ def _layouts(cfg: AttnConfig, refused: set[Phase]) -> Iterator[Candidate]:
         return
     for layout in UNIFORM_LAYOUTS:
         if layout != cfg.qkv_layout:
-            yield Candidate("another layout", (cfg.replace(qkv_layout=layout),),
+            yield Candidate("another layout", cfg.replace(qkv_layout=layout),
                             "same result; the tensors in another memory order (a transpose copy or a view)")
 
 
 def _fp8_output(cfg: AttnConfig, refused: set[Phase]) -> Iterator[Candidate]:
     if cfg.is_fp8 and cfg.resolved_o_dtype != cfg.qkv_dtype:
-        yield Candidate("FP8 output", (cfg.replace(o_dtype=cfg.qkv_dtype),),
+        yield Candidate("FP8 output", cfg.replace(o_dtype=cfg.qkv_dtype),
                         "O in FP8 (as TransformerEngine's fp8_mha keeps it) instead of fp16/bf16")
 
 
 def _switches(cfg: AttnConfig, refused: set[Phase]) -> Iterator[Candidate]:
     if cfg.deterministic and cfg.is_training:
-        yield Candidate("deterministic off", (cfg.replace(deterministic=False),),
+        yield Candidate("deterministic off", cfg.replace(deterministic=False),
                         "the backward may sum in a different order from run to run")
     if cfg.cuda_graph:
-        yield Candidate("no CUDA-graph capture", (cfg.replace(cuda_graph=False),), "run this layer eagerly")
+        yield Candidate("no CUDA-graph capture", cfg.replace(cuda_graph=False), "run this layer eagerly")
 
 
 def _padded_head_dims(cfg: AttnConfig, refused: set[Phase]) -> Iterator[Candidate]:
+    """The PAD_TRIES cheapest paddings, cheapest first. One head dim (head_dim_v left out) pads Q, K
+    and V together; two pad each where it can, so a head dim that needs none keeps its size. The
+    scale stays the original's, so zero-padding and slicing the output gives the original result."""
     qk, v = cfg.head_dim_qk, cfg.resolved_head_dim_v
-    sizes = sorted({-(-qk // 8) * 8, *HEAD_DIM_SIZES} - {qk})
-    larger = [size for size in sizes if size > qk and size >= v][:PAD_TRIES]
-    for size in larger:
-        padded = cfg.replace(head_dim_qk=size, head_dim_v=None if cfg.head_dim_v is None or v == qk else size)
-        if padded.resolved_head_dim_v < v:
-            continue
-        yield Candidate("pad head dim", (padded,), "zero-pad Q, K and V to the new head dim; slice the output",
-                        extra_flops_percent=_extra_flops(qk, v, size, padded.resolved_head_dim_v))
-    if v < qk:
-        yield Candidate("pad head_dim_v", (cfg.replace(head_dim_v=qk),), "zero-pad V; slice the output",
-                        extra_flops_percent=_extra_flops(qk, v, qk, qk))
+    if cfg.head_dim_v is None:
+        sizes = [(size, None) for size in _larger(qk)]
+    else:
+        sizes = [(q, w) for q in (qk, *_larger(qk)) for w in (v, *_larger(v)) if (q, w) != (qk, v)]
+    padded = [cfg.replace(head_dim_qk=q, head_dim_v=w, attn_scale=cfg.resolved_attn_scale) for q, w in sizes]
+    padded.sort(key=lambda c: _flops_units(c.head_dim_qk, c.resolved_head_dim_v, cfg.is_training))
+    for config in padded[:PAD_TRIES]:
+        yield Candidate(PAD_KIND, config, _padding_note(cfg, config), _extra_flops(cfg, config))
 
 
-def _extra_flops(qk: int, v: int, padded_qk: int, padded_v: int) -> float:
-    """Extra attention FLOPs in percent: QK^T scales with head_dim_qk, PV with head_dim_v."""
-    return ((padded_qk + padded_v) / (qk + v) - 1.0) * 100.0
+def _larger(size: int) -> list[int]:
+    """The PAD_TRIES smallest sizes above `size`: its next multiple of 8 and HEAD_DIM_SIZES."""
+    return sorted(s for s in {-(-size // 8) * 8, *HEAD_DIM_SIZES} if s > size)[:PAD_TRIES]
+
+
+def _padding_note(cfg: AttnConfig, padded: AttnConfig) -> str:
+    qk, v = padded.head_dim_qk > cfg.head_dim_qk, padded.resolved_head_dim_v > cfg.resolved_head_dim_v
+    tensors = "Q, K and V" if qk and v else "Q and K" if qk else "V"
+    scale = f"attn_scale {cfg.resolved_attn_scale:.6g}"
+    scale += f" (1/sqrt({cfg.head_dim_qk}))" if cfg.attn_scale is None else ""
+    return f"zero-pad {tensors}, keep {scale}, slice the output"
+
+
+def _flops_units(qk: int, v: int, training: bool) -> int:
+    """Attention FLOPs in units of 2*s_q*s_kv per head: the forward does QK^T (d_qk) and PV (d_v); the
+    backward recomputes S (d_qk) and computes dP (d_v), dV (d_v), dQ and dK (d_qk each)."""
+    return (qk + v) + ((3 * qk + 2 * v) if training else 0)
+
+
+def _extra_flops(cfg: AttnConfig, padded: AttnConfig) -> tuple[tuple[Phase, float], ...]:
+    """Extra attention FLOPs per pass, in percent of the original's."""
+    qk, v, pq, pv = cfg.head_dim_qk, cfg.resolved_head_dim_v, padded.head_dim_qk, padded.resolved_head_dim_v
+    extra = [(Phase.FORWARD, (pq + pv) / (qk + v))]
+    if cfg.is_training:
+        extra.append((Phase.BACKWARD, (3 * pq + 2 * pv) / (3 * qk + 2 * v)))
+    return tuple((phase, (ratio - 1.0) * 100.0) for phase, ratio in extra)
 
 
 def _dtypes(cfg: AttnConfig, refused: set[Phase]) -> Iterator[Candidate]:
     if cfg.qkv_dtype in ("fp16", "bf16"):
         other = "fp16" if cfg.qkv_dtype == "bf16" else "bf16"
         fields = {name: None for name in ("o_dtype", "do_dtype", "dqkv_dtype") if getattr(cfg, name) is not None}
-        yield Candidate(f"{other} instead of {cfg.qkv_dtype}", (cfg.replace(qkv_dtype=other, **fields),),
+        yield Candidate(f"{other} instead of {cfg.qkv_dtype}", cfg.replace(qkv_dtype=other, **fields),
                         "another 16-bit format: other rounding, other range")
     elif cfg.is_fp8:
-        yield Candidate("bf16 instead of FP8", (_as_bf16(cfg),), "the F16 backend at bf16")
-
-
-def _as_bf16(cfg: AttnConfig) -> AttnConfig:
-    return cfg.replace(qkv_dtype="bf16", o_dtype=None, do_dtype=None, dqkv_dtype=None, scaling_mode=None)
-
-
-def _fp8_forward_bf16_backward(cfg: AttnConfig, refused: set[Phase]) -> Iterator[Candidate]:
-    if cfg.is_fp8 and cfg.is_training and refused == {Phase.BACKWARD}:
-        yield Candidate("FP8 forward, bf16 backward", (cfg.replace(is_training=False), _as_bf16(cfg)),
-                        "the forward in FP8 and the backward in bf16 (TransformerEngine: NVTE_FP8_DPA_BWD=0)")
+        bf16 = cfg.replace(qkv_dtype="bf16", o_dtype=None, do_dtype=None, dqkv_dtype=None, scaling_mode=None)
+        yield Candidate("bf16 instead of FP8", bf16, "the F16 backend at bf16")
 
 
 def _no_dropout(cfg: AttnConfig, refused: set[Phase]) -> Iterator[Candidate]:
     if cfg.dropout:
-        yield Candidate("no dropout", (cfg.replace(dropout=0.0),), "attention dropout off: changes training")
+        yield Candidate("no dropout", cfg.replace(dropout=0.0), "attention dropout off: changes training")
 
 
 def _inference(cfg: AttnConfig, refused: set[Phase]) -> Iterator[Candidate]:
     if cfg.is_training and refused == {Phase.BACKWARD}:
-        yield Candidate("inference instead of training", (cfg.replace(is_training=False),),
+        yield Candidate("inference instead of training", cfg.replace(is_training=False),
                         "forward only: no gradients through this layer")
 
 
 def _recorded_neighbours(cfg: AttnConfig, selector: Answers) -> Iterator[Candidate]:
-    """From a snapshot: recorded problems it answers with a backend, within two fields, closest first."""
-    recorded = getattr(selector.engine, "recorded", ())
+    """From a snapshot: recorded problems it answers with a backend that differ from `cfg` only in
+    dtypes, memory order or switches (_NEIGHBOUR_FIELDS), within two fields, closest first."""
     near = []
-    for problem in recorded:
-        if problem.backend is Backend.NONE:
+    for problem in getattr(selector.engine, "recorded", ()):
+        if not problem.verdicts or not all(v.supported for v in problem.verdicts):
             continue
-        found = counted(differences(cfg, problem))
-        # A model fixes its head counts, and a head dim can be padded but never shrunk.
-        if any(d.field in _MODEL_FIELDS or (d.field in _HEAD_DIMS and d.recorded < d.asked) for d in found):
+        found = differences(cfg, problem)
+        if not found or any(d.field not in _NEIGHBOUR_FIELDS for d in found) or not _same_result_layout(cfg, problem):
             continue
-        if 0 < len(found) <= MAX_CHANGED_FIELDS:
+        if len(counted(found)) <= MAX_CHANGED_FIELDS:
             near.append((closeness(cfg, problem, found), problem))
     for _, problem in sorted(near, key=lambda item: item[0]):
-        yield Candidate(f"recorded problem {problem.label}", (problem.config,),
-                        f"recorded in {problem.file_name}")
+        yield Candidate(f"recorded problem {problem.label}", problem.config, f"recorded in {problem.file_name}")
 
 
-def _changed_fields(cfg: AttnConfig, other: AttnConfig) -> int:
+def _same_result_layout(cfg: AttnConfig, problem: RecordedProblem) -> bool:
+    """Another memory order of the same tensors (no ragged, packed or paged inputs on either side)."""
+    layouts = (cfg.qkv_layout, problem.config.qkv_layout)
+    return layouts[0] == layouts[1] or all(layout in SEPARATE_LAYOUTS and LAYOUTS[layout].packing is None
+                                           for layout in layouts)
+
+
+def all_changes(cfg: AttnConfig, other: AttnConfig) -> tuple[Change, ...]:
+    """Every field in which `other` differs from `cfg`; derived fields compared as resolved, also
+    where both leave them out (an O dtype that follows a changed scaling mode is a change)."""
+    changes = []
+    for name in FIELDS:
+        if name in _BACKWARD_FIELDS and not (cfg.is_training or other.is_training):
+            continue  # no backward graph on either side
+        derived = name in DERIVED_FROM
+        asked, instead = (getattr(c, "resolved_" + name if derived else name) for c in (cfg, other))
+        if asked != instead:
+            changes.append(Change(name, asked, instead))
+    return tuple(changes)
+
+
+def changed_fields(cfg: AttnConfig, other: AttnConfig) -> int:
+    """How many fields apart two problems are: a derived field that changes with its source counts with it."""
     return len(counted(differences(cfg, _as_recorded(other))))
 
 
@@ -260,25 +357,17 @@ def _as_recorded(config: AttnConfig) -> RecordedProblem:
 
 
 # ----- answers into alternatives -------------------------------------------------------------------
-def _alternative(cfg: AttnConfig, candidate: Candidate, answers: tuple[Selection, ...]) -> Alternative | None:
-    """The alternative `answers` make of `candidate`, or None where the engine does not select it."""
-    if len(answers) == 1:
-        (answer,) = answers
-        if not answer.selected:
-            return None
-        verdicts, backend, plan_form, engine = answer.verdicts, answer.backend, answer.plan_form, answer.engine
-    else:
-        forward, backward = answers
-        fwd = tuple(v for v in forward.verdicts if v.phase is Phase.FORWARD)
-        bwd = tuple(v for v in backward.verdicts if v.phase is Phase.BACKWARD)
-        if not fwd or not bwd or not all(v.supported for v in fwd + bwd):
-            return None
-        verdicts, backend, plan_form, engine = fwd + bwd, forward.candidate, forward.plan_form, forward.engine
-    if len(candidate.configs) == 1:
-        found = counted(differences(cfg, _as_recorded(candidate.configs[0])))
-        changes = tuple(Change(d.field, d.asked, d.recorded) for d in found)
-    else:  # an FP8 forward with a bf16 backward: the forward is the problem asked, as inference
-        changes = (Change("backward qkv_dtype", cfg.qkv_dtype, candidate.configs[1].qkv_dtype),)
-    return Alternative(kind=candidate.kind, changes=changes, backend=backend, configs=candidate.configs,
-                       verdicts=verdicts, note=candidate.note, extra_flops_percent=candidate.extra_flops_percent,
-                       plan_form=plan_form, engine=engine)
+def _alternative(cfg: AttnConfig, candidate: Candidate, question: AttnConfig, answer: Selection,
+                 origin: Provenance | None) -> Alternative | None:
+    """The alternative `answer` (for `question`) makes of `candidate`, or None where it is not selected.
+    Every field that differs is shown, derived ones too (an O dtype that follows the scaling mode)."""
+    if not answer.selected:
+        return None
+    changes = all_changes(cfg, candidate.config)
+    note = candidate.note
+    if question is not candidate.config:
+        note += f"; answered by the recorded problem at its default scale 1/sqrt({question.head_dim_qk})"
+    return Alternative(kind=candidate.kind, changes=changes, backend=answer.backend, config=candidate.config,
+                       verdicts=answer.verdicts, note=note, extra_flops_percent=candidate.extra_flops_percent,
+                       plan_form=answer.plan_form, engine=answer.engine, origin=origin,
+                       answered_by=None if question is candidate.config else question)

@@ -7,8 +7,15 @@ ground truth, these rules only save its cost or guard against known-wrong answer
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Collection
+
+try:  # PEP 440 comparison where packaging is installed; it is not a dependency
+    from packaging.version import InvalidVersion as _InvalidVersion
+    from packaging.version import Version as _Version
+except ImportError:  # pragma: no cover - depends on the environment
+    _Version = _InvalidVersion = None  # type: ignore[assignment,misc]
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, Provenance, Verdict
@@ -34,10 +41,13 @@ class Rule:
     `backends` and `phases` say what it applies to; `cudnn_versions` is an inclusive range of
     cuDNN backend versions (None = unbounded) and is only checked against a known fingerprint.
     `frontend_versions` is (first affected, first fixed) of cudnn-frontend, a half-open range of
-    PEP 440 versions ("1.29.0.dev0" sorts before "1.29.0"; None = unbounded). `sm_archs` is an
-    inclusive range of compute capabilities as TransformerEngine writes them (90 = 9.0), only
-    checked against a known device. `condition(cfg, fingerprint)` returns True when the rule
-    rejects. `see_also` holds further links (the fix, the upstream guard) next to `source`.
+    PEP 440 versions ("1.29.0.dev0" sorts before "1.29.0a0.dev0", before "1.29.0rc1", before
+    "1.29.0"; None = unbounded). `sm_archs` holds the compute capabilities it applies to as
+    TransformerEngine writes them (90 = 9.0; a `range` for a family), only checked against a known
+    device. `condition(cfg, fingerprint)` returns True when the rule rejects. `see_also` holds
+    further links (the fix, the upstream guard) next to `source`. `asked_problem`: the condition is
+    about the caller's own problem (a decode step's real seqlen_q), so the selector also decides it
+    on the problem asked, whichever graph form (a shape bucket, heads as batch) would answer it.
     """
 
     name: str
@@ -49,19 +59,23 @@ class Rule:
     cudnn_versions: tuple[int | None, int | None] = (None, None)
     known_bug: bool = False
     frontend_versions: tuple[str | None, str | None] = (None, None)
-    sm_archs: tuple[int, int] | None = None
+    sm_archs: Collection[int] | None = None
     see_also: tuple[str, ...] = ()
+    asked_problem: bool = False
 
     def applies(self, cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
         if cfg.candidate not in self.backends:
             return False
+        return self.covers(fingerprint) and self.condition(cfg, fingerprint)
+
+    def covers(self, fingerprint: Fingerprint) -> bool:
+        """The cuDNN, cudnn-frontend and device ranges hold this platform (the condition aside)."""
         if not _in_range(fingerprint.cudnn_backend_version, *self.cudnn_versions):
             return False
         if self.frontend_versions != (None, None) and not _frontend_in(fingerprint, *self.frontend_versions):
             return False
-        if self.sm_archs is not None and not _in_range(fingerprint.sm_arch, *self.sm_archs):
-            return False
-        return self.condition(cfg, fingerprint)
+        # An unknown device (sm_arch 0) is in no list, as for the version ranges.
+        return self.sm_archs is None or fingerprint.sm_arch in self.sm_archs
 
     def verdict(self, cfg: AttnConfig, phase: Phase) -> Verdict:
         return Verdict(
@@ -84,23 +98,41 @@ def _in_range(value: int, low: int | None, high: int | None) -> bool:
     return (low is None or value >= low) and (high is None or value <= high)
 
 
-def frontend_version_key(text: str) -> tuple[int, ...] | None:
-    """A sort key of a cudnn-frontend version as PEP 440 orders the forms it ships ("1.32.0",
-    "1.29.0.dev66375696", "1.29.0rc1": a dev build before a pre-release before the release);
-    None for text that is not such a version."""
-    release, _, dev = text.strip().partition(".dev")
-    pre = ""
-    for marker in ("rc", "b", "a"):
-        if marker in release:
-            release, _, pre = release.partition(marker)
-            break
-    parts = release.split(".")
-    if not all(p.isdigit() for p in parts) or (dev and not dev.isdigit()) or (pre and not pre.isdigit()):
+def frontend_version_key(text: str) -> Any:
+    """A sort key of a cudnn-frontend version in PEP 440 order, or None for text that is not a
+    version. packaging.version where it is installed (it is not a dependency), else the same order
+    for the forms PEP 440 defines without an epoch or local label (see _pep440_key)."""
+    if _Version is not None:
+        try:
+            return _Version(text.strip())
+        except _InvalidVersion:
+            return None
+    return _pep440_key(text)
+
+
+# release, then an optional pre-release (a|b|rc N), post-release (.post N) and development build (.dev N)
+_PEP440 = re.compile(r"v?(\d+(?:\.\d+)*)(?:[-_.]?(a|b|rc)[-_.]?(\d+))?(?:[-_.]?post[-_.]?(\d+))?"
+                     r"(?:[-_.]?dev[-_.]?(\d+))?", re.IGNORECASE)
+_PRE_RANK = {"a": 0, "b": 1, "rc": 2}
+
+
+def _pep440_key(text: str) -> tuple | None:
+    """PEP 440's order as a tuple: 1.29.0.dev1 < 1.29.0a1 < 1.29.0rc1.dev3 < 1.29.0rc1 < 1.29.0 <
+    1.29.0.post1 < 1.29.1; 1.29 == 1.29.0."""
+    match = _PEP440.fullmatch(text.strip())
+    if match is None:
         return None
-    numbers = tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
-    # dev (0) < pre-release (1) < release (2); the number after each orders builds of one kind.
-    stage = 0 if dev else 1 if pre else 2
-    return (*numbers[:3], stage, int(dev or pre or 0))
+    release, pre, pre_number, post, dev = match.groups()
+    numbers = [int(part) for part in release.split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    if pre is not None:
+        pre_key = (_PRE_RANK[pre.lower()], int(pre_number))
+    else:  # a development build of the release itself sorts before every pre-release of it
+        pre_key = (-1, 0) if dev is not None and post is None else (3, 0)
+    post_key = -1 if post is None else int(post)
+    dev_key = (1, 0) if dev is None else (0, int(dev))
+    return (tuple(numbers), pre_key, post_key, dev_key)
 
 
 def _frontend_in(fingerprint: Fingerprint, first_affected: str | None, first_fixed: str | None) -> bool:
@@ -124,7 +156,8 @@ def _non_padding(cfg: AttnConfig) -> bool:
 
 
 def _decode_step(cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
-    # PyTorch's guard tests the graph's own s_q == 1 and leaves out 9.24.1, which did not corrupt.
+    # PyTorch's guard tests the caller's s_q == 1 (asked_problem: the selector decides it on the
+    # problem asked too, not only on a bucket form whose S_q is larger) and leaves out 9.24.1.
     return cfg.seqlen_q == 1 and fingerprint.cudnn_backend_version != 92401
 
 
@@ -208,12 +241,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "cudnn-9.19-9.25.0-blackwell-decode",
-        F16, FWD,
+        F16, BOTH,  # PyTorch guards the forward and the backward (fprop and bprop, dense and nested)
         _decode_step,
         "known cuDNN 9.19-9.25.0 bug on SM 10.x/11.x: SDPA with seqlen_q == 1 (decode) silently "
         "returns wrong output (PyTorch disables it; 9.24.1 is not affected); upgrade cuDNN past 9.25.0",
-        PYTORCH_DECODE_GUARD, cudnn_versions=(91900, 92500), known_bug=True, sm_archs=(100, 119),
-        see_also=(PYTORCH_DECODE_ISSUE,),
+        PYTORCH_DECODE_GUARD, cudnn_versions=(91900, 92500), known_bug=True, sm_archs=range(100, 120),
+        see_also=(PYTORCH_DECODE_ISSUE,), asked_problem=True,
     ),
     Rule(
         "cudnn-frontend-1.29-dev-fp8-d256-masked",
@@ -222,10 +255,22 @@ RULES: tuple[Rule, ...] = (
         "known cudnn-frontend 1.29.0 development-build bug on SM 10.0/10.3: FP8 forward at head dim "
         "256 with a causal mask or window silently returns wrong output; use cudnn-frontend 1.29.0 "
         "or newer",
-        CUDNN_FE_FP8_D256_ISSUE, known_bug=True, frontend_versions=("1.29.0.dev0", "1.29.0"),
+        # Every 1.29.0.devN nightly and nothing after: "1.29.0a0.dev0" is the first pre-release form,
+        # and 1.29.0 pre-releases (a, b, rc) are taken as fixed like the release (docs/rules.md).
+        CUDNN_FE_FP8_D256_ISSUE, known_bug=True, frontend_versions=("1.29.0.dev0", "1.29.0a0.dev0"),
         sm_archs=(100, 103), see_also=(CUDNN_FE_FP8_D256_FIX, CUDNN_FE_FP8_D256_KERNEL),
     ),
 )
+
+
+def asked_problem_rules(fingerprint: Fingerprint) -> tuple[Rule, ...]:
+    """The rules about the caller's own problem whose versions and devices hold `fingerprint`."""
+    return tuple(rule for rule in RULES if rule.asked_problem and rule.covers(fingerprint))
+
+
+def refuses_as_asked(rules: tuple[Rule, ...], cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
+    """One of `rules` (asked_problem_rules) rejects a pass of `cfg` itself."""
+    return any(rule.applies(cfg, fingerprint) and not set(rule.phases).isdisjoint(cfg.phases) for rule in rules)
 
 
 def rules_by_name() -> dict[str, Rule]:

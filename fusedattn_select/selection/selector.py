@@ -20,7 +20,7 @@ from fusedattn_select.probing import choose_engine
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.bucket_index import BucketIndex
-from fusedattn_select.selection.rules import apply_rules, no_platform_verdict
+from fusedattn_select.selection.rules import apply_rules, asked_problem_rules, no_platform_verdict, refuses_as_asked
 from fusedattn_select.single_flight import read_or_make
 from fusedattn_select.store import open_default_store, protocol
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict, rejection_line
@@ -43,10 +43,6 @@ class _Entry:
     depth: ProbeDepth
     hit: Selection | None = None
     exact_depth: bool = False
-
-
-def _no_data(verdicts: tuple[Verdict, ...]) -> bool:
-    return any(v.outcome is Outcome.NO_DATA for v in verdicts)
 
 
 def _satisfies(entry: _Entry, depth: ProbeDepth) -> bool:
@@ -115,9 +111,8 @@ class Selector:
         self._fingerprint_key = self._fingerprint.key()
         self._lock = threading.Lock()
         self._memory: dict[str, _Entry] = {}
-        # Final answers by (problem key, depth) for problems answered through their bucket form.
-        # Keyed (problem key, depth) and, for answers through a decode step's heads as batch,
-        # (problem key, depth, HEADS_AS_BATCH).
+        # Final answers of problems answered through their bucket form, by (problem key, depth), and
+        # through a decode step's heads as batch, by (problem key, depth, HEADS_AS_BATCH).
         self._by_problem: dict[tuple, Selection] = {}
         # Bumped whenever _by_problem is cleared: an answer computed before a clear is not filed after it.
         self._answers_generation = 0
@@ -127,6 +122,8 @@ class Selector:
         self._recorded_buckets = bucket_forms and not self._bucket_forms and getattr(engine, "bucket_for", None)
         self._in_flight: dict[str, Future] = {}
         self._stats: Counter[str] = Counter()
+        self._thread = threading.local()  # engine calls per thread: what one search spent (probes_by_this_thread)
+        self._asked_rules = asked_problem_rules(self._fingerprint)
 
     # ----- public ----------------------------------------------------------------------------
     @property
@@ -146,7 +143,7 @@ class Selector:
         depth = probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
         key = cfg.cache_key()
         decode = heads_as_batch(cfg) if self._bucket_forms else None
-        if decode is not None:
+        if decode is not None and not refuses_as_asked(self._asked_rules, cfg, self._fingerprint):
             answered = self._by_problem.get((key, depth, HEADS_AS_BATCH))
             if answered is not None:
                 with self._lock:
@@ -175,7 +172,8 @@ class Selector:
                 self._stats["hits"] += 1
             return answered
         generation = self._answers_generation
-        form = self.bucket_for(cfg)
+        # A rule about the problem asked (a decode step's s_q == 1) is decided on its own graphs.
+        form = None if refuses_as_asked(self._asked_rules, cfg, self._fingerprint) else self.bucket_for(cfg)
         if form is None:
             return self._select_exact(cfg, key, depth)
         form_key = form.cache_key()
@@ -219,6 +217,10 @@ class Selector:
         if self._recorded_buckets:
             return self._recorded_buckets(cfg)
         return self._buckets.find(cfg) if self._bucket_forms else None
+
+    def probes_by_this_thread(self) -> int:
+        """Engine calls (graph probes, or recorded rows read) the calling thread made through this selector."""
+        return getattr(self._thread, "probes", 0)
 
     def learn_bucket(self, form: AttnConfig) -> None:
         """Answer the shapes `form` (a bucket form another process selected) holds by it."""
@@ -378,7 +380,7 @@ class Selector:
         if failed:
             for v in failed:
                 log.warning("fusedattn_select: %s (not cached)", v.reason())
-        elif _no_data(verdicts):
+        elif any(v.outcome is Outcome.NO_DATA for v in verdicts):
             # The engine's own lack of data: kept for this depth in memory, never in the store.
             with self._lock:
                 self._memory[key] = dataclasses.replace(self._entry(cfg, key, verdicts, depth), exact_depth=True)
@@ -399,15 +401,13 @@ class Selector:
     def _verb(self) -> tuple[str, str]:
         """What answering a new problem is for this engine (probing a device, replaying a recording), and from where."""
         provenance = self.engine.provenance if self.engine is not None else None
-        if provenance is Provenance.SNAPSHOT:
-            return "replayed", f" from {self.engine.name}"
-        if provenance is Provenance.DECLARED:
-            return "looked up", " in declared tables"
-        return "probed", ""
+        return {Provenance.SNAPSHOT: ("replayed", f" from {self.engine_name}"),
+                Provenance.DECLARED: ("looked up", " in declared tables")}.get(provenance, ("probed", ""))
 
     def _probe_one(self, cfg: AttnConfig, phase: Phase, depth: ProbeDepth) -> Verdict:
         assert self.engine is not None
         verdict = self.engine.probe(cfg, cfg.candidate, phase, depth)
+        self._thread.probes = getattr(self._thread, "probes", 0) + 1
         with self._lock:
             self._stats["probes"] += 1
             if verdict.outcome is Outcome.FAILED:
@@ -471,14 +471,15 @@ def set_default_selector(selector: Selector | None) -> Selector | None:
 
 
 def select(cfg: AttnConfig, probe_depth: str = "fast", *, alternatives: bool = False) -> Selection:
-    """Which fused backend runs `cfg` here, and if none, every reason why (cached; without a GPU the
-    bundled snapshots answer, `Selection.no_data` where they hold nothing). `alternatives=True`: a
-    NONE also lists supported problems one or two fields away (`Selection.alternatives`)."""
-    selection = default_selector().select(cfg, probe_depth)
-    if alternatives:  # imported here: the alternatives module imports this one
-        from fusedattn_select.selection.alternatives import with_alternatives
-        selection = with_alternatives(default_selector(), selection, probe_depth=probe_depth)
-    return selection
+    """Which fused backend runs `cfg` here, and if none, every reason why (cached; without a GPU the bundled
+    snapshots answer, `Selection.no_data` where they hold nothing). `alternatives=True`: a refused NONE also
+    lists supported problems nearby (`Selection.alternatives`); on a GPU each such NONE costs extra graph
+    probes, up to the cap (alternatives.DEFAULT_MAX_PROBES)."""
+    selector = default_selector()
+    if not alternatives:
+        return selector.select(cfg, probe_depth)
+    from fusedattn_select.selection.alternatives import with_alternatives  # it imports this module
+    return with_alternatives(selector, selector.select(cfg, probe_depth), probe_depth=probe_depth)
 
 
 def get_backend(cfg: AttnConfig) -> tuple[Backend, str]:

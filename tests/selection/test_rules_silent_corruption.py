@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fusedattn_select import AttnConfig, Backend
+from fusedattn_select.selection import rules
 from fusedattn_select.selection.rules import frontend_version_key, rules_by_name
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Fingerprint, Outcome, Phase, Provenance, Verdict
@@ -112,17 +113,81 @@ def test_fp8_d256_rule_leaves_the_answer_to_the_engine_outside_its_report(fronte
     assert selection.backend is Backend.FP8 and engine.calls == 1
 
 
-@pytest.mark.parametrize("older, newer", [
-    ("1.28.0", "1.29.0.dev0"), ("1.29.0.dev0", "1.29.0.dev66375696"), ("1.29.0.dev66375696", "1.29.0rc1"),
-    ("1.29.0rc1", "1.29.0"), ("1.29.0", "1.29.1"), ("1.9.0", "1.10.0"), ("1.29", "1.29.1"),
-])
-def test_frontend_versions_sort_as_pep_440_orders_them(older, newer):
+VERSION_ORDER = [
+    ("1.28.0", "1.29.0.dev0"), ("1.29.0.dev0", "1.29.0.dev66375696"), ("1.29.0.dev66375696", "1.29.0a0.dev0"),
+    ("1.29.0.dev3", "1.29.0rc1.dev3"), ("1.29.0a1", "1.29.0b1"), ("1.29.0rc1.dev3", "1.29.0rc1"),
+    ("1.29.0rc1", "1.29.0"), ("1.29.0", "1.29.0.post1.dev1"), ("1.29.0.post1.dev1", "1.29.0.post1"),
+    ("1.29.0.post1", "1.29.1"), ("1.9.0", "1.10.0"), ("1.29", "1.29.1"),
+]
+
+
+@pytest.fixture(params=["packaging", "built-in"])
+def version_parser(request, monkeypatch):
+    """frontend_version_key with packaging.version, and with the parser used where it is not installed."""
+    if request.param == "built-in":
+        monkeypatch.setattr(rules, "_Version", None)
+    return request.param
+
+
+@pytest.mark.parametrize("older, newer", VERSION_ORDER)
+def test_frontend_versions_sort_as_pep_440_orders_them(version_parser, older, newer):
     assert frontend_version_key(older) < frontend_version_key(newer)
 
 
+def test_a_release_and_its_trailing_zero_form_are_the_same_version(version_parser):
+    assert frontend_version_key("1.29") == frontend_version_key("1.29.0")
+
+
 @pytest.mark.parametrize("text", ["", "unknown", "1.x.0", "1.29.0.devX"])
-def test_a_frontend_version_that_is_not_one_has_no_key(text):
+def test_a_frontend_version_that_is_not_one_has_no_key(version_parser, text):
     assert frontend_version_key(text) is None
+
+
+@pytest.mark.parametrize("frontend, fires", [
+    ("1.29.0.dev0", True), ("1.29.0.dev66375696", True),
+    # Pre-releases of 1.29.0 and their dev builds are taken as fixed, like the release (docs/rules.md).
+    ("1.29.0a1", False), ("1.29.0rc1.dev3", False), ("1.29.0rc1", False), ("1.29.0", False),
+])
+def test_fp8_d256_rule_names_the_1_29_0_nightlies_only(version_parser, frontend, fires):
+    selection, _ = _answer(blackwell(92600, "10.0", frontend), fp8_d256())
+    assert (selection.backend is Backend.NONE) is fires
+
+
+@pytest.mark.parametrize("cc, fires", [("10.0", True), ("10.1", False), ("10.2", False), ("10.3", True)])
+def test_fp8_d256_rule_holds_for_the_archs_its_reason_names(cc, fires):
+    rule = rules_by_name()[FP8_D256_RULE]
+    assert "SM 10.0/10.3" in rule.reason
+    selection, _ = _answer(blackwell(92600, cc, "1.29.0.dev5"), fp8_d256())
+    assert (selection.backend is Backend.NONE) is fires
+
+
+def test_decode_rule_refuses_the_backward_too():
+    selection, engine = _answer(blackwell(), decode_step(is_training=True))
+    assert engine.calls == 0
+    assert {(v.phase, v.stage) for v in selection.verdicts} == {(Phase.FORWARD, f"rule:{DECODE_RULE}"),
+                                                                 (Phase.BACKWARD, f"rule:{DECODE_RULE}")}
+
+
+@pytest.mark.parametrize("cudnn, refused", [(91900, True), (92501, False)])
+def test_a_decode_step_after_a_prefill_of_its_class_is_decided_on_its_own_seqlen_q(cudnn, refused):
+    """The prefill's bucket (S_q=4096) holds the decode step's shape: a GPU would run the step in it with
+    one query per sequence, which is what the report is about, so the rule decides on the step asked."""
+    engine = YesTestEngine(blackwell(cudnn))
+    selector = Selector(engine)
+    prefill = selector.select(decode_step(seqlen_q=4096))
+    assert prefill.selected and prefill.plan_form.startswith("bucket")
+    step = selector.select(decode_step(batch_size=4))
+    if refused:
+        assert step.backend is Backend.NONE and f"rule:{DECODE_RULE}" in step.message
+        assert selector.select_own(decode_step(batch_size=4)).backend is Backend.NONE
+    else:  # outside the report the prefill's bucket answers the step: no probe of its own
+        assert step.selected and step.plan_form == prefill.plan_form
+
+
+def test_a_bhsd_decode_step_is_refused_although_its_heads_as_batch_problem_has_several_rows():
+    selection, engine = _answer(blackwell(), decode_step(qkv_layout="bhsd_bhsd_bhsd"))
+    assert selection.backend is Backend.NONE and engine.calls == 0
+    assert all(v.stage == f"rule:{DECODE_RULE}" for v in selection.verdicts)
 
 
 def test_dispatch_never_passes_execute_time_shape_overrides():
