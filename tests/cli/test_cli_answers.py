@@ -16,14 +16,18 @@ import pytest
 
 from fusedattn_select import cli
 from fusedattn_select.cli.exit_codes import EXIT_NO_DATA, EXIT_NONE, EXIT_SELECTED, answers_exit_code
+from fusedattn_select.config import AttnConfig
 from fusedattn_select.probing import choice
 from fusedattn_select.selection.recorder import record_snapshot, write_snapshot
+from fusedattn_select.types import Backend, Outcome, ProbeDepth
 
 PROBLEM = ["--set", "batch_size=2", "--set", "num_heads_q=16", "--set", "num_heads_kv=4",
            "--set", "seqlen_q=1024", "--set", "seqlen_kv=1024", "--set", "head_dim_qk=128"]
 INFER = [*PROBLEM, "--set", "is_training=false"]  # recorded ("infer" in the test suite)
 NOT_RECORDED = [*PROBLEM, "--set", "batch_size=3"]
 NO_DEVICE = "test: no GPU here"
+SMALL_DEFAULTS = {"batch_size": 2, "num_heads_q": 16, "num_heads_kv": 4, "seqlen_q": 1024, "seqlen_kv": 1024,
+                  "head_dim_qk": 128}
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_SUITE = """
 name: small
@@ -131,7 +135,7 @@ def test_verbose_twice_adds_debug_lines(capsys, snapshot):
 def test_target_is_case_insensitive(capsys):
     code, out, err = run(capsys, "why", "--target", "H100", *INFER)
     assert code in (EXIT_SELECTED, EXIT_NONE, EXIT_NO_DATA), err
-    assert out.startswith("engine: snapshot:h100-configs.json+h100-hopper-suite.json")
+    assert out.startswith("engine: snapshot:h100-configs.json+h100-hopper-suite.json+h100-models.json ")
 
 
 def test_unknown_target_is_bad_input_naming_the_choices(capsys):
@@ -176,15 +180,27 @@ def test_warmup_json_reports_no_data_and_the_snapshot_files(capsys, snapshot, sm
 def test_warmup_target_plans_a_job_without_a_gpu(capsys):
     code, out, err = run(capsys, "warmup", ROOT / "configs" / "llama-3-8b.yaml", "--target", "H100")
     assert code == 0, err
-    assert "replayed from h100-configs.json+h100-hopper-suite.json (recorded on NVIDIA H100 80GB HBM3" in out
+    assert ("replayed from h100-configs.json+h100-hopper-suite.json+h100-models.json (recorded on NVIDIA H100 "
+            "80GB HBM3") in out
 
 
 def test_warmup_without_a_gpu_falls_back_to_the_bundled_snapshot_and_says_so(capsys, monkeypatch, small_suite):
     monkeypatch.setattr(choice, "live_engine", lambda: (None, NO_DEVICE))
     code, out, err = run(capsys, "warmup", small_suite, "--depth", "fast", "--json")
-    assert json.loads(out)["engine"] == "snapshot:h100-configs.json+h100-hopper-suite.json"
+    document = json.loads(out)
+    assert document["engine"] == "snapshot:h100-configs.json+h100-hopper-suite.json+h100-models.json"
     assert err.startswith(f"no CUDA device/cuDNN here ({NO_DEVICE}); answering from the bundled snapshot")
-    assert code == 3  # the small suite's problems are not in the bundled snapshots
+    # The small suite's shapes are not recorded, but their classes are, over bucket ladders: each answers
+    # from the row of its bucket, as the bundled snapshots recorded it.
+    engine = choice.bundled_engine("h100")
+    rows = {row["name"]: row for row in document["rows"]}
+    for name, overrides in (("small/infer", {"is_training": False}), ("small/train-causal", {"mask": "causal"})):
+        cfg = AttnConfig(**{**SMALL_DEFAULTS, **overrides})
+        form = engine.bucket_for(cfg)
+        assert form is not None, name
+        recorded = {engine.probe(form, Backend.F16, phase, ProbeDepth.FAST).outcome for phase in form.phases}
+        assert rows[name]["outcome"] == ("accepted" if recorded == {Outcome.SUPPORTED} else "rejected"), name
+    assert code == (EXIT_SELECTED if document["totals"]["accepted"] == 2 else EXIT_NONE)
 
 
 def test_warmup_worker_processes_with_a_snapshot_use_threads_and_say_so(capsys, snapshot, small_suite):

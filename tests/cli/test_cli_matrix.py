@@ -12,7 +12,10 @@ import pytest
 import yaml
 
 from fusedattn_select import cli
+from fusedattn_select.config import AttnConfig
 from fusedattn_select.probing import bundled_snapshot
+from fusedattn_select.probing.snapshot import SnapshotEngine
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "probes" / "hopper-suite.yaml"
@@ -96,15 +99,26 @@ def test_unknown_axis_exits_2_listing_the_axes(capsys):
 
 
 def test_problems_not_in_the_snapshot_are_no_data_not_rejections(capsys, tmp_path):
+    recorded = _config("bf16-d512-causal-mha-infer")
+    other_shape = {**recorded, "seqlen_q": 4242, "seqlen_kv": 4242}  # its class is recorded over a ladder
+    other_class = {**other_shape, "num_heads_q": 24, "num_heads_kv": 24}  # the suite records no 24-head class
+    engine = SnapshotEngine.load(BUNDLED)
+    bucket = engine.bucket_for(AttnConfig(**other_shape))
+    assert bucket is not None
+    assert engine.probe(bucket, Backend.F16, Phase.FORWARD, ProbeDepth.FAST).outcome is Outcome.SUPPORTED
+    assert engine.bucket_for(AttnConfig(**other_class)) is None
+    assert engine.probe(AttnConfig(**other_class), Backend.F16, Phase.FORWARD, ProbeDepth.FAST).outcome is Outcome.NO_DATA
     suite = tmp_path / "new.yaml"
     suite.write_text(yaml.safe_dump({"configs": [
-        {"name": "recorded", **_config("bf16-d512-causal-mha-infer")},
-        {"name": "never-recorded", **_config("bf16-d512-causal-mha-infer"), "seqlen_q": 4242, "seqlen_kv": 4242},
+        {"name": "recorded", **recorded},
+        {"name": "answered-from-its-bucket", **other_shape},
+        {"name": "never-recorded", **other_class},
     ]}))
     code, out, err = run(capsys, "matrix", suite, "--snapshot", BUNDLED)
     assert code == 3, out
-    assert _row(out, "bf16 infer d512") == ["1/1", "?1"]
-    assert "total: 1/1 ?1" in out
+    # The recorded shape and its bucket (recorded F16 forward supported) are answered; the other class is no data.
+    assert _row(out, "bf16 infer d512") == ["2/2", "?1"]
+    assert "total: 2/2 ?1" in out
 
 
 def test_compare_torch_on_snapshots_without_torch_answers_says_not_recorded(capsys, tmp_path):
@@ -159,8 +173,12 @@ def torch_fixture(tmp_path):
     data = json.loads(BUNDLED.read_text())
     data["torch"] = {"version": "fixture", "cudnn_version": 0, "device_name": "format fixture"}
     # The last entry keeps no torch answer (as if recorded before torch's answers were).
+    old_index = {e["name"]: i for i, e in enumerate(data["entries"])}
     data["entries"] = [{**{k: v for k, v in entries[n].items() if k != "torch"},
                         **({"torch": FIXTURE_TORCH[n]} if n in FIXTURE_TORCH else {})} for n in names]
+    # The ladders of the kept entries, their "entry" index renumbered to the entry's new place.
+    new_index = {old_index[n]: i for i, n in enumerate(names)}
+    data["buckets"] = [{**g, "entry": new_index[g["entry"]]} for g in data.get("buckets", []) if g["entry"] in new_index]
     snapshot = tmp_path / "format-fixture.json"
     snapshot.write_text(json.dumps(data))
     suite = tmp_path / "suite.yaml"

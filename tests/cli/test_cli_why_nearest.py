@@ -11,14 +11,18 @@ import json
 import subprocess
 import sys
 
-from fusedattn_select import cli
+from fusedattn_select import AttnConfig, Backend, cli
 from fusedattn_select.cli.why import NEAREST_HEADER
+from fusedattn_select.probing.choice import bundled_engine
+from fusedattn_select.types import Outcome, ProbeDepth
 
 # The conftest suite's defaults at batch 3: train-causal's class at a batch it did not record.
 UNRECORDED = ["--set", "batch_size=3", "--set", "num_heads_q=16", "--set", "num_heads_kv=4",
               "--set", "seqlen_q=1024", "--set", "seqlen_kv=1024", "--set", "head_dim_qk=128", "--set", "mask=causal"]
 LLAMA_AT_BATCH_7 = ["--set", "batch_size=7", "--set", "num_heads_q=32", "--set", "num_heads_kv=8",
                     "--set", "seqlen_q=1000", "--set", "seqlen_kv=1000", "--set", "head_dim_qk=128", "--set", "mask=causal"]
+# Llama 3's class in fp16: no bundled snapshot records it at any shape (they record it in bf16).
+LLAMA_FP16_AT_BATCH_7 = [*LLAMA_AT_BATCH_7, "--set", "qkv_dtype=fp16"]
 
 
 def run(capsys, *argv):
@@ -77,12 +81,32 @@ def test_a_refusal_lists_no_nearest_problems(capsys, recorded_snapshot):
     assert code == 1 and NEAREST_HEADER not in out
 
 
-def test_bundled_snapshots_answer_an_unrecorded_llama_shape_no_data_with_llama_nearest(capsys):
+def test_bundled_snapshots_answer_an_unrecorded_llama_shape_from_its_bucket_with_no_nearest(capsys):
+    # Llama 3's bf16 training class is recorded over a bucket ladder: batch 7, length 1000 runs in B=8, S=1024.
+    engine = bundled_engine("h100")
+    asked = AttnConfig(batch_size=7, num_heads_q=32, num_heads_kv=8, seqlen_q=1000, seqlen_kv=1000,
+                       head_dim_qk=128, mask="causal")
+    form = engine.bucket_for(asked)
+    assert (form.batch_size, form.seqlen_q, form.seqlen_kv) == (8, 1024, 1024)
+    recorded = {engine.probe(form, Backend.F16, phase, ProbeDepth.FAST).outcome for phase in form.phases}
     code, out, err = run(capsys, "why", "--target", "h100", *LLAMA_AT_BATCH_7)
+    assert code == (0 if recorded == {Outcome.SUPPORTED} else 1), err
+    assert "  answered from: snapshot, bucket B=8 S_q=1024 S_kv=1024 " in out
+    assert "no data" not in out and NEAREST_HEADER not in out
+
+
+def test_bundled_snapshots_answer_an_unrecorded_llama_class_no_data_with_llama_nearest(capsys):
+    code, out, err = run(capsys, "why", "--target", "h100", *LLAMA_FP16_AT_BATCH_7)
     assert code == 3, err
     assert "  -> no data (only a live probe can answer)" in out
-    assert "    1. llama-3-8b.yaml/train-bf16 [h100-configs.json]: recorded F16 (depth full)" in out
-    assert "       differs: batch_size=2 (asked 7), seqlen_q=8192 (asked 1000), seqlen_kv=8192 (asked 1000)" in out
+    # Llama 3 8B's class in bf16 at other shapes comes first: the model suite's (batch 1, length 4096) is
+    # closer in size than configs/llama-3-8b.yaml's (batch 2, length 8192).
+    assert ("    1. hf-models.yaml/llama-3.1-8b/full_attention/train [h100-models.json]: recorded F16 (depth fast)\n"
+            "       differs: batch_size=1 (asked 7), seqlen_q=4096 (asked 1000), seqlen_kv=4096 (asked 1000), "
+            "qkv_dtype=bf16 (asked fp16)\n") in out
+    assert ("    2. llama-3-8b.yaml/train-bf16 [h100-configs.json]: recorded F16 (depth full)\n"
+            "       differs: batch_size=2 (asked 7), seqlen_q=8192 (asked 1000), seqlen_kv=8192 (asked 1000), "
+            "qkv_dtype=bf16 (asked fp16)\n") in out
 
 
 def test_the_nearest_list_imports_neither_torch_nor_transformers():
@@ -90,7 +114,7 @@ def test_the_nearest_list_imports_neither_torch_nor_transformers():
     code = (
         "import sys\n"
         "from fusedattn_select import cli\n"
-        f"rc = cli.main(['why', '--target', 'h100', *{LLAMA_AT_BATCH_7!r}])\n"
+        f"rc = cli.main(['why', '--target', 'h100', *{LLAMA_FP16_AT_BATCH_7!r}])\n"
         "assert rc == 3, rc\n"
         "loaded = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "print('LOADED', loaded)\n"

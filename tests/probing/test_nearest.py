@@ -160,9 +160,15 @@ def test_bundled_snapshots_list_nearby_llama_problems_for_an_unrecorded_shape():
                        head_dim_qk=128, mask="causal")
     found = engine.nearest(asked)
     assert len(found) == 3
-    # Llama-3-8B's class (32/8 heads, d128, causal, training) recorded at another shape comes first.
-    assert found[0].problem.label == "llama-3-8b.yaml/train-bf16"
-    assert {d.field for d in found[0].differences} == {"batch_size", "seqlen_q", "seqlen_kv"}
+    # Llama-3-8B's class (32/8 heads, d128, causal, training) recorded at other shapes comes first: the
+    # model suite's llama-3.1-8b (batch 1, length 4096) is closer in size than llama-3-8b.yaml's (2, 8192).
+    assert [(near.problem.label, near.problem.file_name) for near in found[:2]] == [
+        ("hf-models.yaml/llama-3.1-8b/full_attention/train", "h100-models.json"),
+        ("llama-3-8b.yaml/train-bf16", "h100-configs.json"),
+    ]
+    for near in found[:2]:
+        assert {d.field for d in near.differences} == {"batch_size", "seqlen_q", "seqlen_kv"}
+    assert {d.field for d in found[2].differences} > {"batch_size", "seqlen_q", "seqlen_kv"}
     assert engine.nearest(asked) == found
 
 

@@ -26,15 +26,16 @@ from fusedattn_select.errors import ConfigError, SnapshotError
 from fusedattn_select.probing import choice
 from fusedattn_select.selection.recorder import record_snapshot, write_snapshot
 from fusedattn_select.selection.selector import default_selector, set_default_selector
-from fusedattn_select.types import Outcome
+from fusedattn_select.types import Outcome, ProbeDepth
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_DEVICE = "test: no GPU here"
-BUNDLED_H100 = "snapshot:h100-configs.json+h100-hopper-suite.json"
+BUNDLED_H100 = "snapshot:h100-configs.json+h100-hopper-suite.json+h100-models.json"
 # Recorded in the bundled h100-configs.json (llama-3-70b.yaml train-bf16) at depth full.
 RECORDED = dict(batch_size=2, num_heads_q=64, num_heads_kv=8, seqlen_q=8192, seqlen_kv=8192, head_dim_qk=128,
                 mask="causal")
-# README's Python example: recorded in no bundled snapshot.
+# README's Python API example (Llama 3 8B's class at batch 2, length 4096): this shape is recorded in no
+# bundled snapshot; its class is, over a bucket ladder, so a CPU answers from its bucket.
 README_EXAMPLE = dict(batch_size=2, num_heads_q=32, num_heads_kv=8, seqlen_q=4096, seqlen_kv=4096,
                       head_dim_qk=128, mask="causal", is_training=True)
 
@@ -82,12 +83,23 @@ def test_select_and_why_give_the_same_answer_and_notice(no_device, capsys):
         assert answered[key] == mine[key], key
 
 
-def test_readme_example_without_a_gpu_is_no_data_not_the_platform_rule(no_device):
-    selection = select(AttnConfig(**README_EXAMPLE))
-    assert selection.backend is Backend.NONE and selection.no_data
-    assert {v.outcome for v in selection.verdicts} == {Outcome.NO_DATA}
-    assert "only a live probe" in selection.message and "not supported" not in selection.message
-    assert get_backend(AttnConfig(**README_EXAMPLE)) == (Backend.NONE, selection.message)
+def test_readme_example_without_a_gpu_answers_from_its_recorded_bucket_not_the_platform_rule(no_device):
+    cfg = AttnConfig(**README_EXAMPLE)
+    engine = choice.bundled_engine("h100")
+    form = engine.bucket_for(cfg)
+    assert form is not None  # its shape is not recorded, its class is, over a ladder
+    recorded = [engine.probe(form, Backend.F16, phase, ProbeDepth.FAST) for phase in form.phases]
+    assert {v.outcome for v in recorded} <= {Outcome.SUPPORTED, Outcome.UNSUPPORTED}
+    selection = select(cfg)
+    assert not selection.no_data and "rule:platform" not in selection.message
+    assert [(v.backend, v.phase, v.outcome, v.stage) for v in selection.verdicts] == [
+        (v.backend, v.phase, v.outcome, v.stage) for v in recorded]
+    assert selection.backend is (Backend.F16 if all(v.supported for v in recorded) else Backend.NONE)
+    assert selection.plan_form.startswith(f"bucket B={form.batch_size} S_q={form.seqlen_q} S_kv={form.seqlen_kv} ")
+    assert get_backend(cfg) == (selection.backend, selection.message)
+    # README's Python API example shows this answer.
+    readme = (ROOT / "README.md").read_text()
+    assert f'Backend.{selection.backend.name}, "{selection.plan_form}"' in readme
 
 
 def test_without_a_gpu_or_bundled_snapshots_every_answer_is_no_data(no_device, monkeypatch, tmp_path):
