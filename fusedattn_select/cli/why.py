@@ -255,10 +255,11 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help="set an AttnConfig field (YAML value), on top of every entry; alone, builds one problem",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--full", action="store_true", help="probe depth 'full': also build the kernels (from a snapshot, only answers "
-                        "recorded at depth full say yes; a fast-recorded yes is no data)")
-    parser.add_argument("--verify", action="store_true", help="probe depth 'verify': also run the graphs once on "
-                        "seeded data against a float32 reference (needs torch; see docs/verify.md)")
+    depth = parser.add_mutually_exclusive_group()  # one depth per question: never drop one silently
+    depth.add_argument("--full", action="store_true", help="probe depth 'full': also build the kernels (from a snapshot, only answers "
+                       "recorded at depth full say yes; a fast-recorded yes is no data)")
+    depth.add_argument("--verify", action="store_true", help="probe depth 'verify': also run the graphs once on "
+                       "seeded data against a float32 reference (needs torch; see docs/verify.md)")
     parser.add_argument("--alternatives", type=_count, default=alternatives.DEFAULT_LIMIT, metavar="N",
                         help="for each refused NONE, list up to N supported problems one or two fields away, asked "
                         f"through the same engine (default {alternatives.DEFAULT_LIMIT}; 0: none). On a GPU each such "

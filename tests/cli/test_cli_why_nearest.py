@@ -104,7 +104,7 @@ def test_bundled_snapshots_answer_an_unrecorded_llama_class_no_data_with_llama_n
     assert ("    1. hf-models.yaml/llama-3.1-8b/full_attention/train [h100-models.json]: recorded F16 (depth fast)\n"
             "       differs: batch_size=1 (asked 7), seqlen_q=4096 (asked 1000), seqlen_kv=4096 (asked 1000), "
             "qkv_dtype=bf16 (asked fp16)\n") in out
-    assert ("    2. llama-3-8b.yaml/train-bf16 [h100-configs.json]: recorded F16 (depth full)\n"
+    assert ("    2. llama-3-8b.yaml/train-bf16 [h100-configs.json]: recorded F16 (depth verify)\n"
             "       differs: batch_size=2 (asked 7), seqlen_q=8192 (asked 1000), seqlen_kv=8192 (asked 1000), "
             "qkv_dtype=bf16 (asked fp16)\n") in out
 

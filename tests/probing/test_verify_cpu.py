@@ -257,6 +257,13 @@ def test_why_verify_shows_verified_answers(capsys, verify_engine):
     assert code == 0 and "depth asked: verify" in out and " verified " in out
 
 
+def test_why_refuses_full_and_verify_together_naming_both(capsys, verify_engine):
+    # Two depths asked at once: one would be dropped silently, so it is a usage error.
+    code, _, err = run(capsys, "why", "--full", "--verify", *PROBLEM)
+    assert code == 2 and "--verify" in err and "--full" in err and "Traceback" not in err
+    assert verify_engine.calls == []  # nothing was asked
+
+
 def test_why_verify_reports_a_missing_torch_as_an_error_line(capsys, monkeypatch, tmp_path):
     class NeedsTorchTestEngine(VerifyTestEngine):
         """TEST DOUBLE: raises what the live engine raises at depth verify where torch is missing."""
