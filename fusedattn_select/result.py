@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.planning.forms import AS_ASKED, PlanForm
 from fusedattn_select.types import Backend, Outcome, Phase, Provenance, Verdict
 
 
@@ -44,10 +45,14 @@ class Alternative:
     verdicts: tuple[Verdict, ...]
     note: str = ""
     extra_flops_percent: tuple[tuple[Phase, float], ...] = ()
-    plan_form: str = ""
+    plan: PlanForm = AS_ASKED
     engine: str = ""
     origin: Provenance | None = None
     answered_by: AttnConfig | None = None
+
+    @property
+    def plan_form(self) -> str:
+        return self.plan.describe()
 
     @property
     def provenance(self) -> tuple[Provenance, ...]:
@@ -96,9 +101,9 @@ class Selection:
     holds every per-phase answer with its provenance. `notice` says when the engine is not what
     the caller named (no GPU here: answered from a bundled snapshot). `no_data` is True when the
     backend is NONE only because the source holds no answer, not because of a verdict.
-    `plan_form` says which graphs the verdicts are about and attention() runs: the problem's shape
-    bucket ("bucket B=4 S_q=1024 S_kv=1024: ragged, padding mask") or its exact shape ("dense");
-    "" where the engine answers for the problem as recorded.
+    `plan` says which graphs the verdicts are about and attention() runs (planning.forms.PlanForm:
+    the problem's shape bucket, a decode step's heads as batch, its exact shape, or the problem as
+    asked); `plan_form` is its text.
     `alternatives` (empty unless asked: select(cfg, alternatives=True), or `why`) are other problems
     the same engine supports, one or two fields away, found with `alternative_probes` engine calls
     (graph probes on a GPU); neither takes part in equality: an answer is the same with or without them.
@@ -115,7 +120,7 @@ class Selection:
     cache_key: str = ""
     engine: str = ""
     notice: str = ""
-    plan_form: str = ""
+    plan: PlanForm = AS_ASKED
     alternatives: tuple[Alternative, ...] = field(default=(), compare=False)
     alternative_probes: int = field(default=0, compare=False)
 
@@ -132,6 +137,12 @@ class Selection:
     @property
     def provenance(self) -> tuple[Provenance, ...]:
         return tuple(dict.fromkeys(v.provenance for v in self.verdicts))
+
+    @property
+    def plan_form(self) -> str:
+        """Which graphs run, as users read it ("bucket B=4 S_q=1024 S_kv=1024 (ragged thd_thd_thd,
+        padding)", "dense"; "" for the problem as asked)."""
+        return self.plan.describe()
 
     def to_dict(self) -> dict:
         return {

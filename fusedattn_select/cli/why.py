@@ -13,6 +13,7 @@ from fusedattn_select.cli.exit_codes import EPILOG, answers_exit_code
 from fusedattn_select.cli.problems import problems
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.planning.forms import PlanKind
 from fusedattn_select.probing.nearest import NearProblem
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.result import Selection
@@ -83,7 +84,7 @@ def answered_from(selector: Selector, selection: Selection) -> str | None:
     if (not isinstance(engine, SnapshotEngine) or selection.no_data or not selection.verdicts
             or any(v.provenance is Provenance.RULE for v in selection.verdicts)):
         return None
-    row = selection.plan_form if selection.plan_form.startswith("bucket") else "this shape's own row"
+    row = selection.plan_form if selection.plan.kind is PlanKind.BUCKET else "this shape's own row"
     return f"snapshot, {row}, recorded on {engine.describe()}"
 
 
@@ -194,7 +195,7 @@ def _print_text(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
         lines.append("")
         lines += format_selection(name, sel, recorded, runners.for_selection(selector, sel))
         source = answered_from(selector, sel)
-        if source is not None and sel.plan_form.startswith("bucket"):
+        if source is not None and sel.plan.kind is PlanKind.BUCKET:
             # Said only where it matters: the verdicts are of the bucket's graphs, not this exact shape's.
             lines.append(f"  answered from: {source} (this shape was not recorded; a GPU runs it in that "
                          "bucket)")

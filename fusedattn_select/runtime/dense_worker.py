@@ -28,6 +28,7 @@ from typing import Any
 
 from fusedattn_select.buckets import Bucket, larger_buckets
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.planning.forms import PlanKind
 from fusedattn_select.runtime.dense_builds import plan_phases
 from fusedattn_select.selection.selector import set_default_selector
 from fusedattn_select.selection.warmup import worker_selector
@@ -96,7 +97,7 @@ def build_ahead(call_cfg: AttnConfig, bucket: Bucket, return_lse: bool, store_di
     cfg = call_cfg.replace(seqlen_q=bucket.seqlen_q, seqlen_kv=bucket.seqlen_kv)
     selection = selector.select_own(cfg)
     form = selector.bucket_for(cfg)
-    if not selection.selected or form is None or not selection.plan_form.startswith("bucket"):
+    if not selection.selected or form is None or selection.plan.kind is not PlanKind.BUCKET:
         return selection.message or f"runs {selection.plan_form} plans, not a bucket's"
     for plan_cfg, backend, phase in plan_phases(form, selection.backend, return_lse):
         try:

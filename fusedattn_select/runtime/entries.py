@@ -18,10 +18,11 @@ import torch
 from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.planning.forms import PlanKind
+from fusedattn_select.planning.planner import with_fp8_outputs
 from fusedattn_select.result import Selection
 from fusedattn_select.runtime import dense_builds, fallback_log, plans, ragged
 from fusedattn_select.runtime.dispatcher import dispatcher
-from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
@@ -34,7 +35,7 @@ from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection import fp8_speed
 from fusedattn_select.selection.rules import apply_rules
-from fusedattn_select.selection.selector import HEADS_AS_BATCH, Selector, default_selector
+from fusedattn_select.selection.selector import Selector, default_selector
 
 log = logging.getLogger("fusedattn_select")
 
@@ -334,7 +335,7 @@ def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.
     if dims is None:
         return False
     selection = selector.select(new.cfg)
-    if not (selection.selected and selection.plan_form.startswith(HEADS_AS_BATCH)):
+    if not (selection.selected and selection.plan.kind is PlanKind.HEADS_AS_BATCH):
         return False
     q_dims, k_dims, v_dims, out_dims = dims
     qh, kh, vh = qb.view(q_dims), kb.view(k_dims), vb.view(v_dims)
@@ -362,7 +363,7 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
     if form is None:
         return False
     selection = selector.select_own(new.cfg)  # answered by the bucket form's graphs where cuDNN runs them
-    if not (selection.selected and selection.plan_form.startswith("bucket")):
+    if not (selection.selected and selection.plan.kind is PlanKind.BUCKET):
         log.debug("fusedattn_select: %s runs dense plans (%s)", new.cfg.cache_key(),
                   selection.message or selection.plan_form)
         return False
@@ -389,35 +390,12 @@ def _select(new: Entry, selector: Selector, dense: bool = False) -> bool:
     """Select the entry's config (and FP8 output recipes; `dense`: by its own graphs, not a shape
     bucket's); False, with the reason set, when none runs."""
     cfg = new.cfg
-    selection = selector.select_dense(cfg) if dense else selector.select_own(cfg)
-    if cfg.is_fp8 and not selection.selected:
-        # FP8 outputs in fp16/bf16 need a newer GPU (cuDNN: Blackwell); try FP8 outputs before
-        # giving up, and report every recipe's reasons if none is supported.
-        messages = [f"{_recipe(cfg)}: {selection.message}"]
-        for changes in fp8q.output_recipes(cfg, new.opts.training)[1:]:
-            candidate = cfg.replace(**changes)
-            selection = selector.select(candidate)
-            if selection.selected:
-                new.cfg = candidate
-                break
-            messages.append(f"{_recipe(candidate)}: {selection.message}")
-        else:
-            new.selection = selection
-            new.reason = "; ".join(messages)
-            return False
-    new.selection = selection
-    if not selection.selected:
-        new.reason = selection.message
+    first = selector.select_dense(cfg) if dense else selector.select_own(cfg)
+    new.cfg, new.selection, reason = with_fp8_outputs(selector.select, cfg, first, new.opts.training)
+    if not new.selection.selected:
+        new.reason = reason or new.selection.message
         return False
     return True
-
-
-def _recipe(cfg: AttnConfig) -> str:
-    """The output precisions of an FP8 config, for reasons ("O bf16" / "O fp8_e4m3, dQKV fp8_e5m2")."""
-    text = f"O {cfg.resolved_o_dtype}"
-    if cfg.is_training:
-        text += f", dO {cfg.resolved_do_dtype}, dQKV {cfg.resolved_dqkv_dtype}"
-    return text
 
 
 def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype) -> None:

@@ -96,24 +96,6 @@ def is_fp8_dtype(dtype: torch.dtype) -> bool:
     return dtype in FP8_MAX
 
 
-def output_recipes(cfg, training: bool) -> list[dict]:
-    """AttnConfig changes for the FP8 output precisions to try, best first.
-
-    O (and dQ, dK, dV) in the input precision needs no output scales (cuDNN 9.13+ on Blackwell);
-    otherwise FP8 outputs: TransformerEngine's HYBRID recipe (e4m3 forward, e5m2 gradients),
-    then e4m3 throughout.
-    """
-    recipes: list[dict] = [{}]
-    if training:
-        recipes += [
-            {"o_dtype": "fp8_e4m3", "do_dtype": "fp8_e5m2", "dqkv_dtype": "fp8_e5m2"},
-            {"o_dtype": "fp8_e4m3", "do_dtype": "fp8_e4m3", "dqkv_dtype": "fp8_e4m3"},
-        ]
-    else:
-        recipes += [{"o_dtype": "fp8_e4m3"}]
-    return recipes
-
-
 class FP8History:
     """Delayed scaling for attention(q, k, v, fp8=FP8History(...)) with fp16/bf16 q, k, v.
 

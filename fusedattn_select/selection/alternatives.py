@@ -369,5 +369,5 @@ def _alternative(cfg: AttnConfig, candidate: Candidate, question: AttnConfig, an
         note += f"; answered by the recorded problem at its default scale 1/sqrt({question.head_dim_qk})"
     return Alternative(kind=candidate.kind, changes=changes, backend=answer.backend, config=candidate.config,
                        verdicts=answer.verdicts, note=note, extra_flops_percent=candidate.extra_flops_percent,
-                       plan_form=answer.plan_form, engine=answer.engine, origin=origin,
+                       plan=answer.plan, engine=answer.engine, origin=origin,
                        answered_by=None if question is candidate.config else question)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from fusedattn_select.planning.forms import PlanKind
+
 if TYPE_CHECKING:
     from fusedattn_select.result import Selection
     from fusedattn_select.selection.selector import Selector
@@ -63,13 +65,12 @@ def runner_key(graphs_key: str, heads_as_batch: bool = False) -> str:
 def for_selection(selector: "Selector", selection: "Selection") -> Choice | None:
     """The stored choice for the graphs attention() runs a selected problem with (its bucket form,
     a decode step's heads-as-batch bucket, or its own dense graphs), or None (not measured yet)."""
-    from fusedattn_select.selection.selector import HEADS_AS_BATCH
     from fusedattn_select.selection.warmup import plan_forms
 
     if not selection.selected or selection.config is None or selector.store is None:
         return None
     forms, _ = plan_forms(selector, selection.config, selection)
-    heads = selection.plan_form.startswith(HEADS_AS_BATCH)
+    heads = selection.plan.kind is PlanKind.HEADS_AS_BATCH
     for form in forms:
         found = stored(selector, runner_key(form.cache_key(), heads))
         if found is not None:

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Iterable
 
 from fusedattn_select import offpath
-from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
+from fusedattn_select.planning.bucket_index import BucketIndex
+from fusedattn_select.planning.planner import Planner
 from fusedattn_select.probing.engine import ProbeEngine
 from fusedattn_select.result import Selection
-from fusedattn_select.selection.bucket_index import BucketIndex
 from fusedattn_select.selection.rules import apply_rules, asked_problem_rules, no_platform_verdict, refuses_as_asked
 from fusedattn_select.single_flight import read_or_make
 from fusedattn_select.store import open_default_store, protocol
@@ -80,16 +80,17 @@ def _selection(cfg: AttnConfig, verdicts: tuple[Verdict, ...], *, from_cache: bo
     )
 
 
-HEADS_AS_BATCH = "heads as batch"
+def _depth(probe_depth: str | ProbeDepth) -> ProbeDepth:
+    return probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
 
 
-def _heads_description(decode: AttnConfig) -> str:
-    return f"{HEADS_AS_BATCH} (B={decode.batch_size} H=1 S_q={decode.seqlen_q}: one sequence per KV head)"
+class _ExactAnswers:
+    """The selector as its planner asks it (planning.planner.Answers)."""
 
-
-def _bucket_description(form: AttnConfig) -> str:
-    return (f"bucket B={form.batch_size} S_q={form.seqlen_q} S_kv={form.seqlen_kv} "
-            f"(ragged {form.qkv_layout}, {form.mask})")
+    def __init__(self, selector: Selector) -> None:
+        self.exact = selector._select_exact
+        self.cached = selector._cached
+        self.count_hit = selector._count_hit
 
 
 class Selector:
@@ -111,19 +112,18 @@ class Selector:
         self._fingerprint_key = self._fingerprint.key()
         self._lock = threading.Lock()
         self._memory: dict[str, _Entry] = {}
-        # Final answers of problems answered through their bucket form, by (problem key, depth), and
-        # through a decode step's heads as batch, by (problem key, depth, HEADS_AS_BATCH).
-        self._by_problem: dict[tuple, Selection] = {}
-        # Bumped whenever _by_problem is cleared: an answer computed before a clear is not filed after it.
-        self._answers_generation = 0
-        self._buckets = BucketIndex(store, self._fingerprint)
-        self._bucket_forms = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
-        # A snapshot recorded over bucket ladders answers a shape it did not record by its bucket's row.
-        self._recorded_buckets = bucket_forms and not self._bucket_forms and getattr(engine, "bucket_for", None)
+        live = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
+        asked_rules = asked_problem_rules(self._fingerprint)
+        # Which graphs answer a problem (its bucket's, its heads as batch, its own) is the planner's
+        # choice; whether they are supported is this selector's. A snapshot recorded over bucket
+        # ladders answers a shape it did not record by its bucket's row.
+        self.planner = Planner(
+            _ExactAnswers(self), buckets=BucketIndex(store, self._fingerprint) if live else None,
+            recorded_buckets=(bucket_forms and not live and getattr(engine, "bucket_for", None)) or None,
+            refuses_as_asked=lambda cfg: refuses_as_asked(asked_rules, cfg, self._fingerprint))
         self._in_flight: dict[str, Future] = {}
         self._stats: Counter[str] = Counter()
         self._thread = threading.local()  # engine calls per thread: what one search spent (probes_by_this_thread)
-        self._asked_rules = asked_problem_rules(self._fingerprint)
 
     # ----- public ----------------------------------------------------------------------------
     @property
@@ -137,94 +137,36 @@ class Selector:
     def select(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
         """The answer for `cfg`. With a live engine, a problem that has a shape-bucket form is answered
         by the bucket's graphs, the ones attention() runs (so a new batch size or length inside a
-        known bucket costs no probe); where cuDNN rejects that form, by the problem's exact graphs."""
+        known bucket costs no probe); where cuDNN rejects that form, by the problem's exact graphs;
+        a decode step by its heads as batch where that runs bucket plans (Planner.select)."""
         if not isinstance(cfg, AttnConfig):
             raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
-        depth = probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
-        key = cfg.cache_key()
-        decode = heads_as_batch(cfg) if self._bucket_forms else None
-        if decode is not None and not refuses_as_asked(self._asked_rules, cfg, self._fingerprint):
-            answered = self._by_problem.get((key, depth, HEADS_AS_BATCH))
-            if answered is not None:
-                with self._lock:
-                    self._stats["hits"] += 1
-                return answered
-            generation = self._answers_generation
-            answer = self.select(decode, depth)
-            # Only on bucket plans (one per bucket, no build per step); else the step's own forms answer
-            # it, as attention() then runs them.
-            if answer.selected and answer.plan_form.startswith("bucket"):
-                answer = dataclasses.replace(answer, config=cfg, cache_key=key,
-                                             plan_form=f"{_heads_description(decode)}; {answer.plan_form}")
-                self._file((key, depth, HEADS_AS_BATCH), dataclasses.replace(answer, from_cache=True), generation)
-                return answer
-        return self.select_own(cfg, depth)
+        return self.planner.select(cfg, _depth(probe_depth))
 
     def select_own(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
         """The answer for `cfg` by its own forms (its shape bucket where cuDNN runs it, else its dense
         graphs), never by its heads-as-batch problem: what attention() runs a decode step with when
         its tensors cannot be viewed that way or it asks for the log-sum-exp."""
-        depth = probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
-        key = cfg.cache_key()
-        answered = self._by_problem.get((key, depth))
-        if answered is not None:
-            with self._lock:
-                self._stats["hits"] += 1
-            return answered
-        generation = self._answers_generation
-        # A rule about the problem asked (a decode step's s_q == 1) is decided on its own graphs.
-        form = None if refuses_as_asked(self._asked_rules, cfg, self._fingerprint) else self.bucket_for(cfg)
-        if form is None:
-            return self._select_exact(cfg, key, depth)
-        form_key = form.cache_key()
-        bucketed = self._select_exact(form, form_key, depth)
-        if bucketed.selected:
-            self._buckets.remember(form)
-        if not bucketed.selected and any(v.outcome is not Outcome.UNSUPPORTED for v in bucketed.verdicts
-                                         if not v.supported):
-            # An incident (or no data) says nothing about support: report it, do not probe again.
-            return dataclasses.replace(bucketed, config=cfg, cache_key=key)
-        if bucketed.selected:
-            answer_key, changes = form_key, {"config": cfg, "cache_key": key, "plan_form": _bucket_description(form)}
-        else:
-            answer_key, changes = key, {"plan_form": "dense"}
-            bucketed = self._select_exact(cfg, key, depth)
-        cached = self._memory.get(answer_key)
-        if cached is not None and _satisfies(cached, depth):
-            # Later calls get the cached answer, as a hit of the graphs' own key would.
-            self._file((key, depth), dataclasses.replace(cached.hit, **changes), generation)
-        return dataclasses.replace(bucketed, **changes)
-
-    def _file(self, key: tuple, answer: Selection, generation: int) -> None:
-        """Remember an answer given through another problem's graphs, unless a clear came meanwhile."""
-        with self._lock:
-            if self._answers_generation == generation:
-                self._by_problem[key] = answer
+        return self.planner.select_own(cfg, _depth(probe_depth))
 
     def select_dense(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
         """The answer of `cfg`'s own (dense) graphs, whether or not a shape bucket answers `cfg`: what
         attention() asks before it runs a shape it keeps seeing with that shape's own plans."""
         if not isinstance(cfg, AttnConfig):
             raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
-        depth = probe_depth if probe_depth.__class__ is ProbeDepth else ProbeDepth.parse(probe_depth)
-        return dataclasses.replace(self._select_exact(cfg, cfg.cache_key(), depth), plan_form="dense")
+        return self.planner.select_dense(cfg, _depth(probe_depth))
 
     def bucket_for(self, cfg: AttnConfig) -> AttnConfig | None:
-        """The bucket form whose graphs answer (and run) `cfg`: the smallest bucket of its class already
-        answered "yes" that holds its shape, else its own bucket; None when it has no bucket form or
-        this selector answers problems by their own graphs. From a snapshot: its recorded row of the
-        bucket a GPU runs `cfg` in, when `cfg` was not recorded itself (SnapshotEngine.bucket_for)."""
-        if self._recorded_buckets:
-            return self._recorded_buckets(cfg)
-        return self._buckets.find(cfg) if self._bucket_forms else None
+        """The bucket form whose graphs answer (and run) `cfg` (Planner.bucket_for)."""
+        return self.planner.bucket_for(cfg)
+
+    def learn_bucket(self, form: AttnConfig) -> None:
+        """Answer the shapes `form` (a bucket form another process selected) holds by it."""
+        self.planner.learn_bucket(form)
 
     def probes_by_this_thread(self) -> int:
         """Engine calls (graph probes, or recorded rows read) the calling thread made through this selector."""
         return getattr(self._thread, "probes", 0)
-
-    def learn_bucket(self, form: AttnConfig) -> None:
-        """Answer the shapes `form` (a bucket form another process selected) holds by it."""
-        self._buckets.remember(form)
 
     def _select_exact(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         """The answer for exactly `cfg`'s graphs: rules, memory, store, then the engine."""
@@ -282,9 +224,8 @@ class Selector:
     def record_build_failure(self, cfg: AttnConfig, failed: Verdict) -> None:
         """A graph that passed a fast probe failed to build: flip the cached answer to NONE."""
         key = cfg.cache_key()
+        self.planner.clear_answers()  # answers given through this graph (its bucket, its heads as batch)
         with self._lock:
-            self._by_problem.clear()  # answers given through this graph (its bucket, its heads as batch)
-            self._answers_generation += 1
             entry = self._memory.get(key)
             if entry is None:
                 return
@@ -293,7 +234,7 @@ class Selector:
                 for v in entry.verdicts
             )
             self._memory[key] = self._entry(cfg, key, verdicts, ProbeDepth.FULL)
-        self._buckets.forget(cfg)
+        self.planner.forget_bucket(cfg)
         # A rejection is stored for every process; an incident (out of memory, a CUDA error) says
         # nothing about support, so only this process stops asking (the store refuses it anyway).
         if self.store is not None and failed.outcome is Outcome.UNSUPPORTED:
@@ -307,9 +248,7 @@ class Selector:
         entry = self._entry(cfg, key, tuple(verdicts), depth)
         with self._lock:
             self._memory[key] = entry
-            self._answers_generation += 1  # an answer being computed now does not overwrite the pin
-            for asked in ProbeDepth:  # over its bucket form and its heads as batch too
-                self._by_problem[(key, asked)] = self._by_problem[(key, asked, HEADS_AS_BATCH)] = entry.hit
+        self.planner.pin(key, entry.hit)
         return entry.hit
 
     def cache_info(self) -> dict[str, object]:
@@ -324,14 +263,20 @@ class Selector:
         """Forget every answer in memory; `persistent`: the store too (CacheError when it cannot)."""
         with self._lock:
             self._memory.clear()
-            self._by_problem.clear()
-            self._answers_generation += 1
             self._stats.clear()
-        self._buckets.clear()
+        self.planner.clear()
         if persistent and self.store is not None:
             self.store.clear()
 
     # ----- internals -------------------------------------------------------------------------
+    def _cached(self, key: str, depth: ProbeDepth) -> Selection | None:
+        entry = self._memory.get(key)
+        return entry.hit if entry is not None and _satisfies(entry, depth) else None
+
+    def _count_hit(self) -> None:
+        with self._lock:
+            self._stats["hits"] += 1
+
     def _entry(self, cfg: AttnConfig, key: str, verdicts: tuple[Verdict, ...], depth: ProbeDepth) -> _Entry:
         hit = tuple(v.with_provenance(Provenance.MEMORY_CACHE) for v in verdicts)
         return _Entry(verdicts, depth, self._answer(cfg, hit, from_cache=True, probe_ms=0.0, key=key))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fusedattn_select.buckets import Bucket, bucket_form
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.selection.bucket_index import BucketIndex
+from fusedattn_select.planning.bucket_index import BucketIndex
 from fusedattn_select.types import Fingerprint
 
 

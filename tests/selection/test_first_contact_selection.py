@@ -18,7 +18,7 @@ from test_selector import ScriptedTestEngine, answer
 from fusedattn_select import AttnConfig, offpath
 from fusedattn_select.buckets import Bucket, bucket_form
 from fusedattn_select.selection import runners
-from fusedattn_select.selection.bucket_index import BucketIndex
+from fusedattn_select.planning.bucket_index import BucketIndex
 from fusedattn_select.selection.selector import Selector, made_default_selector, set_default_selector
 from fusedattn_select.store import MemoryStore, PersistentStore
 from fusedattn_select.types import Backend, Fingerprint, Outcome, ProbeDepth, Provenance

@@ -9,7 +9,8 @@ from __future__ import annotations
 from test_selector import SUPPORTED, ScriptedTestEngine, answer
 
 from fusedattn_select import AttnConfig
-from fusedattn_select.buckets import bucket_form, heads_as_batch
+from fusedattn_select.buckets import Bucket, bucket_form, heads_as_batch
+from fusedattn_select.planning.forms import PlanForm, PlanKind
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Backend, Outcome
 
@@ -39,6 +40,7 @@ def test_a_bucketable_problem_is_answered_by_its_bucket_graphs():
     form = bucket_form(config())
     assert selection.backend is Backend.F16
     assert {key for key, _, _ in engine.calls} == {form.cache_key()}
+    assert selection.plan == PlanForm(PlanKind.BUCKET, form, Bucket(4, 1024, 1024))
     assert selection.plan_form.startswith("bucket B=4 S_q=1024 S_kv=1024")
     assert selection.config == config() and selection.cache_key == config().cache_key()
 
@@ -58,7 +60,7 @@ def test_where_the_bucket_form_is_rejected_the_problem_is_answered_by_its_own_gr
     engine = ScriptedTestEngine(reject_ragged)
     selector = Selector(engine)
     selection = selector.select(config())
-    assert selection.backend is Backend.F16 and selection.plan_form == "dense"
+    assert selection.backend is Backend.F16 and selection.plan.kind is PlanKind.DENSE and selection.plan_form == "dense"
     assert {key for key, _, _ in engine.calls} == {bucket_form(config()).cache_key(), config().cache_key()}
     again = selector.select(config())
     assert again.from_cache and again.plan_form == "dense" and len(engine.calls) == 4
@@ -115,6 +117,7 @@ def test_a_decode_step_is_answered_by_the_bucket_graphs_of_its_heads_as_batch_pr
     selection = Selector(engine).select(config(**DECODE))
     form = bucket_form(heads_as_batch(config(**DECODE)))
     assert {key for key, _, _ in engine.calls} == {form.cache_key()}
+    assert selection.plan == PlanForm(PlanKind.HEADS_AS_BATCH, form, Bucket(16, 64, 256), heads_as_batch(config(**DECODE)))
     assert selection.plan_form.startswith("heads as batch (B=16 H=1 S_q=4") and "bucket B=16 S_q=64 S_kv=256" in \
         selection.plan_form
     assert selection.config == config(**DECODE) and selection.cache_key == config(**DECODE).cache_key()
@@ -180,7 +183,7 @@ def test_an_answer_computed_across_a_build_failure_is_not_remembered():
     selector = Selector(ScriptedTestEngine(fail_meanwhile))
     assert selector.select(config(**DECODE)).plan_form.startswith("heads as batch")
     assert selector.select_own(config(seqlen_q=900, seqlen_kv=900)).plan_form.startswith("bucket")
-    assert not selector._by_problem  # noqa: SLF001 - the memo of answers through other graphs
+    assert not selector.planner._by_problem  # noqa: SLF001 - the memo of answers through other graphs
     selector = Selector(ScriptedTestEngine())
     selector.select(config(**DECODE))
-    assert selector._by_problem  # noqa: SLF001 - without a failure, both are remembered
+    assert selector.planner._by_problem  # noqa: SLF001 - without a failure, both are remembered
