@@ -19,7 +19,8 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.distributed.agreement import pin
 from fusedattn_select.distributed.facts import RankFacts
 from fusedattn_select.distributed.work import WorkItem
-from fusedattn_select.probing.cudnn import plans as plan_store
+from fusedattn_select.plan_store.persistence import persists_plans
+from fusedattn_select.probing.engine import PlanBuilder
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.selection.warmup import WarmupOutcome, WarmupRow, plan_forms
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict
@@ -86,23 +87,17 @@ def decision_row(selector: Selector, cfg: AttnConfig, depth: ProbeDepth) -> Deci
 
 
 def stored_plans(selector: Selector, cfg: AttnConfig, backend: Backend) -> list[PlanRow]:
-    """The serialized plans the store holds for what attention() runs of `cfg` (none off live cuDNN):
-    the plans warmup built, found by the same plan forms."""
+    """The serialized plans the store holds for what attention() runs of `cfg` (none without an
+    engine that builds plans): the plans warmup built, found by the same plan forms and keys."""
     engine, store, fingerprint = selector.engine, selector.store, selector.fingerprint
-    if engine is None or engine.name != "cudnn" or not plan_store.persists_plans(store):
+    if not isinstance(engine, PlanBuilder) or store is None or not persists_plans(store):
         return []
     forms, _ = plan_forms(selector, cfg, selector.select(cfg, ProbeDepth.FULL))
-    # needs cudnn-frontend: imported only where a live cuDNN engine built plans
-    from fusedattn_select.probing import cudnn as cudnn_probe
-
     rows = []
     for form in forms:
         for phase in form.phases:
-            try:
-                with cudnn_probe.device_context(engine.device):
-                    key = plan_store.dispatch_plan_key(form, backend, phase,
-                                                       handle=cudnn_probe.handle_for(engine.device)).key
-            except cudnn_probe.CudnnUnsupported:
+            key = engine.plan_key(form, backend, phase)
+            if isinstance(key, Verdict):
                 continue  # no such graph: warmup built no plan for it either
             blob = store.get_plan(fingerprint, key)
             if blob is not None:
@@ -136,7 +131,7 @@ def receive_plan(selector: Selector, row: PlanRow, sender: RankFacts, me: RankFa
     if refusal:
         return refusal
     store = selector.store
-    if not plan_store.persists_plans(store):
+    if store is None or not persists_plans(store):
         return "this rank's store keeps no plans"
     if store.get_plan(selector.fingerprint, row.plan_key) is not None:
         return PRESENT

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
-from fusedattn_select.probing.cudnn.plans import dispatch_config
+from fusedattn_select.plan_store.calls import dispatch_config
 
 # warmup's own inputs, naming and de-duplication: a shared warmup splits the problems warmup() runs
 from fusedattn_select.selection.warmup import ConfigItem, distinct_problems, named_problem

@@ -81,6 +81,14 @@ def snapshot_paths(value: str) -> list[str]:
     return settings.parse_snapshot_paths(value)
 
 
+def live_engine_on(device: int) -> ProbeEngine:
+    """The live cuDNN engine on CUDA device `device`; raises PlatformError where it cannot start."""
+    # Imported here for the reason live_engine gives.
+    from fusedattn_select.probing.cudnn.engine import CudnnEngine
+
+    return CudnnEngine(device)
+
+
 def live_engine() -> tuple[ProbeEngine | None, str]:
     """The live cuDNN engine, ignoring $FUSEDATTN_SELECT_SNAPSHOT: (engine, "") or (None, why)."""
     # The live engine's modules (~17 ms to import) load only when a live device is asked for;

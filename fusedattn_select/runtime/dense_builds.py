@@ -32,7 +32,7 @@ from fusedattn_select.layouts import dense_strides
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store.settings import cache_switched_off, default_cache_dir
 from fusedattn_select.store.sqlite import DATABASE_NAME
-from fusedattn_select.selection.warmup import plan_target
+from fusedattn_select.selection.plan_warmup import plan_target
 from fusedattn_select.types import Backend, Phase, ProbeDepth
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.run_settings import run_settings
@@ -68,8 +68,7 @@ def in_background(selector: Selector) -> tuple[str, int] | None:
     target, _ = plan_target(selector, ProbeDepth.FULL)
     if target is None:
         return None
-    store, _, device = target
-    return str(store.directory), int(device)
+    return str(target.store.directory), int(target.builder.device)
 
 
 def ask(selector: Selector, cfg: AttnConfig, return_lse: bool) -> Future | None:

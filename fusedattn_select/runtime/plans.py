@@ -11,7 +11,7 @@ graph.
 Building is the slow step (kernels are compiled); see build_plan for why plans are built without
 cuDNN's kernel cache. `obtain_plan` finds a plan in this order: the process's plans (one per device
 and plan key, shared by every call signature that runs the same graph), the persistent store (a
-serialized graph from an earlier process or from warmup(); probing/cudnn/plans.py), and only then
+serialized graph from an earlier process or from warmup(); plan_store/persistence.py), and only then
 a build, whose serialized graph is stored for the next process. `plan_stats()` counts builds and
 loads apart, so tests can assert the hot path (and a warm-started process) builds nothing.
 """
@@ -29,11 +29,17 @@ import torch
 
 from fusedattn_select import dtypes, offpath
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.plan_store.blob import PlanBlobError, cudnn_type_name
+from fusedattn_select.plan_store.keys import GraphSignature, PlanKey
+from fusedattn_select.plan_store.persistence import REBUILT, obtain, persists_plans
 from fusedattn_select.probing import cudnn as cudnn_probe
-from fusedattn_select.probing.cudnn import plans as plan_store
-from fusedattn_select.probing.cudnn.plan_blob import (PlanBlobError, StoredGraph, cudnn_type_name, deserialize_graph,
-                                                      serialize_build)
-from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
+from fusedattn_select.probing.cudnn.description import OUTPUT_NAMES
+from fusedattn_select.probing.cudnn.plan_graphs import (
+    StoredGraph,
+    deserialize_graph,
+    dispatch_plan_key,
+    serialize_build,
+)
 from fusedattn_select.runtime import launch, native
 from fusedattn_select.runtime.dispatcher import PLAN_COUNTERS, dispatcher
 from fusedattn_select.runtime.streams import loading_stream
@@ -87,7 +93,7 @@ class Plan:
     """One built graph, ready to execute: named inputs in, freshly allocated named outputs back.
 
     `build` is a probing.cudnn.graphs.GraphBuild (tensors are the graph's tensor objects) or a
-    plan_blob.StoredGraph (a deserialized graph; tensors are uids): both bind the same way.
+    plan_graphs.StoredGraph (a deserialized graph; tensors are uids): both bind the same way.
     """
 
     def __init__(self, build: Any, phase: Phase, device: torch.device, cfg: AttnConfig) -> None:
@@ -390,13 +396,13 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
     offpath.require(f"plans of {cfg.cache_key()}", offpath.STORED)
     try:
         with torch.cuda.device(index), cudnn_probe.device_context(index):
-            key, signature = plan_store.dispatch_plan_key(cfg, backend, phase, handle=cudnn_probe.handle_for(index))
+            key, signature = dispatch_plan_key(cfg, backend, phase, handle=cudnn_probe.handle_for(index))
     except Exception as err:  # noqa: BLE001 - a graph the frontend cannot describe will not build
         log.debug("fusedattn_select: no plan key for %s %s (%s: %s); building", cfg.cache_key(), phase.value,
                   type(err).__name__, err)
         offpath.require(f"a build of {cfg.cache_key()}'s {phase.value} plan", None)
         return build_plan(cfg, backend, phase, device)
-    plan_key = plan_store.PlanKey(key, signature)
+    plan_key = PlanKey(key, signature)
     plan, _ = dispatcher.plans.get_or_build((index, key),
                                             lambda: _load_or_build(cfg, backend, phase, device, plan_key, selector))
     dispatcher.plans_by_problem[(index, cfg.cache_key(), backend, phase)] = plan
@@ -404,7 +410,7 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
 
 
 def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device,
-                   plan_key: plan_store.PlanKey, selector: Optional[Selector]) -> Plan:
+                   plan_key: PlanKey, selector: Optional[Selector]) -> Plan:
     key, signature = plan_key
     index = device.index if device.index is not None else torch.cuda.current_device()
     store, fingerprint = _persistence(selector, index)
@@ -425,18 +431,18 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
             dispatcher.plan_stats["load_ms"] += (time.perf_counter() - started) * 1e3
         return plan
 
-    plan, origin = plan_store.obtain(
+    plan, origin = obtain(
         key, store=store, fingerprint=fingerprint, build=build, load=load,
         serialize=lambda built: serialize_build(built.source, key),
     )
     plan.source = None  # serialized (or not persisted): the plan needs only its graph
-    if origin == plan_store.REBUILT:
+    if origin == REBUILT:
         with dispatcher.plan_stats_lock:
             dispatcher.plan_stats["load_failures"] += 1
     return plan
 
 
-def _check_signature(stored: StoredGraph, signature: plan_store.GraphSignature) -> None:
+def _check_signature(stored: StoredGraph, signature: GraphSignature) -> None:
     """A loaded graph must bind exactly the tensors its plan key was computed from."""
     for name, (dims, strides, dtype) in signature.tensors.items():
         if name not in stored.tensors:
@@ -454,7 +460,7 @@ def _check_signature(stored: StoredGraph, signature: plan_store.GraphSignature) 
 
 def _persistence(selector: Optional[Selector], index: int) -> tuple[Optional[Store], Optional[Fingerprint]]:
     """(store, fingerprint) to load and persist plans of device `index` with, or (None, None)."""
-    if selector is None or not plan_store.persists_plans(selector.store):
+    if selector is None or not persists_plans(selector.store):
         return None, None
     fingerprint, engine = selector.fingerprint, selector.engine
     if fingerprint.platform != "cuda":

@@ -11,7 +11,7 @@ import torch
 from fusedattn_select import dtypes
 from fusedattn_select.config import BIAS_SHAPES, AttnConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.probing.cudnn.plans import call_config
+from fusedattn_select.plan_store.calls import call_config
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.layouts import Formats
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs

@@ -14,7 +14,7 @@ reference (probing/cudnn/numerics.py; needs torch), and plans are built as with 
 
 With depth="full" it also builds the execution plans attention() will run for each accepted
 problem (forward, and backward when training: the same graphs and plan keys as dispatch for dense
-tensors of the problem's layout: probing/cudnn/plans.py) and stores them serialized, so a later process's
+tensors of the problem's layout: plan_store/keys.py) and stores them serialized, so a later process's
 attention() on that problem loads them instead of building them (much slower). This needs
 the live cuDNN engine, cudnn-frontend and a persistent store, not torch; problems attention() does
 not run as described (THD, paged KV, cuda_graph=True, ...) get no plans, with the reason in the row.
@@ -36,13 +36,15 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
+from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.planning.forms import DENSE
-from fusedattn_select.probing.cudnn import plans as plan_store
+from fusedattn_select.plan_store.calls import dispatch_config, not_dispatched_reason
+from fusedattn_select.probing.choice import live_engine_on
 from fusedattn_select.result import Selection
-from fusedattn_select.selection.selector import Selector, default_selector
+from fusedattn_select.selection.plan_warmup import PlanTarget, persist_plans, plan_target
+from fusedattn_select.selection.selector import HEADS_AS_BATCH, Selector, default_selector
 from fusedattn_select.store import PersistentStore, Store
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, TextEnum
 
@@ -185,7 +187,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
             if use_processes:
                 futures = {
                     pool.submit(_warm_in_worker, name, cfg.to_dict(), key, probe_depth.value,
-                                str(plans[0].path.parent), plans[2]): key
+                                str(plans.store.path.parent), plans.builder.device): key
                     for key, (name, cfg, _) in problems.items()
                 }
             else:
@@ -228,7 +230,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
 
 
 # ----- internals --------------------------------------------------------------------------------
-def _use_processes(kind: str, selector: Selector, plans: tuple | None, jobs: int, problems: int) -> bool:
+def _use_processes(kind: str, selector: Selector, plans: PlanTarget | None, jobs: int, problems: int) -> bool:
     if kind not in WORKERS:
         raise ConfigError("workers", kind, "must be one of " + ", ".join(repr(w) for w in WORKERS))
     if kind == "processes" and plans is None:
@@ -254,10 +256,7 @@ def worker_selector(store_dir: str, device: int) -> Selector:
     """The selector of a worker process: its own live engine on `device`, the caller's persistent store."""
     selector = _worker_selectors.get((store_dir, device))
     if selector is None:
-        # Imported here: only a worker process runs the live engine, which needs cuDNN.
-        from fusedattn_select.probing.cudnn.engine import CudnnEngine
-
-        selector = _worker_selectors[(store_dir, device)] = Selector(CudnnEngine(device),
+        selector = _worker_selectors[(store_dir, device)] = Selector(live_engine_on(device),
                                                                      store=PersistentStore(store_dir))
     return selector
 
@@ -328,46 +327,35 @@ def describe(cfg: AttnConfig) -> str:
     )
 
 
-def plan_target(selector: Selector, depth: ProbeDepth) -> tuple[tuple | None, str]:
-    """((store, fingerprint, device) to build plans for, "") or (None, why no plans are built)."""
-    if not depth.answers(ProbeDepth.FULL):
-        return None, "depth fast builds nothing"
-    engine, fingerprint = selector.engine, selector.fingerprint
-    if engine is None or engine.name != "cudnn" or fingerprint.platform != "cuda":
-        return None, "plans are built with the live cuDNN engine on a CUDA device (none here)"
-    store = selector.store
-    if not plan_store.persists_plans(store):
-        return None, "no persistent store to keep plans in (decisions are cached in memory only)"
-    return (store, fingerprint, engine.device), ""
-
-
 def plan_forms(selector: Selector, cfg: AttnConfig, selection: Selection) -> tuple[list[AttnConfig], str]:
     """The problems whose plans attention() runs for `cfg`: its bucket's form when it is answered by
     its shape bucket (every smaller shape of its class runs in that bucket too), else its own dense
     problem (a decode step answered with its heads as batch: that problem's); and why there are none."""
-    if selection.plan.runs_bucket:
-        return [selector.bucket_for(selection.plan.heads or cfg)], ""
-    dispatched = plan_store.dispatch_config(cfg)
+    form = selection.plan_form
+    if form.startswith(HEADS_AS_BATCH):
+        cfg, form = heads_as_batch(cfg), form.split("; ", 1)[1]
+    if form.startswith("bucket"):
+        return [selector.bucket_for(cfg)], ""
+    dispatched = dispatch_config(cfg)
     if dispatched is None:
-        return [], plan_store.not_dispatched_reason(cfg)
+        return [], not_dispatched_reason(cfg)
     return [dispatched], ""
 
 
-def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection, plans: tuple) -> tuple[Selection, dict]:
+def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection,
+                plans: PlanTarget) -> tuple[Selection, dict]:
     """Build and store the plans attention() will run for an accepted problem; the fields for its row.
 
     A graph that passed the probe but does not build flips its answer, as attention() would; when
     that leaves the problem to its dense plans, those are built next."""
     forms, note = plan_forms(selector, cfg, selection)
-    store, fingerprint, device = plans
     fields = {"plans_built": 0, "plans_stored": 0, "plan_note": note}
     flipped = False
     for form in forms:
         if form is not cfg and not selector.select(form, ProbeDepth.FULL).selected:
             continue  # a bucket cuDNN rejects: calls of that size run their dense plans
         try:
-            result = plan_store.persist_plans(form, selection.backend, store=store, fingerprint=fingerprint,
-                                              device=device)
+            result = persist_plans(form, selection.backend, plans)
         except Exception as err:  # noqa: BLE001 - plans are a head start; the answer stands without them
             log.warning("fusedattn_select: building the plans of %s raised %s: %s", form.cache_key(),
                         type(err).__name__, err, exc_info=True)
@@ -381,7 +369,7 @@ def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection, plans
     if not flipped:
         return selection, fields
     again = selector.select(cfg, ProbeDepth.FULL)
-    if again.selected and again.plan == DENSE and selection.plan != DENSE:
+    if again.selected and again.plan_form == "dense" and selection.plan_form != "dense":
         again, more = _warm_plans(selector, cfg, again, plans)
         fields = {"plans_built": fields["plans_built"] + more["plans_built"],
                   "plans_stored": fields["plans_stored"] + more["plans_stored"],
@@ -390,7 +378,7 @@ def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection, plans
 
 
 def _warm_one(selector: Selector, name: str, cfg: AttnConfig, key: str, depth: ProbeDepth,
-              plans: tuple | None = None) -> WarmupRow:
+              plans: PlanTarget | None = None) -> WarmupRow:
     started = time.perf_counter()
     plan_fields: dict = {}
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.probing import choose_engine
-from fusedattn_select.probing.cudnn.plans import dispatch_config
+from fusedattn_select.plan_store.calls import dispatch_config
 from fusedattn_select.selection import runners
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store import PersistentStore

@@ -88,3 +88,33 @@ def test_the_package_has_no_import_cycle():
 def test_the_walk_finds_a_cycle_where_there_is_one():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _reached(start: set[str], graph: dict[str, set[str]]) -> set[str]:
+    """Every module `start` imports, directly or through other modules of the package."""
+    seen, todo = set(), list(start)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph.get(name, ()))
+    return seen
+
+
+def _with_parents(name: str, modules: dict[str, Path]) -> set[str]:
+    """`name` and the packages between it and the top package (importing it runs their __init__);
+    the top package itself is left out: it imports the public API, selection and the store included."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(2, len(parts) + 1)} & set(modules)
+
+
+def test_the_probe_engines_do_not_import_the_store():
+    modules = _modules()
+    graph = {name: set().union(*(_with_parents(m, modules) for m in _imports(path, modules))) - {name}
+             for name, path in modules.items()}
+    engines = {name for name in modules if name.startswith(f"{PACKAGE}.probing")}
+    assert {f"{PACKAGE}.probing.cudnn.engine", f"{PACKAGE}.probing.snapshot"} <= engines
+    reached = _reached(engines, graph)
+    assert f"{PACKAGE}.plan_store.keys" in reached  # the walk follows the engines into plan_store
+    assert sorted(name for name in reached if name.startswith(f"{PACKAGE}.store")) == []
+    assert sorted(name for name in reached if name == f"{PACKAGE}.plan_store.persistence") == []

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from fusedattn_select import distributed
 from fusedattn_select.config_files import load_config_file
-from fusedattn_select.probing.cudnn import plans as plan_store
+from fusedattn_select.plan_store.calls import dispatch_config
 from fusedattn_select.probing.cudnn.engine import CudnnEngine
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
@@ -88,7 +88,7 @@ def main() -> None:
             step_errors[name] = f"{type(err).__name__}: {err}"
     after = plan_stats()
     expected_plans = sum(len(c.phases) for n, c in named if decisions[n][0] != "NONE"
-                         and plan_store.dispatch_config(c) is not None)
+                         and dispatch_config(c) is not None)
 
     # Forced disagreement: rank 1 answers from an edited snapshot, rank 0 from live cuDNN.
     agree_selector = selector

@@ -47,7 +47,7 @@ WORKER = textwrap.dedent(r'''
     result = {}
 
     if mode == "warmup":
-        from fusedattn_select.probing.cudnn import plans as plan_store
+        from fusedattn_select.plan_store.calls import dispatch_config
         from fusedattn_select.selection.rules import apply_rules
         from fusedattn_select.selection.warmup import warmup
 
@@ -72,7 +72,7 @@ WORKER = textwrap.dedent(r'''
             for cfg in distinct.values())
         accepted = {row.cache_key for row in report.rows if row.backend.value != "NONE"}
         expected_plans = sum(len(cfg.phases) for key, cfg in distinct.items()
-                             if key in accepted and plan_store.dispatch_config(cfg) is not None)
+                             if key in accepted and dispatch_config(cfg) is not None)
         info = selector.cache_info()
         result.update(
             probes=info["probes"], probe_failures=info["probe_failures"], persistent_hits=info["persistent_hits"],

@@ -1,8 +1,10 @@
-"""Warmup stores plans under the key dispatch looks them up with (both call dispatch_plan_key on the
-config call_config builds); if the keys ever differed, warmed plans would silently never be used.
+"""Warmup stores plans under the key dispatch looks them up with (the cuDNN engine's plan_key and
+dispatch both call dispatch_plan_key on the config call_config builds); if the keys ever differed,
+warmed plans would silently never be used.
 
-cuDNN is not here: the graph description (graph_signature) and the engine's build are TEST DOUBLES,
-so these tests check which configs and phases each path keys, not what cuDNN builds.
+cuDNN is not here: the graph description (graph_signature), the device context and the store's
+load-or-build are TEST DOUBLES, so these tests check which configs and phases each path keys, not
+what cuDNN builds.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusedattn_select.config import AttnConfig  # noqa: E402
-from fusedattn_select.probing.cudnn import plans as plan_store  # noqa: E402
+from fusedattn_select.plan_store import calls, keys, persistence  # noqa: E402
+from fusedattn_select.probing.cudnn import engine as engine_module  # noqa: E402
+from fusedattn_select.probing.cudnn import plan_graphs  # noqa: E402
+from fusedattn_select.selection import plan_warmup  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, config_from_tensors  # noqa: E402
 from fusedattn_select.types import Fingerprint  # noqa: E402
 
 FINGERPRINT = Fingerprint("cuda", "Test GPU (plan-key test)", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
-SIGNATURE = plan_store.GraphSignature("sdpa", {"q": ((1, 1, 1, 1), (1, 1, 1, 1), "BFLOAT16")})
+SIGNATURE = keys.GraphSignature("sdpa", {"q": ((1, 1, 1, 1), (1, 1, 1, 1), "BFLOAT16")})
 PERMS = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": (0, 1, 2, 3)}
 
 BASE = AttnConfig(batch_size=2, num_heads_q=8, num_heads_kv=2, seqlen_q=128, seqlen_kv=256, head_dim_qk=64,
@@ -73,29 +78,32 @@ def _dispatch_config(cfg: AttnConfig) -> AttnConfig:
 
 @pytest.fixture
 def warmup_keys(monkeypatch):
-    """persist_plans with the cuDNN engine replaced by TEST DOUBLES; returns the keys it stored under."""
+    """persist_plans through the cuDNN engine's plan_key, with cuDNN replaced by TEST DOUBLES;
+    returns the keys it stored under."""
     stored: list[str] = []
-    monkeypatch.setattr(plan_store, "graph_signature", lambda cfg, backend, phase, handle=None: SIGNATURE)
-    monkeypatch.setattr(plan_store, "device_context", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(plan_store, "handle_for", lambda device: "handle (test double)")
-    monkeypatch.setattr(plan_store, "obtain", lambda key, **_: (stored.append(key), (None, plan_store.BUILT))[1])
+    monkeypatch.setattr(plan_graphs, "graph_signature", lambda cfg, backend, phase, handle=None: SIGNATURE)
+    monkeypatch.setattr(engine_module, "device_context", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(engine_module, "handle_for", lambda device: "handle (test double)")
+    monkeypatch.setattr(plan_warmup, "obtain", lambda key, **_: (stored.append(key), (None, persistence.BUILT))[1])
+    engine = object.__new__(engine_module.CudnnEngine)  # no device: only plan_key runs
+    engine.device = 0
 
-    def keys(cfg: AttnConfig) -> list[str]:
+    def stored_keys(cfg: AttnConfig) -> list[str]:
         stored.clear()
-        dispatched = plan_store.dispatch_config(cfg)
-        assert dispatched is not None, plan_store.not_dispatched_reason(cfg)
-        result = plan_store.persist_plans(dispatched, cfg.candidate, store=None, fingerprint=FINGERPRINT, device=0)
+        dispatched = calls.dispatch_config(cfg)
+        assert dispatched is not None, calls.not_dispatched_reason(cfg)
+        result = plan_warmup.persist_plans(dispatched, cfg.candidate, plan_warmup.PlanTarget(None, FINGERPRINT, engine))
         assert result.failure is None and result.built == len(cfg.phases)
         return list(stored)
 
-    return keys
+    return stored_keys
 
 
 @pytest.mark.parametrize("name", sorted(PROBLEMS))
 def test_warmup_stores_plans_under_the_keys_dispatch_looks_up(name, warmup_keys):
     cfg = PROBLEMS[name]
     dispatched = _dispatch_config(cfg)
-    dispatch_keys = [plan_store.dispatch_plan_key(dispatched, dispatched.candidate, phase).key
+    dispatch_keys = [plan_graphs.dispatch_plan_key(dispatched, dispatched.candidate, phase).key
                      for phase in dispatched.phases]
     assert warmup_keys(cfg) == dispatch_keys
 
@@ -109,4 +117,4 @@ def test_call_config_refuses_fields_a_call_does_not_set():
     fields = dict(batch_size=1, num_heads_q=1, num_heads_kv=1, seqlen_q=8, seqlen_kv=8, head_dim_qk=64,
                   qkv_layout="bshd_bshd_bshd", qkv_dtype="bf16", page_size=16)
     with pytest.raises(TypeError, match=r"fields a call does not set: \['page_size'\]"):
-        plan_store.call_config(fields)
+        calls.call_config(fields)

@@ -1,6 +1,6 @@
 """Persisted execution plans on CPU: the plan key, the blob format, and the load/build/persist decision.
 
-Nothing here touches cuDNN's build or a GPU. The decision logic (plan_store.obtain) is exercised
+Nothing here touches cuDNN's build or a GPU. The decision logic (plan_store.persistence.obtain) is exercised
 with FakeGraphForTests, a TEST DOUBLE standing in for a built cuDNN graph: it is bytes in and bytes
 out, it probes and proves nothing about cuDNN. Real serialization and deserialization are tested
 on the device in tests/gpu/test_persistence.py.
@@ -25,10 +25,12 @@ import pytest
 from fusedattn_select.buckets import bucket_form
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
-from fusedattn_select.probing.cudnn import plan_blob
-from fusedattn_select.probing.cudnn import plans as plan_store
-from fusedattn_select.probing.cudnn.plan_blob import PlanBlobError, PlanHeader, TensorRecord
-from fusedattn_select.probing.cudnn.plans import GraphSignature
+from fusedattn_select.plan_store import blob as plan_blob
+from fusedattn_select.plan_store import calls, keys, persistence
+from fusedattn_select.plan_store.blob import PlanBlobError, PlanHeader, TensorRecord
+from fusedattn_select.plan_store.keys import GraphSignature
+from fusedattn_select.probing.cudnn import plan_graphs
+from fusedattn_select.selection.plan_warmup import PersistResult, PlanTarget
 from fusedattn_select.store import MemoryStore, PersistentStore
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
@@ -54,7 +56,7 @@ SIGNATURE = GraphSignature(
 
 
 def key_of(cfg=BASE, backend=Backend.F16, phase=Phase.FORWARD, signature=SIGNATURE, **kw):
-    return plan_store.plan_key(cfg, backend, phase, signature, **kw)
+    return keys.plan_key(cfg, backend, phase, signature, **kw)
 
 
 # ----- the plan key ------------------------------------------------------------------------------
@@ -68,10 +70,10 @@ def test_plan_key_is_a_stable_sha256_hex_digest():
 
 def test_plan_key_is_the_same_in_another_process():
     script = (
-        "from fusedattn_select.probing.cudnn import plans as plan_store\n"
+        "from fusedattn_select.plan_store import keys\n"
         "from fusedattn_select.types import Backend, Phase\n"
         "from tests.runtime.test_plan_store_cpu import BASE, SIGNATURE\n"
-        "print(plan_store.plan_key(BASE, Backend.F16, Phase.FORWARD, SIGNATURE))\n"
+        "print(keys.plan_key(BASE, Backend.F16, Phase.FORWARD, SIGNATURE))\n"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -152,13 +154,13 @@ def test_plan_key_changes_with_backend_phase_and_build_mode():
 def test_graph_signature_reads_the_described_graph():
     """The signature dispatch and warmup key plans by, from cudnn-frontend's graph description (no build)."""
     pytest.importorskip("cudnn")
-    forward = plan_store.graph_signature(BASE, Backend.F16, Phase.FORWARD)
-    backward = plan_store.graph_signature(BASE, Backend.F16, Phase.BACKWARD)
+    forward = plan_graphs.graph_signature(BASE, Backend.F16, Phase.FORWARD)
+    backward = plan_graphs.graph_signature(BASE, Backend.F16, Phase.BACKWARD)
     assert forward.operation == "sdpa" and backward.operation == "sdpa_backward"
     assert forward.tensors["q"][0] == (2, 16, 1024, 128) and forward.tensors["q"][2] == "BFLOAT16"
     assert {"dQ", "dK", "dV", "dO"} <= set(backward.tensors)
-    assert plan_store.graph_signature(BASE.replace(head_dim_v=128), Backend.F16, Phase.FORWARD) == forward
-    sbhd = plan_store.graph_signature(BASE.replace(qkv_layout="sbhd_sbhd_sbhd"), Backend.F16, Phase.FORWARD)
+    assert plan_graphs.graph_signature(BASE.replace(head_dim_v=128), Backend.F16, Phase.FORWARD) == forward
+    sbhd = plan_graphs.graph_signature(BASE.replace(qkv_layout="sbhd_sbhd_sbhd"), Backend.F16, Phase.FORWARD)
     assert sbhd.tensors["q"][1] != forward.tensors["q"][1]
     json.dumps(forward.to_dict())  # enum options are canonicalised to text
 
@@ -173,9 +175,9 @@ def test_dispatch_config_matches_what_attention_derives_from_dense_tensors():
     warmed = []
     for entry in entries:
         cfg = entry.config
-        dispatched = plan_store.dispatch_config(cfg)
+        dispatched = calls.dispatch_config(cfg)
         if dispatched is None:
-            assert plan_store.not_dispatched_reason(cfg)
+            assert calls.not_dispatched_reason(cfg)
             continue
         warmed.append(entry.name)
         fmt = cfg.qkv_layout.split("_")[0]
@@ -196,11 +198,11 @@ def test_dispatch_config_matches_what_attention_derives_from_dense_tensors():
 
 
 def test_problems_attention_cannot_express_get_no_dispatch_config():
-    assert "not a layout" in plan_store.not_dispatched_reason(BASE.replace(qkv_layout="thd_thd_thd", mask="padding_causal"))
-    assert "cuda_graph" in plan_store.not_dispatched_reason(BASE.replace(cuda_graph=True))
-    assert plan_store.dispatch_config(BASE.replace(o_format="sbhd")) is None  # attention() returns Q's format
-    assert plan_store.dispatch_config(BASE.replace(bias="pre_scale_bias")) is None
-    assert plan_store.dispatch_config(BASE).cache_key() == BASE.cache_key()
+    assert "not a layout" in calls.not_dispatched_reason(BASE.replace(qkv_layout="thd_thd_thd", mask="padding_causal"))
+    assert "cuda_graph" in calls.not_dispatched_reason(BASE.replace(cuda_graph=True))
+    assert calls.dispatch_config(BASE.replace(o_format="sbhd")) is None  # attention() returns Q's format
+    assert calls.dispatch_config(BASE.replace(bias="pre_scale_bias")) is None
+    assert calls.dispatch_config(BASE).cache_key() == BASE.cache_key()
 
 
 # ----- the blob ----------------------------------------------------------------------------------
@@ -253,7 +255,7 @@ def test_serialize_build_records_uids_dims_and_dtypes_of_every_tensor():
         dims_strides={"q": ((1, 2, 8, 64), (1024, 512, 64, 1)), "o": ((1, 2, 8, 64), (1024, 512, 64, 1))},
         data_types={"q": cudnn.data_type.HALF, "o": cudnn.data_type.HALF},
     )
-    header, graph = plan_blob.unpack(plan_blob.serialize_build(build, "c" * 64), "c" * 64)
+    header, graph = plan_blob.unpack(plan_graphs.serialize_build(build, "c" * 64), "c" * 64)
     assert graph == b"serialized by GraphForTests"
     assert header.tensors["q"] == TensorRecord(3, (1, 2, 8, 64), (1024, 512, 64, 1), "HALF")
     assert header.tensors["o"].uid == 7 and header.workspace_size == 512
@@ -308,7 +310,7 @@ class Recorder:
         return FakeGraphForTests.from_bytes(blob)
 
     def obtain(self, store, key="k" * 64, fingerprint=FINGERPRINT):
-        return plan_store.obtain(key, store=store, fingerprint=fingerprint, build=self.build,
+        return persistence.obtain(key, store=store, fingerprint=fingerprint, build=self.build,
                                  serialize=self.serialize, load=self.load)
 
 
@@ -322,7 +324,7 @@ def store(tmp_path):
 def test_a_miss_builds_once_and_persists_the_serialized_plan(store):
     first = Recorder()
     graph, origin = first.obtain(store)
-    assert origin == plan_store.BUILT and graph.label == "built"
+    assert origin == persistence.BUILT and graph.label == "built"
     assert first.calls == {"build": 1, "serialize": 1}
     assert store.get_plan(FINGERPRINT, "k" * 64) == b"FakeGraphForTests:built"
 
@@ -331,7 +333,7 @@ def test_a_stored_plan_is_loaded_not_built(store):
     Recorder(label="from another process").obtain(store)
     later = Recorder()
     graph, origin = later.obtain(store)
-    assert origin == plan_store.LOADED and graph.label == "from another process"
+    assert origin == persistence.LOADED and graph.label == "from another process"
     assert later.calls == {"load": 1}
 
 
@@ -339,7 +341,7 @@ def test_plans_are_filed_under_their_fingerprint(store):
     Recorder().obtain(store)
     other = Recorder()
     _, origin = other.obtain(store, fingerprint=OTHER_FINGERPRINT)
-    assert origin == plan_store.BUILT and other.calls["build"] == 1
+    assert origin == persistence.BUILT and other.calls["build"] == 1
 
 
 def test_a_plan_that_does_not_load_is_dropped_with_a_warning_and_rebuilt(store, caplog):
@@ -347,13 +349,13 @@ def test_a_plan_that_does_not_load_is_dropped_with_a_warning_and_rebuilt(store, 
     rec = Recorder(label="rebuilt")
     with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
         graph, origin = rec.obtain(store)
-    assert origin == plan_store.REBUILT and graph.label == "rebuilt"
+    assert origin == persistence.REBUILT and graph.label == "rebuilt"
     assert rec.calls == {"load": 1, "build": 1, "serialize": 1}
     assert any("dropped the stored plan" in r.getMessage() and "does not load" in r.getMessage()
                for r in caplog.records)
     assert store.get_plan(FINGERPRINT, "k" * 64) == b"FakeGraphForTests:rebuilt"  # the bad blob is replaced
     _, again = Recorder().obtain(store)
-    assert again == plan_store.LOADED
+    assert again == persistence.LOADED
 
 
 def test_a_build_error_propagates_and_stores_nothing(store):
@@ -366,7 +368,7 @@ def test_a_plan_that_cannot_be_serialized_still_runs_unpersisted(store, caplog):
     rec = Recorder(fail_serialize=True)
     with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
         graph, origin = rec.obtain(store)
-    assert origin == plan_store.BUILT and graph.label == "built"
+    assert origin == persistence.BUILT and graph.label == "built"
     assert store.get_plan(FINGERPRINT, "k" * 64) is None
     assert any("cannot be serialized" in r.getMessage() for r in caplog.records)
 
@@ -375,10 +377,10 @@ def test_a_plan_that_cannot_be_serialized_still_runs_unpersisted(store, caplog):
 def test_without_a_persistent_store_every_process_builds(kind):
     store = None if kind == "none" else MemoryStore()
     rec = Recorder()
-    assert rec.obtain(store)[1] == plan_store.BUILT
-    assert rec.obtain(store)[1] == plan_store.BUILT
+    assert rec.obtain(store)[1] == persistence.BUILT
+    assert rec.obtain(store)[1] == persistence.BUILT
     assert rec.calls == {"build": 2}  # nothing serialized: a memory store helps no other process
-    assert not plan_store.persists_plans(store)
+    assert not persistence.persists_plans(store)
 
 
 def test_a_directory_others_can_write_is_refused_for_plans(tmp_path, caplog):
@@ -390,7 +392,7 @@ def test_a_directory_others_can_write_is_refused_for_plans(tmp_path, caplog):
     rec = Recorder()
     with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
         graph, origin = rec.obtain(store)
-    assert origin == plan_store.BUILT and graph.label == "built" and rec.calls["load"] == 0
+    assert origin == persistence.BUILT and graph.label == "built" and rec.calls["load"] == 0
     assert store.get_plan(FINGERPRINT, "k" * 64) is None
     assert any("not using serialized plans" in r.getMessage() for r in caplog.records)
 
@@ -404,7 +406,7 @@ def test_threads_wanting_one_plan_build_it_once(store):
     for t in threads:
         t.join(30)
     assert rec.calls["build"] == 1
-    assert sorted(origin for _, origin in results) == [plan_store.BUILT] + [plan_store.LOADED] * 5
+    assert sorted(origin for _, origin in results) == [persistence.BUILT] + [persistence.LOADED] * 5
 
 
 def _obtain_in_process(directory, log_path, barrier):
@@ -417,7 +419,7 @@ def _obtain_in_process(directory, log_path, barrier):
     store = PersistentStore(directory)
     barrier.wait()
     _, origin = LoggingRecorder(build_delay=0.3).obtain(store)
-    if origin not in (plan_store.BUILT, plan_store.LOADED):
+    if origin not in (persistence.BUILT, persistence.LOADED):
         raise SystemExit(1)
 
 
@@ -462,7 +464,7 @@ def test_a_loaded_graph_must_bind_the_tensors_of_its_plan_key():
         data_types = {n: getattr(cudnn.data_type, t) for n, (_, _, t) in SIGNATURE.tensors.items()}
         for name, value in overrides.items():
             dims_strides[name] = value
-        return plan_blob.StoredGraph(None, tensors, dims_strides, data_types, "sdpa", 0)
+        return plan_graphs.StoredGraph(None, tensors, dims_strides, data_types, "sdpa", 0)
 
     dispatch_plans._check_signature(stored(), SIGNATURE)
     with pytest.raises(PlanBlobError, match="'q'"):
@@ -471,17 +473,17 @@ def test_a_loaded_graph_must_bind_the_tensors_of_its_plan_key():
 
 # ----- warmup's plan step -----------------------------------------------------------------------
 class PlanPersistDoubleForTests:
-    """TEST DOUBLE of plan_store.persist_plans: records what warmup asked for, builds nothing."""
+    """TEST DOUBLE of plan_warmup.persist_plans: records what warmup asked for, builds nothing."""
 
     def __init__(self, failure=None):
         self.failure = failure
         self.calls = []
 
-    def __call__(self, cfg, backend, *, store, fingerprint, device):
-        self.calls.append((cfg.cache_key(), backend, device))
+    def __call__(self, cfg, backend, target):
+        self.calls.append((cfg.cache_key(), backend))
         if self.failure is not None:
-            return plan_store.PersistResult(0, 0, "did not build (test double)", self.failure)
-        return plan_store.PersistResult(len(cfg.phases), 0)
+            return PersistResult(0, 0, "did not build (test double)", self.failure)
+        return PersistResult(len(cfg.phases), 0)
 
 
 class AcceptingEngineForTests:
@@ -502,11 +504,12 @@ def test_warmup_builds_plans_for_accepted_problems_attention_runs(monkeypatch, s
     from fusedattn_select.selection.selector import Selector
 
     double = PlanPersistDoubleForTests()
-    monkeypatch.setattr(plan_store, "persist_plans", double)
-    selector = Selector(AcceptingEngineForTests(), store=store)
+    monkeypatch.setattr(warmup_module, "persist_plans", double)
+    engine = AcceptingEngineForTests()
+    selector = Selector(engine, store=store)
     thd = BASE.replace(qkv_layout="thd_thd_thd", mask="padding_causal")
     rows = {name: warmup_module._warm_one(selector, name, cfg, cfg.cache_key(), ProbeDepth.FULL,
-                                          (store, FINGERPRINT, 0))
+                                          PlanTarget(store, FINGERPRINT, engine))
             for name, cfg in (("train", BASE), ("infer", BASE.replace(is_training=False)), ("thd", thd))}
     # BSHD problems run their shape bucket's plans (every smaller shape of the class runs in that
     # bucket too); a THD problem runs its own plans, which dispatch never asks for from tensors.
@@ -522,9 +525,11 @@ def test_warmup_flips_a_problem_whose_plan_does_not_build(monkeypatch, store):
 
     failure = Verdict(Backend.F16, Phase.BACKWARD, Outcome.UNSUPPORTED, "build_plans", "no engine (test double)",
                       depth=ProbeDepth.FULL)
-    monkeypatch.setattr(plan_store, "persist_plans", PlanPersistDoubleForTests(failure))
-    selector = Selector(AcceptingEngineForTests(), store=store)
-    row = warmup_module._warm_one(selector, "train", BASE, BASE.cache_key(), ProbeDepth.FULL, (store, FINGERPRINT, 0))
+    monkeypatch.setattr(warmup_module, "persist_plans", PlanPersistDoubleForTests(failure))
+    engine = AcceptingEngineForTests()
+    selector = Selector(engine, store=store)
+    row = warmup_module._warm_one(selector, "train", BASE, BASE.cache_key(), ProbeDepth.FULL,
+                                  PlanTarget(store, FINGERPRINT, engine))
     assert row.backend is Backend.NONE and "no engine (test double)" in row.reason
     assert selector.select(BASE).backend is Backend.NONE
 

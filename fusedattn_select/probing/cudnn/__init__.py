@@ -6,7 +6,7 @@
     graphs       build_graph / describe_graph: a graph taken through cuDNN's build stages
     messages     cuDNN text, verdict vs incident, exceptions, verdict_from_exception
     engine       CudnnEngine, the ProbeEngine on a live device
-    plans        serialized plans and their store keys
+    plan_graphs  a graph's plan key, and its serialized form (plan_store holds keys, blobs, persistence)
 
 Nothing here imports cudnn-frontend or cuda-python at import time: they are optional dependencies
 (the 'cuda' extra), loaded when a device or graph is first used.

@@ -17,6 +17,14 @@ from fusedattn_select.dtypes import cudnn_dtype
 from fusedattn_select.layouts import LAYOUTS, format_strides
 from fusedattn_select.probing.cudnn.features import FrontendFeatures
 from fusedattn_select.probing.cudnn.messages import CudnnUnsupported
+from fusedattn_select.types import Phase
+
+# Tensors a graph writes, per phase; every other named tensor is an input the caller or the plan
+# provides. O and the softmax stats are outputs of the forward graph and inputs of the backward one.
+OUTPUT_NAMES = {
+    Phase.FORWARD: frozenset({"o", "stats", "max_logit", "amax_s", "amax_o"}),
+    Phase.BACKWARD: frozenset({"dQ", "dK", "dV", "dBias", "dSink_token", "amax_dP", "amax_dQ", "amax_dK", "amax_dV"}),
+}
 
 
 # ----- layouts -------------------------------------------------------------------------------

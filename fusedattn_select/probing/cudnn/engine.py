@@ -41,13 +41,14 @@ from fusedattn_select.probing.cudnn.device import (
 )
 from fusedattn_select.probing.cudnn.features import FrontendFeatures, frontend_features
 from fusedattn_select.probing.cudnn.graphs import GraphBuild, build_graph, operation_for
-from fusedattn_select.probing.cudnn.messages import verdict_from_exception
+from fusedattn_select.probing.cudnn.messages import CudnnUnsupported, ProbeFailure, verdict_from_exception
 from fusedattn_select.probing.cudnn.numerics import verify
+from fusedattn_select.probing.cudnn.plan_graphs import dispatch_plan_key, serialize_build
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 
 class CudnnEngine:
-    """Ground-truth verdicts from cuDNN on one CUDA device (the ProbeEngine protocol).
+    """Ground-truth verdicts from cuDNN on one CUDA device (the ProbeEngine and PlanBuilder protocols).
 
     `device` is a CUDA device ordinal (or "cuda:N" / torch.device); None means the device of the
     calling thread's current CUDA context, else device 0. The constructor initialises CUDA and
@@ -132,6 +133,26 @@ class CudnnEngine:
     def handle(self) -> Any:
         """This thread's cuDNN handle on the engine's device."""
         return handle_for(self.device)
+
+    # ----- the PlanBuilder protocol: plans for warmup ------------------------------------------
+    def plan_key(self, cfg: AttnConfig, backend: Backend, phase: Phase) -> str | Verdict:
+        """The plan key attention() looks up for `phase` of `cfg`, or the verdict when the installed
+        frontend cannot describe the graph (then no plan of it exists)."""
+        try:
+            with device_context(self.device):
+                return dispatch_plan_key(cfg, backend, phase, handle=handle_for(self.device)).key
+        except (CudnnUnsupported, ProbeFailure) as err:
+            return verdict_from_exception(err, backend, phase, ProbeDepth.FULL)
+
+    def build_plan(self, cfg: AttnConfig, backend: Backend, phase: Phase, plan_key: str) -> bytes | Verdict:
+        """The plan of `phase` of `cfg` built as dispatch builds it (FULL, static, this thread's
+        handle) and serialized for `plan_key`, or the verdict when it does not build."""
+        try:
+            with device_context(self.device):
+                build = build_graph(cfg, backend, phase, handle=handle_for(self.device), depth=ProbeDepth.FULL)
+        except (CudnnUnsupported, ProbeFailure) as err:
+            return verdict_from_exception(err, backend, phase, ProbeDepth.FULL)
+        return serialize_build(build, plan_key)
 
     # ----- internals ---------------------------------------------------------------------------
     def _warm_up(self) -> float:

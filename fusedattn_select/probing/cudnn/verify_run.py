@@ -22,8 +22,8 @@ import torch
 from fusedattn_select import dtypes
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.layouts import LAYOUTS
+from fusedattn_select.probing.cudnn.description import OUTPUT_NAMES
 from fusedattn_select.probing.cudnn.graphs import GraphBuild
-from fusedattn_select.probing.cudnn.plans import OUTPUT_NAMES
 from fusedattn_select.probing.cudnn.verify_reference import RefProblem, alibi_slopes
 from fusedattn_select.types import Phase
 

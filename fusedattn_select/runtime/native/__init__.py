@@ -332,7 +332,7 @@ def graph(module: ModuleType, plan: Any, call_index: tuple[int, ...]) -> Optiona
     loaded = None
     uids = plan._uids
     if uids is not None:
-        from fusedattn_select.probing.cudnn.plan_blob import graph_bytes
+        from fusedattn_select.probing.cudnn.plan_graphs import graph_bytes
 
         from fusedattn_select.runtime.streams import loading_stream
 

@@ -5,8 +5,8 @@ serialized graph, its dims, strides and cuDNN data type, so a deserialized graph
 without rebuilding its description. A blob whose magic, format or plan key does not match is
 refused (PlanBlobError) like one that fails to deserialize. The store checks each blob's sha256
 and size and only reads plans from a directory owned by the user and not writable by others
-(store.sqlite), since a plan loads native code. Torch-free; cudnn-frontend is imported only to
-serialize and deserialize.
+(store.sqlite), since a plan loads native code. Torch-free and cuDNN-free: the engine that builds
+plans serializes and deserializes cuDNN's part (probing/cudnn/plan_graphs.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import json
 import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
-
-from fusedattn_select.probing.cudnn.features import frontend_features
 
 PLAN_FORMAT = 1
 MAGIC = b"FASPLAN\x00"
@@ -111,82 +109,3 @@ def unpack(blob: bytes, plan_key: str | None = None) -> tuple[PlanHeader, bytes]
     if not graph_bytes:
         raise PlanBlobError("blob holds no serialized graph")
     return header, graph_bytes
-
-
-# ----- cudnn-frontend: serialize a build, deserialize a blob ------------------------------------
-def _uid(tensor: Any) -> int:
-    getter = getattr(tensor, "get_uid", None)
-    uid = getter() if callable(getter) else getattr(tensor, "uid", None)
-    if uid is None or int(uid) < 0:
-        raise PlanBlobError(f"graph tensor {tensor!r} has no uid")
-    return int(uid)
-
-
-def graph_bytes(graph: Any) -> bytes:
-    """The frontend's serialization of a built graph."""
-    try:
-        data = graph.serialize(as_bytes=True)
-    except TypeError:  # frontends before 1.30: a list of byte values
-        data = graph.serialize()
-    return bytes(data)
-
-
-def serialize_build(build: Any, plan_key: str) -> bytes:
-    """The blob of a FULL GraphBuild (probing.cudnn.graphs): header + the frontend's serialization."""
-
-    tensors = {}
-    for name, tensor in build.tensors.items():
-        dims, strides = build.dims_strides[name]
-        tensors[name] = TensorRecord(_uid(tensor), tuple(dims), tuple(strides), cudnn_type_name(build.data_types[name]))
-    header = PlanHeader(plan_key, str(build.operation), int(build.workspace_size), tensors,
-                        frontend_features().version)
-    return pack(header, graph_bytes(build.graph))
-
-
-@dataclass
-class StoredGraph:
-    """A deserialized graph in the shape runtime.plans.Plan reads from a GraphBuild.
-
-    `tensors` maps each name to its uid (the variant pack of a deserialized graph is keyed by uid).
-    """
-
-    graph: Any
-    tensors: dict[str, int]
-    dims_strides: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
-    data_types: dict[str, Any]
-    operation: str
-    workspace_size: int
-    dynamic_shapes: bool = False
-
-
-def deserialize_graph(blob: bytes, plan_key: str, *, handle: Any) -> StoredGraph:
-    """Load a blob into a fresh graph on `handle`'s device (its CUDA context current).
-
-    Raises PlanBlobError for a blob that is not this plan's, or the frontend's own error when
-    cuDNN cannot load it (another cuDNN, a damaged graph).
-    """
-    import cudnn
-
-    header, graph_bytes = unpack(blob, plan_key)
-    try:
-        data_types = {name: getattr(cudnn.data_type, t.dtype) for name, t in header.tensors.items()}
-    except AttributeError as err:
-        raise PlanBlobError(f"blob names a data type this frontend lacks ({err})") from None
-    graph = cudnn.pygraph(handle=handle)
-    try:
-        graph.deserialize(handle, graph_bytes)
-    except TypeError:  # a frontend that takes the legacy list of byte values
-        graph.deserialize(handle, list(graph_bytes))
-    workspace = header.workspace_size
-    try:
-        workspace = max(workspace, int(graph.get_workspace_size()))
-    except Exception:  # noqa: BLE001 - the header's size is the build's own answer
-        pass
-    return StoredGraph(
-        graph=graph,
-        tensors={name: t.uid for name, t in header.tensors.items()},
-        dims_strides={name: (t.dims, t.strides) for name, t in header.tensors.items()},
-        data_types=data_types,
-        operation=header.operation,
-        workspace_size=workspace,
-    )
