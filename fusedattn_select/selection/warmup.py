@@ -36,15 +36,15 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
-from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.plan_store.calls import dispatch_config, not_dispatched_reason
+from fusedattn_select.planning.forms import DENSE
 from fusedattn_select.probing.choice import live_engine_on
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.plan_warmup import PlanTarget, persist_plans, plan_target
-from fusedattn_select.selection.selector import HEADS_AS_BATCH, Selector, default_selector
+from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.store import PersistentStore, Store
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, TextEnum
 
@@ -331,11 +331,8 @@ def plan_forms(selector: Selector, cfg: AttnConfig, selection: Selection) -> tup
     """The problems whose plans attention() runs for `cfg`: its bucket's form when it is answered by
     its shape bucket (every smaller shape of its class runs in that bucket too), else its own dense
     problem (a decode step answered with its heads as batch: that problem's); and why there are none."""
-    form = selection.plan_form
-    if form.startswith(HEADS_AS_BATCH):
-        cfg, form = heads_as_batch(cfg), form.split("; ", 1)[1]
-    if form.startswith("bucket"):
-        return [selector.bucket_for(cfg)], ""
+    if selection.plan.runs_bucket:
+        return [selector.bucket_for(selection.plan.heads or cfg)], ""
     dispatched = dispatch_config(cfg)
     if dispatched is None:
         return [], not_dispatched_reason(cfg)
@@ -369,7 +366,7 @@ def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection,
     if not flipped:
         return selection, fields
     again = selector.select(cfg, ProbeDepth.FULL)
-    if again.selected and again.plan_form == "dense" and selection.plan_form != "dense":
+    if again.selected and again.plan == DENSE and selection.plan != DENSE:
         again, more = _warm_plans(selector, cfg, again, plans)
         fields = {"plans_built": fields["plans_built"] + more["plans_built"],
                   "plans_stored": fields["plans_stored"] + more["plans_stored"],
