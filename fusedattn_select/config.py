@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from fusedattn_select import backends
 from fusedattn_select.dtypes import DTYPES, F16_DTYPES, FP8_DTYPES
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.layouts import FORMATS, LAYOUTS, Layout
@@ -117,8 +118,10 @@ class AttnConfig:
 
     @property
     def candidate(self) -> Backend:
-        """The backend this problem's dtype asks for: F16 for fp16/bf16, FP8 for fp8."""
-        return Backend.FP8 if self.qkv_dtype in FP8_DTYPES else Backend.F16
+        """The backend this problem asks for: the first registered backend answering its qkv_dtype and
+        phases (backends.py): F16 for fp16/bf16 and FP8 for fp8 unless another is registered ahead."""
+        entry = backends.candidate(self.qkv_dtype, self.phases)
+        return entry.backend if entry is not None else Backend.NONE
 
     @property
     def phases(self) -> tuple[Phase, ...]:
@@ -127,7 +130,7 @@ class AttnConfig:
 
     @property
     def is_fp8(self) -> bool:
-        return self.candidate is Backend.FP8
+        return self.qkv_dtype in FP8_DTYPES
 
     @property
     def q_format(self) -> str:

@@ -21,6 +21,7 @@ from fusedattn_select.errors import ConfigError
 from fusedattn_select.planning.forms import PlanKind
 from fusedattn_select.planning.planner import with_fp8_outputs
 from fusedattn_select.result import Selection
+from fusedattn_select.types import Backend
 from fusedattn_select.runtime import dense_builds, fallback_log, plans, ragged
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.args import F16_NAMES
@@ -44,6 +45,9 @@ log = logging.getLogger("fusedattn_select")
 # measured faster (tiers.py); its decode step's heads-as-batch call (heads.py); the fallback (torch
 # SDPA or reference.py) of a problem no fused backend runs; the cuDNN plans (bucket, dense, FP8, lean).
 RUN_TORCH, RUN_HEADS, RUN_FALLBACK, RUN_CUDNN = RUNNERS = ("torch", "heads", "fallback", "cudnn")
+# The runner of each backend's "yes" (backends.py): a backend selected without a runner here is
+# answered by select() and `why`, and attention() falls back for it.
+BACKEND_RUNNERS = {Backend.F16: RUN_CUDNN, Backend.FP8: RUN_CUDNN}
 
 
 @dataclass(eq=False)
@@ -150,7 +154,7 @@ def settle(found: Entry) -> Entry:
     elif found.heads is not None and found.lean is None:
         found.runner = RUN_HEADS
     else:
-        found.runner = RUN_CUDNN if found.fused else RUN_FALLBACK
+        found.runner = BACKEND_RUNNERS[found.selection.backend] if found.fused else RUN_FALLBACK
     return found
 
 
@@ -335,7 +339,8 @@ def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.
     if dims is None:
         return False
     selection = selector.select(new.cfg)
-    if not (selection.selected and selection.plan.kind is PlanKind.HEADS_AS_BATCH):
+    if not (selection.selected and selection.plan.kind is PlanKind.HEADS_AS_BATCH
+            and selection.backend in BACKEND_RUNNERS):
         return False
     q_dims, k_dims, v_dims, out_dims = dims
     qh, kh, vh = qb.view(q_dims), kb.view(k_dims), vb.view(v_dims)
@@ -363,7 +368,7 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
     if form is None:
         return False
     selection = selector.select_own(new.cfg)  # answered by the bucket form's graphs where cuDNN runs them
-    if not (selection.selected and selection.plan.kind is PlanKind.BUCKET):
+    if not (selection.selected and selection.plan.kind is PlanKind.BUCKET and selection.backend in BACKEND_RUNNERS):
         log.debug("fusedattn_select: %s runs dense plans (%s)", new.cfg.cache_key(),
                   selection.message or selection.plan_form)
         return False
@@ -394,6 +399,10 @@ def _select(new: Entry, selector: Selector, dense: bool = False) -> bool:
     new.cfg, new.selection, reason = with_fp8_outputs(selector.select, cfg, first, new.opts.training)
     if not new.selection.selected:
         new.reason = reason or new.selection.message
+        return False
+    if new.selection.backend not in BACKEND_RUNNERS:
+        new.reason = (f"{new.selection.backend.value} was selected ({new.selection.engine}) but attention() "
+                      "has no runner for it")
         return False
     return True
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from fusedattn_select import offpath
+from fusedattn_select import backends, offpath
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
@@ -351,7 +351,11 @@ class Selector:
 
     def _probe_one(self, cfg: AttnConfig, phase: Phase, depth: ProbeDepth) -> Verdict:
         assert self.engine is not None
-        verdict = self.engine.probe(cfg, cfg.candidate, phase, depth)
+        entry = backends.candidate(cfg.qkv_dtype, cfg.phases)
+        if entry is not None and entry.probe is not None:  # a registered backend that answers by its own probe
+            verdict = entry.probe(self.engine, cfg, entry.backend, phase, depth)
+        else:
+            verdict = self.engine.probe(cfg, cfg.candidate, phase, depth)
         self._thread.probes = getattr(self._thread, "probes", 0) + 1
         with self._lock:
             self._stats["probes"] += 1

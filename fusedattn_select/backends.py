@@ -1,0 +1,73 @@
+"""The backend registry: one priority list of the backends select() can answer with.
+
+Each entry declares its backend, the qkv dtypes and phases it answers, and its probe. A problem's
+candidate is the first entry, in priority order, that answers its qkv_dtype and every phase it
+runs; that entry's probe (or, where it declares none, the selector's engine) decides the verdict.
+What runs a selected backend is the runtime's table (runtime/entries.BACKEND_RUNNERS). To add a
+backend, see README "Add a backend". Torch-free; core (imports no higher layer).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fusedattn_select.dtypes import F16_DTYPES, FP8_DTYPES
+from fusedattn_select.types import Backend, Phase, ProbeDepth, Verdict
+
+# probe(engine, cfg, backend, phase, depth) -> Verdict; `engine` is the selector's ProbeEngine.
+Probe = Callable[[Any, Any, Backend, Phase, ProbeDepth], Verdict]
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """One backend of the priority list: what it answers, and how its verdicts are found (`probe`;
+    None: the selector's engine probes it, as it does F16 and FP8)."""
+
+    backend: Backend
+    dtypes: tuple[str, ...]
+    phases: tuple[Phase, ...] = (Phase.FORWARD, Phase.BACKWARD)
+    probe: Probe | None = None
+
+    def answers(self, qkv_dtype: str, phases: tuple[Phase, ...]) -> bool:
+        return qkv_dtype in self.dtypes and all(p in self.phases for p in phases)
+
+
+F16 = BackendEntry(Backend.F16, F16_DTYPES)
+FP8 = BackendEntry(Backend.FP8, FP8_DTYPES)
+
+_lock = threading.Lock()
+# The priority list, replaced whole on each change: readers take it without a lock.
+_priority: tuple[BackendEntry, ...] = (F16, FP8)
+
+
+def priority() -> tuple[BackendEntry, ...]:
+    """The registered backends, first asked first."""
+    return _priority
+
+
+def candidate(qkv_dtype: str, phases: tuple[Phase, ...]) -> BackendEntry | None:
+    """The first registered backend that answers `qkv_dtype` in every one of `phases`; None if none does."""
+    for entry in _priority:
+        if entry.answers(qkv_dtype, phases):
+            return entry
+    return None
+
+
+def register(entry: BackendEntry, *, before: Backend | None = None) -> BackendEntry:
+    """Add `entry` to the priority list, ahead of `before` (None: last), replacing any entry of its
+    backend. Decisions a selector cached before are kept: register before selecting."""
+    global _priority
+    with _lock:
+        entries = [e for e in _priority if e.backend is not entry.backend]
+        at = next((i for i, e in enumerate(entries) if e.backend is before), len(entries))
+        _priority = (*entries[:at], entry, *entries[at:])
+    return entry
+
+
+def unregister(backend: Backend) -> None:
+    """Remove `backend`'s entry from the priority list (nothing when it has none)."""
+    global _priority
+    with _lock:
+        _priority = tuple(e for e in _priority if e.backend is not backend)
