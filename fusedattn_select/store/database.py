@@ -36,8 +36,10 @@ from fusedattn_select.store.schema import (
     DATA_TABLES,
     UPGRADABLE,
     create_schema,
+    holds_legacy_runner_rows,
     schema_is_current,
     schema_version,
+    sweep_legacy_runner_rows,
     upgrade,
 )
 from fusedattn_select.store.swap import SalvageSwap
@@ -252,6 +254,8 @@ class Database:
             conn.execute("PRAGMA synchronous = NORMAL")
             if not schema_is_current(conn):
                 _transaction(conn, self._create_schema)
+            elif channel is self._writer:  # (a read never waits for the write lock)
+                self._sweep_at_open(conn)
         except BaseException:
             conn.close()
             raise
@@ -291,6 +295,20 @@ class Database:
             for table in DATA_TABLES:
                 conn.execute(f"DROP TABLE IF EXISTS {table}")
         create_schema(conn)
+
+    def _sweep_at_open(self, conn: sqlite3.Connection) -> None:
+        """Move the runner choices a schema 1 writer stored as plan rows after the upgrade (see
+        schema.holds_legacy_runner_rows). Best effort: damage in the plans table is left to the
+        operation that meets it (opening the file repairs nothing), a busy lock to the next opening."""
+        with contextlib.suppress(sqlite3.DatabaseError):
+            if holds_legacy_runner_rows(conn):
+                _transaction(conn, self._sweep_legacy_runner_rows)
+
+    def _sweep_legacy_runner_rows(self, conn: sqlite3.Connection) -> None:
+        moved = sweep_legacy_runner_rows(conn)  # (again inside the lock: another writer may have swept)
+        if moved:
+            log.info("fusedattn_select: decision cache %s: moved %d runner choices that a schema %d writer "
+                     "stored as plans to their own table", self.path, moved, UPGRADABLE[-1])
 
     # ----- damage --------------------------------------------------------------------------------
     def _reopened_after(self, channel: _Connection, err: sqlite3.DatabaseError, repair: bool) -> bool:
@@ -389,6 +407,21 @@ def _transaction(conn: sqlite3.Connection, action: Callable[[sqlite3.Connection]
             conn.execute("ROLLBACK")
         raise
     return result
+
+
+def snapshot(action: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+    """`action` run in one read transaction: every statement it makes reads the same state of the
+    file, whatever writers commit meanwhile (a connection in autocommit mode reads each statement's
+    own state). For bulk reads: totals, an export, a lookup that reads two tables."""
+    def read(conn: sqlite3.Connection) -> T:
+        conn.execute("BEGIN")
+        try:
+            return action(conn)
+        finally:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")  # nothing was written: ending the read is all it does
+    return read
 
 
 def _error_code(err: sqlite3.Error) -> int | None:

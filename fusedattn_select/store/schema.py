@@ -12,7 +12,22 @@ from fusedattn_select.store.protocol import SCHEMA_VERSION
 
 # The payload tables: each row's `size` counts against max_bytes.
 PAYLOAD_TABLES = ("verdicts", "plans", "runner_choices")
+DATA_TABLES = ("verdicts", "plans", "runner_choices", "fingerprints")
+# Schema 1 kept a runner choice as a plan row whose key was this prefix and the choice's key, its
+# JSON as the blob. Schemas a writer upgrades in place (older ones are started over).
+LEGACY_RUNNER_PREFIX = "runner:"
+UPGRADABLE = (1,)
+_PREFIX_LENGTH = len(LEGACY_RUNNER_PREFIX)
+
+
+def is_legacy_runner_row(row: str = "plans") -> str:
+    """SQL: whether the `row` of plans holds a runner choice as schema 1 stored it."""
+    return f"(substr({row}.plan_key, 1, {_PREFIX_LENGTH}) = '{LEGACY_RUNNER_PREFIX}')"
+
+
 # The payload total of every payload table is kept by triggers, so a write never sums a whole table.
+# (The schema's text must fit on the file's first page with the table roots it names: a damaged
+# page of a longer schema would lose the tables it describes; see test_store_damage_sweep.)
 _PAYLOAD_TRIGGERS = tuple(
     f"CREATE TRIGGER IF NOT EXISTS payload_{table}_{event} AFTER {event.upper()}{of} ON {table}"
     f" BEGIN UPDATE totals SET bytes = bytes {change} WHERE name = 'payload'; END"
@@ -47,11 +62,6 @@ SCHEMA = (
     + " + ".join(f"(SELECT COALESCE(SUM(size), 0) FROM {table})" for table in PAYLOAD_TABLES) + ")",
     *_PAYLOAD_TRIGGERS,
 )
-DATA_TABLES = ("verdicts", "plans", "runner_choices", "fingerprints")
-# Schema 1 kept a runner choice as a plan row whose key was this prefix and the choice's key, its
-# JSON as the blob. Schemas a writer upgrades in place (older ones are started over).
-LEGACY_RUNNER_PREFIX = "runner:"
-UPGRADABLE = (1,)
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
@@ -68,15 +78,32 @@ def upgrade(conn: sqlite3.Connection) -> int:
     keeping every row: the new tables, and schema 1's runner choice plan rows moved to
     runner_choices. How many runner choices moved."""
     create_schema(conn)
+    return sweep_legacy_runner_rows(conn)
+
+
+def holds_legacy_runner_rows(conn: sqlite3.Connection) -> bool:
+    """Whether a plan row holds a runner choice. After the upgrade, a schema 1 writer that was
+    already connected (it checked the schema when it opened the file) keeps storing its runner
+    choices as plan rows: readers read them as runner choices (sqlite_rows), and the next writer to
+    open the file moves them (sweep_legacy_runner_rows)."""
+    return conn.execute(f"SELECT 1 FROM plans WHERE {is_legacy_runner_row()} LIMIT 1").fetchone() is not None
+
+
+def sweep_legacy_runner_rows(conn: sqlite3.Connection) -> int:
+    """Move every runner choice plan row to runner_choices (the newer of the two where both hold the
+    key) and delete it, inside the caller's transaction; how many moved."""
     rows = conn.execute("SELECT fingerprint_key, plan_key, blob, created, last_used FROM plans"
-                        " WHERE substr(plan_key, 1, ?) = ?", (len(LEGACY_RUNNER_PREFIX), LEGACY_RUNNER_PREFIX)).fetchall()
+                        f" WHERE {is_legacy_runner_row()}").fetchall()
     moved = 0
     for row in rows:
         converted = legacy_runner_row(row)
         if converted is not None:
-            moved += conn.execute(
-                "INSERT OR IGNORE INTO runner_choices (fingerprint_key, runner_key, choice, size, created, last_used)"
-                " VALUES (?, ?, ?, ?, ?, ?)", converted).rowcount
+            conn.execute(
+                "INSERT INTO runner_choices (fingerprint_key, runner_key, choice, size, created, last_used)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (fingerprint_key, runner_key) DO UPDATE SET"
+                " choice = excluded.choice, size = excluded.size, created = excluded.created,"
+                " last_used = excluded.last_used WHERE excluded.created >= runner_choices.created", converted)
+            moved += 1
         # A runner choice was never a plan: a row that does not parse is dropped, not kept as one.
         conn.execute("DELETE FROM plans WHERE fingerprint_key = ? AND plan_key = ?", (row[0], row[1]))
     return moved

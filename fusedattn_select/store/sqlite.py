@@ -27,9 +27,9 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from fusedattn_select.store.database import DATA_TABLES, Database, StoreFailure, integrity_problem
+from fusedattn_select.store.database import DATA_TABLES, Database, StoreFailure, integrity_problem, snapshot
 from fusedattn_select.store.entries import (
     BadEntry,
     NewEntry,
@@ -53,7 +53,7 @@ from fusedattn_select.store.protocol import (
     ImportReport,
 )
 from fusedattn_select.store import sqlite_rows
-from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX, has_table, legacy_runner_row
+from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX
 from fusedattn_select.store.settings import resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.store.uses import PendingUses
@@ -273,37 +273,26 @@ class PersistentStore:
 
     # ----- runner choices ----------------------------------------------------------------------
     def get_runner_choice(self, fingerprint: Fingerprint, key: str) -> dict[str, Any] | None:
-        """The runner choice stored for `key`, or None; kept where plans are refused too."""
+        """The runner choice stored for `key`, or None; kept where plans are refused too. A choice
+        a schema 1 writer stored as a plan row (schema.upgrade) is read too, in the same snapshot."""
         check_fingerprint(fingerprint)
         fp_key = fingerprint.key()
-        if not self._holds_runner_choices_table():
-            return self._legacy_runner_choice(fp_key, key)
-        row = self._read_row("runner choice", "choice", fp_key, key)
-        if row is None:
+        found = self._read("read a runner choice",
+                           snapshot(lambda conn: sqlite_rows.runner_choice_text(conn, fp_key, key)))
+        if found is None:
             return None
+        text, legacy = found
         try:
-            choice = parse_runner_choice(row[0])
+            choice = parse_runner_choice(text)
         except BadEntry as bad:
-            self._drop_bad_row("runner choice", fp_key, key, bad, "choice", row[0])
+            if legacy:  # the next writer to open the file drops it (schema.sweep_legacy_runner_rows)
+                log.warning("fusedattn_select: the cached runner choice %s in %s is damaged: %s", key, self.path, bad)
+            else:
+                self._drop_bad_row("runner choice", fp_key, key, bad, "choice", text)
             return None
-        self._record_use("runner choice", fp_key, key)
+        if not legacy:
+            self._record_use("runner choice", fp_key, key)
         return choice
-
-    def _holds_runner_choices_table(self) -> bool:
-        """False only for a schema 1 file opened read-only (a writer upgrades the file as it opens it)."""
-        if not self.read_only:
-            return True
-        try:
-            return self._db.run("read the schema", lambda conn: has_table(conn, "runner_choices"))
-        except StoreFailure:  # damage: _read_row reports it
-            return True
-
-    def _legacy_runner_choice(self, fp_key: str, key: str) -> dict[str, Any] | None:
-        """A schema 1 file opened read-only: the choice from its plan row (see schema.upgrade)."""
-        row = self._read_row("plan", "fingerprint_key, plan_key, blob, created, last_used", fp_key,
-                             LEGACY_RUNNER_PREFIX + key)
-        converted = legacy_runner_row(row) if row is not None else None
-        return parse_runner_choice(converted[2]) if converted is not None else None
 
     def put_runner_choice(self, fingerprint: Fingerprint, key: str, choice: Mapping[str, Any]) -> bool:
         """Store `choice` (entries.RUNNER_CHOICE_FIELDS; ValueError otherwise); False when the write
@@ -325,6 +314,9 @@ class PersistentStore:
                 " size = excluded.size, created = excluded.created, last_used = excluded.last_used",
                 (entry.fp_key, entry.key, entry.text, entry.size, now, now),
             )
+            # This choice is newer than one a schema 1 writer stored as a plan row (see sqlite_rows).
+            conn.execute("DELETE FROM plans WHERE fingerprint_key = ? AND plan_key = ?",
+                         (entry.fp_key, LEGACY_RUNNER_PREFIX + entry.key))
             rowid = conn.execute("SELECT rowid FROM runner_choices WHERE fingerprint_key = ? AND runner_key = ?",
                                  (entry.fp_key, entry.key)).fetchone()[0]
             self._evict(conn, keep=("runner_choices", rowid))
@@ -348,7 +340,7 @@ class PersistentStore:
         be read."""
         try:
             entries, plans, runners, payload = (sqlite_rows.recovered_totals(self.path) if self._db.damage
-                                                else self._db.run("read the totals", sqlite_rows.totals))
+                                                else self._db.run("read the totals", snapshot(sqlite_rows.totals)))
         except StoreFailure as err:
             if not self._db.damage:
                 log.warning("fusedattn_select: decision cache %s: %s", self.path, err)
@@ -418,7 +410,8 @@ class PersistentStore:
             raw = sqlite_rows.recovered_export_rows(self.path, fingerprint_key, refused)
         else:
             try:
-                raw = self._db.run("export", lambda conn: sqlite_rows.raw_export_rows(conn, fingerprint_key, refused))
+                raw = self._db.run("export", snapshot(
+                    lambda conn: sqlite_rows.raw_export_rows(conn, fingerprint_key, refused)))
             except StoreFailure:  # damage the quick check did not see, or a file that is not a database
                 raw = sqlite_rows.recovered_export_rows(self.path, fingerprint_key, refused)
         return sqlite_rows.export_rows(raw)
@@ -427,11 +420,14 @@ class PersistentStore:
     def _read_row(self, kind: str, columns: str, fp_key: str, key: str) -> tuple | None:
         """`columns` of the `kind` (a key of _ROWS) row, or None: no row, or unreadable (logged)."""
         table, key_column = _ROWS[kind]
+        return self._read(f"read a {kind}", lambda conn: conn.execute(
+            f"SELECT {columns} FROM {table} WHERE fingerprint_key = ? AND {key_column} = ?", (fp_key, key),
+        ).fetchone())
+
+    def _read(self, what: str, action: Callable[[sqlite3.Connection], Any]) -> Any:
+        """action(conn) on the reading connection, or None where the file cannot be read (logged)."""
         try:
-            return self._db.run(f"read a {kind}", lambda conn: conn.execute(
-                f"SELECT {columns} FROM {table} WHERE fingerprint_key = ? AND {key_column} = ?",
-                (fp_key, key),
-            ).fetchone())
+            return self._db.run(what, action)
         except StoreFailure as err:
             # Damage is reported once, when it is found; each miss it causes is not news.
             (log.debug if self._db.damage else log.warning)(

@@ -1,8 +1,11 @@
 """The rows of the persistent store's database read in bulk: its totals and the rows an export holds,
 from the live file or, for a damaged one, from what salvage would keep (salvage.recover).
 
-A schema 1 file opened read-only (no writer upgraded it yet) keeps runner choices as plan rows:
-they are counted and exported as runner choices here too, as the upgrade would move them.
+A schema 1 file opened read-only (no writer upgraded it yet) keeps runner choices as plan rows, and
+a schema 1 writer that was connected when another process upgraded the file keeps writing them
+(schema.upgrade): they are counted, read and exported as runner choices here too, as the next
+writer to open the file moves them. Each bulk read runs in one read transaction (database.snapshot):
+its statements see one state of the file, whatever a writer commits meanwhile.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from fusedattn_select.store.entries import (
     sha256,
     verdict_export_row,
 )
-from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX, PAYLOAD_TABLES, has_table, legacy_runner_row
+from fusedattn_select.store.schema import (
+    LEGACY_RUNNER_PREFIX,
+    PAYLOAD_TABLES,
+    has_table,
+    is_legacy_runner_row,
+    legacy_runner_row,
+)
 
 log = logging.getLogger("fusedattn_select")
 
@@ -42,16 +51,42 @@ ExportRows = tuple[dict, list[dict], list[dict], list[dict]]
 
 
 def totals(conn: sqlite3.Connection) -> Totals:
-    """The rows of each kind, and the payload bytes, of the live file."""
+    """The rows of each kind, and the payload bytes, of the live file (run it in one snapshot)."""
     entries = conn.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
-    plans = conn.execute("SELECT COUNT(*) FROM plans").fetchone()[0]
+    plans = conn.execute(f"SELECT COUNT(*) FROM plans WHERE NOT {is_legacy_runner_row()}").fetchone()[0]
+    runners = conn.execute(f"SELECT COUNT(*) FROM plans WHERE {is_legacy_runner_row()}"
+                           + (_NOT_MOVED if has_table(conn, "runner_choices") else "")).fetchone()[0]
     if has_table(conn, "runner_choices"):
-        runners = conn.execute("SELECT COUNT(*) FROM runner_choices").fetchone()[0]
-    else:  # schema 1, read-only
-        runners = conn.execute("SELECT COUNT(*) FROM plans WHERE substr(plan_key, 1, ?) = ?",
-                               (len(LEGACY_RUNNER_PREFIX), LEGACY_RUNNER_PREFIX)).fetchone()[0]
-        plans -= runners
+        runners += conn.execute("SELECT COUNT(*) FROM runner_choices").fetchone()[0]
     return entries, plans, runners, payload_bytes(conn)
+
+
+# A runner choice plan row whose key runner_choices does not hold (yet): counted and read as a runner choice.
+_NOT_MOVED = (" AND NOT EXISTS (SELECT 1 FROM runner_choices WHERE runner_choices.fingerprint_key ="
+              f" plans.fingerprint_key AND runner_key = substr(plans.plan_key, {len(LEGACY_RUNNER_PREFIX) + 1}))")
+
+
+def runner_choice_text(conn: sqlite3.Connection, fp_key: str, key: str) -> tuple[str, bool] | None:
+    """(the stored JSON text of a runner choice, whether it is a plan row a schema 1 writer stored:
+    see schema.holds_legacy_runner_rows), or None. The newer of the two where both hold the key (a
+    schema 1 writer measured it again); run it in one snapshot."""
+    found = []
+    if has_table(conn, "runner_choices"):
+        row = conn.execute("SELECT choice, created FROM runner_choices WHERE fingerprint_key = ? AND runner_key = ?",
+                           (fp_key, key)).fetchone()
+        if row is not None:
+            found.append((row[1], 0, row[0], False))
+    row = conn.execute("SELECT fingerprint_key, plan_key, blob, created, last_used FROM plans"
+                       " WHERE fingerprint_key = ? AND plan_key = ?", (fp_key, LEGACY_RUNNER_PREFIX + key)).fetchone()
+    converted = legacy_runner_row(row) if row is not None else None
+    if converted is not None:
+        found.append((converted[4], 1, converted[2], True))
+    newest = max(found, key=lambda item: (_number(item[0]), item[1]), default=None)
+    return None if newest is None else (newest[2], newest[3])
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else float("-inf")
 
 
 def recovered_totals(path: Path) -> Totals:
@@ -74,18 +109,23 @@ def payload_bytes(conn: sqlite3.Connection) -> int:
 
 
 def raw_export_rows(conn: sqlite3.Connection, fingerprint_key: str | None, plans_refused: bool) -> list[list[tuple]]:
-    """The EXPORTED columns of each table of the live file (of `fingerprint_key` only, when given)."""
+    """The EXPORTED columns of each table of the live file (of `fingerprint_key` only, when given;
+    run it in one snapshot)."""
     tables = []
-    legacy: list[tuple] = []
     for table, columns in EXPORTED.items():
-        if table == "runner_choices" and not has_table(conn, table):  # schema 1, read-only
-            tables.append(_sorted_rows(legacy, fingerprint_key))
-            continue
-        rows = list(conn.execute(f"SELECT {', '.join(columns)} FROM {table}"))
-        if table == "plans" and not has_table(conn, "runner_choices"):
-            legacy = _legacy_runner_rows(conn)
-            rows = [row for row in rows if not str(row[1]).startswith(LEGACY_RUNNER_PREFIX)]
-        tables.append([] if table == "plans" and plans_refused else _sorted_rows(rows, fingerprint_key))
+        if table == "runner_choices":
+            rows = list(conn.execute(f"SELECT {', '.join(columns)} FROM {table}")) if has_table(conn, table) else []
+            newest = {(row[0], row[1]): row for row in rows}
+            for row in _legacy_runner_rows(conn):  # the newer of the two where both hold the key
+                held = newest.get((row[0], row[1]))
+                if held is None or _number(row[3]) > _number(held[3]):
+                    newest[(row[0], row[1])] = row
+            rows = list(newest.values())
+        else:
+            where = f" WHERE NOT {is_legacy_runner_row()}" if table == "plans" else ""
+            rows = [] if table == "plans" and plans_refused else list(
+                conn.execute(f"SELECT {', '.join(columns)} FROM {table}{where}"))
+        tables.append(_sorted_rows(rows, fingerprint_key))
     return tables
 
 
@@ -143,10 +183,10 @@ def plan_problem(digest: object, size: object, blob: object) -> str:
 
 
 def _legacy_runner_rows(conn: sqlite3.Connection) -> list[tuple]:
-    """A schema 1 file's runner choice plan rows, as EXPORTED's runner_choices columns."""
+    """The runner choice plan rows (schema 1's, or a schema 1 writer's), as EXPORTED's runner_choices columns."""
     found = []
     for row in conn.execute("SELECT fingerprint_key, plan_key, blob, created, last_used FROM plans"
-                            " WHERE substr(plan_key, 1, ?) = ?", (len(LEGACY_RUNNER_PREFIX), LEGACY_RUNNER_PREFIX)):
+                            f" WHERE {is_legacy_runner_row()}"):
         converted = legacy_runner_row(row)
         if converted is not None:
             found.append((converted[0], converted[1], converted[2], converted[4]))
