@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future
+from typing import Callable
 
 from fusedattn_select import settings
 from fusedattn_select.config import AttnConfig
@@ -121,46 +123,77 @@ def ask_decide(selector: Selector | None, signature: tuple, where: tuple[str, in
         return None
 
 
-def queue_ahead(calls: list[AttnConfig], what: str) -> Future | None:
+def ahead_target(device: int) -> tuple[tuple[str, int] | None, str]:
+    """((the default store directory, device), "") where a worker can build plans ahead, worked out
+    as fresh_store_target does, without this process's selector (which imports cuDNN and opens the
+    store, holding the GIL ~1 s); else (None, why not). What only the worker can tell (cuDNN that
+    does not load, a store that refuses plans) comes back as the answer of each job."""
+    mode = run_settings.get().dense_builds
+    if mode != PROCESS:
+        return None, f"{ENV_VAR}={mode} builds plans where a call needs them"
+    if os.environ.get(settings.SNAPSHOT):
+        return None, f"{settings.SNAPSHOT} answers from snapshot files: no live cuDNN engine"
+    if importlib.util.find_spec("cudnn") is None:
+        return None, "the cuDNN frontend (module cudnn) is not installed: no live cuDNN engine"
+    off = cache_switched_off()
+    if off:
+        return None, f"no persistent store to hand plans over with ({off})"
+    if dispatcher.worker_deaths >= MAX_DEATHS:
+        return None, "the worker process could not start"
+    return (str(default_cache_dir()), device), ""
+
+
+def queue_ahead(calls: Callable[[], tuple[list[AttnConfig], str]], what: str, device: int) -> Future | None:
     """Queue, in the worker and at the priority of build-ahead work, the bucket of each call config
-    in `calls` (in their order); returns at once: the queueing itself (it makes this process's
-    selector) runs on the preparing thread, and its Future gives how many buckets were queued.
-    None, logged, where plans are not built in a worker (FUSEDATTN_SELECT_DENSE_BUILDS=inline)."""
-    if run_settings.get().dense_builds != PROCESS:
-        log.info("fusedattn_select: build ahead for %s: nothing queued (%s=%s builds plans where a call needs "
-                 "them)", what, ENV_VAR, run_settings.get().dense_builds)
+    `calls()` gives (in their order; with a note of what it left out); returns at once. `calls()` and
+    the queueing run on a thread of their own (not the thread preparing first calls); its Future
+    gives how many buckets were queued. None, logged, where no worker can build them."""
+    target, why = ahead_target(device)
+    if target is None:
+        log.warning("fusedattn_select: build ahead for %s: nothing queued (%s)", what, why)
         return None
-    return dispatcher.preparer.submit(lambda: _queue_ahead(calls, what))
+    return dispatcher.ahead_queuer.submit(lambda: _queue_ahead(calls, what, target))
 
 
-def _queue_ahead(calls: list[AttnConfig], what: str) -> int:
-    from fusedattn_select.selection.selector import default_selector
-
-    where = in_background(default_selector())
-    if where is None or dispatcher.worker_deaths >= MAX_DEATHS:
-        log.info("fusedattn_select: build ahead for %s: nothing queued (no worker process: no persistent store "
-                 "that keeps plans, no live cuDNN engine, or the worker could not start)", what)
-        return 0
+def _queue_ahead(calls: Callable[[], tuple[list[AttnConfig], str]], what: str, where: tuple[str, int]) -> int:
+    try:
+        configs, left_out = calls()
+    except Exception as err:  # noqa: BLE001 - on a thread of its own: said, not raised
+        log.warning("fusedattn_select: build ahead for %s: nothing queued (%s: %s)", what, type(err).__name__, err)
+        raise
     queued = 0
     try:
-        for cfg in calls:
+        for cfg in configs:
             job = _submit({"kind": "ahead", "config": cfg.to_dict(), "return_lse": False, "store_dir": where[0],
                            "device": where[1], "bucket": [cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv]})
             queued += 1
             dispatcher.counters["ahead_queued"] += 1
-            dispatcher.ahead.append(job)
+            with dispatcher.ahead_lock:
+                dispatcher.ahead.add(job)
             job.add_done_callback(_count_ahead)
     except (OSError, ValueError, subprocess.SubprocessError) as err:
         log.warning("fusedattn_select: build ahead for %s: the worker took %d of %d buckets (%s: %s)", what,
-                    queued, len(calls), type(err).__name__, err)
+                    queued, len(configs), type(err).__name__, err)
         return queued
-    log.info("fusedattn_select: build ahead for %s: queued %d buckets in the worker process", what, len(calls))
-    return len(calls)
+    log.info("fusedattn_select: build ahead for %s: queued %d buckets in the worker process%s", what, queued,
+             f"; left out: {left_out}" if left_out else "")
+    return queued
 
 
 def _count_ahead(job: Future) -> None:
-    failed = job.exception() is not None
-    dispatcher.counters["ahead_failed" if failed else "ahead_built" if not job.result() else "ahead_skipped"] += 1
+    """Count a finished build-ahead job and forget it; the first failure and the first skip say why."""
+    err = job.exception()
+    outcome = "ahead_failed" if err is not None else "ahead_skipped" if job.result() else "ahead_built"
+    with dispatcher.ahead_lock:
+        dispatcher.ahead.discard(job)
+        first = dispatcher.counters[outcome] == 0
+        dispatcher.counters[outcome] += 1
+    if first and err is not None:
+        log.warning("fusedattn_select: the worker could not build a bucket ahead (%s); later failures are "
+                    "counted in dispatch_info()['ahead_failed']", err)
+    elif first and outcome == "ahead_skipped":
+        log.info("fusedattn_select: the worker built a bucket ahead no plans: %s; later ones are counted in "
+                 "dispatch_info()['ahead_skipped']", job.result())
 
 
 def learned_forms(job: Future, what: str) -> list[AttnConfig]:

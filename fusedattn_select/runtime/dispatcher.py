@@ -88,8 +88,12 @@ class Dispatcher:
         self.worker: Optional[Any] = None
         self.worker_deaths = 0
         self.worker_lock = threading.Lock()
-        # The worker's jobs building a registered model's buckets ahead (dense_builds.queue_ahead).
-        self.ahead: list[Future] = []
+        # The worker's jobs building a registered model's buckets ahead (dense_builds.queue_ahead)
+        # while they run (a finished one is counted in `counters` and forgotten), and the thread
+        # that reads the model and queues them (not the preparer: first calls go first).
+        self.ahead: set[Future] = set()
+        self.ahead_lock = threading.Lock()
+        self.ahead_queuer = Preparer("fusedattn-build-ahead")
         # The FP8 path's triton kernels (fp8_kernels.py): the chosen backend, the kernels, per-device facts.
         self.fp8_backend: Optional[str] = None
         self.fp8_kernels: dict[str, Any] = {}

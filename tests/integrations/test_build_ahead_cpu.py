@@ -28,6 +28,9 @@ GEMMA2 = {"model_type": "gemma2", "hidden_size": 2304, "num_attention_heads": 8,
           "query_pre_attn_scalar": 256, "torch_dtype": "bfloat16"}
 
 
+LLAMA_CALL = None  # set below: one call config of LLAMA
+
+
 def _bucket(cfg):
     return Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
 
@@ -66,6 +69,9 @@ def test_sliding_layers_get_their_window_where_it_cuts_and_soft_capped_layers_ar
     assert build_ahead.model_calls(GEMMA2) == []  # soft-capped (Gemma 2's default): the float32 reference runs them
 
 
+LLAMA_CALL = build_ahead.model_calls(LLAMA)[0]
+
+
 def test_a_bad_bound_is_refused_naming_it():
     with pytest.raises(ValueError, match="max_batch=0"):
         build_ahead.model_calls(LLAMA, max_batch=0)
@@ -83,10 +89,13 @@ def queued(monkeypatch):
         future.set_result("")
         return future
 
+    def no_selector():
+        raise AssertionError("queueing made this process's selector")
+
     monkeypatch.setattr(dense_builds, "_submit", submit)
-    monkeypatch.setattr(dense_builds, "in_background", lambda selector: ("store-dir", 0))
-    monkeypatch.setattr("fusedattn_select.selection.selector.default_selector", lambda: object())
-    monkeypatch.setattr(dispatcher, "ahead", [])
+    monkeypatch.setattr(dense_builds, "ahead_target", lambda device: (("store-dir", device), ""))
+    monkeypatch.setattr("fusedattn_select.selection.selector.default_selector", no_selector)
+    monkeypatch.setattr(dispatcher, "ahead", set())
     monkeypatch.setattr(dispatcher, "worker_deaths", 0)
     for name in ("ahead_queued", "ahead_built", "ahead_skipped", "ahead_failed"):
         monkeypatch.setitem(dispatcher.counters, name, 0)
@@ -113,33 +122,79 @@ def test_first_calls_wait_still_builds_ahead(queued, use_settings):
     assert build_ahead.queue_model(LLAMA).result(timeout=30) == 10
 
 
-def test_inline_builds_queue_nothing_and_say_so(queued, use_settings, caplog):
+def test_inline_builds_queue_nothing_and_say_so_as_a_warning(queued, use_settings, monkeypatch, caplog):
+    # The real ahead_target: the user asked for build ahead explicitly, so "nothing" is a warning.
+    monkeypatch.undo()
     use_settings(dense_builds=dense_builds.INLINE)
     caplog.set_level(logging.INFO, logger="fusedattn_select")
-    assert build_ahead.queue_model(LLAMA) is None and queued == []
-    assert sum("nothing queued" in r.getMessage() for r in caplog.records) == 1
+    assert build_ahead.queue_model(LLAMA) is None
+    said = [r for r in caplog.records if "nothing queued" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and "inline" in said[0].getMessage()
 
 
-def test_no_worker_target_queues_nothing(queued, use_settings, monkeypatch):
+def test_no_worker_target_queues_nothing_and_says_why(queued, use_settings, monkeypatch, caplog):
     use_settings(dense_builds=dense_builds.PROCESS)
-    monkeypatch.setattr(dense_builds, "in_background", lambda selector: None)  # no persistent store, no live cuDNN
-    assert build_ahead.queue_model(LLAMA).result(timeout=30) == 0 and queued == []
+    monkeypatch.setattr(dense_builds, "ahead_target", lambda device: (None, "no persistent store"))
+    caplog.set_level(logging.INFO, logger="fusedattn_select")
+    assert build_ahead.queue_model(LLAMA) is None and queued == []
+    assert [r.levelno for r in caplog.records if "no persistent store" in r.getMessage()] == [logging.WARNING]
 
 
-def test_queueing_never_blocks_the_caller(queued, use_settings, monkeypatch):
+def test_queueing_never_blocks_the_caller_nor_the_preparing_thread(queued, use_settings, monkeypatch):
     use_settings(dense_builds=dense_builds.PROCESS)
     released = threading.Event()
+    threads = []
+    real = build_ahead.model_plan
 
-    def slow_selector():  # making the selector imports cuDNN and opens the store
+    def slow_plan(*args, **kwargs):  # reading a long model's ladder takes 0.15 s
+        threads.append(threading.current_thread())
         released.wait(30)
-        return object()
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr("fusedattn_select.selection.selector.default_selector", slow_selector)
+    monkeypatch.setattr(build_ahead, "model_plan", slow_plan)
     started = time.perf_counter()
     job = build_ahead.queue_model(LLAMA)
     assert time.perf_counter() - started < 1.0 and not job.done()
+    # A first call's preparation is not queued behind the model's buckets.
+    assert dispatcher.preparer.submit(lambda: "prepared").result(timeout=5) == "prepared"
     released.set()
     assert job.result(timeout=30) == 10
+    assert threads and threads[0] is not threading.main_thread()
+
+
+def test_finished_build_ahead_jobs_are_forgotten_and_counted(queued, use_settings):
+    use_settings(dense_builds=dense_builds.PROCESS)
+    assert build_ahead.queue_model(LLAMA).result(timeout=30) == 10 and build_ahead.wait(timeout=30)
+    assert dispatcher.ahead == set() and dispatch_info()["ahead_built"] == 10
+
+
+def test_wait_has_one_deadline(queued, use_settings, monkeypatch):
+    use_settings(dense_builds=dense_builds.PROCESS)
+    never = Future()
+    monkeypatch.setattr(dense_builds, "_submit", lambda job: never)
+    monkeypatch.setattr(build_ahead, "model_plan", lambda *a, **k: (time.sleep(0.4), ([LLAMA_CALL], ""))[1])
+    build_ahead.queue_model(LLAMA)
+    started = time.perf_counter()
+    assert not build_ahead.wait(timeout=0.6)
+    assert time.perf_counter() - started < 0.9  # not 0.4 of queueing and then the whole 0.6 again
+
+
+@pytest.mark.parametrize(("argument", "value"), [("training", "no"), ("training", 1), ("max_batch", 0),
+                                                 ("max_length", -5), ("max_batch", None)])
+def test_a_bad_argument_is_refused_naming_it_before_anything_is_queued(queued, use_settings, argument, value):
+    use_settings(dense_builds=dense_builds.PROCESS)
+    with pytest.raises(ValueError, match=f"{argument}="):
+        build_ahead.queue_model(LLAMA, **{argument: value})
+    assert queued == [] and dispatcher.ahead == set()
+
+
+def test_left_out_layers_are_counted_and_named_in_the_queued_line(queued, use_settings, caplog):
+    use_settings(dense_builds=dense_builds.PROCESS)
+    caplog.set_level(logging.INFO, logger="fusedattn_select")
+    gemma2 = dict(GEMMA2, max_position_embeddings=128)
+    assert build_ahead.queue_model(gemma2).result(timeout=30) == 0
+    said = [r.getMessage() for r in caplog.records if "queued 0 buckets" in r.getMessage()]
+    assert len(said) == 1 and "left out: " in said[0] and "attn_logit_softcapping" in said[0]
 
 
 def test_a_failed_or_skipped_bucket_is_counted(queued, use_settings, monkeypatch):
@@ -181,3 +236,13 @@ def test_the_worker_answers_a_queued_bucket_and_puts_it_after_jobs_asked_for(mon
             dispatcher.worker.close()
             dispatcher.worker.process.wait(timeout=60)
     assert dense_worker.AHEAD_PRIORITY > dense_worker.ASKED
+
+
+def test_register_checks_every_argument_before_registering(queued, use_settings):
+    transformers = pytest.importorskip("transformers")
+    from fusedattn_select.integrations.transformers import register
+
+    use_settings(dense_builds=dense_builds.PROCESS)
+    with pytest.raises(ValueError, match="training='no'"):
+        register("fusedattn_half_done", model=LLAMA, training="no")
+    assert "fusedattn_half_done" not in transformers.AttentionInterface._global_mapping

@@ -34,7 +34,8 @@ from __future__ import annotations
 from typing import Any
 
 from fusedattn_select.integrations.transformers.attention import fusedattn_attention
-from fusedattn_select.integrations.transformers.build_ahead import queue_model
+from fusedattn_select.integrations.transformers.build_ahead import check_arguments, queue_model
+from fusedattn_select.integrations.transformers.config_json import config_data
 from fusedattn_select.integrations.transformers.dependencies import load
 from fusedattn_select.integrations.transformers.mask_interface import fusedattn_mask
 from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask
@@ -84,6 +85,9 @@ def register(name: str = ATTN_IMPLEMENTATION, *, model: Any = None, max_batch: i
     from transformers import AttentionInterface  # optional dependency
     from transformers.masking_utils import AttentionMaskInterface
 
+    if model is not None:  # every argument checked before anything is registered
+        check_arguments(max_batch, max_length, training)
+        config_data(model)
     load()
     AttentionInterface.register(name, fusedattn_attention)
     AttentionMaskInterface.register(name, fusedattn_mask)

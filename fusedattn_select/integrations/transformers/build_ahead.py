@@ -19,11 +19,14 @@ tensors (layout bhsd), a causal prefill ("causal"), a decode step over a Dynamic
 takes it), the scale transformers' attention modules compute (head_dim ** -0.5 where the config
 names none). Inference builds forward plans; `training=True` builds forward and backward plans of
 the prefill ladder (no decode steps). Layers this integration does not run on cuDNN (soft-capping,
-chunked attention) are left out.
+chunked attention) and calls with no bucket form are left out, counted and named in the log line
+that says how many buckets were queued.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_all
 from typing import Any
@@ -72,17 +75,34 @@ def model_calls(source: Any, *, max_batch: int = 1, max_length: int | None = Non
                 dtype: Any = None) -> list[AttnConfig]:
     """The call configs whose buckets build ahead for a model (a model, a config or a config.json
     source), one per bucket form, likeliest first (see the module docstring)."""
+    return model_plan(source, max_batch=max_batch, max_length=max_length, training=training, dtype=dtype)[0]
+
+
+def check_arguments(max_batch: Any, max_length: Any, training: Any) -> None:
+    """ValueError naming the argument of register(model=...) / model_calls that is not right."""
     for field, value in (("max_batch", max_batch), ("max_length", max_length)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{field}={value!r}: must be a positive integer")
+    if max_batch is None:
+        raise ValueError("max_batch=None: must be a positive integer")
+    if training is not None and not isinstance(training, bool):
+        raise ValueError(f"training={training!r}: must be True, False or None (the model's own mode)")
+
+
+def model_plan(source: Any, *, max_batch: int = 1, max_length: int | None = None, training: bool = False,
+               dtype: Any = None) -> tuple[list[AttnConfig], str]:
+    """(model_calls' configs, what was left out and why: "" when nothing was)."""
+    check_arguments(max_batch, max_length, training)
     data = config_data(source)
     reading = read_model(data)
     length = max_length or max_positions(data) or max(stack.seqlen_kv for stack in reading.stacks)
     found: list[tuple[tuple[int, int, int], AttnConfig]] = []
+    left_out: dict[str, str] = {}
     for batch in _powers(1, bucket_batch(max_batch)):
         for seqlen in _powers(MIN_SEQLEN, bucket_seqlen(length)):
             for problem in model_problems(reading, batch, seqlen, training, dtype, seqlen):
                 if problem.integration_reasons:
+                    left_out.setdefault(problem.name, problem.integration_reasons[0].split(":")[0])
                     continue
                 prefill = _as_called(problem.config)
                 found.append(((batch, seqlen, PREFILL), prefill))
@@ -90,13 +110,18 @@ def model_calls(source: Any, *, max_batch: int = 1, max_length: int | None = Non
                     decode = prefill.replace(seqlen_q=1, mask="causal_bottom_right",
                                              window_size=cudnn_window(problem.sliding_window, seqlen))
                     found.append(((batch, seqlen, DECODE), heads_as_batch(decode) or decode))
-    calls, seen = [], set()
+    calls, seen, formless = [], set(), 0
     for _, cfg in sorted(found, key=lambda item: item[0]):
         form = bucket_form(cfg)
-        if form is not None and form.cache_key() not in seen:
+        if form is None:
+            formless += 1
+        elif form.cache_key() not in seen:
             seen.add(form.cache_key())
             calls.append(cfg)
-    return calls
+    notes = [f"{len(left_out)} layer problems ({', '.join(f'{n}: {why}' for n, why in left_out.items())})"] if left_out else []
+    if formless:
+        notes.append(f"{formless} calls with no bucket form (they build their own plans when called)")
+    return calls, "; ".join(notes)
 
 
 def _model_dtype(model: Any) -> str | None:
@@ -112,26 +137,49 @@ def _model_dtype(model: Any) -> str | None:
 
 def queue_model(model: Any, *, max_batch: int = 1, max_length: int | None = None,
                 training: bool | None = None) -> Future | None:
-    """Queue the model's buckets in the worker (see the module docstring); returns at once. Its
-    Future gives how many buckets were queued; None where plans are built inline."""
+    """Queue the model's buckets in the worker (see the module docstring); returns at once: the
+    arguments are checked here (ValueError naming one), the model is read and its buckets queued on
+    a thread of their own. Its Future gives how many buckets were queued; None (logged) where no
+    worker can build them."""
     from fusedattn_select.runtime import dense_builds
 
+    check_arguments(max_batch, max_length, training)
+    data = config_data(model)  # a source that cannot be read fails here, before anything is queued
     if training is None:  # a loaded model says whether it trains; a config is read for inference
         training = bool(getattr(model, "training", False)) and hasattr(model, "parameters")
-    calls = model_calls(model, max_batch=max_batch, max_length=max_length, training=training,
-                        dtype=_model_dtype(model))
-    name = str(config_data(model).get("model_type") or type(model).__name__)
+    name = str(data.get("model_type") or type(model).__name__)
+    dtype = _model_dtype(model)
+
+    def calls() -> tuple[list[AttnConfig], str]:
+        return model_plan(data, max_batch=max_batch, max_length=max_length, training=training, dtype=dtype)
+
     return dense_builds.queue_ahead(calls, f"{name} ({'training' if training else 'inference'}, "
-                                           f"batch <= {max_batch})")
+                                           f"batch <= {max_batch})", _model_device(model))
+
+
+def _model_device(model: Any) -> int:
+    """The CUDA device a loaded model's weights are on (else this thread's current device, or 0)."""
+    parameters = getattr(model, "parameters", None)
+    with contextlib.suppress(StopIteration, TypeError, AttributeError):
+        device = next(parameters()).device if parameters is not None else None
+        if device is not None and device.type == "cuda" and device.index is not None:
+            return int(device.index)
+    import torch
+
+    return int(torch.cuda.current_device()) if torch.cuda.is_initialized() else 0
 
 
 def wait(timeout: float | None = None) -> bool:
     """Wait until every bucket this process queued is built (or skipped, or failed); whether all
-    finished within `timeout` seconds. For scripts and tests that need the store warm."""
+    finished within `timeout` seconds (one deadline for the queueing and the builds). For scripts
+    and tests that need the store warm."""
     from fusedattn_select.runtime.dispatcher import dispatcher
 
-    queueing = dispatcher.preparer.submit(lambda: None)  # after the queueing jobs submitted before it
-    done, pending = wait_all([queueing], timeout=timeout)
-    if pending:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    queueing = dispatcher.ahead_queuer.submit(lambda: None)  # after the queueing jobs submitted before it
+    if wait_all([queueing], timeout=timeout)[1]:
         return False
-    return not wait_all(list(dispatcher.ahead), timeout=timeout)[1]
+    with dispatcher.ahead_lock:
+        running = list(dispatcher.ahead)
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    return not wait_all(running, timeout=left)[1]
