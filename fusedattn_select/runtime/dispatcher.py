@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from fusedattn_select.single_flight import OncePerKey
 
 COUNTERS = ("calls", "fused_calls", "fallback_calls", "entries_built", "promotions", "torch_calls", "swaps",
-            "measured", "ahead_queued", "ahead_built", "ahead_skipped", "ahead_failed")
+            "measured", "stays_on_torch", "ahead_queued", "ahead_built", "ahead_skipped", "ahead_failed")
 PLAN_COUNTERS = ("builds", "build_ms", "build_failures", "loads", "load_ms", "load_failures", "executes")
 
 

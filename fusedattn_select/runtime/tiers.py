@@ -239,15 +239,13 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     try:
         prepared: Entry = job.result()
     except Exception as err:  # noqa: BLE001 - the waiting ends; torch keeps the signature
-        waiting.torch_because = f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})"
-        log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(waiting), waiting.torch_because)
-        return waiting
+        return _stays_on_torch(waiting, f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})")
     if prepared.fused:
-        prepared = for_callers_geometry(prepared, q, k, v)
+        why: list[str] = []
+        prepared = for_callers_geometry(prepared, q, k, v, why)
         if prepared is None:
-            waiting.torch_because = "its cuDNN runner for the caller's strides needs more than memory holds"
-            log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(waiting), waiting.torch_because)
-            return waiting
+            return _stays_on_torch(waiting, "its cuDNN runner for the caller's strides could not be decided "
+                                            f"from what memory holds ({'; '.join(why) or 'no reason given'})")
     if not prepared.fused:  # no cuDNN runner: the entry falls back as a waiting case would
         entries.replace(waiting, prepared)
         return prepared
@@ -281,6 +279,14 @@ def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Ent
             prepared = entries.new_entry(signature, *call)
         found.cudnn = prepared
     return found.cudnn if found.cudnn is not None else found
+
+
+def _stays_on_torch(waiting: Entry, because: str) -> Entry:
+    """The signature runs on torch for good: why, logged once (one swap per signature), and counted."""
+    waiting.torch_because = because
+    dispatcher.counters["stays_on_torch"] += 1
+    log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(waiting), because)
+    return waiting
 
 
 def _describe_entry(found: Entry) -> str:
@@ -412,7 +418,8 @@ def dummies(signature: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                  for i in (1, 5, 9))  # type: ignore[return-value]
 
 
-def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry | None:
+def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         why: list[str] | None = None) -> Entry | None:
     """`prepared` (decided on the dummies) where the caller's tensors are compact too; else the
     signature decided again on the caller's own tensors, from memory (None: memory lacks something).
 
@@ -426,7 +433,9 @@ def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: t
     try:
         with offpath.only(offpath.MEMORY):
             return entries.new_entry(entries.key(q, k, v, prepared.opts, NO_INPUTS), q, k, v, NO_INPUTS, None)
-    except offpath.NotReady:
+    except offpath.NotReady as err:
+        if why is not None:
+            why.append(str(err))
         return None
 
 
