@@ -27,10 +27,14 @@ from fusedattn_select.runtime.args import Arguments, call_options
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH
 from fusedattn_select.runtime.options import OptionalInputs
+from fusedattn_select.result import Selection
 from fusedattn_select.selection import runners
+from fusedattn_select.types import Backend
 
 NONE = OptionalInputs(None, None, None, None, None)
 CFG = AttnConfig(batch_size=2, num_heads_q=4, num_heads_kv=4, seqlen_q=64, seqlen_kv=64, head_dim_qk=64)
+# What a prepared cuDNN entry carries: the selection whose backend names its runner (entries.BACKEND_RUNNERS).
+SELECTED = Selection(Backend.F16, "", candidate=Backend.F16, config=CFG)
 
 
 def qkv(b=2, s=64, h=4, d=64):
@@ -95,7 +99,7 @@ def decide_from_memory(monkeypatch):
     monkeypatch.setattr(tiers, "wait_reason", lambda *args: "")
     monkeypatch.setattr(tiers.selection, "made_default_selector", lambda: object())
     monkeypatch.setattr(tiers.entries, "new_entry",
-                        lambda signature, q, k, v, inputs, scales: Entry(signature[0], cfg=CFG))
+                        lambda signature, q, k, v, inputs, scales: Entry(signature[0], cfg=CFG, selection=SELECTED))
 
 
 # =====================================================================================================
@@ -155,7 +159,7 @@ def test_a_swap_between_a_checkpointed_forward_and_its_recompute(isolated):
 
     # The checkpointed forward waits for the preparation (finished by the preparer meanwhile) and runs
     # cuDNN, as its recomputation in the backward does.
-    threading.Timer(0.2, lambda: job.set_result(Entry(opts, cfg=CFG))).start()
+    threading.Timer(0.2, lambda: job.set_result(Entry(opts, cfg=CFG, selection=SELECTED))).start()
     out = torch.utils.checkpoint.checkpoint(layer, q, k, v, use_reentrant=False)
     out.sum().backward()
 
@@ -237,7 +241,7 @@ def test_a_measurement_that_raises_during_a_swap_leaves_the_call_on_torch(isolat
     monkeypatch.setattr(tiers, "cudnn_forward", _raising_cudnn)
     q, k, v = qkv()
     opts = opts_of(q, k, v)
-    waiting = waiting_entry(opts, Entry(opts, cfg=CFG))
+    waiting = waiting_entry(opts, Entry(opts, cfg=CFG, selection=SELECTED))
     out = tiers.run(waiting, q, k, v, lambda *args: pytest.fail("the failed runner was swapped in"))
     torch.testing.assert_close(out, q)
     assert "failed when timed" in waiting.torch_because
@@ -271,7 +275,7 @@ def test_calls_of_other_threads_during_a_measurement_are_counted(isolated):
         return q
 
     before = dict(dispatcher.counters)
-    tiers.run(waiting_entry(opts, Entry(opts, cfg=CFG), torch_side), q, k, v, run_decided)
+    tiers.run(waiting_entry(opts, Entry(opts, cfg=CFG, selection=SELECTED), torch_side), q, k, v, run_decided)
     assert dispatcher.counters["torch_calls"] == before["torch_calls"] + 1  # the other thread's call
     assert dispatcher.counters["calls"] == before["calls"] + 2            # its call and this one
 
@@ -292,14 +296,14 @@ def test_clear_plans_during_a_measurement_keeps_the_counters_cleared(isolated, m
         dispatcher.counters["fused_calls"] += 1
         return q
 
-    tiers.run(waiting_entry(opts, Entry(opts, cfg=CFG)), q, k, v, run_decided)
+    tiers.run(waiting_entry(opts, Entry(opts, cfg=CFG, selection=SELECTED)), q, k, v, run_decided)
     assert dispatcher.counters["calls"] <= 1, dispatcher.counters
 
 
 def test_measurement_calls_do_not_count_toward_the_promotion(isolated):
     q, k, v = qkv()
     opts = opts_of(q, k, v)
-    prepared = Entry(opts, cfg=CFG, ragged_forward={}, shape_class="review-class",
+    prepared = Entry(opts, cfg=CFG, selection=SELECTED, ragged_forward={}, shape_class="review-class",
                      lean=types.SimpleNamespace(native=lambda q, k, v: q.clone()))
     tiers.run(waiting_entry(opts, prepared), q, k, v, api._run)
     assert prepared.calls == 1, prepared.calls
@@ -329,7 +333,7 @@ def test_torch_deterministic_mode_waits(monkeypatch, use_settings):
 def test_the_compiled_ops_get_the_cudnn_entry_of_a_torch_served_signature(isolated, served):
     q, k, v = qkv()
     opts = opts_of(q, k, v)
-    cudnn = Entry(opts, cfg=CFG)
+    cudnn = Entry(opts, cfg=CFG, selection=SELECTED)
     if served == "waiting":
         found = waiting_entry(opts, cudnn)
     else:  # what tiers.apply_choice files when torch was measured faster
