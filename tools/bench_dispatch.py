@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fusedattn_select.runtime import api as dispatch  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import attention  # noqa: E402
 
 SHAPES = {
@@ -86,7 +87,7 @@ def bench_shape(name: str, b: int, hq: int, hkv: int, s: int, d: int, reps: int,
     # ----- forward (inference) -----
     with torch.no_grad():
         attention(q, k, v, mask="causal")
-    entry = list(dispatch._entries.values())[-1]
+    entry = list(dispatcher.entries.values())[-1]
     if not entry.fused:
         raise SystemExit(f"{name}: attention() fell back ({entry.reason}); nothing to benchmark")
     plan = entry.forward
@@ -112,7 +113,7 @@ def bench_shape(name: str, b: int, hq: int, hkv: int, s: int, d: int, reps: int,
     # ----- backward -----
     ql, kl, vl = (t.detach().requires_grad_() for t in (q, k, v))
     out = attention(ql, kl, vl, mask="causal")
-    train_entry = list(dispatch._entries.values())[-1]
+    train_entry = list(dispatcher.entries.values())[-1]
     bplan = train_entry.backward
     stats = train_entry.forward.execute(
         {"q": feeds["q"], "k": feeds["k"], "v": feeds["v"]})["stats"]
