@@ -49,7 +49,7 @@ def __getattr__(name: str):
 
         return dispatch_info
     if name == "warmup":
-        from fusedattn_select.selection.warmup import warmup
+        from fusedattn_select.selection.local_warmup import warmup
 
         return warmup
     raise AttributeError(f"module 'fusedattn_select' has no attribute {name!r}")

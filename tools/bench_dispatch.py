@@ -62,11 +62,11 @@ def _time(fn, reps: int, warmup: int, inner: int) -> float:
 
 def _raw_runner(plan, feeds: dict, outputs: dict):
     """A closure executing `plan`'s graph with a pack and workspace built once."""
-    from fusedattn_select.runtime import plans as dispatch_plans
+    from fusedattn_select.runtime import plans
     pack = {plan.cudnn_tensors[name]: feeds[name] for name in plan.inputs}
     pack.update({plan.cudnn_tensors[name]: outputs[name] for name in plan.outputs})
     workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
-    handle, _ = dispatch_plans._prepare_handle(plan.device)
+    handle, _ = plans._prepare_handle(plan.device)
     graph = plan.graph
 
     def run():

@@ -35,7 +35,7 @@ def worker(config: str, base: str, stores: str, depth: str) -> None:
 
     from fusedattn_select import distributed
     from fusedattn_select.config_files import load_config_file
-    from fusedattn_select.probing.cudnn.engine import CudnnEngine
+    from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
     from fusedattn_select.selection.selector import Selector, set_default_selector
     from fusedattn_select.store import PersistentStore
 

@@ -3,7 +3,7 @@
 
 Writes ``probes/hf-models.yaml`` (config-file format of ``configs/``) from the config.json files in
 ``tests/data/hf_configs`` (copied from public repositories; SOURCES.md there says where). Each file
-is read the way ``fusedattn-select why --hf-config FILE`` reads it (cli.problems, the torch- and
+is read the way ``fusedattn-select why --hf-config FILE`` reads it (cli.problem_input, the torch- and
 transformers-free reader): its distinct layer problems at why's defaults (batch 1, the model's own
 length, its dtype), once for training (why's default) and once for inference
 (``--set is_training=false``). Recorded over bucket ladders (``snapshot record``), the snapshot then
@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 import yaml
 
-from fusedattn_select.cli.problems import problems
+from fusedattn_select.cli.problem_input import problems
 from fusedattn_select.config_files import NamedConfig, parse_config_file
 from fusedattn_select.errors import FusedAttnSelectError
 

@@ -56,7 +56,7 @@ def record() -> dict:
     import torch
 
     from fusedattn_select.config import AttnConfig
-    from fusedattn_select.probing.cudnn.engine import CudnnEngine
+    from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
     from fusedattn_select.selection.fp8_speed import FORWARD_QUANTIZED, SCHEMA
     from fusedattn_select.types import Backend, Phase
 

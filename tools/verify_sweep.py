@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="ask at most this many problems; 0: all")
     args = parser.parse_args(argv)
 
-    from fusedattn_select.probing.cudnn.engine import CudnnEngine
+    from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
 
     started = time.perf_counter()
     engine = CudnnEngine()

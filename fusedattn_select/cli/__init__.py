@@ -6,7 +6,7 @@ stderr).
 
 One module per subcommand, each with one `register_*` function that main.COMMANDS lists; a new
 subcommand is a new module and one entry there. engines.py chooses the probing engine and store,
-problems.py reads the problems `why` answers, table.py renders every table.
+problem_input.py reads the problems `why` answers, table.py renders every table.
 """
 
 from fusedattn_select.cli.main import main

@@ -18,7 +18,7 @@ from fusedattn_select.cli.exit_codes import EXIT_BAD_INPUT, EXIT_NOT_DONE, EXIT_
 from fusedattn_select.cli.store_status import is_degraded, not_persisted, store_info, store_problems
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.store import CacheError, PersistentStore, Store, open_default_store
-from fusedattn_select.store.settings import check_cache_switch
+from fusedattn_select.store.store_settings import check_cache_switch
 from fusedattn_select.store.transfer import export_fingerprints
 
 READ_ONLY_ACTIONS = ("info", "export")

@@ -12,7 +12,7 @@ import re
 
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import TARGETS, bundled_paths, choice, target_name
-from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.probing.rocm import detect_rocm_device, select_rocm_engine
 from fusedattn_select.selection.selector import Selector, selector_for
 from fusedattn_select.store import Store, open_default_store

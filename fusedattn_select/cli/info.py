@@ -23,7 +23,7 @@ from fusedattn_select.probing import SNAPSHOT_ENV, TARGETS
 from fusedattn_select.probing.rocm import detect_rocm_device
 from fusedattn_select.probing.snapshot import read_header
 from fusedattn_select.store import CACHE_SWITCH_ENV, default_cache_dir, open_default_store
-from fusedattn_select.store.settings import cache_switch_problem
+from fusedattn_select.store.store_settings import cache_switch_problem
 from fusedattn_select.types import format_cudnn_version
 
 DEVICE_FACTS = ("probing_engine", "gpu", "compute_capability", "sm_count", "driver", "cudnn_backend")

@@ -17,8 +17,8 @@ from fusedattn_select.cli.exit_codes import EPILOG, EXIT_BAD_INPUT, EXIT_BROKEN_
 from fusedattn_select.cli.info import register_info
 from fusedattn_select.cli.matrix import register_matrix
 from fusedattn_select.cli.native import register_native
-from fusedattn_select.cli.snapshot import register_snapshot
-from fusedattn_select.cli.warmup import register_warmup
+from fusedattn_select.cli.snapshot_command import register_snapshot
+from fusedattn_select.cli.warmup_command import register_warmup
 from fusedattn_select.cli.why import register_why
 from fusedattn_select.errors import FusedAttnSelectError
 

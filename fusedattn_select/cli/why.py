@@ -10,7 +10,7 @@ from typing import Any
 
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.exit_codes import EPILOG, answers_exit_code
-from fusedattn_select.cli.problems import problems
+from fusedattn_select.cli.problem_input import problems
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.planning.forms import PlanKind

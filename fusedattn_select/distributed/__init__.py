@@ -20,7 +20,7 @@ from fusedattn_select.distributed.group import (
     RankFailure,
     init_from_torchrun,
 )
-from fusedattn_select.distributed.warmup import Received, SharedWarmupReport, warmup
+from fusedattn_select.distributed.shared_warmup import Received, SharedWarmupReport, warmup
 from fusedattn_select.distributed.work import WorkItem, split, work_items
 
 __all__ = [

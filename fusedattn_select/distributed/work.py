@@ -18,7 +18,7 @@ from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.plan_store.calls import dispatch_config
 
 # warmup's own inputs, naming and de-duplication: a shared warmup splits the problems warmup() runs
-from fusedattn_select.selection.warmup import ConfigItem, distinct_problems, named_problem
+from fusedattn_select.selection.local_warmup import ConfigItem, distinct_problems, named_problem
 from fusedattn_select.types import ProbeDepth
 
 

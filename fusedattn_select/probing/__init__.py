@@ -14,7 +14,7 @@ from fusedattn_select.probing.choice import (
     live_engine,
     target_name,
 )
-from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.types import Fingerprint, format_cudnn_version
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from fusedattn_select import settings
 from fusedattn_select.errors import ConfigError, PlatformError, SnapshotError
-from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.probing.snapshot import SnapshotEngine
 
 log = logging.getLogger("fusedattn_select")
@@ -84,7 +84,7 @@ def snapshot_paths(value: str) -> list[str]:
 def live_engine_on(device: int) -> ProbeEngine:
     """The live cuDNN engine on CUDA device `device`; raises PlatformError where it cannot start."""
     # Imported here for the reason live_engine gives.
-    from fusedattn_select.probing.cudnn.engine import CudnnEngine
+    from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
 
     return CudnnEngine(device)
 
@@ -94,7 +94,7 @@ def live_engine() -> tuple[ProbeEngine | None, str]:
     # The live engine's modules (~17 ms to import) load only when a live device is asked for;
     # they import cudnn-frontend (the optional 'cuda' extra) on first use, raising PlatformError
     # when it is absent.
-    from fusedattn_select.probing.cudnn.engine import CudnnEngine
+    from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
 
     try:
         return CudnnEngine(), ""

@@ -39,7 +39,7 @@ runs inside the custom ops `fusedattn_select::attention_fwd` / `attention_bwd` (
 
 Where things live: dispatcher.py (the Dispatcher: every table, counter and cache the runtime keeps),
 args.py (argument checks, CallOptions of a call), options.py (CallOptions and its flat form for the
-custom ops), layouts.py (dim orders and memory layouts), problem.py (the AttnConfig of a call),
+custom ops), tensor_layouts.py (dim orders and memory layouts), problem.py (the AttnConfig of a call),
 entries.py (deciding a signature, its runner, promotion), tiers.py (first contact: torch while plans
 are prepared, measured runner choices), fused.py (the cuDNN path), lean.py (the lean path),
 fallback.py (torch SDPA / reference.py), plans.py (cuDNN plans), ops.py (custom ops).
@@ -61,10 +61,10 @@ from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
 from fusedattn_select.runtime.fused import FusedAttention, fused_forward
 from fusedattn_select.runtime.heads import as_heads, back
-from fusedattn_select.runtime.layouts import LAYOUTS, bhsd, formats
 from fusedattn_select.runtime.lean import apply_lean, functorch_active, lean_forward, with_new_module
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.problem import config
+from fusedattn_select.runtime.tensor_layouts import LAYOUTS, bhsd, formats
 
 __all__ = [
     "FALLBACK_REFERENCE",

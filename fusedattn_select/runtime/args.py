@@ -13,8 +13,8 @@ from fusedattn_select.config import MASKS, SOFTMAXES
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
-from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
 from fusedattn_select.runtime.options import DEFAULT_LAYOUT, CallOptions, OptionalInputs
+from fusedattn_select.runtime.tensor_layouts import LAYOUTS, TO_BHSD
 
 # Precisions fp8=True quantizes from, and the output precisions float8 inputs may ask for
 # (FP8Scales.o_dtype: fp16/bf16, or FP8 e4m3 returned as an FP8Tensor).

@@ -32,7 +32,7 @@ from fusedattn_select import settings
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.layouts import dense_strides
 from fusedattn_select.selection.selector import Selector
-from fusedattn_select.store.settings import cache_switched_off, default_cache_dir
+from fusedattn_select.store.store_settings import cache_switched_off, default_cache_dir
 from fusedattn_select.store.sqlite import DATABASE_NAME
 from fusedattn_select.selection.plan_warmup import plan_target
 from fusedattn_select.types import Backend, Phase, ProbeDepth

@@ -30,8 +30,8 @@ from fusedattn_select.buckets import Bucket, larger_buckets
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.planning.forms import PlanKind
 from fusedattn_select.runtime.dense_builds import plan_phases
+from fusedattn_select.selection.local_warmup import worker_selector
 from fusedattn_select.selection.selector import set_default_selector
-from fusedattn_select.selection.warmup import worker_selector
 
 AHEAD = 3            # buckets built ahead per problem class: the next lengths up
 AHEAD_MAX_TOKENS = 32768

@@ -28,7 +28,7 @@ from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
-from fusedattn_select.runtime.layouts import FROM_BHSD, Formats, bhsd, formats
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, Formats, bhsd, formats
 from fusedattn_select.runtime.lean import Lean, mark_lean, relean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config, standard_alibi

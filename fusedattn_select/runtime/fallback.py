@@ -10,8 +10,8 @@ import torch
 
 from fusedattn_select.runtime import reference
 from fusedattn_select.runtime.fp8 import FP8Scales
-from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd
 
 FALLBACK_TORCH = "torch_sdpa"
 FALLBACK_REFERENCE = "reference"

@@ -10,9 +10,9 @@ from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime import ragged
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
-from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.plans import Plan
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd
 
 
 class Saved(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd
 
 Dims = tuple[int, int, int, int]
 

@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 
 from fusedattn_select.runtime import native, plans
-from fusedattn_select.runtime.layouts import FROM_BHSD
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD
 
 # The order the lean path hands a call's tensors over in (then a bucket plan's offsets and lengths).
 LEAN_FORWARD = ("q", "k", "v", "o", "stats")

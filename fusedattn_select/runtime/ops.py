@@ -23,7 +23,7 @@ from fusedattn_select.runtime.fallback import fallback_backward, fallback_forwar
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.fused import Saved, fused_backward, fused_forward
 from fusedattn_select.runtime.heads import as_heads, back
-from fusedattn_select.runtime.layouts import FROM_BHSD, bhsd, empty_bhsd, physical_format
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd, empty_bhsd, physical_format
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 
 _DESCALES = ("descale_q", "descale_k", "descale_v")

@@ -48,7 +48,7 @@ from fusedattn_select.store.protocol import Store
 from fusedattn_select.types import Backend, Fingerprint, Phase, ProbeDepth, Verdict
 
 if TYPE_CHECKING:
-    from fusedattn_select.probing.cudnn.engine import CudnnEngine
+    from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
 
 log = logging.getLogger("fusedattn_select")
 

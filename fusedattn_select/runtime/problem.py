@@ -13,8 +13,8 @@ from fusedattn_select.config import BIAS_SHAPES, AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.plan_store.calls import call_config
 from fusedattn_select.runtime.fp8 import FP8Scales
-from fusedattn_select.runtime.layouts import Formats
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.runtime.tensor_layouts import Formats
 
 # Element types the fused kernels take, by torch dtype.
 FUSED_DTYPES = {dtypes.torch_dtype(d.name, torch): d.name for d in dtypes.TABLE}

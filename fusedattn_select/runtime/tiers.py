@@ -36,7 +36,7 @@ from fusedattn_select.runtime.fused import fused_forward
 from fusedattn_select.runtime.lean import lean_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, torch_sdpa, torch_sdpa_blocker
-from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD, bhsd
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, TO_BHSD, bhsd
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection import runners

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.plan_store.blob import unpack
 from fusedattn_select.plan_store.persistence import LOADED, obtain, persists_plans
-from fusedattn_select.probing.engine import PlanBuilder
+from fusedattn_select.probing.engine_protocol import PlanBuilder
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store.protocol import Store
 from fusedattn_select.types import Backend, Fingerprint, Phase, ProbeDepth, Verdict

@@ -30,7 +30,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig, load_config_file
 from fusedattn_select.errors import SnapshotError
 from fusedattn_select.probing import torch_rules
-from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.probing.snapshot import SCHEMA
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Outcome, ProbeDepth, Provenance, Verdict

@@ -25,7 +25,7 @@ TORCH, CUDNN = "torch", "cudnn"
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """The runner kept, and the median forward call time of each (microseconds). Its fields are the
-    store's runner choice fields (store.entries.RUNNER_CHOICE_FIELDS)."""
+    store's runner choice fields (store.entry_rows.RUNNER_CHOICE_FIELDS)."""
 
     runner: str
     torch_us: float
@@ -65,7 +65,7 @@ def runner_key(graphs_key: str, heads_as_batch: bool = False) -> str:
 def for_selection(selector: "Selector", selection: "Selection") -> Choice | None:
     """The stored choice for the graphs attention() runs a selected problem with (its bucket form,
     a decode step's heads-as-batch bucket, or its own dense graphs), or None (not measured yet)."""
-    from fusedattn_select.selection.warmup import plan_forms
+    from fusedattn_select.selection.local_warmup import plan_forms
 
     if not selection.selected or selection.config is None or selector.store is None:
         return None

@@ -18,7 +18,7 @@ from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
 from fusedattn_select.planning.bucket_index import BucketIndex
 from fusedattn_select.planning.planner import Planner
-from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.rules import apply_rules, asked_problem_rules, no_platform_verdict, refuses_as_asked
 from fusedattn_select.single_flight import read_or_make

@@ -7,14 +7,14 @@ import threading
 
 from fusedattn_select.store.memory import MemoryStore
 from fusedattn_select.store.protocol import CacheUnavailableError
-from fusedattn_select.store.settings import (
+from fusedattn_select.store.sqlite import PersistentStore
+from fusedattn_select.store.store_settings import (
     CACHE_DIR_ENV,
     CACHE_SWITCH_ENV,
     cache_switched_off,
     default_cache_dir,
     directory_problem,
 )
-from fusedattn_select.store.sqlite import PersistentStore
 
 log = logging.getLogger("fusedattn_select")
 

@@ -25,7 +25,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no flock; key locks exclude threads only
     fcntl = None  # type: ignore[assignment]
 
-from fusedattn_select.store.entries import check_fingerprint, check_key
+from fusedattn_select.store.entry_rows import check_fingerprint, check_key
 from fusedattn_select.types import Fingerprint
 
 log = logging.getLogger("fusedattn_select")

@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping
 
-from fusedattn_select.store.entries import (
+from fusedattn_select.store.entry_rows import (
     NewEntry,
     NewRunnerChoice,
     Written,
@@ -31,7 +31,7 @@ from fusedattn_select.store.entries import (
 )
 from fusedattn_select.store.locks import KeyLocks
 from fusedattn_select.store.protocol import EVICT_TO_FRACTION, KEY_LOCK_TIMEOUT_S, Entry, ImportReport
-from fusedattn_select.store.settings import resolve_max_bytes
+from fusedattn_select.store.store_settings import resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
 

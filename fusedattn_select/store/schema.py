@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 
 from fusedattn_select._version import __version__
-from fusedattn_select.store.entries import BadEntry, parse_runner_choice, runner_choice_row
+from fusedattn_select.store.entry_rows import BadEntry, parse_runner_choice, runner_choice_row
 from fusedattn_select.store.protocol import SCHEMA_VERSION
 
 # The payload tables: each row's `size` counts against max_bytes.

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from fusedattn_select.store.database import DATA_TABLES, Database, StoreFailure, integrity_problem, snapshot
-from fusedattn_select.store.entries import (
+from fusedattn_select.store.entry_rows import (
     BadEntry,
     NewEntry,
     NewRunnerChoice,
@@ -54,7 +54,7 @@ from fusedattn_select.store.protocol import (
 )
 from fusedattn_select.store import sqlite_rows
 from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX
-from fusedattn_select.store.settings import resolve_max_bytes
+from fusedattn_select.store.store_settings import resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.store.uses import PendingUses
 from fusedattn_select.trust import untrusted_reason

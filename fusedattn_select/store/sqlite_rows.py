@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from fusedattn_select.store import salvage
-from fusedattn_select.store.entries import (
+from fusedattn_select.store.entry_rows import (
     BadEntry,
     parse_json,
     parse_row,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from fusedattn_select._version import __version__
-from fusedattn_select.store.entries import (
+from fusedattn_select.store.entry_rows import (
     PARSE_ERRORS,
     BadEntry,
     NewEntry,

@@ -323,7 +323,7 @@ def _needs(module: str, name: str):
 
 
 def test_warmup_answers_every_entry_with_the_process_selector(capsys, suite_file, recording_engine):
-    _needs("fusedattn_select.selection.warmup", "warmup")
+    _needs("fusedattn_select.selection.local_warmup", "warmup")
     from fusedattn_select.selection.selector import Selector, set_default_selector
 
     set_default_selector(Selector(recording_engine))
@@ -360,7 +360,7 @@ def test_warmup_with_worker_processes_but_no_persistent_store_exits_2(capsys, su
 
 
 def test_warmup_without_an_engine_exits_2(capsys, suite_file):
-    _needs("fusedattn_select.selection.warmup", "warmup")
+    _needs("fusedattn_select.selection.local_warmup", "warmup")
     from fusedattn_select.selection.selector import Selector, set_default_selector
 
     set_default_selector(Selector(None, unavailable_reason=NO_DEVICE))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fusedattn_select.cli.table import render_markdown_table, render_table
-from fusedattn_select.cli.warmup import format_report
-from fusedattn_select.selection.warmup import WarmupOutcome, WarmupReport, WarmupRow
+from fusedattn_select.cli.warmup_command import format_report
+from fusedattn_select.selection.local_warmup import WarmupOutcome, WarmupReport, WarmupRow
 from fusedattn_select.types import Backend, ProbeDepth
 
 

@@ -132,8 +132,8 @@ def test_a_rank_that_never_arrives_makes_the_others_raise_after_the_timeout(tmp_
 def test_shared_warmup_probes_each_problem_once_and_every_rank_ends_with_every_decision(
         tmp_path, world, separate_stores):
     from fusedattn_select.probing.snapshot import SnapshotEngine
+    from fusedattn_select.selection.local_warmup import warmup
     from fusedattn_select.selection.selector import Selector
-    from fusedattn_select.selection.warmup import warmup
 
     configs = [LLAMA, ROOT / "configs" / "gpt2.yaml"]
     stores = [tmp_path / f"node{r}" for r in range(world)] if separate_stores else [tmp_path / "node"]

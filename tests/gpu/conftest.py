@@ -19,7 +19,7 @@ def _engine_or_reason() -> tuple[object | None, str]:
     if "engine" not in _state:
         try:
             from fusedattn_select.errors import PlatformError
-            from fusedattn_select.probing.cudnn.engine import CudnnEngine
+            from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
         except ImportError as err:
             _state.update(engine=None, reason=f"cannot import the cuDNN engine: {err}")
         else:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from fusedattn_select import distributed
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.plan_store.calls import dispatch_config
-from fusedattn_select.probing.cudnn.engine import CudnnEngine
+from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
 from fusedattn_select.store import PersistentStore

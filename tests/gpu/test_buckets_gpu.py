@@ -8,7 +8,7 @@ import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
 from fusedattn_select.buckets import Bucket, bucket_form  # noqa: E402
-from fusedattn_select.runtime import entries as dispatch_entries  # noqa: E402
+from fusedattn_select.runtime import entries  # noqa: E402
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs  # noqa: E402
@@ -121,7 +121,7 @@ def _decode_reference(q, k, v, **kwargs):
 
 def _entry_of(q, k, v, layout, mask):
     options = CallOptions(layout, mask, (-1, -1), None, 0.0, "vanilla", False, False, "", False, False, False, False)
-    return dispatcher.entries.get(dispatch_entries.key(q, k, v, options, OptionalInputs(None, None, None, None,
+    return dispatcher.entries.get(entries.key(q, k, v, options, OptionalInputs(None, None, None, None,
                                                                                               None)))
 
 

@@ -154,9 +154,9 @@ def test_a_problem_cudnn_rejects_falls_back_with_its_reason(caplog):
 
 
 def test_a_build_failure_after_a_fast_yes_flips_the_selection_and_falls_back(monkeypatch):
-    from fusedattn_select.runtime import plans as dispatch_plans
+    from fusedattn_select.runtime import plans
     def failing_build(cfg, backend, phase, device):
-        raise dispatch_plans.PlanBuildError(Verdict(
+        raise plans.PlanBuildError(Verdict(
             backend, phase, Outcome.UNSUPPORTED, "build_plans", "injected build failure", depth=ProbeDepth.FULL))
 
     # A problem class no other test uses: a shape inside a bucket another test built would run that
@@ -164,7 +164,7 @@ def test_a_build_failure_after_a_fast_yes_flips_the_selection_and_falls_back(mon
     q, k, v = _inputs(sq=200, skv=200, hq=6, hkv=6, d=96)
     cfg = config_from_tensors(q, k, v, mask="causal")
     assert default_selector().select(cfg).backend is Backend.F16
-    monkeypatch.setattr(dispatch_plans, "build_plan", failing_build)
+    monkeypatch.setattr(plans, "build_plan", failing_build)
     out = attention(q, k, v, mask="causal")
     assert "injected build failure" in _entry_for_last_call().reason
     selection = default_selector().select(cfg)

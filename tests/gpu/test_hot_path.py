@@ -11,7 +11,7 @@ from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
-from fusedattn_select.runtime.layouts import FROM_BHSD, TO_BHSD  # noqa: E402
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, TO_BHSD  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 
 pytestmark = GPU_MARKS

@@ -49,7 +49,7 @@ WORKER = textwrap.dedent(r'''
     if mode == "warmup":
         from fusedattn_select.plan_store.calls import dispatch_config
         from fusedattn_select.selection.rules import apply_rules
-        from fusedattn_select.selection.warmup import warmup
+        from fusedattn_select.selection.local_warmup import warmup
 
         selector = default_selector()  # cuDNN initialised before the start signal
         ready, go = os.environ.get("FAS_READY_FILE"), os.environ.get("FAS_GO_FILE")

@@ -17,8 +17,8 @@ from fusedattn_select.runtime import api as dispatch  # noqa: E402
 from fusedattn_select.runtime import options  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
-from fusedattn_select.runtime.layouts import formats  # noqa: E402
 from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
+from fusedattn_select.runtime.tensor_layouts import formats  # noqa: E402
 
 sdpa_module = pytest.importorskip("fusedattn_select.integrations.sdpa")
 

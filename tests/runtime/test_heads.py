@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusedattn_select.runtime import heads
-from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
+from fusedattn_select.runtime.tensor_layouts import LAYOUTS, TO_BHSD
 
 B, HQ, HKV, S, D, DV = 2, 8, 2, 7, 4, 6
 

@@ -15,7 +15,7 @@ from fusedattn_select.runtime import api, entries, lean, plans
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.args import Arguments
 from fusedattn_select.runtime.run_settings import run_settings
-from fusedattn_select.runtime.layouts import LAYOUTS, TO_BHSD
+from fusedattn_select.runtime.tensor_layouts import LAYOUTS, TO_BHSD
 from fusedattn_select.runtime.options import CallOptions
 
 BF16 = torch.bfloat16

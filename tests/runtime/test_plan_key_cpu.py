@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select.config import AttnConfig  # noqa: E402
 from fusedattn_select.plan_store import calls, keys, persistence  # noqa: E402
-from fusedattn_select.probing.cudnn import engine as engine_module  # noqa: E402
+from fusedattn_select.probing.cudnn import cudnn_engine  # noqa: E402
 from fusedattn_select.probing.cudnn import plan_graphs  # noqa: E402
 from fusedattn_select.selection import plan_warmup  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, config_from_tensors  # noqa: E402
@@ -82,10 +82,10 @@ def warmup_keys(monkeypatch):
     returns the keys it stored under."""
     stored: list[str] = []
     monkeypatch.setattr(plan_graphs, "graph_signature", lambda cfg, backend, phase, handle=None: SIGNATURE)
-    monkeypatch.setattr(engine_module, "device_context", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(engine_module, "handle_for", lambda device: "handle (test double)")
+    monkeypatch.setattr(cudnn_engine, "device_context", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(cudnn_engine, "handle_for", lambda device: "handle (test double)")
     monkeypatch.setattr(plan_warmup, "obtain", lambda key, **_: (stored.append(key), (None, persistence.BUILT))[1])
-    engine = object.__new__(engine_module.CudnnEngine)  # no device: only plan_key runs
+    engine = object.__new__(cudnn_engine.CudnnEngine)  # no device: only plan_key runs
     engine.device = 0
 
     def stored_keys(cfg: AttnConfig) -> list[str]:

@@ -441,23 +441,23 @@ def test_processes_wanting_one_plan_build_it_once_in_total(tmp_path):
 # ----- dispatch's persistence policy ------------------------------------------------------------
 def test_dispatch_persists_only_with_a_live_cudnn_engine_and_a_persistent_store(store):
     pytest.importorskip("torch")
-    from fusedattn_select.runtime import plans as dispatch_plans
+    from fusedattn_select.runtime import plans
     live = SimpleNamespace(name="cudnn", device=0)  # the attributes the policy reads, nothing more
-    assert dispatch_plans._persistence(SimpleNamespace(store=store, fingerprint=FINGERPRINT, engine=live), 0) \
+    assert plans._persistence(SimpleNamespace(store=store, fingerprint=FINGERPRINT, engine=live), 0) \
         == (store, FINGERPRINT)
     snapshot = SimpleNamespace(name="snapshot", device=0)
-    assert dispatch_plans._persistence(SimpleNamespace(store=store, fingerprint=FINGERPRINT, engine=snapshot), 0) \
+    assert plans._persistence(SimpleNamespace(store=store, fingerprint=FINGERPRINT, engine=snapshot), 0) \
         == (None, None)
-    assert dispatch_plans._persistence(SimpleNamespace(store=MemoryStore(), fingerprint=FINGERPRINT, engine=live), 0) \
+    assert plans._persistence(SimpleNamespace(store=MemoryStore(), fingerprint=FINGERPRINT, engine=live), 0) \
         == (None, None)
-    assert dispatch_plans._persistence(None, 0) == (None, None)
+    assert plans._persistence(None, 0) == (None, None)
 
 
 def test_a_loaded_graph_must_bind_the_tensors_of_its_plan_key():
     pytest.importorskip("torch")
     cudnn = pytest.importorskip("cudnn")  # cudnn-frontend (the 'cuda' extra) names the data types
 
-    from fusedattn_select.runtime import plans as dispatch_plans
+    from fusedattn_select.runtime import plans
     def stored(**overrides):
         tensors = {n: i + 1 for i, n in enumerate(SIGNATURE.tensors)}
         dims_strides = {n: (d, s) for n, (d, s, _) in SIGNATURE.tensors.items()}
@@ -466,9 +466,9 @@ def test_a_loaded_graph_must_bind_the_tensors_of_its_plan_key():
             dims_strides[name] = value
         return plan_graphs.StoredGraph(None, tensors, dims_strides, data_types, "sdpa", 0)
 
-    dispatch_plans._check_signature(stored(), SIGNATURE)
+    plans._check_signature(stored(), SIGNATURE)
     with pytest.raises(PlanBlobError, match="'q'"):
-        dispatch_plans._check_signature(stored(q=((2, 16, 1024, 128), (1, 1, 1, 1))), SIGNATURE)
+        plans._check_signature(stored(q=((2, 16, 1024, 128), (1, 1, 1, 1))), SIGNATURE)
 
 
 # ----- warmup's plan step -----------------------------------------------------------------------
@@ -500,15 +500,15 @@ class AcceptingEngineForTests:
 
 
 def test_warmup_builds_plans_for_accepted_problems_attention_runs(monkeypatch, store):
-    from fusedattn_select.selection import warmup as warmup_module
+    from fusedattn_select.selection import local_warmup
     from fusedattn_select.selection.selector import Selector
 
     double = PlanPersistDoubleForTests()
-    monkeypatch.setattr(warmup_module, "persist_plans", double)
+    monkeypatch.setattr(local_warmup, "persist_plans", double)
     engine = AcceptingEngineForTests()
     selector = Selector(engine, store=store)
     thd = BASE.replace(qkv_layout="thd_thd_thd", mask="padding_causal")
-    rows = {name: warmup_module._warm_one(selector, name, cfg, cfg.cache_key(), ProbeDepth.FULL,
+    rows = {name: local_warmup._warm_one(selector, name, cfg, cfg.cache_key(), ProbeDepth.FULL,
                                           PlanTarget(store, FINGERPRINT, engine))
             for name, cfg in (("train", BASE), ("infer", BASE.replace(is_training=False)), ("thd", thd))}
     # BSHD problems run their shape bucket's plans (every smaller shape of the class runs in that
@@ -520,23 +520,23 @@ def test_warmup_builds_plans_for_accepted_problems_attention_runs(monkeypatch, s
 
 
 def test_warmup_flips_a_problem_whose_plan_does_not_build(monkeypatch, store):
-    from fusedattn_select.selection import warmup as warmup_module
+    from fusedattn_select.selection import local_warmup
     from fusedattn_select.selection.selector import Selector
 
     failure = Verdict(Backend.F16, Phase.BACKWARD, Outcome.UNSUPPORTED, "build_plans", "no engine (test double)",
                       depth=ProbeDepth.FULL)
-    monkeypatch.setattr(warmup_module, "persist_plans", PlanPersistDoubleForTests(failure))
+    monkeypatch.setattr(local_warmup, "persist_plans", PlanPersistDoubleForTests(failure))
     engine = AcceptingEngineForTests()
     selector = Selector(engine, store=store)
-    row = warmup_module._warm_one(selector, "train", BASE, BASE.cache_key(), ProbeDepth.FULL,
+    row = local_warmup._warm_one(selector, "train", BASE, BASE.cache_key(), ProbeDepth.FULL,
                                   PlanTarget(store, FINGERPRINT, engine))
     assert row.backend is Backend.NONE and "no engine (test double)" in row.reason
     assert selector.select(BASE).backend is Backend.NONE
 
 
 def test_warmup_without_a_live_cudnn_engine_builds_no_plans_and_says_why(store):
+    from fusedattn_select.selection.local_warmup import warmup
     from fusedattn_select.selection.selector import Selector
-    from fusedattn_select.selection.warmup import warmup
 
     report = warmup([BASE], selector=Selector(AcceptingEngineForTests(), store=store))
     assert report.totals["plans_built"] == 0 and "live cuDNN engine" in report.plan_note

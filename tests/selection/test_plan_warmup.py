@@ -11,12 +11,12 @@ import pytest
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.plan_store import blob
-from fusedattn_select.probing.cudnn.engine import CudnnEngine
-from fusedattn_select.probing.engine import PlanBuilder
+from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
+from fusedattn_select.probing.engine_protocol import PlanBuilder
 from fusedattn_select.probing.snapshot import SnapshotEngine
+from fusedattn_select.selection.local_warmup import warmup
 from fusedattn_select.selection.plan_warmup import plan_target
 from fusedattn_select.selection.selector import Selector
-from fusedattn_select.selection.warmup import warmup
 from fusedattn_select.store import PersistentStore
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 

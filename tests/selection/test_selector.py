@@ -21,7 +21,7 @@ from concurrent_calls import call_at_once
 import fusedattn_select
 from fusedattn_select import AttnConfig, Backend, get_backend, select
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
 from fusedattn_select.types import Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 

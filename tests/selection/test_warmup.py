@@ -14,13 +14,13 @@ import time
 import pytest
 
 from fusedattn_select.buckets import bucket_form
-from fusedattn_select.cli.warmup import format_report
+from fusedattn_select.cli.warmup_command import format_report
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.engine_protocol import ProbeEngine
+from fusedattn_select.selection.local_warmup import WarmupOutcome, WarmupReport, warmup
 from fusedattn_select.selection.selector import Selector, set_default_selector
-from fusedattn_select.selection.warmup import WarmupOutcome, WarmupReport, warmup
 from fusedattn_select.store import PersistentStore
 from fusedattn_select.types import Backend, Fingerprint, Outcome, ProbeDepth, Provenance, Verdict
 
@@ -241,7 +241,7 @@ def test_worker_processes_need_a_live_engine_and_a_persistent_store(tmp_path):
 
 def test_a_decode_step_warms_the_bucket_of_its_heads_as_batch_problem():
     from fusedattn_select.buckets import heads_as_batch
-    from fusedattn_select.selection.warmup import plan_forms
+    from fusedattn_select.selection.local_warmup import plan_forms
 
     selector = Selector(CountingTestEngine())
     decode = BASE.replace(seqlen_q=1, seqlen_kv=700, qkv_layout="bhsd_bhsd_bhsd", mask="no_mask", is_training=False)

@@ -11,9 +11,9 @@ import sqlite3
 import pytest
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.selection import warmup as warmup_module
+from fusedattn_select.selection import local_warmup
+from fusedattn_select.selection.local_warmup import WarmupOutcome, warmup
 from fusedattn_select.selection.selector import Selector
-from fusedattn_select.selection.warmup import WarmupOutcome, warmup
 from fusedattn_select.store import PersistentStore, database
 
 BASE = dict(batch_size=2, num_heads_q=16, num_heads_kv=4, seqlen_q=1024, seqlen_kv=1024, is_training=False)
@@ -61,9 +61,9 @@ def test_a_warmup_whose_saves_succeed_reports_none(cache_dir, recording_engine):
 def test_a_worker_process_reports_the_saves_it_could_not_do(locked_store, recording_engine, monkeypatch):
     # What a spawned worker runs for one problem, run here: its saves happen in its own store, so
     # the count must come back with its row.
-    monkeypatch.setattr(warmup_module, "worker_selector",
+    monkeypatch.setattr(local_warmup, "worker_selector",
                         lambda store_dir, device: Selector(recording_engine, store=locked_store))
     name, cfg = PROBLEMS[0]
-    row, failed = warmup_module._warm_in_worker(name, cfg.to_dict(), cfg.cache_key(), "fast",
+    row, failed = local_warmup._warm_in_worker(name, cfg.to_dict(), cfg.cache_key(), "fast",
                                                 str(locked_store.directory), 0)
     assert row.outcome is WarmupOutcome.ACCEPTED and failed == 1

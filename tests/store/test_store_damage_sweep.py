@@ -20,7 +20,7 @@ from store_samples import H100, REJECTED_FAST, SUPPORTED_FULL
 
 from fusedattn_select.store import DATABASE_NAME, PersistentStore
 from fusedattn_select.store.schema import create_schema
-from fusedattn_select.store.entries import sha256
+from fusedattn_select.store.entry_rows import sha256
 from fusedattn_select.store.pages import scan
 from fusedattn_select.store.salvage import TABLE_COLUMNS, readable_rows, recover, salvage
 from fusedattn_select.types import ProbeDepth

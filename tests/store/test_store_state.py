@@ -11,7 +11,7 @@ from store_samples import H100, KEY, SUPPORTED_FULL, warnings_of
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.store import CACHE_DIR_ENV, CACHE_SWITCH_ENV, MemoryStore, PersistentStore, open_default_store
 from fusedattn_select.store.protocol import STATE_KEYS
-from fusedattn_select.store.settings import check_cache_switch
+from fusedattn_select.store.store_settings import check_cache_switch
 from fusedattn_select.types import ProbeDepth
 
 

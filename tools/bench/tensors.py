@@ -12,7 +12,7 @@ from typing import Any, Callable
 def qkv(torch: Any, cfg: Any, layout: str, requires_grad: bool, dtype: Any = None) -> tuple:
     """Random q, k, v for `cfg` in the dim order of `layout` (normal(0, 1); never zeros)."""
     from fusedattn_select.dtypes import torch_dtype
-    from fusedattn_select.runtime.layouts import FROM_BHSD
+    from fusedattn_select.runtime.tensor_layouts import FROM_BHSD
 
     dtype = dtype or torch_dtype(cfg.qkv_dtype, torch)
     dims = {
@@ -30,7 +30,7 @@ def qkv(torch: Any, cfg: Any, layout: str, requires_grad: bool, dtype: Any = Non
 
 def to_bhsd(t: Any, layout: str) -> Any:
     """The logical (B, H, S, D) view of a tensor in `layout`'s dim order."""
-    from fusedattn_select.runtime.layouts import bhsd
+    from fusedattn_select.runtime.tensor_layouts import bhsd
 
     return bhsd(t, layout)
 

@@ -97,7 +97,7 @@ def worker(args: Mapping, res: common.Partial) -> None:
     if args.get("warmup"):
         # The documented way to prepare a model: warmup(depth="full") answers every problem and
         # (where the library stores execution plans) builds and stores the plans attention() runs.
-        from fusedattn_select.selection.warmup import warmup
+        from fusedattn_select.selection.local_warmup import warmup
 
         report = warmup(list(cf.entries), depth=depth)
         res["warmup_totals"] = report.totals

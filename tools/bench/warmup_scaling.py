@@ -45,8 +45,8 @@ def run(runner: Runner) -> dict:
 # ----- worker ------------------------------------------------------------------------------------
 def worker(args: Mapping, res: common.Partial) -> None:
     from fusedattn_select.config_files import load_config_file
+    from fusedattn_select.selection.local_warmup import warmup
     from fusedattn_select.selection.selector import default_selector
-    from fusedattn_select.selection.warmup import warmup
 
     suite = load_config_file(common.ROOT / args["suite"])
     entries = common.stride_subset(list(suite.entries), int(args["configs"]))

@@ -14,8 +14,8 @@ Nothing here imports cudnn-frontend or cuda-python at import time: they are opti
 
 from __future__ import annotations
 
-from fusedattn_select.probing.cudnn.device import device_context, handle_for, kernel_cache_for
-from fusedattn_select.probing.cudnn.engine import CudnnEngine
+from fusedattn_select.probing.cudnn.cudnn_device import device_context, handle_for, kernel_cache_for
+from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
 from fusedattn_select.probing.cudnn.features import FrontendFeatures, frontend_features
 from fusedattn_select.probing.cudnn.graphs import GraphBuild, build_graph, describe_graph, operation_for
 from fusedattn_select.probing.cudnn.messages import STAGES, CudnnUnsupported, ProbeFailure, verdict_from_exception

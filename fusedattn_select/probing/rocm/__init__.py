@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from fusedattn_select.probing.rocm.device import (
+from fusedattn_select.probing.rocm.rocm_device import (
     RocmDeviceFacts,
     RocmGpu,
     detect_rocm_device,
     gfx_arch_from_target_version,
 )
-from fusedattn_select.probing.rocm.engine import DeclaredRocmEngine, HipdnnGraphSteps, select_rocm_engine
+from fusedattn_select.probing.rocm.rocm_engine import DeclaredRocmEngine, HipdnnGraphSteps, select_rocm_engine
 from fusedattn_select.probing.rocm.tables import TABLE_NAMES, DeclaredTable, load_table
 
 __all__ = [

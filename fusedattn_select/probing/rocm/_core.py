@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
-from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 __all__ = [

@@ -122,7 +122,7 @@ def build_dir() -> Path:
     configured = os.environ.get(DIR_ENV)
     if configured:
         return Path(configured).expanduser()
-    from fusedattn_select.store.settings import default_cache_dir
+    from fusedattn_select.store.store_settings import default_cache_dir
 
     return default_cache_dir() / "native"
 

@@ -13,7 +13,7 @@ import pytest
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.probing.rocm.engine import DeclaredRocmEngine
+from fusedattn_select.probing.rocm.rocm_engine import DeclaredRocmEngine
 from fusedattn_select.probing.rocm.tables import DECLARED_DIR, TABLE_NAMES, load_table
 from fusedattn_select.types import Outcome, Phase, ProbeDepth
 

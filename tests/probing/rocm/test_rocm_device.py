@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from fusedattn_select.probing.rocm import device
-from fusedattn_select.probing.rocm.device import (
+from fusedattn_select.probing.rocm import rocm_device
+from fusedattn_select.probing.rocm.rocm_device import (
     NO_HIP_PYTHON,
     NO_HIP_RUNTIME,
     HipCallError,
@@ -92,7 +92,7 @@ def test_the_installed_rocm_release_is_described_beside_kfd_gpus(tmp_path, monke
 
 
 def test_hip_runtime_version_is_formatted_like_hip_does():
-    assert device.format_hip_version(60443484) == "6.4.43484"
+    assert rocm_device.format_hip_version(60443484) == "6.4.43484"
 
 
 # ----- the real hip-python, on a machine without a HIP runtime -------------------------------
@@ -124,11 +124,11 @@ def test_hip_python_without_a_runtime_reports_that_libamdhip64_did_not_load(hip,
 def test_device_properties_call_reaches_the_runtime_with_either_signature(hip):
     # 7.x takes (prop, device); 10.x takes (device) and raises TypeError for two arguments.
     with pytest.raises(RuntimeError, match="libamdhip64"):
-        device._device_properties(hip, 0)
+        rocm_device._device_properties(hip, 0)
 
 
 def test_a_hip_error_code_is_raised_not_returned(hip):
     with pytest.raises(HipCallError) as raised:
-        device._checked(hip, "hipGetDeviceCount", (hip.hipError_t.hipErrorNoDevice, 7))
-    assert (raised.value.code, raised.value.name) == (device.HIP_ERROR_NO_DEVICE, "hipErrorNoDevice")
-    assert device._checked(hip, "hipGetDeviceCount", (hip.hipError_t.hipSuccess, 2)) == (2,)
+        rocm_device._checked(hip, "hipGetDeviceCount", (hip.hipError_t.hipErrorNoDevice, 7))
+    assert (raised.value.code, raised.value.name) == (rocm_device.HIP_ERROR_NO_DEVICE, "hipErrorNoDevice")
+    assert rocm_device._checked(hip, "hipGetDeviceCount", (hip.hipError_t.hipSuccess, 2)) == (2,)

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.probing.engine import ProbeEngine
+from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.probing.rocm import DeclaredRocmEngine, load_table, select_rocm_engine
 from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth
 

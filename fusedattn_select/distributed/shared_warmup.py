@@ -2,7 +2,7 @@
 
 1. The ranks exchange their platforms and the digest of their problems (they must be the same).
 2. The ranks of each platform split the distinct problems (work.split: deterministic, by cost) and
-   each warms its share with selection.warmup.warmup (probe, and at depth full, plan builds stored
+   each warms its share with selection.local_warmup.warmup (probe, and at depth full, plan builds stored
    in its store).
 3. They exchange decisions, and serialized plans when some rank of the platform uses another
    store; each rank checks and stores what it lacks and reads every decision into memory.
@@ -32,9 +32,9 @@ from fusedattn_select.distributed.facts import RankFacts
 from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError
 from fusedattn_select.distributed.sharing import ACCEPTED, PRESENT, Share, outgoing, receive_decision, receive_plan
 from fusedattn_select.distributed.work import ConfigItem, WorkItem, split, work_digest, work_items
-from fusedattn_select.selection import warmup as local_warmup
+from fusedattn_select.selection import local_warmup
+from fusedattn_select.selection.local_warmup import Progress, WarmupReport
 from fusedattn_select.selection.selector import Selector, default_selector
-from fusedattn_select.selection.warmup import Progress, WarmupReport
 from fusedattn_select.types import ProbeDepth
 
 log = logging.getLogger("fusedattn_select")
@@ -101,7 +101,7 @@ def warmup(configs: Iterable[ConfigItem], depth: str | ProbeDepth = "full", grou
     """Warm `configs` once across the ranks of `group` (default: the whole job); every rank ends with all.
 
     Every rank must call it with the same problems. `jobs` and `progress` apply to this rank's
-    share (see selection.warmup.warmup). With `agree`, ends with agree() on every problem.
+    share (see selection.local_warmup.warmup). With `agree`, ends with agree() on every problem.
     Raises DistributedError on every rank when one rank raised or `timeout` seconds passed
     without a rank arriving; without a process group it is a local warmup.
     """

@@ -26,7 +26,7 @@ from fusedattn_select.probing.rocm._core import (
     declared_provenance,
 )
 from fusedattn_select.probing.rocm.checks import CHECKS, TableAnswer
-from fusedattn_select.probing.rocm.device import split_arch
+from fusedattn_select.probing.rocm.rocm_device import split_arch
 from fusedattn_select.probing.rocm.tables import DECLARED_DIR, TABLE_NAMES, DeclaredTable, load_table
 
 log = logging.getLogger("fusedattn_select")

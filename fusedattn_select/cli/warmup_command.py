@@ -18,9 +18,9 @@ from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import PlatformError
 from fusedattn_select.probing import SNAPSHOT_ENV
 from fusedattn_select.probing.snapshot import SnapshotEngine
+from fusedattn_select.selection.local_warmup import WORKERS, WarmupOutcome, WarmupReport, warmup
 from fusedattn_select.selection.selector import Selector, default_selector
-from fusedattn_select.selection.warmup import WORKERS, WarmupOutcome, WarmupReport, warmup
-from fusedattn_select.store.settings import check_cache_switch
+from fusedattn_select.store.store_settings import check_cache_switch
 from fusedattn_select.types import Outcome, ProbeDepth, Provenance
 
 REPORT_HEADER = ("name", "backend", "outcome", "seconds", "answer", "reason")

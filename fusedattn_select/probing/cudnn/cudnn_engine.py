@@ -16,7 +16,7 @@ JIT cache on disk already holds them). FULL probes build with dynamic shapes and
 problem class builds in about a FAST probe's time where cuDNN supports dynamic shapes for the graph
 (on Hopper: the forward).
 
-torch is not needed (see device.py); graphs are not kept after a probe. Probes of different
+torch is not needed (see cudnn_device.py); graphs are not kept after a probe. Probes of different
 problems may run concurrently on different threads.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import PlatformError
-from fusedattn_select.probing.cudnn.device import (
+from fusedattn_select.probing.cudnn.cudnn_device import (
     backend_version,
     cuda_driver,
     device_context,
