@@ -133,6 +133,20 @@ def _entry_row(selector: Selector, depth: ProbeDepth, suite: str, named: NamedCo
     }
 
 
+def _checked_request(engine: ProbeEngine, depth: str, jobs: int, ladder: Ladder | None) -> ProbeDepth:
+    """record_snapshot's depth, after refusing what it cannot record (SnapshotError, ValueError)."""
+    if engine.provenance is Provenance.SNAPSHOT:
+        raise SnapshotError(
+            f"refusing to record from {engine.name}: snapshots are recorded from a live device only"
+        )
+    probe_depth = ProbeDepth.parse(depth, "depth")
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs}: must be >= 1")
+    if ladder is not None and not isinstance(ladder, Ladder):
+        raise ValueError(f"ladder={ladder!r}: must be a recorder.Ladder or None")
+    return probe_depth
+
+
 def record_snapshot(
     paths: Iterable[str | Path],
     engine: ProbeEngine,
@@ -157,15 +171,7 @@ def record_snapshot(
     called for each of those as well). A rung keeps its verdicts' depth, so a fast rung never answers
     a question at depth full.
     """
-    if engine.provenance is Provenance.SNAPSHOT:
-        raise SnapshotError(
-            f"refusing to record from {engine.name}: snapshots are recorded from a live device only"
-        )
-    probe_depth = ProbeDepth.parse(depth, "depth")
-    if jobs < 1:
-        raise ValueError(f"jobs={jobs}: must be >= 1")
-    if ladder is not None and not isinstance(ladder, Ladder):
-        raise ValueError(f"ladder={ladder!r}: must be a recorder.Ladder or None")
+    probe_depth = _checked_request(engine, depth, jobs, ladder)
     paths = [Path(p) for p in paths]
     work = [(path.name, named) for path in paths for named in load_config_file(path).entries]
     rungs = ladder_work([named.config for _, named in work], ladder) if ladder is not None else []
