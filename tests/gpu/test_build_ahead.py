@@ -17,13 +17,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+from gpu_setup import GPU_MARKS  # skips this module without torch or cudnn-frontend
 
-torch = pytest.importorskip("torch")
+pytestmark = GPU_MARKS
 pytest.importorskip("transformers")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
-pytest.importorskip("cudnn", reason="cudnn-frontend is not installed")
 
 _PROCESS = textwrap.dedent("""
     import json, sys

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from store_samples import H100, H200, KEY, SUPPORTED_FULL, warnings_of
+from store_samples import H100, H200, KEY, SUPPORTED_FULL, race_writers_with_salvage, warnings_of
 
 from fusedattn_select.store import DATABASE_NAME, MemoryStore, PersistentStore, database, schema
 from fusedattn_select.store.protocol import SCHEMA_VERSION
@@ -244,31 +244,10 @@ for index in range(int(sys.argv[3])):
         print(key, flush=True)
 """
 
-SALVAGER = """
-import sys, time
-from pathlib import Path
-from fusedattn_select.store import database
-db = database.Database(Path(sys.argv[1]) / "decisions.sqlite3")
-for _ in range(int(sys.argv[2])):
-    with db._exclusive():  # the swap a damaged file gets, forced on a sound one
-        db._swap.make("forced by the test")
-    time.sleep(0.02)
-print("salvaged", flush=True)
-"""
-
 
 def test_writers_lose_no_acknowledged_runner_choice_while_another_process_salvages(cache_dir):
     PersistentStore(cache_dir).put_runner_choice(H100, "seed", TORCH_KEPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(cache_dir), f"w{w}", "150"],
-                                stdout=subprocess.PIPE, text=True, env=env) for w in range(4)]
-    salvager = subprocess.Popen([sys.executable, "-c", SALVAGER, str(cache_dir), "8"],
-                                stdout=subprocess.PIPE, text=True, env=env)
-    acknowledged = set()
-    for process in writers:
-        out, _ = process.communicate(timeout=120)
-        acknowledged.update(out.split())
-    assert salvager.communicate(timeout=120)[0].strip() == "salvaged"
+    acknowledged = race_writers_with_salvage(cache_dir, WRITER, salvages=8)
     assert len(acknowledged) == 600  # every write succeeded
     conn = sqlite3.connect(cache_dir / DATABASE_NAME)
     stored = {row[0] for row in conn.execute("SELECT runner_key FROM runner_choices")}
