@@ -37,37 +37,51 @@ class BackendEntry:
 F16 = BackendEntry(Backend.F16, F16_DTYPES)
 FP8 = BackendEntry(Backend.FP8, FP8_DTYPES)
 
-_lock = threading.Lock()
-# The priority list, replaced whole on each change: readers take it without a lock.
-_priority: tuple[BackendEntry, ...] = (F16, FP8)
+class Registry:
+    """The priority list and its lock: one object owns the registry's state."""
+
+    def __init__(self, entries: tuple[BackendEntry, ...]) -> None:
+        self._lock = threading.Lock()
+        # Replaced whole on each change: readers take it without the lock.
+        self.entries = entries
+
+    def candidate(self, qkv_dtype: str, phases: tuple[Phase, ...]) -> BackendEntry | None:
+        for entry in self.entries:
+            if entry.answers(qkv_dtype, phases):
+                return entry
+        return None
+
+    def register(self, entry: BackendEntry, before: Backend | None) -> None:
+        with self._lock:
+            entries = [e for e in self.entries if e.backend is not entry.backend]
+            at = next((i for i, e in enumerate(entries) if e.backend is before), len(entries))
+            self.entries = (*entries[:at], entry, *entries[at:])
+
+    def unregister(self, backend: Backend) -> None:
+        with self._lock:
+            self.entries = tuple(e for e in self.entries if e.backend is not backend)
+
+
+registry = Registry((F16, FP8))
 
 
 def priority() -> tuple[BackendEntry, ...]:
     """The registered backends, first asked first."""
-    return _priority
+    return registry.entries
 
 
 def candidate(qkv_dtype: str, phases: tuple[Phase, ...]) -> BackendEntry | None:
     """The first registered backend that answers `qkv_dtype` in every one of `phases`; None if none does."""
-    for entry in _priority:
-        if entry.answers(qkv_dtype, phases):
-            return entry
-    return None
+    return registry.candidate(qkv_dtype, phases)
 
 
 def register(entry: BackendEntry, *, before: Backend | None = None) -> BackendEntry:
     """Add `entry` to the priority list, ahead of `before` (None: last), replacing any entry of its
     backend. Decisions a selector cached before are kept: register before selecting."""
-    global _priority
-    with _lock:
-        entries = [e for e in _priority if e.backend is not entry.backend]
-        at = next((i for i, e in enumerate(entries) if e.backend is before), len(entries))
-        _priority = (*entries[:at], entry, *entries[at:])
+    registry.register(entry, before)
     return entry
 
 
 def unregister(backend: Backend) -> None:
     """Remove `backend`'s entry from the priority list (nothing when it has none)."""
-    global _priority
-    with _lock:
-        _priority = tuple(e for e in _priority if e.backend is not backend)
+    registry.unregister(backend)

@@ -140,7 +140,7 @@ LADDER_MAX_BATCH = 64
 LADDER_MAX_SEQLEN = 16384
 
 
-def _rungs(low: int, high: int) -> list[int]:
+def powers_of_two(low: int, high: int) -> list[int]:
     """The powers of two from `low` to `high`, both included (`low` a power of two)."""
     rungs = []
     while low <= high:
@@ -163,8 +163,8 @@ def ladder(cfg: AttnConfig, max_batch: int = LADDER_MAX_BATCH, max_seqlen: int =
     if why_not_bucketed(cfg):
         return []
     own = Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
-    batches = _rungs(1, max(own.batch, bucket_batch(max_batch)))
-    lengths = _rungs(MIN_SEQLEN, max(own.seqlen_kv, bucket_seqlen(max_seqlen)))
+    batches = powers_of_two(1, max(own.batch, bucket_batch(max_batch)))
+    lengths = powers_of_two(MIN_SEQLEN, max(own.seqlen_kv, bucket_seqlen(max_seqlen)))
     if own.seqlen_kv == 1:  # one key: a length of its own, outside the ladder's rungs
         lengths = [1]
     self_attention = cfg.seqlen_q == cfg.seqlen_kv

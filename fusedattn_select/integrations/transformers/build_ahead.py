@@ -32,25 +32,17 @@ from concurrent.futures import wait as wait_all
 from typing import Any
 
 from fusedattn_select import dtypes
-from fusedattn_select.buckets import MIN_SEQLEN, bucket_batch, bucket_form, bucket_seqlen, heads_as_batch
+from fusedattn_select.buckets import MIN_SEQLEN, bucket_batch, bucket_form, bucket_seqlen, heads_as_batch, powers_of_two
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.integrations.transformers.config_json import config_data
 from fusedattn_select.integrations.transformers.masks import cudnn_window
-from fusedattn_select.integrations.transformers.problems import model_problems
 from fusedattn_select.integrations.transformers.model_reading import read_model
+from fusedattn_select.integrations.transformers.problems import model_problems
 
 # Keys a config.json gives its longest sequence by (families spell it differently); the nested
 # text model's first, for multimodal configs.
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_target_positions")
 PREFILL, DECODE = 0, 1
-
-
-def _powers(low: int, high: int) -> list[int]:
-    rungs = []
-    while low <= high:
-        rungs.append(low)
-        low <<= 1
-    return rungs
 
 
 def max_positions(data: dict[str, Any]) -> int | None:
@@ -98,8 +90,8 @@ def model_plan(source: Any, *, max_batch: int = 1, max_length: int | None = None
     length = max_length or max_positions(data) or max(stack.seqlen_kv for stack in reading.stacks)
     found: list[tuple[tuple[int, int, int], AttnConfig]] = []
     left_out: dict[str, str] = {}
-    for batch in _powers(1, bucket_batch(max_batch)):
-        for seqlen in _powers(MIN_SEQLEN, bucket_seqlen(length)):
+    for batch in powers_of_two(1, bucket_batch(max_batch)):
+        for seqlen in powers_of_two(MIN_SEQLEN, bucket_seqlen(length)):
             for problem in model_problems(reading, batch, seqlen, training, dtype, seqlen):
                 if problem.integration_reasons:
                     left_out.setdefault(problem.name, problem.integration_reasons[0].split(":")[0])
