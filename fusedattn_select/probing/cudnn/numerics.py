@@ -68,31 +68,36 @@ def require_torch() -> Any:
     return torch
 
 
-# ----- the test seam ---------------------------------------------------------------------------
-_planted: Planted | None = None
+# ----- the module's state: the test seam, and each thread's handles --------------------------------
+class _State:
+    """The planted error of the test seam (None outside `planted`) and the per-thread verify handles."""
+
+    def __init__(self) -> None:
+        self.planted: Planted | None = None
+        self.local = threading.local()
+
+
+_state = _State()
 
 
 @contextlib.contextmanager
 def planted(graph_config: Callable[[AttnConfig], AttnConfig] | None = None,
             after_execute: Callable[[Phase, dict], None] | None = None) -> Iterator[None]:
     """Within the block, every verify builds and runs with the planted error (tests only)."""
-    global _planted
-    previous, _planted = _planted, Planted(graph_config, after_execute)
+    previous, _state.planted = _state.planted, Planted(graph_config, after_execute)
     try:
         yield
     finally:
-        _planted = previous
+        _state.planted = previous
 
 
 # ----- the check ---------------------------------------------------------------------------------
-_LOCAL = threading.local()
-
 
 def _handle(device: int, torch: Any) -> Any:
     """This thread's verify handle on `device`, pointed at torch's current stream."""
-    handles = getattr(_LOCAL, "handles", None)
+    handles = getattr(_state.local, "handles", None)
     if handles is None:
-        handles = _LOCAL.handles = {}
+        handles = _state.local.handles = {}
     cudnn = import_cudnn()
     handle = handles.get(device)
     if handle is None:
@@ -112,14 +117,14 @@ def verify(engine: Any, cfg: AttnConfig, backend: Backend, phase: Phase) -> Verd
     torch = require_torch()
     from fusedattn_select.probing.cudnn import verify_checks  # imports torch
 
-    seam = _planted or Planted()
+    seam = _state.planted or Planted()
     try:
         with torch.cuda.device(engine.device), device_context(engine.device):
             handle = _handle(engine.device, torch)
             if phase is Phase.FORWARD:
-                timings, checks, note = verify_checks.forward(cfg, backend, handle, engine.device, seam, _LOCAL)
+                timings, checks, note = verify_checks.forward(cfg, backend, handle, engine.device, seam, _state.local)
             else:
-                timings, checks, note = verify_checks.backward(cfg, backend, handle, engine.device, seam, _LOCAL)
+                timings, checks, note = verify_checks.backward(cfg, backend, handle, engine.device, seam, _state.local)
     except verify_checks.Unbindable as err:
         return _unchecked(engine, cfg, backend, phase, str(err))
     except Exception as err:  # noqa: BLE001 -- rejections and incidents are verdicts, as in a probe
