@@ -158,9 +158,11 @@ def test_live_select_agrees_with_the_snapshot_on_50_shapes_of_recorded_classes(c
     rows, failures, unexplained = [], [], []
     for shape in shapes:
         recorded = snapshot.select(shape)
-        # Asked at the depth the snapshot answered at (configs entries are recorded at full, rungs at
-        # fast); a fresh selector has learned nothing: it answers by the bucket a first call runs in.
-        depth = ProbeDepth.FULL if any(v.depth is ProbeDepth.FULL for v in recorded.verdicts) else ProbeDepth.FAST
+        # Asked at the deepest depth the snapshot answered at (configs entries are recorded at full or
+        # verify, rungs at fast); a fresh selector has learned nothing: it answers by the bucket a
+        # first call runs in.
+        depths = {v.depth for v in recorded.verdicts}
+        depth = next((d for d in reversed(ProbeDepth) if d in depths), ProbeDepth.FAST)
         live = Selector(cudnn_engine).select(shape, depth)
         row = {"config": shape.to_dict(), "live": _answer(live), "live_plan_form": live.plan_form,
                "snapshot": _answer(recorded), "snapshot_plan_form": recorded.plan_form,
