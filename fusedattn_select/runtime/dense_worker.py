@@ -14,6 +14,7 @@ Reads one JSON job per line on stdin and answers one JSON line per job on the pi
   build-ahead work, after every job asked for; {"id", "result": ""} when its plans are stored, else why not;
 - a job that itself failed answers {"id", "error": ...}.
 Exits at the end of its input, and quietly when the answer pipe is closed (the calling process is gone).
+Runs at the lowest CPU priority (`lowest_cpu_priority`).
 """
 
 from __future__ import annotations
@@ -168,5 +169,16 @@ def main() -> None:
             os._exit(0)
 
 
+def lowest_cpu_priority() -> None:
+    """Run this process (and the threads it starts) at the lowest CPU priority: its builds are work
+    ahead of need, and at the caller's priority they slowed the caller's own calls wherever the two
+    shared CPUs (docs/performance.md, "Measured facts behind the design")."""
+    try:
+        os.nice(19)
+    except (AttributeError, OSError):  # no nice() on this platform: builds at the caller's priority
+        pass
+
+
 if __name__ == "__main__":
+    lowest_cpu_priority()
     main()

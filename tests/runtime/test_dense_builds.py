@@ -159,3 +159,14 @@ def test_a_worker_whose_caller_is_gone_exits_quietly_when_it_answers():
         input='{"id": 0}\n', capture_output=True, text=True, env=env, timeout=120)
     os.close(write_fd)
     assert worker.returncode == 0 and "Traceback" not in worker.stderr, worker.stderr
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "getpriority"), reason="no process priorities on this platform")
+def test_the_worker_runs_at_the_lowest_cpu_priority_and_the_caller_keeps_its_own(fresh_worker, tmp_path):
+    import os
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    future = dense_builds._submit(_job(tmp_path))
+    future.exception(timeout=120)  # it answered: it is past its start
+    assert os.getpriority(os.PRIO_PROCESS, dispatcher.worker.process.pid) == 19
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine
