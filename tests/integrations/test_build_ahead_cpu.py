@@ -69,6 +69,16 @@ def test_sliding_layers_get_their_window_where_it_cuts_and_soft_capped_layers_ar
     assert build_ahead.model_calls(GEMMA2) == []  # soft-capped (Gemma 2's default): the float32 reference runs them
 
 
+def test_the_ladder_ends_at_the_length_the_model_reader_reads():
+    # RoBERTa's positions start after its padding id: 514 positions take 512 tokens, one bucket of 512.
+    roberta = {"model_type": "roberta", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 12,
+               "max_position_embeddings": 514, "pad_token_id": 1}
+    assert max(c.seqlen_kv for c in build_ahead.model_calls(roberta)) == 512
+    # The nested text model's length, as the reader reads it, for a multimodal config.
+    nested = {"model_type": "llava", "text_config": dict(LLAMA, max_position_embeddings=2048)}
+    assert max(c.seqlen_kv for c in build_ahead.model_calls(nested)) == 2048
+
+
 LLAMA_CALL = build_ahead.model_calls(LLAMA)[0]
 
 

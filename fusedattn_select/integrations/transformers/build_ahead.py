@@ -3,7 +3,7 @@ background before its calls need them, into the persistent store (the next proce
 
 `register(model=...)` (or a config) reads the model's attention problems (problems.py) and walks
 each problem class over its bucket ladder (buckets.py), up to `max_batch` and `max_length`
-(default: the config's max_position_embeddings, or its n_positions / n_ctx / seq_length). The
+(default: the longest sequence the model reader reads from the config, `AttentionStack.positions`). The
 buckets go to the worker process that builds plans (runtime/dense_builds.queue_ahead) at the
 priority of build-ahead work: any call's own preparation runs first.
 
@@ -39,21 +39,7 @@ from fusedattn_select.integrations.transformers.masks import cudnn_window
 from fusedattn_select.integrations.transformers.model_reading import read_model
 from fusedattn_select.integrations.transformers.problems import model_problems
 
-# Keys a config.json gives its longest sequence by (families spell it differently); the nested
-# text model's first, for multimodal configs.
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_target_positions")
 PREFILL, DECODE = 0, 1
-
-
-def max_positions(data: dict[str, Any]) -> int | None:
-    """The longest sequence a config.json says its model takes, or None."""
-    for source in (data.get("text_config"), data):
-        if isinstance(source, dict):
-            for key in _POSITION_KEYS:
-                value = source.get(key)
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    return value
-    return None
 
 
 def _as_called(cfg: AttnConfig) -> AttnConfig:
@@ -87,7 +73,7 @@ def model_plan(source: Any, *, max_batch: int = 1, max_length: int | None = None
     check_arguments(max_batch, max_length, training)
     data = config_data(source)
     reading = read_model(data)
-    length = max_length or max_positions(data) or max(stack.seqlen_kv for stack in reading.stacks)
+    length = max_length or max(stack.positions or stack.seqlen_kv for stack in reading.stacks)
     found: list[tuple[tuple[int, int, int], AttnConfig]] = []
     left_out: dict[str, str] = {}
     for batch in powers_of_two(1, bucket_batch(max_batch)):

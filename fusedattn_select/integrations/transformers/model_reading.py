@@ -34,7 +34,8 @@ class AttentionStack:
 
     `prefix` names the stack in a model of several ("encoder", "decoder", "cross_attention",
     "vision"; "" for a language model's own layers, which are named by their layer type).
-    `seqlen_q` / `seqlen_kv` are the lengths read when the caller gives none.
+    `seqlen_q` / `seqlen_kv` are the lengths read when the caller gives none; `positions` is the
+    longest sequence the config says the stack takes (None: it says none).
     """
 
     prefix: str
@@ -54,6 +55,7 @@ class AttentionStack:
     bias_shape: str | None = None
     sinks: bool = False
     softcap: float | None = None
+    positions: int | None = None
 
     def layer_name(self, layer_type: str) -> str:
         """A layer's name: its type for a language model, else the stack's prefix."""
@@ -210,12 +212,12 @@ def _causal(fields: Fields, family: families.Family, role: str) -> bool:
         and not fields.get("use_bidirectional_attention", BOOLEAN, False)
 
 
-def _seqlen(fields: Fields, family: families.Family, keys: families.Keys) -> int:
+def _longest(fields: Fields, family: families.Family, keys: families.Keys) -> int | None:
+    """The longest sequence the config says the stack takes, or None."""
     if family.vision:
         return _image_tokens(fields, family)
     positions = fields.first(keys.positions, POSITIVE_INTEGER) if keys.positions else None
-    seqlen = positions[1] if positions else _positions(fields, family)
-    return min(seqlen or DEFAULT_REPORT_SEQLEN, DEFAULT_REPORT_SEQLEN)
+    return positions[1] if positions else _positions(fields, family)
 
 
 def read_stack(fields: Fields, family: families.Family, prefix: str = "", role: str = families.MODEL) -> AttentionStack:
@@ -227,7 +229,8 @@ def read_stack(fields: Fields, family: families.Family, prefix: str = "", role: 
     head_dim_qk, head_dim_v = _head_dims(fields, family, heads_key, heads)
     causal = _causal(fields, family, role)
     window = _window(fields, family) if causal and role == families.MODEL else None
-    seqlen = _seqlen(fields, family, keys)
+    longest = _longest(fields, family, keys)
+    seqlen = min(longest or DEFAULT_REPORT_SEQLEN, DEFAULT_REPORT_SEQLEN)
     softcap = fields.get("attn_logit_softcapping", NON_NEGATIVE_NUMBER, family.softcap_default)
     alibi = family.alibi or fields.get("alibi", BOOLEAN, False)
     if not prefix and not causal:
@@ -242,7 +245,7 @@ def read_stack(fields: Fields, family: families.Family, prefix: str = "", role: 
         attn_scale=_attn_scale(fields, family, head_dim_qk),
         bias="alibi" if alibi else "post_scale_bias" if family.relative_bias else "no_bias",
         bias_shape="1hss" if family.relative_bias and not alibi else None,
-        sinks=family.sinks, softcap=float(softcap) if softcap else None,
+        sinks=family.sinks, softcap=float(softcap) if softcap else None, positions=longest,
     )
 
 
