@@ -84,6 +84,8 @@ class Dispatcher:
         self.plan_stats_lock = threading.Lock()
         self.workspaces: dict[tuple[int, int], Any] = {}
         self.workspace_lock = threading.Lock()
+        # Why this process can run no cuDNN graph (tiers.cudnn_missing): None until checked, "" when it can.
+        self.no_cudnn: Optional[str] = None
         # The worker process that builds plans (dense_builds.py), and how many died before answering.
         self.worker: Optional[Any] = None
         self.worker_deaths = 0

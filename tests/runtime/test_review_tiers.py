@@ -97,6 +97,7 @@ def decide_from_memory(monkeypatch):
     """tiers.entry as on a GPU whose selector exists and whose plans for the call are in memory:
     entries.new_entry returns a fused entry of CFG (a fresh one per signature)."""
     monkeypatch.setattr(tiers, "wait_reason", lambda *args: "")
+    monkeypatch.setattr(dispatcher, "no_cudnn", "")  # a process whose cuDNN frontend imports
     monkeypatch.setattr(tiers.selection, "made_default_selector", lambda: object())
     monkeypatch.setattr(tiers.entries, "new_entry",
                         lambda signature, q, k, v, inputs, scales: Entry(signature[0], cfg=CFG, selection=SELECTED))

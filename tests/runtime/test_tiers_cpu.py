@@ -4,6 +4,7 @@ with, plans under a limit, and the worker's job order (runtime/dense_worker.py).
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import itertools
 import json
@@ -104,6 +105,29 @@ def test_optional_tensors_and_a_limited_decision_wait():
     assert tiers.wait_reason(sig, q, k, v, bias, None) == "FP8, or optional tensors"
     with offpath.only(offpath.STORED):
         assert reason(q, k, v) == "a limited decision"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cudnn") is not None, reason="the cuDNN frontend is installed here")
+def test_without_the_cudnn_frontend_torch_runs_each_signature_for_good_and_it_is_said_once(monkeypatch, caplog):
+    monkeypatch.setattr(dispatcher, "no_cudnn", None)
+    monkeypatch.setattr(dispatcher, "worker", None)
+    # torch's own flash / memory-efficient checks refuse CPU tensors: here they stand for a CUDA call they take.
+    monkeypatch.setattr(tiers, "_flash_or_efficient", lambda *args: True)
+    prepared = []
+    monkeypatch.setattr(dispatcher.preparer, "submit", prepared.append)
+    with caplog.at_level("WARNING", logger="fusedattn_select"):
+        for skv in (64, 65):  # a decode-like new KV length: a new signature, nothing to wait for either
+            q, k, v = qkv(skv=skv, cls=ClaimsCuda)
+            plain = [t.as_subclass(torch.Tensor) for t in (q, k, v)]
+            sig = signature(*plain)
+            assert tiers.wait_reason(sig, q, k, v, NONE, None) == ""  # a call that would otherwise wait
+            found = tiers.entry(sig, q, k, v, NONE, None)
+            assert found.runner == entries.RUN_TORCH and found.waiting is None
+            assert "cuDNN frontend (module cudnn) is not installed" in found.torch_because
+            expected = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in plain))
+            torch.testing.assert_close(found.torch_call(*plain), expected.transpose(1, 2))
+    assert prepared == [] and dispatcher.worker is None  # no preparation, no worker process
+    assert caplog.text.count("is not installed") == 1
 
 
 # ----- torch_call --------------------------------------------------------------------------------------
