@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from fusedattn_select.buckets import Bucket, bucket_form
+from fusedattn_select.buckets import bucket_form
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError, SnapshotError
 from fusedattn_select.probing.nearest import NEAREST_LIMIT, NearProblem, RecordedProblem, nearest
@@ -166,32 +166,41 @@ def _entries(path: Path, data: Mapping[str, Any]) -> list[RecordedProblem]:
     return problems
 
 
-# A ladder's recorded bucket verdicts, by (the bucket form's problem class key, bucket).
-BucketIndex = dict[tuple[str, Bucket], tuple[Verdict, ...]]
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+# A ladder's recorded bucket verdicts, by (the bucket form's problem class key, batch, seqlen_q,
+# seqlen_kv): plain tuples, cheaper to make and hash than Bucket for the tens of thousands read.
+BucketIndex = dict[tuple[str, int, int, int], tuple[Verdict, ...]]
 
 
 def _rungs(where: str, group: Mapping[str, Any], verdicts: tuple[Verdict, ...],
-           phases: int) -> list[tuple[Bucket, tuple[Verdict, ...]]]:
-    """A group's rungs: each [batch, seqlen_q, seqlen_kv, then one index into `verdicts` per verdict]."""
+           phases: int) -> list[tuple[int, int, int, tuple[Verdict, ...]]]:
+    """A group's rungs, (batch, seqlen_q, seqlen_kv, verdicts): each recorded as [batch, seqlen_q,
+    seqlen_kv, then one index into `verdicts` per verdict]."""
     rungs = group.get("rungs")
     if not isinstance(rungs, list):
         raise SnapshotError(f"{where}: 'rungs' must be a list of [batch, seqlen_q, seqlen_kv, verdict index...]")
     found = []
+    count = len(verdicts)
+    # `type(x) is int` where the checks say "integer": a bool is not one. Plain comparisons, not
+    # generators: a bundled snapshot has tens of thousands of rungs, read on every `why`.
     for number, rung in enumerate(rungs):
         # A rule answers only the phases it rejects: 1 to `phases` verdicts.
-        if not isinstance(rung, list) or not 4 <= len(rung) <= 3 + phases or not all(_positive(v) for v in rung[:3]):
-            raise SnapshotError(f"{where}: rungs[{number}]={_described(rung, with_type=False)}: must be "
-                                f"[batch, seqlen_q, seqlen_kv] (positive integers) and 1 to {phases} verdict indices")
-        picked = rung[3:]
-        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(verdicts) for i in picked):
-            raise SnapshotError(f"{where}: rungs[{number}]: verdict indices {_described(picked, with_type=False)} "
-                                f"must be in 0..{len(verdicts) - 1}")
-        found.append((Bucket(*rung[:3]), tuple(verdicts[i] for i in picked)))
+        if type(rung) is not list or not 4 <= len(rung) <= 3 + phases:
+            _bad_rung(where, number, rung, phases)
+        batch, seqlen_q, seqlen_kv, *picked = rung
+        if not (type(batch) is int and type(seqlen_q) is int and type(seqlen_kv) is int
+                and batch >= 1 and seqlen_q >= 1 and seqlen_kv >= 1):
+            _bad_rung(where, number, rung, phases)
+        for i in picked:
+            if type(i) is not int or not 0 <= i < count:
+                raise SnapshotError(f"{where}: rungs[{number}]: verdict indices {_described(picked, with_type=False)} "
+                                    f"must be in 0..{count - 1}")
+        found.append((batch, seqlen_q, seqlen_kv, tuple([verdicts[i] for i in picked])))
     return found
+
+
+def _bad_rung(where: str, number: int, rung: object, phases: int) -> None:
+    raise SnapshotError(f"{where}: rungs[{number}]={_described(rung, with_type=False)}: must be "
+                        f"[batch, seqlen_q, seqlen_kv] (positive integers) and 1 to {phases} verdict indices")
 
 
 def _bucket_rows(path: Path, data: Mapping[str, Any], problems: list[RecordedProblem], index: BucketIndex) -> int:
@@ -218,8 +227,8 @@ def _bucket_rows(path: Path, data: Mapping[str, Any], problems: list[RecordedPro
         except _MALFORMED as err:
             raise SnapshotError(f"{where}: malformed verdicts ({_described(err)})") from None
         class_key = own.shape_class_key()
-        for bucket, answer in _rungs(where, group, verdicts, len(own.phases)):
-            index.setdefault((class_key, bucket), answer)
+        for batch, seqlen_q, seqlen_kv, answer in _rungs(where, group, verdicts, len(own.phases)):
+            index.setdefault((class_key, batch, seqlen_q, seqlen_kv), answer)
             count += 1
     return count
 
@@ -303,7 +312,7 @@ class SnapshotEngine:
             return None
         form = bucket_form(cfg)
         recorded = None if form is None else self._buckets.get(
-            (form.shape_class_key(), Bucket(form.batch_size, form.seqlen_q, form.seqlen_kv)))
+            (form.shape_class_key(), form.batch_size, form.seqlen_q, form.seqlen_kv))
         if recorded is None:
             return None
         form_key = form.cache_key()
