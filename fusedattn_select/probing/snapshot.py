@@ -19,7 +19,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NoReturn
 
 from fusedattn_select.buckets import bucket_form
 from fusedattn_select.config import AttnConfig
@@ -198,7 +198,7 @@ def _rungs(where: str, group: Mapping[str, Any], verdicts: tuple[Verdict, ...],
     return found
 
 
-def _bad_rung(where: str, number: int, rung: object, phases: int) -> None:
+def _bad_rung(where: str, number: int, rung: object, phases: int) -> NoReturn:
     raise SnapshotError(f"{where}: rungs[{number}]={_described(rung, with_type=False)}: must be "
                         f"[batch, seqlen_q, seqlen_kv] (positive integers) and 1 to {phases} verdict indices")
 
