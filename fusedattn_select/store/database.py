@@ -11,10 +11,10 @@ process's lock. Before each use a connection checks that the file is still the o
 Damage (a file that is not a SQLite database, or fails `PRAGMA integrity_check`) is repaired by a
 write that meets it, or by `repair()`: every row that can still be read is copied into a fresh
 database (salvage.py), which takes the file's place in one rename (swap.py), under an exclusive
-flock on the directory that every write holds shared. A salvage a dead process left half done is
-finished by the next write, from any process, with one warning. Reads never move files: a read that
-meets damage is a miss, reported once. A read-only Database never writes at all, and reads a
-missing file as an empty database.
+flock on the directory that every write, and every opening of a connection, holds shared. A
+salvage a dead process left half done is finished by the next write, from any process, with one
+warning. Reads never move files: a read that meets damage is a miss, reported once. A read-only
+Database never writes at all, and reads a missing file as an empty database.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Database:
             with channel.lock:
                 try:
                     with self._writing(deadline) if write else contextlib.nullcontext():
-                        conn = self._connection(channel)
+                        conn = self._connection(channel, deadline)
                         return _transaction(conn, action) if write else action(conn)
                 except _SalvagePending:
                     self._finish_pending_salvage(deadline)
@@ -160,7 +160,7 @@ class Database:
             return False
         try:
             with self._writing(time.monotonic()):
-                conn = self._connection(self._writer)
+                conn = self._connection(self._writer, time.monotonic())
                 conn.execute("PRAGMA busy_timeout = 0")
                 try:
                     _transaction(conn, action)
@@ -176,7 +176,12 @@ class Database:
         """Close this process's connections (the next use reopens them)."""
         for channel in (self._reader, self._writer):
             with channel.lock:
-                channel.close()
+                if channel.conn is not None and not self.read_only:
+                    # The last connection to close a file still in place checkpoints it and deletes
+                    # its -wal and -shm by name: not while a salvage moves them (the new file's then).
+                    with contextlib.suppress(OSError, StoreFailure), self._shared(time.monotonic() + BUSY_TIMEOUT_S):
+                        channel.close()
+                channel.close()  # (unlocked, where the lock could not be had)
 
     def repair(self) -> str:
         """Salvage the file if integrity_check finds it damaged (or finish a salvage a process left):
@@ -206,11 +211,25 @@ class Database:
             yield
             return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with shared_flock(self.path.parent, deadline) as held:
-            if not held:
-                raise StoreFailure(f"a salvage of {self.path} held the cache directory past the timeout")
+        with self._shared(deadline):
             if self.salvaged_copy.exists():
                 raise _SalvagePending()
+            yield
+
+    @contextlib.contextmanager
+    def _shared(self, deadline: float) -> Iterator[None]:
+        """Hold the directory's flock shared: no salvage moves the file, its -wal or its -shm meanwhile.
+        A holder may take it again (shared flocks never conflict); a read-only Database that cannot
+        open the directory (none yet) goes on unlocked: it never writes."""
+        with contextlib.ExitStack() as stack:
+            try:
+                held = stack.enter_context(shared_flock(self.path.parent, deadline))
+            except OSError:
+                if not self.read_only:
+                    raise
+                held = True
+            if not held:
+                raise StoreFailure(f"a salvage of {self.path} held the cache directory past the timeout")
             yield
 
     @contextlib.contextmanager
@@ -225,16 +244,23 @@ class Database:
         except OSError as err:  # the lock, or a rename of the salvage
             raise StoreFailure(f"cannot salvage {self.path} ({err})") from None
 
-    def _connection(self, channel: _Connection) -> sqlite3.Connection:
+    def _connection(self, channel: _Connection, deadline: float) -> sqlite3.Connection:
+        """The channel's connection, (re)opened on the file now in place; StoreFailure when a
+        salvage holds the directory past `deadline`."""
         if channel.conn is not None and channel.pid != os.getpid():
             _INHERITED_CONNECTIONS.append(channel.conn)
             channel.conn = None
         if channel.conn is not None and _file_identity(self.path) != channel.identity:
             channel.close()  # another process salvaged the file, or someone deleted the cache
         if channel.conn is None:
-            channel.identity = _file_identity(self.path)
-            conn = self._open_read_only(channel) if self.read_only else self._open(channel)
-            channel.conn, channel.pid = conn, os.getpid()
+            # SQLite opens the -wal and -shm files by name after the database file: a salvage
+            # that moved them in between would pair the old file with the new file's log, and
+            # a write through that connection (the schema, when the old file's own pages do not
+            # hold it yet) would land in the new file's log as pages of the old one.
+            with self._shared(deadline):
+                channel.identity = _file_identity(self.path)
+                conn = self._open_read_only(channel) if self.read_only else self._open(channel)
+                channel.conn, channel.pid = conn, os.getpid()
         return channel.conn
 
     def _open(self, channel: _Connection) -> sqlite3.Connection:
