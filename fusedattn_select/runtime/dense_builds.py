@@ -123,6 +123,26 @@ def ask_decide(selector: Selector | None, signature: tuple, where: tuple[str, in
         return None
 
 
+def cudnn_missing() -> str:
+    """Why this process can run no cuDNN graph ("" when it can): its cuDNN frontend is not installed.
+    Checked once (a frontend installed later in the process is not seen) and said once, as a warning."""
+    why = dispatcher.no_cudnn
+    if why is not None:
+        return why
+    try:
+        found = importlib.util.find_spec("cudnn") is not None
+    except ValueError:  # a module put in sys.modules without a spec: whatever it is, it is there
+        found = True
+    why = "" if found else "the cuDNN frontend (module cudnn) is not installed; install fusedattn-select[cuda] to run cuDNN"
+    with dispatcher.lock:
+        first = dispatcher.no_cudnn is None
+        dispatcher.no_cudnn = why
+    if why and first:
+        log.warning("fusedattn_select: %s. attention() runs the calls torch SDPA can run on torch from their "
+                    "first call", why)
+    return why
+
+
 def ahead_target(device: int) -> tuple[tuple[str, int] | None, str]:
     """((the default store directory, device), "") where a worker can build plans ahead, worked out
     as fresh_store_target does, without this process's selector (which imports cuDNN and opens the
@@ -133,8 +153,9 @@ def ahead_target(device: int) -> tuple[tuple[str, int] | None, str]:
         return None, f"{ENV_VAR}={mode} builds plans where a call needs them"
     if os.environ.get(settings.SNAPSHOT):
         return None, f"{settings.SNAPSHOT} answers from snapshot files: no live cuDNN engine"
-    if importlib.util.find_spec("cudnn") is None:
-        return None, "the cuDNN frontend (module cudnn) is not installed: no live cuDNN engine"
+    missing = cudnn_missing()
+    if missing:
+        return None, f"{missing}: no live cuDNN engine"
     off = cache_switched_off()
     if off:
         return None, f"no persistent store to hand plans over with ({off})"

@@ -170,12 +170,13 @@ def main() -> None:
 
 
 def lowest_cpu_priority() -> None:
-    """Run this process (and the threads it starts) at the lowest CPU priority: its builds are work
-    ahead of need, and at the caller's priority they slowed the caller's own calls wherever the two
-    shared CPUs (docs/performance.md, "Measured facts behind the design")."""
+    """Run this process, and the threads it starts, at the lowest CPU priority (nice 19, whatever the
+    caller's): at the caller's priority its work slowed the caller's own calls wherever the two
+    shared CPUs (docs/performance.md, "Measured facts behind the design"). Its jobs are mostly work
+    the caller does not wait for; the paths that do wait on one are listed in docs/dispatch.md."""
     try:
-        os.nice(19)
-    except (AttributeError, OSError):  # no nice() on this platform: builds at the caller's priority
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+    except (AttributeError, OSError):  # no priorities on this platform: builds at the caller's priority
         pass
 
 

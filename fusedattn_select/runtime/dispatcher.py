@@ -84,7 +84,7 @@ class Dispatcher:
         self.plan_stats_lock = threading.Lock()
         self.workspaces: dict[tuple[int, int], Any] = {}
         self.workspace_lock = threading.Lock()
-        # Why this process can run no cuDNN graph (tiers.cudnn_missing): None until checked, "" when it can.
+        # Why this process can run no cuDNN graph (dense_builds.cudnn_missing): None until checked, "" when it can.
         self.no_cudnn: Optional[str] = None
         # The worker process that builds plans (dense_builds.py), and how many died before answering.
         self.worker: Optional[Any] = None
@@ -118,7 +118,8 @@ class Dispatcher:
 
     def clear(self) -> None:
         """Forget every decision, count, runner choice and plan (clear_plans): the next call of each
-        signature decides again. The loaded compiled module, the worker and the kernels stay."""
+        signature decides again. The loaded compiled module, the worker, the kernels and whether the
+        cuDNN frontend is installed stay."""
         self.entries.clear()
         with self.lock:
             self.by_call.clear()

@@ -5,7 +5,7 @@ When its selections or plans are not there, the call runs on torch's SDPA (flash
 the same problem, exactly) and the signature waits: a background thread of this process reads the
 persistent store, or asks the worker process (dense_builds) to select and build everything the
 signature runs, then loads it from the store. A later call swaps the cuDNN runner in, once, logged. Without the
-cuDNN frontend there is nothing to prepare: torch runs the signature for good (`cudnn_missing`).
+cuDNN frontend there is nothing to prepare: torch runs the signature for good (`dense_builds.cudnn_missing`).
 
 When the swap comes, both runners are timed on the caller's own tensors (forward calls in turns,
 CUDA events) and the faster one keeps the signature's bucket, persisted in the store per bucket and
@@ -20,7 +20,6 @@ flash nor memory-efficient attention takes (torch would run its math kernel).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from collections.abc import Callable
@@ -65,7 +64,7 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
         why = wait_reason(signature, q, k, v, inputs, scales)
         if why:
             return entries.new_entry(signature, q, k, v, inputs, scales)
-        missing = cudnn_missing()
+        missing = dense_builds.cudnn_missing()
         if missing:  # nothing to prepare: torch runs it for good, from its first call
             return Entry(signature[0], fallback=FALLBACK_TORCH, torch_because=missing,
                          torch_call=torch_call(signature[0], q, k, v))
@@ -98,23 +97,6 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     if built:
         dispatcher.counters["entries_built"] += 1
     return found
-
-
-def cudnn_missing() -> str:
-    """Why this process can run no cuDNN graph ("" when it can): its cuDNN frontend is not installed.
-    Checked once, and said once, as a warning."""
-    why = dispatcher.no_cudnn
-    if why is not None:
-        return why
-    why = "" if importlib.util.find_spec("cudnn") is not None else (
-        "the cuDNN frontend (module cudnn) is not installed; install fusedattn-select[cuda] to run cuDNN")
-    with dispatcher.lock:
-        first = dispatcher.no_cudnn is None
-        dispatcher.no_cudnn = why
-    if why and first:
-        log.warning("fusedattn_select: %s. attention() runs the calls torch SDPA can run on torch from their "
-                    "first call", why)
-    return why
 
 
 def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
@@ -291,7 +273,7 @@ def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Ent
     checkpointing) for a signature eager calls run on torch: its cuDNN entry, waiting for it where
     it is being prepared, else decided now from `signature` and `call` (q, k, v, inputs, scales);
     `found` itself where there is none (its preparation failed: torch runs it for good)."""
-    if not found.torch_because:
+    if not found.torch_because or dispatcher.no_cudnn:  # (no cuDNN frontend: nothing else can run it)
         return found
     if found.cudnn is None:
         job = found.waiting

@@ -6,10 +6,12 @@ tests/gpu/test_build_ahead.py."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +79,15 @@ def test_the_ladder_ends_at_the_length_the_model_reader_reads():
     # The nested text model's length, as the reader reads it, for a multimodal config.
     nested = {"model_type": "llava", "text_config": dict(LLAMA, max_position_embeddings=2048)}
     assert max(c.seqlen_kv for c in build_ahead.model_calls(nested)) == 2048
+
+
+def test_each_stack_climbs_to_its_own_length():
+    # Whisper small: the encoder takes 1500 frames (its ladder ends at 2048), the decoder 448 tokens (512).
+    whisper = json.loads((Path(__file__).resolve().parents[1] / "data" / "hf_configs" / "whisper-small.json").read_text())
+    calls = build_ahead.model_calls(whisper)
+    assert max(c.seqlen_kv for c in calls if c.mask == "no_mask" and c.seqlen_q > 1) == 2048
+    assert max(c.seqlen_kv for c in calls if c.mask == "causal") == 512
+    assert max(c.seqlen_kv for c in calls if c.seqlen_q == 1) == 512  # decode steps: the decoder's
 
 
 LLAMA_CALL = build_ahead.model_calls(LLAMA)[0]

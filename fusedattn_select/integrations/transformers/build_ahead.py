@@ -3,8 +3,8 @@ background before its calls need them, into the persistent store (the next proce
 
 `register(model=...)` (or a config) reads the model's attention problems (problems.py) and walks
 each problem class over its bucket ladder (buckets.py), up to `max_batch` and `max_length`
-(default: the longest sequence the model reader reads from the config, `AttentionStack.positions`). The
-buckets go to the worker process that builds plans (runtime/dense_builds.queue_ahead) at the
+(default: each attention stack's own longest sequence as the model reader reads it,
+`AttentionStack.positions`). The buckets go to the worker process that builds plans (runtime/dense_builds.queue_ahead) at the
 priority of build-ahead work: any call's own preparation runs first.
 
 Order (likeliest first): batch sizes smallest first, then lengths shortest first, and at each
@@ -26,9 +26,11 @@ that says how many buckets were queued.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_all
+from dataclasses import replace
 from typing import Any
 
 from fusedattn_select import dtypes
@@ -71,14 +73,15 @@ def model_plan(source: Any, *, max_batch: int = 1, max_length: int | None = None
                dtype: Any = None) -> tuple[list[AttnConfig], str]:
     """(model_calls' configs, what was left out and why: "" when nothing was)."""
     check_arguments(max_batch, max_length, training)
-    data = config_data(source)
-    reading = read_model(data)
-    length = max_length or max(stack.positions or stack.seqlen_kv for stack in reading.stacks)
+    reading = read_model(config_data(source))
     found: list[tuple[tuple[int, int, int], AttnConfig]] = []
     left_out: dict[str, str] = {}
-    for batch in powers_of_two(1, bucket_batch(max_batch)):
+    # Each stack up to its own length (Whisper's decoder takes 448 tokens, its encoder 1500).
+    ladders = [(replace(reading, stacks=(stack,)), max_length or stack.positions or stack.seqlen_kv)
+               for stack in reading.stacks]
+    for batch, (one, length) in itertools.product(powers_of_two(1, bucket_batch(max_batch)), ladders):
         for seqlen in powers_of_two(MIN_SEQLEN, bucket_seqlen(length)):
-            for problem in model_problems(reading, batch, seqlen, training, dtype, seqlen):
+            for problem in model_problems(one, batch, seqlen, training, dtype, seqlen):
                 if problem.integration_reasons:
                     left_out.setdefault(problem.name, problem.integration_reasons[0].split(":")[0])
                     continue
