@@ -126,6 +126,8 @@ def test_without_the_cudnn_frontend_torch_runs_each_signature_for_good_and_it_is
             assert "cuDNN frontend (module cudnn) is not installed" in found.torch_because
             expected = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in plain))
             torch.testing.assert_close(found.torch_call(*plain), expected.transpose(1, 2))
+            # The paths that never switch kernels (compiled ops, checkpointing) keep torch too: nothing else can run it.
+            assert tiers.cudnn_entry(found, sig, q, k, v, NONE, None) is found
     assert prepared == [] and dispatcher.worker is None  # no preparation, no worker process
     assert caplog.text.count("is not installed") == 1
 
