@@ -76,9 +76,9 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
         except offpath.NotReady as err:
             log.debug("fusedattn_select: %s runs on torch SDPA until its cuDNN plans are ready (%s)",
                       _describe(signature), err)
+            job, shares = preparation(signature)
             return Entry(signature[0], fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet",
-                         waiting=dispatcher.preparer.submit(lambda: prepare(signature)),
-                         torch_call=torch_call(signature[0], q, k, v))
+                         waiting=job, shares=shares, torch_call=torch_call(signature[0], q, k, v))
         if not found.fused:
             return found
         key = runner_key(found)
@@ -97,6 +97,19 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     if built:
         dispatcher.counters["entries_built"] += 1
     return found
+
+
+def preparation(signature: tuple) -> tuple[Future, bool]:
+    """(the job preparing `signature`, whether it prepares another signature of its bucket): one in
+    flight for the same entries.share_key serves it (its swap decides it from memory); else a new one."""
+    key = entries.share_key(signature)
+    with dispatcher.lock:
+        job = dispatcher.preparing.get(key)
+        if job is not None and not job.done():
+            dispatcher.counters["shared_preparations"] += 1
+            return job, True
+        job = dispatcher.preparing[key] = dispatcher.preparer.submit(lambda: prepare(signature))
+    return job, False
 
 
 def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
@@ -245,9 +258,13 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
         prepared: Entry = job.result()
     except Exception as err:  # noqa: BLE001 - the waiting ends; torch keeps the signature
         return _stays_on_torch(waiting, f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})")
-    if prepared.fused:
+    if prepared.fused or waiting.shares:
         why: list[str] = []
-        prepared = for_callers_geometry(prepared, q, k, v, why)
+        prepared = for_callers_geometry(prepared, q, k, v, why, again=waiting.shares)
+        if prepared is None and waiting.shares:  # memory lacks what its bucket's job left: prepare its own
+            signature = entries.key(q, k, v, waiting.opts, NO_INPUTS)
+            waiting.waiting, waiting.shares = preparation(signature)[0], False
+            return waiting
         if prepared is None:
             return _stays_on_torch(waiting, "its cuDNN runner for the caller's strides could not be decided "
                                             f"from what memory holds ({'; '.join(why) or 'no reason given'})")
@@ -278,8 +295,8 @@ def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Ent
     if found.cudnn is None:
         job = found.waiting
         prepared = job.result() if job is not None and job.exception() is None else None
-        if prepared is not None and prepared.fused and len(call) >= 3:
-            prepared = for_callers_geometry(prepared, *call[:3])
+        if prepared is not None and (prepared.fused or found.shares) and len(call) >= 3:
+            prepared = for_callers_geometry(prepared, *call[:3], again=found.shares)
         if prepared is None and signature is not None:
             prepared = entries.new_entry(signature, *call)
         found.cudnn = prepared
@@ -424,16 +441,17 @@ def dummies(signature: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         why: list[str] | None = None) -> Entry | None:
-    """`prepared` (decided on the dummies) where the caller's tensors are compact too; else the
-    signature decided again on the caller's own tensors, from memory (None: memory lacks something).
+                         why: list[str] | None = None, again: bool = False) -> Entry | None:
+    """`prepared` (decided on the dummies) where the caller's tensors are compact too and it was
+    prepared for this signature (not `again`); else the signature decided again on the caller's own
+    tensors, from memory (None: memory lacks something).
 
     The dummies load or build every selection and plan the signature runs, and plans depend on
     shapes and layout only. What the kernels do with the caller's own strides is decided here, so
     the runner swapped in, and the one timed against torch, read the caller's memory as it is: K
     and V read in place as rows of a longer cache (ragged.kv_steps: the bucket plans' offsets step
     a cache row, not a compact sequence), the Lean's bound geometry, heads-as-batch views."""
-    if all(t.stride() == dense_strides(tuple(t.shape), t.stride()) for t in (q, k, v)):
+    if not again and all(t.stride() == dense_strides(tuple(t.shape), t.stride()) for t in (q, k, v)):
         return prepared
     try:
         with offpath.only(offpath.MEMORY):
