@@ -4,14 +4,14 @@ exactly, else reference.py. Both are differentiable with plain autograd."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
 from fusedattn_select.runtime import reference
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, TO_BHSD, bhsd
 
 FALLBACK_TORCH = "torch_sdpa"
 FALLBACK_REFERENCE = "reference"
@@ -131,3 +131,62 @@ def fallback_backward(kind: str, options: CallOptions, grad_out: torch.Tensor, q
         wanted = [t for t in leaves if t is not None and t.requires_grad]
         grads = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True))
     return tuple(next(grads) if t is not None and t.requires_grad else None for t in leaves)
+
+
+# ----- the torch runner of first contact (runtime/tiers.py) -----------------------------------------
+# torch's flash and memory-efficient kernels, called directly (None on a torch without them).
+_flash = getattr(torch, "_scaled_dot_product_flash_attention", None)
+_efficient = getattr(torch, "_scaled_dot_product_efficient_attention", None)
+
+
+def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """f(q, k, v) -> out on torch for a signature tiers.wait_reason lets run there, with everything but the
+    tensors fixed once: torch's flash kernel, else its memory-efficient one, called directly; SDPA
+    itself where neither is (CPU tensors, a head dim SDPA pads, torch's own switches turning them off).
+
+    Not through SDPA: SDPA picks its kernel by process-wide switches, and its cuDNN kernel builds
+    graphs of its own on a new shape's first call, which is what running on torch avoids; turning that switch
+    off around a call would turn it off for every thread meanwhile, and undo a change another
+    thread made."""
+    qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
+    causal = sdpa_mask_form(opts.mask, qb.shape[2], kb.shape[2]) == "causal"
+    gqa = qb.shape[1] != kb.shape[1]
+    dropout, scale, lse = opts.dropout, opts.attn_scale, opts.training
+    kernel = _direct_kernel(qb, kb, vb, dropout, causal, gqa)
+    # The caller's dims to BHSD (what the kernels take) and back; none for BHSD itself.
+    to, back = (None, None) if opts.layout == "bhsd" else (TO_BHSD[opts.layout], FROM_BHSD[opts.layout])
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if to is not None:
+            q, k, v = q.permute(to), k.permute(to), v.permute(to)
+        if kernel == "flash":
+            out = _flash(q, k, v, dropout, causal, False, scale=scale)[0]
+        elif kernel == "efficient":  # its log-sum-exp only where a backward needs it
+            out = _efficient(q, k, v, None, lse, dropout, causal, scale=scale)[0]
+        elif gqa:
+            out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True)
+        else:
+            out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
+        return out if back is None else out.permute(back)
+
+    return call
+
+
+def _direct_kernel(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, dropout: float, causal: bool,
+                   gqa: bool) -> str:
+    """"flash" or "efficient" where torch's own checks let that kernel take the problem as given
+    (SDPA pads a head dim that is not a multiple of 8 and makes the last dim contiguous first; the
+    memory-efficient kernel takes no GQA), else "sdpa"."""
+    if not qb.is_cuda or _flash is None or _efficient is None:
+        return "sdpa"
+    if qb.shape[-1] % 8 or vb.shape[-1] % 8 or any(t.stride(-1) != 1 for t in (qb, kb, vb)):
+        return "sdpa"
+    try:
+        params = torch.backends.cuda.SDPAParams(qb, kb, vb, None, dropout, causal, gqa)
+        if torch.backends.cuda.can_use_flash_attention(params, False):
+            return "flash"
+        if not gqa and torch.backends.cuda.can_use_efficient_attention(params, False):
+            return "efficient"
+    except (AttributeError, TypeError, RuntimeError):  # an older torch: SDPA chooses
+        pass
+    return "sdpa"

@@ -36,8 +36,8 @@ from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fused import fused_forward
 from fusedattn_select.runtime.lean import lean_forward
 from fusedattn_select.runtime.heads import as_heads, back
-from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, torch_sdpa, torch_sdpa_blocker
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, TO_BHSD, bhsd
+from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, torch_call, torch_sdpa_blocker
+from fusedattn_select.runtime.tensor_layouts import bhsd
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection import runners
@@ -109,7 +109,14 @@ def preparation(signature: tuple) -> tuple[Future, bool]:
             dispatcher.counters["shared_preparations"] += 1
             return job, True
         job = dispatcher.preparing[key] = dispatcher.preparer.submit(lambda: prepare(signature))
+    job.add_done_callback(lambda done: _forget_preparation(key, done))  # (outside the lock: it may run now)
     return job, False
+
+
+def _forget_preparation(key: tuple, done: Future) -> None:
+    with dispatcher.lock:
+        if dispatcher.preparing.get(key) is done:
+            del dispatcher.preparing[key]
 
 
 def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
@@ -170,70 +177,12 @@ def _describe(signature: tuple) -> str:
 
 
 # ----- running and swapping -------------------------------------------------------------------------
-# torch's flash and memory-efficient kernels, called directly (None on a torch without them).
-_flash = getattr(torch, "_scaled_dot_product_flash_attention", None)
-_efficient = getattr(torch, "_scaled_dot_product_efficient_attention", None)
-
-
-def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """f(q, k, v) -> out on torch for a signature `wait_reason` lets run there, with everything but the
-    tensors fixed once: torch's flash kernel, else its memory-efficient one, called directly; SDPA
-    itself where neither is (CPU tensors, a head dim SDPA pads, torch's own switches turning them off).
-
-    Not through SDPA: SDPA picks its kernel by process-wide switches, and its cuDNN kernel builds
-    graphs of its own on a new shape's first call, which is what running on torch avoids; turning that switch
-    off around a call would turn it off for every thread meanwhile, and undo a change another
-    thread made."""
-    qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
-    causal = sdpa_mask_form(opts.mask, qb.shape[2], kb.shape[2]) == "causal"
-    gqa = qb.shape[1] != kb.shape[1]
-    dropout, scale, lse = opts.dropout, opts.attn_scale, opts.training
-    kernel = _direct_kernel(qb, kb, vb, dropout, causal, gqa)
-    # The caller's dims to BHSD (what the kernels take) and back; none for BHSD itself.
-    to, back = (None, None) if opts.layout == "bhsd" else (TO_BHSD[opts.layout], FROM_BHSD[opts.layout])
-
-    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if to is not None:
-            q, k, v = q.permute(to), k.permute(to), v.permute(to)
-        if kernel == "flash":
-            out = _flash(q, k, v, dropout, causal, False, scale=scale)[0]
-        elif kernel == "efficient":  # its log-sum-exp only where a backward needs it
-            out = _efficient(q, k, v, None, lse, dropout, causal, scale=scale)[0]
-        elif gqa:
-            out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True)
-        else:
-            out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
-        return out if back is None else out.permute(back)
-
-    return call
-
-
-def _direct_kernel(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, dropout: float, causal: bool,
-                   gqa: bool) -> str:
-    """"flash" or "efficient" where torch's own checks let that kernel take the problem as given
-    (SDPA pads a head dim that is not a multiple of 8 and makes the last dim contiguous first; the
-    memory-efficient kernel takes no GQA), else "sdpa"."""
-    if not qb.is_cuda or _flash is None or _efficient is None:
-        return "sdpa"
-    if qb.shape[-1] % 8 or vb.shape[-1] % 8 or any(t.stride(-1) != 1 for t in (qb, kb, vb)):
-        return "sdpa"
-    try:
-        params = torch.backends.cuda.SDPAParams(qb, kb, vb, None, dropout, causal, gqa)
-        if torch.backends.cuda.can_use_flash_attention(params, False):
-            return "flash"
-        if not gqa and torch.backends.cuda.can_use_efficient_attention(params, False):
-            return "efficient"
-    except (AttributeError, TypeError, RuntimeError):  # an older torch: SDPA chooses
-        pass
-    return "sdpa"
-
-
 def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Any:
     """Run a torch-served signature; swap in its prepared runner first when it is ready."""
     if found.opts.training and (_saved_tensor_hooks() is not None or _current_graph_task() != -1):
         # Checkpointing: a forward the backward recomputes, or the recomputation. Both run the cuDNN
         # entry, so a swap between them cannot make the recomputation run another kernel.
-        fixed = cudnn_entry(found, None, q, k, v)
+        fixed = cudnn_entry(found, entries.key(q, k, v, found.opts, NO_INPUTS), q, k, v, NO_INPUTS, None)
         if fixed is not found:
             return run_decided(fixed, q, k, v, NO_INPUTS, False, False)
     job = found.waiting
@@ -249,22 +198,26 @@ def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_dec
 
 
 def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Entry:
-    """Put the prepared entry (or, where measured faster, torch for good) in place of `waiting`, once."""
+    """Put the prepared entry (or, where measured faster, torch for good) in place of `waiting`, once.
+    A signature that waited on another's preparation (`shares`) is decided for itself from memory
+    instead; where memory cannot serve it, it starts its own preparation and stays waiting."""
     with dispatcher.lock:
         if waiting.waiting is not job:
             return waiting
         waiting.waiting = None
-    try:
-        prepared: Entry = job.result()
-    except Exception as err:  # noqa: BLE001 - the waiting ends; torch keeps the signature
-        return _stays_on_torch(waiting, f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})")
-    if prepared.fused or waiting.shares:
-        why: list[str] = []
-        prepared = for_callers_geometry(prepared, q, k, v, why, again=waiting.shares)
-        if prepared is None and waiting.shares:  # memory lacks what its bucket's job left: prepare its own
-            signature = entries.key(q, k, v, waiting.opts, NO_INPUTS)
-            waiting.waiting, waiting.shares = preparation(signature)[0], False
+    if waiting.shares:  # the other signature's job (done, or failed) only says its bucket was prepared
+        own = _decided_for_sharer(waiting, q, k, v)
+        if own is None or own is waiting:
             return waiting
+        prepared = own
+    else:
+        try:
+            prepared = job.result()
+        except Exception as err:  # noqa: BLE001 - the waiting ends; torch keeps the signature
+            return _stays_on_torch(waiting, f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})")
+    if prepared.fused:
+        why: list[str] = []
+        prepared = for_callers_geometry(prepared, q, k, v, why)
         if prepared is None:
             return _stays_on_torch(waiting, "its cuDNN runner for the caller's strides could not be decided "
                                             f"from what memory holds ({'; '.join(why) or 'no reason given'})")
@@ -283,6 +236,21 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", _describe_entry(prepared),
              "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
     return new
+
+
+def _decided_for_sharer(waiting: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry | None:
+    """`waiting`'s signature decided on the caller's tensors from memory; None after it started a
+    preparation of its own (memory lacks something); `waiting` itself, on torch for good, where
+    deciding it failed otherwise."""
+    signature = entries.key(q, k, v, waiting.opts, NO_INPUTS)
+    try:
+        with offpath.only(offpath.MEMORY):
+            return entries.new_entry(signature, q, k, v, NO_INPUTS, None)
+    except offpath.NotReady:
+        waiting.waiting, waiting.shares = preparation(signature)
+        return None
+    except Exception as err:  # noqa: BLE001 - the call goes on, on torch
+        return _stays_on_torch(waiting, f"it could not be decided from memory ({type(err).__name__}: {err})")
 
 
 def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Entry:

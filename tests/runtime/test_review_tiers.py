@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.runtime import api, dense_builds, entries, tiers
+from fusedattn_select.runtime import api, dense_builds, entries, fallback, tiers
 from fusedattn_select.runtime.dispatcher import Preparer, dispatcher
 from fusedattn_select.runtime.args import Arguments, call_options
 from fusedattn_select.runtime.entries import Entry
@@ -384,13 +384,13 @@ def test_two_signatures_of_one_bucket_decided_at_once_share_one_measured_choice(
 def test_torch_call_does_not_undo_a_switch_change_made_meanwhile(monkeypatch):
     q, k, v = qkv()
     call = tiers.torch_call(opts_of(q, k, v), q, k, v)
-    real = tiers.torch_sdpa
+    real = fallback.torch_sdpa
 
     def sdpa_while_another_thread_turns_cudnn_off(*args, **kwargs):
         torch.backends.cuda.enable_cudnn_sdp(False)  # the user's own setting, from another thread
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tiers, "torch_sdpa", sdpa_while_another_thread_turns_cudnn_off)
+    monkeypatch.setattr(fallback, "torch_sdpa", sdpa_while_another_thread_turns_cudnn_off)
     before = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(True)
     try:

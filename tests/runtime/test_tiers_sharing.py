@@ -127,6 +127,60 @@ def test_a_shared_preparation_that_memory_cannot_serve_starts_the_signatures_own
     assert len(submitted) == 2 and dispatcher.counters["stays_on_torch"] == 0
 
 
+def test_a_third_signature_that_meets_the_seconds_own_preparation_is_still_decided_for_itself(submitted, monkeypatch):
+    first, _ = decided(300)
+    second, call2 = decided(301)
+    third, call3 = decided(302)
+    submitted[0].set_result(Entry(first.opts, cfg=CFG, selection=SELECTED))
+    memory: dict = {}
+
+    def from_memory(signature, *call):
+        if signature not in memory:
+            raise offpath.NotReady("its plans are not in memory")
+        return memory[signature]
+
+    monkeypatch.setattr(tiers.entries, "new_entry", from_memory)
+    never = lambda *args: pytest.fail("no call runs here")  # noqa: E731
+    tiers.swap(second, second.waiting, *call2, never)   # memory lacks it: its own preparation
+    assert second.waiting is submitted[1] and not second.shares
+    tiers.swap(third, third.waiting, *call3, never)     # meets the second's preparation in flight: shares it
+    assert third.waiting is submitted[1] and third.shares
+    submitted[1].set_result(Entry(second.opts, cfg=CFG.replace(seqlen_kv=301), selection=SELECTED))
+    own = memory[entries.key(*call3, third.opts, NONE)] = Entry(third.opts, cfg=CFG.replace(seqlen_kv=302),
+                                                                 selection=SELECTED)
+    assert tiers.swap(third, third.waiting, *call3, never) is own  # never the second's entry
+
+
+def test_a_failed_shared_preparation_does_not_leave_the_other_signatures_on_torch_for_good(submitted, monkeypatch):
+    first, _ = decided(300)
+    second, call = decided(301)
+    submitted[0].set_exception(RuntimeError("the worker process exited with code -9"))
+    own = Entry(second.opts, cfg=CFG.replace(seqlen_kv=301), selection=SELECTED)
+    monkeypatch.setattr(tiers.entries, "new_entry", lambda signature, *args: own)
+    assert tiers.swap(second, second.waiting, *call, lambda *args: pytest.fail("no call runs here")) is own
+    assert dispatcher.counters["stays_on_torch"] == 0
+
+
+def test_a_checkpointed_forward_and_its_recomputation_run_one_entry(submitted, monkeypatch):
+    q, k, v = (t.requires_grad_() for t in decode_step(64)[0])
+    opts = call_options(q, k, v, NONE, Arguments(mask="causal_bottom_right"))
+    first = tiers.entry(entries.key(q, k, v, opts, NONE), q, k, v, NONE, None)
+    q2, k2, v2 = (torch.randn_like(t).requires_grad_() for t in (q, k, v[:, :-1]))  # KV 63: the same bucket
+    second = tiers.entry(entries.key(q2, k2, v2, opts, NONE), q2, k2, v2, NONE, None)
+    assert second.shares
+    submitted[0].set_result(Entry(first.opts, cfg=CFG, selection=SELECTED))
+    own = Entry(second.opts, cfg=CFG.replace(seqlen_kv=63), selection=SELECTED)
+    # Memory lacks it: the checkpointed forward decides it on the caller's thread, once.
+    monkeypatch.setattr(tiers.entries, "new_entry",
+                        lambda *args: (_ for _ in ()).throw(offpath.NotReady("not in memory"))
+                        if offpath.limit() is offpath.MEMORY else own)
+    ran = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        for _ in range(2):  # the forward, then its recomputation in the backward
+            tiers.run(second, q2, k2, v2, lambda found, *args: ran.append(found) or q2)
+    assert ran == [own, own]
+
+
 def test_the_compiled_and_checkpointing_paths_decide_a_shared_signature_for_themselves(submitted, monkeypatch):
     first, _ = decided(300)
     second, (q, k, v) = decided(301)
