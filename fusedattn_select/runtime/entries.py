@@ -85,7 +85,7 @@ class Entry:
     # Run by torch SDPA, and why: its cuDNN runner is not ready (`waiting` prepares it) or measured slower (tiers.py).
     torch_because: str = ""
     waiting: Optional[Future] = None
-    torch_call: Any = None               # (q, k, v) -> out on torch SDPA, made once (tiers.torch_call)
+    torch_call: Any = None               # (q, k, v) -> out on torch SDPA, made once (fallback.torch_call)
     shares: bool = False                 # `waiting` prepares another signature of its bucket (tiers.share_key)
     cudnn: Optional[Entry] = None        # a torch-run signature's cuDNN entry, for paths that never switch
     # What runs its calls (RUNNERS), chosen by `settle` once the entry is decided.
