@@ -77,7 +77,7 @@ class Dispatcher:
         self.timings: OncePerKey[Any] = OncePerKey()
         self.choices_lock = threading.Lock()
         self.preparer = Preparer("fusedattn-prepare")
-        # The preparation in flight per tiers.share_key (guarded by `lock`): a new signature of the
+        # The preparation in flight per entries.share_key (guarded by `lock`): a new signature of the
         # same bucket waits on it instead of starting its own.
         self.preparing: dict[tuple, Future] = {}
         # Plans (plans.py): by (device, plan key) and by (device, problem, backend, phase); their

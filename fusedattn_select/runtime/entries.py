@@ -86,7 +86,7 @@ class Entry:
     torch_because: str = ""
     waiting: Optional[Future] = None
     torch_call: Any = None               # (q, k, v) -> out on torch SDPA, made once (fallback.torch_call)
-    shares: bool = False                 # `waiting` prepares another signature of its bucket (tiers.share_key)
+    shares: bool = False                 # `waiting` prepares another signature of its bucket (entries.share_key)
     cudnn: Optional[Entry] = None        # a torch-run signature's cuDNN entry, for paths that never switch
     # What runs its calls (RUNNERS), chosen by `settle` once the entry is decided.
     runner: str = ""

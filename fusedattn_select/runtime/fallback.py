@@ -1,5 +1,6 @@
 """The fallback when no fused kernel runs a call: torch's own SDPA where it expresses the problem
-exactly, else reference.py. Both are differentiable with plain autograd."""
+exactly, else reference.py. Both are differentiable with plain autograd. Also the torch runner of
+first contact (`torch_call`: torch's flash or memory-efficient kernel, called directly)."""
 
 from __future__ import annotations
 

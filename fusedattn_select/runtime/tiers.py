@@ -182,7 +182,7 @@ def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_dec
     if found.opts.training and (_saved_tensor_hooks() is not None or _current_graph_task() != -1):
         # Checkpointing: a forward the backward recomputes, or the recomputation. Both run the cuDNN
         # entry, so a swap between them cannot make the recomputation run another kernel.
-        fixed = cudnn_entry(found, entries.key(q, k, v, found.opts, NO_INPUTS), q, k, v, NO_INPUTS, None)
+        fixed = cudnn_entry(found, None, q, k, v, NO_INPUTS, None)
         if fixed is not found:
             return run_decided(fixed, q, k, v, NO_INPUTS, False, False)
     job = found.waiting
@@ -205,7 +205,8 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
         if waiting.waiting is not job:
             return waiting
         waiting.waiting = None
-    if waiting.shares:  # the other signature's job (done, or failed) only says its bucket was prepared
+    shared = waiting.shares
+    if shared:  # the other signature's job (done, or failed) only says its bucket was prepared
         own = _decided_for_sharer(waiting, q, k, v)
         if own is None or own is waiting:
             return waiting
@@ -215,7 +216,7 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
             prepared = job.result()
         except Exception as err:  # noqa: BLE001 - the waiting ends; torch keeps the signature
             return _stays_on_torch(waiting, f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})")
-    if prepared.fused:
+    if prepared.fused and not shared:  # (a sharer's was decided on the caller's own tensors)
         why: list[str] = []
         prepared = for_callers_geometry(prepared, q, k, v, why)
         if prepared is None:
@@ -247,7 +248,9 @@ def _decided_for_sharer(waiting: Entry, q: torch.Tensor, k: torch.Tensor, v: tor
         with offpath.only(offpath.MEMORY):
             return entries.new_entry(signature, q, k, v, NO_INPUTS, None)
     except offpath.NotReady:
-        waiting.waiting, waiting.shares = preparation(signature)
+        job, shares = preparation(signature)
+        with dispatcher.lock:  # read as a pair by cudnn_entry
+            waiting.waiting, waiting.shares = job, shares
         return None
     except Exception as err:  # noqa: BLE001 - the call goes on, on torch
         return _stays_on_torch(waiting, f"it could not be decided from memory ({type(err).__name__}: {err})")
@@ -256,18 +259,22 @@ def _decided_for_sharer(waiting: Entry, q: torch.Tensor, k: torch.Tensor, v: tor
 def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Entry:
     """The entry of a path that never switches kernels mid-run (the compiled custom ops, activation
     checkpointing) for a signature eager calls run on torch: its cuDNN entry, waiting for it where
-    it is being prepared, else decided now from `signature` and `call` (q, k, v, inputs, scales);
-    `found` itself where there is none (its preparation failed: torch runs it for good)."""
+    it is being prepared, else decided now from `signature` and `call` (q, k, v, inputs, scales; a
+    signature that waited on another's preparation is decided for itself); `found` itself where
+    there is none (no signature given and no usable preparation: torch runs it)."""
     if not found.torch_because or dispatcher.no_cudnn:  # (no cuDNN frontend: nothing else can run it)
         return found
     if found.cudnn is None:
-        job = found.waiting
+        with dispatcher.lock:  # the pair as one swap left it (a sharer may start its own job meanwhile)
+            job, shares = found.waiting, found.shares
         prepared = job.result() if job is not None and job.exception() is None else None
-        if prepared is not None and (prepared.fused or found.shares) and len(call) >= 3:
-            prepared = for_callers_geometry(prepared, *call[:3], again=found.shares)
+        if prepared is not None and (prepared.fused or shares) and len(call) >= 3:
+            prepared = for_callers_geometry(prepared, *call[:3], again=shares)
+        if prepared is None and shares and signature is None and len(call) >= 5:
+            signature = entries.key(*call[:3], found.opts, call[3])  # its bucket's job was another's
         if prepared is None and signature is not None:
             prepared = entries.new_entry(signature, *call)
-        found.cudnn = prepared
+        found.cudnn = prepared if prepared is not found else None  # (under capture: its eager twin)
     return found.cudnn if found.cudnn is not None else found
 
 

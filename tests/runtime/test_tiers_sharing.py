@@ -87,6 +87,7 @@ def test_new_signatures_of_one_bucket_wait_on_the_preparation_in_flight(submitte
     assert len(submitted) == 2 and dispatcher.counters["shared_preparations"] == 1
     assert all(e.torch_because == "its cuDNN plans are not ready yet" for e in (first, second, other))
     submitted[0].set_result(Entry(first.opts, cfg=CFG, selection=SELECTED))
+    assert len(dispatcher.preparing) == 1  # a finished preparation is forgotten; the other bucket's is in flight
     third, _ = decided(302)     # the bucket's preparation is done: no job in flight to share
     assert third.waiting is not first.waiting and not third.shares and len(submitted) == 3
 
@@ -179,6 +180,24 @@ def test_a_checkpointed_forward_and_its_recomputation_run_one_entry(submitted, m
         for _ in range(2):  # the forward, then its recomputation in the backward
             tiers.run(second, q2, k2, v2, lambda found, *args: ran.append(found) or q2)
     assert ran == [own, own]
+
+
+def test_a_signature_whose_cudnn_runner_failed_when_timed_stays_on_torch_under_checkpointing(submitted, monkeypatch):
+    q, k, v = (t.requires_grad_() for t in decode_step(64)[0])
+    found = tiers.entry(entries.key(q, k, v, call_options(q, k, v, NONE, Arguments(mask="causal_bottom_right")), NONE),
+                        q, k, v, NONE, None)
+    submitted[0].set_result(Entry(found.opts, cfg=CFG, selection=SELECTED))
+
+    def fails(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (the cuDNN workspace)")
+
+    monkeypatch.setattr(tiers, "cudnn_forward", fails)
+    monkeypatch.setattr(tiers.entries, "new_entry", lambda *args: pytest.fail("decided again on the caller's thread"))
+    ran = []
+    tiers.run(found, q, k, v, lambda entry, *args: ran.append(entry) or q)  # the swap's timing fails: torch
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        tiers.run(found, q, k, v, lambda entry, *args: ran.append(entry) or q)
+    assert ran == [] and "failed when timed" in found.torch_because
 
 
 def test_the_compiled_and_checkpointing_paths_decide_a_shared_signature_for_themselves(submitted, monkeypatch):
