@@ -22,27 +22,12 @@ from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.types import Backend
+from tests.runtime.test_review_tiers import FakeEvent
 
 NONE = OptionalInputs(None, None, None, None, None)
 CFG = AttnConfig(batch_size=1, num_heads_q=4, num_heads_kv=4, seqlen_q=1, seqlen_kv=512, head_dim_qk=64,
                  mask="causal_bottom_right")
 SELECTED = Selection(Backend.F16, "", candidate=Backend.F16, config=CFG)
-
-
-class FakeEvent:
-    """torch.cuda.Event without CUDA: every timed call takes 1 ms (a tie: cuDNN is kept)."""
-
-    def __init__(self, enable_timing=False):
-        pass
-
-    def record(self, stream=None):
-        pass
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, other):
-        return 1.0
 
 
 def decode_step(kv_length: int):
