@@ -243,17 +243,15 @@ def _decided_for_sharer(waiting: Entry, q: torch.Tensor, k: torch.Tensor, v: tor
     """`waiting`'s signature decided on the caller's tensors from memory; None after it started a
     preparation of its own (memory lacks something); `waiting` itself, on torch for good, where
     deciding it failed otherwise."""
-    signature = entries.key(q, k, v, waiting.opts, NO_INPUTS)
     try:
-        with offpath.only(offpath.MEMORY):
-            return entries.new_entry(signature, q, k, v, NO_INPUTS, None)
-    except offpath.NotReady:
-        job, shares = preparation(signature)
-        with dispatcher.lock:  # read as a pair by cudnn_entry
-            waiting.waiting, waiting.shares = job, shares
-        return None
+        own = for_callers_geometry(waiting, q, k, v, again=True)
     except Exception as err:  # noqa: BLE001 - the call goes on, on torch
         return _stays_on_torch(waiting, f"it could not be decided from memory ({type(err).__name__}: {err})")
+    if own is None:
+        job, shares = preparation(entries.key(q, k, v, waiting.opts, NO_INPUTS))
+        with dispatcher.lock:  # read as a pair by cudnn_entry
+            waiting.waiting, waiting.shares = job, shares
+    return own
 
 
 def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Entry:

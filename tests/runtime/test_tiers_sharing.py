@@ -147,6 +147,20 @@ def test_a_failed_shared_preparation_does_not_leave_the_other_signatures_on_torc
     assert dispatcher.counters["stays_on_torch"] == 0
 
 
+def test_a_sharer_whose_decision_fails_otherwise_stays_on_torch_and_says_why(submitted, monkeypatch):
+    first, _ = decided(300)
+    second, call = decided(301)
+    submitted[0].set_result(Entry(first.opts, cfg=CFG, selection=SELECTED))
+
+    def broken(*args):
+        raise RuntimeError("a stored plan did not load")
+
+    monkeypatch.setattr(tiers.entries, "new_entry", broken)
+    assert tiers.swap(second, second.waiting, *call, lambda *args: pytest.fail("no call runs here")) is second
+    assert second.waiting is None and dispatcher.counters["stays_on_torch"] == 1
+    assert second.torch_because == "it could not be decided from memory (RuntimeError: a stored plan did not load)"
+
+
 def test_a_checkpointed_forward_and_its_recomputation_run_one_entry(submitted, monkeypatch):
     q, k, v = (t.requires_grad_() for t in decode_step(64)[0])
     opts = call_options(q, k, v, NONE, Arguments(mask="causal_bottom_right"))
