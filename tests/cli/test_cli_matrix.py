@@ -44,12 +44,12 @@ def test_text_matrix_of_the_hopper_suite_counts_every_recorded_answer(capsys):
     assert code == 0, err
     accepted, total = _accepted_in_snapshot(BUNDLED)
     assert f"total: {accepted}/{total}" in out
-    assert "NVIDIA H100 80GB HBM3" in out and "cuDNN 9.19.0" in out and "recorded at depth fast" in out
+    assert "NVIDIA H100 80GB HBM3" in out and "cuDNN 9.19.0" in out and "verify (" in out
     header = next(line for line in out.splitlines() if line.startswith("dtype / pass / head_dim \\ mask"))
     assert header.split()[-6:] == ["no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
                                    "padding_causal_bottom_right"]
     # cuDNN 9.19 builds bf16 head-dim-512 inference on Hopper, not its backward.
-    assert _row(out, "bf16 infer d512") == ["1/1"]
+    assert _row(out, "bf16 infer d512") == ["1/1", "v1"]  # and its output matched the reference
     assert _row(out, "bf16 train d512") == ["0/1", "0/1"]
 
 
@@ -116,9 +116,10 @@ def test_problems_not_in_the_snapshot_are_no_data_not_rejections(capsys, tmp_pat
     ]}))
     code, out, err = run(capsys, "matrix", suite, "--snapshot", BUNDLED)
     assert code == 3, out
-    # The recorded shape and its bucket (recorded F16 forward supported) are answered; the other class is no data.
-    assert _row(out, "bf16 infer d512") == ["2/2", "?1"]
-    assert "total: 2/2 ?1" in out
+    # The recorded shape (verified) and its bucket (a rung: support checked) are answered; the other class
+    # is no data.
+    assert _row(out, "bf16 infer d512") == ["2/2", "v1", "?1"]
+    assert "total: 2/2 v1 ?1" in out
 
 
 def test_compare_torch_on_snapshots_without_torch_answers_says_not_recorded(capsys, tmp_path):

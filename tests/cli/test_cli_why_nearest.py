@@ -101,7 +101,7 @@ def test_bundled_snapshots_answer_an_unrecorded_llama_class_no_data_with_llama_n
     assert "  -> no data (only a live probe can answer)" in out
     # Llama 3 8B's class in bf16 at other shapes comes first: the model suite's (batch 1, length 4096) is
     # closer in size than configs/llama-3-8b.yaml's (batch 2, length 8192).
-    assert ("    1. hf-models.yaml/llama-3.1-8b/full_attention/train [h100-models.json]: recorded F16 (depth fast)\n"
+    assert ("    1. hf-models.yaml/llama-3.1-8b/full_attention/train [h100-models.json]: recorded F16 (depth verify)\n"
             "       differs: batch_size=1 (asked 7), seqlen_q=4096 (asked 1000), seqlen_kv=4096 (asked 1000), "
             "qkv_dtype=bf16 (asked fp16)\n") in out
     assert ("    2. llama-3-8b.yaml/train-bf16 [h100-configs.json]: recorded F16 (depth verify)\n"
