@@ -286,8 +286,7 @@ def dispatch_info() -> dict[str, Any]:
     plan loads (serialized plans deserialized from the persistent store instead of built;
     plan_load_failures counts stored plans that did not load and were rebuilt); first contact
     (runtime/tiers.py): torch_calls (calls torch SDPA ran while a signature waited for its plans or
-    because it was measured faster), swaps, measured, shared_preparations (new signatures that waited on
-    a preparation of their bucket already in flight), waiting_signatures, and runners (each measured
+    because it was measured faster), swaps, measured, waiting_signatures, and runners (each measured
     or stored runner choice of this process: graphs key -> "runner (measured x us vs y us)")."""
     info: dict[str, Any] = dict(dispatcher.counters)
     table_calls = native.table_calls()  # lean calls the compiled table ran

@@ -22,8 +22,7 @@ from typing import Any, Callable, Optional
 from fusedattn_select.single_flight import OncePerKey
 
 COUNTERS = ("calls", "fused_calls", "fallback_calls", "entries_built", "promotions", "torch_calls", "swaps",
-            "measured", "stays_on_torch", "shared_preparations", "ahead_queued", "ahead_built", "ahead_skipped",
-            "ahead_failed")
+            "measured", "stays_on_torch", "ahead_queued", "ahead_built", "ahead_skipped", "ahead_failed")
 PLAN_COUNTERS = ("builds", "build_ms", "build_failures", "loads", "load_ms", "load_failures", "executes")
 
 
@@ -77,9 +76,6 @@ class Dispatcher:
         self.timings: OncePerKey[Any] = OncePerKey()
         self.choices_lock = threading.Lock()
         self.preparer = Preparer("fusedattn-prepare")
-        # The preparation in flight per entries.share_key (guarded by `lock`): a new signature of the
-        # same bucket waits on it instead of starting its own.
-        self.preparing: dict[tuple, Future] = {}
         # Plans (plans.py): by (device, plan key) and by (device, problem, backend, phase); their
         # counters; one workspace per (device, stream).
         self.plans: OncePerKey[Any] = OncePerKey()
@@ -130,8 +126,6 @@ class Dispatcher:
         if self.native_table is not None:
             self.native_forgotten_calls = 0
             self.native_table.forget()
-        with self.lock:
-            self.preparing.clear()
         self.class_calls.clear()
         self.newest.clear()
         self.class_pass.clear()

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from fusedattn_select.buckets import bucket_batch, bucket_seqlen, heads_as_batch
+from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.planning.forms import PlanKind
@@ -28,7 +28,7 @@ from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, TO_BHSD, Formats, bhsd, formats
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, Formats, bhsd, formats
 from fusedattn_select.runtime.lean import Lean, mark_lean, relean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config, standard_alibi
@@ -86,7 +86,6 @@ class Entry:
     torch_because: str = ""
     waiting: Optional[Future] = None
     torch_call: Any = None               # (q, k, v) -> out on torch SDPA, made once (fallback.torch_call)
-    shares: bool = False                 # `waiting` prepares another signature of its bucket (entries.share_key)
     cudnn: Optional[Entry] = None        # a torch-run signature's cuDNN entry, for paths that never switch
     # What runs its calls (RUNNERS), chosen by `settle` once the entry is decided.
     runner: str = ""
@@ -135,18 +134,6 @@ def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions,
         _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv),
         capturing,
     )
-
-
-def share_key(signature: tuple) -> tuple:
-    """What the signatures one preparation serves have in common: the options, the devices and
-    dtypes, heads and head dims, and batch and lengths as their buckets hold them. A decode step's
-    KV length grows by one each step, so each step is a new signature, of one bucket."""
-    perm = TO_BHSD[signature[0].layout]
-    shapes = []
-    for i in (1, 5, 9):
-        batch, heads, seqlen, dim = (signature[i + 2][p] for p in perm)
-        shapes.append((signature[i], signature[i + 1], bucket_batch(batch), heads, bucket_seqlen(seqlen), dim))
-    return (signature[0], *shapes)
 
 
 def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,

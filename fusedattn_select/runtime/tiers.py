@@ -76,9 +76,9 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
         except offpath.NotReady as err:
             log.debug("fusedattn_select: %s runs on torch SDPA until its cuDNN plans are ready (%s)",
                       _describe(signature), err)
-            job, shares = preparation(signature)
             return Entry(signature[0], fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet",
-                         waiting=job, shares=shares, torch_call=torch_call(signature[0], q, k, v))
+                         waiting=dispatcher.preparer.submit(lambda: prepare(signature)),
+                         torch_call=torch_call(signature[0], q, k, v))
         if not found.fused:
             return found
         key = runner_key(found)
@@ -97,26 +97,6 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     if built:
         dispatcher.counters["entries_built"] += 1
     return found
-
-
-def preparation(signature: tuple) -> tuple[Future, bool]:
-    """(the job preparing `signature`, whether it prepares another signature of its bucket): one in
-    flight for the same entries.share_key serves it (its swap decides it from memory); else a new one."""
-    key = entries.share_key(signature)
-    with dispatcher.lock:
-        job = dispatcher.preparing.get(key)
-        if job is not None and not job.done():
-            dispatcher.counters["shared_preparations"] += 1
-            return job, True
-        job = dispatcher.preparing[key] = dispatcher.preparer.submit(lambda: prepare(signature))
-    job.add_done_callback(lambda done: _forget_preparation(key, done))  # (outside the lock: it may run now)
-    return job, False
-
-
-def _forget_preparation(key: tuple, done: Future) -> None:
-    with dispatcher.lock:
-        if dispatcher.preparing.get(key) is done:
-            del dispatcher.preparing[key]
 
 
 def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
@@ -198,25 +178,16 @@ def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_dec
 
 
 def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_decided: Run) -> Entry:
-    """Put the prepared entry (or, where measured faster, torch for good) in place of `waiting`, once.
-    A signature that waited on another's preparation (`shares`) is decided for itself from memory
-    instead; where memory cannot serve it, it starts its own preparation and stays waiting."""
+    """Put the prepared entry (or, where measured faster, torch for good) in place of `waiting`, once."""
     with dispatcher.lock:
         if waiting.waiting is not job:
             return waiting
         waiting.waiting = None
-    shared = waiting.shares
-    if shared:  # the other signature's job (done, or failed) only says its bucket was prepared
-        own = _decided_for_sharer(waiting, q, k, v)
-        if own is None or own is waiting:
-            return waiting
-        prepared = own
-    else:
-        try:
-            prepared = job.result()
-        except Exception as err:  # noqa: BLE001 - the waiting ends; torch keeps the signature
-            return _stays_on_torch(waiting, f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})")
-    if prepared.fused and not shared:  # (a sharer's was decided on the caller's own tensors)
+    try:
+        prepared: Entry = job.result()
+    except Exception as err:  # noqa: BLE001 - the waiting ends; torch keeps the signature
+        return _stays_on_torch(waiting, f"its cuDNN plans could not be prepared ({type(err).__name__}: {err})")
+    if prepared.fused:
         why: list[str] = []
         prepared = for_callers_geometry(prepared, q, k, v, why)
         if prepared is None:
@@ -239,37 +210,18 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     return new
 
 
-def _decided_for_sharer(waiting: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry | None:
-    """`waiting`'s signature decided on the caller's tensors from memory; None after it started a
-    preparation of its own (memory lacks something); `waiting` itself, on torch for good, where
-    deciding it failed otherwise."""
-    try:
-        own = for_callers_geometry(waiting, q, k, v, again=True)
-    except Exception as err:  # noqa: BLE001 - the call goes on, on torch
-        return _stays_on_torch(waiting, f"it could not be decided from memory ({type(err).__name__}: {err})")
-    if own is None:
-        job, shares = preparation(entries.key(q, k, v, waiting.opts, NO_INPUTS))
-        with dispatcher.lock:  # read as a pair by cudnn_entry
-            waiting.waiting, waiting.shares = job, shares
-    return own
-
-
 def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Entry:
     """The entry of a path that never switches kernels mid-run (the compiled custom ops, activation
     checkpointing) for a signature eager calls run on torch: its cuDNN entry, waiting for it where
-    it is being prepared, else decided now from `signature` and `call` (q, k, v, inputs, scales; a
-    signature that waited on another's preparation is decided for itself); `found` itself where
-    there is none (no signature given and no usable preparation: torch runs it)."""
+    it is being prepared, else decided now from `signature` and `call` (q, k, v, inputs, scales);
+    `found` itself where there is none (no signature given and no usable preparation: torch runs it)."""
     if not found.torch_because or dispatcher.no_cudnn:  # (no cuDNN frontend: nothing else can run it)
         return found
     if found.cudnn is None:
-        with dispatcher.lock:  # the pair as one swap left it (a sharer may start its own job meanwhile)
-            job, shares = found.waiting, found.shares
+        job = found.waiting
         prepared = job.result() if job is not None and job.exception() is None else None
-        if prepared is not None and (prepared.fused or shares) and len(call) >= 3:
-            prepared = for_callers_geometry(prepared, *call[:3], again=shares)
-        if prepared is None and shares and signature is None and len(call) >= 5:
-            signature = entries.key(*call[:3], found.opts, call[3])  # its bucket's job was another's
+        if prepared is not None and prepared.fused and len(call) >= 3:
+            prepared = for_callers_geometry(prepared, *call[:3])
         if prepared is None and signature is not None:
             prepared = entries.new_entry(signature, *call)
         found.cudnn = prepared if prepared is not found else None  # (under capture: its eager twin)
@@ -414,17 +366,16 @@ def dummies(signature: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         why: list[str] | None = None, again: bool = False) -> Entry | None:
-    """`prepared` (decided on the dummies) where the caller's tensors are compact too and it was
-    prepared for this signature (not `again`); else the signature decided again on the caller's own
-    tensors, from memory (None: memory lacks something).
+                         why: list[str] | None = None) -> Entry | None:
+    """`prepared` (decided on the dummies) where the caller's tensors are compact too; else the
+    signature decided again on the caller's own tensors, from memory (None: memory lacks something).
 
     The dummies load or build every selection and plan the signature runs, and plans depend on
     shapes and layout only. What the kernels do with the caller's own strides is decided here, so
     the runner swapped in, and the one timed against torch, read the caller's memory as it is: K
     and V read in place as rows of a longer cache (ragged.kv_steps: the bucket plans' offsets step
     a cache row, not a compact sequence), the Lean's bound geometry, heads-as-batch views."""
-    if not again and all(t.stride() == dense_strides(tuple(t.shape), t.stride()) for t in (q, k, v)):
+    if all(t.stride() == dense_strides(tuple(t.shape), t.stride()) for t in (q, k, v)):
         return prepared
     try:
         with offpath.only(offpath.MEMORY):
