@@ -9,7 +9,7 @@ fresh process with an empty store (FUSEDATTN_SELECT_CACHE_DIR a new temp directo
   1. first fwd+bwd (causal bf16, 32/8 heads, d128) of a fresh process (b2 s1000), again, at a shape of
      an unbuilt bucket (b2 s3000), again; vs flash's same call
   2. transformers generate() (random weights; a Llama 6 layers 12/4 heads batch 1, a Qwen2 4 layers
-     14/2 heads batch 2): first call, again, a new prompt length; tokens/s vs flash, three processes
+     14/2 heads batch 2): first call, again, a new prompt length; tokens/s vs flash, five processes
      per side in turns, each call's median
   3. fine-tuning a 4-layer Llama with a new sequence length every step (batch 4, AdamW); ms per step,
      three processes per side in turns, each step's median

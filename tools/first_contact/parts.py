@@ -20,6 +20,10 @@ from tools.first_contact.sides import SIDES
 # import vary by a second or more from one process to the next, one step's time by a third and one
 # generate()'s tokens/s by a fifth, more than the differences those rows look for.
 ROUNDS = 3
+# Row 2 takes more: on the H100 host of 2026-11-27 one fresh process's decode step (the median of its
+# 32) was 5.1-10.1 ms for flash alone, stable within the process, so three processes per side left
+# the medians of two sides a third apart by chance.
+GENERATE_ROUNDS = 5
 TIMEOUTS_S = {"env": 60.0, "first_calls": 90.0, "generate": 90.0, "finetune": 90.0, "big_shape": 120.0,
               "first_step": 60.0}
 
@@ -61,7 +65,7 @@ def first_calls(plan: Plan, budget: Budget) -> dict[str, Any]:
 
 
 def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
-    """Row 2: each model, each side in ROUNDS fresh processes, the sides in turns; each call's
+    """Row 2: each model, each side in GENERATE_ROUNDS fresh processes, the sides in turns; each call's
     tokens/s is its median over the side's processes (every process's calls in `rounds_calls`)."""
     models: dict[str, Any] = {}
     for name in plan.generate_models:
@@ -69,7 +73,7 @@ def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
         args = {"config": config, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
                 "new_prompt": new_prompt, "seed": options.SEED}
         runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-        for _ in range(ROUNDS):
+        for _ in range(GENERATE_ROUNDS):
             for side, found in _sides("generate", args, budget).items():
                 runs[side].append(found)
         sides = {side: _median_calls(found) for side, found in runs.items()}
