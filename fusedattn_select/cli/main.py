@@ -4,33 +4,52 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import os
 import select
 import sys
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from fusedattn_select import settings
 from fusedattn_select._version import __version__
-from fusedattn_select.cli.cache import register_cache
 from fusedattn_select.cli.exit_codes import EPILOG, EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
-from fusedattn_select.cli.info import register_info
-from fusedattn_select.cli.matrix import register_matrix
-from fusedattn_select.cli.native import register_native
-from fusedattn_select.cli.snapshot_command import register_snapshot
-from fusedattn_select.cli.warmup_command import register_warmup
-from fusedattn_select.cli.why import register_why
 from fusedattn_select.errors import FusedAttnSelectError
+
+if TYPE_CHECKING:  # the modules COMMANDS names, for readers and the import-graph test
+    from fusedattn_select.cli import cache, info, matrix, native, snapshot_command, warmup_command, why  # noqa: F401
 
 log = logging.getLogger("fusedattn_select")
 
-# Each subcommand adds itself (its parser and its `func`) through one `register_*` function here.
+# Each subcommand adds itself (its parser and its `func`) through one `register_*` function of its
+# module, named here: only the module of the command asked for is imported (every module's imports
+# together cost a `why` on a CPU machine about a fifth of its time); --help and a mistyped command
+# import them all.
 Register = Callable[[Any, argparse.ArgumentParser], None]
-COMMANDS: tuple[Register, ...] = (register_why, register_info, register_snapshot, register_warmup, register_cache,
-                                  register_matrix, register_native)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "why": ("fusedattn_select.cli.why", "register_why"),
+    "info": ("fusedattn_select.cli.info", "register_info"),
+    "snapshot": ("fusedattn_select.cli.snapshot_command", "register_snapshot"),
+    "warmup": ("fusedattn_select.cli.warmup_command", "register_warmup"),
+    "cache": ("fusedattn_select.cli.cache", "register_cache"),
+    "matrix": ("fusedattn_select.cli.matrix", "register_matrix"),
+    "native": ("fusedattn_select.cli.native", "register_native"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_asked(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` names: its first argument that is not an option (no option before the
+    subcommand takes a value), where that is one of COMMANDS."""
+    for arg in argv:
+        if arg in ("--", "-h", "--help"):  # (help before the command lists every command)
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of `only` that one."""
     # -v is accepted before and after the subcommand; SUPPRESS keeps a subcommand's default from
     # overwriting a -v given before it.
     common = argparse.ArgumentParser(add_help=False)
@@ -45,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log to stderr: -v INFO, -vv DEBUG")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for register in COMMANDS:
-        register(subparsers, common)
+    for name, (module, function) in COMMANDS.items():
+        if only is None or name == only:
+            register: Register = getattr(importlib.import_module(module), function)
+            register(subparsers, common)
     return parser
 
 
@@ -90,7 +111,7 @@ def _discard_stdout() -> None:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    parser = build_parser(_command_asked(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse printed the usage error (or --help) already

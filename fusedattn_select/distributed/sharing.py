@@ -20,8 +20,9 @@ from fusedattn_select.distributed.agreement import pin
 from fusedattn_select.distributed.facts import RankFacts
 from fusedattn_select.distributed.work import WorkItem
 from fusedattn_select.plan_store.persistence import persists_plans
+from fusedattn_select.planning.planner import plan_forms
 from fusedattn_select.probing.engine_protocol import PlanBuilder
-from fusedattn_select.selection.local_warmup import WarmupOutcome, WarmupRow, plan_forms
+from fusedattn_select.selection.local_warmup import WarmupOutcome, WarmupRow
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict
 

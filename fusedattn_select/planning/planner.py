@@ -10,6 +10,7 @@ from typing import Callable, Protocol
 
 from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.plan_store.calls import dispatch_config, not_dispatched_reason
 from fusedattn_select.planning.bucket_index import BucketIndex
 from fusedattn_select.planning.forms import DENSE, PlanForm, PlanKind
 from fusedattn_select.result import Selection
@@ -27,6 +28,13 @@ class Answers(Protocol):
 
     def count_hit(self) -> None:
         """Count an answer given from memory."""
+
+
+class BucketForms(Protocol):
+    """The selector's side of `plan_forms`."""
+
+    def bucket_for(self, cfg: AttnConfig) -> AttnConfig | None:
+        """The bucket form whose graphs run `cfg`."""
 
 
 class Planner:
@@ -194,3 +202,15 @@ def _recipe(cfg: AttnConfig) -> str:
     if cfg.is_training:
         text += f", dO {cfg.resolved_do_dtype}, dQKV {cfg.resolved_dqkv_dtype}"
     return text
+
+
+def plan_forms(selector: BucketForms, cfg: AttnConfig, selection: Selection) -> tuple[list[AttnConfig], str]:
+    """The problems whose plans attention() runs for `cfg`: its bucket's form when it is answered by
+    its shape bucket (every smaller shape of its class runs in that bucket too), else its own dense
+    problem (a decode step answered with its heads as batch: that problem's); and why there are none."""
+    if selection.plan.runs_bucket:
+        return [selector.bucket_for(selection.plan.heads or cfg)], ""
+    dispatched = dispatch_config(cfg)
+    if dispatched is None:
+        return [], not_dispatched_reason(cfg)
+    return [dispatched], ""

@@ -15,6 +15,7 @@ from typing import Iterable
 from fusedattn_select import settings
 from fusedattn_select.errors import ConfigError, PlatformError, SnapshotError
 from fusedattn_select.probing.engine_protocol import ProbeEngine
+from fusedattn_select.probing.frontend import import_cudnn
 from fusedattn_select.probing.snapshot import SnapshotEngine
 
 log = logging.getLogger("fusedattn_select")
@@ -91,12 +92,12 @@ def live_engine_on(device: int) -> ProbeEngine:
 
 def live_engine() -> tuple[ProbeEngine | None, str]:
     """The live cuDNN engine, ignoring $FUSEDATTN_SELECT_SNAPSHOT: (engine, "") or (None, why)."""
-    # The live engine's modules (~17 ms to import) load only when a live device is asked for;
-    # they import cudnn-frontend (the optional 'cuda' extra) on first use, raising PlatformError
-    # when it is absent.
-    from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
-
+    # The live engine's modules load only where cudnn-frontend (the optional 'cuda' extra) does:
+    # on a machine without it (a laptop asking `why`) importing them cost a twentieth of the answer.
     try:
+        import_cudnn()
+        from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
+
         return CudnnEngine(), ""
     except PlatformError as err:
         return None, str(err)

@@ -39,8 +39,8 @@ from typing import Callable, Iterable, Union
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.plan_store.calls import dispatch_config, not_dispatched_reason
 from fusedattn_select.planning.forms import DENSE
+from fusedattn_select.planning.planner import plan_forms
 from fusedattn_select.probing.choice import live_engine_on
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.plan_warmup import PlanTarget, persist_plans, plan_target
@@ -325,18 +325,6 @@ def describe(cfg: AttnConfig) -> str:
         f"{cfg.qkv_dtype} b{cfg.batch_size} h{cfg.num_heads_q}/{cfg.num_heads_kv} "
         f"s{cfg.seqlen_q}/{cfg.seqlen_kv} {head_dims} {cfg.mask} {'train' if cfg.is_training else 'infer'}"
     )
-
-
-def plan_forms(selector: Selector, cfg: AttnConfig, selection: Selection) -> tuple[list[AttnConfig], str]:
-    """The problems whose plans attention() runs for `cfg`: its bucket's form when it is answered by
-    its shape bucket (every smaller shape of its class runs in that bucket too), else its own dense
-    problem (a decode step answered with its heads as batch: that problem's); and why there are none."""
-    if selection.plan.runs_bucket:
-        return [selector.bucket_for(selection.plan.heads or cfg)], ""
-    dispatched = dispatch_config(cfg)
-    if dispatched is None:
-        return [], not_dispatched_reason(cfg)
-    return [dispatched], ""
 
 
 def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection,

@@ -65,7 +65,7 @@ def runner_key(graphs_key: str, heads_as_batch: bool = False) -> str:
 def for_selection(selector: "Selector", selection: "Selection") -> Choice | None:
     """The stored choice for the graphs attention() runs a selected problem with (its bucket form,
     a decode step's heads-as-batch bucket, or its own dense graphs), or None (not measured yet)."""
-    from fusedattn_select.selection.local_warmup import plan_forms
+    from fusedattn_select.planning.planner import plan_forms
 
     if not selection.selected or selection.config is None or selector.store is None:
         return None

@@ -398,3 +398,33 @@ def test_torch_call_does_not_undo_a_switch_change_made_meanwhile(monkeypatch):
         assert torch.backends.cuda.cudnn_sdp_enabled() is False  # the other thread's setting stands
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+# ----- the paths that never switch kernels ----------------------------------------------------------
+def test_a_signature_whose_cudnn_runner_failed_when_timed_stays_on_torch_under_checkpointing(isolated, monkeypatch):
+    q, k, v = (t.requires_grad_() for t in qkv(s=32))
+    found = waiting_entry(opts_of(q, k, v), Entry(opts_of(q, k, v), cfg=CFG, selection=SELECTED))
+
+    def fails(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (the cuDNN workspace)")
+
+    monkeypatch.setattr(tiers, "cudnn_forward", fails)
+    monkeypatch.setattr(tiers.entries, "new_entry", lambda *args: pytest.fail("decided again on the caller's thread"))
+    ran = []
+    tiers.run(found, q, k, v, lambda entry, *args: ran.append(entry) or q)  # the swap's timing fails: torch
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        tiers.run(found, q, k, v, lambda entry, *args: ran.append(entry) or q)
+    assert ran == [] and "failed when timed" in found.torch_because
+
+
+def test_an_entry_decided_under_capture_as_itself_is_not_its_own_cudnn_entry(isolated, monkeypatch):
+    # Under CUDA-graph capture entries.new_entry may answer with the signature's eager entry, which is
+    # `found` itself: that must not become found.cudnn (it would be asked again as its own cuDNN entry).
+    q, k, v = qkv(s=32)
+    opts = opts_of(q, k, v)
+    found = Entry(opts, fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet",
+                  torch_call=lambda q, k, v: q.clone())
+    monkeypatch.setattr(dispatcher, "no_cudnn", "")
+    monkeypatch.setattr(tiers.entries, "new_entry", lambda *args: found)
+    assert tiers.cudnn_entry(found, entries.key(q, k, v, opts, NONE), q, k, v, NONE, None) is found
+    assert found.cudnn is None

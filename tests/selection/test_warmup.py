@@ -241,7 +241,7 @@ def test_worker_processes_need_a_live_engine_and_a_persistent_store(tmp_path):
 
 def test_a_decode_step_warms_the_bucket_of_its_heads_as_batch_problem():
     from fusedattn_select.buckets import heads_as_batch
-    from fusedattn_select.selection.local_warmup import plan_forms
+    from fusedattn_select.planning.planner import plan_forms
 
     selector = Selector(CountingTestEngine())
     decode = BASE.replace(seqlen_q=1, seqlen_kv=700, qkv_layout="bhsd_bhsd_bhsd", mask="no_mask", is_training=False)

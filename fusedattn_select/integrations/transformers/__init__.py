@@ -31,22 +31,45 @@ nor transformers; a transformers config or model is read through its to_dict().
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from fusedattn_select.integrations.transformers.attention import fusedattn_attention
-from fusedattn_select.integrations.transformers.build_ahead import check_arguments, queue_model
-from fusedattn_select.integrations.transformers.config_json import config_data
-from fusedattn_select.integrations.transformers.dependencies import load
-from fusedattn_select.integrations.transformers.mask_interface import fusedattn_mask
-from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask
-from fusedattn_select.integrations.transformers.problems import (
-    ATTENTION_LAYER_TYPES,
-    DEFAULT_REPORT_SEQLEN,
-    SINK_MODEL_TYPES,
-    configs_from_hf,
-    layer_problems,
-)
+if TYPE_CHECKING:
+    from fusedattn_select.integrations.transformers.attention import fusedattn_attention
+    from fusedattn_select.integrations.transformers.mask_interface import fusedattn_mask
+    from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask
+    from fusedattn_select.integrations.transformers.problems import (
+        ATTENTION_LAYER_TYPES,
+        DEFAULT_REPORT_SEQLEN,
+        SINK_MODEL_TYPES,
+        configs_from_hf,
+        layer_problems,
+    )
+
+# report.py's names are bound here at import: its function `report` shares the module's name, which
+# importing the submodule (cli/problem_input does) would otherwise bind on this package instead.
 from fusedattn_select.integrations.transformers.report import LayerReport, format_report, report
+
+# The other public names and the module each lives in, imported on first use: reading a config.json
+# (`why --hf-config`) needs problems.py and its reader only, not the attention and mask functions.
+_LAZY = {
+    "fusedattn_attention": "attention", "fusedattn_mask": "mask_interface", "CudnnMask": "masks",
+    "MaskNotExpressible": "masks", "cudnn_mask": "masks", "ATTENTION_LAYER_TYPES": "problems",
+    "DEFAULT_REPORT_SEQLEN": "problems", "SINK_MODEL_TYPES": "problems", "configs_from_hf": "problems",
+    "layer_problems": "problems",
+}
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 ATTN_IMPLEMENTATION = "fusedattn"
 
@@ -84,6 +107,12 @@ def register(name: str = ATTN_IMPLEMENTATION, *, model: Any = None, max_batch: i
     """
     from transformers import AttentionInterface  # optional dependency
     from transformers.masking_utils import AttentionMaskInterface
+
+    from fusedattn_select.integrations.transformers.attention import fusedattn_attention
+    from fusedattn_select.integrations.transformers.build_ahead import check_arguments, queue_model
+    from fusedattn_select.integrations.transformers.config_json import config_data
+    from fusedattn_select.integrations.transformers.dependencies import load
+    from fusedattn_select.integrations.transformers.mask_interface import fusedattn_mask
 
     if model is not None:  # every argument checked before anything is registered
         check_arguments(max_batch, max_length, training)

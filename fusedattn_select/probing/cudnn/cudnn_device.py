@@ -22,6 +22,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import PlatformError
 from fusedattn_select.probing.cudnn.features import frontend_features
 from fusedattn_select.probing.cudnn.graphs import operation_for
+from fusedattn_select.probing.frontend import import_cudnn
 from fusedattn_select.types import Backend, Fingerprint, Phase
 
 # Kernel caches kept per thread and device: one per problem class (AttnConfig.shape_class_key),
@@ -45,18 +46,6 @@ def _import_driver() -> Any:
         raise PlatformError(
             f"cuda-python is not installed ({err}); install 'fusedattn-select[cuda]' to probe cuDNN"
         ) from None
-
-
-def import_cudnn() -> Any:
-    try:
-        import cudnn
-    except ImportError as err:
-        raise PlatformError(
-            f"cudnn-frontend is not installed ({err}); install 'fusedattn-select[cuda]' to probe cuDNN"
-        ) from None
-    except OSError as err:  # the frontend found but could not load a library it links
-        raise PlatformError(f"cudnn-frontend cannot load its libraries ({err})") from None
-    return cudnn
 
 
 class _Driver:

@@ -33,7 +33,6 @@ from fusedattn_select.probing.cudnn.cudnn_device import (
     device_context,
     device_ordinal,
     handle_for,
-    import_cudnn,
     primary_context,
     read_fingerprint,
     thread_kernel_cache,
@@ -44,6 +43,7 @@ from fusedattn_select.probing.cudnn.graphs import GraphBuild, build_graph, opera
 from fusedattn_select.probing.cudnn.messages import CudnnUnsupported, ProbeFailure, verdict_from_exception
 from fusedattn_select.probing.cudnn.numerics import verify
 from fusedattn_select.probing.cudnn.plan_graphs import dispatch_plan_key, serialize_build
+from fusedattn_select.probing.frontend import import_cudnn
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 

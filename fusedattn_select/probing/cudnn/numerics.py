@@ -31,9 +31,10 @@ from typing import Any
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import PlatformError
-from fusedattn_select.probing.cudnn.cudnn_device import device_context, import_cudnn
+from fusedattn_select.probing.cudnn.cudnn_device import device_context
 from fusedattn_select.probing.cudnn.messages import verdict_from_exception
 from fusedattn_select.probing.cudnn.tolerances import SEED, UNIT_ROUNDOFF, Check, Planted, tolerance
+from fusedattn_select.probing.frontend import import_cudnn
 from fusedattn_select.types import NUMERICS_STAGE, Backend, Outcome, Phase, ProbeDepth, Provenance, Verdict
 
 log = logging.getLogger("fusedattn_select")
