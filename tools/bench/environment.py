@@ -121,7 +121,9 @@ def _torch_text(res: Mapping) -> str:
 
 def _git_rev() -> str:
     """$FUSEDATTN_BENCH_REV where set (a copy of the tree, e.g. `git archive`), else the commit of the
-    git checkout whose top level is this tree (not of a checkout it merely sits inside)."""
+    git checkout whose top level is this tree (not of a checkout it merely sits inside), with
+    "+modified" where tracked files differ from it: a tree copied over an older checkout's .git (as
+    the lent GPU machine's can be) is then not recorded as that older commit."""
     named = os.environ.get("FUSEDATTN_BENCH_REV")
     if named:
         return named
@@ -130,7 +132,9 @@ def _git_rev() -> str:
                              text=True, cwd=str(ROOT), timeout=10)
         lines = out.stdout.split()
         if out.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == Path(ROOT).resolve():
-            return lines[1]
+            changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                     text=True, cwd=str(ROOT), timeout=30)
+            return lines[1] + ("+modified" if changed.returncode != 0 or changed.stdout.strip() else "")
     except Exception:  # noqa: BLE001
         pass
     return "n/a"
