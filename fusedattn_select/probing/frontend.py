@@ -7,6 +7,10 @@ from typing import Any
 
 from fusedattn_select.errors import PlatformError
 
+# What a user without the cuDNN packages installs (the optional 'cuda' extra), said by every message
+# about a missing one.
+INSTALL_CUDA = "install 'fusedattn-select[cuda]'"
+
 
 def import_cudnn() -> Any:
     """The `cudnn` module; PlatformError saying what to install where it is absent or cannot load."""
@@ -14,7 +18,7 @@ def import_cudnn() -> Any:
         import cudnn
     except ImportError as err:
         raise PlatformError(
-            f"cudnn-frontend is not installed ({err}); install 'fusedattn-select[cuda]' to probe cuDNN"
+            f"cudnn-frontend is not installed ({err}); {INSTALL_CUDA} to probe cuDNN"
         ) from None
     except OSError as err:  # the frontend found but could not load a library it links
         raise PlatformError(f"cudnn-frontend cannot load its libraries ({err})") from None

@@ -31,6 +31,7 @@ from typing import Callable
 from fusedattn_select import settings
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.layouts import dense_strides
+from fusedattn_select.probing.frontend import INSTALL_CUDA
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store.store_settings import cache_switched_off, default_cache_dir
 from fusedattn_select.store.sqlite import DATABASE_NAME
@@ -133,7 +134,7 @@ def cudnn_missing() -> str:
         found = importlib.util.find_spec("cudnn") is not None
     except ValueError:  # a module put in sys.modules without a spec: whatever it is, it is there
         found = True
-    why = "" if found else "the cuDNN frontend (module cudnn) is not installed; install fusedattn-select[cuda] to run cuDNN"
+    why = "" if found else f"the cuDNN frontend (module cudnn) is not installed; {INSTALL_CUDA} to run cuDNN"
     with dispatcher.lock:
         first = dispatcher.no_cudnn is None
         dispatcher.no_cudnn = why

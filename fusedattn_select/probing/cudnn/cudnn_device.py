@@ -22,7 +22,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import PlatformError
 from fusedattn_select.probing.cudnn.features import frontend_features
 from fusedattn_select.probing.cudnn.graphs import operation_for
-from fusedattn_select.probing.frontend import import_cudnn
+from fusedattn_select.probing.frontend import INSTALL_CUDA, import_cudnn
 from fusedattn_select.types import Backend, Fingerprint, Phase
 
 # Kernel caches kept per thread and device: one per problem class (AttnConfig.shape_class_key),
@@ -44,7 +44,7 @@ def _import_driver() -> Any:
         return driver
     except ImportError as err:
         raise PlatformError(
-            f"cuda-python is not installed ({err}); install 'fusedattn-select[cuda]' to probe cuDNN"
+            f"cuda-python is not installed ({err}); {INSTALL_CUDA} to probe cuDNN"
         ) from None
 
 
