@@ -17,7 +17,7 @@ from fusedattn_select.planning.forms import PlanKind
 from fusedattn_select.probing.cudnn import numerics
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store.memory import MemoryStore
-from fusedattn_select.types import Outcome, Phase, ProbeDepth
+from fusedattn_select.types import Backend, Outcome, Phase, ProbeDepth
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device")]
@@ -130,3 +130,16 @@ def test_a_graph_built_with_a_wrong_scale_is_unsupported_at_numerics(selector):
     # Without the planted error the same problem verifies.
     fixed = Selector(selector.engine, store=MemoryStore()).select_dense(cfg, "verify")
     assert fixed.selected and all(v.verified for v in fixed.verdicts), fixed.message
+
+
+def test_the_backward_of_a_max_logit_problem_is_verified_apart_from_its_forward(cudnn_engine):
+    # The backward graph reads O and the stats only: its verdict does not take the forward's
+    # max-logit output, which cuDNN may refuse, and agrees in outcome with depth full.
+    cfg = fresh(mask="causal", return_max_logit=True)
+    full = cudnn_engine.probe(cfg, Backend.F16, Phase.BACKWARD, "full")
+    verified = cudnn_engine.probe(cfg, Backend.F16, Phase.BACKWARD, "verify")
+    if not full.supported:
+        pytest.skip(f"the backward graph does not build on this device: {full.reason()}")
+    assert verified.outcome is Outcome.SUPPORTED and verified.verified, verified
+    forward = [cudnn_engine.probe(cfg, Backend.F16, Phase.FORWARD, depth).outcome for depth in ("full", "verify")]
+    assert forward[0] is forward[1]

@@ -108,17 +108,11 @@ def test_snapshot_record_takes_a_ladder_depth(capsys, monkeypatch, suite_file, t
     assert json.loads(out_path.read_text())["ladder"] == {"max_batch": 2, "max_seqlen": 128, "depth": "fast"}
 
 
-# The H200 snapshots predate ladders and the models suite (no H200 was lent to re-record them): strict,
-# so this flips to a failure, and the mark must go, once they are re-recorded.
-H200_NOT_RECORDED = pytest.mark.xfail(strict=True, reason="H200 snapshots not re-recorded: no H200 was lent")
-
-
 def _no_data(found, target: str) -> list[str]:
     selector = Selector(bundled_engine(target))
     return [f"{p.file.name} {p.entry.name} {' '.join(p.sets)}" for p in found if selector.select(p.entry.config).no_data]
 
 
-@pytest.mark.parametrize("target", [pytest.param(t, marks=H200_NOT_RECORDED) if t == "h200" else t
-                                    for t in TARGETS])
+@pytest.mark.parametrize("target", TARGETS)
 def test_the_bundled_snapshots_answer_every_corpus_problem(found, target):
     assert _no_data(found, target) == []

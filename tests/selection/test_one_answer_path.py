@@ -131,7 +131,7 @@ def test_use_snapshots_answers_from_the_named_files(recorded_snapshot, second_sn
 
 def test_use_snapshots_takes_a_target_in_any_case(no_device):
     use_snapshots(target="H200")
-    assert select(AttnConfig(**RECORDED)).engine == "snapshot:h200-configs.json+h200-hopper-suite.json"
+    assert select(AttnConfig(**RECORDED)).engine == "snapshot:h200-configs.json+h200-hopper-suite.json+h200-models.json"
 
 
 @pytest.mark.parametrize("kwargs, field", [({}, "snapshots"), ({"target": "a100"}, "target"),

@@ -3,6 +3,7 @@ compare. Imported only when depth verify runs (it imports torch)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -107,7 +108,10 @@ def _forward_for_backward(cfg: AttnConfig, backend: Backend, handle: Any, device
     local.forward = None
     if kept is not None and kept[:3] == (cfg.cache_key(), backend, device):
         return kept[3], {}
-    bound, _, forward_timings = _run_forward(cfg, backend, handle, device, seam)
+    # The backward graph reads O and the softmax stats only: the forward that makes them is built
+    # without the max-logit output, whose graph cuDNN may refuse while the backward runs fine.
+    forward_cfg = dataclasses.replace(cfg, return_max_logit=False) if cfg.return_max_logit else cfg
+    bound, _, forward_timings = _run_forward(forward_cfg, backend, handle, device, seam)
     return bound, {"forward_graph": sum(forward_timings.values())}
 
 
