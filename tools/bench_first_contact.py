@@ -7,7 +7,8 @@ SDPA pinned to its flash backend), "default" (torch SDPA's own choice). Each sid
 fresh process with an empty store (FUSEDATTN_SELECT_CACHE_DIR a new temp directory):
 
   1. first fwd+bwd (causal bf16, 32/8 heads, d128) of a fresh process (b2 s1000), again, at a shape of
-     an unbuilt bucket (b2 s3000), again; vs flash's same call
+     an unbuilt bucket (b2 s3000), again; vs flash's same call; three processes per side in turns
+     (with row 4), each figure's median
   2. transformers generate() (random weights; a Llama 6 layers 12/4 heads batch 1, a Qwen2 4 layers
      14/2 heads batch 2): first call, again, a new prompt length; tokens/s vs flash, five processes
      per side in turns, each call's median

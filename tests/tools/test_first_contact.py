@@ -259,6 +259,24 @@ def test_each_fine_tune_step_is_its_median_over_the_processes(monkeypatch):
     assert found["sides"]["default"]["step_ms"] == [2.0, 2.0]
 
 
+def test_first_calls_and_tiny_calls_are_medians_over_the_processes(monkeypatch):
+    tiny = {"ours": iter([(90.0, 30.0), (50.0, 10.0), (70.0, 20.0)]), "flash": iter([(9.0, 9.0)] * 3),
+            "default": iter([(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)])}
+    first_ms = {"ours": iter([300.0, 100.0, 200.0]), "flash": iter([5.0] * 3), "default": iter([6.0] * 3)}
+
+    def fake(part, side, args, timeout_s, env=None):
+        first, early = next(tiny[side])
+        return {"status": "ok", "steps": _steps(next(first_ms[side]), 1.0),
+                "tiny_us": {"shape": "b1", "first": first, "calls_2_101_median": early}}
+
+    monkeypatch.setattr(parts, "run_fresh", fake)
+    found = parts.first_calls(options.parse_args([]), Budget(100.0))["sides"]
+    assert [s["ms"] for s in found["ours"]["steps"]] == [200.0, 1.0]
+    assert found["ours"]["tiny_us"] == {"shape": "b1", "first": 70.0, "calls_2_101_median": 20.0}
+    assert found["default"]["tiny_us"]["calls_2_101_median"] == 2.0
+    assert [r["steps_ms"][0] for r in found["ours"]["rounds"]] == [300.0, 100.0, 200.0]
+
+
 def test_each_generate_call_is_its_median_over_the_processes(monkeypatch):
     speeds = {"ours": iter([(10.0, 90.0), (30.0, 70.0), (20.0, 80.0), (50.0, 60.0), (40.0, 100.0)]),
               "flash": iter([(9.0, 9.0)] * 99),

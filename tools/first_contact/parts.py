@@ -16,9 +16,10 @@ from tools.first_contact.processes import run_fresh
 from tools.first_contact.sides import SIDES
 
 # Seconds one process of a part may run (its expected time is well below: see the module docs).
-# Fresh processes per side in rows 2, 3 and 6, the sides in turns: a process's start-up and torch
-# import vary by a second or more from one process to the next, one step's time by a third and one
-# generate()'s tokens/s by a fifth, more than the differences those rows look for.
+# Fresh processes per side in rows 1-4 and 6, the sides in turns: a process's start-up and torch
+# import vary by a second or more from one process to the next, one step's time by a third, one
+# generate()'s tokens/s by a fifth and the tiny call's median by half (flash's calls 2-101 were 78
+# and 114 us in two runs on the H100 host of 2026-11-27), more than the differences those rows look for.
 ROUNDS = 3
 # Row 2 takes more: on the H100 host of 2026-11-27 one fresh process's decode step (the median of its
 # 32) was 5.1-10.1 ms for flash alone, stable within the process, so three processes per side left
@@ -59,9 +60,30 @@ def environment(budget: Budget) -> dict[str, Any]:
 
 
 def first_calls(plan: Plan, budget: Budget) -> dict[str, Any]:
-    """Rows 1 and 4."""
-    sides = _sides("first_calls", plan.part_args("first_calls"), budget)
+    """Rows 1 and 4: each side in ROUNDS fresh processes, the sides in turns; each step's ms and each
+    tiny-call figure is its median over the side's processes (every process's in `rounds`)."""
+    args = plan.part_args("first_calls")
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    for _ in range(ROUNDS):
+        for side, found in _sides("first_calls", args, budget).items():
+            runs[side].append(found)
+    sides = {side: _median_first_calls(found) for side, found in runs.items()}
     return {"sides": sides, "status": overall_status(sides)}
+
+
+def _median_first_calls(runs: list[dict]) -> dict[str, Any]:
+    """The side's first finished process, with each step's ms and each tiny-call figure the median
+    over the finished ones."""
+    done = [r for r in runs if r.get("status") == "ok" and r.get("steps") and r.get("tiny_us")]
+    if not done:
+        return dict(runs[-1])
+    steps = [dict(step, ms=_middle(r["steps"][i]["ms"] for r in done if len(r["steps"]) > i))
+             for i, step in enumerate(done[0]["steps"])]
+    tiny = {key: (_middle(r["tiny_us"][key] for r in done) if isinstance(value, (int, float)) else value)
+            for key, value in done[0]["tiny_us"].items()}
+    rounds = [{"steps_ms": [step["ms"] for step in r["steps"]], "tiny_us": r["tiny_us"],
+               "native": r.get("native"), "dispatch_info": r.get("dispatch_info")} for r in done]
+    return dict(done[0], steps=steps, tiny_us=tiny, rounds=rounds)
 
 
 def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
