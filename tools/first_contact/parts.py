@@ -53,6 +53,15 @@ def _sides(part: str, args: Mapping[str, Any], budget: Budget) -> dict[str, dict
     return out
 
 
+def _rounds(part: str, args: Mapping[str, Any], budget: Budget, rounds: int = ROUNDS) -> dict[str, list[dict]]:
+    """Each side's answers of `rounds` fresh processes, the sides in turns."""
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    for _ in range(rounds):
+        for side, found in _sides(part, args, budget).items():
+            runs[side].append(found)
+    return runs
+
+
 def environment(budget: Budget) -> dict[str, Any]:
     """Device and versions, from a worker (it also brings torch's files into the page cache, so the
     first measured process does not pay their first read from disk alone)."""
@@ -62,11 +71,7 @@ def environment(budget: Budget) -> dict[str, Any]:
 def first_calls(plan: Plan, budget: Budget) -> dict[str, Any]:
     """Rows 1 and 4: each side in ROUNDS fresh processes, the sides in turns; each step's ms and each
     tiny-call figure is its median over the side's processes (every process's in `rounds`)."""
-    args = plan.part_args("first_calls")
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for _ in range(ROUNDS):
-        for side, found in _sides("first_calls", args, budget).items():
-            runs[side].append(found)
+    runs = _rounds("first_calls", plan.part_args("first_calls"), budget)
     sides = {side: _median_first_calls(found) for side, found in runs.items()}
     return {"sides": sides, "status": overall_status(sides)}
 
@@ -94,10 +99,7 @@ def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
         config, batch, prompt, new_tokens, new_prompt = options.GENERATE[name]
         args = {"config": config, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
                 "new_prompt": new_prompt, "seed": options.SEED}
-        runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-        for _ in range(GENERATE_ROUNDS):
-            for side, found in _sides("generate", args, budget).items():
-                runs[side].append(found)
+        runs = _rounds("generate", args, budget, GENERATE_ROUNDS)
         sides = {side: _median_calls(found) for side, found in runs.items()}
         _token_agreement(sides)
         models[name] = {"model": _model_text(config), "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
@@ -132,10 +134,7 @@ def finetune(plan: Plan, budget: Budget) -> dict[str, Any]:
     """Row 3: each side in ROUNDS fresh processes, the sides in turns; a side's `step_ms` is each
     step's median over its processes (every process's steps in `rounds_step_ms`)."""
     args = plan.part_args("finetune")
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for _ in range(ROUNDS):
-        for side, found in _sides("finetune", args, budget).items():
-            runs[side].append(found)
+    runs = _rounds("finetune", args, budget)
     sides = {side: _median_steps(found) for side, found in runs.items()}
     return {"model": _model_text(args["config"]), "batch": args["batch"], "sides": sides,
             "status": overall_status(sides)}
@@ -165,12 +164,10 @@ def big_shape(plan: Plan, budget: Budget) -> dict[str, Any]:
 def first_step(plan: Plan, budget: Budget) -> dict[str, Any]:
     """Row 6: time to the first result, from just before the process starts; each side's median of
     ROUNDS processes (all of them in `rounds_ms`)."""
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for _ in range(ROUNDS):
-        for side, found in _sides("first_step", plan.part_args("first_step"), budget).items():
-            if "first_result_at" in found and "spawned_at" in found:
-                found["to_first_result_ms"] = (found["first_result_at"] - found["spawned_at"]) * 1e3
-            runs[side].append(found)
+    runs = _rounds("first_step", plan.part_args("first_step"), budget)
+    for found in (r for side_runs in runs.values() for r in side_runs):
+        if "first_result_at" in found and "spawned_at" in found:
+            found["to_first_result_ms"] = (found["first_result_at"] - found["spawned_at"]) * 1e3
     sides = {side: _median_run(found) for side, found in runs.items()}
     return {"sides": sides, "status": overall_status(sides)}
 
