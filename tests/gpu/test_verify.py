@@ -34,6 +34,11 @@ SUPPORTED = {
     "padding": {"mask": "padding_causal", "head_dim_qk": 64},
     "ragged": {"qkv_layout": "thd_thd_thd", "mask": "padding_causal", "batch_size": 3},
     "long-causal": {"batch_size": 1, "num_heads_kv": 2, "mask": "causal", "seqlen_q": 4096, "seqlen_kv": 4096},
+    # Paged KV caches, read through seeded page tables: a decode step and a chunk of a prefill.
+    "paged-decode": {"qkv_layout": "paged_kv_bshd_bshd_bshd", "page_size": 64, "num_pages": 16, "seqlen_q": 1,
+                     "seqlen_kv": 512, "mask": "padding_causal_bottom_right", "is_training": False},
+    "paged-sbhd-prefill": {"qkv_layout": "paged_kv_sbhd_sbhd_sbhd", "page_size": 64, "num_pages": 8,
+                           "mask": "padding_causal", "is_training": False},
 }
 
 

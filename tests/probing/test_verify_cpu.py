@@ -100,7 +100,7 @@ def test_unchecked_problems_say_why():
     assert numerics.unchecked_reason(config(qkv_dtype="fp8_e4m3"), Backend.FP8).startswith("FP8 graphs")
     paged = config(qkv_layout="paged_kv_bshd_bshd_bshd", page_size=64, num_pages=16, is_training=False,
                    mask="padding")
-    assert numerics.unchecked_reason(paged, Backend.F16).startswith("paged KV caches")
+    assert numerics.unchecked_reason(paged, Backend.F16) == ""  # bound through seeded page tables
 
 
 def test_verify_without_torch_is_a_platform_error(monkeypatch):
@@ -190,6 +190,54 @@ def test_extent_leaves_a_bucket_slot_unused_and_seeds_lengths():
     dense = verify_run.extent_for(config(), 7)
     assert dense.lens_q == (256, 256) and not dense.ragged
     assert verify_run.ragged_tensors(ragged) == {"q", "k", "v", "o", "dO", "dQ", "dK", "dV"}
+
+
+class _Declared:
+    """The dims and strides a graph declared (a GraphBuild's `dims_strides`, without cuDNN)."""
+
+    def __init__(self, **dims_strides):
+        self.dims_strides = dims_strides
+
+
+def test_paged_containers_are_read_through_seeded_page_tables_as_a_decode_kernel_reads_them():
+    torch = pytest.importorskip("torch")
+    from fusedattn_select.probing.cudnn import verify_run
+
+    cfg = config(qkv_layout="paged_kv_bshd_bshd_bshd", page_size=4, num_pages=7, batch_size=2, seqlen_q=1,
+                 seqlen_kv=10, num_heads_q=4, num_heads_kv=2, head_dim_qk=8, is_training=False, mask="padding")
+    pages, heads, size, dim = 7, 2, 4, 8
+    container = ((pages, heads, size, dim), (size * heads * dim, dim, heads * dim, 1))  # BSHD pages
+    build = _Declared(k=container, v=container, page_table_k=((2, 1, 3, 1), (3, 3, 1, 1)),
+                      page_table_v=((2, 1, 3, 1), (3, 3, 1, 1)))
+    bound = verify_run.new_bound(cfg, torch.device("cpu"), 11)
+    for name in ("k", "v"):
+        bound.tensors[name] = torch.randn(pages * size * heads * dim).as_strided(*container)
+    tables = {name: verify_run._input(bound, build, f"page_table_{name}") for name in ("k", "v")}
+    for table in tables.values():
+        used = table.flatten().tolist()
+        assert table.shape == (2, 1, 3, 1) and len(set(used)) == 6 and all(0 <= p < pages for p in used)
+    assert not torch.equal(tables["k"], tables["v"])  # K and V are shuffled apart
+    again = verify_run.new_bound(cfg, torch.device("cpu"), 11)
+    assert torch.equal(verify_run._input(again, build, "page_table_k"), tables["k"])  # seeded
+    for name in ("k", "v"):
+        view = bound.view(name)
+        assert view.shape == (2, heads, 10, dim)
+        for b in range(2):
+            for position in range(10):
+                page = int(tables[name][b, 0, position // size, 0])
+                assert torch.equal(view[b, :, position], bound.tensors[name][page, :, position % size])
+
+
+def test_a_page_pool_too_small_for_unshared_pages_is_not_bound():
+    torch = pytest.importorskip("torch")
+    from fusedattn_select.probing.cudnn import verify_run
+
+    cfg = config(qkv_layout="paged_kv_bshd_bshd_bshd", page_size=4, num_pages=5, batch_size=2, seqlen_q=1,
+                 seqlen_kv=10, is_training=False, mask="padding")
+    build = _Declared(k=((5, 8, 4, 64), (2048, 64, 512, 1)), page_table_k=((2, 1, 3, 1), (3, 3, 1, 1)))
+    bound = verify_run.new_bound(cfg, torch.device("cpu"), 11)
+    with pytest.raises(verify_run.Unbindable, match="5 pages cannot give 2 sequences 3 pages each"):
+        verify_run._input(bound, build, "page_table_k")
 
 
 # ----- caching rules ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ attention() runs that way), on a cuDNN handle of this module's own, so the strea
 dispatch shares is never changed. A training problem's backward check reuses the tensors of its
 forward check on the same thread (the selector probes forward, then backward).
 
-Problems verify cannot check (FP8 scaling, paged KV caches, tensors it has no data for) are
+Problems verify cannot check (FP8 scaling, tensors it has no data for) are
 answered by the depth-full probe, at depth verify, stage unchanged, with "numerics not checked:
 <why>" in the detail: Verdict.verified is False for them.
 
@@ -45,8 +45,6 @@ def unchecked_reason(cfg: AttnConfig, backend: Backend) -> str:
     """Why verify cannot check `cfg` on `backend` ("" when it can)."""
     if backend is not Backend.F16 or cfg.is_fp8:
         return "FP8 graphs (verify has no reference for their scales and quantization)"
-    if cfg.layout.paged:
-        return "paged KV caches (verify binds no page tables)"
     names = {"o_dtype": cfg.resolved_o_dtype}
     if cfg.is_training:
         names.update(do_dtype=cfg.resolved_do_dtype, dqkv_dtype=cfg.resolved_dqkv_dtype)

@@ -5,7 +5,9 @@ runtime/plans.Plan allocates and conforms tensors); outputs that dispatch alloca
 padding mask (o, dQ, dK, dV) are zeroed, every other output is filled with NaN so a value the graph
 should have written and did not shows as a mismatch. Ragged (THD) tensors are bound as
 runtime/ragged.py binds a bucket plan: sequence i of contiguous BSHD memory starts at element
-i * s * token_stride, the last batch slot is unused (offset at the end, length 0).
+i * s * token_stride, the last batch slot is unused (offset at the end, length 0). A paged KV
+cache's containers are filled like any input and each sequence's pages are a seeded shuffle of them
+(K's and V's apart), so the check reads through the page tables as a decode kernel would.
 
 Imported only when depth verify runs (it imports torch).
 """
@@ -36,6 +38,8 @@ _OFFSET_AXIS_TENSOR = {"q": "q", "kv": "k", "o": "o"}
 # Inputs made from seeded random normals (the sink only where it is learned).
 _RANDOM_INPUTS = frozenset({"q", "k", "v", "dO", "bias"})
 DROPOUT_SEED, DROPOUT_OFFSET = 1234, 0
+# Page tables and the container each indexes.
+_PAGE_TABLES = {"page_table_k": "k", "page_table_v": "v"}
 
 
 class Unbindable(Exception):
@@ -109,6 +113,7 @@ class Bound:
     generator: torch.Generator
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     ragged: frozenset[str] = frozenset()
+    seed: int = 0
 
     def allocate(self, build: GraphBuild, name: str, fill: str) -> torch.Tensor:
         """`name` as `build` declared it, filled with "randn", "nan" or "zero"."""
@@ -132,7 +137,17 @@ class Bound:
             _, head, token, element = tensor.stride()
             return tensor.as_strided((e.batch, tensor.shape[1], seqlen, tensor.shape[3]),
                                      (seqlen * token, head, token, element))
+        if name in ("k", "v") and self.cfg.layout.paged:
+            tensor = self._through_pages(name)
         return tensor[:e.batch, :, :seqlen]
+
+    def _through_pages(self, name: str) -> torch.Tensor:
+        """Paged container `name` (pages, H, page_size, D) read through its page table as (B, H, S, D)."""
+        pages = self.tensors[name]
+        table = self.tensors[f"page_table_{name}"][:, 0, :, 0].long()  # (B, pages per sequence)
+        slots, blocks = table.shape
+        heads, size, dim = pages.shape[1:]
+        return pages[table].permute(0, 2, 1, 3, 4).reshape(slots, heads, blocks * size, dim)
 
     def lengths(self, axis: str) -> torch.Tensor:
         values = self.extent.lens_q if axis == "q" else self.extent.lens_kv
@@ -157,6 +172,18 @@ def _lengths_tensor(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=bound.device).view(slots, 1, 1, 1)
 
 
+def _page_table(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
+    """Page table `name` (B, 1, pages per sequence, 1): sequence b's blocks are pages of a seeded
+    shuffle of its container's, no page shared."""
+    slots, _, blocks, _ = build.dims_strides[name][0]
+    pages = build.dims_strides[_PAGE_TABLES[name]][0][0]
+    if pages < slots * blocks:
+        raise Unbindable(f"{pages} pages cannot give {slots} sequences {blocks} pages each without sharing")
+    order = list(range(pages))
+    random.Random(f"{bound.seed}:{name}").shuffle(order)
+    return torch.tensor(order[:slots * blocks], dtype=torch.int32, device=bound.device).view(slots, 1, blocks, 1)
+
+
 def _input(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
     """The tensor bound to graph input `name`, made (and kept in `bound`) on first use."""
     if name in bound.tensors:
@@ -170,6 +197,8 @@ def _input(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
         made = _lengths_tensor(bound, build, name)
     elif name.startswith(_OFFSET_PREFIX):
         made = _offsets(bound, build, name)
+    elif name in _PAGE_TABLES:
+        made = _page_table(bound, build, name)
     elif name in ("seed", "offset"):
         value = DROPOUT_SEED if name == "seed" else DROPOUT_OFFSET
         made = torch.full((1, 1, 1, 1), value, dtype=torch.int64, device=bound.device)
@@ -228,7 +257,7 @@ def reference_problem(bound: Bound, dropout_sample: bool = False) -> RefProblem:
 def new_bound(cfg: AttnConfig, device: torch.device, seed: int) -> Bound:
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
-    return Bound(cfg, device, extent_for(cfg, seed), generator, ragged=ragged_tensors(cfg))
+    return Bound(cfg, device, extent_for(cfg, seed), generator, ragged=ragged_tensors(cfg), seed=seed)
 
 
 def stats_rows(bound: Bound) -> torch.Tensor:
