@@ -351,3 +351,24 @@ def test_warmup_and_snapshot_record_accept_depth_verify(capsys, verify_engine, t
     assert code == 0, err
     recorded = json.loads(target.read_text())
     assert recorded["depth"] == "verify"
+
+
+def test_a_backward_whose_forward_is_refused_is_not_checked_rather_than_refused(monkeypatch):
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from fusedattn_select.probing.cudnn import verify_checks
+    from fusedattn_select.probing.cudnn.messages import CudnnUnsupported
+
+    built = []
+
+    def refused(cfg, backend, handle, device, seam):
+        built.append(cfg)
+        raise CudnnUnsupported("create_execution_plans", "no engine for this forward")
+
+    monkeypatch.setattr(verify_checks, "_run_forward", refused)
+    cfg = config(return_max_logit=True)
+    with pytest.raises(verify_checks.Unbindable, match="forward graph that makes its inputs is refused "
+                                                      r"\(no engine for this forward\)"):
+        verify_checks._forward_for_backward(cfg, Backend.F16, None, 0, tolerances.Planted(), SimpleNamespace())
+    assert [c.return_max_logit for c in built] == [False]  # built without the output the backward never reads

@@ -260,21 +260,31 @@ def test_each_fine_tune_step_is_its_median_over_the_processes(monkeypatch):
 
 
 def test_first_calls_and_tiny_calls_are_medians_over_the_processes(monkeypatch):
-    tiny = {"ours": iter([(90.0, 30.0), (50.0, 10.0), (70.0, 20.0)]), "flash": iter([(9.0, 9.0)] * 3),
-            "default": iter([(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)])}
-    first_ms = {"ours": iter([300.0, 100.0, 200.0]), "flash": iter([5.0] * 3), "default": iter([6.0] * 3)}
+    # Skewed values whose medians come from different processes: neither a mean nor one median process.
+    tiny = {"ours": iter([(90.0, 10.0), (50.0, 30.0), (55.0, 20.0)]), "flash": iter([(9.0, 9.0)] * 3),
+            "default": iter([(1.0, 3.0), None, (3.0, 1.0)])}
+    first_ms = {"ours": iter([100.0, 300.0, 120.0]), "flash": iter([5.0] * 3), "default": iter([6.0] * 3)}
 
     def fake(part, side, args, timeout_s, env=None):
-        first, early = next(tiny[side])
-        return {"status": "ok", "steps": _steps(next(first_ms[side]), 1.0),
-                "tiny_us": {"shape": "b1", "first": first, "calls_2_101_median": early}}
+        ms, figures = next(first_ms[side]), next(tiny[side])
+        if figures is None:
+            return {"status": "failed: exit code 1: boom"}
+        return {"status": "ok", "steps": _steps(ms, 1.0),
+                "tiny_us": {"shape": "b1", "first": figures[0], "calls_2_101_median": figures[1]}}
 
     monkeypatch.setattr(parts, "run_fresh", fake)
     found = parts.first_calls(options.parse_args([]), Budget(100.0))["sides"]
-    assert [s["ms"] for s in found["ours"]["steps"]] == [200.0, 1.0]
-    assert found["ours"]["tiny_us"] == {"shape": "b1", "first": 70.0, "calls_2_101_median": 20.0}
-    assert found["default"]["tiny_us"]["calls_2_101_median"] == 2.0
-    assert [r["steps_ms"][0] for r in found["ours"]["rounds"]] == [300.0, 100.0, 200.0]
+    assert [s["ms"] for s in found["ours"]["steps"]] == [120.0, 1.0]
+    assert found["ours"]["tiny_us"] == {"shape": "b1", "first": 55.0, "calls_2_101_median": 20.0}
+    assert [r["steps_ms"][0] for r in found["ours"]["rounds"]] == [100.0, 300.0, 120.0]
+    # A failed process stays in the rounds with its status; the median is over the finished ones.
+    assert [r["status"] for r in found["default"]["rounds"]] == ["ok", "failed: exit code 1: boom", "ok"]
+    assert found["default"]["processes_measured"] == 2 and found["default"]["tiny_us"]["first"] == 1.0
+
+
+def test_a_side_with_no_finished_first_calls_keeps_its_failure_over_a_skip():
+    runs = [{"status": "failed: exit code 1: boom"}, {"status": "skipped: time budget"}]
+    assert parts._median_first_calls(runs) == {"status": "failed: exit code 1: boom"}
 
 
 def test_each_generate_call_is_its_median_over_the_processes(monkeypatch):

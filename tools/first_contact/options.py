@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Part name -> the done-when rows of issue 34 it measures. Rows 1 and 4 share one process per side.
+# Part name -> the done-when rows of issue 34 it measures. Rows 1 and 4 share their processes.
 PARTS = {"first_calls": (1, 4), "generate": (2,), "finetune": (3,), "big_shape": (5,), "first_step": (6,),
          "native": (7,)}
 ROWS = tuple(sorted(row for rows in PARTS.values() for row in rows))

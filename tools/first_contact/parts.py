@@ -77,18 +77,21 @@ def first_calls(plan: Plan, budget: Budget) -> dict[str, Any]:
 
 
 def _median_first_calls(runs: list[dict]) -> dict[str, Any]:
-    """The side's first finished process, with each step's ms and each tiny-call figure the median
-    over the finished ones."""
+    """The side's first finished process (its other fields: import time, dispatch_info, ...) with each
+    step's ms and each tiny-call figure the median over the finished ones; `rounds` holds every
+    process's status and figures. Where none finished, the first that failed (not one skipped)."""
     done = [r for r in runs if r.get("status") == "ok" and r.get("steps") and r.get("tiny_us")]
     if not done:
-        return dict(runs[-1])
+        failed = [r for r in runs if not str(r.get("status", "")).startswith("skipped")]
+        return dict((failed or runs)[0])
     steps = [dict(step, ms=_middle(r["steps"][i]["ms"] for r in done if len(r["steps"]) > i))
              for i, step in enumerate(done[0]["steps"])]
     tiny = {key: (_middle(r["tiny_us"][key] for r in done) if isinstance(value, (int, float)) else value)
             for key, value in done[0]["tiny_us"].items()}
-    rounds = [{"steps_ms": [step["ms"] for step in r["steps"]], "tiny_us": r["tiny_us"],
-               "native": r.get("native"), "dispatch_info": r.get("dispatch_info")} for r in done]
-    return dict(done[0], steps=steps, tiny_us=tiny, rounds=rounds)
+    rounds = [{"status": r.get("status"), "steps_ms": [step["ms"] for step in r.get("steps") or []],
+               "tiny_us": r.get("tiny_us"), "native": r.get("native"), "dispatch_info": r.get("dispatch_info")}
+              for r in runs]
+    return dict(done[0], steps=steps, tiny_us=tiny, rounds=rounds, processes_measured=len(done))
 
 
 def generate(plan: Plan, budget: Budget) -> dict[str, Any]:

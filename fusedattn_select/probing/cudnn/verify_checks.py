@@ -14,6 +14,7 @@ from fusedattn_select.probing.cudnn import tolerances
 from fusedattn_select.probing.cudnn import verify_reference as reference
 from fusedattn_select.probing.cudnn import verify_run as run
 from fusedattn_select.probing.cudnn.graphs import build_graph
+from fusedattn_select.probing.cudnn.messages import CudnnUnsupported
 from fusedattn_select.probing.cudnn.verify_run import Unbindable
 from fusedattn_select.types import Backend, Phase, ProbeDepth
 
@@ -111,7 +112,10 @@ def _forward_for_backward(cfg: AttnConfig, backend: Backend, handle: Any, device
     # The backward graph reads O and the softmax stats only: the forward that makes them is built
     # without the max-logit output, whose graph cuDNN may refuse while the backward runs fine.
     forward_cfg = dataclasses.replace(cfg, return_max_logit=False) if cfg.return_max_logit else cfg
-    bound, _, forward_timings = _run_forward(forward_cfg, backend, handle, device, seam)
+    try:
+        bound, _, forward_timings = _run_forward(forward_cfg, backend, handle, device, seam)
+    except CudnnUnsupported as refused:  # says nothing of the backward graph: not checked, not refused
+        raise Unbindable(f"the forward graph that makes its inputs is refused ({refused.message})") from refused
     return bound, {"forward_graph": sum(forward_timings.values())}
 
 
