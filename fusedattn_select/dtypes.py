@@ -18,13 +18,16 @@ class DType:
     cudnn_name: str
     is_fp8: bool = False
     aliases: tuple[str, ...] = ()
+    largest: float = 0.0  # the largest finite value (FP8 types, which scaling maps onto)
 
 
 TABLE: tuple[DType, ...] = (
     DType("fp16", "float16", "HALF", aliases=("float16", "half", "torch.float16")),
     DType("bf16", "bfloat16", "BFLOAT16", aliases=("bfloat16", "torch.bfloat16")),
-    DType("fp8_e4m3", "float8_e4m3fn", "FP8_E4M3", is_fp8=True, aliases=("float8_e4m3fn", "torch.float8_e4m3fn")),
-    DType("fp8_e5m2", "float8_e5m2", "FP8_E5M2", is_fp8=True, aliases=("float8_e5m2", "torch.float8_e5m2")),
+    DType("fp8_e4m3", "float8_e4m3fn", "FP8_E4M3", is_fp8=True, aliases=("float8_e4m3fn", "torch.float8_e4m3fn"),
+          largest=448.0),
+    DType("fp8_e5m2", "float8_e5m2", "FP8_E5M2", is_fp8=True, aliases=("float8_e5m2", "torch.float8_e5m2"),
+          largest=57344.0),
 )
 # Tensors of a graph that are not attention data: statistics, scales, offsets and seeds.
 AUXILIARY: tuple[DType, ...] = (
@@ -33,6 +36,11 @@ AUXILIARY: tuple[DType, ...] = (
     DType("int64", "int64", "INT64"),
     DType("fp8_e8m0", "float8_e8m0fnu", "FP8_E8M0"),
 )
+
+# The scale of the softmax probabilities P (in [0, 1]) that cuDNN's FP8 graphs quantize inside the
+# kernel: the one cudnn-frontend's own FP8 SDPA tests use (headroom for kernels that defer the
+# running-max rescale). Dispatch and depth verify bind it as scale_s (descale_s its inverse).
+FP8_SOFTMAX_SCALE = 64.0
 
 BY_NAME = {d.name: d for d in TABLE + AUXILIARY}
 F16_DTYPES = tuple(d.name for d in TABLE if not d.is_fp8)

@@ -8,7 +8,7 @@ quantized, dequantized and quantized again with the same scale comes back bit fo
 Tensors cuDNN produces have no amax before the kernel runs, so their scales come from bounds that
 hold for every input (computed on the device from amaxes and row norms of the inputs):
 
-    P (softmax, "S")   in [0, 1]: S_SCALE = 64, the scale cudnn-frontend's own FP8 SDPA tests use
+    P (softmax, "S")   in [0, 1]: S_SCALE (dtypes.FP8_SOFTMAX_SCALE), the scale cudnn-frontend's FP8 SDPA tests use
                        for an amax of 1 (headroom for kernels that defer the running-max rescale)
     O = P V            |O| <= the largest value V's FP8 copy holds, at most top / scale_v: each
                        row of O is a convex combination of rows of V, so O (an FP8 of V's dtype)
@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import torch
 
+from fusedattn_select import dtypes
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8_kernels as fp8k
 from fusedattn_select.runtime.fp8_kernels import FP8_MAX, MAX_SCALE, STATE, Delayed
@@ -43,7 +44,7 @@ from fusedattn_select.runtime.fp8_kernels import FP8_MAX, MAX_SCALE, STATE, Dela
 # Largest power of two used for tensors quantized inside the kernel (P, dP): cudnn-frontend's test
 # convention for e4m3 (its largest power of two of a 240-max e4m3 variant), leaving headroom.
 INTERNAL_RANGE = 128.0
-S_SCALE = 64.0
+S_SCALE = dtypes.FP8_SOFTMAX_SCALE
 HISTORY_ALGOS = ("max", "most_recent")
 MAX_HISTORY = 1024
 MAX_MARGIN = 64

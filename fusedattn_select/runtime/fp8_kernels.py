@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from fusedattn_select import settings
+from fusedattn_select import dtypes, settings
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.run_settings import run_settings
 
@@ -36,7 +36,7 @@ log = logging.getLogger("fusedattn_select")
 
 ENV_VAR = settings.FP8_KERNELS
 CHOICES = settings.FP8_KERNEL_CHOICES
-FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+FP8_MAX = {dtypes.torch_dtype(name, torch): dtypes.BY_NAME[name].largest for name in dtypes.FP8_DTYPES}
 # The largest power-of-two scale a compute dtype can hold (fp16 overflows above 2**15).
 MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32: 2.0 ** 100}
 # The FP8 state of one call: a float32 vector with these entries. quantize() writes the first nine

@@ -148,3 +148,30 @@ def test_the_backward_of_a_max_logit_problem_is_verified_apart_from_its_forward(
     assert verified.outcome is Outcome.SUPPORTED and verified.verified, verified
     forward = [cudnn_engine.probe(cfg, Backend.F16, Phase.FORWARD, depth).outcome for depth in ("full", "verify")]
     assert forward[0] is forward[1]
+
+
+def test_an_fp8_forward_is_checked_against_its_dequantized_inputs(selector):
+    # Delayed scaling (the default): O in e4m3; the inputs quantized as dispatch quantizes them.
+    cfg = fresh(qkv_dtype="fp8_e4m3", mask="causal")
+    answer = selector.select(cfg, "verify")
+    _skip_unless_built(answer)
+    assert answer.backend.value == "FP8" and answer.selected, answer.message
+    forward, backward = answer.verdicts
+    assert forward.verified and "O max error" in forward.detail, forward
+    assert backward.supported and not backward.verified and "FP8 backward graphs" in backward.detail
+
+
+def test_a_corrupted_fp8_output_is_unsupported_at_numerics(selector):
+    cfg = fresh(qkv_dtype="fp8_e4m3", is_training=False)
+
+    def corrupt(phase, outputs):
+        o = outputs["o"]
+        o.copy_((o.float() * 1.25).to(o.dtype))  # FP8 tensors take no arithmetic of their own
+
+    with numerics.planted(after_execute=corrupt):
+        answer = selector.select_dense(cfg, "verify")
+    _skip_unless_built(answer)
+    [verdict] = answer.verdicts
+    assert verdict.outcome is Outcome.UNSUPPORTED and verdict.stage == numerics.NUMERICS_STAGE, verdict
+    assert verdict.message.startswith("results differ from the float32 reference: O max error")
+    _assert_not_stored_as_supported(selector, cfg)

@@ -12,7 +12,7 @@ attention() runs that way), on a cuDNN handle of this module's own, so the strea
 dispatch shares is never changed. A training problem's backward check reuses the tensors of its
 forward check on the same thread (the selector probes forward, then backward).
 
-Problems verify cannot check (FP8 scaling, tensors it has no data for) are
+Problems verify cannot check (FP8 backward graphs, MXFP8 block scales, tensors it has no data for) are
 answered by the depth-full probe, at depth verify, stage unchanged, with "numerics not checked:
 <why>" in the detail: Verdict.verified is False for them.
 
@@ -41,10 +41,14 @@ log = logging.getLogger("fusedattn_select")
 
 __all__ = ["SEED", "Check", "Planted", "numerics_verdict", "planted", "tolerance", "unchecked_reason", "verify"]
 
-def unchecked_reason(cfg: AttnConfig, backend: Backend) -> str:
-    """Why verify cannot check `cfg` on `backend` ("" when it can)."""
-    if backend is not Backend.F16 or cfg.is_fp8:
-        return "FP8 graphs (verify has no reference for their scales and quantization)"
+def unchecked_reason(cfg: AttnConfig, backend: Backend, phase: Phase = Phase.FORWARD) -> str:
+    """Why verify cannot check `phase` of `cfg` on `backend` ("" when it can)."""
+    if backend is Backend.FP8 or cfg.is_fp8:
+        if phase is Phase.BACKWARD:
+            return "FP8 backward graphs (verify has no reference for their quantized gradients)"
+        if cfg.resolved_scaling_mode == "mxfp8":
+            return "MXFP8 graphs (verify binds no block scales)"
+        return ""
     names = {"o_dtype": cfg.resolved_o_dtype}
     if cfg.is_training:
         names.update(do_dtype=cfg.resolved_do_dtype, dqkv_dtype=cfg.resolved_dqkv_dtype)
@@ -110,7 +114,7 @@ def verify(engine: Any, cfg: AttnConfig, backend: Backend, phase: Phase) -> Verd
 
     Raises PlatformError when torch (with CUDA) is missing; every other failure is a verdict.
     """
-    reason = unchecked_reason(cfg, backend)
+    reason = unchecked_reason(cfg, backend, phase)
     if reason:
         return _unchecked(engine, cfg, backend, phase, reason)
     torch = require_torch()

@@ -20,6 +20,14 @@ UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 # dS^T.Q; simulating exactly those roundings gives errors near one unit roundoff (docs/verify.md):
 # the factors leave a wide margin for other orders of summation and roundings.
 FACTORS = {"output": 8.0, "gradient": 16.0}
+# FP8 forward graphs (per-tensor scales): the unit roundoff of each FP8 dtype, and the multiple of the
+# coarsest of the inputs', the output's and e4m3's (the kernel rounds P to e4m3) an O may differ by,
+# relative to the reference's largest value. Simulating the kernel's roundings (P to e4m3 at
+# dtypes.FP8_SOFTMAX_SCALE, O to its FP8 dtype at V's scale; random normal data, head dims 64-256,
+# lengths 128-1024, causal or not) gives 0.41-0.90 unit roundoff, O's own rounding the most of it
+# (docs/verify.md): the factor leaves a margin of about three; the head dim does not widen it.
+UNIT_ROUNDOFF_FP8 = {"fp8_e4m3": 2.0 ** -4, "fp8_e5m2": 2.0 ** -3}
+FP8_FACTOR = 3.0
 # The softmax stats are float32 sums of exact 16-bit products: an absolute bound on log-sum-exp values.
 STATS_TOLERANCE = 2e-3
 # Dropout: the error against the dropout-free reference must be this close to the error of a
@@ -41,6 +49,16 @@ def tolerance(dtype: str, head_dim: int, kind: str = "output") -> float:
     if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
         raise ConfigError("head_dim", head_dim, "must be a positive integer")
     return FACTORS[kind] * UNIT_ROUNDOFF[dtype] * math.sqrt(max(head_dim, 64) / 64)
+
+
+def fp8_tolerance(*names: str) -> float:
+    """The largest error allowed for an FP8 forward's O whose inputs and output have dtypes `names`
+    (FP8 or 16-bit), as a fraction of the reference's largest magnitude."""
+    roundoffs = {**UNIT_ROUNDOFF, **UNIT_ROUNDOFF_FP8}
+    unknown = [name for name in names if name not in roundoffs]
+    if unknown:
+        raise ConfigError("dtype", unknown[0], "must be one of " + ", ".join(repr(n) for n in roundoffs))
+    return FP8_FACTOR * max([UNIT_ROUNDOFF_FP8["fp8_e4m3"], *(roundoffs[name] for name in names)])
 
 
 def coarsest(*names: str) -> str:

@@ -14,6 +14,7 @@ Imported only when depth verify runs (it imports torch).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ _RANDOM_INPUTS = frozenset({"q", "k", "v", "dO", "bias"})
 DROPOUT_SEED, DROPOUT_OFFSET = 1234, 0
 # Page tables and the container each indexes.
 _PAGE_TABLES = {"page_table_k": "k", "page_table_v": "v"}
+# The scale tensors of an FP8 forward graph (per-tensor scaling).
+_FP8_SCALARS = frozenset({"descale_q", "descale_k", "descale_v", "scale_s", "descale_s", "scale_o"})
 
 
 class Unbindable(Exception):
@@ -114,6 +117,7 @@ class Bound:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     ragged: frozenset[str] = frozenset()
     seed: int = 0
+    scales: dict[str, float] = field(default_factory=dict)  # FP8 tensors: value = scale x real value
 
     def allocate(self, build: GraphBuild, name: str, fill: str) -> torch.Tensor:
         """`name` as `build` declared it, filled with "randn", "nan" or "zero"."""
@@ -140,6 +144,11 @@ class Bound:
         if name in ("k", "v") and self.cfg.layout.paged:
             tensor = self._through_pages(name)
         return tensor[:e.batch, :, :seqlen]
+
+    def dequantized(self, name: str) -> torch.Tensor:
+        """`view(name)`, in float32 real values where the tensor is FP8 (divided by its scale)."""
+        scale = self.scales.get(name)
+        return self.view(name) if scale is None else self.view(name).float() / scale
 
     def _through_pages(self, name: str) -> torch.Tensor:
         """Paged container `name` (pages, H, page_size, D) read through its page table as (B, H, S, D)."""
@@ -184,12 +193,45 @@ def _page_table(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
     return torch.tensor(order[:slots * blocks], dtype=torch.int32, device=bound.device).view(slots, 1, blocks, 1)
 
 
+def _quantized(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
+    """FP8 input `name` quantized from seeded normals as dispatch quantizes (current scaling): times
+    the power of two that brings its largest magnitude nearest below the type's largest value."""
+    dims, strides = build.dims_strides[name]
+    dtype = dtypes.from_cudnn(build.data_types[name])
+    flat = torch.randn(_span(dims, strides), generator=bound.generator, device=bound.device, dtype=torch.float32)
+    scale = 2.0 ** math.floor(math.log2(dtypes.BY_NAME[dtype].largest / float(flat.abs().max())))
+    bound.scales[name] = scale
+    return (flat * scale).to(dtypes.torch_dtype(dtype, torch)).as_strided(dims, strides)
+
+
+def _fp8_scalar(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
+    """An FP8 graph's scale tensor as dispatch binds it (runtime/fp8.py): the inputs' descales, P's
+    fixed scale, and O's scale: V's where O is FP8 (O is a convex combination of V's rows), else 1."""
+    if name == "scale_s":
+        value = dtypes.FP8_SOFTMAX_SCALE
+    elif name == "descale_s":
+        value = 1.0 / dtypes.FP8_SOFTMAX_SCALE
+    elif name == "scale_o":
+        value = 1.0
+        if dtypes.BY_NAME[dtypes.from_cudnn(build.data_types["o"])].is_fp8:
+            _input(bound, build, "v")
+            value = bound.scales["o"] = bound.scales["v"]
+    else:
+        quantized = name[len("descale_"):]
+        _input(bound, build, quantized)
+        value = 1.0 / bound.scales[quantized]
+    dims, _ = build.dims_strides[name]
+    return torch.full(dims, value, dtype=_torch_dtype(build.data_types[name]), device=bound.device)
+
+
 def _input(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
     """The tensor bound to graph input `name`, made (and kept in `bound`) on first use."""
     if name in bound.tensors:
         return bound.tensors[name]
     cfg = bound.cfg
-    if name in _RANDOM_INPUTS or (name == "sink_token" and cfg.softmax == "learnable"):
+    if name in _RANDOM_INPUTS and dtypes.BY_NAME[dtypes.from_cudnn(build.data_types[name])].is_fp8:
+        made = _quantized(bound, build, name)
+    elif name in _RANDOM_INPUTS or (name == "sink_token" and cfg.softmax == "learnable"):
         made = bound.allocate(build, name, "randn")
     elif name == "sink_token":  # off_by_one: the extra logit is 0
         made = bound.allocate(build, name, "zero")
@@ -199,6 +241,8 @@ def _input(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
         made = _offsets(bound, build, name)
     elif name in _PAGE_TABLES:
         made = _page_table(bound, build, name)
+    elif name in _FP8_SCALARS:
+        made = _fp8_scalar(bound, build, name)
     elif name in ("seed", "offset"):
         value = DROPOUT_SEED if name == "seed" else DROPOUT_OFFSET
         made = torch.full((1, 1, 1, 1), value, dtype=torch.int64, device=bound.device)
@@ -246,7 +290,7 @@ def reference_problem(bound: Bound, dropout_sample: bool = False) -> RefProblem:
         bias = bias[..., :bound.extent.seqlen_q, :bound.extent.seqlen_kv]
     sink = bound.tensors["sink_token"].reshape(-1) if cfg.softmax == "learnable" else None
     return RefProblem(
-        q=bound.view("q"), k=bound.view("k"), v=bound.view("v"),
+        q=bound.dequantized("q"), k=bound.dequantized("k"), v=bound.dequantized("v"),
         lens_q=bound.lengths("q"), lens_kv=bound.lengths("kv"), scale=float(cfg.resolved_attn_scale),
         causal=cfg.is_causal, bottom_right=cfg.resolved_bottom_right_diagonal, left=left,
         right=right, bias=bias, alibi=alibi, softmax=cfg.softmax,
