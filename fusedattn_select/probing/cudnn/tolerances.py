@@ -22,10 +22,9 @@ UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 FACTORS = {"output": 8.0, "gradient": 16.0}
 # FP8 forward graphs (per-tensor scales): the unit roundoff of each FP8 dtype, and the multiple of the
 # coarsest of the inputs', the output's and e4m3's (the kernel rounds P to e4m3) an O may differ by,
-# relative to the reference's largest value. Simulating the kernel's roundings (P to e4m3 at
-# dtypes.FP8_SOFTMAX_SCALE, O to its FP8 dtype at V's scale; random normal data, head dims 64-256,
-# lengths 128-1024, causal or not) gives 0.41-0.90 unit roundoff, O's own rounding the most of it
-# (docs/verify.md): the factor leaves a margin of about three; the head dim does not widen it.
+# relative to the reference's largest value, whatever the head dim. Sized by simulating the kernel's
+# roundings (tools/simulate_fp8_tolerance.py; the figures are in docs/verify.md): O's own rounding is
+# most of the error, and the factor leaves a margin of about three over the simulation.
 UNIT_ROUNDOFF_FP8 = {"fp8_e4m3": 2.0 ** -4, "fp8_e5m2": 2.0 ** -3}
 FP8_FACTOR = 3.0
 # The softmax stats are float32 sums of exact 16-bit products: an absolute bound on log-sum-exp values.
