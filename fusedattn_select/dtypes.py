@@ -38,8 +38,9 @@ AUXILIARY: tuple[DType, ...] = (
 )
 
 # The scale of the softmax probabilities P (in [0, 1]) that cuDNN's FP8 graphs quantize inside the
-# kernel: the one cudnn-frontend's own FP8 SDPA tests use (headroom for kernels that defer the
-# running-max rescale). Dispatch and depth verify bind it as scale_s (descale_s its inverse).
+# kernel: a power of two well below the FP8 types' tops (headroom for kernels that defer the
+# running-max rescale, whose P may exceed 1). Dispatch and depth verify bind it as scale_s
+# (descale_s its inverse).
 FP8_SOFTMAX_SCALE = 64.0
 
 BY_NAME = {d.name: d for d in TABLE + AUXILIARY}

@@ -8,8 +8,8 @@ quantized, dequantized and quantized again with the same scale comes back bit fo
 Tensors cuDNN produces have no amax before the kernel runs, so their scales come from bounds that
 hold for every input (computed on the device from amaxes and row norms of the inputs):
 
-    P (softmax, "S")   in [0, 1]: S_SCALE (dtypes.FP8_SOFTMAX_SCALE), the scale cudnn-frontend's FP8 SDPA tests use
-                       for an amax of 1 (headroom for kernels that defer the running-max rescale)
+    P (softmax, "S")   in [0, 1]: S_SCALE (dtypes.FP8_SOFTMAX_SCALE), a power of two with headroom
+                       below the FP8 tops (kernels that defer the running-max rescale exceed 1)
     O = P V            |O| <= the largest value V's FP8 copy holds, at most top / scale_v: each
                        row of O is a convex combination of rows of V, so O (an FP8 of V's dtype)
                        takes V's own scale, and no pass computes it

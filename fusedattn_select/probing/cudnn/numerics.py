@@ -116,6 +116,7 @@ def verify(engine: Any, cfg: AttnConfig, backend: Backend, phase: Phase) -> Verd
     """
     reason = unchecked_reason(cfg, backend, phase)
     if reason:
+        _state.local.forward = None  # a training forward's tensors no check of this thread will read
         return _unchecked(engine, cfg, backend, phase, reason)
     torch = require_torch()
     from fusedattn_select.probing.cudnn import verify_checks  # imports torch

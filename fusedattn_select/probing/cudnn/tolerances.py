@@ -21,10 +21,10 @@ UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 # the factors leave a wide margin for other orders of summation and roundings.
 FACTORS = {"output": 8.0, "gradient": 16.0}
 # FP8 forward graphs (per-tensor scales): the unit roundoff of each FP8 dtype, and the multiple of the
-# coarsest of the inputs', the output's and e4m3's (the kernel rounds P to e4m3) an O may differ by,
-# relative to the reference's largest value, whatever the head dim. Sized by simulating the kernel's
-# roundings (tools/simulate_fp8_tolerance.py; the figures are in docs/verify.md): O's own rounding is
-# most of the error, and the factor leaves a margin of about three over the simulation.
+# coarsest of the inputs' and the output's an O may differ by, relative to the reference's largest
+# value, whatever the head dim. Sized by simulating the kernel's roundings (P and O rounded to FP8;
+# tools/simulate_fp8_tolerance.py, figures in docs/verify.md): O's own rounding is most of the error,
+# and the factor leaves a margin of about three over the simulation.
 UNIT_ROUNDOFF_FP8 = {"fp8_e4m3": 2.0 ** -4, "fp8_e5m2": 2.0 ** -3}
 FP8_FACTOR = 3.0
 # The softmax stats are float32 sums of exact 16-bit products: an absolute bound on log-sum-exp values.
@@ -50,14 +50,15 @@ def tolerance(dtype: str, head_dim: int, kind: str = "output") -> float:
     return FACTORS[kind] * UNIT_ROUNDOFF[dtype] * math.sqrt(max(head_dim, 64) / 64)
 
 
-def fp8_tolerance(*names: str) -> float:
-    """The largest error allowed for an FP8 forward's O whose inputs and output have dtypes `names`
-    (FP8 or 16-bit), as a fraction of the reference's largest magnitude."""
+def fp8_tolerance(qkv_dtype: str, o_dtype: str) -> float:
+    """The largest error allowed for the O of an FP8 forward with FP8 inputs `qkv_dtype` and output
+    `o_dtype` (FP8 or 16-bit), as a fraction of the reference's largest magnitude."""
+    if qkv_dtype not in UNIT_ROUNDOFF_FP8:
+        raise ConfigError("qkv_dtype", qkv_dtype, "must be one of " + ", ".join(repr(n) for n in UNIT_ROUNDOFF_FP8))
     roundoffs = {**UNIT_ROUNDOFF, **UNIT_ROUNDOFF_FP8}
-    unknown = [name for name in names if name not in roundoffs]
-    if unknown:
-        raise ConfigError("dtype", unknown[0], "must be one of " + ", ".join(repr(n) for n in roundoffs))
-    return FP8_FACTOR * max([UNIT_ROUNDOFF_FP8["fp8_e4m3"], *(roundoffs[name] for name in names)])
+    if o_dtype not in roundoffs:
+        raise ConfigError("o_dtype", o_dtype, "must be one of " + ", ".join(repr(n) for n in roundoffs))
+    return FP8_FACTOR * max(UNIT_ROUNDOFF_FP8[qkv_dtype], roundoffs[o_dtype])
 
 
 def coarsest(*names: str) -> str:

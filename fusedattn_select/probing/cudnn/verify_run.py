@@ -206,16 +206,19 @@ def _quantized(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
 
 def _fp8_scalar(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
     """An FP8 graph's scale tensor as dispatch binds it (runtime/fp8.py): the inputs' descales, P's
-    fixed scale, and O's scale: V's where O is FP8 (O is a convex combination of V's rows), else 1."""
+    fixed scale, and O's scale where O is FP8: sized for O's type from V's largest real value (O is a
+    convex combination of V's rows; V's own scale when they share a type), else 1."""
     if name == "scale_s":
         value = dtypes.FP8_SOFTMAX_SCALE
     elif name == "descale_s":
         value = 1.0 / dtypes.FP8_SOFTMAX_SCALE
     elif name == "scale_o":
         value = 1.0
-        if dtypes.BY_NAME[dtypes.from_cudnn(build.data_types["o"])].is_fp8:
-            _input(bound, build, "v")
-            value = bound.scales["o"] = bound.scales["v"]
+        o_type = dtypes.BY_NAME[dtypes.from_cudnn(build.data_types["o"])]
+        if o_type.is_fp8:
+            v = _input(bound, build, "v")
+            largest_v = float(v.float().abs().max()) / bound.scales["v"]
+            value = bound.scales["o"] = 2.0 ** math.floor(math.log2(o_type.largest / largest_v))
     else:
         quantized = name[len("descale_"):]
         _input(bound, build, quantized)
