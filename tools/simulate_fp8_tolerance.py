@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from fusedattn_select import dtypes  # noqa: E402
-from fusedattn_select.probing.cudnn import tolerances  # noqa: E402
+from fusedattn_select import dtypes
+from fusedattn_select.probing.cudnn import tolerances
 
 HEAD_DIMS, LENGTHS = (64, 128, 256), (128, 512, 1024)
 

@@ -1,0 +1,43 @@
+"""tools/generate_turns.py on the CPU (FIRST_CONTACT_DEVICE=cpu: the code paths, no figure means
+anything): one process switches a tiny model between the two attention implementations in turns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tools.first_contact import options
+
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256}
+
+
+def test_turns_alternate_the_sides_and_pair_their_speeds(monkeypatch, tmp_path, capsys):
+    from tools import generate_turns
+
+    monkeypatch.setenv("FIRST_CONTACT_DEVICE", "cpu")
+    monkeypatch.setitem(options.GENERATE, "tiny", (TINY, 1, 8, 3, 9))
+    out = tmp_path / "turns.json"
+    assert generate_turns.main(["--model", "tiny", "--turns", "3", "-o", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document == json.loads(capsys.readouterr().out)
+    rounds = document["rounds"]
+    assert [r["order"] for r in rounds] == [["ours", "flash"], ["flash", "ours"], ["ours", "flash"]]
+    for r in rounds:
+        assert r["ratio"] == pytest.approx(r["tokens_per_s"]["ours"] / r["tokens_per_s"]["flash"])
+        calls = r["ours_calls"]
+        # Every layer of every forward of our generate() went through attention(): 2 layers, 3 forwards.
+        assert calls["torch_calls"] + calls["fused_calls"] + calls["fallback_calls"] == 2 * 3
+    assert document["ratio_range"][0] <= document["ratio_median"] <= document["ratio_range"][1]
+
+
+def test_turns_must_be_at_least_one(capsys):
+    from tools import generate_turns
+
+    with pytest.raises(SystemExit) as exited:
+        generate_turns.main(["--turns", "0"])
+    assert exited.value.code == 2 and "--turns=0: must be at least 1" in capsys.readouterr().err
