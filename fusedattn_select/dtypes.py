@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -48,6 +49,12 @@ F16_DTYPES = tuple(d.name for d in TABLE if not d.is_fp8)
 FP8_DTYPES = tuple(d.name for d in TABLE if d.is_fp8)
 DTYPES = F16_DTYPES + FP8_DTYPES
 _BY_ALIAS = {alias: d for d in TABLE + AUXILIARY for alias in (d.name, *d.aliases)}
+
+
+def fp8_scale(amax: float, name: str) -> float:
+    """The power of two that brings a largest magnitude `amax` nearest below FP8 type `name`'s largest
+    value (per-tensor scaling: the real value times the scale is what the FP8 tensor holds)."""
+    return 2.0 ** math.floor(math.log2(BY_NAME[name].largest / amax))
 
 
 def parse(value: Any, field: str = "dtype") -> str:

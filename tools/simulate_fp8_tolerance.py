@@ -32,7 +32,7 @@ HEAD_DIMS, LENGTHS = (64, 128, 256), (128, 512, 1024)
 
 def _quantized(x: torch.Tensor, dtype: str) -> tuple[torch.Tensor, float]:
     """(the real values of x's FP8 copy, its scale)."""
-    scale = 2.0 ** math.floor(math.log2(dtypes.BY_NAME[dtype].largest / float(x.abs().max())))
+    scale = dtypes.fp8_scale(float(x.abs().max()), dtype)
     return (x * scale).to(dtypes.torch_dtype(dtype, torch)).double() / scale, scale
 
 

@@ -14,7 +14,6 @@ Imported only when depth verify runs (it imports torch).
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -199,7 +198,7 @@ def _quantized(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
     dims, strides = build.dims_strides[name]
     dtype = dtypes.from_cudnn(build.data_types[name])
     flat = torch.randn(_span(dims, strides), generator=bound.generator, device=bound.device, dtype=torch.float32)
-    scale = 2.0 ** math.floor(math.log2(dtypes.BY_NAME[dtype].largest / float(flat.abs().max())))
+    scale = dtypes.fp8_scale(float(flat.abs().max()), dtype)
     bound.scales[name] = scale
     return (flat * scale).to(dtypes.torch_dtype(dtype, torch)).as_strided(dims, strides)
 
@@ -214,11 +213,11 @@ def _fp8_scalar(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
         value = 1.0 / dtypes.FP8_SOFTMAX_SCALE
     elif name == "scale_o":
         value = 1.0
-        o_type = dtypes.BY_NAME[dtypes.from_cudnn(build.data_types["o"])]
-        if o_type.is_fp8:
+        o_type = dtypes.from_cudnn(build.data_types["o"])
+        if dtypes.BY_NAME[o_type].is_fp8:
             v = _input(bound, build, "v")
             largest_v = float(v.float().abs().max()) / bound.scales["v"]
-            value = bound.scales["o"] = 2.0 ** math.floor(math.log2(o_type.largest / largest_v))
+            value = bound.scales["o"] = dtypes.fp8_scale(largest_v, o_type)
     else:
         quantized = name[len("descale_"):]
         _input(bound, build, quantized)
