@@ -55,7 +55,7 @@ import torch
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import entries, native, ops, plans, tiers
 from fusedattn_select.runtime import fp8 as fp8q
-from fusedattn_select.runtime.args import Arguments, call_options, check_args, split_keywords
+from fusedattn_select.runtime.args import TABLE_ARITY, Arguments, call_options, check_args, split_keywords
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
@@ -99,6 +99,8 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
 
 
 _NO_INPUTS = OptionalInputs(None, None, None, None, None)
+# Where `fp8` sits among attention()'s arguments: an FP8History is keyed by its output precision.
+_FP8_FIELD = Arguments._fields.index("fp8")
 
 
 def _no_bools(given: tuple) -> bool:
@@ -150,7 +152,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     table = dispatcher.native_call  # the compiled module's table of lean calls (None: not loaded)
     if (table is not None and fp8 is False and return_lse is False and bias is None and alibi_slopes is None
             and sink is None and seqlens_q is None and seqlens_kv is None):
-        out = table(q, k, v, given[:7])
+        out = table(q, k, v, given[:TABLE_ARITY])
         if out is not None:
             return out
     found = call_key = None
@@ -161,7 +163,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     if (bias is None and alibi_slopes is None and sink is None and (type(fp8) is bool or type(fp8) is FP8History)
             and type(deterministic) is bool and type(return_lse) is bool and _no_bools(given)):
         training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        arguments = given if type(fp8) is bool else given[:7] + ((FP8History, fp8.o_dtype), return_lse)
+        arguments = given if type(fp8) is bool else given[:_FP8_FIELD] + ((FP8History, fp8.o_dtype), return_lse)
         try:
             call_key = entries.fast_key(q, k, v, arguments, training, seqlens_q, seqlens_kv)
             found = dispatcher.by_call.get(call_key)
@@ -176,7 +178,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         if call_key is not None:
             entries.remember_call(call_key, found)
     if call_key is not None and fp8 is False and return_lse is False and inputs is _NO_INPUTS:
-        _table_remember(found, q, k, v, given[:7])
+        _table_remember(found, q, k, v, given[:TABLE_ARITY])
     return _run(found, q, k, v, inputs, fp8, return_lse)
 
 

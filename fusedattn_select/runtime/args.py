@@ -36,6 +36,16 @@ class Arguments(NamedTuple):
     return_lse: Any = False
 
 
+# The leading Arguments a call's key holds in the compiled module's table (lean.cpp), with the kind
+# of plain value each must be there: the module is told these when it is loaded, so the fields and
+# their order are written here only. A call whose arguments are of other kinds runs through Python.
+TABLE_ARGUMENTS = {"layout": "str?", "mask": "str", "window_size": "int-tuple", "attn_scale": "number?",
+                   "dropout": "number", "softmax": "str", "deterministic": "bool"}
+TABLE_ARITY = len(TABLE_ARGUMENTS)
+if tuple(TABLE_ARGUMENTS) != Arguments._fields[:TABLE_ARITY]:
+    raise AssertionError("TABLE_ARGUMENTS must be the leading fields of Arguments, in order")
+
+
 class Dims(NamedTuple):
     """Logical dims of a call: (B, Hq, Sq, D) of q, Skv of k."""
 

@@ -378,3 +378,22 @@ def test_captured_calls_are_their_own_signature_and_replay(fresh):
                 t.copy_(torch.randn(t.shape, generator=torch.Generator(device=CUDA).manual_seed(seed), device=CUDA))
             graph.replay()
             assert_close(captured, _reference(q, k, v, "bshd", mask="causal")[0], TOL_OUT, f"replay {seed}")
+
+
+def test_the_table_keys_calls_on_the_argument_kinds_python_declares(fresh):
+    from fusedattn_select.runtime.args import TABLE_ARGUMENTS
+
+    q, k, v = _tensors("bshd", s=72, grad=False)
+    with torch.no_grad():
+        _filed(lambda: attention(q, k, v, mask="causal"))
+        calls = native.table_calls()
+        try:
+            fresh.set_argument_kinds([])  # no kinds declared: the table holds no call
+            attention(q, k, v, mask="causal")
+            assert native.table_calls() == calls
+            with pytest.raises(ValueError, match="unknown argument kind 'float'"):
+                fresh.set_argument_kinds(["str", "float"])
+        finally:
+            fresh.set_argument_kinds(list(TABLE_ARGUMENTS.values()))
+        attention(q, k, v, mask="causal")
+        assert native.table_calls() == calls + 1

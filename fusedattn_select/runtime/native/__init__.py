@@ -238,6 +238,9 @@ def load(device: Optional[int] = None) -> Optional[ModuleType]:
         if name not in loaded:
             module = loaded[name] = _import(name)
             if module is not None:
+                from fusedattn_select.runtime.args import TABLE_ARGUMENTS  # imports torch: loaded with it
+
+                module.set_argument_kinds(list(TABLE_ARGUMENTS.values()))
                 dispatcher.native_table, dispatcher.native_call = module, module.call
             else:
                 start_build = mode() == "auto" and not _module_path(name).is_file()

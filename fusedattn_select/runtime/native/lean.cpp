@@ -27,6 +27,7 @@
 
 #include <array>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -169,24 +170,64 @@ at::Tensor call(c10::intrusive_ptr<LeanPlan> const &plan, at::Tensor const &q, a
 // q, k and v that runtime/entries.py's fast_key holds, without running Python. Every use holds the GIL
 // (each is a Python call into this module), which guards the table.
 
-// attention()'s (layout, mask, window_size, attn_scale, dropout, softmax, deterministic), of plain
-// types only: hashing and comparing them then runs no Python code, and a bool never stands for a
-// number (True == 1: its key would find the number's entry and skip the check that refuses it).
+// The kinds of attention()'s leading arguments that key a call, in order, as runtime/args.py's
+// TABLE_ARGUMENTS declares them (set_argument_kinds, when the module is loaded): the table holds
+// arguments of plain types only, so hashing and comparing them runs no Python code, and a bool never
+// stands for a number (True == 1: its key would find the number's entry and skip the check that
+// refuses it). Empty until set: no call is then held.
+enum class ArgumentKind { Str, StrOrNone, Number, NumberOrNone, Bool, IntTuple };
+
+std::vector<ArgumentKind> &argument_kinds() {
+    static auto *kinds = new std::vector<ArgumentKind>();
+    return *kinds;
+}
+
+void set_argument_kinds(std::vector<std::string> const &names) {
+    static std::unordered_map<std::string, ArgumentKind> const known = {
+        {"str", ArgumentKind::Str},       {"str?", ArgumentKind::StrOrNone}, {"number", ArgumentKind::Number},
+        {"number?", ArgumentKind::NumberOrNone}, {"bool", ArgumentKind::Bool}, {"int-tuple", ArgumentKind::IntTuple},
+    };
+    std::vector<ArgumentKind> kinds;
+    for (auto const &name : names) {
+        auto found = known.find(name);
+        if (found == known.end()) {
+            throw std::invalid_argument("unknown argument kind '" + name + "'");
+        }
+        kinds.push_back(found->second);
+    }
+    argument_kinds() = std::move(kinds);
+}
+
+bool plain_argument(PyObject *o, ArgumentKind kind) {
+    auto number = [](PyObject *x) { return PyLong_CheckExact(x) || PyFloat_CheckExact(x); };
+    switch (kind) {
+    case ArgumentKind::Str: return PyUnicode_CheckExact(o);
+    case ArgumentKind::StrOrNone: return o == Py_None || PyUnicode_CheckExact(o);
+    case ArgumentKind::Number: return number(o);
+    case ArgumentKind::NumberOrNone: return o == Py_None || number(o);
+    case ArgumentKind::Bool: return PyBool_Check(o);
+    case ArgumentKind::IntTuple:
+        if (!PyTuple_CheckExact(o)) {
+            return false;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); ++i) {
+            if (!PyLong_CheckExact(PyTuple_GET_ITEM(o, i))) {
+                return false;
+            }
+        }
+        return true;
+    }
+    return false;
+}
+
 bool plain_arguments(PyObject *arguments) {
-    if (!PyTuple_CheckExact(arguments) || PyTuple_GET_SIZE(arguments) != 7) {
+    auto const &kinds = argument_kinds();
+    if (kinds.empty() || !PyTuple_CheckExact(arguments) ||
+        PyTuple_GET_SIZE(arguments) != static_cast<Py_ssize_t>(kinds.size())) {
         return false;
     }
-    auto number = [](PyObject *o) { return PyLong_CheckExact(o) || PyFloat_CheckExact(o); };
-    PyObject *layout = PyTuple_GET_ITEM(arguments, 0), *mask = PyTuple_GET_ITEM(arguments, 1);
-    PyObject *window = PyTuple_GET_ITEM(arguments, 2), *scale = PyTuple_GET_ITEM(arguments, 3);
-    PyObject *dropout = PyTuple_GET_ITEM(arguments, 4), *softmax = PyTuple_GET_ITEM(arguments, 5);
-    if (!(layout == Py_None || PyUnicode_CheckExact(layout)) || !PyUnicode_CheckExact(mask) ||
-        !PyUnicode_CheckExact(softmax) || !(scale == Py_None || number(scale)) || !number(dropout) ||
-        !PyBool_Check(PyTuple_GET_ITEM(arguments, 6)) || !PyTuple_CheckExact(window)) {
-        return false;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(window); ++i) {
-        if (!PyLong_CheckExact(PyTuple_GET_ITEM(window, i))) {
+    for (size_t i = 0; i < kinds.size(); ++i) {
+        if (!plain_argument(PyTuple_GET_ITEM(arguments, static_cast<Py_ssize_t>(i)), kinds[i])) {
             return false;
         }
     }
@@ -380,6 +421,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                  plan.has_grads       = true;
              })
         .def("__call__", &call, "The call's output (a C++ autograd node where grads are wanted)");
+    m.def("set_argument_kinds", &set_argument_kinds,
+          "The kinds of the leading arguments a call's key holds, in order (runtime/args.py TABLE_ARGUMENTS)");
     m.def("call", &table_call, "The output of a call whose signature the table holds, else None");
     m.def("remember", &table_remember, "File a LeanPlan under a call's signature (False: one it cannot hold)");
     m.def("forget", [] { table().plans.clear(); table().calls = 0; }, "Empty the table");
