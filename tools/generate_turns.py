@@ -11,7 +11,8 @@ generate() per side that is not kept (each side's first call), `turns` rounds ea
 generate() once per side, the order alternating; per round the ratio of our tokens/s to flash's,
 and how our calls ran in it (dispatch_info's torch, fused and fallback calls and swaps in that round).
 The document (device, versions, per-round figures, median tokens/s per side, median and range of
-the paired ratios) goes to -o and stdout. FIRST_CONTACT_DEVICE=cpu runs the code paths on the CPU.
+the paired ratios; with --profile, per side one profiled generate(): kernels launched, their device
+time, the host ops that took most self time) goes to -o and stdout. FIRST_CONTACT_DEVICE=cpu runs the code paths on the CPU.
 """
 
 from __future__ import annotations
@@ -58,7 +59,34 @@ def _counts() -> dict[str, int]:
     return {key: int(info.get(key, 0)) for key in COUNTED}
 
 
-def measure(model_name: str, turns: int) -> dict[str, Any]:
+def _profile(torch: Any, model: Any, ids: Any, new_tokens: int, side: str, top: int = 10) -> dict[str, Any]:
+    """What one generate() of `side` launched and where its host time went (torch.profiler, CPU+CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device() == "cuda" else [])
+    with profile(activities=activities) as prof:
+        tokens_per_s = _generate_once(torch, model, ids, new_tokens, side)
+    events = prof.key_averages()
+
+    def device_us(event: Any) -> float:
+        return float(getattr(event, "self_device_time_total", 0.0) or 0.0)
+
+    kernels = [e for e in events if device_us(e) > 0 and e.self_cpu_time_total == 0]
+    def rows(chosen: list[Any], time_us: Any) -> list[dict[str, Any]]:
+        return [{"name": e.key[:90], "count": e.count, "us": round(time_us(e), 1)} for e in chosen]
+
+    by_host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {
+        "tokens_per_s": tokens_per_s,
+        "kernel_launches": sum(e.count for e in kernels),
+        "kernel_us": round(sum(device_us(e) for e in kernels), 1),
+        "host_self_us": round(sum(e.self_cpu_time_total for e in events), 1),
+        "top_host_ops": rows(by_host, lambda e: e.self_cpu_time_total),
+        "top_kernels": rows(sorted(kernels, key=device_us, reverse=True)[:top], device_us),
+    }
+
+
+def measure(model_name: str, turns: int, profiled: bool = False) -> dict[str, Any]:
     """The document of one run (see the module docstring)."""
     import torch
     import transformers
@@ -77,6 +105,7 @@ def measure(model_name: str, turns: int) -> dict[str, Any]:
         rounds.append({"order": list(order), "tokens_per_s": speeds, "ratio": speeds["ours"] / speeds["flash"],
                        "ours_calls": {key: after[key] - before[key] for key in COUNTED}})
     ratios = [r["ratio"] for r in rounds]
+    profiles = {side: _profile(torch, model, ids, new_tokens, side) for side in SIDES} if profiled else None
     return {
         "schema": "fusedattn-generate-turns/1", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git_commit": _git_rev(), "device": device(), "gpu_name": _gpu_name(torch), "torch": torch.__version__,
@@ -84,6 +113,7 @@ def measure(model_name: str, turns: int) -> dict[str, Any]:
         "new_tokens": new_tokens, "turns": turns, "first_calls_tokens_per_s": first, "rounds": rounds,
         "median_tokens_per_s": {side: statistics.median(r["tokens_per_s"][side] for r in rounds) for side in SIDES},
         "ratio_median": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
+        "profiles": profiles,
     }
 
 
@@ -95,11 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.generate_turns", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(options.GENERATE), default="llama")
     parser.add_argument("--turns", type=int, default=10, help="rounds kept, each one generate() per side (>= 1)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the rounds, one profiled generate() per side: kernels launched, top host ops")
     parser.add_argument("-o", "--output", type=Path, help="write the JSON document here too")
     args = parser.parse_args(argv)
     if args.turns < 1:
         parser.error(f"--turns={args.turns}: must be at least 1")
-    document = clean_json(measure(args.model, args.turns))
+    document = clean_json(measure(args.model, args.turns, args.profile))
     text = json.dumps(document, indent=1)
     print(text)
     if args.output is not None:

@@ -41,3 +41,21 @@ def test_turns_must_be_at_least_one(capsys):
     with pytest.raises(SystemExit) as exited:
         generate_turns.main(["--turns", "0"])
     assert exited.value.code == 2 and "--turns=0: must be at least 1" in capsys.readouterr().err
+
+
+def test_profile_names_each_sides_host_ops(monkeypatch, tmp_path):
+    from tools import generate_turns
+
+    monkeypatch.setenv("FIRST_CONTACT_DEVICE", "cpu")
+    monkeypatch.setitem(options.GENERATE, "tiny", (TINY, 1, 8, 3, 9))
+    out = tmp_path / "turns.json"
+    assert generate_turns.main(["--model", "tiny", "--turns", "1", "--profile", "-o", str(out)]) == 0
+    profiles = json.loads(out.read_text())["profiles"]
+    assert sorted(profiles) == ["flash", "ours"]
+    for side, profile in profiles.items():
+        assert profile["tokens_per_s"] > 0 and profile["host_self_us"] > 0
+        assert profile["top_host_ops"] and all(row["count"] >= 1 for row in profile["top_host_ops"])
+        # On the CPU nothing is a device kernel.
+        assert profile["kernel_launches"] == 0 and profile["top_kernels"] == []
+        spent = [row["us"] for row in profile["top_host_ops"]]
+        assert spent == sorted(spent, reverse=True)
