@@ -1,6 +1,6 @@
 """generate() with our attention and with torch SDPA pinned to flash, in turns in one process.
 
-    python -m tools.generate_turns [--model llama|qwen2] [--turns 10] [-o "$OUT/generate-turns.json"]
+    python -m tools.generate_turns [--model llama qwen2] [--turns 10] [--profile] [-o "$OUT/generate-turns.json"]
 
 Row 2 of the first-contact bench compares fresh processes, and one fresh process's decode step moves
 by a third or more from one process to the next for flash alone, so five processes per side cannot
@@ -10,9 +10,11 @@ process and switches between "fusedattn" and "sdpa" under sdpa_kernel(FLASH_ATTE
 generate() per side that is not kept (each side's first call), `turns` rounds each run the same
 generate() once per side, the order alternating; per round the ratio of our tokens/s to flash's,
 and how our calls ran in it (dispatch_info's torch, fused and fallback calls and swaps in that round).
-The document (device, versions, per-round figures, median tokens/s per side, median and range of
-the paired ratios; with --profile, per side one profiled generate(): kernels launched, their device
-time, the host ops that took most self time) goes to -o and stdout. FIRST_CONTACT_DEVICE=cpu runs the code paths on the CPU.
+Per model, in "runs", a document (device, versions, per-round figures, median tokens/s per side,
+median and range of the paired ratios; with --profile, per side one profiled generate(): kernels
+launched, their device time, the host ops that took most self time) goes to -o and stdout. Several
+models run one after the other in one process. FIRST_CONTACT_DEVICE=cpu runs the code paths on the
+CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from tools.first_contact.models import build_model, token_ids
 from tools.first_contact.sides import device, hf_context, hf_implementation, timed_ms
 
 SIDES = ("ours", "flash")
+SCHEMA = "fusedattn-generate-turns/2"  # {"schema", "runs": [one document per model]}
 COUNTED = ("torch_calls", "fused_calls", "fallback_calls", "swaps")
 
 
@@ -107,7 +110,7 @@ def measure(model_name: str, turns: int, profiled: bool = False) -> dict[str, An
     ratios = [r["ratio"] for r in rounds]
     profiles = {side: _profile(torch, model, ids, new_tokens, side) for side in SIDES} if profiled else None
     return {
-        "schema": "fusedattn-generate-turns/1", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git_commit": _git_rev(), "device": device(), "gpu_name": _gpu_name(torch), "torch": torch.__version__,
         "transformers": transformers.__version__, "model": model_name, "batch": batch, "prompt": prompt,
         "new_tokens": new_tokens, "turns": turns, "first_calls_tokens_per_s": first, "rounds": rounds,
@@ -123,7 +126,8 @@ def _gpu_name(torch: Any) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.generate_turns", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=sorted(options.GENERATE), default="llama")
+    parser.add_argument("--model", choices=sorted(options.GENERATE), nargs="+", default=["llama"],
+                        help="one or more models, measured one after the other in this process")
     parser.add_argument("--turns", type=int, default=10, help="rounds kept, each one generate() per side (>= 1)")
     parser.add_argument("--profile", action="store_true",
                         help="after the rounds, one profiled generate() per side: kernels launched, top host ops")
@@ -131,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.turns < 1:
         parser.error(f"--turns={args.turns}: must be at least 1")
-    document = clean_json(measure(args.model, args.turns, args.profile))
+    runs = [measure(model, args.turns, args.profile) for model in args.model]
+    document = clean_json({"schema": SCHEMA, "runs": runs})
     text = json.dumps(document, indent=1)
     print(text)
     if args.output is not None:

@@ -23,8 +23,11 @@ def test_turns_alternate_the_sides_and_pair_their_speeds(monkeypatch, tmp_path, 
     monkeypatch.setitem(options.GENERATE, "tiny", (TINY, 1, 8, 3, 9))
     out = tmp_path / "turns.json"
     assert generate_turns.main(["--model", "tiny", "--turns", "3", "-o", str(out)]) == 0
-    document = json.loads(out.read_text())
-    assert document == json.loads(capsys.readouterr().out)
+    whole = json.loads(out.read_text())
+    assert whole == json.loads(capsys.readouterr().out)
+    assert whole["schema"] == generate_turns.SCHEMA and len(whole["runs"]) == 1
+    document = whole["runs"][0]
+    assert document["model"] == "tiny"
     rounds = document["rounds"]
     assert [r["order"] for r in rounds] == [["ours", "flash"], ["flash", "ours"], ["ours", "flash"]]
     for r in rounds:
@@ -50,9 +53,9 @@ def test_profile_names_each_sides_host_ops(monkeypatch, tmp_path):
     monkeypatch.setitem(options.GENERATE, "tiny", (TINY, 1, 8, 3, 9))
     out = tmp_path / "turns.json"
     assert generate_turns.main(["--model", "tiny", "--turns", "1", "--profile", "-o", str(out)]) == 0
-    profiles = json.loads(out.read_text())["profiles"]
+    profiles = json.loads(out.read_text())["runs"][0]["profiles"]
     assert sorted(profiles) == ["flash", "ours"]
-    for side, profile in profiles.items():
+    for profile in profiles.values():
         assert profile["tokens_per_s"] > 0 and profile["host_self_us"] > 0
         assert profile["top_host_ops"] and all(row["count"] >= 1 for row in profile["top_host_ops"])
         # On the CPU nothing is a device kernel.
