@@ -43,6 +43,9 @@ AUXILIARY: tuple[DType, ...] = (
 # running-max rescale, whose P may exceed 1). Dispatch and depth verify bind it as scale_s
 # (descale_s its inverse).
 FP8_SOFTMAX_SCALE = 64.0
+# The top an FP8 backward's dS ("dP") is scaled to: below e4m3's 448, cudnn-frontend's test
+# convention (the largest power of two of a 240-max e4m3 variant), leaving headroom.
+FP8_INTERNAL_RANGE = 128.0
 
 BY_NAME = {d.name: d for d in TABLE + AUXILIARY}
 F16_DTYPES = tuple(d.name for d in TABLE if not d.is_fp8)
@@ -51,10 +54,24 @@ DTYPES = F16_DTYPES + FP8_DTYPES
 _BY_ALIAS = {alias: d for d in TABLE + AUXILIARY for alias in (d.name, *d.aliases)}
 
 
-def fp8_scale(amax: float, name: str) -> float:
-    """The power of two that brings a largest magnitude `amax` nearest below FP8 type `name`'s largest
-    value (per-tensor scaling: the real value times the scale is what the FP8 tensor holds)."""
-    return 2.0 ** math.floor(math.log2(BY_NAME[name].largest / amax))
+def fp8_scale(amax: float, name: str, top: float = 0.0) -> float:
+    """The power of two that brings a largest magnitude `amax` nearest below `top` (default: FP8 type
+    `name`'s largest value). Per-tensor scaling: the real value times the scale is what the FP8
+    tensor holds."""
+    return 2.0 ** math.floor(math.log2((top or BY_NAME[name].largest) / amax))
+
+
+def fp8_gradient_bounds(attn_scale: Any, keep: Any, rows: Any, amax_q: Any, amax_k: Any, amax_do: Any,
+                        do_row_norm: Any, v_row_norm: Any) -> dict[str, Any]:
+    """Upper bounds on the magnitudes an FP8 backward writes, from its inputs' real values, which its
+    scales are sized for: "dP" (the dS the kernel quantizes), "dQ", "dK", "dV".
+
+    keep: 1 / (1 - dropout); rows: seqlen_q x query heads per KV head; *_row_norm: the largest L2 norm
+    of a row (head_dim vector). Floats or one-element tensors (runtime/fp8.py derives the bounds).
+    """
+    ds = 2.0 * keep * do_row_norm * v_row_norm  # |dS_ij| <= P_ij (|dO_i.V_j| + |dO_i.O_i|)
+    return {"dP": ds, "dQ": attn_scale * amax_k * ds, "dK": attn_scale * amax_q * ds * rows,
+            "dV": keep * amax_do * rows}
 
 
 def parse(value: Any, field: str = "dtype") -> str:

@@ -17,7 +17,7 @@ hold for every input (computed on the device from amaxes and row norms of the in
     dQ = s dS K        |dQ| <= s amax(K) * 2 |dO|max |V|max            (rows of P sum to 1)
     dK = s dS^T Q      |dK| <= s amax(Q) * 2 |dO|max |V|max * Sq * g   (g = q heads per kv head)
     dV = P^T dO        |dV| <= amax(dO) * Sq * g
-    (all divided by 1 - dropout, which rescales P)
+    (all divided by 1 - dropout, which rescales P; dtypes.fp8_gradient_bounds computes them)
 
 Where the platform lets O and dQ/dK/dV be written in fp16/bf16 (cuDNN on Blackwell), they are,
 with unit scales; elsewhere (Hopper) they are FP8 with the bound scales above and are dequantized
@@ -41,9 +41,6 @@ from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8_kernels as fp8k
 from fusedattn_select.runtime.fp8_kernels import FP8_MAX, MAX_SCALE, STATE, Delayed
 
-# Largest power of two used for tensors quantized inside the kernel (P, dP): cudnn-frontend's test
-# convention for e4m3 (its largest power of two of a 240-max e4m3 variant), leaving headroom.
-INTERNAL_RANGE = 128.0
 S_SCALE = dtypes.FP8_SOFTMAX_SCALE
 HISTORY_ALGOS = ("max", "most_recent")
 MAX_HISTORY = 1024
@@ -271,17 +268,12 @@ def backward_feeds(plan, cfg, saved: tuple, out: torch.Tensor, grad_out: torch.T
     if plan.has("descale_s"):
         feeds["descale_s"] = plan.constant("descale_s", 1.0 / S_SCALE)
 
-    keep = 1.0 / (1.0 - cfg.dropout)
-    ds_bound = 2.0 * keep * _row_norm_max(grad_out) * at(state, "vnorm")
-    scale_dp = pow2_scale(ds_bound, torch.float8_e4m3fn, limit=INTERNAL_RANGE)
+    bounds = dtypes.fp8_gradient_bounds(
+        cfg.resolved_attn_scale, 1.0 / (1.0 - cfg.dropout), cfg.seqlen_q * (cfg.num_heads_q // cfg.num_heads_kv),
+        at(state, "amax_q"), at(state, "amax_k"), amax_do, _row_norm_max(grad_out), at(state, "vnorm"))
+    scale_dp = pow2_scale(bounds.pop("dP"), torch.float8_e4m3fn, limit=dtypes.FP8_INTERNAL_RANGE)
     feeds["scale_dP"] = plan.conform("scale_dP", scale_dp)
     feeds["descale_dP"] = plan.conform("descale_dP", scale_dp.reciprocal())
-    rows = cfg.seqlen_q * (cfg.num_heads_q // cfg.num_heads_kv)
-    bounds = {
-        "dQ": cfg.resolved_attn_scale * at(state, "amax_k") * ds_bound,
-        "dK": cfg.resolved_attn_scale * at(state, "amax_q") * ds_bound * rows,
-        "dV": keep * amax_do * rows,
-    }
     descales: dict[str, torch.Tensor] = {}
     for name, bound in bounds.items():
         dtype = plan.specs[name].dtype

@@ -150,15 +150,34 @@ def test_the_backward_of_a_max_logit_problem_is_verified_apart_from_its_forward(
     assert forward[0] is forward[1]
 
 
-def test_an_fp8_forward_is_checked_against_its_dequantized_inputs(selector):
-    # Delayed scaling (the default): O in e4m3; the inputs quantized as dispatch quantizes them.
+def test_an_fp8_training_problem_is_checked_against_its_dequantized_inputs(selector):
+    # Delayed scaling (the default): O, dQ, dK, dV in e4m3; the inputs quantized as dispatch quantizes
+    # them, the backward's scales bound as runtime/fp8.backward_feeds binds them.
     cfg = fresh(qkv_dtype="fp8_e4m3", mask="causal")
     answer = selector.select(cfg, "verify")
     _skip_unless_built(answer)
     assert answer.backend.value == "FP8" and answer.selected, answer.message
     forward, backward = answer.verdicts
     assert forward.verified and "O max error" in forward.detail, forward
-    assert backward.supported and not backward.verified and "FP8 backward graphs" in backward.detail
+    assert backward.verified and all(f"{name} max error" in backward.detail for name in ("dQ", "dK", "dV")), backward
+
+
+def test_a_corrupted_fp8_gradient_is_unsupported_at_numerics(selector):
+    cfg = fresh(qkv_dtype="fp8_e4m3", mask="causal")
+
+    def corrupt(phase, outputs):
+        if phase is Phase.BACKWARD:
+            dk = outputs["dK"]
+            dk.copy_((dk.float() * 2.0).to(dk.dtype))  # exact in FP8: an exponent step
+
+    with numerics.planted(after_execute=corrupt):
+        answer = selector.select(cfg, "verify")
+    _skip_unless_built(answer)
+    forward, backward = answer.verdicts
+    assert forward.verified, forward
+    assert backward.outcome is Outcome.UNSUPPORTED and backward.stage == numerics.NUMERICS_STAGE, backward
+    assert "dK max error" in backward.message, backward
+    _assert_not_stored_as_supported(selector, cfg)
 
 
 def test_a_corrupted_fp8_output_is_unsupported_at_numerics(selector):

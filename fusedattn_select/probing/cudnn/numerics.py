@@ -12,9 +12,9 @@ attention() runs that way), on a cuDNN handle of this module's own, so the strea
 dispatch shares is never changed. A training problem's backward check reuses the tensors of its
 forward check on the same thread (the selector probes forward, then backward).
 
-Problems verify cannot check (FP8 backward graphs, MXFP8 block scales, tensors it has no data for) are
-answered by the depth-full probe, at depth verify, stage unchanged, with "numerics not checked:
-<why>" in the detail: Verdict.verified is False for them.
+Problems verify cannot check (MXFP8 block scales, tensors it has no data for) are answered by the
+depth-full probe, at depth verify, stage unchanged, with "numerics not checked: <why>" in the
+detail: Verdict.verified is False for them.
 
 Importing this module does not import torch; `verify` does (PlatformError when it is missing).
 docs/verify.md documents the data, the reference, the tolerances and the dropout check.
@@ -41,11 +41,9 @@ log = logging.getLogger("fusedattn_select")
 
 __all__ = ["SEED", "Check", "Planted", "numerics_verdict", "planted", "tolerance", "unchecked_reason", "verify"]
 
-def unchecked_reason(cfg: AttnConfig, backend: Backend, phase: Phase = Phase.FORWARD) -> str:
-    """Why verify cannot check `phase` of `cfg` on `backend` ("" when it can)."""
+def unchecked_reason(cfg: AttnConfig, backend: Backend) -> str:
+    """Why verify cannot check the graphs of `cfg` on `backend` ("" when it can)."""
     if backend is Backend.FP8 or cfg.is_fp8:
-        if phase is Phase.BACKWARD:
-            return "FP8 backward graphs (verify has no reference for their quantized gradients)"
         if cfg.resolved_scaling_mode == "mxfp8":
             return "MXFP8 graphs (verify binds no block scales)"
         return ""
@@ -114,7 +112,7 @@ def verify(engine: Any, cfg: AttnConfig, backend: Backend, phase: Phase) -> Verd
 
     Raises PlatformError when torch (with CUDA) is missing; every other failure is a verdict.
     """
-    reason = unchecked_reason(cfg, backend, phase)
+    reason = unchecked_reason(cfg, backend)
     if reason:
         _state.local.forward = None  # a training forward's tensors no check of this thread will read
         return _unchecked(engine, cfg, backend, phase, reason)

@@ -133,21 +133,24 @@ def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: 
     outputs = run.execute(bound, build, Phase.BACKWARD, handle, seam.after_execute)
     timings["execute"] = _elapsed_ms(started)
     started = time.perf_counter()
-    grad_out = bound.view("dO")
+    grad_out = bound.dequantized("dO")
     grads = reference.backward(run.reference_problem(bound), grad_out, bias_grad="dBias" in outputs)
     sample = None
     if cfg.dropout > 0.0:
         sample = reference.backward(run.reference_problem(bound, dropout_sample=True), grad_out,
                                     bias_grad="dBias" in outputs)
-    dtype = tolerances.coarsest(cfg.qkv_dtype, cfg.resolved_do_dtype, cfg.resolved_dqkv_dtype)
-    tol_qk = tolerances.tolerance(dtype, cfg.head_dim_qk, "gradient")
-    tol_v = tolerances.tolerance(dtype, cfg.resolved_head_dim_v, "gradient")
+    if cfg.is_fp8:
+        tol_qk = tol_v = tolerances.fp8_tolerance(cfg.qkv_dtype, cfg.resolved_do_dtype, cfg.resolved_dqkv_dtype)
+    else:
+        dtype = tolerances.coarsest(cfg.qkv_dtype, cfg.resolved_do_dtype, cfg.resolved_dqkv_dtype)
+        tol_qk = tolerances.tolerance(dtype, cfg.head_dim_qk, "gradient")
+        tol_v = tolerances.tolerance(dtype, cfg.resolved_head_dim_v, "gradient")
     rows = _rows(grads.rows_ok, cfg.num_heads_q)
     pick = (lambda name: getattr(sample, name)) if sample is not None else (lambda name: None)
-    checks = [
-        _compare("dQ", bound.view("dQ"), grads.dq, pick("dq"), tol_qk, rows),
-        _compare("dK", bound.view("dK"), grads.dk, pick("dk"), tol_qk, None),
-        _compare("dV", bound.view("dV"), grads.dv, pick("dv"), tol_v, None),
+    checks = [  # FP8 gradients in real values (divided by their scales); amax_dQ/dK/dV/dP are not compared
+        _compare("dQ", bound.dequantized("dQ"), grads.dq, pick("dq"), tol_qk, rows),
+        _compare("dK", bound.dequantized("dK"), grads.dk, pick("dk"), tol_qk, None),
+        _compare("dV", bound.dequantized("dV"), grads.dv, pick("dv"), tol_v, None),
     ]
     if "dBias" in outputs and grads.dbias is not None:
         d_bias = outputs["dBias"][..., :bound.extent.seqlen_q, :bound.extent.seqlen_kv]

@@ -40,8 +40,10 @@ _RANDOM_INPUTS = frozenset({"q", "k", "v", "dO", "bias"})
 DROPOUT_SEED, DROPOUT_OFFSET = 1234, 0
 # Page tables and the container each indexes.
 _PAGE_TABLES = {"page_table_k": "k", "page_table_v": "v"}
-# The scale tensors of an FP8 forward graph (per-tensor scaling).
+# The scale tensors of an FP8 forward graph and of its backward graph (per-tensor scaling).
 _FP8_SCALARS = frozenset({"descale_q", "descale_k", "descale_v", "scale_s", "descale_s", "scale_o"})
+_FP8_BACKWARD_SCALARS = frozenset({"descale_o", "descale_dO", "scale_dP", "descale_dP", "scale_dQ", "scale_dK",
+                                   "scale_dV"})
 
 
 class Unbindable(Exception):
@@ -203,11 +205,52 @@ def _quantized(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
     return (flat * scale).to(dtypes.torch_dtype(dtype, torch)).as_strided(dims, strides)
 
 
+def _gradient_bounds(bound: Bound) -> dict[str, float]:
+    """dtypes.fp8_gradient_bounds of the backward's real inputs, whole tensors as dispatch reads them."""
+    cfg = bound.cfg
+
+    def real(name: str) -> torch.Tensor:
+        tensor = bound.tensors[name].float()
+        return tensor / bound.scales[name] if name in bound.scales else tensor
+
+    def row_norm(name: str) -> float:
+        return float(torch.linalg.vector_norm(real(name), dim=-1).max())
+
+    return dtypes.fp8_gradient_bounds(
+        float(cfg.resolved_attn_scale), 1.0 / (1.0 - cfg.dropout), cfg.seqlen_q * (cfg.num_heads_q // cfg.num_heads_kv),
+        float(real("q").abs().max()), float(real("k").abs().max()), float(real("dO").abs().max()),
+        row_norm("dO"), row_norm("v"))
+
+
+def _fp8_backward_scalar(bound: Bound, build: GraphBuild, name: str) -> float:
+    """A backward graph's scale as dispatch binds it (runtime/fp8.backward_feeds): O's and dO's
+    descales (1 where they are not FP8), dS's scale sized from its bound for e4m3 at
+    dtypes.FP8_INTERNAL_RANGE, and each FP8 gradient's scale sized from its bound (1 otherwise)."""
+    if name in ("scale_dP", "descale_dP"):
+        _input(bound, build, "dO")
+        scale = dtypes.fp8_scale(_gradient_bounds(bound)["dP"], "fp8_e4m3", dtypes.FP8_INTERNAL_RANGE)
+        return scale if name == "scale_dP" else 1.0 / scale
+    if name.startswith("scale_"):
+        gradient = name[len("scale_"):]
+        grad_type = dtypes.from_cudnn(build.data_types[gradient])
+        if not dtypes.BY_NAME[grad_type].is_fp8:
+            return 1.0
+        _input(bound, build, "dO")
+        scale = bound.scales[gradient] = dtypes.fp8_scale(_gradient_bounds(bound)[gradient], grad_type)
+        return scale
+    scaled = name[len("descale_"):]
+    _input(bound, build, scaled)  # O: the forward's output, already bound
+    return 1.0 / bound.scales[scaled] if scaled in bound.scales else 1.0
+
+
 def _fp8_scalar(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
     """An FP8 graph's scale tensor as dispatch binds it (runtime/fp8.py): the inputs' descales, P's
     fixed scale, and O's scale where O is FP8: sized for O's type from V's largest real value (O is a
-    convex combination of V's rows; V's own scale when they share a type), else 1."""
-    if name == "scale_s":
+    convex combination of V's rows; V's own scale when they share a type), else 1; the backward's
+    (_fp8_backward_scalar)."""
+    if name in _FP8_BACKWARD_SCALARS:
+        value = _fp8_backward_scalar(bound, build, name)
+    elif name == "scale_s":
         value = dtypes.FP8_SOFTMAX_SCALE
     elif name == "descale_s":
         value = 1.0 / dtypes.FP8_SOFTMAX_SCALE
@@ -243,7 +286,7 @@ def _input(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
         made = _offsets(bound, build, name)
     elif name in _PAGE_TABLES:
         made = _page_table(bound, build, name)
-    elif name in _FP8_SCALARS:
+    elif name in _FP8_SCALARS or name in _FP8_BACKWARD_SCALARS:
         made = _fp8_scalar(bound, build, name)
     elif name in ("seed", "offset"):
         value = DROPOUT_SEED if name == "seed" else DROPOUT_OFFSET
