@@ -92,6 +92,38 @@ def test_bloom_is_alibi_and_falcon_multi_query_has_one_kv_head():
     assert shapes({**falcon, "new_decoder_architecture": True, "num_kv_heads": 71})[0][3] == 71
 
 
+def test_falcon_files_from_before_transformers_read_their_rwconfig_keys():
+    # The keys of tiiuae/falcon-40b's original config.json (SOURCES.md, fourth search): 8 K/V groups.
+    falcon_40b = {"model_type": "RefinedWeb", "hidden_size": 8192, "n_head": 128, "n_head_kv": 8, "n_layer": 60,
+                  "alibi": False, "attention_dropout": 0.0, "torch_dtype": "bfloat16"}
+    assert shapes(falcon_40b)[0][1:7] == (list(range(60)), 128, 8, 64, 64, "causal")
+    # falcon-7b's original (RefinedWebModel) says multi_query: one K/V head.
+    falcon_7b = {"model_type": "RefinedWebModel", "hidden_size": 4544, "n_head": 71, "n_layer": 32, "multi_query": True}
+    assert shapes(falcon_7b)[0][2:5] == (71, 1, 64)
+
+
+def test_gemma3_reads_its_text_config_layer_pattern_and_query_pre_attn_scalar():
+    # google/gemma-3-27b-it's attention keys (SOURCES.md, fourth search), 12 of its 62 layers.
+    text = {"model_type": "gemma3_text", "hidden_size": 5376, "num_attention_heads": 32, "num_key_value_heads": 16,
+            "head_dim": 128, "num_hidden_layers": 12, "max_position_embeddings": 131072, "sliding_window": 1024,
+            "sliding_window_pattern": 6, "query_pre_attn_scalar": 168, "attn_logit_softcapping": None,
+            "rope_local_base_freq": 10000.0, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}
+    gemma3 = {"model_type": "gemma3", "dtype": "bfloat16", "text_config": text,
+              "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "num_attention_heads": 16,
+                                "num_hidden_layers": 27, "image_size": 896, "patch_size": 14}}
+    sliding = [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]
+    rows = shapes(gemma3)
+    assert [(r[0], r[1], r[9]) for r in rows] == [("sliding_attention", sliding, (1023, 0)),
+                                                 ("full_attention", [5, 11], (-1, -1))]
+    assert rows[0][2:9] == (32, 16, 128, 128, "causal", 4096, 4096)
+    assert {(round(c.attn_scale, 6), c.qkv_dtype) for _, c, _ in configs_from_hf(gemma3)} == {(0.077152, "bf16")}
+    assert hf_config(gemma3).notes == (
+        "vision_config (model_type 'siglip_vision_model') is not described: only the text model is read",)
+    # layer_types, as transformers 4.56 writes it, gives the same layers.
+    types = ["full_attention" if i in (5, 11) else "sliding_attention" for i in range(12)]
+    assert shapes({**gemma3, "text_config": {**text, "layer_types": types, "sliding_window_pattern": None}}) == rows
+
+
 def test_deepseek_v2_lite_mla_head_dims():
     lite = {**LLAMA, "model_type": "deepseek_v2", "num_attention_heads": 16, "num_key_value_heads": 16,
             "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
