@@ -64,14 +64,14 @@ def fp8_scale(amax: float, name: str, top: float = 0.0) -> float:
 def fp8_gradient_bounds(attn_scale: Any, keep: Any, rows: Any, amax_q: Any, amax_k: Any, amax_do: Any,
                         do_row_norm: Any, v_row_norm: Any) -> dict[str, Any]:
     """Upper bounds on the magnitudes an FP8 backward writes, from its inputs' real values, which its
-    scales are sized for: "dP" (the dS the kernel quantizes), "dQ", "dK", "dV".
+    scales are sized for: "dP" (attn_scale x dS, which cuDNN's graph scales by scale_dP and stores in
+    dO's type before dQ = dP K and dK = dP^T Q), "dQ", "dK", "dV".
 
     keep: 1 / (1 - dropout); rows: seqlen_q x query heads per KV head; *_row_norm: the largest L2 norm
     of a row (head_dim vector). Floats or one-element tensors (runtime/fp8.py derives the bounds).
     """
-    ds = 2.0 * keep * do_row_norm * v_row_norm  # |dS_ij| <= P_ij (|dO_i.V_j| + |dO_i.O_i|)
-    return {"dP": ds, "dQ": attn_scale * amax_k * ds, "dK": attn_scale * amax_q * ds * rows,
-            "dV": keep * amax_do * rows}
+    ds = attn_scale * 2.0 * keep * do_row_norm * v_row_norm  # |dS_ij| <= P_ij (|dO_i.V_j| + |dO_i.O_i|)
+    return {"dP": ds, "dQ": amax_k * ds, "dK": amax_q * ds * rows, "dV": keep * amax_do * rows}
 
 
 def parse(value: Any, field: str = "dtype") -> str:

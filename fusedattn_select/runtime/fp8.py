@@ -13,9 +13,10 @@ hold for every input (computed on the device from amaxes and row norms of the in
     O = P V            |O| <= the largest value V's FP8 copy holds, at most top / scale_v: each
                        row of O is a convex combination of rows of V, so O (an FP8 of V's dtype)
                        takes V's own scale, and no pass computes it
-    dP (dS)            |dS_ij| <= P_ij (|dO_i . V_j| + |dO_i . O_i|) <= 2 |dO|max |V|max (L2 row norms)
-    dQ = s dS K        |dQ| <= s amax(K) * 2 |dO|max |V|max            (rows of P sum to 1)
-    dK = s dS^T Q      |dK| <= s amax(Q) * 2 |dO|max |V|max * Sq * g   (g = q heads per kv head)
+    dP = s dS          |dS_ij| <= P_ij (|dO_i . V_j| + |dO_i . O_i|) <= 2 |dO|max |V|max (L2 row
+                       norms); cuDNN scales s dS by scale_dP and stores it in dO's type
+    dQ = dP K          |dQ| <= s amax(K) * 2 |dO|max |V|max            (rows of P sum to 1)
+    dK = dP^T Q        |dK| <= s amax(Q) * 2 |dO|max |V|max * Sq * g   (g = q heads per kv head)
     dV = P^T dO        |dV| <= amax(dO) * Sq * g
     (all divided by 1 - dropout, which rescales P; dtypes.fp8_gradient_bounds computes them)
 

@@ -150,10 +150,12 @@ def test_the_backward_of_a_max_logit_problem_is_verified_apart_from_its_forward(
     assert forward[0] is forward[1]
 
 
-def test_an_fp8_training_problem_is_checked_against_its_dequantized_inputs(selector):
-    # Delayed scaling (the default): O, dQ, dK, dV in e4m3; the inputs quantized as dispatch quantizes
-    # them, the backward's scales bound as runtime/fp8.backward_feeds binds them.
-    cfg = fresh(qkv_dtype="fp8_e4m3", mask="causal")
+@pytest.mark.parametrize("do_dtype", [None, "fp8_e4m3"])
+def test_an_fp8_training_problem_is_checked_against_its_dequantized_inputs(selector, do_dtype):
+    # Delayed scaling (the default): O, dQ, dK, dV in e4m3, dO (and so s dS) in e5m2 unless asked in
+    # e4m3, whose tolerance is half as wide; the inputs quantized as dispatch quantizes them, the
+    # backward's scales bound as runtime/fp8.backward_feeds binds them.
+    cfg = fresh(qkv_dtype="fp8_e4m3", mask="causal", do_dtype=do_dtype)
     answer = selector.select(cfg, "verify")
     _skip_unless_built(answer)
     assert answer.backend.value == "FP8" and answer.selected, answer.message

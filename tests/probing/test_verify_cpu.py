@@ -446,8 +446,9 @@ class _FeedPlan:
         return self.torch.full((1, 1, 1, 1), value)
 
 
-@pytest.mark.parametrize("grads, d_o", [("FP8_E4M3", "FP8_E4M3"), ("FP8_E4M3", "BFLOAT16"), ("BFLOAT16", "BFLOAT16")])
-def test_fp8_backward_scales_are_bound_as_dispatch_binds_them(grads, d_o):
+@pytest.mark.parametrize("grads, d_o, dropout", [("FP8_E4M3", "FP8_E5M2", 0.0), ("FP8_E4M3", "FP8_E4M3", 0.5),
+                                                 ("FP8_E4M3", "BFLOAT16", 0.0), ("BFLOAT16", "BFLOAT16", 0.0)])
+def test_fp8_backward_scales_are_bound_as_dispatch_binds_them(grads, d_o, dropout):
     # The scales verify binds for an FP8 backward graph are the ones runtime/fp8.backward_feeds
     # computes from the same real values: dO's descale, dS's scale, each FP8 gradient's scale.
     torch = pytest.importorskip("torch")
@@ -456,7 +457,7 @@ def test_fp8_backward_scales_are_bound_as_dispatch_binds_them(grads, d_o):
     from fusedattn_select.runtime import fp8
 
     cfg = config(qkv_dtype="fp8_e4m3", num_heads_q=8, num_heads_kv=2, seqlen_q=64, seqlen_kv=64, head_dim_qk=32,
-                 batch_size=2, mask="causal")
+                 batch_size=2, mask="causal", dropout=dropout)
     qkv = ((2, 8, 64, 32), (8 * 64 * 32, 64 * 32, 32, 1))
     kv = ((2, 2, 64, 32), (2 * 64 * 32, 64 * 32, 32, 1))
     scalar = ((1, 1, 1, 1), (1, 1, 1, 1))
@@ -494,7 +495,7 @@ def test_fp8_backward_scales_are_bound_as_dispatch_binds_them(grads, d_o):
         assert (name in bound.scales) is fp8_grads and (name in descales) is fp8_grads
         if fp8_grads:  # sized from the bound: the largest real value it allows fits the type
             assert bound.scales[name] == 1.0 / float(descales[name]) and math.log2(bound.scales[name]).is_integer()
-    # dS's scale brings its bound just below dtypes.FP8_INTERNAL_RANGE.
-    bound_ds = 2.0 * float(torch.linalg.vector_norm(real["dO"], dim=-1).max()) * float(
-        torch.linalg.vector_norm(real["v"], dim=-1).max())
+    # The scale of s dS (what cuDNN scales by scale_dP) brings its bound just below dtypes.FP8_INTERNAL_RANGE.
+    bound_ds = cfg.resolved_attn_scale * 2.0 / (1.0 - dropout) * float(
+        torch.linalg.vector_norm(real["dO"], dim=-1).max()) * float(torch.linalg.vector_norm(real["v"], dim=-1).max())
     assert dtypes.FP8_INTERNAL_RANGE / 2 < bound_ds * bound_values["scale_dP"] <= dtypes.FP8_INTERNAL_RANGE

@@ -22,11 +22,11 @@ UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 FACTORS = {"output": 8.0, "gradient": 16.0}
 # FP8 graphs (per-tensor scales): the unit roundoff of each FP8 dtype, and the multiple of the
 # coarsest of the inputs' and the results' a result may differ by, relative to the reference's
-# largest value, whatever the head dim. Sized by simulating the kernel's roundings (P, dS and the
+# largest value, whatever the head dim. Sized by simulating the kernel's roundings (P, s dS and the
 # results rounded to FP8 at the scales dispatch binds; tools/simulate_fp8_tolerance.py, figures in
 # docs/verify.md): the forward's O comes within a quarter of it, the backward's dQ and dV within
 # about half. An e4m3 dK can exceed it: dispatch sizes dK's scale from a bound that grows with the
-# query rows, so without a causal mask at 512 rows and more its values sit far below the type's top.
+# query rows, so at 512 rows and more without a causal mask its values sit far below the type's top.
 UNIT_ROUNDOFF_FP8 = {"fp8_e4m3": 2.0 ** -4, "fp8_e5m2": 2.0 ** -3}
 FP8_FACTOR = 3.0
 # The softmax stats are float32 sums of exact 16-bit products: an absolute bound on log-sum-exp values.
