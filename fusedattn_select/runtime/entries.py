@@ -26,6 +26,7 @@ from fusedattn_select.runtime import dense_builds, fallback_log, plans, ragged
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
+from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
 from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, Formats, bhsd, formats
@@ -409,17 +410,19 @@ def _select(new: Entry, selector: Selector, dense: bool = False) -> bool:
 
 def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype) -> None:
     """FP8 from fp16/bf16 inputs: say once where its forward was measured no faster than bf16 here;
-    in training, run the backward in the input precision where the FP8 backward graph was measured
-    slower than it on this platform (and the bf16 one is selected)."""
+    in training, run the backward in the input precision (where that one is selected) where the FP8
+    backward graph was measured slower than it on this platform, or writes FP8 gradients."""
     cfg = new.cfg
     if not (cfg.is_fp8 and input_dtype in F16_NAMES):
         return
     fp8_speed.forward_note(selector.fingerprint)
-    if not (cfg.is_training and fp8_speed.f16_backward_reason(selector.fingerprint)):
+    if not cfg.is_training:
         return
     f16 = cfg.replace(qkv_dtype=F16_NAMES[input_dtype], o_dtype=None, do_dtype=None, dqkv_dtype=None,
                       scaling_mode=None)
-    if selector.select_dense(f16).selected:
+    if not selector.select_dense(f16).selected:
+        return
+    if fp8_speed.f16_backward_reason(selector.fingerprint) or fp8q.bound_scaled_gradients(cfg):
         new.backward_cfg = f16
 
 

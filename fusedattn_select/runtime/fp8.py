@@ -32,6 +32,8 @@ dequantization run in fp8_kernels (Triton where available, else torch, with the 
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -41,6 +43,8 @@ from fusedattn_select import dtypes
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8_kernels as fp8k
 from fusedattn_select.runtime.fp8_kernels import FP8_MAX, MAX_SCALE, STATE, Delayed
+
+log = logging.getLogger("fusedattn_select")
 
 S_SCALE = dtypes.FP8_SOFTMAX_SCALE
 HISTORY_ALGOS = ("max", "most_recent")
@@ -237,6 +241,26 @@ def _grad_out_feeds(plan, feeds: dict, grad_out: torch.Tensor) -> torch.Tensor:
     feeds["dO"] = plan.conform("dO", do8)
     feeds["descale_dO"] = plan.conform("descale_dO", info[0:1])
     return info[3:4]
+
+
+def bound_scaled_gradients(cfg) -> str:
+    """Why an FP8 training problem from fp16/bf16 inputs should run its backward in their precision
+    ("" where its gradients are not FP8): logged once per process.
+
+    FP8 gradients take scales fixed before the kernel from bounds that hold for every input (above).
+    dK's grows with the query rows (seqlen_q x query heads per KV head), so on real data dK sits far
+    below the scale's top and loses most of its bits, down to zero (docs/verify.md simulates it)."""
+    if not dtypes.BY_NAME[cfg.resolved_dqkv_dtype].is_fp8:
+        return ""
+    _warn_bound_scaled_gradients()
+    return "its FP8 gradients would be scaled from worst-case bounds, which cost dK its precision"
+
+
+@functools.cache
+def _warn_bound_scaled_gradients() -> None:
+    log.warning("fusedattn_select: fp8=True training runs the FP8 forward and the bf16 backward: this "
+                "platform's FP8 backward writes FP8 gradients, whose scales come from worst-case bounds; "
+                "dK's grows with seqlen_q x query heads per KV head and would cost dK its precision")
 
 
 def backward_feeds(plan, cfg, saved: tuple, out: torch.Tensor, grad_out: torch.Tensor, stats: torch.Tensor

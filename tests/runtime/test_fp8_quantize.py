@@ -262,3 +262,25 @@ def test_env_var_torch_and_auto(monkeypatch):
     else:
         assert fp8k.backend(refresh=True) == "triton"
     assert not fp8k.uses_triton(torch.zeros(4))  # CPU tensors always take the fallback
+
+
+def test_training_with_fp8_gradients_says_why_it_runs_the_bf16_backward(caplog):
+    # Gradients written in FP8 take scales from worst-case bounds: dispatch runs the bf16 backward
+    # (runtime/entries._route_fp8_backward); where the gradients are 16-bit there is no reason.
+    import logging
+
+    from fusedattn_select.config import AttnConfig
+    from fusedattn_select.runtime import fp8
+
+    caplog.set_level(logging.WARNING, logger="fusedattn_select")
+    fp8._warn_bound_scaled_gradients.cache_clear()
+    shape = {"batch_size": 2, "num_heads_q": 8, "num_heads_kv": 2, "seqlen_q": 512, "seqlen_kv": 512,
+             "head_dim_qk": 128, "mask": "causal"}
+    delayed = AttnConfig(qkv_dtype="fp8_e4m3", **shape)  # O and the gradients in e4m3
+    assert delayed.resolved_dqkv_dtype == "fp8_e4m3"
+    assert "dK its precision" in fp8.bound_scaled_gradients(delayed)
+    assert fp8.bound_scaled_gradients(delayed)  # again: the reason, logged once
+    logged = [r.getMessage() for r in caplog.records if "bf16 backward" in r.getMessage()]
+    assert len(logged) == 1 and "seqlen_q x query heads per KV head" in logged[0]
+    sixteen_bit = AttnConfig(qkv_dtype="fp8_e4m3", o_dtype="bf16", dqkv_dtype="bf16", **shape)
+    assert fp8.bound_scaled_gradients(sixteen_bit) == ""

@@ -24,7 +24,7 @@ FACTORS = {"output": 8.0, "gradient": 16.0}
 # coarsest of the inputs' and the results' a result may differ by, relative to the reference's
 # largest value, whatever the head dim. Sized by simulating the kernel's roundings (P, s dS and the
 # results rounded to FP8 at the scales dispatch binds; tools/simulate_fp8_tolerance.py, figures in
-# docs/verify.md): the forward's O comes within a quarter of it, the backward's dQ and dV within
+# docs/verify.md): the forward's O comes within about a quarter of it, the backward's dQ and dV within
 # about half. An e4m3 dK can exceed it: dispatch sizes dK's scale from a bound that grows with the
 # query rows, so at 512 rows and more without a causal mask its values sit far below the type's top.
 UNIT_ROUNDOFF_FP8 = {"fp8_e4m3": 2.0 ** -4, "fp8_e5m2": 2.0 ** -3}
