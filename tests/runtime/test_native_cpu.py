@@ -217,3 +217,32 @@ def test_every_source_of_the_module_is_in_the_package_data():
     for source in sources:
         name = str(Path(source).relative_to(root))
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
+
+
+def test_the_compiled_source_knows_every_argument_kind_python_declares():
+    # lean.cpp maps kind names to its checks; a kind runtime/args.py declares that the C++ does not
+    # know would make every module refuse its table (load() then runs the Python path).
+    import re
+    from importlib import resources
+
+    from fusedattn_select.runtime.args import TABLE_ARGUMENTS
+
+    source = resources.files("fusedattn_select.runtime.native").joinpath("lean.cpp").read_text()
+    known = source[source.index("void set_argument_kinds"):]
+    known = set(re.findall(r'\{"([^"]+)", ArgumentKind::', known[:known.index("};")]))
+    assert known and set(TABLE_ARGUMENTS.values()) <= known
+
+
+def test_a_module_that_refuses_the_argument_kinds_is_the_python_path_with_a_warning(native_dir, monkeypatch,
+                                                                                      caplog):
+    def refuse(kinds):
+        raise ValueError(f"unknown argument kind {kinds[0]!r}")
+
+    fake = types.SimpleNamespace(set_argument_kinds=refuse, call=lambda *args: None)
+    monkeypatch.setattr(native, "_import", lambda name: fake)
+    with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
+        assert native.load() is None
+        assert native.load() is None  # remembered: refused once
+    assert dispatcher.native_call is not fake.call
+    refused = [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].endswith("unknown argument kind 'str?'")

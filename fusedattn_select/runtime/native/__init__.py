@@ -240,8 +240,13 @@ def load(device: Optional[int] = None) -> Optional[ModuleType]:
             if module is not None:
                 from fusedattn_select.runtime.args import TABLE_ARGUMENTS  # imports torch: loaded with it
 
-                module.set_argument_kinds(list(TABLE_ARGUMENTS.values()))
-                dispatcher.native_table, dispatcher.native_call = module, module.call
+                try:
+                    module.set_argument_kinds(list(TABLE_ARGUMENTS.values()))
+                except ValueError as err:  # the module and runtime/args.py disagree: the Python path
+                    log.warning("fusedattn_select: the compiled module %s is not used: %s", name, err)
+                    module = loaded[name] = None
+                else:
+                    dispatcher.native_table, dispatcher.native_call = module, module.call
             else:
                 start_build = mode() == "auto" and not _module_path(name).is_file()
     if start_build:
