@@ -397,3 +397,11 @@ def test_the_table_keys_calls_on_the_argument_kinds_python_declares(fresh):
             fresh.set_argument_kinds(list(TABLE_ARGUMENTS.values()))
         attention(q, k, v, mask="causal")
         assert native.table_calls() == calls + 1
+        # Each declared kind takes what it names: attn_scale (a "number?") given as a float is held; a
+        # window_size given as a list is not an "int-tuple" (the Python path runs the call).
+        _filed(lambda: attention(q, k, v, mask="causal", attn_scale=0.125))
+        calls = native.table_calls()
+        attention(q, k, v, mask="causal", attn_scale=0.125)
+        assert native.table_calls() == calls + 1
+        attention(q, k, v, mask="causal", attn_scale=0.125, window_size=[-1, -1])
+        assert native.table_calls() == calls + 1
