@@ -416,14 +416,16 @@ def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype
     if not (cfg.is_fp8 and input_dtype in F16_NAMES):
         return
     fp8_speed.forward_note(selector.fingerprint)
-    if not cfg.is_training:
+    record = fp8_speed.record_for(selector.fingerprint)
+    if not (cfg.is_training and (fp8q.bound_scaled_gradients(cfg) or record is not None and record.backward_slower)):
         return
     f16 = cfg.replace(qkv_dtype=F16_NAMES[input_dtype], o_dtype=None, do_dtype=None, dqkv_dtype=None,
                       scaling_mode=None)
     if not selector.select_dense(f16).selected:
         return
-    if fp8_speed.f16_backward_reason(selector.fingerprint) or fp8q.bound_scaled_gradients(cfg):
-        new.backward_cfg = f16
+    new.backward_cfg = f16
+    if not fp8_speed.f16_backward_reason(selector.fingerprint):  # says why, once per process
+        fp8q.tell_bound_scaled_gradients()
 
 
 def _build_plans(new: Entry, selector: Selector, device: torch.device) -> None:

@@ -245,19 +245,19 @@ def _grad_out_feeds(plan, feeds: dict, grad_out: torch.Tensor) -> torch.Tensor:
 
 def bound_scaled_gradients(cfg) -> str:
     """Why an FP8 training problem from fp16/bf16 inputs should run its backward in their precision
-    ("" where its gradients are not FP8): logged once per process.
+    ("" where its gradients are not FP8).
 
     FP8 gradients take scales fixed before the kernel from bounds that hold for every input (above).
     dK's grows with the query rows (seqlen_q x query heads per KV head), so on real data dK sits far
     below the scale's top and loses most of its bits, down to zero (docs/verify.md simulates it)."""
     if not dtypes.BY_NAME[cfg.resolved_dqkv_dtype].is_fp8:
         return ""
-    _warn_bound_scaled_gradients()
     return "its FP8 gradients would be scaled from worst-case bounds, which cost dK its precision"
 
 
 @functools.cache
-def _warn_bound_scaled_gradients() -> None:
+def tell_bound_scaled_gradients() -> None:
+    """Log, once per process, that FP8 training runs the bf16 backward for bound_scaled_gradients' reason."""
     log.warning("fusedattn_select: fp8=True training runs the FP8 forward and the bf16 backward: this "
                 "platform's FP8 backward writes FP8 gradients, whose scales come from worst-case bounds; "
                 "dK's grows with seqlen_q x query heads per KV head and would cost dK its precision")
