@@ -191,7 +191,9 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                             q.device)):
         if not _select(new, selector, dense=not fits):
             return new
-        _route_fp8_backward(new, selector, q.dtype)
+        new.reason = _route_fp8_backward(new, selector, q.dtype)
+        if new.reason:
+            return new
         if not q.is_cuda:
             new.reason = (f"{new.selection.backend.value} was selected ({new.selection.engine}) but the tensors "
                           f"are on {q.device}")
@@ -408,24 +410,27 @@ def _select(new: Entry, selector: Selector, dense: bool = False) -> bool:
     return True
 
 
-def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype) -> None:
+def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype) -> str:
     """FP8 from fp16/bf16 inputs: say once where its forward was measured no faster than bf16 here;
     in training, run the backward in the input precision (where that one is selected) where the FP8
-    backward graph was measured slower than it on this platform, or writes FP8 gradients."""
+    backward graph was measured slower than it on this platform, or writes FP8 gradients. Returns why
+    the entry cannot run fused ("" when it can): FP8 gradients and no backward in the input precision."""
     cfg = new.cfg
     if not (cfg.is_fp8 and input_dtype in F16_NAMES):
-        return
+        return ""
     fp8_speed.forward_note(selector.fingerprint)
     record = fp8_speed.record_for(selector.fingerprint)
-    if not (cfg.is_training and (fp8q.bound_scaled_gradients(cfg) or record is not None and record.backward_slower)):
-        return
+    bounded = fp8q.bound_scaled_gradients(cfg) if cfg.is_training else ""
+    if not (bounded or cfg.is_training and record is not None and record.backward_slower):
+        return ""
     f16 = cfg.replace(qkv_dtype=F16_NAMES[input_dtype], o_dtype=None, do_dtype=None, dqkv_dtype=None,
                       scaling_mode=None)
     if not selector.select_dense(f16).selected:
-        return
+        return f"fp8=True training: {bounded}, and the backward in {f16.qkv_dtype} is not selected" if bounded else ""
     new.backward_cfg = f16
     if not fp8_speed.f16_backward_reason(selector.fingerprint):  # says why, once per process
         fp8q.tell_bound_scaled_gradients()
+    return ""
 
 
 def _build_plans(new: Entry, selector: Selector, device: torch.device) -> None:

@@ -10,6 +10,7 @@ import pytest
 from gpu_setup import CUDA, GPU_MARKS, torch
 
 from fusedattn_select import dtypes  # noqa: E402
+from fusedattn_select.runtime import fp8 as fp8q  # noqa: E402
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import FP8History, attention, clear_plans  # noqa: E402
 from fusedattn_select.selection import fp8_speed  # noqa: E402
@@ -77,6 +78,7 @@ def test_fp8_training_gradients_match_bf16_and_follow_the_speed_record(caplog):
     caplog.set_level(logging.WARNING, logger="fusedattn_select")
     clear_plans()
     fp8_speed._told.clear()  # logged once per process: an earlier test may have been first
+    fp8q.tell_bound_scaled_gradients.cache_clear()
     q, k, v = _qkv(grad=True)
     grad = torch.randn_like(q)
     want = attention(q, k, v, mask="causal")

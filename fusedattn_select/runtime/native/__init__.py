@@ -236,7 +236,7 @@ def load(device: Optional[int] = None) -> Optional[ModuleType]:
     start_build = False
     with dispatcher.native_lock:
         if name not in loaded:
-            module = loaded[name] = _import(name)
+            module = _import(name)
             if module is not None:
                 from fusedattn_select.runtime.args import TABLE_ARGUMENTS  # imports torch: loaded with it
 
@@ -244,11 +244,13 @@ def load(device: Optional[int] = None) -> Optional[ModuleType]:
                     module.set_argument_kinds(list(TABLE_ARGUMENTS.values()))
                 except ValueError as err:  # the module and runtime/args.py disagree: the Python path
                     log.warning("fusedattn_select: the compiled module %s is not used: %s", name, err)
-                    module = loaded[name] = None
+                    module = None
                 else:
                     dispatcher.native_table, dispatcher.native_call = module, module.call
             else:
                 start_build = mode() == "auto" and not _module_path(name).is_file()
+            # Filed last: the lock-free lookup above never sees a module whose kinds are not set.
+            loaded[name] = module
     if start_build:
         background().start(_module_path(name), include_dirs, lambda: _forget_missing(name), device)
     return loaded[name]
