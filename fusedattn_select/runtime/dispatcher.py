@@ -110,8 +110,10 @@ class Dispatcher:
         self.native_call: Optional[Callable[..., Any]] = None
         self.native_forgotten_calls = 0
         self.native_build: Optional[Any] = None
-        # Held while deciding whether a problem's fallback was logged (entries.log_fallback).
+        # Held while deciding whether a problem's fallback was logged (entries.log_fallback), or a note
+        # of `told` (a key per note said once per process; clear() keeps them).
         self.log_lock = threading.Lock()
+        self.told: set[str] = set()
         # Per thread: cuDNN handles by device (`handles`, plans.py) and private streams for loading
         # plans (`loading_streams`, streams.py).
         self.per_thread = threading.local()

@@ -32,7 +32,6 @@ dequantization run in fp8_kernels (Triton where available, else torch, with the 
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -42,6 +41,7 @@ import torch
 from fusedattn_select import dtypes
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8_kernels as fp8k
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.fp8_kernels import FP8_MAX, MAX_SCALE, STATE, Delayed
 
 log = logging.getLogger("fusedattn_select")
@@ -243,6 +243,11 @@ def _grad_out_feeds(plan, feeds: dict, grad_out: torch.Tensor) -> torch.Tensor:
     return info[3:4]
 
 
+# Why FP8 training from fp16/bf16 inputs runs the backward in their precision where the gradients are FP8.
+BOUND_SCALED_GRADIENTS = ("its FP8 gradients would be scaled from worst-case bounds, and dK's grows with seqlen_q "
+                          "x query heads per KV head, which costs dK its precision")
+
+
 def bound_scaled_gradients(cfg) -> str:
     """Why an FP8 training problem from fp16/bf16 inputs should run its backward in their precision
     ("" where its gradients are not FP8).
@@ -250,17 +255,17 @@ def bound_scaled_gradients(cfg) -> str:
     FP8 gradients take scales fixed before the kernel from bounds that hold for every input (above).
     dK's grows with the query rows (seqlen_q x query heads per KV head), so on real data dK sits far
     below the scale's top and loses most of its bits, down to zero (docs/verify.md simulates it)."""
-    if not dtypes.BY_NAME[cfg.resolved_dqkv_dtype].is_fp8:
-        return ""
-    return "its FP8 gradients would be scaled from worst-case bounds, which cost dK its precision"
+    return BOUND_SCALED_GRADIENTS if dtypes.BY_NAME[cfg.resolved_dqkv_dtype].is_fp8 else ""
 
 
-@functools.cache
 def tell_bound_scaled_gradients() -> None:
     """Log, once per process, that FP8 training runs the bf16 backward for bound_scaled_gradients' reason."""
-    log.warning("fusedattn_select: fp8=True training runs the FP8 forward and the bf16 backward: this "
-                "platform's FP8 backward writes FP8 gradients, whose scales come from worst-case bounds; "
-                "dK's grows with seqlen_q x query heads per KV head and would cost dK its precision")
+    with dispatcher.log_lock:
+        if BOUND_SCALED_GRADIENTS in dispatcher.told:
+            return
+        dispatcher.told.add(BOUND_SCALED_GRADIENTS)
+    log.warning("fusedattn_select: fp8=True training runs the FP8 forward and the bf16 backward: %s",
+                BOUND_SCALED_GRADIENTS)
 
 
 def backward_feeds(plan, cfg, saved: tuple, out: torch.Tensor, grad_out: torch.Tensor, stats: torch.Tensor

@@ -78,7 +78,7 @@ def test_fp8_training_gradients_match_bf16_and_follow_the_speed_record(caplog):
     caplog.set_level(logging.WARNING, logger="fusedattn_select")
     clear_plans()
     fp8_speed._told.clear()  # logged once per process: an earlier test may have been first
-    fp8q.tell_bound_scaled_gradients.cache_clear()
+    dispatcher.told.discard(fp8q.BOUND_SCALED_GRADIENTS)
     q, k, v = _qkv(grad=True)
     grad = torch.randn_like(q)
     want = attention(q, k, v, mask="causal")

@@ -271,9 +271,10 @@ def test_training_with_fp8_gradients_says_why_it_runs_the_bf16_backward(caplog):
 
     from fusedattn_select.config import AttnConfig
     from fusedattn_select.runtime import fp8
+    from fusedattn_select.runtime.dispatcher import dispatcher
 
     caplog.set_level(logging.WARNING, logger="fusedattn_select")
-    fp8.tell_bound_scaled_gradients.cache_clear()
+    dispatcher.told.discard(fp8.BOUND_SCALED_GRADIENTS)
     shape = {"batch_size": 2, "num_heads_q": 8, "num_heads_kv": 2, "seqlen_q": 512, "seqlen_kv": 512,
              "head_dim_qk": 128, "mask": "causal"}
     delayed = AttnConfig(qkv_dtype="fp8_e4m3", **shape)  # O and the gradients in e4m3

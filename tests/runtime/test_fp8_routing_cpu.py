@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import entries, fp8
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.types import Fingerprint
 
 SHAPE = {"batch_size": 2, "num_heads_q": 8, "num_heads_kv": 2, "seqlen_q": 512, "seqlen_kv": 512,
@@ -40,9 +41,9 @@ def _route(input_dtype=torch.bfloat16, bf16_selected=True, **fields):
 
 @pytest.fixture(autouse=True)
 def _said_once_per_test():
-    fp8.tell_bound_scaled_gradients.cache_clear()
+    dispatcher.told.discard(fp8.BOUND_SCALED_GRADIENTS)
     yield
-    fp8.tell_bound_scaled_gradients.cache_clear()
+    dispatcher.told.discard(fp8.BOUND_SCALED_GRADIENTS)
 
 
 def test_training_with_fp8_gradients_runs_the_backward_in_the_inputs_precision(caplog):

@@ -119,6 +119,7 @@ class Bound:
     ragged: frozenset[str] = frozenset()
     seed: int = 0
     scales: dict[str, float] = field(default_factory=dict)  # FP8 tensors: value = scale x real value
+    gradient_bounds: dict[str, float] = field(default_factory=dict)  # an FP8 backward's (_gradient_bounds)
 
     def allocate(self, build: GraphBuild, name: str, fill: str) -> torch.Tensor:
         """`name` as `build` declared it, filled with "randn", "nan" or "zero"."""
@@ -206,7 +207,14 @@ def _quantized(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
 
 
 def _gradient_bounds(bound: Bound) -> dict[str, float]:
-    """dtypes.fp8_gradient_bounds of the backward's real inputs, whole tensors as dispatch reads them."""
+    """dtypes.fp8_gradient_bounds of the backward's real inputs, whole tensors as dispatch reads them
+    (worked out once per check: every backward scale reads them)."""
+    if not bound.gradient_bounds:
+        bound.gradient_bounds = _bounds_of(bound)
+    return bound.gradient_bounds
+
+
+def _bounds_of(bound: Bound) -> dict[str, float]:
     cfg = bound.cfg
 
     def real(name: str) -> torch.Tensor:
