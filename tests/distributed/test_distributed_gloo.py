@@ -93,7 +93,9 @@ def test_one_rank_whose_snapshot_rejects_a_problem_makes_every_rank_answer_none_
 
 
 def test_ranks_on_different_gpus_with_the_same_answers_are_reported_not_merged(tmp_path):
-    results = run_ranks(tmp_path, "agree", 2, snapshots=[H100, H200])
+    # llama-3-8b.yaml only: the two recordings answer it the same (its FP8 file's backward verdicts
+    # differ where one recording verified FP8 backwards and the other, older, did not).
+    results = run_ranks(tmp_path, "agree", 2, snapshots=[H100, H200], configs=[str(LLAMA)])
     for r in results:
         assert r["mixed_platforms"] and not r["disagreements"]
         assert [p[0] for p in r["platforms"]] == [[0], [1]]
