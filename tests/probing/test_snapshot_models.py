@@ -126,7 +126,12 @@ def test_the_default_targets_recording_holds_the_whole_model_suite():
     assert _not_recorded(DEFAULT_TARGET) == set()
 
 
+# Corpus files whose classes a target's bundled recording predates (docs/snapshots.md): the H200's is
+# the first run of 2026-11-27, before these three files joined the corpus.
+PREDATED = {"h100": set(), "h200": {"falcon-40b", "gemma-3-270m-it", "gemma-3-27b-it"}}
+
+
 @pytest.mark.parametrize("target", TARGETS)
-def test_the_bundled_snapshots_answer_every_corpus_problem_they_recorded(found, target):
-    # A problem is "no data" only where its file's entries are missing from the target's recording.
-    assert _no_data_files(found, target) <= _not_recorded(target)
+def test_the_bundled_snapshots_answer_every_corpus_problem_but_the_files_their_recording_predates(found, target):
+    assert PREDATED[target] <= _not_recorded(target)
+    assert _no_data_files(found, target) == PREDATED[target]
