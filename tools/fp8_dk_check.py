@@ -32,6 +32,7 @@ DEFAULT_PROBLEMS = ("llama-3-8b-fp8:train-fp8-delayed", "llama-3-8b-fp8:train-fp
                     "hopper-suite:fp8e4m3-delayed-d128-causal-gqa4-s2048-train")
 DIVISORS = (1, 16, 256, 4096, 65536)
 GRADIENTS = ("dQ", "dK", "dV")
+# The verdict keeps only its detail text: read as probing/cudnn/tolerances.Check.describe writes it.
 _ERROR = re.compile(r"\b(dQ|dK|dV) max error ([0-9.e+-]+|inf)")
 
 
