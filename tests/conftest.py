@@ -77,7 +77,7 @@ configs:
   - {name: head-dim-512, head_dim_qk: 512, is_training: false}
   - {name: pre-scale-bias, bias: pre_scale_bias}
   - {name: out-of-memory, seqlen_q: 999, is_training: false}
-  - {name: fp8, qkv_dtype: fp8_e4m3, mask: causal}
+  - {name: fp8, qkv_dtype: fp8_e4m3, mask: causal, num_heads_kv: 16}  # MHA: rule cudnn-9.19-hopper-fp8-gqa-backward refuses GQA
   - {name: train}
 """
 

@@ -2,16 +2,20 @@
 
     python -m tools.fp8_dk_check                  # the problems the H100 verify sweep found missing
     python -m tools.fp8_dk_check --problems llama-3-8b-fp8:train-fp8-delayed --repeats 5
+    python -m tools.fp8_dk_check --config probes/fp8-backward-race.yaml --divisors 1 256 --workspace empty
 
-Each problem is verified (a fresh selector at depth verify, as tools/verify_sweep.py asks) with dK's
+Each problem is verified (the engine's forward and backward probes at depth verify, no selector rule in
+front of them: cudnn-9.19-hopper-fp8-gqa-backward refuses most of these problems) with dK's
 scale sized as dispatch sizes it, from dtypes.fp8_gradient_bounds, and with that bound divided by
 powers of two (a larger scale: dK keeps more bits, until it saturates); `--repeats` times each, with
 the graph's workspace as verify allocates it (uninitialized) and zeroed. Every check also runs the
-backward graph three more times on the same inputs and workspace and records the largest
-difference from its first dQ, dK and dV: a graph that computes the same thing twice differs by 0.
+backward graph `--executions` more times on the same inputs (each with fresh outputs and workspace)
+and records the largest difference from its first dQ, dK and dV: a graph that computes the same
+thing twice differs by 0. `--config FILE` asks every FP8 training entry of a config file.
 
 A diagnostic: it replaces verify's dK bound and workspace allocation in this process only
-(probing/cudnn/verify_run.py). Writes tools/results/fp8-dk-check-<device>.json (and $OUT when set).
+(probing/cudnn/verify_run.py). Writes tools/results/fp8-dk-check-<device>.json, with `--config FILE`
+fp8-dk-check-<FILE stem>-<device>.json (and a copy in $OUT when set).
 """
 
 from __future__ import annotations
@@ -33,7 +37,18 @@ DEFAULT_PROBLEMS = ("llama-3-8b-fp8:train-fp8-delayed", "llama-3-8b-fp8:train-fp
 DIVISORS = (1, 16, 256, 4096, 65536)
 GRADIENTS = ("dQ", "dK", "dV")
 # The verdict keeps only its detail text: read as probing/cudnn/tolerances.Check.describe writes it.
-_ERROR = re.compile(r"\b(dQ|dK|dV) max error ([0-9.e+-]+|inf)")
+_ERROR = re.compile(r"\b(dQ|dK|dV)(?: \(second execution\))? max error ([0-9.e+-]+|inf)")
+
+
+def config_problems(path: Path) -> list[tuple[str, Any]]:
+    """(`stem:entry`, config) of every FP8 training entry of a config file; ValueError where it has none."""
+    from fusedattn_select.config_files import load_config_file
+
+    found = [(f"{path.stem}:{e.name}", e.config) for e in load_config_file(path).entries
+             if e.config.is_fp8 and e.config.is_training]
+    if not found:
+        raise ValueError(f"--config {path}: the file has no FP8 training entry")
+    return found
 
 
 def problems(names: list[str]) -> list[tuple[str, Any]]:
@@ -73,9 +88,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 class _Patched:
     """verify_run with dK's bound divided by `divisor`, the workspace zeroed where asked, and each backward
-    execution run three more times (differences kept in `repeats`)."""
+    execution run `executions` more times (differences kept in `repeats`)."""
 
-    def __init__(self, verify_run: Any, torch: Any) -> None:
+    def __init__(self, verify_run: Any, torch: Any, executions: int) -> None:
         self.divisor, self.zero, self.repeats = 1, False, []
         bounds_of, execute, patched = verify_run._bounds_of, verify_run.execute, self
 
@@ -97,7 +112,7 @@ class _Patched:
             if phase.value == "backward":
                 first = {n: outputs[n].float().clone() for n in GRADIENTS if n in outputs}
                 patched.repeats = [{n: float((again[n].float() - t).abs().max()) for n, t in first.items()}
-                                   for again in (execute(bound, build, phase, handle, None) for _ in range(3))]
+                                   for again in (execute(bound, build, phase, handle, None) for _ in range(executions))]
                 bound.tensors.update(outputs)  # the checks read the first execution's
             return outputs
 
@@ -108,35 +123,48 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--problems", nargs="+", default=list(DEFAULT_PROBLEMS), help="suite:entry (suites: "
                         + ", ".join(SUITES) + ")")
+    parser.add_argument("--config", type=Path, help="ask every FP8 training entry of this config file instead")
+    parser.add_argument("--divisors", type=int, nargs="+", default=list(DIVISORS),
+                        help="dK bound divisors (default " + " ".join(map(str, DIVISORS)) + ")")
+    parser.add_argument("--workspace", choices=("both", "empty", "zeroed"), default="both",
+                        help="the workspace as verify allocates it (empty), zeroed, or both (default)")
     parser.add_argument("--repeats", type=int, default=2, help="checks per divisor and workspace (default 2)")
+    parser.add_argument("--executions", type=int, default=3,
+                        help="further backward executions per check, compared with the first (default 3)")
     parser.add_argument("-o", "--output", type=Path, help="default tools/results/fp8-dk-check-<device>.json")
     args = parser.parse_args(argv)
+    for name in ("divisors", "repeats", "executions"):
+        values = getattr(args, name)
+        if min(values if isinstance(values, list) else [values]) < 1:
+            parser.error(f"--{name} must be 1 or more")
     try:
-        asked = problems(args.problems)
-    except ValueError as err:
+        asked = config_problems(args.config) if args.config else problems(args.problems)
+    except (ValueError, OSError) as err:
         parser.error(str(err))
     import torch
 
     from fusedattn_select.probing.cudnn import tolerances, verify_run
     from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
-    from fusedattn_select.selection.selector import Selector
-    from fusedattn_select.store.memory import MemoryStore
+    from fusedattn_select.types import Backend, Phase, ProbeDepth
 
     engine = CudnnEngine()
     document: dict[str, Any] = {"tool": "tools/fp8_dk_check.py", "environment": _environment(engine), "rows": []}
-    path = args.output or ROOT / "tools" / "results" / f"fp8-dk-check-{device_tag(document['environment']['device'])}.json"
-    patched = _Patched(verify_run, torch)
+    stem = f"fp8-dk-check-{args.config.stem}" if args.config else "fp8-dk-check"
+    path = args.output or ROOT / "tools" / "results" / f"{stem}-{device_tag(document['environment']['device'])}.json"
+    patched = _Patched(verify_run, torch, args.executions)
     for name, cfg in asked:
         tolerance = tolerances.fp8_tolerance(cfg.qkv_dtype, cfg.resolved_do_dtype, cfg.resolved_dqkv_dtype)
-        for zero in (False, True):
-            for divisor in DIVISORS:
+        for zero in {"both": (False, True), "empty": (False,), "zeroed": (True,)}[args.workspace]:
+            for divisor in args.divisors:
                 for _ in range(args.repeats):
                     patched.divisor, patched.zero, patched.repeats = divisor, zero, []
-                    selection = Selector(engine, store=MemoryStore()).select(cfg, "verify")
-                    backward = [v for v in selection.verdicts if v.phase.value == "backward"]
+                    # The engine itself, forward then backward (the backward check reads the forward's
+                    # tensors): a selector would answer a problem a rule refuses without running it.
+                    forward, backward = (engine.probe(cfg, Backend.FP8, phase, ProbeDepth.VERIFY)
+                                         for phase in (Phase.FORWARD, Phase.BACKWARD))
                     row = {"problem": name, "zeroed_workspace": zero, "dK_bound_divisor": divisor,
-                           "answer": selection.backend.value, "tolerance": tolerance,
-                           "errors": errors(backward[0].detail) if backward else {},
+                           "answer": "FP8" if forward.supported and backward.supported else "NONE",
+                           "tolerance": tolerance, "errors": errors(backward.detail),
                            "repeat_max_diff": patched.repeats}
                     document["rows"].append(row)
                     print(json.dumps(row), flush=True)

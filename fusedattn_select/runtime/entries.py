@@ -24,9 +24,8 @@ from fusedattn_select.result import Selection
 from fusedattn_select.types import Backend
 from fusedattn_select.runtime import dense_builds, fallback_log, plans, ragged
 from fusedattn_select.runtime.dispatcher import dispatcher
-from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
-from fusedattn_select.runtime import fp8 as fp8q
+from fusedattn_select.runtime import fp8_training
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
 from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, Formats, bhsd, formats
@@ -35,7 +34,6 @@ from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config, standard_alibi
 from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.runtime.run_settings import run_settings
-from fusedattn_select.selection import fp8_speed
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import Selector, default_selector
 
@@ -189,9 +187,10 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     fits = ragged.offsets_fit(qb, kb, vb, *steps)
     if not (q.is_cuda and fits and _bucketed(new, selector, Shape(qb.shape[0], qb.shape[2], kb.shape[2], *steps),
                                             q.device)):
-        if not _select(new, selector, dense=not fits):
+        if not (_select(new, selector, dense=not fits)
+                or fp8_training.forward_only(new, selector, q.dtype, dense=not fits)):
             return new
-        new.reason = _route_fp8_backward(new, selector, q.dtype)
+        new.reason = fp8_training.route_backward(new, selector, q.dtype)
         if new.reason:
             return new
         if not q.is_cuda:
@@ -408,29 +407,6 @@ def _select(new: Entry, selector: Selector, dense: bool = False) -> bool:
                       "has no runner for it")
         return False
     return True
-
-
-def _route_fp8_backward(new: Entry, selector: Selector, input_dtype: torch.dtype) -> str:
-    """FP8 from fp16/bf16 inputs: say once where its forward was measured no faster than bf16 here;
-    in training, run the backward in the input precision (where that one is selected) where the FP8
-    backward graph was measured slower than it on this platform, or writes FP8 gradients. Returns why
-    the entry cannot run fused ("" when it can): FP8 gradients and no backward in the input precision."""
-    cfg = new.cfg
-    if not (cfg.is_fp8 and input_dtype in F16_NAMES):
-        return ""
-    fp8_speed.forward_note(selector.fingerprint)
-    record = fp8_speed.record_for(selector.fingerprint)
-    bounded = fp8q.bound_scaled_gradients(cfg) if cfg.is_training else ""
-    if not (bounded or cfg.is_training and record is not None and record.backward_slower):
-        return ""
-    f16 = cfg.replace(qkv_dtype=F16_NAMES[input_dtype], o_dtype=None, do_dtype=None, dqkv_dtype=None,
-                      scaling_mode=None)
-    if not selector.select_dense(f16).selected:
-        return f"fp8=True training: {bounded}, and the backward in {f16.qkv_dtype} is not selected" if bounded else ""
-    new.backward_cfg = f16
-    if not fp8_speed.f16_backward_reason(selector.fingerprint):  # says why, once per process
-        fp8q.tell_bound_scaled_gradients()
-    return ""
 
 
 def _build_plans(new: Entry, selector: Selector, device: torch.device) -> None:

@@ -17,6 +17,7 @@ try:  # PEP 440 comparison where packaging is installed; it is not a dependency
 except ImportError:  # pragma: no cover - depends on the environment
     _Version = _InvalidVersion = None  # type: ignore[assignment,misc]
 
+from fusedattn_select import dtypes
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, Provenance, Verdict
 
@@ -32,6 +33,10 @@ PYTORCH_DECODE_ISSUE = "https://github.com/pytorch/pytorch/issues/193893"
 CUDNN_FE_FP8_D256_ISSUE = "https://github.com/NVIDIA/cudnn-frontend/issues/981"
 CUDNN_FE_FP8_D256_KERNEL = "https://github.com/NVIDIA/cudnn-frontend/pull/860"
 CUDNN_FE_FP8_D256_FIX = "https://github.com/NVIDIA/cudnn-frontend/pull/985"
+# Measured by this project (no upstream report found): the rule's section of the docs, with the recorded runs
+# of tools/fp8_dk_check.py that it cites. Paths in this repository.
+FP8_GQA_BACKWARD_MEASURED = "docs/rules.md"
+FP8_GQA_BACKWARD_RUNS = ("tools/results/fp8-dk-check-h100.json", "tools/results/fp8-dk-check-fp8-backward-race-h100.json")
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,13 @@ def _masked_fp8_d256(cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
     return cfg.head_dim_qk == 256 and cfg.resolved_head_dim_v == 256 and masked
 
 
+def _gqa_fp8_gradients(cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
+    # Where the differing dK was measured: query heads sharing a KV head, gradients written in FP8.
+    # MHA problems of the same sizes repeated exactly; FP8 backwards with 16-bit gradients are not covered.
+    return (cfg.is_training and cfg.num_heads_q != cfg.num_heads_kv
+            and dtypes.BY_NAME[cfg.resolved_dqkv_dtype].is_fp8)
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "pre-scale-bias",
@@ -259,6 +271,16 @@ RULES: tuple[Rule, ...] = (
         # and 1.29.0 pre-releases (a, b, rc) are taken as fixed like the release (docs/rules.md).
         CUDNN_FE_FP8_D256_ISSUE, known_bug=True, frontend_versions=("1.29.0.dev0", "1.29.0a0.dev0"),
         sm_archs=(100, 103), see_also=(CUDNN_FE_FP8_D256_FIX, CUDNN_FE_FP8_D256_KERNEL),
+    ),
+    Rule(
+        "cudnn-9.19-hopper-fp8-gqa-backward",
+        FP8, BWD,
+        _gqa_fp8_gradients,
+        "measured cuDNN 9.19 bug on Hopper: the FP8 backward with grouped KV heads (num_heads_q != "
+        "num_heads_kv) and FP8 gradients writes a different dK on the same inputs from run to run, "
+        "at times far off the reference; run the backward in fp16/bf16",
+        FP8_GQA_BACKWARD_MEASURED, cudnn_versions=(91900, 91999), known_bug=True, sm_archs=(90,),
+        see_also=FP8_GQA_BACKWARD_RUNS,
     ),
 )
 

@@ -118,6 +118,31 @@ def test_a_corrupted_output_is_unsupported_at_numerics(selector):
     _assert_not_stored_as_supported(selector, cfg)
 
 
+@pytest.mark.parametrize("phase", [Phase.FORWARD, Phase.BACKWARD])
+def test_a_result_wrong_only_on_the_second_execution_is_unsupported_at_numerics(selector, phase):
+    # A racing kernel: the first execution of the graph matches the reference, the second does not.
+    cfg = fresh(mask="causal", is_training=phase is Phase.BACKWARD)
+    executions = []
+
+    def corrupt_second(ran, outputs):
+        if ran is phase:
+            executions.append(ran)
+            if len(executions) == 2:
+                outputs["dK" if phase is Phase.BACKWARD else "o"].mul_(1.25)
+
+    with numerics.planted(after_execute=corrupt_second):
+        answer = selector.select_dense(cfg, "verify")
+    _skip_unless_built(answer)
+    assert len(executions) == 2
+    checked = {v.phase: v for v in answer.verdicts}
+    verdict = checked[phase]
+    assert verdict.outcome is Outcome.UNSUPPORTED and verdict.stage == numerics.NUMERICS_STAGE, verdict
+    assert f"{'dK' if phase is Phase.BACKWARD else 'O'} (second execution) max error" in verdict.message, verdict
+    if phase is Phase.BACKWARD:
+        assert checked[Phase.FORWARD].verified, checked[Phase.FORWARD]
+    _assert_not_stored_as_supported(selector, cfg)
+
+
 def test_a_graph_built_with_a_wrong_scale_is_unsupported_at_numerics(selector):
     cfg = fresh(mask="causal")
 

@@ -110,7 +110,7 @@ def test_an_unrecorded_class_is_no_data_with_the_nearest_recorded_entries_never_
 def test_shapes_past_the_ladder_and_classes_without_bucket_forms_stay_no_data(laddered):
     selector = Selector(SnapshotEngine.load(laddered[1]))
     assert selector.select(shape(200, 1000)).no_data  # batch bucket 256: past the recorded ladder
-    assert selector.select(shape(7, 1000, qkv_dtype="fp8_e4m3")).no_data  # FP8 runs dense plans
+    assert selector.select(shape(7, 1000, qkv_dtype="fp8_e4m3", num_heads_kv=CLASS["num_heads_q"])).no_data  # FP8 runs dense plans
 
 
 def test_a_bucket_cudnn_rejects_leaves_no_data_never_unsupported(laddered):

@@ -266,7 +266,7 @@ def test_env_var_torch_and_auto(monkeypatch):
 
 def test_training_with_fp8_gradients_says_why_it_runs_the_bf16_backward(caplog):
     # Gradients written in FP8 take scales from worst-case bounds: dispatch runs the bf16 backward
-    # (runtime/entries._route_fp8_backward); where the gradients are 16-bit there is no reason.
+    # (runtime/fp8_training.route_backward); where the gradients are 16-bit there is no reason.
     import logging
 
     from fusedattn_select.config import AttnConfig

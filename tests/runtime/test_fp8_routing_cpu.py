@@ -1,5 +1,5 @@
 """Where attention(fp8=True) training runs its backward in the inputs' precision
-(runtime/entries._route_fp8_backward), decided on the CPU with a stub selector: no cuDNN involved."""
+(runtime/fp8_training), decided on the CPU with a stub selector: no cuDNN involved."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.runtime import entries, fp8
+from fusedattn_select.runtime import fp8, fp8_training
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.types import Fingerprint
 
@@ -36,14 +36,19 @@ class StubSelector:
 def _route(input_dtype=torch.bfloat16, bf16_selected=True, **fields):
     new = types.SimpleNamespace(cfg=AttnConfig(**{**SHAPE, **fields}), backward_cfg=None)
     selector = StubSelector(bf16_selected)
-    return entries._route_fp8_backward(new, selector, input_dtype), new, selector
+    return fp8_training.route_backward(new, selector, input_dtype), new, selector
+
+
+REFUSED_NOTE = fp8_training.FP8_BACKWARD_REFUSED.format(dtype="bf16")
 
 
 @pytest.fixture(autouse=True)
 def _said_once_per_test():
-    dispatcher.told.discard(fp8.BOUND_SCALED_GRADIENTS)
+    for note in (fp8.BOUND_SCALED_GRADIENTS, REFUSED_NOTE):
+        dispatcher.told.discard(note)
     yield
-    dispatcher.told.discard(fp8.BOUND_SCALED_GRADIENTS)
+    for note in (fp8.BOUND_SCALED_GRADIENTS, REFUSED_NOTE):
+        dispatcher.told.discard(note)
 
 
 def test_training_with_fp8_gradients_runs_the_backward_in_the_inputs_precision(caplog):
@@ -73,3 +78,55 @@ def test_no_bf16_backward_means_no_fused_fp8_training_rather_than_bound_scaled_g
 def test_nothing_to_route_asks_nothing(case, kwargs):
     why, new, selector = _route(**kwargs)
     assert why == "" and new.backward_cfg is None and selector.asked == [], case
+
+
+# ----- FP8 training whose FP8 backward no recipe answers: the FP8 forward, the backward in bf16 ---------
+class RefusingSelector:
+    """A platform whose FP8 backward is refused (every FP8 training problem NONE) while its FP8 forward
+    (with an FP8 output) and its bf16 problems are selected, as cuDNN 9.19 on Hopper answers a GQA
+    problem with FP8 gradients; `forward` / `bf16` False refuse those too."""
+
+    def __init__(self, forward: bool = True, bf16: bool = True):
+        self.fingerprint = Fingerprint("cpu")
+        self.forward, self.bf16, self.asked = forward, bf16, []
+
+    def select(self, cfg):
+        self.asked.append(cfg)
+        if not cfg.is_fp8:
+            ok = self.bf16
+        else:  # a Hopper-like FP8 forward writes an FP8 O only
+            ok = self.forward and not cfg.is_training and cfg.resolved_o_dtype.startswith("fp8")
+        return types.SimpleNamespace(selected=ok, message="" if ok else "refused (stub)")
+
+    select_dense = select_own = select
+
+
+def _forward_only(selector, input_dtype=torch.bfloat16, **fields):
+    cfg = AttnConfig(**{**SHAPE, "qkv_dtype": "fp8_e4m3", "scaling_mode": "current", **fields})
+    new = types.SimpleNamespace(cfg=cfg, selection=None, backward_cfg=None, reason="FP8 backward refused (stub)")
+    return fp8_training.forward_only(new, selector, input_dtype, dense=False), new
+
+
+def test_a_refused_fp8_backward_runs_the_fp8_forward_and_the_bf16_backward(caplog):
+    caplog.set_level(logging.WARNING, logger="fusedattn_select")
+    ran, new = _forward_only(RefusingSelector())
+    assert ran and new.reason == "" and new.selection.selected
+    assert new.cfg.is_training and new.cfg.qkv_dtype == "fp8_e4m3" and new.cfg.resolved_o_dtype == "fp8_e4m3"
+    assert (new.backward_cfg.qkv_dtype, new.backward_cfg.is_training, new.backward_cfg.num_heads_kv) == ("bf16", True, 2)
+    said = [r.getMessage() for r in caplog.records if REFUSED_NOTE in r.getMessage()]
+    assert len(said) == 1 and "FP8 backward refused (stub)" in said[0]
+    # Said once per process: a second signature routed the same way logs nothing.
+    caplog.clear()
+    assert _forward_only(RefusingSelector(), seqlen_q=1024, seqlen_kv=1024)[0]
+    assert not [r for r in caplog.records if REFUSED_NOTE in r.getMessage()]
+
+
+@pytest.mark.parametrize("case, selector, kwargs", [
+    ("no FP8 forward", RefusingSelector(forward=False), {}),
+    ("no bf16 backward", RefusingSelector(bf16=False), {}),
+    ("float8 inputs", RefusingSelector(), dict(input_dtype=torch.float8_e4m3fn)),
+    ("inference", RefusingSelector(), dict(is_training=False)),
+])
+def test_nothing_runs_when_a_part_is_missing_and_the_reason_stays(case, selector, kwargs):
+    ran, new = _forward_only(selector, **kwargs)
+    assert not ran and new.backward_cfg is None and new.reason == "FP8 backward refused (stub)", case

@@ -30,6 +30,7 @@ MLA = dict(head_dim_qk=256, head_dim_v=128)
 DECODE = dict(seqlen_q=1, is_training=False)
 FP8_D256 = dict(FP8, head_dim_qk=256, mask="causal", is_training=False)
 DEV_FRONTEND = "1.29.0.dev66375696"
+FP8_GQA = dict(FP8, num_heads_q=32, num_heads_kv=8, mask="causal", scaling_mode="delayed", is_training=True)
 
 # (rule, config changes, cuDNN version, compute capability, phase): the rule rejects this problem.
 FIRES = [
@@ -58,6 +59,11 @@ FIRES = [
     ("cudnn-9.19-9.25.0-blackwell-decode", dict(DECODE, is_training=True), 92400, "10.0", Phase.BACKWARD),
     ("cudnn-9.19-9.25.0-blackwell-decode", DECODE, 91900, "10.1", Phase.FORWARD),
     ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, DEV_FRONTEND),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", FP8_GQA, 91900, "9.0", Phase.BACKWARD),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, num_heads_kv=1, dqkv_dtype="fp8_e5m2"), 91999, "9.0",
+     Phase.BACKWARD),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, scaling_mode="current", o_dtype="fp8_e4m3"), 91900, "9.0",
+     Phase.BACKWARD),
     ("cudnn-frontend-1.29-dev-fp8-d256-masked", dict(FP8_D256, mask="causal_bottom_right"), 92600, "10.3",
      Phase.FORWARD, "1.29.0.dev0"),
     ("cudnn-frontend-1.29-dev-fp8-d256-masked", dict(FP8_D256, mask="no_mask", window_size=(128, 0)), 92600,
@@ -111,6 +117,16 @@ NEAR_MISSES = [
     ("cudnn-9.19-9.25.0-blackwell-decode", dict(DECODE, seqlen_q=2), 91900, "10.0", Phase.FORWARD),
     ("cudnn-9.19-9.25.0-blackwell-decode", dict(DECODE, **FP8), 91900, "10.0", Phase.FORWARD),
     # FP8 d256: released frontends before and after the development builds, other archs, no mask, d128, F16.
+    # The FP8 GQA backward on Hopper: MHA, 16-bit gradients, the forward, cuDNN outside 9.19, not Hopper.
+    ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, num_heads_kv=32), 91900, "9.0", Phase.BACKWARD),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, dqkv_dtype="bf16"), 91900, "9.0", Phase.BACKWARD),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, scaling_mode="current"), 91900, "9.0", Phase.BACKWARD),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", FP8_GQA, 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", FP8_GQA, 91802, "9.0", Phase.BACKWARD),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", FP8_GQA, 92000, "9.0", Phase.BACKWARD),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", FP8_GQA, 91900, "10.0", Phase.BACKWARD),
+    ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, qkv_dtype="bf16", scaling_mode=None), 91900, "9.0",
+     Phase.BACKWARD),
     ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, "1.28.0"),
     ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, "1.29.0"),
     ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, "1.32.0"),
@@ -169,7 +185,10 @@ def test_known_bug_rules_state_their_versions():
 
 def test_every_rule_has_a_reason_and_a_source_link():
     for rule in RULES:
-        assert rule.reason and rule.source.startswith("https://"), rule.name
+        # A link, or for a bug this project measured, its documentation and recorded runs in this repository.
+        for source in (rule.source, *rule.see_also):
+            assert source.startswith("https://") or (ROOT / source).is_file(), (rule.name, source)
+        assert rule.reason, rule.name
         assert rule.backends and rule.phases, rule.name
 
 

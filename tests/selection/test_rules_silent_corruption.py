@@ -197,3 +197,17 @@ def test_dispatch_never_passes_execute_time_shape_overrides():
     pattern = re.compile(r"override_(shapes|uids|strides)|override_shape")
     users = [str(path.relative_to(ROOT)) for path in runtime.rglob("*.py") if pattern.search(path.read_text())]
     assert users == []
+
+
+def test_an_fp8_gqa_training_problem_on_hopper_with_cudnn_9_19_answers_none_at_depth_fast():
+    # Measured on an H100 (docs/rules.md): dK differs run to run. MHA is left to the engine.
+    hopper = Fingerprint("cuda", "NVIDIA H100 80GB HBM3", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
+    llama = AttnConfig(batch_size=2, num_heads_q=32, num_heads_kv=8, seqlen_q=8192, seqlen_kv=8192, head_dim_qk=128,
+                       qkv_dtype="fp8_e4m3", mask="causal", is_training=True)
+    answer, engine = _answer(hopper, llama)
+    assert answer.backend is Backend.NONE
+    [refused] = [v for v in answer.verdicts if not v.supported]
+    assert refused.phase is Phase.BACKWARD and refused.stage == "rule:cudnn-9.19-hopper-fp8-gqa-backward"
+    assert "docs/rules.md" in refused.detail and "fp8-dk-check-h100.json" in refused.detail
+    mha, _ = _answer(hopper, llama.replace(num_heads_kv=32))
+    assert mha.backend is Backend.FP8

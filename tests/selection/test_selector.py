@@ -103,7 +103,8 @@ def test_a_new_batch_size_is_a_new_problem():
 
 def test_fp8_problem_probes_the_fp8_backend():
     engine = ScriptedTestEngine()
-    selection = Selector(engine, bucket_forms=False).select(config(qkv_dtype="fp8_e4m3"))
+    # MHA: with grouped KV heads the FP8 backward is refused by a rule on this (Hopper, 9.19) platform
+    selection = Selector(engine, bucket_forms=False).select(config(qkv_dtype="fp8_e4m3", num_heads_kv=16))
     assert selection.backend is Backend.FP8 and selection.candidate is Backend.FP8
     assert {v.backend for v in selection.verdicts} == {Backend.FP8}
 

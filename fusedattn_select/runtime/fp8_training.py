@@ -1,0 +1,77 @@
+"""Which backward FP8 training from fp16/bf16 inputs runs: the FP8 graph, or the graph in the inputs'
+precision behind the FP8 forward. Decided once per call signature, when its entry is made."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.planning.planner import with_fp8_outputs
+from fusedattn_select.runtime import fp8 as fp8q
+from fusedattn_select.runtime.args import F16_NAMES
+from fusedattn_select.runtime.dispatcher import dispatcher
+from fusedattn_select.selection import fp8_speed
+from fusedattn_select.selection.selector import Selector
+
+log = logging.getLogger("fusedattn_select")
+
+FP8_BACKWARD_REFUSED = "fp8=True training runs the FP8 forward and the {dtype} backward: the FP8 backward is not selected"
+
+
+def _f16(cfg: AttnConfig, input_dtype: torch.dtype) -> AttnConfig:
+    """The problem in the inputs' precision, which the backward runs in when the FP8 one does not."""
+    return cfg.replace(qkv_dtype=F16_NAMES[input_dtype], o_dtype=None, do_dtype=None, dqkv_dtype=None,
+                       scaling_mode=None)
+
+
+def route_backward(new, selector: Selector, input_dtype: torch.dtype) -> str:
+    """FP8 from fp16/bf16 inputs: say once where its forward was measured no faster than bf16 here;
+    in training, run the backward in the input precision (where that one is selected) where the FP8
+    backward graph was measured slower than it on this platform, or writes FP8 gradients. Returns why
+    the entry cannot run fused ("" when it can): FP8 gradients and no backward in the input precision."""
+    cfg = new.cfg
+    if not (cfg.is_fp8 and input_dtype in F16_NAMES) or new.backward_cfg is not None:
+        return ""
+    fp8_speed.forward_note(selector.fingerprint)
+    record = fp8_speed.record_for(selector.fingerprint)
+    bounded = fp8q.bound_scaled_gradients(cfg) if cfg.is_training else ""
+    if not (bounded or cfg.is_training and record is not None and record.backward_slower):
+        return ""
+    f16 = _f16(cfg, input_dtype)
+    if not selector.select_dense(f16).selected:
+        return f"fp8=True training: {bounded}, and the backward in {f16.qkv_dtype} is not selected" if bounded else ""
+    new.backward_cfg = f16
+    if not fp8_speed.f16_backward_reason(selector.fingerprint):  # says why, once per process
+        fp8q.tell_bound_scaled_gradients()
+    return ""
+
+
+def forward_only(new, selector: Selector, input_dtype: torch.dtype, dense: bool) -> bool:
+    """FP8 training from fp16/bf16 inputs that no FP8 recipe answers (its FP8 backward refused by cuDNN
+    or a known-bug rule): the FP8 forward, with the backward in the inputs' precision, where both are
+    selected. True when the entry runs so (its cfg, selection and backward set); else the entry, and
+    its reason, stay as they were."""
+    cfg = new.cfg
+    if not (cfg.is_training and cfg.is_fp8 and input_dtype in F16_NAMES):
+        return False
+    f16 = _f16(cfg, input_dtype)
+    if not selector.select_dense(f16).selected:
+        return False
+    inference = cfg.replace(is_training=False, do_dtype=None, dqkv_dtype=None)
+    first = selector.select_dense(inference) if dense else selector.select_own(inference)
+    chosen, selection, _ = with_fp8_outputs(selector.select, inference, first, False)
+    if not selection.selected:
+        return False
+    refused = new.reason
+    # The forward runs as training's (it writes the softmax stats the backward reads): the plans are
+    # built from the training problem with the output precision the forward was selected with.
+    new.cfg, new.selection, new.backward_cfg, new.reason = chosen.replace(is_training=True), selection, f16, ""
+    note = FP8_BACKWARD_REFUSED.format(dtype=f16.qkv_dtype)
+    with dispatcher.log_lock:
+        if note in dispatcher.told:
+            return True
+        dispatcher.told.add(note)
+    log.warning("fusedattn_select: %s (%s)", note, refused)
+    return True
