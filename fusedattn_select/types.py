@@ -81,7 +81,7 @@ class Provenance(TextEnum):
 
 class ProbeDepth(TextEnum):
     """How far a probe goes: `fast` stops after cuDNN's check_support, `full` also builds plans,
-    `verify` also runs the graphs once on seeded data and compares them with a reference."""
+    `verify` also runs the graphs twice on seeded data and compares them with a reference."""
 
     FAST = "fast"
     FULL = "full"

@@ -6,14 +6,15 @@
 
 Each problem is verified (the engine's forward and backward probes at depth verify, no selector rule in
 front of them: cudnn-9.19-hopper-fp8-gqa-backward refuses most of these problems) with dK's
-scale sized as dispatch sizes it, from dtypes.fp8_gradient_bounds, and with that bound divided by
+scale sized from its bound, dtypes.fp8_gradient_bounds (as dispatch would size it; verify itself sizes
+gradient scales from the reference's amax), and with that bound divided by
 powers of two (a larger scale: dK keeps more bits, until it saturates); `--repeats` times each, with
 the graph's workspace as verify allocates it (uninitialized) and zeroed. Every check also runs the
 backward graph `--executions` more times on the same inputs (each with fresh outputs and workspace)
 and records the largest difference from its first dQ, dK and dV: a graph that computes the same
 thing twice differs by 0. `--config FILE` asks every FP8 training entry of a config file.
 
-A diagnostic: it replaces verify's dK bound and workspace allocation in this process only
+A diagnostic: it replaces verify's gradient magnitudes and workspace allocation in this process only
 (probing/cudnn/verify_run.py). Writes tools/results/fp8-dk-check-<device>.json, with `--config FILE`
 fp8-dk-check-<FILE stem>-<device>.json (and a copy in $OUT when set).
 """
@@ -95,9 +96,12 @@ class _Patched:
         bounds_of, execute, patched = verify_run._bounds_of, verify_run.execute, self
 
         def scaled_bounds(bound: Any) -> dict[str, float]:
-            found = dict(bounds_of(bound))
-            found["dK"] = found["dK"] / patched.divisor
-            return found
+            # Every gradient's scale from its bound (verify itself sizes them from the reference's amax).
+            if not bound.gradient_bounds:
+                found = dict(bounds_of(bound))
+                found["dK"] = found["dK"] / patched.divisor
+                bound.gradient_bounds = found
+            return bound.gradient_bounds
 
         class Torch:  # verify_run's `torch`: its workspace (uint8) zeroed where asked
             def __getattr__(self, name: str) -> Any:
@@ -116,7 +120,7 @@ class _Patched:
                 bound.tensors.update(outputs)  # the checks read the first execution's
             return outputs
 
-        verify_run._bounds_of, verify_run.torch, verify_run.execute = scaled_bounds, Torch(), repeated
+        verify_run._gradient_bounds, verify_run.torch, verify_run.execute = scaled_bounds, Torch(), repeated
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -259,7 +259,7 @@ def register_why(subparsers: Any, common: argparse.ArgumentParser) -> None:
     depth = parser.add_mutually_exclusive_group()  # one depth per question: never drop one silently
     depth.add_argument("--full", action="store_true", help="probe depth 'full': also build the kernels (from a snapshot, only answers "
                        "recorded at depth full say yes; a fast-recorded yes is no data)")
-    depth.add_argument("--verify", action="store_true", help="probe depth 'verify': also run the graphs once on "
+    depth.add_argument("--verify", action="store_true", help="probe depth 'verify': also run the graphs twice on "
                        "seeded data against a float32 reference (needs torch; see docs/verify.md)")
     parser.add_argument("--alternatives", type=_count, default=alternatives.DEFAULT_LIMIT, metavar="N",
                         help="for each refused NONE, list up to N supported problems one or two fields away, asked "

@@ -9,7 +9,7 @@ the persistent store; the calling process then reads every answer back from the 
 stay the default: every rank of a job may warm at once, and eight ranks with eight worker
 processes each would start 64 CUDA contexts.
 
-With depth="verify" each answer also runs the graphs once on seeded data against a float32
+With depth="verify" each answer also runs the graphs twice on seeded data against a float32
 reference (probing/cudnn/numerics.py; needs torch), and plans are built as with "full".
 
 With depth="full" it also builds the execution plans attention() will run for each accepted

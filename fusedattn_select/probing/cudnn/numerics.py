@@ -1,4 +1,4 @@
-"""Probe depth `verify`: build a problem's graphs as dispatch builds them, run them once on seeded
+"""Probe depth `verify`: build a problem's graphs as dispatch builds them, run them twice on seeded
 data and compare the results with a float32 reference computed on the same GPU.
 
 "It builds" is not "it computes right": a verdict at depth verify is SUPPORTED at stage "numerics"

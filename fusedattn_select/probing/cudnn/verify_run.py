@@ -120,6 +120,8 @@ class Bound:
     seed: int = 0
     scales: dict[str, float] = field(default_factory=dict)  # FP8 tensors: value = scale x real value
     gradient_bounds: dict[str, float] = field(default_factory=dict)  # an FP8 backward's (_gradient_bounds)
+    # The reference gradients' largest real magnitudes (dQ, dK, dV), set before an FP8 backward runs.
+    gradient_amax: dict[str, float] = field(default_factory=dict)
 
     def allocate(self, build: GraphBuild, name: str, fill: str) -> torch.Tensor:
         """`name` as `build` declared it, filled with "randn", "nan" or "zero"."""
@@ -207,10 +209,14 @@ def _quantized(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
 
 
 def _gradient_bounds(bound: Bound) -> dict[str, float]:
-    """dtypes.fp8_gradient_bounds of the backward's real inputs, whole tensors as dispatch reads them
-    (worked out once per check: every backward scale reads them)."""
+    """The magnitudes an FP8 backward's scales are sized for (worked out once per check): dS's ("dP")
+    from dtypes.fp8_gradient_bounds of the backward's real inputs, whole tensors as dispatch reads
+    them; each gradient's from its real largest magnitude (the reference's), as delayed scaling sizes
+    it once its amax history holds the step, or its bound where the reference gave none."""
     if not bound.gradient_bounds:
-        bound.gradient_bounds = _bounds_of(bound)
+        found = _bounds_of(bound)
+        found.update({n: a for n, a in bound.gradient_amax.items() if 0.0 < a < float("inf")})
+        bound.gradient_bounds = found
     return bound.gradient_bounds
 
 
@@ -231,9 +237,9 @@ def _bounds_of(bound: Bound) -> dict[str, float]:
 
 
 def _fp8_backward_scalar(bound: Bound, build: GraphBuild, name: str) -> float:
-    """A backward graph's scale as dispatch binds it (runtime/fp8.backward_feeds): O's and dO's
-    descales (1 where they are not FP8), dS's scale sized from its bound for e4m3 at
-    dtypes.FP8_INTERNAL_RANGE, and each FP8 gradient's scale sized from its bound (1 otherwise)."""
+    """A backward graph's scale: O's and dO's descales (1 where they are not FP8), dS's scale sized
+    from its bound for e4m3 at dtypes.FP8_INTERNAL_RANGE (as runtime/fp8.backward_feeds binds it), and
+    each FP8 gradient's scale sized from its real largest magnitude (1 where it is not FP8)."""
     if name in ("scale_dP", "descale_dP"):
         _input(bound, build, "dO")
         scale = dtypes.fp8_scale(_gradient_bounds(bound)["dP"], "fp8_e4m3", dtypes.FP8_INTERNAL_RANGE)
@@ -349,6 +355,11 @@ def reference_problem(bound: Bound, dropout_sample: bool = False) -> RefProblem:
         right=right, bias=bias, alibi=alibi, softmax=cfg.softmax,
         sink=sink, dropout=cfg.dropout, dropout_seed=DROPOUT_SEED + 1 if dropout_sample else None,
     )
+
+
+def bind_input(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
+    """Graph input `name` bound ahead of an execution (the reference reads it first)."""
+    return _input(bound, build, name)
 
 
 def new_bound(cfg: AttnConfig, device: torch.device, seed: int) -> Bound:
