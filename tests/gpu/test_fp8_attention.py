@@ -74,23 +74,33 @@ def test_delayed_scaling_is_refused_under_torch_compile():
         compiled(q, k, v)
 
 
-def test_fp8_training_gradients_match_bf16_and_follow_the_speed_record(caplog):
-    caplog.set_level(logging.WARNING, logger="fusedattn_select")
-    clear_plans()
-    fp8_speed._told.clear()  # logged once per process: an earlier test may have been first
-    dispatcher.told.discard(fp8q.BOUND_SCALED_GRADIENTS)
-    q, k, v = _qkv(grad=True)
+def _fp8_training(q, k, v):
+    """(the entry of a causal fp8=True training call, a check that its output and gradients track bf16
+    attention()'s on the same inputs and output gradient)."""
     grad = torch.randn_like(q)
     want = attention(q, k, v, mask="causal")
     want_grads = torch.autograd.grad(want, (q, k, v), grad)
     got = attention(q, k, v, mask="causal", fp8=True)
     entry = list(dispatcher.by_call.values())[-1]
+
+    def check():
+        got_grads = torch.autograd.grad(got, (q, k, v), grad)
+        assert _cos(got, want) >= 0.995
+        for name, g, w in zip("qkv", got_grads, want_grads):
+            assert _cos(g, w) >= 0.99, f"d{name}"
+
+    return entry, check
+
+
+def test_fp8_training_gradients_match_bf16_and_follow_the_speed_record(caplog):
+    caplog.set_level(logging.WARNING, logger="fusedattn_select")
+    clear_plans()
+    fp8_speed._told.clear()  # logged once per process: an earlier test may have been first
+    dispatcher.told.discard(fp8q.BOUND_SCALED_GRADIENTS)
+    entry, check = _fp8_training(*_qkv(grad=True))
     if not _fused_fp8(entry):
         pytest.skip(f"no FP8 training here: {entry.reason}")
-    got_grads = torch.autograd.grad(got, (q, k, v), grad)
-    assert _cos(got, want) >= 0.995
-    for name, g, w in zip("qkv", got_grads, want_grads):
-        assert _cos(g, w) >= 0.99, f"d{name}"
+    check()
     # The bf16 backward runs where the FP8 one was measured slower, or writes FP8 gradients (their
     # scales come from worst-case bounds: runtime/fp8.bound_scaled_gradients).
     record = fp8_speed.record_for(default_selector().fingerprint)
@@ -113,12 +123,7 @@ def test_fp8_training_whose_fp8_backward_is_not_selected_runs_the_fp8_forward_an
     clear_plans()  # a new entry for the signature (an earlier test may have made it), which says it anew
     note = fp8_training.FP8_BACKWARD_REFUSED.format(dtype="bf16")
     dispatcher.told.discard(note)
-    q, k, v = _qkv(grad=True, hkv=hkv, d=d, seed=5)
-    grad = torch.randn_like(q)
-    want = attention(q, k, v, mask="causal")
-    want_grads = torch.autograd.grad(want, (q, k, v), grad)
-    got = attention(q, k, v, mask="causal", fp8=True)
-    entry = list(dispatcher.by_call.values())[-1]
+    entry, check = _fp8_training(*_qkv(grad=True, hkv=hkv, d=d, seed=5))
     if not _fused_fp8(entry):
         pytest.skip(f"no FP8 forward here: {entry.reason}")
     training = entry.cfg
@@ -127,10 +132,7 @@ def test_fp8_training_whose_fp8_backward_is_not_selected_runs_the_fp8_forward_an
         pytest.skip("an FP8 recipe of this training problem is selected here")
     assert entry.f16_backward and entry.backward.specs["dQ"].dtype == torch.bfloat16
     assert entry.selection.backend.value == "FP8" and training.is_training
-    got_grads = torch.autograd.grad(got, (q, k, v), grad)
-    assert _cos(got, want) >= 0.995
-    for name, g, w in zip("qkv", got_grads, want_grads):
-        assert _cos(g, w) >= 0.99, f"d{name}"
+    check()
     assert len([r for r in caplog.records if note in r.getMessage()]) == 1
 
 
