@@ -11,8 +11,9 @@ gradient scales from the reference's amax), and with that bound divided by
 powers of two (a larger scale: dK keeps more bits, until it saturates); `--repeats` times each, with
 the graph's workspace as verify allocates it (uninitialized) and zeroed. Every check also runs the
 backward graph `--executions` more times on the same inputs (each with fresh outputs and workspace)
-and records the largest difference from its first dQ, dK and dV: a graph that computes the same
-thing twice differs by 0. `--config FILE` asks every FP8 training entry of a config file.
+and records the largest difference from its first dQ, dK and dV, in the values the graph writes (an
+FP8 gradient's are its real values times its scale): a graph that computes the same thing twice
+differs by 0. `--config FILE` asks every FP8 training entry of a config file.
 
 A diagnostic: it replaces verify's gradient magnitudes and workspace allocation in this process only
 (probing/cudnn/verify_run.py). Writes tools/results/fp8-dk-check-<device>.json, with `--config FILE`
@@ -113,7 +114,8 @@ class _Patched:
 
         def repeated(bound: Any, build: Any, phase: Any, handle: Any, after_execute: Any = None) -> Any:
             outputs = execute(bound, build, phase, handle, after_execute)
-            if phase.value == "backward":
+            # Verify runs the backward twice: the repeats are of its first execution only.
+            if phase.value == "backward" and not patched.repeats:
                 first = {n: outputs[n].float().clone() for n in GRADIENTS if n in outputs}
                 patched.repeats = [{n: float((again[n].float() - t).abs().max()) for n, t in first.items()}
                                    for again in (execute(bound, build, phase, handle, None) for _ in range(executions))]

@@ -69,7 +69,7 @@ class Entry:
     ragged_forward: Optional[dict[str, torch.Tensor]] = None
     ragged_backward: Optional[dict[str, torch.Tensor]] = None
     kv_steps: tuple[int, int] = (0, 0)   # K and V read as rows of longer buffers (ragged.kv_steps)
-    # FP8 training whose backward runs in bf16 (fp8_speed: measured slower in FP8 here): its config.
+    # FP8 training whose backward runs in fp16/bf16 (runtime/fp8_training): that backward's config.
     backward_cfg: Optional[AttnConfig] = None
     calls: int = 0                       # bucket plans only: calls so far (see count_call)
     shape_class: str = ""                # bucket plans only: the call's problem class
@@ -187,9 +187,11 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     fits = ragged.offsets_fit(qb, kb, vb, *steps)
     if not (q.is_cuda and fits and _bucketed(new, selector, Shape(qb.shape[0], qb.shape[2], kb.shape[2], *steps),
                                             q.device)):
-        if not (_select(new, selector, dense=not fits)
-                or fp8_training.forward_only(new, selector, q.dtype, dense=not fits)):
-            return new
+        refused = ""  # the FP8 training refusal forward_only replaced with the FP8 forward and a bf16 backward
+        if not _select(new, selector, dense=not fits):
+            refused = fp8_training.forward_only(new, selector, q.dtype, not fits, BACKEND_RUNNERS)
+            if not refused:
+                return new
         new.reason = fp8_training.route_backward(new, selector, q.dtype)
         if new.reason:
             return new
@@ -198,6 +200,8 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                           f"are on {q.device}")
             return new
         _build_plans(new, selector, q.device)
+        if refused and new.fused:
+            fp8_training.tell_forward_only(new, refused)
     if new.fused and opts.bias_grad and not new.backward.has("dBias"):
         new.reason = f"cuDNN's backward graph for bias_shape={new.cfg.bias_shape!r} has no dBias output"
     if new.fused and opts.dropout > 0:

@@ -4,6 +4,7 @@ precision behind the FP8 forward. Decided once per call signature, when its entr
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 import torch
 
@@ -13,7 +14,9 @@ from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.args import F16_NAMES
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.selection import fp8_speed
+from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import Selector
+from fusedattn_select.types import Backend, Phase
 
 log = logging.getLogger("fusedattn_select")
 
@@ -48,30 +51,42 @@ def route_backward(new, selector: Selector, input_dtype: torch.dtype) -> str:
     return ""
 
 
-def forward_only(new, selector: Selector, input_dtype: torch.dtype, dense: bool) -> bool:
+def forward_only(new, selector: Selector, input_dtype: torch.dtype, dense: bool, runners: Collection[Backend]) -> str:
     """FP8 training from fp16/bf16 inputs that no FP8 recipe answers (its FP8 backward refused by cuDNN
     or a known-bug rule): the FP8 forward, with the backward in the inputs' precision, where both are
-    selected. True when the entry runs so (its cfg, selection and backward set); else the entry, and
-    its reason, stay as they were."""
+    selected. Returns the refusal it replaced ("" when it did not route: the entry and its reason
+    stay as they were); the entry then holds the training config, the forward's selection and the
+    backward's config. Say so with tell_forward_only once its plans are built."""
     cfg = new.cfg
     if not (cfg.is_training and cfg.is_fp8 and input_dtype in F16_NAMES):
-        return False
+        return ""
     f16 = _f16(cfg, input_dtype)
     if not selector.select_dense(f16).selected:
-        return False
+        return ""
     inference = cfg.replace(is_training=False, do_dtype=None, dqkv_dtype=None)
     first = selector.select_dense(inference) if dense else selector.select_own(inference)
     chosen, selection, _ = with_fp8_outputs(selector.select, inference, first, False)
-    if not selection.selected:
-        return False
-    refused = new.reason
-    # The forward runs as training's (it writes the softmax stats the backward reads): the plans are
-    # built from the training problem with the output precision the forward was selected with.
-    new.cfg, new.selection, new.backward_cfg, new.reason = chosen.replace(is_training=True), selection, f16, ""
-    note = FP8_BACKWARD_REFUSED.format(dtype=f16.qkv_dtype)
+    if not selection.selected or selection.backend not in runners:
+        return ""
+    # The forward runs as training's (it also writes the softmax stats the backward reads), built from
+    # the training problem with the output precision the forward was selected with: a rule about that
+    # forward still holds it back (its graph is built, not probed, as an inference call's that wants
+    # the log-sum-exp is: runtime/dense_builds.plan_phases).
+    training = chosen.replace(is_training=True)
+    if apply_rules(training, selector.fingerprint, Phase.FORWARD) is not None:
+        return ""
+    fp8_speed.forward_note(selector.fingerprint)
+    refused = new.reason or "no FP8 recipe of the training problem is selected"
+    new.cfg, new.selection, new.backward_cfg, new.reason = training, selection, f16, ""
+    return refused
+
+
+def tell_forward_only(new, refused: str) -> None:
+    """Log, once per process, that FP8 training runs the FP8 forward with the backward in the inputs'
+    precision because `refused` (forward_only's answer); call once the entry's plans are built."""
+    note = FP8_BACKWARD_REFUSED.format(dtype=new.backward_cfg.qkv_dtype)
     with dispatcher.log_lock:
         if note in dispatcher.told:
-            return True
+            return
         dispatcher.told.add(note)
     log.warning("fusedattn_select: %s (%s)", note, refused)
-    return True

@@ -97,7 +97,8 @@ def test_fp8_training_gradients_match_bf16_and_follow_the_speed_record(caplog):
     clear_plans()
     fp8_speed._told.clear()  # logged once per process: an earlier test may have been first
     dispatcher.told.discard(fp8q.BOUND_SCALED_GRADIENTS)
-    entry, check = _fp8_training(*_qkv(grad=True))
+    # MHA: with grouped KV heads a known-bug rule may refuse the FP8 backward (forward_only's test below).
+    entry, check = _fp8_training(*_qkv(grad=True, hkv=8))
     if not _fused_fp8(entry):
         pytest.skip(f"no FP8 training here: {entry.reason}")
     check()
@@ -109,7 +110,8 @@ def test_fp8_training_gradients_match_bf16_and_follow_the_speed_record(caplog):
     assert entry.f16_backward == routed
     if routed:
         assert entry.backward.specs["dQ"].dtype == torch.bfloat16
-        assert any("runs the FP8 forward and the bf16 backward" in r.getMessage() for r in caplog.records)
+        assert any("runs the FP8 forward and the bf16 backward" in r.getMessage()
+                   and "is not selected" not in r.getMessage() for r in caplog.records)  # route_backward's reason
 
 
 @pytest.mark.parametrize("hkv, d", [(8, 64), (2, 128)])

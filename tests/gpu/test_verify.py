@@ -1,4 +1,4 @@
-"""Probe depth verify on a real device: graphs built as dispatch builds them run once on seeded data
+"""Probe depth verify on a real device: graphs built as dispatch builds them run twice on seeded data
 and are compared with the float32 reference; a planted wrong result turns into NONE at stage numerics.
 
 The planted errors go through numerics.planted, a seam of the check itself (a graph built with a wrong
@@ -178,8 +178,8 @@ def test_the_backward_of_a_max_logit_problem_is_verified_apart_from_its_forward(
 @pytest.mark.parametrize("do_dtype", [None, "fp8_e4m3"])
 def test_an_fp8_training_problem_is_checked_against_its_dequantized_inputs(selector, do_dtype):
     # Delayed scaling (the default): O, dQ, dK, dV in e4m3, dO (and so s dS) in e5m2 unless asked in
-    # e4m3, whose tolerance is half as wide; the inputs quantized as dispatch quantizes them, the
-    # backward's scales bound as runtime/fp8.backward_feeds binds them.
+    # e4m3, whose tolerance is half as wide; the inputs quantized as dispatch quantizes them, dS's scale
+    # bound as runtime/fp8.backward_feeds binds it, the gradients' sized from the reference's amax.
     cfg = fresh(qkv_dtype="fp8_e4m3", mask="causal", do_dtype=do_dtype)
     answer = selector.select(cfg, "verify")
     _skip_unless_built(answer)

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import fp8, fp8_training
 from fusedattn_select.runtime.dispatcher import dispatcher
-from fusedattn_select.types import Fingerprint
+from fusedattn_select.types import Backend, Fingerprint
 
 SHAPE = {"batch_size": 2, "num_heads_q": 8, "num_heads_kv": 2, "seqlen_q": 512, "seqlen_kv": 512,
          "head_dim_qk": 128, "mask": "causal"}
@@ -96,37 +96,39 @@ class RefusingSelector:
             ok = self.bf16
         else:  # a Hopper-like FP8 forward writes an FP8 O only
             ok = self.forward and not cfg.is_training and cfg.resolved_o_dtype.startswith("fp8")
-        return types.SimpleNamespace(selected=ok, message="" if ok else "refused (stub)")
+        backend = (Backend.FP8 if cfg.is_fp8 else Backend.F16) if ok else Backend.NONE
+        return types.SimpleNamespace(selected=ok, backend=backend, message="" if ok else "refused (stub)")
 
     select_dense = select_own = select
 
 
-def _forward_only(selector, input_dtype=torch.bfloat16, **fields):
+def _forward_only(selector, input_dtype=torch.bfloat16, runners=(Backend.F16, Backend.FP8), **fields):
     cfg = AttnConfig(**{**SHAPE, "qkv_dtype": "fp8_e4m3", "scaling_mode": "current", **fields})
     new = types.SimpleNamespace(cfg=cfg, selection=None, backward_cfg=None, reason="FP8 backward refused (stub)")
-    return fp8_training.forward_only(new, selector, input_dtype, dense=False), new
+    return fp8_training.forward_only(new, selector, input_dtype, False, runners), new
 
 
 def test_a_refused_fp8_backward_runs_the_fp8_forward_and_the_bf16_backward(caplog):
     caplog.set_level(logging.WARNING, logger="fusedattn_select")
-    ran, new = _forward_only(RefusingSelector())
-    assert ran and new.reason == "" and new.selection.selected
+    refused, new = _forward_only(RefusingSelector())
+    assert refused == "FP8 backward refused (stub)" and new.reason == "" and new.selection.selected
     assert new.cfg.is_training and new.cfg.qkv_dtype == "fp8_e4m3" and new.cfg.resolved_o_dtype == "fp8_e4m3"
     assert (new.backward_cfg.qkv_dtype, new.backward_cfg.is_training, new.backward_cfg.num_heads_kv) == ("bf16", True, 2)
+    # Said by tell_forward_only once the plans are built (dispatch calls it then), once per process.
+    assert not [r for r in caplog.records if REFUSED_NOTE in r.getMessage()]
+    fp8_training.tell_forward_only(new, refused)
+    fp8_training.tell_forward_only(new, refused)
     said = [r.getMessage() for r in caplog.records if REFUSED_NOTE in r.getMessage()]
     assert len(said) == 1 and "FP8 backward refused (stub)" in said[0]
-    # Said once per process: a second signature routed the same way logs nothing.
-    caplog.clear()
-    assert _forward_only(RefusingSelector(), seqlen_q=1024, seqlen_kv=1024)[0]
-    assert not [r for r in caplog.records if REFUSED_NOTE in r.getMessage()]
 
 
 @pytest.mark.parametrize("case, selector, kwargs", [
     ("no FP8 forward", RefusingSelector(forward=False), {}),
     ("no bf16 backward", RefusingSelector(bf16=False), {}),
+    ("no runner for the forward's backend", RefusingSelector(), dict(runners=(Backend.F16,))),
     ("float8 inputs", RefusingSelector(), dict(input_dtype=torch.float8_e4m3fn)),
     ("inference", RefusingSelector(), dict(is_training=False)),
 ])
 def test_nothing_runs_when_a_part_is_missing_and_the_reason_stays(case, selector, kwargs):
-    ran, new = _forward_only(selector, **kwargs)
-    assert not ran and new.backward_cfg is None and new.reason == "FP8 backward refused (stub)", case
+    refused, new = _forward_only(selector, **kwargs)
+    assert refused == "" and new.backward_cfg is None and new.reason == "FP8 backward refused (stub)", case

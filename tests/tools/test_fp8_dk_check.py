@@ -37,3 +37,32 @@ def test_summary_counts_passes_errors_beyond_the_reference_and_differing_repeats
 
     got = fp8_dk_check.summary([row(0.1), row(1.0), row(4.62, diff=3.5), row(0.3)])
     assert got == {"p": {"checks": 4, "dK_passed": 2, "dK_error_above_1": 1, "repeat_differed": 1}}
+
+
+def test_a_config_file_gives_its_fp8_training_entries(tmp_path):
+    from pathlib import Path
+
+    race = Path(__file__).resolve().parents[2] / "probes" / "fp8-backward-race.yaml"
+    asked = fp8_dk_check.config_problems(race)
+    assert asked and all(name.startswith("fp8-backward-race:") for name, _ in asked)
+    assert all(cfg.is_fp8 and cfg.is_training for _, cfg in asked)
+    plain = tmp_path / "bf16.yaml"
+    plain.write_text("name: bf16\nconfigs:\n  - {name: a, batch_size: 1, num_heads_q: 2, num_heads_kv: 2, seqlen_q: 64, "
+                     "seqlen_kv: 64, head_dim_qk: 64}\n")
+    with pytest.raises(ValueError, match="no FP8 training entry"):
+        fp8_dk_check.config_problems(plain)
+    with pytest.raises(SystemExit) as exit_info:
+        fp8_dk_check.main(["--config", str(plain)])
+    assert exit_info.value.code == 2
+
+
+def test_errors_of_a_second_execution_are_read_too():
+    detail = "dQ max error 0.09 (tolerance 0.375); dK (second execution) max error 4.62 (tolerance 0.375)"
+    assert fp8_dk_check.errors(detail) == {"dQ": 0.09, "dK": 4.62}
+
+
+@pytest.mark.parametrize("argv", [["--divisors", "0"], ["--repeats", "0"], ["--executions", "-1"]])
+def test_counts_below_one_are_an_error_naming_the_option(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        fp8_dk_check.main(argv)
+    assert exit_info.value.code == 2 and argv[0] in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Running one problem's cuDNN graphs on seeded data for depth `verify`, bound as dispatch binds them.
+"""Running one problem's cuDNN graphs on seeded data for depth `verify`, bound as dispatch binds them
+(an FP8 backward's gradient scales excepted: sized as delayed scaling sizes them, _gradient_bounds).
 
 Every graph tensor is allocated with the dims, strides and dtype the graph declared (as
 runtime/plans.Plan allocates and conforms tensors); outputs that dispatch allocates zeroed under a
@@ -212,10 +213,13 @@ def _gradient_bounds(bound: Bound) -> dict[str, float]:
     """The magnitudes an FP8 backward's scales are sized for (worked out once per check): dS's ("dP")
     from dtypes.fp8_gradient_bounds of the backward's real inputs, whole tensors as dispatch reads
     them; each gradient's from its real largest magnitude (the reference's), as delayed scaling sizes
-    it once its amax history holds the step, or its bound where the reference gave none."""
+    it once its amax history holds the step (with a power of two of headroom), or its bound where the
+    reference gave none."""
     if not bound.gradient_bounds:
         found = _bounds_of(bound)
-        found.update({n: a for n, a in bound.gradient_amax.items() if 0.0 < a < float("inf")})
+        # One power of two of headroom (TransformerEngine's `margin` of 1): the kernel's gradient may
+        # exceed the reference's largest by its rounding, and past the type's top it saturates.
+        found.update({n: 2.0 * a for n, a in bound.gradient_amax.items() if 0.0 < a < float("inf")})
         bound.gradient_bounds = found
     return bound.gradient_bounds
 
@@ -258,10 +262,10 @@ def _fp8_backward_scalar(bound: Bound, build: GraphBuild, name: str) -> float:
 
 
 def _fp8_scalar(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
-    """An FP8 graph's scale tensor as dispatch binds it (runtime/fp8.py): the inputs' descales, P's
+    """An FP8 graph's scale tensor: as dispatch binds it (runtime/fp8.py) the inputs' descales, P's
     fixed scale, and O's scale where O is FP8: sized for O's type from V's largest real value (O is a
     convex combination of V's rows; V's own scale when they share a type), else 1; the backward's
-    (_fp8_backward_scalar)."""
+    (_fp8_backward_scalar, whose gradient scales are verify's own)."""
     if name in _FP8_BACKWARD_SCALARS:
         value = _fp8_backward_scalar(bound, build, name)
     elif name == "scale_s":
