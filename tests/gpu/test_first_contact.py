@@ -20,7 +20,9 @@ import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
 from fusedattn_select.runtime.dispatcher import dispatcher
-from fusedattn_select.runtime import tiers
+from fusedattn_select.runtime import fallback, tiers
+from fusedattn_select.runtime.args import Arguments, call_options
+from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.api import attention, dispatch_info
 from fusedattn_select.runtime.reference import reference_attention_bshd
 
@@ -82,6 +84,32 @@ def test_a_new_signature_runs_torch_then_swaps_in_cudnn_with_the_same_results(mo
     assert swapped.fused and not swapped.torch_because and swapped.forward is not None
     assert measured and measured[0].torch_us > 0 and measured[0].cudnn_us > 0
     assert dispatch_info()["plan_builds"] == before["plan_builds"], "the caller built a plan: the worker should have"
+
+
+@pytest.mark.parametrize("case,kernel", [
+    ("tiny", "efficient"), ("tiny causal", "efficient"), ("decode", "grouped"), ("decode b2", "grouped"),
+    ("decode, many keys", "flash"), ("tiny, training", "flash"), ("prefill", "flash"),
+])
+def test_the_torch_runner_calls_its_kernel_with_the_reference_results(case, kernel):
+    # Small inference calls run on the memory-efficient kernel (decode steps with grouped KV heads as
+    # grouped views), the rest on flash; each as exact as the reference.
+    b, sq, skv, hq, hkv, d = {"tiny": (1, 64, 64, 1, 1, 64), "tiny causal": (2, 100, 100, 4, 4, 128),
+                              "decode": (1, 1, 300, 12, 4, 64), "decode b2": (2, 1, 333, 14, 2, 64),
+                              "decode, many keys": (1, 1, 2000, 12, 4, 64),
+                              "tiny, training": (1, 64, 64, 1, 1, 64), "prefill": (1, 700, 700, 12, 4, 64)}[case]
+    training = case.endswith("training")
+    q, _, _ = _tensors(b, sq, hq, hkv, d, seed=3, grad=training)
+    _, k, v = _tensors(b, skv, hq, hkv, d, seed=4, grad=training)
+    q = q.detach().transpose(1, 2).requires_grad_(training)  # as transformers gives them: q a view,
+    k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_(training) for t in (k, v))  # K/V a cache's
+    mask = "causal" if sq > 1 else "no_mask"
+    with torch.set_grad_enabled(training):
+        opts = call_options(q, k, v, OptionalInputs(None, None, None, None, None), Arguments(layout="bhsd", mask=mask))
+        assert fallback.torch_kernel(q, k, v, 0.0, sq > 1, training) == kernel
+        out = fallback.torch_call(opts, q, k, v)(q, k, v)
+    ref = reference_attention_bshd(*(t.detach().double().transpose(1, 2) for t in (q, k, v)), mask=mask)
+    assert out.shape == q.shape
+    assert_close(out.transpose(1, 2), ref, TOL_OUT, f"{case} out")
 
 
 def test_the_measured_choice_serves_new_shapes_of_its_bucket_at_once():
