@@ -141,9 +141,8 @@ _efficient = getattr(torch, "_scaled_dot_product_efficient_attention", None)
 
 
 # Inference calls at most this small run on the memory-efficient kernel even where flash takes them:
-# its host time per call is lower, and while the keys are few its kernel is no slower (H100
-# measurements: tools/results/torch-kernels-h100.json, docs/dispatch.md). Decode steps with grouped
-# KV heads run there too, with each KV head's group of query heads as its query rows.
+# its host time per call is lower, and while the keys are few its kernel is no slower
+# (tools/bench_torch_runner.py; docs/dispatch.md).
 SMALL_KEYS = 512
 SMALL_SCORES = 1 << 22  # batch * query heads * query rows * keys
 
@@ -162,7 +161,6 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     gqa = qb.shape[1] != kb.shape[1]
     dropout, scale, lse = opts.dropout, opts.attn_scale, opts.training
     kernel = torch_kernel(qb, kb, vb, dropout, causal, lse)
-    grouped = grouped_dims(qb, kb, vb) if kernel == "grouped" else None
     # The caller's dims to BHSD (what the kernels take) and back; none for BHSD itself.
     to, back = (None, None) if opts.layout == "bhsd" else (TO_BHSD[opts.layout], FROM_BHSD[opts.layout])
 
@@ -173,9 +171,6 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             out = _flash(q, k, v, dropout, causal, False, scale=scale)[0]
         elif kernel == "efficient":  # its log-sum-exp only where a backward needs it
             out = _efficient(q, k, v, None, lse, dropout, causal, scale=scale)[0]
-        elif grouped is not None:
-            gq, gk, gv, gout = grouped
-            out = _efficient(q.view(gq), k.view(gk), v.view(gv), None, False, dropout, False, scale=scale)[0].view(gout)
         elif gqa:
             out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True)
         else:
@@ -192,47 +187,26 @@ def small(qb: torch.Tensor, kb: torch.Tensor) -> bool:
     return keys <= SMALL_KEYS and batch * heads * rows * keys <= SMALL_SCORES
 
 
-def grouped_dims(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> Optional[tuple]:
-    """(q, k, v, out) dims that view a one-row decode step with grouped KV heads, without copies, as
-    a call without grouping: (batch * KV heads, 1, group, D) queries against (batch * KV heads, 1,
-    keys, D) keys and values, the output viewed back as (B, Hq, 1, Dv); None where the memory does
-    not view that way."""
-    b, hq, sq, d = qb.shape
-    _, hkv, skv, _ = kb.shape
-    dv = vb.shape[3]
-    if sq != 1 or hq == hkv or hq % hkv:
-        return None
-    dims = (b * hkv, 1, hq // hkv, d), (b * hkv, 1, skv, d), (b * hkv, 1, skv, dv), (b, hq, 1, dv)
-    try:
-        qb.view(dims[0]), kb.view(dims[1]), vb.view(dims[2])
-    except RuntimeError:  # strides that do not merge
-        return None
-    return dims
-
-
 def torch_kernel(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, dropout: float, causal: bool,
                  lse: bool) -> str:
-    """The kernel the torch runner calls: "efficient" (or "grouped": a decode step's grouped views,
-    see grouped_dims) for a small inference call that kernel takes, else "flash" or "efficient"
-    where torch's own checks let that kernel take the problem as given (SDPA pads a head dim that
-    is not a multiple of 8 and makes the last dim contiguous first; the memory-efficient kernel
-    takes no GQA), else "sdpa"."""
+    """The kernel the torch runner calls: "efficient" for a `small` inference call (no log-sum-exp
+    wanted) without grouped KV heads that kernel takes; else "flash" or "efficient" where torch's
+    own checks let that kernel take the problem as given (SDPA pads a head dim that is not a
+    multiple of 8 and makes the last dim contiguous first; the memory-efficient kernel takes no
+    GQA); else "sdpa"."""
     if not qb.is_cuda or _flash is None or _efficient is None:
         return "sdpa"
     if qb.shape[-1] % 8 or vb.shape[-1] % 8 or any(t.stride(-1) != 1 for t in (qb, kb, vb)):
         return "sdpa"
     gqa = qb.shape[1] != kb.shape[1]
     try:
-        if not lse and small(qb, kb):
-            dims = grouped_dims(qb, kb, vb) if gqa and not causal else None
-            views = (qb.view(dims[0]), kb.view(dims[1]), vb.view(dims[2])) if dims else (qb, kb, vb)
-            if (dims or not gqa) and torch.backends.cuda.can_use_efficient_attention(
-                    torch.backends.cuda.SDPAParams(*views, None, dropout, causal, False), False):
-                return "grouped" if dims else "efficient"
         params = torch.backends.cuda.SDPAParams(qb, kb, vb, None, dropout, causal, gqa)
+        efficient = not gqa and torch.backends.cuda.can_use_efficient_attention(params, False)
+        if efficient and not lse and small(qb, kb):
+            return "efficient"
         if torch.backends.cuda.can_use_flash_attention(params, False):
             return "flash"
-        if not gqa and torch.backends.cuda.can_use_efficient_attention(params, False):
+        if efficient:
             return "efficient"
     except (AttributeError, TypeError, RuntimeError):  # an older torch: SDPA chooses
         pass

@@ -87,15 +87,15 @@ def test_a_new_signature_runs_torch_then_swaps_in_cudnn_with_the_same_results(mo
 
 
 @pytest.mark.parametrize("case,kernel", [
-    ("tiny", "efficient"), ("tiny causal", "efficient"), ("decode", "grouped"), ("decode b2", "grouped"),
+    ("tiny", "efficient"), ("tiny causal", "efficient"), ("decode MHA", "efficient"), ("decode GQA", "flash"),
     ("decode, many keys", "flash"), ("tiny, training", "flash"), ("prefill", "flash"),
 ])
 def test_the_torch_runner_calls_its_kernel_with_the_reference_results(case, kernel):
-    # Small inference calls run on the memory-efficient kernel (decode steps with grouped KV heads as
-    # grouped views), the rest on flash; each as exact as the reference.
+    # Small inference calls without grouped KV heads run on the memory-efficient kernel, the rest on
+    # flash; each as exact as the reference.
     b, sq, skv, hq, hkv, d = {"tiny": (1, 64, 64, 1, 1, 64), "tiny causal": (2, 100, 100, 4, 4, 128),
-                              "decode": (1, 1, 300, 12, 4, 64), "decode b2": (2, 1, 333, 14, 2, 64),
-                              "decode, many keys": (1, 1, 2000, 12, 4, 64),
+                              "decode MHA": (2, 1, 333, 12, 12, 64), "decode GQA": (1, 1, 300, 12, 4, 64),
+                              "decode, many keys": (1, 1, 2000, 12, 12, 64),
                               "tiny, training": (1, 64, 64, 1, 1, 64), "prefill": (1, 700, 700, 12, 4, 64)}[case]
     training = case.endswith("training")
     q, _, _ = _tensors(b, sq, hq, hkv, d, seed=3, grad=training)
