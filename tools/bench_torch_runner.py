@@ -44,14 +44,21 @@ def _synced_us(torch: Any, fn: Any, calls: int = 150) -> float:
     return statistics.median(times)
 
 
-def _back_to_back_us(torch: Any, fn: Any, calls: int = 200) -> float:
-    fn()
+def _back_to_back_us(torch: Any, fn: Any, calls: int = 200, warm: bool = True) -> float:
+    if warm:
+        fn()
     torch.cuda.synchronize()
     started = time.perf_counter()
     for _ in range(calls):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - started) / calls * 1e6
+
+
+def _kernels(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> dict[str, Any]:
+    """Each kernel as the torch runner calls it for an inference call."""
+    return {"flash": lambda: torch._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)[0],
+            "efficient": lambda: torch._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.0, causal)[0]}
 
 
 def kernel_rows(torch: Any) -> list[dict[str, Any]]:
@@ -62,9 +69,7 @@ def kernel_rows(torch: Any) -> list[dict[str, Any]]:
     for mask, b, h, s, d in SHAPES:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
         causal = mask == "causal"
-        kernels = {"flash": lambda: torch._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)[0],
-                   "efficient": lambda: torch._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.0,
-                                                                                      causal)[0]}
+        kernels = _kernels(torch, q, k, v, causal)
         disagree = (kernels["flash"]() - kernels["efficient"]()).abs().max().item()
         row: dict[str, Any] = {"mask": mask, "b": b, "h": h, "s": s, "d": d,
                                "picked": fallback.torch_kernel(q, k, v, 0.0, causal, False),
@@ -88,6 +93,7 @@ def encoder_rows(torch: Any) -> list[dict[str, Any]]:
     from fusedattn_select.runtime.api import attention, dispatch_info
 
     hidden = HEADS * HEAD_DIM
+    pinned = {"sdpa flash": SDPBackend.FLASH_ATTENTION, "sdpa efficient": SDPBackend.EFFICIENT_ATTENTION}
     results = []
     for batch, seqlen in ENCODERS:
         torch.manual_seed(0)
@@ -109,14 +115,13 @@ def encoder_rows(torch: Any) -> list[dict[str, Any]]:
         def sdpa(q: Any, k: Any, v: Any) -> Any:
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
 
-        pinned = {"sdpa flash": SDPBackend.FLASH_ATTENTION, "sdpa efficient": SDPBackend.EFFICIENT_ATTENTION}
-
         def run(side: str) -> float:
             with torch.no_grad():
                 if side in pinned:
                     with sdpa_kernel(pinned[side]):
-                        return _forwards_us(torch, lambda: forward(sdpa))
-                return _forwards_us(torch, lambda: forward(attention if side == "attention()" else sdpa))
+                        return _back_to_back_us(torch, lambda: forward(sdpa), FORWARDS, warm=False)
+                return _back_to_back_us(torch, lambda: forward(attention if side == "attention()" else sdpa), FORWARDS,
+                                        warm=False)
 
         sides = ("attention()", "sdpa default", "sdpa flash", "sdpa efficient")
         before = dispatch_info()
@@ -135,15 +140,6 @@ def encoder_rows(torch: Any) -> list[dict[str, Any]]:
                         "paired_time_ratio_median": paired, "attention_calls": served, "rounds": rounds})
         print(f"encoder b{batch} s{seqlen}: {median}; {paired}; attention() calls {served}", flush=True)
     return results
-
-
-def _forwards_us(torch: Any, forward: Any) -> float:
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(FORWARDS):
-        forward()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) / FORWARDS * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
