@@ -143,7 +143,7 @@ _efficient = getattr(torch, "_scaled_dot_product_efficient_attention", None)
 # Inference calls at most this small run on the memory-efficient kernel even where flash takes them:
 # its host time per call is lower, and while the keys are few its kernel is no slower
 # (tools/bench_torch_runner.py; docs/dispatch.md).
-SMALL_KEYS = 512
+SMALL_KEYS = 384
 SMALL_SCORES = 1 << 22  # batch * query heads * query rows * keys
 
 

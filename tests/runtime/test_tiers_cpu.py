@@ -167,7 +167,7 @@ def test_small_bounds_keys_and_scores():
         return fallback.small(torch.empty(b, h, sq, 8), torch.empty(b, h, skv, 8))
     assert small(1, 1, 64, 64) and small(2, 14, 1, fallback.SMALL_KEYS)
     assert not small(1, 1, 1, fallback.SMALL_KEYS + 1)
-    assert small(16, 32, 16, 512) and not small(16, 32, 17, 512)  # 16 * 32 * 16 * 512 == SMALL_SCORES
+    assert small(64, 1, 256, 256) and not small(64, 1, 257, 256)  # 64 * 256 * 256 == SMALL_SCORES
 
 
 def test_torch_kernel_on_cpu_is_sdpa():
