@@ -118,6 +118,14 @@ class Dispatcher:
         # plans (`loading_streams`, streams.py).
         self.per_thread = threading.local()
 
+    def first_time(self, note: str) -> bool:
+        """Whether `note` is said for the first time in this process (it counts as said from now on)."""
+        with self.log_lock:
+            if note in self.told:
+                return False
+            self.told.add(note)
+            return True
+
     def clear(self) -> None:
         """Forget every decision, count, runner choice and plan (clear_plans): the next call of each
         signature decides again. The loaded compiled module, the worker, the kernels and whether the

@@ -260,12 +260,9 @@ def bound_scaled_gradients(cfg) -> str:
 
 def tell_bound_scaled_gradients() -> None:
     """Log, once per process, that FP8 training runs the bf16 backward for bound_scaled_gradients' reason."""
-    with dispatcher.log_lock:
-        if BOUND_SCALED_GRADIENTS in dispatcher.told:
-            return
-        dispatcher.told.add(BOUND_SCALED_GRADIENTS)
-    log.warning("fusedattn_select: fp8=True training runs the FP8 forward and the bf16 backward: %s",
-                BOUND_SCALED_GRADIENTS)
+    if dispatcher.first_time(BOUND_SCALED_GRADIENTS):
+        log.warning("fusedattn_select: fp8=True training runs the FP8 forward and the bf16 backward: %s",
+                    BOUND_SCALED_GRADIENTS)
 
 
 def backward_feeds(plan, cfg, saved: tuple, out: torch.Tensor, grad_out: torch.Tensor, stats: torch.Tensor

@@ -85,8 +85,5 @@ def tell_forward_only(new, refused: str) -> None:
     """Log, once per process, that FP8 training runs the FP8 forward with the backward in the inputs'
     precision because `refused` (forward_only's answer); call once the entry's plans are built."""
     note = FP8_BACKWARD_REFUSED.format(dtype=new.backward_cfg.qkv_dtype)
-    with dispatcher.log_lock:
-        if note in dispatcher.told:
-            return
-        dispatcher.told.add(note)
-    log.warning("fusedattn_select: %s (%s)", note, refused)
+    if dispatcher.first_time(note):
+        log.warning("fusedattn_select: %s (%s)", note, refused)

@@ -428,3 +428,26 @@ def test_an_entry_decided_under_capture_as_itself_is_not_its_own_cudnn_entry(iso
     monkeypatch.setattr(tiers.entries, "new_entry", lambda *args: found)
     assert tiers.cudnn_entry(found, entries.key(q, k, v, opts, NONE), q, k, v, NONE, None) is found
     assert found.cudnn is None
+
+
+# ----- notes said once per process (Dispatcher.first_time) ------------------------------------------
+def test_first_time_is_true_once_per_note_across_threads_and_survives_clear():
+    from fusedattn_select.runtime.dispatcher import Dispatcher
+
+    fresh = Dispatcher()
+    answers: list[bool] = []
+    start = threading.Barrier(8)
+
+    def ask() -> None:
+        start.wait()
+        answers.append(fresh.first_time("a note"))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(answers) == [False] * 7 + [True]
+    assert fresh.first_time("another note")
+    fresh.clear()  # forgets decisions, not what was said
+    assert not fresh.first_time("a note")
