@@ -149,19 +149,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     if torch.compiler.is_compiling():
         return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),
                                       Arguments._make(given))
-    table = dispatcher.native_call  # the compiled module's table of lean calls (None: not loaded)
-    if (table is not None and fp8 is False and return_lse is False and bias is None and alibi_slopes is None
-            and sink is None and seqlens_q is None and seqlens_kv is None):
-        out = table(q, k, v, given[:TABLE_ARITY])
-        if out is not None:
-            return out
+    # Each condition is read once: this is the host time of every call.
+    no_tensors = bias is None and alibi_slopes is None and sink is None
+    no_lengths = seqlens_q is None and seqlens_kv is None
+    lean_call = no_tensors and no_lengths and fp8 is False and return_lse is False  # what the compiled table runs
+    if lean_call:
+        table = dispatcher.native_call  # the compiled module's table of lean calls (None: not loaded)
+        if table is not None:
+            out = table(q, k, v, given[:TABLE_ARITY])
+            if out is not None:
+                return out
     found = call_key = None
     # The hot path: a call with no optional tensors but sequence lengths is found by its arguments
     # as given and its tensors' properties. The key holds every value validation looks at, so
     # validation runs once per call signature; arguments whose type alone is wrong never make a key.
     # An FP8History is keyed by its output precision: the history itself is per call, not per signature.
-    if (bias is None and alibi_slopes is None and sink is None and (type(fp8) is bool or type(fp8) is FP8History)
-            and type(deterministic) is bool and type(return_lse) is bool and _no_bools(given)):
+    if (no_tensors and (type(fp8) is bool or type(fp8) is FP8History) and type(deterministic) is bool
+            and type(return_lse) is bool and _no_bools(given)):
         training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         arguments = given if type(fp8) is bool else given[:_FP8_FIELD] + ((FP8History, fp8.o_dtype), return_lse)
         try:
@@ -169,7 +173,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             found = dispatcher.by_call.get(call_key)
         except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
             call_key = None
-    if bias is None and alibi_slopes is None and sink is None and seqlens_q is None and seqlens_kv is None:
+    if no_tensors and no_lengths:
         inputs = _NO_INPUTS
     else:
         inputs = OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv)
@@ -177,9 +181,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         found = _decide(q, k, v, inputs, Arguments._make(given))
         if call_key is not None:
             entries.remember_call(call_key, found)
-    if call_key is not None and fp8 is False and return_lse is False and inputs is _NO_INPUTS:
+    if lean_call and found.lean is not None and call_key is not None:
         _table_remember(found, q, k, v, given[:TABLE_ARITY])
-    return _run(found, q, k, v, inputs, fp8, return_lse)
+    return _RUNNERS[found.runner](found, q, k, v, inputs, fp8, return_lse)
 
 
 def _table_remember(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple) -> None:
