@@ -9,6 +9,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from fusedattn_select.buckets import Bucket
 from fusedattn_select.runtime import reference
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
@@ -142,8 +143,10 @@ _efficient = getattr(torch, "_scaled_dot_product_efficient_attention", None)
 
 # Inference calls at most this small run on the memory-efficient kernel even where flash takes them:
 # its host time per call is lower, and while the keys are few its kernel is no slower
-# (tools/bench_torch_runner.py; docs/dispatch.md).
-SMALL_KEYS = 384
+# (tools/bench_torch_runner.py; docs/dispatch.md). The bounds hold for a call's shape bucket
+# (buckets.Bucket), so every call of a bucket runs one kernel and the runner choice measured for
+# the bucket (tiers.py) is that kernel's.
+SMALL_KEYS = 512
 SMALL_SCORES = 1 << 22  # batch * query heads * query rows * keys
 
 
@@ -181,10 +184,10 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 
 def small(qb: torch.Tensor, kb: torch.Tensor) -> bool:
-    """Whether a logical-BHSD problem is within SMALL_KEYS and SMALL_SCORES."""
-    batch, heads, rows, _ = qb.shape
-    keys = kb.shape[2]
-    return keys <= SMALL_KEYS and batch * heads * rows * keys <= SMALL_SCORES
+    """Whether a logical-BHSD problem's shape bucket is within SMALL_KEYS and SMALL_SCORES."""
+    bucket = Bucket.of(qb.shape[0], qb.shape[2], kb.shape[2])
+    return (bucket.seqlen_kv <= SMALL_KEYS
+            and bucket.batch * qb.shape[1] * bucket.seqlen_q * bucket.seqlen_kv <= SMALL_SCORES)
 
 
 def torch_kernel(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, dropout: float, causal: bool,

@@ -162,12 +162,40 @@ def test_torch_call_matches_sdpa_computed_directly(layout, mask, sq, hkv, dtype)
         torch.testing.assert_close(out.float(), reference(layout, mask, *tensors, scale), atol=tol, rtol=tol)
 
 
-def test_small_bounds_keys_and_scores():
+def test_small_bounds_the_keys_and_scores_of_the_calls_bucket():
     def small(b, h, sq, skv):
         return fallback.small(torch.empty(b, h, sq, 8), torch.empty(b, h, skv, 8))
     assert small(1, 1, 64, 64) and small(2, 14, 1, fallback.SMALL_KEYS)
     assert not small(1, 1, 1, fallback.SMALL_KEYS + 1)
     assert small(64, 1, 256, 256) and not small(64, 1, 257, 256)  # 64 * 256 * 256 == SMALL_SCORES
+    # Every call of a bucket gets one answer: lengths and batch sizes are taken as the bucket's.
+    assert small(1, 12, 1, 300) == small(1, 12, 1, 512) and small(1, 12, 300, 300) == small(1, 12, 512, 512)
+    assert small(48, 1, 256, 256) == small(64, 1, 256, 256) and not small(65, 1, 256, 256)
+
+
+class _Cuda(torch.Tensor):
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("case,training,hkv,skv,flash,efficient,kernel", [
+    ("small inference", False, 4, 64, True, True, "efficient"),
+    ("small training (log-sum-exp wanted)", True, 4, 64, True, True, "flash"),
+    ("small inference with grouped KV heads", False, 2, 64, True, True, "flash"),
+    ("inference past SMALL_KEYS", False, 4, 1024, True, True, "flash"),
+    ("flash refuses it", False, 4, 1024, False, True, "efficient"),
+    ("neither takes it", False, 4, 64, False, False, "sdpa"),
+])
+def test_torch_kernel_picks_by_torchs_checks_and_the_bounds(monkeypatch, case, training, hkv, skv, flash,
+                                                            efficient, kernel):
+    # torch's own checks answered here (they need CUDA tensors); the choice between them is ours.
+    monkeypatch.setattr(torch.backends.cuda, "SDPAParams", lambda *args: args)
+    monkeypatch.setattr(torch.backends.cuda, "can_use_flash_attention", lambda params, debug: flash)
+    monkeypatch.setattr(torch.backends.cuda, "can_use_efficient_attention", lambda params, debug: efficient)
+    q = torch.empty(1, 4, 64, 64).as_subclass(_Cuda)
+    k, v = (torch.empty(1, hkv, skv, 64).as_subclass(_Cuda) for _ in range(2))
+    assert fallback.torch_kernel(q, k, v, 0.0, False, training) == kernel, case
 
 
 def test_torch_kernel_on_cpu_is_sdpa():
