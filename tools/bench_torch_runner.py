@@ -27,6 +27,8 @@ import statistics
 import time
 from typing import Any
 
+from tools.first_contact.sides import timed_ms
+
 SHAPES = [(kind, b, h, s, d) for s in (64, 128, 256, 384, 512, 768, 1024, 2048) for b, h in ((1, 1), (1, 12), (4, 32))
           for kind, d in (("no_mask", 64), ("causal", 128))]
 ENCODERS = ((1, 128), (4, 128), (1, 384))
@@ -34,14 +36,7 @@ HEADS, HEAD_DIM, LAYERS, ROUNDS, FORWARDS = 12, 64, 12, 10, 20
 
 
 def _synced_us(torch: Any, fn: Any, calls: int = 150) -> float:
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - started) * 1e6)
-    return statistics.median(times)
+    return statistics.median(timed_ms(torch, fn) * 1e3 for _ in range(calls))
 
 
 def _back_to_back_us(torch: Any, fn: Any, calls: int = 200, warm: bool = True) -> float:

@@ -173,12 +173,6 @@ def test_small_bounds_the_keys_and_scores_of_the_calls_bucket():
     assert small(48, 1, 256, 256) == small(64, 1, 256, 256) and not small(65, 1, 256, 256)
 
 
-class _Cuda(torch.Tensor):
-    @property
-    def is_cuda(self) -> bool:
-        return True
-
-
 @pytest.mark.parametrize("case,training,hkv,skv,flash,efficient,kernel", [
     ("small inference", False, 4, 64, True, True, "efficient"),
     ("small training (log-sum-exp wanted)", True, 4, 64, True, True, "flash"),
@@ -193,8 +187,8 @@ def test_torch_kernel_picks_by_torchs_checks_and_the_bounds(monkeypatch, case, t
     monkeypatch.setattr(torch.backends.cuda, "SDPAParams", lambda *args: args)
     monkeypatch.setattr(torch.backends.cuda, "can_use_flash_attention", lambda params, debug: flash)
     monkeypatch.setattr(torch.backends.cuda, "can_use_efficient_attention", lambda params, debug: efficient)
-    q = torch.empty(1, 4, 64, 64).as_subclass(_Cuda)
-    k, v = (torch.empty(1, hkv, skv, 64).as_subclass(_Cuda) for _ in range(2))
+    q = torch.empty(1, 4, 64, 64).as_subclass(ClaimsCuda)
+    k, v = (torch.empty(1, hkv, skv, 64).as_subclass(ClaimsCuda) for _ in range(2))
     assert fallback.torch_kernel(q, k, v, 0.0, False, training) == kernel, case
 
 
