@@ -99,6 +99,7 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
 
 
 _NO_INPUTS = OptionalInputs(None, None, None, None, None)
+_NO_WINDOW = (-1, -1)  # attention()'s default window_size, told apart by identity
 # Where `fp8` sits among attention()'s arguments: an FP8History is keyed by its output precision.
 _FP8_FIELD = Arguments._fields.index("fp8")
 
@@ -108,11 +109,11 @@ def _no_bools(given: tuple) -> bool:
     holding one would find the entry of the number and skip the check that refuses it."""
     _, _, window, attn_scale, dropout = given[:5]  # Arguments' order
     return (attn_scale.__class__ is not bool and dropout.__class__ is not bool
-            and (window.__class__ is not tuple or bool not in map(type, window)))
+            and (window is _NO_WINDOW or window.__class__ is not tuple or bool not in map(type, window)))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Optional[str] = None,
-              mask: str = "no_mask", window_size: tuple[int, int] = (-1, -1), attn_scale: Optional[float] = None,
+              mask: str = "no_mask", window_size: tuple[int, int] = _NO_WINDOW, attn_scale: Optional[float] = None,
               dropout: float = 0.0, bias: Optional[torch.Tensor] = None, alibi_slopes: Optional[torch.Tensor] = None,
               softmax: str = "vanilla", sink: Optional[torch.Tensor] = None,
               seqlens_q: Optional[torch.Tensor] = None, seqlens_kv: Optional[torch.Tensor] = None,

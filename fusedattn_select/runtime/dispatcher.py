@@ -26,8 +26,24 @@ COUNTERS = ("calls", "fused_calls", "fallback_calls", "entries_built", "promotio
 PLAN_COUNTERS = ("builds", "build_ms", "build_failures", "loads", "load_ms", "load_failures", "executes")
 
 
+class Job(Future):
+    """A Future whose `finished` is a plain attribute: a waiting signature reads it on every call,
+    and Future.done() takes a lock. It turns True just before the outcome is set, so a reader that
+    sees it waits a moment in result() at most, and whoever waited on the outcome sees it True."""
+
+    finished = False
+
+    def set_result(self, result: Any) -> None:
+        self.finished = True
+        super().set_result(result)
+
+    def set_exception(self, exception: Optional[BaseException]) -> None:
+        self.finished = True
+        super().set_exception(exception)
+
+
 class Preparer:
-    """One daemon thread that runs jobs in the order they came and hands each result to its Future."""
+    """One daemon thread that runs jobs in the order they came and hands each result to its Job."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -35,8 +51,8 @@ class Preparer:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
 
-    def submit(self, job: Callable[[], Any]) -> Future:
-        future: Future = Future()
+    def submit(self, job: Callable[[], Any]) -> Job:
+        future = Job()
         self._jobs.put((job, future))
         with self._lock:
             if self._thread is None or not self._thread.is_alive():

@@ -23,12 +23,12 @@ from fusedattn_select.planning.planner import with_fp8_outputs
 from fusedattn_select.result import Selection
 from fusedattn_select.types import Backend
 from fusedattn_select.runtime import dense_builds, fallback_log, plans, ragged
-from fusedattn_select.runtime.dispatcher import dispatcher
+from fusedattn_select.runtime.dispatcher import Job, dispatcher
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
 from fusedattn_select.runtime import fp8_training
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, Formats, bhsd, formats
+from fusedattn_select.runtime.tensor_layouts import Formats, bhsd, formats, from_bhsd
 from fusedattn_select.runtime.lean import Lean, mark_lean, relean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config, standard_alibi
@@ -83,7 +83,7 @@ class Entry:
     heads: Optional[HeadsAsBatch] = None
     # Run by torch SDPA, and why: its cuDNN runner is not ready (`waiting` prepares it) or measured slower (tiers.py).
     torch_because: str = ""
-    waiting: Optional[Future] = None
+    waiting: Optional[Job] = None
     torch_call: Any = None               # (q, k, v) -> out on torch SDPA, made once (fallback.torch_call)
     cudnn: Optional[Entry] = None        # a torch-run signature's cuDNN entry, for paths that never switch
     # What runs its calls (RUNNERS), chosen by `settle` once the entry is decided.
@@ -361,7 +361,7 @@ def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.
     new.selection = selection
     new.heads = HeadsAsBatch(inner, q_dims, k_dims, v_dims, out_dims, new.opts.layout)
     if inner.lean is not None:  # the plans bind memory, not views: the caller's tensors as they are
-        out, q = caller_out(new.heads), qb.permute(FROM_BHSD[new.opts.layout])
+        out, q = caller_out(new.heads), from_bhsd(qb, new.opts.layout)
         new.forward = inner.forward
         new.lean = relean(new, inner.lean, out=out, out_like_q=out == (tuple(q.shape), q.stride()))
     return True

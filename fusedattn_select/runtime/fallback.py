@@ -13,7 +13,7 @@ from fusedattn_select.buckets import Bucket
 from fusedattn_select.runtime import reference
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, TO_BHSD, bhsd
+from fusedattn_select.runtime.tensor_layouts import bhsd, from_bhsd
 
 FALLBACK_TORCH = "torch_sdpa"
 FALLBACK_REFERENCE = "reference"
@@ -96,7 +96,7 @@ def fallback_forward(kind: str, options: CallOptions, q: torch.Tensor, k: torch.
             dropout=options.dropout, softmax=options.softmax, return_lse=options.return_lse)
         result = reference.attend(qb, kb, vb, reference_options, reference.ReferenceTensors(*inputs))
         out, lse = result if options.return_lse else (result, None)
-    return out.permute(FROM_BHSD[options.layout]), lse
+    return from_bhsd(out, options.layout), lse
 
 
 @contextlib.contextmanager
@@ -164,12 +164,10 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     gqa = qb.shape[1] != kb.shape[1]
     dropout, scale, lse = opts.dropout, opts.attn_scale, opts.training
     kernel = torch_kernel(qb, kb, vb, dropout, causal, lse)
-    # The caller's dims to BHSD (what the kernels take) and back; none for BHSD itself.
-    to, back = (None, None) if opts.layout == "bhsd" else (TO_BHSD[opts.layout], FROM_BHSD[opts.layout])
+    layout = opts.layout
 
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if to is not None:
-            q, k, v = q.permute(to), k.permute(to), v.permute(to)
+        q, k, v = bhsd(q, layout), bhsd(k, layout), bhsd(v, layout)  # what the kernels take
         if kernel == "flash":
             out = _flash(q, k, v, dropout, causal, False, scale=scale)[0]
         elif kernel == "efficient":  # its log-sum-exp only where a backward needs it
@@ -178,7 +176,7 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True)
         else:
             out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
-        return out if back is None else out.permute(back)
+        return from_bhsd(out, layout)
 
     return call
 

@@ -12,7 +12,7 @@ from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.plans import Plan
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd
+from fusedattn_select.runtime.tensor_layouts import bhsd, from_bhsd
 
 
 class Saved(NamedTuple):
@@ -73,7 +73,7 @@ def _bucket_forward(entry: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.
     _common_feeds(plan, feeds, inputs._replace(seqlens_q=None, seqlens_kv=None), rng)
     o = ragged.empty_like_bshd(q, vb.shape[3], qb.shape[1], zeroed=padded)
     outs = plan.execute(feeds, {"o": o})
-    return Saved(o.transpose(1, 2).permute(FROM_BHSD[entry.opts.layout]), outs.get("stats"), rng, None)
+    return Saved(from_bhsd(o.transpose(1, 2), entry.opts.layout), outs.get("stats"), rng, None)
 
 
 def _bucket_backward(entry: Entry, gb: torch.Tensor, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
@@ -128,7 +128,7 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         o = fp8q.dequantize(o, fp8q.at(saved_fp8[3], "descale_o"), o_dtype)
     if entry.f16_backward:
         saved_fp8 = None  # the backward runs in the input precision from q, k, v themselves
-    return Saved(o.permute(FROM_BHSD[opts.layout]), outs.get("stats"), rng, saved_fp8)
+    return Saved(from_bhsd(o, opts.layout), outs.get("stats"), rng, saved_fp8)
 
 
 def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -152,7 +152,6 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
     if not entry.bucketed:
         _common_feeds(plan, feeds, inputs, saved.rng)
         outs = plan.execute(feeds)
-    back = FROM_BHSD[layout]
     grads = []
     for name, like in (("dQ", q), ("dK", k), ("dV", v)):
         grad = outs[name]
@@ -160,7 +159,7 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
             grad = fp8q.dequantize(grad, descales[name], like.dtype)
         elif grad.dtype != like.dtype:
             grad = grad.to(like.dtype)
-        grads.append(grad.permute(back))
+        grads.append(from_bhsd(grad, layout))
     dq, dk, dv = grads
     dbias = dsink = None
     if opts.bias_grad and "dBias" in outs:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd, from_bhsd
 
 Dims = tuple[int, int, int, int]
 
@@ -68,8 +68,6 @@ def caller_out(heads: HeadsAsBatch) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def as_heads(heads: HeadsAsBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The caller's q, k, v as the heads-as-batch call's ("bshd")."""
-    if heads.layout == "bhsd":
-        return q.view(heads.q), k.view(heads.k), v.view(heads.v)
     layout = heads.layout
     return bhsd(q, layout).view(heads.q), bhsd(k, layout).view(heads.k), bhsd(v, layout).view(heads.v)
 
@@ -77,4 +75,4 @@ def as_heads(heads: HeadsAsBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 def back(heads: HeadsAsBatch, out: torch.Tensor) -> torch.Tensor:
     """The heads-as-batch call's output as the caller's (its layout, head_dim_v last)."""
     out = out.view(heads.out)
-    return out if heads.layout == "bhsd" else out.permute(FROM_BHSD[heads.layout])
+    return from_bhsd(out, heads.layout)

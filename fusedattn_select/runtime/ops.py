@@ -23,7 +23,7 @@ from fusedattn_select.runtime.fallback import fallback_backward, fallback_forwar
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.fused import Saved, fused_backward, fused_forward
 from fusedattn_select.runtime.heads import as_heads, back
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd, empty_bhsd, physical_format
+from fusedattn_select.runtime.tensor_layouts import bhsd, empty_bhsd, from_bhsd, physical_format
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 
 _DESCALES = ("descale_q", "descale_k", "descale_v")
@@ -119,7 +119,7 @@ def _attention_fwd_fake(*args: Any) -> tuple[torch.Tensor, ...]:
     b, h, s, _ = qb.shape
     dims = (b, h, s, vb.shape[3])
     out_dtype = dtypes.torch_dtype(opts.o_dtype, torch) if opts.o_dtype else q.dtype
-    out = empty_bhsd(dims, physical_format(qb, layout) or layout, out_dtype, q.device).permute(FROM_BHSD[layout])
+    out = from_bhsd(empty_bhsd(dims, physical_format(qb, layout) or layout, out_dtype, q.device), layout)
     stats_shape = (b, h, s, 1) if opts.training or opts.return_lse else (0,)
     stats = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
     rng = torch.empty(2 if opts.training and opts.dropout > 0 else 0, dtype=torch.int64, device=q.device)

@@ -166,7 +166,7 @@ def run(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run_dec
         if fixed is not found:
             return run_decided(fixed, q, k, v, NO_INPUTS, False, False)
     job = found.waiting
-    if job is not None and job.done() and not (q.is_cuda and entries.is_capturing()):  # never swap inside a graph
+    if job is not None and job.finished and not (q.is_cuda and entries.is_capturing()):  # never swap inside a graph
         new = swap(found, job, q, k, v, run_decided)
         if new is not found:
             return run_decided(new, q, k, v, NO_INPUTS, False, False)

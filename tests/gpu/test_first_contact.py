@@ -88,14 +88,15 @@ def test_a_new_signature_runs_torch_then_swaps_in_cudnn_with_the_same_results(mo
 
 @pytest.mark.parametrize("case,kernel", [
     ("tiny", "efficient"), ("tiny causal", "efficient"), ("decode MHA", "efficient"), ("decode GQA", "flash"),
-    ("decode, many keys", "flash"), ("tiny, training", "flash"), ("prefill", "flash"),
+    ("decode, many keys", "flash"), ("many scores", "flash"), ("tiny, training", "flash"), ("prefill", "flash"),
 ])
-def test_the_torch_runner_calls_its_kernel_with_the_reference_results(case, kernel):
+def test_the_torch_runner_calls_its_kernel_with_the_reference_results(case, kernel, monkeypatch):
     # Small inference calls without grouped KV heads run on the memory-efficient kernel, the rest on
-    # flash; each as exact as the reference.
+    # flash ("many scores": 512 keys at most, but more than SMALL_SCORES scores in its bucket); each
+    # as exact as the reference, in every dim order the caller may give.
     b, sq, skv, hq, hkv, d = {"tiny": (1, 64, 64, 1, 1, 64), "tiny causal": (2, 100, 100, 4, 4, 128),
                               "decode MHA": (2, 1, 333, 12, 12, 64), "decode GQA": (1, 1, 300, 12, 4, 64),
-                              "decode, many keys": (1, 1, 2000, 12, 12, 64),
+                              "decode, many keys": (1, 1, 2000, 12, 12, 64), "many scores": (8, 256, 256, 16, 16, 64),
                               "tiny, training": (1, 64, 64, 1, 1, 64), "prefill": (1, 700, 700, 12, 4, 64)}[case]
     training = case.endswith("training")
     q, _, _ = _tensors(b, sq, hq, hkv, d, seed=3, grad=training)
@@ -103,13 +104,23 @@ def test_the_torch_runner_calls_its_kernel_with_the_reference_results(case, kern
     q = q.detach().transpose(1, 2).requires_grad_(training)  # as transformers gives them: q a view,
     k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_(training) for t in (k, v))  # K/V a cache's
     mask = "causal" if sq > 1 else "no_mask"
-    with torch.set_grad_enabled(training):
-        opts = call_options(q, k, v, OptionalInputs(None, None, None, None, None), Arguments(layout="bhsd", mask=mask))
-        assert fallback.torch_kernel(q, k, v, 0.0, sq > 1, training) == kernel
-        out = fallback.torch_call(opts, q, k, v)(q, k, v)
+    called = []
+    for name in ("_flash", "_efficient"):
+        real = getattr(fallback, name)
+        monkeypatch.setattr(fallback, name, lambda *args, _real=real, _name=name, **kw: called.append(_name) or
+                            _real(*args, **kw))
     ref = reference_attention_bshd(*(t.detach().double().transpose(1, 2) for t in (q, k, v)), mask=mask)
-    assert out.shape == q.shape
-    assert_close(out.transpose(1, 2), ref, TOL_OUT, f"{case} out")
+    for layout, dims, back in (("bhsd", (0, 1, 2, 3), (0, 1, 2, 3)), ("bshd", (0, 2, 1, 3), (0, 2, 1, 3)),
+                               ("sbhd", (2, 0, 1, 3), (1, 2, 0, 3))):
+        given = tuple(t.permute(dims) for t in (q, k, v))  # the same memory in the caller's dim order
+        with torch.set_grad_enabled(training):
+            opts = call_options(*given, OptionalInputs(None, None, None, None, None),
+                                Arguments(layout=layout, mask=mask))
+            assert fallback.torch_kernel(q, k, v, 0.0, sq > 1, training) == kernel
+            out = fallback.torch_call(opts, *given)(*given)
+        assert out.shape == given[0].shape, layout
+        assert_close(out.permute(back).transpose(1, 2), ref, TOL_OUT, f"{case} {layout} out")
+    assert called == [f"_{kernel}"] * 3, f"the torch runner called {called}"
 
 
 def test_the_measured_choice_serves_new_shapes_of_its_bucket_at_once():

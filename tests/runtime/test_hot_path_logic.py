@@ -15,7 +15,7 @@ from fusedattn_select.runtime import api, entries, lean, plans
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.args import Arguments
 from fusedattn_select.runtime.run_settings import run_settings
-from fusedattn_select.runtime.tensor_layouts import LAYOUTS, TO_BHSD
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, LAYOUTS, TO_BHSD, bhsd, from_bhsd
 from fusedattn_select.runtime.options import CallOptions
 
 BF16 = torch.bfloat16
@@ -29,6 +29,20 @@ def _bhsd_view(layout: str, shape: tuple[int, ...]) -> torch.Tensor:
 
 def _spec(view: torch.Tensor, dtype=BF16) -> plans.TensorSpec:
     return plans.TensorSpec(tuple(view.shape), tuple(view.stride()), dtype)
+
+
+# ----- the views of a call: bhsd / from_bhsd ---------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bhsd_and_from_bhsd_are_the_layouts_permutations_without_a_copy(layout):
+    t = torch.randn(CALLER_SHAPES[layout])
+    view = bhsd(t, layout)
+    expected = t.permute(TO_BHSD[layout])
+    assert view.shape == expected.shape == (2, 3, 5, 4) and view.stride() == expected.stride()
+    assert view.data_ptr() == t.data_ptr() and torch.equal(view, expected)
+    back = from_bhsd(view, layout)
+    assert back.shape == t.shape and back.stride() == t.stride() and torch.equal(back, t)
+    out = torch.randn(2, 3, 5, 4)  # a kernel's BHSD output in the caller's dim order
+    assert from_bhsd(out, layout).stride() == out.permute(FROM_BHSD[layout]).stride()
 
 
 # ----- _same_memory / caller_geometry ----------------------------------------------------------------
@@ -300,6 +314,7 @@ def test_a_bool_is_refused_after_a_call_with_the_number_it_equals(valid, bad):
     api.attention(q, k, v, mask="causal", **valid)
     with pytest.raises(ConfigError, match=next(iter(bad))):
         api.attention(q, k, v, mask="causal", **bad)
+
 
 
 @pytest.mark.usefixtures("no_platform")

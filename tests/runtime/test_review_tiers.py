@@ -14,7 +14,6 @@ import logging
 import threading
 import types
 import weakref
-from concurrent.futures import Future
 
 import pytest
 
@@ -22,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import api, dense_builds, entries, fallback, tiers
-from fusedattn_select.runtime.dispatcher import Preparer, dispatcher
+from fusedattn_select.runtime.dispatcher import Job, Preparer, dispatcher
 from fusedattn_select.runtime.args import Arguments, call_options
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH
@@ -62,7 +61,7 @@ class FakeEvent:
 
 
 def done(value):
-    future: Future = Future()
+    future = Job()
     future.set_result(value)
     return future
 
@@ -147,7 +146,7 @@ class _SavesLikeLean(torch.autograd.Function):
 def test_a_swap_between_a_checkpointed_forward_and_its_recompute(isolated):
     q, k, v = (t.requires_grad_() for t in qkv(s=32))
     opts = opts_of(q, k, v)
-    job: Future = Future()
+    job = Job()
     # The signature was decided by an un-checkpointed layer's call: torch until its plans are ready.
     waiting = Entry(opts, fallback=FALLBACK_TORCH, torch_because="its cuDNN plans are not ready yet", waiting=job,
                     torch_call=tiers.torch_call(opts, q, k, v))
@@ -193,6 +192,18 @@ def test_a_failed_preparation_does_not_keep_its_dummies_alive(monkeypatch):
     assert isinstance(job.exception(timeout=30), RuntimeError)
     gc.collect()
     assert seen and all(ref() is None for ref in seen), "the dummies are alive while the failed job is kept"
+
+
+def test_a_preparers_job_is_finished_once_its_result_or_error_is_set():
+    # A waiting signature reads `finished` on every call, never Future.done() (which takes a lock).
+    release = threading.Event()
+    preparer = Preparer("test-prepare")
+    job = preparer.submit(lambda: release.wait(30) and "prepared")
+    failed = preparer.submit(lambda: 1 / 0)
+    assert not job.finished and not job.done()
+    release.set()
+    assert job.result(timeout=30) == "prepared" and job.finished
+    assert isinstance(failed.exception(timeout=30), ZeroDivisionError) and failed.finished
 
 
 # ----- settings the store takes with a warning stop every preparation --------------------------------

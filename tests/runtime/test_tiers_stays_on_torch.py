@@ -1,13 +1,12 @@
 """Defect 5: a re-decision on the caller's geometry that fails keeps torch, says why once and counts it."""
 import logging
-from concurrent.futures import Future
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from fusedattn_select.runtime import tiers
-from fusedattn_select.runtime.dispatcher import dispatcher
+from fusedattn_select.runtime.dispatcher import Job, dispatcher
 from fusedattn_select.runtime.entries import Entry
 from test_tiers_cpu import CFG, opts_of
 
@@ -17,7 +16,7 @@ def test_a_failed_redecision_on_the_callers_strides_keeps_torch_says_why_and_cou
     monkeypatch.setitem(dispatcher.counters, "stays_on_torch", 0)
     q = torch.randn(2, 16, 4, 64, dtype=torch.bfloat16)
     k = v = torch.randn(2, 4096, 4, 64, dtype=torch.bfloat16)[:, :16]  # rows of a longer cache
-    waiting, job = Entry(opts_of(q, k, v), cfg=CFG), Future()
+    waiting, job = Entry(opts_of(q, k, v), cfg=CFG), Job()
     waiting.waiting = job
     job.set_result(Entry(opts_of(q, k, v), cfg=CFG))  # fused, decided on compact dummies
     caplog.set_level(logging.WARNING, logger="fusedattn_select")
