@@ -36,13 +36,6 @@ backward pass uses cuDNN's softmax stats saved by the forward pass and the calle
 
 Eager calls run through a torch.autograd.Function (fused.py); under torch.compile the same work
 runs inside the custom ops `fusedattn_select::attention_fwd` / `attention_bwd` (ops.py).
-
-Where things live: dispatcher.py (the Dispatcher: every table, counter and cache the runtime keeps),
-args.py (argument checks, CallOptions of a call), options.py (CallOptions and its flat form for the
-custom ops), tensor_layouts.py (dim orders and memory layouts), problem.py (the AttnConfig of a call),
-entries.py (deciding a signature, its runner, promotion), tiers.py (first contact: torch while plans
-are prepared, measured runner choices), fused.py (the cuDNN path), lean.py (the lean path),
-fallback.py (torch SDPA / reference.py), plans.py (cuDNN plans), ops.py (custom ops).
 """
 
 from __future__ import annotations

@@ -47,8 +47,6 @@ MODES = settings.DENSE_BUILD_MODES
 PROCESS, INLINE = MODES
 
 
-
-
 def plan_phases(cfg: AttnConfig, backend: Backend, return_lse: bool,
                 backward_cfg: AttnConfig | None = None) -> list[tuple[AttnConfig, Backend, Phase]]:
     """The (config, backend, phase) of each plan attention() runs for `cfg` selected for `backend`:
@@ -77,15 +75,19 @@ def in_background(selector: Selector) -> tuple[str, int] | None:
 def ask(selector: Selector, cfg: AttnConfig, return_lse: bool) -> Future | None:
     """The worker's job building `cfg`'s own plans into the store, or None: build them inline (see
     `in_background`; or the worker cannot start, or died at startup twice in this process)."""
-    where = in_background(selector)
+    return _ask({"config": cfg.to_dict(), "return_lse": return_lse}, in_background(selector),
+                "for dense plans (%s: %s); building them inline")
+
+
+def _ask(job: dict, where: tuple[str, int] | None, failed: str) -> Future | None:
+    """`job` submitted to the worker with the store and device `where`; None (logged with `failed`)
+    where there is no worker."""
     if where is None or dispatcher.worker_deaths >= MAX_DEATHS:
         return None
     try:
-        return _submit({"config": cfg.to_dict(), "return_lse": return_lse, "store_dir": where[0],
-                        "device": where[1]})
+        return _submit(dict(job, store_dir=where[0], device=where[1]))
     except (OSError, ValueError, subprocess.SubprocessError) as err:
-        log.warning("fusedattn_select: no worker process for dense plans (%s: %s); building them inline",
-                    type(err).__name__, err)
+        log.warning("fusedattn_select: no worker process " + failed, type(err).__name__, err)
         return None
 
 
@@ -107,21 +109,14 @@ def ask_decide(selector: Selector | None, signature: tuple, where: tuple[str, in
     device) stands for `selector`'s. Its result is a JSON text: {"reason": why it falls back or "",
     "forms": [bucket forms it selected, as dicts]}."""
     where = where or (in_background(selector) if selector is not None else None)
-    if where is None or dispatcher.worker_deaths >= MAX_DEATHS:
-        return None
     opts = signature[0]
     # Compact strides of the call's dim order (tiers.dummies): the worker allocates what it decides
     # on, and a slice of a long cache would cost it the cache's whole span; what the caller's own
     # strides decide is decided again in the calling process (tiers.for_callers_geometry).
     tensors = [[list(signature[i + 2]), list(dense_strides(signature[i + 2], signature[i + 3])),
                 str(signature[i + 1]).rsplit(".", 1)[-1]] for i in (1, 5, 9)]
-    try:
-        return _submit({"kind": "decide", "options": dataclasses.asdict(opts), "tensors": tensors,
-                        "store_dir": where[0], "device": where[1]})
-    except (OSError, ValueError, subprocess.SubprocessError) as err:
-        log.warning("fusedattn_select: no worker process to prepare plans (%s: %s); building them here",
-                    type(err).__name__, err)
-        return None
+    return _ask({"kind": "decide", "options": dataclasses.asdict(opts), "tensors": tensors}, where,
+                "to prepare plans (%s: %s); building them here")
 
 
 def cudnn_missing() -> str:

@@ -39,24 +39,29 @@ AHEAD_MAX_TOKENS = 32768
 ASKED, AHEAD_PRIORITY = 0, 1
 
 
-def build(config: dict, return_lse: bool, store_dir: str, device: int) -> str:
-    """The dense answer of `config` (stored), then its plans (stored); "" or why not."""
+def _store_plans(selector: Any, cfg: AttnConfig, backend: Any, return_lse: bool, device: int) -> str:
+    """Build the plans of `cfg` selected for `backend` into the store; "" or why not (recorded)."""
     import torch
 
     from fusedattn_select.runtime import plans
 
+    for plan_cfg, plan_backend, phase in plan_phases(cfg, backend, return_lse):
+        try:
+            plans.obtain_plan(plan_cfg, plan_backend, phase, torch.device("cuda", device), selector=selector)
+        except plans.PlanBuildError as err:
+            selector.record_build_failure(cfg, err.verdict)
+            return err.verdict.reason()
+    return ""
+
+
+def build(config: dict, return_lse: bool, store_dir: str, device: int) -> str:
+    """The dense answer of `config` (stored), then its plans (stored); "" or why not."""
     selector = worker_selector(store_dir, device)
     cfg = AttnConfig.from_dict(config)
     selection = selector.select_dense(cfg)
     if not selection.selected:
         return selection.message
-    for plan_cfg, backend, phase in plan_phases(cfg, selection.backend, return_lse):
-        try:
-            plans.obtain_plan(plan_cfg, backend, phase, torch.device("cuda", device), selector=selector)
-        except plans.PlanBuildError as err:
-            selector.record_build_failure(cfg, err.verdict)
-            return err.verdict.reason()
-    return ""
+    return _store_plans(selector, cfg, selection.backend, return_lse, device)
 
 
 def decide(job: dict) -> tuple[str, tuple[AttnConfig, bool] | None]:
@@ -90,23 +95,13 @@ def ahead_buckets(call_cfg: AttnConfig) -> list[Bucket]:
 
 def build_ahead(call_cfg: AttnConfig, bucket: Bucket, return_lse: bool, store_dir: str, device: int) -> str:
     """Select and build the plans of `call_cfg`'s class at `bucket`, into the store; "" or why not."""
-    import torch
-
-    from fusedattn_select.runtime import plans
-
     selector = worker_selector(store_dir, device)
     cfg = call_cfg.replace(seqlen_q=bucket.seqlen_q, seqlen_kv=bucket.seqlen_kv)
     selection = selector.select_own(cfg)
     form = selector.bucket_for(cfg)
     if not selection.selected or form is None or selection.plan.kind is not PlanKind.BUCKET:
         return selection.message or f"runs {selection.plan_form} plans, not a bucket's"
-    for plan_cfg, backend, phase in plan_phases(form, selection.backend, return_lse):
-        try:
-            plans.obtain_plan(plan_cfg, backend, phase, torch.device("cuda", device), selector=selector)
-        except plans.PlanBuildError as err:
-            selector.record_build_failure(form, err.verdict)
-            return err.verdict.reason()
-    return ""
+    return _store_plans(selector, form, selection.backend, return_lse, device)
 
 
 def _run_ahead(job: dict) -> dict | None:

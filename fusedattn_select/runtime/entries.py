@@ -24,11 +24,11 @@ from fusedattn_select.result import Selection
 from fusedattn_select.types import Backend
 from fusedattn_select.runtime import dense_builds, fallback_log, plans, ragged
 from fusedattn_select.runtime.dispatcher import Job, dispatcher
-from fusedattn_select.runtime.fallback import FALLBACK_TORCH, fallback_kind
+from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, torch_sdpa_blocker
 from fusedattn_select.runtime import fp8_training
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
-from fusedattn_select.runtime.tensor_layouts import Formats, bhsd, formats, from_bhsd
+from fusedattn_select.runtime.tensor_layouts import bhsd, formats, from_bhsd
 from fusedattn_select.runtime.lean import Lean, mark_lean, relean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.problem import config, standard_alibi
@@ -58,7 +58,6 @@ class Entry:
     fallback: str = FALLBACK_TORCH
     cfg: Optional[AttnConfig] = None
     selection: Optional[Selection] = None
-    formats: Optional[Formats] = None
     forward: Optional[plans.Plan] = None
     backward: Optional[plans.Plan] = None
     rng: Optional[torch.Tensor] = None   # per-entry [seed, offset] counter for dropout
@@ -106,10 +105,6 @@ class Entry:
         if stats is None or not self.bucketed:
             return stats
         return stats[:batch, :, :seqlen_q]
-
-
-# The Dispatcher's two tables of decisions: `entries` by `key`, and `by_call` by `fast_key` (calls with
-# no optional tensors but lengths), filled from `entries` when a call of such a signature is first decided.
 
 
 def _signature(t: Optional[torch.Tensor]) -> Any:
@@ -167,10 +162,10 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
              scales: Optional[FP8Scales]) -> Entry:
     opts: CallOptions = signature[0]
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
-    new = Entry(opts, fallback=fallback_kind(opts, qb, kb, inputs.alibi_slopes is not None))
-    new.formats = formats(qb, kb, vb, opts.layout)
+    blocked = torch_sdpa_blocker(opts, qb, kb, inputs.alibi_slopes is not None)
+    new = Entry(opts, fallback=FALLBACK_REFERENCE if blocked else FALLBACK_TORCH)
     try:
-        new.cfg = config(qb, kb, vb, new.formats, opts, inputs, scales)
+        new.cfg = config(qb, kb, vb, formats(qb, kb, vb, opts.layout), opts, inputs, scales)
     except ConfigError as err:
         new.reason = f"no fused config: {err}"
         return new
@@ -243,10 +238,6 @@ def remember_call(call_key: tuple, found: Entry) -> None:
 # by every layer, then never again) or a step's new length never pays a build, at any depth.
 STEADY_SHARE = 0.5
 MAX_PASS = 128
-# The Dispatcher counts calls per problem class (AttnConfig.shape_class_key) run by bucket plans
-# (`class_calls`), and keeps per class the signature called most recently for the first time
-# (`newest`) and the calls its predecessor had by then (`class_pass`: what one pass over the
-# model's layers makes of a shape).
 
 
 def count_call(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Entry:
@@ -447,22 +438,22 @@ def _captured_entry(signature: tuple, new: Entry) -> Entry:
     return twin
 
 
+def problem_key(found: Entry, unknown: str = "unconfigurable problem") -> str:
+    """The cache key of the problem an entry runs (its call's, for bucket plans), else `unknown`."""
+    cfg = found.call_cfg or found.cfg
+    return cfg.cache_key() if cfg is not None else unknown
+
+
 def log_fallback(found: Entry) -> None:
     """Log that calls of the entry's problem fall back, and why: once per problem (its cache key
     and reason), whichever call signatures of it (attention(), the SDPA drop-in) run it."""
     if found.logged:
         return
-    cfg = found.call_cfg or found.cfg
-    problem = cfg.cache_key() if cfg is not None else "unconfigurable problem"
-
-    def same_problem(other: Entry) -> bool:
-        other_cfg = other.call_cfg or other.cfg
-        other_problem = other_cfg.cache_key() if other_cfg is not None else "unconfigurable problem"
-        return other_problem == problem and other.reason == found.reason
-
+    problem = problem_key(found)
     # The entries table is the record of what was logged: clear_plans() forgets both at once.
     with dispatcher.log_lock:
-        logged = any(other.logged and same_problem(other) for other in dispatcher.entries.values())
+        logged = any(other.logged and problem_key(other) == problem and other.reason == found.reason
+                     for other in dispatcher.entries.values())
         found.logged = True
     if not logged:
         where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "reference.py"

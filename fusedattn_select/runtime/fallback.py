@@ -49,10 +49,6 @@ def sdpa_mask_form(mask: str, seqlen_q: int, seqlen_kv: int) -> str:
     return "causal" if mask == "causal" else "none"
 
 
-def fallback_kind(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor, has_alibi: bool) -> str:
-    return FALLBACK_REFERENCE if torch_sdpa_blocker(options, qb, kb, has_alibi) else FALLBACK_TORCH
-
-
 def _dequantized(t: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (t.float() * descale.float().reshape(1)).to(dtype)
 

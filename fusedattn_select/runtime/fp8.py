@@ -42,7 +42,7 @@ from fusedattn_select import dtypes
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8_kernels as fp8k
 from fusedattn_select.runtime.dispatcher import dispatcher
-from fusedattn_select.runtime.fp8_kernels import FP8_MAX, MAX_SCALE, STATE, Delayed
+from fusedattn_select.runtime.fp8_kernels import FP8_MAX, MAX_SCALE, STATE, Delayed, dequantize  # noqa: F401
 
 log = logging.getLogger("fusedattn_select")
 
@@ -162,20 +162,9 @@ class FP8History:
         return Delayed(self._buf, self.length, self.margin, self.algo == "most_recent", fresh)
 
 
-def pow2_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, limit: float = 0.0,
-               compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def pow2_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, limit: float = 0.0) -> torch.Tensor:
     """Largest power of two s with amax * s <= limit (default: the dtype's max), as float32."""
-    top = limit or FP8_MAX[fp8_dtype]
-    return fp8k.pow2_scale_torch(amax, top, MAX_SCALE.get(compute_dtype, 2.0 ** 100))
-
-
-def dequantize(x8: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x8 * descale in `dtype`, one pass (fp8_kernels.dequantize)."""
-    return fp8k.dequantize(x8, descale, dtype)
-
-
-def _row_norm_max(x: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(x.detach(), dim=-1, dtype=torch.float32).amax()
+    return fp8k.pow2_scale_torch(amax, limit or FP8_MAX[fp8_dtype], MAX_SCALE[torch.float32])
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8_dtype: torch.dtype, *,
@@ -203,17 +192,11 @@ def explicit_state(scales: FP8Scales, v8: torch.Tensor, o_dtype: torch.dtype) ->
     return torch.cat(descales + [unknown, unknown, amax_v, unknown, scale_o.reciprocal(), scale_o, unknown, unknown])
 
 
-def cells(state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Every entry of a state as a (1, 1, 1, 1) view, in STATE order (one call: a graph's scale
-    tensors are declared with that shape)."""
-    return state.view(len(STATE), 1, 1, 1, 1).unbind(0)
-
-
 def forward_feeds(plan, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, state: torch.Tensor
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(inputs of an sdpa_fp8 forward graph except masks/sink/seqlens, outputs it writes into
     `state`). O's scale is the state's (V's, where quantize() made it)."""
-    c = cells(state)
+    c = state.view(len(STATE), 1, 1, 1, 1).unbind(0)  # each entry as a graph's (1, 1, 1, 1) scale
     feeds = {"q": plan.conform("q", q8), "k": plan.conform("k", k8), "v": plan.conform("v", v8)}
     for name in ("descale_q", "descale_k", "descale_v"):
         feeds[name] = plan.conform(name, c[_AT[name]])
@@ -297,7 +280,8 @@ def backward_feeds(plan, cfg, saved: tuple, out: torch.Tensor, grad_out: torch.T
 
     bounds = dtypes.fp8_gradient_bounds(
         cfg.resolved_attn_scale, 1.0 / (1.0 - cfg.dropout), cfg.seqlen_q * (cfg.num_heads_q // cfg.num_heads_kv),
-        at(state, "amax_q"), at(state, "amax_k"), amax_do, _row_norm_max(grad_out), at(state, "vnorm"))
+        at(state, "amax_q"), at(state, "amax_k"), amax_do,
+        torch.linalg.vector_norm(grad_out.detach(), dim=-1, dtype=torch.float32).amax(), at(state, "vnorm"))
     scale_dp = pow2_scale(bounds.pop("dP"), torch.float8_e4m3fn, limit=dtypes.FP8_INTERNAL_RANGE)
     feeds["scale_dP"] = plan.conform("scale_dP", scale_dp)
     feeds["descale_dP"] = plan.conform("descale_dP", scale_dp.reciprocal())

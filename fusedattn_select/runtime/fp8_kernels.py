@@ -35,7 +35,6 @@ from fusedattn_select.runtime.run_settings import run_settings
 log = logging.getLogger("fusedattn_select")
 
 ENV_VAR = settings.FP8_KERNELS
-CHOICES = settings.FP8_KERNEL_CHOICES
 FP8_MAX = {dtypes.torch_dtype(name, torch): dtypes.BY_NAME[name].largest for name in dtypes.FP8_DTYPES}
 # The largest power-of-two scale a compute dtype can hold (fp16 overflows above 2**15).
 MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32: 2.0 ** 100}
@@ -44,9 +43,8 @@ MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32
 STATE = ("descale_q", "descale_k", "descale_v", "amax_q", "amax_k", "amax_v", "vnorm", "descale_o", "scale_o",
          "amax_s", "amax_o")
 
-# The amax pass: BLOCK elements per program and step, AMAX_PROGRAMS_PER_SM programs per SM. On the
-# H100 (b2 h32/8 d128 q, k, v) this reads 2.8-3.0 TB/s against 2.4-2.5 with 4096 and 3 per SM
-# (tools/bench_amax.py, tools/results/fp8-amax-h100.json).
+# The amax pass: BLOCK elements per program and step, AMAX_PROGRAMS_PER_SM programs per SM
+# (chosen by tools/bench_amax.py; docs/performance.md).
 _AMAX_BLOCK = 16384
 _AMAX_PROGRAMS_PER_SM = 6
 _CAST_BLOCK = 8192

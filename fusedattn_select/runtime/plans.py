@@ -71,7 +71,6 @@ class TensorSpec:
     dtype: torch.dtype
 
 
-
 # plan_stats() reports each of PLAN_COUNTERS (0 until counted); the *_ms ones sum milliseconds.
 def plan_stats() -> dict[str, float]:
     """Counters: plan builds (by dispatch), their ms and failures; plan loads (from the persistent
@@ -101,7 +100,6 @@ class Plan:
         self.device = device
         self.graph = build.graph
         self.workspace_size = int(build.workspace_size)
-        self.dynamic_shapes = bool(build.dynamic_shapes)
         self.cudnn_tensors: dict[str, Any] = dict(build.tensors)
         dims_strides: Mapping[str, Any] = build.dims_strides
         data_types: Mapping[str, Any] = build.data_types
@@ -112,7 +110,6 @@ class Plan:
         written = OUTPUT_NAMES[phase]
         self.outputs = tuple(n for n in self.cudnn_tensors if n in written)
         self.inputs = tuple(n for n in self.cudnn_tensors if n not in written)
-        self.position = {name: i for i, name in enumerate(self.outputs)}  # of each output in self.outputs
         # The graph's tensors in execute()'s binding order (inputs, then outputs), and their uids for
         # the frontend's ordered binding (None where this frontend has no uids to give).
         self.order = self.inputs + self.outputs
@@ -270,13 +267,6 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
 
-def _current_stream(device: torch.device) -> int:
-    """The current stream's handle as an int (the raw call skips building a torch Stream)."""
-    if _raw_stream is not None:
-        return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
-    return torch.cuda.current_stream(device).cuda_stream
-
-
 def _prepare_handle(device: torch.device) -> tuple[Any, int]:
     """(the cuDNN handle of this thread and device, pointed at the current torch stream; that stream).
 
@@ -288,9 +278,7 @@ def _prepare_handle(device: torch.device) -> tuple[Any, int]:
     handles = getattr(dispatcher.per_thread, "handles", None)
     if handles is None:
         handles = dispatcher.per_thread.handles = {}
-    index = device.index
-    if index is None:
-        index = torch.cuda.current_device()
+    index = device.index if device.index is not None else torch.cuda.current_device()
     slot = handles.get(index)
     if slot is None:
         slot = handles[index] = [cudnn_probe.handle_for(index), None]
@@ -304,9 +292,8 @@ def _prepare_handle(device: torch.device) -> tuple[Any, int]:
 
 
 # ----- workspace --------------------------------------------------------------------------------
-def workspace_for(device: torch.device, size: int, stream: Optional[int] = None) -> torch.Tensor:
-    """The workspace of (device, current stream), grown to at least `size` bytes (`stream`: the
-    current stream's handle, when the caller has it already).
+def workspace_for(device: torch.device, size: int, stream: int) -> torch.Tensor:
+    """The workspace of (device, `stream`: the current stream's handle), grown to at least `size` bytes.
 
     One buffer per stream: kernels on one stream run in order, so reuse is safe; a buffer is never
     shared across streams. Growth replaces the buffer (the caching allocator keeps the old one
@@ -317,8 +304,7 @@ def workspace_for(device: torch.device, size: int, stream: Optional[int] = None)
     size = max(size, 1)  # some frontend versions want a buffer even when the plan needs none
     if _capturing():
         return torch.empty(size, dtype=torch.uint8, device=device)
-    key = (device.index if device.index is not None else torch.cuda.current_device(),
-           _current_stream(device) if stream is None else stream)
+    key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
     buffer = dispatcher.workspaces.get(key)
     if buffer is None or buffer.numel() < size:
         with dispatcher.workspace_lock:
@@ -334,15 +320,13 @@ def workspace_bytes() -> int:
 
 
 # ----- building ---------------------------------------------------------------------------------
-def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, *,
-               kernel_cache: bool = False) -> Plan:
+def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device) -> Plan:
     """Build `phase` of `cfg` for `backend` on `device` (FULL depth: kernels compiled).
 
     Plans are built static, without cuDNN's dynamic shapes and kernel cache: a forward plan built
     from a kernel cache warmed by another sequence length of the same problem class returned wrong
     results (docs/performance.md, "Measured facts behind the design"). A new batch size or sequence
-    length therefore costs a full build once per process. `kernel_cache=True` restores the cached
-    path for a platform where it is known to be correct.
+    length therefore costs a full build once per process.
 
     Raises PlanBuildError carrying the verdict to record: UNSUPPORTED when cuDNN rejects the graph,
     FAILED for incidents (out of memory, CUDA errors) that say nothing about support.
@@ -351,15 +335,8 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
     started = time.perf_counter()
     try:
         with torch.cuda.device(index), cudnn_probe.device_context(index):
-            handle = cudnn_probe.handle_for(index)
-            cache = cudnn_probe.kernel_cache_for(cfg, backend, phase, index) if kernel_cache else None
-            try:
-                build = cudnn_probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL,
-                                                kernel_cache=cache)
-            except cudnn_probe.CudnnUnsupported as dynamic_rejection:
-                if cache is None or dynamic_rejection.stage == "graph_api":
-                    raise
-                build = cudnn_probe.build_graph(cfg, backend, phase, handle=handle, depth=ProbeDepth.FULL)
+            build = cudnn_probe.build_graph(cfg, backend, phase, handle=cudnn_probe.handle_for(index),
+                                            depth=ProbeDepth.FULL)
         plan = Plan(build, phase, device, cfg)
     except Exception as err:  # noqa: BLE001 - every failure becomes a recorded verdict
         verdict = cudnn_probe.verdict_from_exception(err, backend, phase, ProbeDepth.FULL, "build_plans")
@@ -373,9 +350,6 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
 
 
 # ----- finding a plan: this process, the persistent store, a build -------------------------------
-# The Dispatcher's `plans` by (device ordinal, plan key): call signatures that run the same graph
-# share one plan; `plans_by_problem` finds them by (device, problem, backend, phase).
-
 
 def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device, *,
                 selector: Optional[Selector] = None) -> Plan:

@@ -44,11 +44,6 @@ class Shape:
     v_step: int = 0
 
 
-def _offset_tensor_name(offset_name: str) -> str:
-    suffix = offset_name[len(_OFFSET_PREFIX):]
-    return _AXIS_TENSOR.get(suffix, suffix)
-
-
 # Ragged offsets are int32 element offsets into the caller's tensors.
 _OFFSET_LIMIT = 2 ** 31
 
@@ -83,7 +78,8 @@ def kv_steps(k_bhsd: torch.Tensor, v_bhsd: torch.Tensor) -> tuple[int, int]:
 
 def _offsets(plan: Plan, offset_name: str, shape: Shape) -> tuple[tuple, list[int]]:
     """(sharing key, the (B+1) element offsets) of the sequences of one tensor of `plan`."""
-    tensor = _offset_tensor_name(offset_name)
+    suffix = offset_name[len(_OFFSET_PREFIX):]
+    tensor = _AXIS_TENSOR.get(suffix, suffix)
     token_stride = plan.specs[tensor].strides[2]  # logical (B, H, S, D): the sequence stride
     seqlen = shape.seqlen_q if tensor in _QUERY_AXIS else shape.seqlen_kv
     slots = plan.specs[offset_name].dims[0]
@@ -130,9 +126,7 @@ def _upload(new: dict[tuple, list[int]], device: torch.device) -> dict[tuple, to
                              "offsets") from None
         flat.extend([0] * (-len(flat) % 4))
     # From pageable memory without waiting: CUDA stages the host values before the call returns and
-    # does not wait for queued work, where a blocking copy waits for the whole queue. On the H100 a
-    # new shape's tensors take 46 us this way against 113 us by the few kernels per tensor it
-    # replaced (tools/bench_bindings.py, tools/results/bindings-h100.json).
+    # does not wait for queued work, where a blocking copy waits for the whole queue (docs/shape-buckets.md).
     whole = torch.frombuffer(flat, dtype=torch.int32).to(device, non_blocking=True)
     return {key: whole.as_strided((count, 1, 1, 1), (1, 1, 1, 1), start) for key, start, count in spans}
 

@@ -18,8 +18,8 @@ TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
 FROM_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": (0, 1, 2, 3)}
 
 
-# transpose(1, 2) is bshd's permutation in both directions, and "bhsd" needs none: a call's views
-# are made on every call, and permute() takes about twice transpose()'s host time.
+# transpose(1, 2) is bshd's permutation in both directions, and "bhsd" needs none: cheaper than
+# permute() on every call (docs/dispatch.md).
 def bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
     """The logical (B, H, S, D) view of a tensor in the caller's dim order (no copy; `t` itself for "bhsd")."""
     if layout == "bshd":

@@ -89,7 +89,7 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
             if choice is None:
                 return keeper
         if timed:
-            log.info("fusedattn_select: %s: %s runs its bucket (%s)", _describe_entry(found),
+            log.info("fusedattn_select: %s: %s runs its bucket (%s)", entries.problem_key(found, "a call"),
                      "cuDNN" if choice.runner == CUDNN else "torch SDPA", choice.why())
         return apply_choice(found, choice, keeper)
 
@@ -205,7 +205,7 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     new = apply_choice(prepared, choice, waiting)
     entries.replace(waiting, new)
     dispatcher.counters["swaps"] += 1
-    log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", _describe_entry(prepared),
+    log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", entries.problem_key(prepared, "a call"),
              "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
     return new
 
@@ -232,13 +232,8 @@ def _stays_on_torch(waiting: Entry, because: str) -> Entry:
     """The signature runs on torch for good: why, logged once (one swap per signature), and counted."""
     waiting.torch_because = because
     dispatcher.counters["stays_on_torch"] += 1
-    log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(waiting), because)
+    log.warning("fusedattn_select: %s stays on torch SDPA: %s", entries.problem_key(waiting, "a call"), because)
     return waiting
-
-
-def _describe_entry(found: Entry) -> str:
-    cfg = found.call_cfg or found.cfg
-    return cfg.cache_key() if cfg is not None else "a call"
 
 
 def runner_key(found: Entry) -> str:
@@ -259,8 +254,6 @@ def cudnn_forward(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return fused_forward(found, q, k, v, NO_INPUTS, None)[0]
 
 
-# Runner choices by runner_key are the Dispatcher's `choices`: measured here, or read from the
-# persistent store; `failed_choices` holds the keys whose cuDNN runner failed when timed, with why.
 def load_choice(key: str) -> Choice | None:
     """The choice of `key`, read from the store into memory where this process has none yet, or
     None (off the caller's path only)."""
@@ -330,24 +323,17 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
             first = key not in dispatcher.failed_choices
             dispatcher.failed_choices[key] = keeper.torch_because
         if first:  # once per bucket: its other signatures stay on torch without timing again
-            log.warning("fusedattn_select: %s stays on torch SDPA: %s", _describe_entry(prepared),
+            log.warning("fusedattn_select: %s stays on torch SDPA: %s", entries.problem_key(prepared, "a call"),
                         keeper.torch_because)
         return None
-    torch_us, cudnn_us = (_median([s.elapsed_time(e) * 1e3 for s, e in pairs]) for pairs in timed)
+    # The median of ROUNDS (odd) timings each.
+    torch_us, cudnn_us = (sorted(s.elapsed_time(e) * 1e3 for s, e in pairs)[ROUNDS // 2] for pairs in timed)
     choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
     with dispatcher.choices_lock:
         dispatcher.choices[key] = choice
     dispatcher.counters["measured"] += 1
     runners.store(selection.default_selector(), key, choice)
     return choice
-
-
-def _median(values: list[float]) -> float:
-    # Not statistics.median: importing statistics imports decimal, which costs a fresh process
-    # 130-150 ms of import time on some Pythons (measured with -X importtime).
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def describe_choices() -> dict[str, str]:

@@ -36,10 +36,6 @@ ENV_VAR = "FUSEDATTN_SELECT_NATIVE"
 DIR_ENV = "FUSEDATTN_SELECT_NATIVE_DIR"
 SOURCE = Path(__file__).with_name("lean.cpp")  # it includes the headers beside it
 
-# The Dispatcher holds the loaded modules by name (None: did not load), the module whose table of
-# call signatures (lean.cpp) attention() asks first through `native_call` (call(q, k, v, arguments)
-# returns the output of a call the table holds, else None), and the background build.
-
 
 class NativeBuildError(RuntimeError):
     """The compiled lean path could not be built: what was missing or what the compiler said."""

@@ -168,7 +168,6 @@ class BackgroundBuild:
         log.warning("fusedattn_select: compiled lean path could not be built in the background (%s; log: %s); "
                     "calls run the Python lean path", detail, log_path)
 
-
     def _built(self, on_built: Callable[[], None], started: float) -> None:
         with self._lock:
             self.generation += 1
