@@ -316,7 +316,6 @@ def test_a_bool_is_refused_after_a_call_with_the_number_it_equals(valid, bad):
         api.attention(q, k, v, mask="causal", **bad)
 
 
-
 @pytest.mark.usefixtures("no_platform")
 def test_clear_plans_empties_by_call():
     q, k, v = _qkv(dtype=torch.float32)
