@@ -109,6 +109,8 @@ def ask_decide(selector: Selector | None, signature: tuple, where: tuple[str, in
     device) stands for `selector`'s. Its result is a JSON text: {"reason": why it falls back or "",
     "forms": [bucket forms it selected, as dicts]}."""
     where = where or (in_background(selector) if selector is not None else None)
+    if where is None:  # no worker: nothing to describe the signature to
+        return None
     opts = signature[0]
     # Compact strides of the call's dim order (tiers.dummies): the worker allocates what it decides
     # on, and a slice of a long cache would cost it the cache's whole span; what the caller's own

@@ -161,9 +161,11 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     dropout, scale, lse = opts.dropout, opts.attn_scale, opts.training
     kernel = torch_kernel(qb, kb, vb, dropout, causal, lse)
     layout = opts.layout
+    views = layout != "bhsd"  # a bhsd caller's tensors are what the kernels take
 
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q, k, v = bhsd(q, layout), bhsd(k, layout), bhsd(v, layout)  # what the kernels take
+        if views:
+            q, k, v = bhsd(q, layout), bhsd(k, layout), bhsd(v, layout)
         if kernel == "flash":
             out = _flash(q, k, v, dropout, causal, False, scale=scale)[0]
         elif kernel == "efficient":  # its log-sum-exp only where a backward needs it
@@ -172,7 +174,7 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True)
         else:
             out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
-        return from_bhsd(out, layout)
+        return from_bhsd(out, layout) if views else out
 
     return call
 

@@ -47,6 +47,7 @@ log = logging.getLogger("fusedattn_select")
 
 NO_INPUTS = OptionalInputs(None, None, None, None, None)
 ROUNDS = 3                  # timed forward calls per runner when both are ready
+assert ROUNDS % 2 == 1, "measure() takes the middle timing of ROUNDS"
 TORCH, CUDNN = runners.TORCH, runners.CUDNN
 Choice = runners.Choice
 
