@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 from fusedattn_select import offpath
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.layouts import dense_strides
 from fusedattn_select.runtime import dense_builds, entries
-from fusedattn_select.runtime.dispatcher import dispatcher
+from fusedattn_select.runtime.dispatcher import Job, dispatcher
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fused import fused_forward
 from fusedattn_select.runtime.lean import lean_forward
@@ -371,6 +372,31 @@ def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: t
         if why is not None:
             why.append(str(err))
         return None
+
+
+def start_early() -> Job | None:
+    """Make this process's selector on the preparing thread now, before any call, where the first
+    call's preparation would make it from a store that holds files (importing cuDNN and opening the
+    store hold the GIL for about a second: made during the first calls, that second slows them).
+    Its Job, or None where nothing is to be made: made already, no cuDNN frontend, or an empty
+    store, whose first decision goes to the worker before this process makes its selector
+    (`dense_builds.fresh_store_target`). A failure is left for the first call to meet and report."""
+    if selection.made_default_selector() is not None or dense_builds.cudnn_missing():
+        return None
+    try:
+        if dense_builds.fresh_store_target(0) is not None:  # (the device only says where a worker would build)
+            return None
+    except ConfigError:  # a store setting the first call reports
+        return None
+
+    def make() -> None:
+        try:
+            selection.default_selector()
+        except Exception as err:  # noqa: BLE001 - the first call makes it again and reports why it cannot
+            log.debug("fusedattn_select: the selector was not made ahead of the first call (%s: %s)",
+                      type(err).__name__, err)
+
+    return dispatcher.preparer.submit(make)
 
 
 def prepare(signature: tuple) -> Entry:

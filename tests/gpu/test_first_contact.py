@@ -223,3 +223,22 @@ def test_the_next_process_starts_with_the_measured_choice_and_the_buckets_built_
     second = _process(tmp_path, "plain")
     assert second["measured"] == 0, "the stored choice was measured again"
     assert second["swaps"] == 1 and second["runners"] == first["runners"]
+
+
+def test_start_early_makes_the_selector_in_the_background_from_a_store_that_holds_files():
+    from fusedattn_select.selection import selector as selection
+    from fusedattn_select.store.sqlite import DATABASE_NAME
+    from fusedattn_select.store.store_settings import default_cache_dir
+
+    assert tiers.start_early() is None, "an empty store: the worker decides first"
+    assert selection.made_default_selector() is None
+    made = selection.default_selector()
+    default_cache_dir().mkdir(parents=True, exist_ok=True)
+    (default_cache_dir() / DATABASE_NAME).touch(exist_ok=True)  # a store that holds a file
+    selection.set_default_selector(None)  # as a new process with this store
+    job = tiers.start_early()
+    assert job is not None
+    job.result(timeout=120)
+    again = selection.made_default_selector()
+    assert again is not None and again is not made and again.fingerprint == made.fingerprint
+    assert tiers.start_early() is None

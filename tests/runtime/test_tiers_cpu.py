@@ -132,6 +132,38 @@ def test_without_the_cudnn_frontend_torch_runs_each_signature_for_good_and_it_is
     assert caplog.text.count("is not installed") == 1
 
 
+def _no_submissions(monkeypatch) -> list:
+    submitted: list = []
+    monkeypatch.setattr(dispatcher.preparer, "submit", submitted.append)
+    return submitted
+
+
+def test_start_early_leaves_an_empty_store_to_the_worker(monkeypatch):
+    from fusedattn_select.selection import selector as selection
+
+    monkeypatch.setattr(dispatcher, "no_cudnn", "")  # as with the frontend installed
+    submitted = _no_submissions(monkeypatch)
+    assert tiers.start_early() is None  # this test's store directory holds no file
+    assert submitted == [] and selection.made_default_selector() is None
+
+
+def test_start_early_makes_nothing_without_the_frontend_or_once_the_selector_is_made(monkeypatch):
+    from fusedattn_select.selection import selector as selection
+    from fusedattn_select.store.sqlite import DATABASE_NAME
+    from fusedattn_select.store.store_settings import default_cache_dir
+
+    default_cache_dir().mkdir(parents=True)
+    (default_cache_dir() / DATABASE_NAME).touch()  # a store that holds a file: read before the worker asks
+    made = selection.default_selector()
+    submitted = _no_submissions(monkeypatch)
+    monkeypatch.setattr(dispatcher, "no_cudnn", "")
+    assert tiers.start_early() is None and selection.made_default_selector() is made
+    selection.set_default_selector(None)
+    monkeypatch.setattr(dispatcher, "no_cudnn", "the cuDNN frontend (module cudnn) is not installed")
+    assert tiers.start_early() is None
+    assert submitted == [] and selection.made_default_selector() is None
+
+
 # ----- torch_call --------------------------------------------------------------------------------------
 def reference(layout, mask, q, k, v, scale):
     """Float32 SDPA on BHSD views with an explicit mask and repeated KV heads."""

@@ -92,6 +92,17 @@ __all__ = [
 ]
 
 
+def _start_early() -> None:
+    """Let the runtime make its selector in the background while the caller loads its model (see
+    runtime/tiers.start_early), on a machine with a GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        from fusedattn_select.runtime import tiers
+
+        tiers.start_early()
+
+
 def register(name: str = ATTN_IMPLEMENTATION, *, model: Any = None, max_batch: int = 1,
              max_length: int | None = None, training: bool | None = None) -> str:
     """Register the "fusedattn" attention and mask functions with transformers; returns the name.
@@ -120,6 +131,7 @@ def register(name: str = ATTN_IMPLEMENTATION, *, model: Any = None, max_batch: i
     load()
     AttentionInterface.register(name, fusedattn_attention)
     AttentionMaskInterface.register(name, fusedattn_mask)
+    _start_early()
     if model is not None:
         queue_model(model, max_batch=max_batch, max_length=max_length, training=training)
     return name
