@@ -27,8 +27,8 @@ and found again by one dict lookup keyed on the tensors' shapes, strides and dty
 options; the hot path never probes, loads or builds. When
 the selection is NONE, or a graph that passed the fast probe fails to build (the selector's answer
 is then flipped with `record_build_failure`), the call falls back: to torch's own SDPA where it
-expresses the problem exactly, else to reference.py. Each fallback is logged once per problem,
-with its reason, on the "fusedattn_select" logger.
+expresses the problem exactly, else to the float32 reference (reference/autograd_reference.py). Each
+fallback is logged once per problem, with its reason, on the "fusedattn_select" logger.
 
 Training is detected, not declared: grad mode is on and q, k, v, bias or sink requires grad. The
 backward pass uses cuDNN's softmax stats saved by the forward pass and the caller's
@@ -119,7 +119,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             K/V may have fewer heads than Q (GQA/MQA) and another head dim for V.
         layout: "bshd", "sbhd" or "bhsd" (dim order of q, k, v and of the output); None = "bshd".
         mask: "no_mask", "causal", "causal_bottom_right", "padding", "padding_causal",
-            "padding_causal_bottom_right" (TransformerEngine names; see reference.py for meaning).
+            "padding_causal_bottom_right" (TransformerEngine names; see reference/semantics.py for meaning).
         window_size: sliding window (left, right), -1 = unbounded.
         attn_scale: score scale; None = 1/sqrt(head_dim).
         dropout: probability of dropping an attention weight (applied whenever > 0).
@@ -211,7 +211,7 @@ def _run_heads(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.
 
 def _run_fallback(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
                   fp8: Any, return_lse: bool) -> Any:
-    """Torch SDPA or reference.py, for a problem no fused backend runs (logged once per problem)."""
+    """Torch SDPA or the float32 reference, for a problem no fused backend runs (logged once per problem)."""
     counters = dispatcher.counters
     counters["calls"] += 1
     counters["fallback_calls"] += 1

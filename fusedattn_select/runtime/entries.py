@@ -42,7 +42,7 @@ log = logging.getLogger("fusedattn_select")
 
 # The runners of a decided signature: torch SDPA while its cuDNN plans are prepared or where it was
 # measured faster (tiers.py); its decode step's heads-as-batch call (heads.py); the fallback (torch
-# SDPA or reference.py) of a problem no fused backend runs; the cuDNN plans (bucket, dense, FP8, lean).
+# SDPA or the float32 reference) of a problem no fused backend runs; the cuDNN plans (bucket, dense, FP8, lean).
 RUN_TORCH, RUN_HEADS, RUN_FALLBACK, RUN_CUDNN = RUNNERS = ("torch", "heads", "fallback", "cudnn")
 # The runner of each backend's "yes" (backends.py): a backend selected without a runner here is
 # answered by select() and `why`, and attention() falls back for it.
@@ -456,5 +456,5 @@ def log_fallback(found: Entry) -> None:
                      for other in dispatcher.entries.values())
         found.logged = True
     if not logged:
-        where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "reference.py"
+        where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "the float32 reference"
         log.warning("%s", fallback_log.fallback_line(where, problem, found.reason))

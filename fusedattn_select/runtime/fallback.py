@@ -1,6 +1,7 @@
 """The fallback when no fused kernel runs a call: torch's own SDPA where it expresses the problem
-exactly, else reference.py. Both are differentiable with plain autograd. Also the torch runner of
-first contact (`torch_call`: torch's flash or memory-efficient kernel, called directly)."""
+exactly, else the float32 reference (reference/autograd_reference.py). Both are differentiable with
+plain autograd. Also the torch runner of first contact (`torch_call`: torch's flash or
+memory-efficient kernel, called directly)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from fusedattn_select.buckets import Bucket
-from fusedattn_select.runtime import reference
+from fusedattn_select.reference import autograd_reference
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.tensor_layouts import bhsd, from_bhsd
@@ -87,10 +88,11 @@ def fallback_forward(kind: str, options: CallOptions, q: torch.Tensor, k: torch.
     if kind == FALLBACK_TORCH:
         out = _torch_sdpa(options, qb, kb, vb, inputs.bias)
     else:
-        reference_options = reference.ReferenceOptions(
+        reference_options = autograd_reference.ReferenceOptions(
             mask=options.mask, window_size=options.window_size, attn_scale=options.attn_scale,
             dropout=options.dropout, softmax=options.softmax, return_lse=options.return_lse)
-        result = reference.attend(qb, kb, vb, reference_options, reference.ReferenceTensors(*inputs))
+        tensors = autograd_reference.ReferenceTensors(*inputs)
+        result = autograd_reference.attend(qb, kb, vb, reference_options, tensors)
         out, lse = result if options.return_lse else (result, None)
     return from_bhsd(out, options.layout), lse
 

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fusedattn_select")
 
 # Outputs whose padded rows cuDNN leaves unwritten: allocated zeroed under a padding mask so the
-# result matches reference.py (padded query rows and padded keys get 0).
+# result matches the float32 reference (padded query rows and padded keys get 0).
 ZEROED_WITH_PADDING = frozenset({"o", "dQ", "dK", "dV"})
 
 

@@ -1,5 +1,6 @@
 """The package's modules import one another without a cycle: every import counts, at module level or
-inside a function (a function-level import only hides a cycle until the function runs)."""
+inside a function (a function-level import only hides a cycle until the function runs). And two
+layering rules: the probe engines never reach the store; the reference imports no other package."""
 
 from __future__ import annotations
 
@@ -118,3 +119,15 @@ def test_the_probe_engines_do_not_import_the_store():
     assert f"{PACKAGE}.plan_store.keys" in reached  # the walk follows the engines into plan_store
     assert sorted(name for name in reached if name.startswith(f"{PACKAGE}.store")) == []
     assert sorted(name for name in reached if name == f"{PACKAGE}.plan_store.persistence") == []
+
+
+def test_the_reference_imports_no_other_package_and_runtime_probing_and_transformers_import_it():
+    modules = _modules()
+    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    reference = f"{PACKAGE}.reference"
+    package = {name for name in modules if name.startswith(reference)}
+    assert {f"{reference}.semantics", f"{reference}.autograd_reference", f"{reference}.chunked_reference"} <= package
+    assert sorted(name for name in _reached(package, graph) if not name.startswith(reference)) == []
+    importers = {name for name, imported in graph.items() if name not in package and imported & package}
+    assert {f"{PACKAGE}.runtime.fallback", f"{PACKAGE}.probing.cudnn.verify_run",
+            f"{PACKAGE}.probing.cudnn.verify_checks", f"{PACKAGE}.integrations.transformers.dependencies"} <= importers

@@ -8,11 +8,11 @@ import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
 from fusedattn_select.buckets import Bucket, bucket_form  # noqa: E402
+from fusedattn_select.reference.autograd_reference import reference_attention, reference_attention_bshd  # noqa: E402
 from fusedattn_select.runtime import entries  # noqa: E402
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs  # noqa: E402
-from fusedattn_select.runtime.reference import reference_attention, reference_attention_bshd  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
 
 pytestmark = GPU_MARKS

@@ -1,4 +1,4 @@
-"""attention() on a real GPU: the selected cuDNN kernels against reference.py, FP8, determinism,
+"""attention() on a real GPU: the selected cuDNN kernels against the float32 reference, FP8, determinism,
 torch.compile, CUDA-graph capture, the SDPA drop-in, and a hot path that builds nothing.
 
 Shapes are small (a few hundred tokens) so the whole file runs in well under three minutes; most of
@@ -14,11 +14,11 @@ import time
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
+from fusedattn_select.reference.autograd_reference import reference_attention  # noqa: E402
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.fallback_log import short_reason  # noqa: E402
 from fusedattn_select.runtime.problem import cudnn_alibi_slopes  # noqa: E402
-from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict  # noqa: E402
 
@@ -52,7 +52,7 @@ def _entry_for_last_call():
     return list(dispatcher.entries.values())[-1]
 
 
-# ----- outputs and gradients against reference.py ------------------------------------------------
+# ----- outputs and gradients against the float32 reference ---------------------------------------
 SEQLENS = {"seqlens_q": [256, 131], "seqlens_kv": [256, 77]}
 CASES = {
     "fp16-d64-no_mask": dict(dtype=FP16),

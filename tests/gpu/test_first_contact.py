@@ -19,12 +19,12 @@ import time
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
+from fusedattn_select.reference.autograd_reference import reference_attention_bshd
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime import fallback, tiers
 from fusedattn_select.runtime.args import Arguments, call_options
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.api import attention, dispatch_info
-from fusedattn_select.runtime.reference import reference_attention_bshd
 
 pytestmark = GPU_MARKS + [pytest.mark.first_contact]
 TOL_OUT, TOL_GRAD = 2e-2, 4e-2

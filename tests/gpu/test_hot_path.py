@@ -9,10 +9,10 @@ import time
 import pytest
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
+from fusedattn_select.reference.autograd_reference import reference_attention  # noqa: E402
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, TO_BHSD  # noqa: E402
-from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 
 pytestmark = GPU_MARKS
 TOL_OUT, TOL_GRAD = 2e-2, 4e-2

@@ -28,8 +28,8 @@ from transformers import (  # noqa: E402
 
 from fusedattn_select import Backend  # noqa: E402
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
+from fusedattn_select.reference.autograd_reference import reference_attention  # noqa: E402
 from fusedattn_select.runtime.api import dispatch_info  # noqa: E402
-from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 
 CUDA = torch.device("cuda")
 # Head dim 64, so cuDNN runs them; gpt-oss routes every token to both experts: top-k routing

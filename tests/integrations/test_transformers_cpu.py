@@ -1,7 +1,7 @@
 """CPU tests of the transformers integration (attn_implementation="fusedattn", report()).
 
 Tiny random-initialised models built from configs (nothing is downloaded) run in float32 on the
-CPU, where dispatch falls back to torch SDPA / reference.py: the integration's mask mapping, rolls
+CPU, where dispatch falls back to torch SDPA / the float32 reference: the integration's mask mapping, rolls
 and sinks run end to end, and must give what "sdpa" and "eager" give.
 """
 
@@ -26,7 +26,7 @@ from transformers import (  # noqa: E402
 from fusedattn_select import Backend, ConfigError  # noqa: E402
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
 from fusedattn_select.integrations.transformers import mask_interface, masks, tracing  # noqa: E402
-from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
+from fusedattn_select.reference.autograd_reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import Selector  # noqa: E402
 
 # A small soft-cap, so soft-capping changes the scores of this tiny model.

@@ -1,5 +1,5 @@
 """Probe depth verify without a GPU: tolerances, the depth order, which problems verify can check,
-the comparisons, the chunked reference against runtime/reference.py, the caching rules and the CLI.
+the comparisons, the caching rules and the CLI (the chunked reference: tests/reference/).
 
 The selector and CLI tests drive VerifyTestEngine, a TEST DOUBLE defined here: it probes nothing
 and runs no graph. It answers at the depth asked; at depth verify it says "supported at stage
@@ -144,54 +144,6 @@ def test_dropout_compare_wants_noise_like_a_simulated_dropout():
     assert tolerances.compare_dropout("O", noisy[0], want, noisy[1], 0.03).passed
     assert not tolerances.compare_dropout("O", want, want, noisy[1], 0.03).passed  # nothing dropped
     assert not tolerances.compare_dropout("O", 3 * noisy[0], want, noisy[1], 0.03).passed
-
-
-def _reference_case(torch, reference, mask, window, softmax, bias, padding):
-    from fusedattn_select.runtime.reference import ReferenceOptions, ReferenceTensors, attend
-
-    b, hq, hk, sq, skv, d = 2, 4, 2, 19, 23, 8
-    generator = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(shape, generator=generator, dtype=torch.float64)
-               for shape in ((b, hq, sq, d), (b, hk, skv, d), (b, hk, skv, d)))
-    lens_q = torch.tensor([sq, 7]) if padding else torch.full((b,), sq)
-    lens_kv = torch.tensor([skv, 11]) if padding else torch.full((b,), skv)
-    bias_t = torch.randn((1, hq, sq, skv), generator=generator, dtype=torch.float64) if bias else None
-    sink = torch.randn(hq, generator=generator, dtype=torch.float64) if softmax == "learnable" else None
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + [t.clone().requires_grad_() for t in (bias_t, sink)
-                                                                  if t is not None]
-    bottom_right = mask.endswith("bottom_right")
-    full_mask = ("padding_" + mask if mask != "no_mask" else "padding") if padding else mask
-    options = ReferenceOptions(mask=full_mask, window_size=window, softmax=softmax, return_lse=True,
-                               compute_dtype=torch.float64)
-    extras = iter(leaves[3:])
-    tensors = ReferenceTensors(bias=next(extras) if bias else None, sink=next(extras) if sink is not None else None,
-                               seqlens_q=lens_q if padding else None, seqlens_kv=lens_kv if padding else None)
-    out, _ = attend(*leaves[:3], options, tensors)
-    grad_out = torch.randn(out.shape, generator=generator, dtype=torch.float64)
-    (out * grad_out).sum().backward()
-    problem = reference.RefProblem(q, k, v, lens_q, lens_kv, d ** -0.5, causal="causal" in mask,
-                                   bottom_right=bottom_right, left=window[0], right=window[1], bias=bias_t,
-                                   softmax=softmax, sink=sink)
-    return problem, out, grad_out, leaves
-
-
-@pytest.mark.parametrize("mask, window, softmax, bias, padding", [
-    ("no_mask", (-1, -1), "vanilla", False, False), ("causal", (-1, -1), "vanilla", True, True),
-    ("causal_bottom_right", (4, -1), "learnable", False, True), ("no_mask", (3, 2), "off_by_one", True, False),
-])
-def test_chunked_reference_matches_the_autograd_reference(monkeypatch, mask, window, softmax, bias, padding):
-    torch = pytest.importorskip("torch")
-    from fusedattn_select.probing.cudnn import verify_reference as reference
-
-    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 200)  # several chunks of query rows
-    problem, out, grad_out, leaves = _reference_case(torch, reference, mask, window, softmax, bias, padding)
-    got, _, rows_ok = reference.forward(problem)
-    rows = rows_ok.expand(out.shape[:3])
-    assert torch.allclose(got.double()[rows], out[rows], atol=1e-5)
-    grads = reference.backward(problem, grad_out, bias_grad=bias)
-    for mine, theirs in zip((grads.dq, grads.dk, grads.dv, grads.dbias, grads.dsink), leaves[:3] + leaves[3:]):
-        if mine is not None:
-            assert torch.allclose(mine.double(), theirs.grad, atol=1e-4)
 
 
 def test_extent_leaves_a_bucket_slot_unused_and_seeds_lengths():

@@ -1,7 +1,7 @@
 """attention() and the SDPA drop-in on CPU: config derivation, logged fallbacks, argument errors.
 
 No GPU here: the selector is the no-platform selector, so every selection is NONE (platform rule)
-and every call runs a fallback, which must match reference.py / torch's SDPA exactly.
+and every call runs a fallback, which must match the float32 reference / torch's SDPA exactly.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusedattn_select.errors import ConfigError  # noqa: E402
+from fusedattn_select.reference.autograd_reference import reference_attention  # noqa: E402
 from fusedattn_select.runtime import api as dispatch  # noqa: E402
 from fusedattn_select.runtime import options  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
-from fusedattn_select.runtime.reference import reference_attention  # noqa: E402
 from fusedattn_select.runtime.tensor_layouts import formats  # noqa: E402
 
 sdpa_module = pytest.importorskip("fusedattn_select.integrations.sdpa")

@@ -30,8 +30,8 @@ def load() -> Dependencies:
         from transformers import masking_utils
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        from fusedattn_select.reference.autograd_reference import reference_attention
         from fusedattn_select.runtime.api import attention
-        from fusedattn_select.runtime.reference import reference_attention
 
         _loaded = Dependencies(masking_utils, sdpa_attention_forward, attention, reference_attention,
                                torch.are_deterministic_algorithms_enabled)

@@ -11,11 +11,11 @@ import torch
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.probing.cudnn import tolerances
-from fusedattn_select.probing.cudnn import verify_reference as reference
 from fusedattn_select.probing.cudnn import verify_run as run
 from fusedattn_select.probing.cudnn.graphs import build_graph
 from fusedattn_select.probing.cudnn.messages import CudnnUnsupported
 from fusedattn_select.probing.cudnn.verify_run import Unbindable
+from fusedattn_select.reference import chunked_reference
 from fusedattn_select.types import Backend, Phase, ProbeDepth
 
 __all__ = ["Unbindable", "backward", "forward"]
@@ -112,10 +112,10 @@ def forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: t
     bound, build, timings = _run_forward(cfg, backend, handle, device, seam)
     started = time.perf_counter()
     problem = run.reference_problem(bound)
-    out, lse, rows_ok = reference.forward(problem)
+    out, lse, rows_ok = chunked_reference.forward(problem)
     sample = None
     if cfg.dropout > 0.0:
-        sample = reference.forward(run.reference_problem(bound, dropout_sample=True))[0]
+        sample = chunked_reference.forward(run.reference_problem(bound, dropout_sample=True))[0]
     rows = _rows(rows_ok, cfg.num_heads_q)
     if cfg.is_fp8:
         tol = tolerances.fp8_tolerance(cfg.qkv_dtype, cfg.resolved_o_dtype)
@@ -166,10 +166,11 @@ def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: 
     run.bind_input(bound, build, "dO")
     grad_out = bound.dequantized("dO")
     bias_grad = "dBias" in build.tensors
-    grads = reference.backward(run.reference_problem(bound), grad_out, bias_grad=bias_grad)
+    grads = chunked_reference.backward(run.reference_problem(bound), grad_out, bias_grad=bias_grad)
     sample = None
     if cfg.dropout > 0.0:
-        sample = reference.backward(run.reference_problem(bound, dropout_sample=True), grad_out, bias_grad=bias_grad)
+        sample = chunked_reference.backward(run.reference_problem(bound, dropout_sample=True), grad_out,
+                                            bias_grad=bias_grad)
     if cfg.is_fp8:  # the largest real gradient, with dropout's sample too: its kept values are rescaled
         bound.gradient_amax = {name: max(_largest(getattr(g, field)) for g in (grads, sample) if g is not None)
                                for name, field in (("dQ", "dq"), ("dK", "dk"), ("dV", "dv"))}

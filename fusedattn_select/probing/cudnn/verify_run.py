@@ -27,7 +27,8 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.layouts import LAYOUTS
 from fusedattn_select.probing.cudnn.description import OUTPUT_NAMES
 from fusedattn_select.probing.cudnn.graphs import GraphBuild
-from fusedattn_select.probing.cudnn.verify_reference import RefProblem, alibi_slopes
+from fusedattn_select.reference.chunked_reference import RefProblem
+from fusedattn_select.reference.semantics import alibi_slopes
 from fusedattn_select.types import Phase
 
 # Outputs dispatch allocates zeroed under a padding mask (runtime/plans.ZEROED_WITH_PADDING).

@@ -1,4 +1,4 @@
-"""Tests for the float32 reference attention in ``fusedattn_select.runtime.reference``."""
+"""Tests for the float32 reference attention in ``fusedattn_select.reference.autograd_reference``."""
 
 import math
 
@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
-from fusedattn_select.runtime.reference import reference_attention, reference_attention_bshd  # noqa: E402
+from fusedattn_select.reference.autograd_reference import reference_attention, reference_attention_bshd  # noqa: E402
 
 F64 = torch.float64
 

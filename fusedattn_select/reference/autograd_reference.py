@@ -1,43 +1,9 @@
-"""Float32 reference scaled-dot-product attention (test oracle and slow fallback).
+"""The float32 reference attention differentiated by autograd: the test oracle and the slow fallback.
 
-Everything here is written with plain torch operations, so the backward pass is
-whatever autograd derives from the forward; no custom kernels are involved.
-
-Conventions (all lengths and indices are per batch element ``b``):
-
-* Layout is logical BHSD: ``q`` is ``(B, Hq, Sq, Dqk)``, ``k`` is
-  ``(B, Hkv, Skv, Dqk)``, ``v`` is ``(B, Hkv, Skv, Dv)``; strides are free.
-  With ``Hq > Hkv`` (GQA/MQA) kv head ``h`` serves q heads
-  ``h * (Hq // Hkv) ... (h + 1) * (Hq // Hkv) - 1``.
-* Score pipeline: ``s = (q @ k^T) * attn_scale``; then ``softcap * tanh(s / softcap)``
-  when ``softcap`` is set; then ``+ bias``; then ``+ alibi``; then the mask.
-* ``Sq_b`` / ``Skv_b`` are the actual lengths (``seqlens_q[b]`` / ``seqlens_kv[b]``
-  with padding masks, the full lengths otherwise).  With bottom-right alignment
-  the diagonal offset is ``Skv_b - Sq_b``, with top-left alignment it is 0.
-* Causal: query ``i`` sees key ``j`` iff ``j <= i + offset``.
-* Sliding window ``(left, right)`` (``-1`` = unbounded): query ``i`` sees key ``j``
-  iff ``i + offset - left <= j <= i + offset + right``.  A causal mask and a
-  window combine as an intersection and share the same diagonal.
-* ALiBi (signed, causal convention, as in cuDNN's ALiBi mask):
-  ``alibi[b, h, i, j] = slope[b, h] * (j - (i + offset))``, which is ``<= 0`` on
-  every key a causal mask leaves visible and equals ``-slope * |i + offset - j|``
-  there.  Without a causal mask keys right of the diagonal get a positive bias.
-* Padding: keys ``j >= Skv_b`` are masked; query rows ``i >= Sq_b`` are padding
-  and produce output 0 and log-sum-exp 0.
-* Rows in which every key is masked (possible with windows, bottom-right
-  alignment with ``Skv_b < Sq_b``, or ``Skv_b == 0``) produce output 0 and, with
-  the vanilla softmax, log-sum-exp 0 (never NaN).  With ``off_by_one`` /
-  ``learnable`` such a row puts all probability on the extra logit, so the output
-  is 0 and the log-sum-exp is that logit (0, or ``sink[h]``).
-* Softmax variants: ``vanilla``; ``off_by_one`` adds a logit of 0 to every row
-  (denominator ``+ 1`` in unscaled terms); ``learnable`` adds the logit
-  ``sink[h]`` per q head (gpt-oss style attention sinks).  The extra logit has
-  no value vector, i.e. contributes nothing to the output.
-* Log-sum-exp is the natural log over the post-scale, post-softcap, post-bias
-  scores of the visible keys plus the extra logit, if any; shape
-  ``(B, Hq, Sq, 1)`` in ``compute_dtype``.
-* Dropout ``p`` zeroes probabilities (after the softmax, so the log-sum-exp is
-  unaffected) with probability ``p`` and rescales the rest by ``1 / (1 - p)``.
+Written with plain torch operations on the whole (B, Hq, Sq, Skv) score block, so the backward pass is
+whatever autograd derives from the forward; no custom kernels are involved. What it computes (masks,
+diagonal, window, ALiBi, padding, softmax variants, soft-capping) is `semantics.py`'s; this module
+checks the arguments and runs that pipeline once over every row.
 """
 
 from __future__ import annotations
@@ -49,25 +15,16 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
+from fusedattn_select.reference import semantics
+from fusedattn_select.reference.semantics import MASK_TYPES, SOFTMAX_TYPES
+
 __all__ = [
-    "MASK_TYPES",
-    "SOFTMAX_TYPES",
     "ReferenceOptions",
     "ReferenceTensors",
     "attend",
     "reference_attention",
     "reference_attention_bshd",
 ]
-
-MASK_TYPES: Tuple[str, ...] = (
-    "no_mask",
-    "padding",
-    "causal",
-    "padding_causal",
-    "causal_bottom_right",
-    "padding_causal_bottom_right",
-)
-SOFTMAX_TYPES: Tuple[str, ...] = ("vanilla", "off_by_one", "learnable")
 
 _FLOAT_COMPUTE_DTYPES = (torch.float32, torch.float64)
 
@@ -295,77 +252,6 @@ def _lengths(tensors: ReferenceTensors, q: torch.Tensor, skv: int, mask: str) ->
     return lens_q, lens_kv
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, scalars: _Scalars, bias: Optional[torch.Tensor],
-            compute_dtype: torch.dtype) -> torch.Tensor:
-    """(B, Hq, Sq, Skv) post-scale, post-softcap, post-bias scores; K repeated for GQA/MQA."""
-    group = q.shape[1] // k.shape[1]
-    kf = k.to(compute_dtype)
-    if group > 1:
-        kf = kf.repeat_interleave(group, dim=1)
-    scores = torch.matmul(q.to(compute_dtype), kf.transpose(-1, -2)) * scalars.scale
-    if scalars.softcap is not None:
-        scores = scalars.softcap * torch.tanh(scores / scalars.softcap)
-    if bias is not None:
-        scores = scores + bias.to(device=q.device, dtype=compute_dtype)
-    return scores
-
-
-class _Rows(NamedTuple):
-    """Per-row facts: the key index on each row's diagonal, which query rows are real."""
-
-    diag: torch.Tensor       # (B, 1, Sq, 1)
-    row_valid: torch.Tensor  # (B, 1, Sq, 1)
-    keys: torch.Tensor       # (1, 1, 1, Skv): key indices
-
-
-def _rows(lens_q: torch.Tensor, lens_kv: torch.Tensor, sq: int, skv: int, bottom_right: bool) -> _Rows:
-    batch, device = lens_q.shape[0], lens_q.device
-    i = torch.arange(sq, device=device).view(1, 1, sq, 1)
-    j = torch.arange(skv, device=device).view(1, 1, 1, skv)
-    if bottom_right:
-        offset = (lens_kv - lens_q).view(batch, 1, 1, 1)
-    else:
-        offset = torch.zeros((batch, 1, 1, 1), dtype=torch.long, device=device)
-    return _Rows(i + offset, i < lens_q.view(batch, 1, 1, 1), j)
-
-
-def _allowed(rows: _Rows, lens_kv: torch.Tensor, mask: str, scalars: _Scalars) -> torch.Tensor:
-    """(B, 1, Sq, Skv) which keys each query sees."""
-    j, diag = rows.keys, rows.diag
-    allowed = (j < lens_kv.view(-1, 1, 1, 1)) & rows.row_valid
-    if "causal" in mask:
-        allowed = allowed & (j <= diag)
-    if scalars.left >= 0:
-        allowed = allowed & (j >= diag - scalars.left)
-    if scalars.right >= 0:
-        allowed = allowed & (j <= diag + scalars.right)
-    return allowed
-
-
-def _with_extra_logit(logits: torch.Tensor, softmax: str, sink: Optional[torch.Tensor]) -> torch.Tensor:
-    """The logits with the off-by-one (0) or learnable (sink[h]) extra logit appended to each row."""
-    batch, hq, sq, _ = logits.shape
-    if softmax == "off_by_one":
-        extra = torch.zeros((batch, hq, sq, 1), dtype=logits.dtype, device=logits.device)
-    elif softmax == "learnable":
-        extra = sink.to(device=logits.device, dtype=logits.dtype).view(1, hq, 1, 1).expand(batch, hq, sq, 1)
-    else:
-        return logits
-    return torch.cat([logits, extra], dim=-1)
-
-
-def _softmax(logits: torch.Tensor, skv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(probabilities of the Skv keys, row max, safe denominator, nonempty rows); NaN-free for
-    fully masked rows."""
-    row_max = logits.amax(dim=-1, keepdim=True).detach()
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    expd = torch.exp(logits - row_max)  # exp(-inf) = 0 on masked keys
-    denom = expd.sum(dim=-1, keepdim=True)
-    nonempty = denom > 0
-    safe_denom = torch.where(nonempty, denom, torch.ones_like(denom))
-    return (expd / safe_denom)[..., :skv], row_max, safe_denom, nonempty
-
-
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: ReferenceOptions = ReferenceOptions(),
     tensors: ReferenceTensors = ReferenceTensors(),
@@ -374,7 +260,7 @@ def attend(
 
     q: queries (B, Hq, Sq, Dqk); k: keys (B, Hkv, Skv, Dqk) with ``Hq % Hkv == 0``; v: values
     (B, Hkv, Skv, Dv). Returns the output (B, Hq, Sq, Dv) in ``q.dtype``; with ``return_lse``
-    also the log-sum-exp (B, Hq, Sq, 1) in ``compute_dtype``. See the module docstring for the
+    also the log-sum-exp (B, Hq, Sq, 1) in ``compute_dtype``. See ``semantics.py`` for the
     masking, ALiBi, padding and fully-masked-row conventions. Raises ValueError naming an
     argument with the wrong type, shape, or value.
     """
@@ -386,27 +272,30 @@ def attend(
     lens_q, lens_kv = _lengths(tensors, q, skv, options.mask)
     compute_dtype = options.compute_dtype
 
-    scores = _scores(q, k, scalars, tensors.bias, compute_dtype)
-    rows = _rows(lens_q, lens_kv, sq, skv, scalars.bottom_right)
-    if tensors.alibi_slopes is not None:
-        slopes = tensors.alibi_slopes.to(device=q.device, dtype=compute_dtype)
+    kf, vf = k.to(compute_dtype), v.to(compute_dtype)
+    group = hq // k.shape[1]
+    if group > 1:  # one K and V per q head: the whole score block in one product
+        kf, vf = kf.repeat_interleave(group, dim=1), vf.repeat_interleave(group, dim=1)
+    where = semantics.positions(0, sq, skv, lens_q, lens_kv, scalars.bottom_right)
+    seen = semantics.visible(where, lens_kv, "causal" in options.mask, scalars.left, scalars.right)
+    bias, slopes, sink = (None if t is None else t.to(device=q.device, dtype=compute_dtype)
+                          for t in (tensors.bias, tensors.alibi_slopes, tensors.sink))
+    if slopes is not None:
         slopes = slopes.view(1, hq, 1, 1) if slopes.dim() == 1 else slopes.view(batch, hq, 1, 1)
-        scores = scores + slopes * (rows.keys - rows.diag).to(compute_dtype)
-    logits = scores.masked_fill(~_allowed(rows, lens_kv, options.mask, scalars), float("-inf"))
-    probs, row_max, safe_denom, nonempty = _softmax(_with_extra_logit(logits, options.softmax, tensors.sink), skv)
+    masked = semantics.logits(q.to(compute_dtype), kf, scalars.scale, where, seen, softcap=scalars.softcap,
+                              bias=bias, slopes=slopes)
+    softmaxed = semantics.softmax(masked, options.softmax, sink)
+    probs = softmaxed.probs
     if scalars.dropout > 0.0:
         keep = torch.rand(probs.shape, generator=options.generator, device=q.device, dtype=compute_dtype)
         probs = probs * (keep >= scalars.dropout).to(compute_dtype) / (1.0 - scalars.dropout)
 
-    vf = v.to(compute_dtype)
-    if hq // k.shape[1] > 1:
-        vf = vf.repeat_interleave(hq // k.shape[1], dim=1)
     out = torch.matmul(probs, vf)
-    out = torch.where(rows.row_valid, out, torch.zeros_like(out)).to(q.dtype)
+    out = torch.where(where.rows_real, out, torch.zeros_like(out)).to(q.dtype)
     if not options.return_lse:
         return out
-    lse = row_max + torch.log(safe_denom)
-    return out, torch.where(nonempty & rows.row_valid, lse, torch.zeros_like(lse))
+    lse = softmaxed.lse
+    return out, torch.where(softmaxed.nonempty & where.rows_real, lse, torch.zeros_like(lse))
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(ReferenceOptions))

@@ -2,25 +2,21 @@
 
 The reference is written out (forward and the analytic backward) instead of left to autograd, so a
 chunk of query rows holds only (batch, heads of one KV group, rows, keys) scores at a time: memory
-stays bounded for long sequences. Semantics follow runtime/reference.py (TransformerEngine's):
-the diagonal of query row i is key i + offset, offset = len_kv - len_q for bottom-right alignment
-and 0 for top-left; a causal mask keeps keys j <= diagonal; a window (left, right) keeps
-diagonal - left <= j <= diagonal + right; padding masks keys j >= len_kv and query rows i >= len_q.
-ALiBi adds slope * (j - diagonal); off_by_one and learnable softmax add an extra logit (0, or the
-head's sink) with no value vector.
+stays bounded for long sequences. What a chunk computes (diagonal, causal mask, window, padding, bias,
+ALiBi, the off_by_one and learnable softmax) is `semantics.py`'s, as for the autograd reference; cuDNN
+has no logit soft-capping, so a RefProblem has none.
 
 With `dropout_seed` set, dropout is simulated with torch's generator: the result is one sample of
 what a correct kernel computes (its mask differs from cuDNN's), used to size the dropout noise.
-
-Imported only when depth verify runs (it imports torch).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+
+from fusedattn_select.reference import semantics
 
 # Elements of one chunk's (batch, group heads, rows, keys) score block: a few such float32 blocks
 # are alive at once, so a chunk holds well under a gigabyte.
@@ -72,62 +68,27 @@ class Chunk:
     keep: torch.Tensor | None  # (b, G, c, Skv) simulated dropout scale (0 or 1/(1-p)), or None
 
 
-def alibi_slopes(heads: int) -> list[float]:
-    """ALiBi's geometric slopes for `heads` heads (Press et al.; the interleaved extension past the
-    largest power of two), as cuDNN's ALiBi mask uses them."""
-    n = 2 ** math.floor(math.log2(heads))
-    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-    slopes += [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(heads - n)]
-    return slopes
-
-
 def _chunk(ref: RefProblem, kv_head: int, start: int, stop: int) -> Chunk:
-    b, skv = ref.q.shape[0], ref.k.shape[2]
     g = ref.group
     heads = slice(kv_head * g, (kv_head + 1) * g)
-    device = ref.q.device
-    q = ref.q[:, heads, start:stop].float()
-    k = ref.k[:, kv_head].float().unsqueeze(1)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * ref.scale
-    rows = torch.arange(start, stop, device=device).view(1, 1, -1, 1)
-    keys = torch.arange(skv, device=device).view(1, 1, 1, skv)
-    lens_q, lens_kv = ref.lens_q.view(b, 1, 1, 1), ref.lens_kv.view(b, 1, 1, 1)
-    diagonal = rows + (lens_kv - lens_q if ref.bottom_right else 0)
-    allowed = (keys < lens_kv) & (rows < lens_q)
-    if ref.causal:
-        allowed = allowed & (keys <= diagonal)
-    if ref.left >= 0:
-        allowed = allowed & (keys >= diagonal - ref.left)
-    if ref.right >= 0:
-        allowed = allowed & (keys <= diagonal + ref.right)
-    if ref.bias is not None:
-        bias = ref.bias[..., start:stop, :]
-        scores = scores + (bias if bias.shape[1] == 1 else bias[:, heads]).float()
-    if ref.alibi is not None:
-        scores = scores + ref.alibi[heads].view(1, g, 1, 1).float() * (keys - diagonal).float()
-    logits = scores.masked_fill(~allowed, float("-inf"))
-    row_max = logits.amax(dim=-1)
-    extra = None
-    if ref.softmax == "off_by_one":
-        extra = torch.zeros_like(row_max)
-    elif ref.softmax == "learnable":
-        extra = ref.sink[heads].float().view(1, g, 1).expand_as(row_max)
-    if extra is not None:
-        row_max = torch.maximum(row_max, extra)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    expd = torch.exp(logits - row_max.unsqueeze(-1))
-    denom = expd.sum(dim=-1)
-    if extra is not None:
-        denom = denom + torch.exp(extra - row_max)
-    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
-    p = expd / safe.unsqueeze(-1)
+    where = semantics.positions(start, stop, ref.k.shape[2], ref.lens_q, ref.lens_kv, ref.bottom_right)
+    seen = semantics.visible(where, ref.lens_kv, ref.causal, ref.left, ref.right)
+    bias = ref.bias
+    if bias is not None:
+        bias = bias[..., start:stop, :]
+        bias = (bias if bias.shape[1] == 1 else bias[:, heads]).float()
+    slopes = None if ref.alibi is None else ref.alibi[heads].view(1, g, 1, 1).float()
+    masked = semantics.logits(ref.q[:, heads, start:stop].float(), ref.k[:, kv_head].float().unsqueeze(1),
+                              ref.scale, where, seen, bias=bias, slopes=slopes)
+    sink = None if ref.sink is None else ref.sink[heads].float()
+    softmaxed = semantics.softmax(masked, ref.softmax, sink)
     keep = None
     if ref.dropout > 0.0 and ref.dropout_seed is not None:
-        generator = torch.Generator(device=device)
+        generator = torch.Generator(device=ref.q.device)
         generator.manual_seed(ref.dropout_seed + 1_000_003 * kv_head + start)
-        draw = torch.rand(p.shape, generator=generator, device=device)
+        draw = torch.rand(softmaxed.probs.shape, generator=generator, device=ref.q.device)
         keep = (draw >= ref.dropout).float() / (1.0 - ref.dropout)
-    return Chunk(p, row_max + torch.log(safe), allowed.any(dim=-1), keep)
+    return Chunk(softmaxed.probs, softmaxed.lse.squeeze(-1), seen.any(dim=-1), keep)
 
 
 def _chunks(ref: RefProblem):
