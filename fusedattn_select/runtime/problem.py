@@ -3,7 +3,6 @@ torch-free call_config that warmup uses too (so both ask for the same plans)."""
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -12,6 +11,7 @@ from fusedattn_select import dtypes
 from fusedattn_select.config import BIAS_SHAPES, AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.plan_store.calls import call_config
+from fusedattn_select.reference.semantics import alibi_slopes
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.tensor_layouts import Formats
@@ -63,19 +63,8 @@ def config(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, formats: Format
     ))
 
 
-def cudnn_alibi_slopes(heads: int) -> list[float]:
-    """The slopes cuDNN's ALiBi mask uses: the geometric sequence of Press et al. (2022)."""
-    closest = 2 ** math.floor(math.log2(heads))
-    base = 2.0 ** (-8.0 / closest)
-    slopes = [base ** (i + 1) for i in range(closest)]
-    if closest < heads:
-        extra = 2.0 ** (-4.0 / closest)
-        slopes += [extra ** (2 * i + 1) for i in range(heads - closest)]
-    return slopes
-
-
 def standard_alibi(alibi: torch.Tensor, heads: int) -> bool:
     # Reading the slopes syncs with the device: done once per signature (entry creation only).
-    expected = torch.tensor(cudnn_alibi_slopes(heads), dtype=torch.float32)
+    expected = torch.tensor(alibi_slopes(heads), dtype=torch.float32)
     values = alibi.detach().float().cpu().reshape(-1, heads)
     return bool(torch.allclose(values, expected.expand_as(values), rtol=1e-5, atol=0.0))

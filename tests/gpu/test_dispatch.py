@@ -18,7 +18,7 @@ from fusedattn_select.reference.autograd_reference import reference_attention  #
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors, dispatch_info  # noqa: E402
 from fusedattn_select.runtime.fallback_log import short_reason  # noqa: E402
-from fusedattn_select.runtime.problem import cudnn_alibi_slopes  # noqa: E402
+from fusedattn_select.reference.semantics import alibi_slopes  # noqa: E402
 from fusedattn_select.selection.selector import default_selector  # noqa: E402
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict  # noqa: E402
 
@@ -92,7 +92,7 @@ def _case_arguments(case: dict, hq: int):
         bias = torch.randn(case["bias"], device=CUDA, generator=gen).to(case.get("dtype", BF16))
         kw["bias"] = bias.requires_grad_(case.get("bias_grad", False))
     if case.get("alibi"):
-        kw["alibi_slopes"] = torch.tensor(cudnn_alibi_slopes(hq), device=CUDA)
+        kw["alibi_slopes"] = torch.tensor(alibi_slopes(hq), device=CUDA)
     return kw
 
 
