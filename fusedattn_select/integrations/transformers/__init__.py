@@ -109,7 +109,8 @@ def register(name: str = ATTN_IMPLEMENTATION, *, model: Any = None, max_batch: i
 
     Idempotent. Afterwards `attn_implementation=name` works in `from_pretrained` / `from_config` /
     `model.set_attn_implementation`. It also imports, once, everything the two functions call:
-    nothing may be imported inside a model that torch.compile traces.
+    nothing may be imported inside a model that torch.compile traces. On a machine with a GPU it
+    starts making the runtime's selector in the background (runtime/tiers.start_early).
 
     With `model` (a model, its config, or a config.json source) it also queues the model's bucket
     plans to be built ahead in the background worker (build_ahead.py: batch sizes up to `max_batch`,
