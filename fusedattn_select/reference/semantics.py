@@ -18,8 +18,9 @@ Conventions (all lengths and indices are per batch element ``b``):
   ``alibi[b, h, i, j] = slope[b, h] * (j - (i + offset))``, which is ``<= 0`` on every key a causal
   mask leaves visible and equals ``-slope * |i + offset - j|`` there. Without a causal mask keys right
   of the diagonal get a positive bias. ``alibi_slopes`` gives cuDNN's slopes for a head count.
-* Padding: keys ``j >= Skv_b`` are masked; query rows ``i >= Sq_b`` are padding and produce output 0
-  and log-sum-exp 0.
+* Padding: keys ``j >= Skv_b`` are masked; query rows ``i >= Sq_b`` are padding: the autograd
+  reference gives them output 0 and log-sum-exp 0; the chunked reference leaves them unspecified
+  (verify compares real rows only).
 * Rows in which every key is masked (possible with windows, bottom-right alignment with
   ``Skv_b < Sq_b``, or ``Skv_b == 0``) produce output 0 and, with the vanilla softmax, log-sum-exp 0
   (never NaN). With ``off_by_one`` / ``learnable`` such a row puts all probability on the extra

@@ -1,8 +1,8 @@
 """The runtime's settings for this process: one frozen `RuntimeSettings`, read from the
 environment at first use and fixed after that.
 
-Changing a variable after the first attention() call changes nothing (as torch's own environment
-switches). Tools and tests that need other settings use `use(...)` or `replace(...)` (checked like
+Changing a variable after the first attention() call (or after the transformers integration's
+register() on a machine with a GPU) changes nothing (as torch's own environment switches). Tools and tests that need other settings use `use(...)` or `replace(...)` (checked like
 the variables), never the runtime's module attributes.
 """
 

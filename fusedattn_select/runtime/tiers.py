@@ -20,7 +20,9 @@ flash nor memory-efficient attention takes (torch would run its math kernel).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -32,7 +34,7 @@ from fusedattn_select import offpath
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.layouts import dense_strides
 from fusedattn_select.runtime import dense_builds, entries
-from fusedattn_select.runtime.dispatcher import Job, dispatcher
+from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fused import fused_forward
 from fusedattn_select.runtime.lean import lean_forward
@@ -374,34 +376,56 @@ def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: t
         return None
 
 
-def start_early() -> Job | None:
-    """Make this process's selector on the preparing thread now, before any call, where the first
-    call's preparation would make it from a store that holds files (importing cuDNN and opening the
-    store hold the GIL for about a second: made during the first calls, that second slows them).
-    Its Job, or None where nothing is to be made: made already, no cuDNN frontend, or an empty
-    store, whose first decision goes to the worker before this process makes its selector
-    (`dense_builds.fresh_store_target`). A failure is left for the first call to meet and report."""
+def start_early() -> Future | None:
+    """Start making this process's selector on a thread of its own, before any call, where the
+    first call's preparation would make it from a store that holds files (importing cuDNN and
+    opening the store hold the GIL: docs/performance.md, first contact), on the device this thread's
+    calls go to (`_current_device`). Its Future (the selector, or None when it could not be made:
+    the first call makes it again and reports why), or None where nothing is started: made
+    already, no cuDNN frontend, a worker that decides first (`dense_builds.fresh_store_target`), or
+    several devices and none chosen yet. The settings the runtime reads are fixed from here on."""
     if selection.made_default_selector() is not None or dense_builds.cudnn_missing():
         return None
+    device = _current_device()
     try:
-        if dense_builds.fresh_store_target(0) is not None:  # (the device only says where a worker would build)
+        if device is None or dense_builds.fresh_store_target(device) is not None:
             return None
     except ConfigError:  # a store setting the first call reports
         return None
+    made: Future = Future()
 
     def make() -> None:
+        # The lock inside default_selector() lets one first call that needs it wait for this one.
         try:
-            selection.default_selector()
+            with torch.cuda.device(device):
+                made.set_result(selection.default_selector())
         except Exception as err:  # noqa: BLE001 - the first call makes it again and reports why it cannot
             log.debug("fusedattn_select: the selector was not made ahead of the first call (%s: %s)",
                       type(err).__name__, err)
+            made.set_result(None)
 
-    return dispatcher.preparer.submit(make)
+    threading.Thread(target=make, name="fusedattn-selector", daemon=True).start()
+    return made
+
+
+def _current_device() -> int | None:
+    """The CUDA device this thread's calls go to: the current one once CUDA is initialised, device 0
+    where it is the only one, else None (not known yet)."""
+    if torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return 0 if torch.cuda.device_count() == 1 else None
 
 
 def prepare(signature: tuple) -> Entry:
     """The decided entry of `signature`: from the store (and its stored runner choice), else after the
     worker process selected and built everything into it; built here when there is no worker."""
+    device = signature[1]
+    # A selector made here probes the signature's device (this thread's current one is device 0).
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        return _prepare(signature)
+
+
+def _prepare(signature: tuple) -> Entry:
     started = time.perf_counter()
     fresh = (dense_builds.fresh_store_target(signature[1].index or 0)
              if selection.made_default_selector() is None else None)

@@ -4,6 +4,7 @@ with, plans under a limit, and the worker's job order (runtime/dense_worker.py).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import itertools
@@ -132,36 +133,71 @@ def test_without_the_cudnn_frontend_torch_runs_each_signature_for_good_and_it_is
     assert caplog.text.count("is not installed") == 1
 
 
-def _no_submissions(monkeypatch) -> list:
-    submitted: list = []
-    monkeypatch.setattr(dispatcher.preparer, "submit", submitted.append)
-    return submitted
-
-
-def test_start_early_leaves_an_empty_store_to_the_worker(monkeypatch):
-    from fusedattn_select.selection import selector as selection
-
-    monkeypatch.setattr(dispatcher, "no_cudnn", "")  # as with the frontend installed
-    submitted = _no_submissions(monkeypatch)
-    assert tiers.start_early() is None  # this test's store directory holds no file
-    assert submitted == [] and selection.made_default_selector() is None
-
-
-def test_start_early_makes_nothing_without_the_frontend_or_once_the_selector_is_made(monkeypatch):
+@pytest.fixture
+def early(monkeypatch):
+    """start_early as on a machine with one GPU and the cuDNN frontend: the selector made on device 0
+    (no CUDA here: its device context is a no-op), from a store directory that holds a file when
+    asked; returns (the selector module, store_with_a_file())."""
     from fusedattn_select.selection import selector as selection
     from fusedattn_select.store.sqlite import DATABASE_NAME
     from fusedattn_select.store.store_settings import default_cache_dir
 
-    default_cache_dir().mkdir(parents=True)
-    (default_cache_dir() / DATABASE_NAME).touch()  # a store that holds a file: read before the worker asks
-    made = selection.default_selector()
-    submitted = _no_submissions(monkeypatch)
     monkeypatch.setattr(dispatcher, "no_cudnn", "")
-    assert tiers.start_early() is None and selection.made_default_selector() is made
-    selection.set_default_selector(None)
+    monkeypatch.setattr(tiers, "_current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+
+    def store_with_a_file() -> None:
+        default_cache_dir().mkdir(parents=True, exist_ok=True)
+        (default_cache_dir() / DATABASE_NAME).touch()
+
+    return selection, store_with_a_file
+
+
+def test_start_early_makes_the_selector_from_a_store_that_holds_files(early):
+    selection, store_with_a_file = early
+    store_with_a_file()
+    made = tiers.start_early()
+    assert made is not None
+    selector = made.result(timeout=60)
+    assert selector is not None and selection.made_default_selector() is selector
+    assert tiers.start_early() is None  # made already
+
+
+def test_start_early_leaves_an_empty_store_to_the_worker(early):
+    selection, _ = early
+    assert tiers.start_early() is None  # this test's store directory holds no file
+    assert selection.made_default_selector() is None
+
+
+def test_start_early_makes_nothing_without_the_frontend(early, monkeypatch):
+    selection, store_with_a_file = early
+    store_with_a_file()
     monkeypatch.setattr(dispatcher, "no_cudnn", "the cuDNN frontend (module cudnn) is not installed")
-    assert tiers.start_early() is None
-    assert submitted == [] and selection.made_default_selector() is None
+    assert tiers.start_early() is None and selection.made_default_selector() is None
+
+
+def test_start_early_leaves_a_selector_it_cannot_make_to_the_first_call(early, monkeypatch):
+    selection, store_with_a_file = early
+    store_with_a_file()
+
+    def cannot() -> None:
+        raise RuntimeError("no usable CUDA device")
+
+    monkeypatch.setattr(selection, "default_selector", cannot)
+    made = tiers.start_early()
+    assert made is not None and made.result(timeout=60) is None
+    assert selection.made_default_selector() is None
+
+
+def test_the_device_made_on_is_the_current_one_or_the_only_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert tiers._current_device() == 0
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert tiers._current_device() is None  # several devices, none chosen yet
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert tiers._current_device() == 1
 
 
 # ----- torch_call --------------------------------------------------------------------------------------
