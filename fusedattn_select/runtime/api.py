@@ -1,38 +1,7 @@
 """attention(): run the fused attention kernels the selector chose for these tensors, or fall back.
 
-Tensor convention
------------------
-`layout` names the order of the dims of the tensors the caller passes:
-
-    "bshd"  (batch, seqlen, heads, head_dim)   the default (layout=None), as flash-attn and
-                                               TransformerEngine's bshd take them
-    "sbhd"  (seqlen, batch, heads, head_dim)   Megatron / TransformerEngine sbhd
-    "bhsd"  (batch, heads, seqlen, head_dim)   torch.nn.functional.scaled_dot_product_attention
-
-The output comes back in the same order, with head_dim_v as its last dim. What the kernels see is
-the *memory* layout, read from the strides: a (B, S, H, D) tensor that is a transposed view of a
-BHSD buffer runs as `bhsd_bhsd_bhsd`, with no copy. Tensors whose strides are none of BSHD, SBHD or
-BHSD (for example q/k/v slices of one interleaved QKV buffer) are copied into the caller's layout
-first. K and V stored in different layouts are copied to the layout of K.
-
-What runs
----------
-The problem is turned into an AttnConfig (`config_from_tensors`) and selected (`select`). When the
-selection is F16 or FP8 (and, for a new signature whose plans the process does not hold yet, once
-runtime/tiers.py has prepared them off the caller's path while torch SDPA runs its calls), the cuDNN
-graphs are obtained once per problem (forward, and backward when
-training): loaded from the persistent store where an earlier process or warmup() stored them, else
-built and stored (runtime.plans.obtain_plan; `plan_loads` and `plan_builds` in dispatch_info()),
-and found again by one dict lookup keyed on the tensors' shapes, strides and dtypes and the call's
-options; the hot path never probes, loads or builds. When
-the selection is NONE, or a graph that passed the fast probe fails to build (the selector's answer
-is then flipped with `record_build_failure`), the call falls back: to torch's own SDPA where it
-expresses the problem exactly, else to the float32 reference (reference/autograd_reference.py). Each
-fallback is logged once per problem, with its reason, on the "fusedattn_select" logger.
-
-Training is detected, not declared: grad mode is on and q, k, v, bias or sink requires grad. The
-backward pass uses cuDNN's softmax stats saved by the forward pass and the caller's
-`deterministic` flag.
+Dim orders and memory layouts: attention()'s `layout` argument and tensor_layouts.formats. What runs
+a call, how plans are found and when it falls back: see docs/dispatch.md.
 
 Eager calls run through a torch.autograd.Function (fused.py); under torch.compile the same work
 runs inside the custom ops `fusedattn_select::attention_fwd` / `attention_bwd` (ops.py).

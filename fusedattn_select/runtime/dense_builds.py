@@ -1,17 +1,7 @@
 """Where a steady shape's own (dense) plans are built: in a worker process, so the caller never waits.
 
-A call signature that bucket plans run gets its shape's own plans once it is steady (entries.count_call).
-Building them is cuDNN work that holds the GIL for nearly all of its length (docs/performance.md,
-"Measured facts behind the design"), so a thread would stall the caller as much as building inline. Instead one spawned worker
-process per calling process selects the shape's own graphs and builds its plans into the persistent
-store; the caller keeps running bucket plans meanwhile, sees the job done at a later call, and then
-reads the answer and loads the plans from the store (a few ms) instead of building them.
-
-FUSEDATTN_SELECT_DENSE_BUILDS (read at import) picks where: "process" (the default) or "inline" (build
-in the calling thread, stalling that one call). Without a persistent store that keeps plans, or without the live
-cuDNN engine, there is nothing to hand plans over with: those processes build inline. The worker
-starts at the first promotion (a few seconds: imports and CUDA context, which then holds its own
-GPU memory) and lives as long as the process.
+When a shape is promoted, why a worker process builds, and FUSEDATTN_SELECT_DENSE_BUILDS: see
+docs/shape-buckets.md, 'Repeated shapes get their own plans, without a stall'.
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ Reads one JSON job per line on stdin and answers one JSON line per job on the pi
   attention() would (compact tensors of the call's shapes and dim order, made here: the caller
   sends compact strides, see dense_builds.ask_decide), storing every selection and plan it
   takes; {"id", "result": JSON {"reason", "forms"}}; then, at a lower priority than any job asked
-  for, the next buckets of its problem class (build ahead: the next process, and the next length,
-  start warm);
+  for, the next buckets of its problem class (docs/dispatch.md, 'First contact');
 - {"id", "kind": "ahead", "config", "bucket", "return_lse", "store_dir", "device"}: build one bucket of
   a problem class ahead (dense_builds.queue_ahead: a registered model's buckets), at the priority of
   build-ahead work, after every job asked for; {"id", "result": ""} when its plans are stored, else why not;

@@ -1,11 +1,7 @@
 """The Dispatcher: every piece of state attention() keeps between calls, owned by one object.
 
-The modules of runtime/ hold behaviour; what they remember lives here, in the process's one
-`dispatcher`: the decided call signatures and the table of calls, the counters `dispatch_info()`
-reports, the bookkeeping that promotes a bucketed shape to its own plans, the measured runner
-choices, the thread that prepares signatures off the caller's path, the plan cache and its
-workspaces, the worker process that builds plans, the triton kernels of the FP8 path and the
-compiled module. `dispatcher.clear()` (clear_plans) forgets it in one place.
+What it keeps: the fields of `Dispatcher` below (docs/dispatch.md, 'One owner, one runner per
+signature'); `dispatcher.clear()` (clear_plans) forgets it in one place.
 
 This module sits at the bottom of runtime/'s imports (it imports no other runtime module), so
 every module reaches the state without an import cycle.

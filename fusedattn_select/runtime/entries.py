@@ -230,12 +230,8 @@ def remember_call(call_key: tuple, found: Entry) -> None:
 
 # ----- from bucket plans to the shape's own plans -------------------------------------------------
 
-# A call signature run by bucket plans gets its shape's own plans (built once, or loaded from the
-# store) at its `dense_after`-th call (FUSEDATTN_SELECT_DENSE_AFTER, run_settings) if it had at least STEADY_SHARE of its problem class's calls
-# since its first and more than twice the calls its class's previous signature had when it came
-# (one pass over a model's layers, counted up to MAX_PASS: more is a shape used for long). A shape
-# a training loop or a static cache repeats runs at the dense plan's speed; a decode length (called
-# by every layer, then never again) or a step's new length never pays a build, at any depth.
+# When a call signature run by bucket plans gets its shape's own plans (`dense_after`, STEADY_SHARE,
+# MAX_PASS): see docs/shape-buckets.md, 'Repeated shapes get their own plans, without a stall'.
 STEADY_SHARE = 0.5
 MAX_PASS = 128
 

@@ -139,11 +139,8 @@ _flash = getattr(torch, "_scaled_dot_product_flash_attention", None)
 _efficient = getattr(torch, "_scaled_dot_product_efficient_attention", None)
 
 
-# Inference calls at most this small run on the memory-efficient kernel even where flash takes them:
-# its host time per call is lower, and while the keys are few its kernel is no slower
-# (tools/bench_torch_runner.py; docs/dispatch.md). The bounds hold for a call's shape bucket
-# (buckets.Bucket), so every call of a bucket runs one kernel and the runner choice measured for
-# the bucket (tiers.py) is that kernel's.
+# Inference calls at most this small run on the memory-efficient kernel even where flash takes them;
+# why, and why the bounds are the bucket's: see docs/dispatch.md, 'The torch runner's kernel'.
 SMALL_KEYS = 512
 SMALL_SCORES = 1 << 22  # batch * query heads * query rows * keys
 
@@ -153,10 +150,7 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     tensors fixed once: torch's flash or memory-efficient kernel (`torch_kernel`), called directly;
     SDPA itself where neither is (CPU tensors, a head dim SDPA pads, torch's own switches turning them off).
 
-    Not through SDPA: SDPA picks its kernel by process-wide switches, and its cuDNN kernel builds
-    graphs of its own on a new shape's first call, which is what running on torch avoids; turning that switch
-    off around a call would turn it off for every thread meanwhile, and undo a change another
-    thread made."""
+    Why not through SDPA: see docs/dispatch.md, 'First contact'."""
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     causal = sdpa_mask_form(opts.mask, qb.shape[2], kb.shape[2]) == "causal"
     gqa = qb.shape[1] != kb.shape[1]

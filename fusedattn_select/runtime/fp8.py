@@ -24,10 +24,7 @@ Where the platform lets O and dQ/dK/dV be written in fp16/bf16 (cuDNN on Blackwe
 with unit scales; elsewhere (Hopper) they are FP8 with the bound scales above and are dequantized
 to the input precision before they are returned.
 
-Delayed scaling (`FP8History`, TransformerEngine's delayed recipe with power-of-two scales): q, k
-and v are scaled from the amaxes recorded by earlier calls of the same call site, so each is cast
-in one pass with no amax pass before it; the pass records the call's amaxes. The casts, amaxes and
-dequantization run in fp8_kernels (Triton where available, else torch, with the same results).
+Delayed scaling: `FP8History`. The casts, amaxes and dequantization run in fp8_kernels.
 """
 
 from __future__ import annotations
@@ -235,9 +232,7 @@ def bound_scaled_gradients(cfg) -> str:
     """Why an FP8 training problem from fp16/bf16 inputs should run its backward in their precision
     ("" where its gradients are not FP8).
 
-    FP8 gradients take scales fixed before the kernel from bounds that hold for every input (above).
-    dK's grows with the query rows (seqlen_q x query heads per KV head), so on real data dK sits far
-    below the scale's top and loses most of its bits, down to zero (docs/verify.md simulates it)."""
+    Why: see docs/dispatch.md, 'FP8 training runs what is fastest and keeps its gradients'."""
     return BOUND_SCALED_GRADIENTS if dtypes.BY_NAME[cfg.resolved_dqkv_dtype].is_fp8 else ""
 
 

@@ -16,8 +16,7 @@ largest power of two the compute dtype holds. The quotient is rounded to float32
 exponent is taken; for amax and top on the float32 grid that never crosses a power of two, so the
 scale is exact and `amax * scale <= top`.
 
-FUSEDATTN_SELECT_FP8_KERNELS picks the implementation once: "auto" (default: Triton where it can be
-imported), "triton" (an error where it cannot) or "torch".
+FUSEDATTN_SELECT_FP8_KERNELS picks the implementation once (docs/environment.md).
 """
 
 from __future__ import annotations

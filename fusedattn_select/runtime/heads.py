@@ -1,11 +1,6 @@
 """A decode step with keys and values in BHSD memory, run with its KV heads as batch (see
-buckets.heads_as_batch): the call's q, k, v are re-described, without copies, as a call of one
-head per (sequence, KV head) whose query rows are that head's group of query heads, and that call
-runs its own entry (bucket plans). Where that entry is lean, the decode step's entry takes its
-plans and Lean with the output in the caller's geometry, so the hot path makes no views at all. A transformers DynamicCache holds its keys and values
-this way, so generate()'s decode steps run without copying the cache each step. Keys and values that
-are a slice of a longer BHSD cache (k_cache[:, :, :L]) view the same way: each (sequence, KV head)
-is then a run of tokens a cache row apart, which the bucket plans read in place (ragged.kv_steps)."""
+buckets.heads_as_batch, and docs/shape-buckets.md, 'Decode steps with BHSD keys and values run with
+their KV heads as batch')."""
 
 from __future__ import annotations
 

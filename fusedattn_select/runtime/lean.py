@@ -1,8 +1,5 @@
 """The lean hot path: an entry's plans fed the caller's tensors as they are, with no views, copies or
-dicts per call. Dense plans take q, k, v in the caller's dim order (their memory is what the graph
-declared; the frontend binds each buffer by the declaration); bucket plans take them where their
-memory is contiguous BSHD (or, for K and V of a forward call, rows of longer BSHD buffers: a slice
-of a cache), with the shape's ragged offsets and lengths made once per signature.
+dicts per call (which memory each plan form takes: docs/dispatch.md, 'Hot path').
 
 `mark_lean` gives an entry its Lean where its plans take q, k, v and nothing the caller varies per call
 (no bias, ALiBi slopes, sink, lengths, dropout or FP8); every other entry runs the general path

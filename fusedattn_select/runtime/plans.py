@@ -8,12 +8,7 @@ scales, the dropout RNG counter) are allocated once per plan, so the hot path al
 its outputs and never synchronises with the host: forward and backward can be captured in a CUDA
 graph.
 
-Building is the slow step (kernels are compiled); see build_plan for why plans are built without
-cuDNN's kernel cache. `obtain_plan` finds a plan in this order: the process's plans (one per device
-and plan key, shared by every call signature that runs the same graph), the persistent store (a
-serialized graph from an earlier process or from warmup(); plan_store/persistence.py), and only then
-a build, whose serialized graph is stored for the next process. `plan_stats()` counts builds and
-loads apart, so tests can assert the hot path (and a warm-started process) builds nothing.
+Where a plan is found (this process, the store, a build): `obtain_plan` and docs/dispatch.md, 'Plans'.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Running a call through its bucket plan: the ragged (THD) padding-mask graph built at the bucket's
 batch size and lengths, bound to the caller's tensors held in contiguous BSHD memory.
 
-Each sequence i of a (b, s, h, d) tensor starts at element i * s * h * d (its ragged offset); the
-bucket's unused batch slots start at the end and have length 0, so the kernels skip them. The
-offsets and lengths of one shape are made once, on the host, and copied to the device in one
-transfer when the shape is first seen.
-
-K and V of a forward call may instead be rows of longer BSHD buffers (k_cache[:, :L] of a
-preallocated cache): their sequences then start `k_step` / `v_step` elements apart, the buffers'
-batch strides, and are read where they are, with no copy. The backward graphs give dK and dV the
-offsets of K and V, so training calls always bind contiguous memory.
+Ragged offsets and lengths, K and V read in place as rows of longer buffers (`kv_steps`), and why
+training binds contiguous memory: see docs/shape-buckets.md, its opening section.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """First contact: a call never waits for a cuDNN plan; each bucket runs on the runner measured faster.
 
-A new call signature is decided at once from what this process holds in memory (offpath.MEMORY).
-When its selections or plans are not there, the call runs on torch's SDPA (flash or memory-efficient:
-the same problem, exactly) and the signature waits: a background thread of this process reads the
-persistent store, or asks the worker process (dense_builds) to select and build everything the
-signature runs, then loads it from the store. A later call swaps the cuDNN runner in, once, logged. Without the
-cuDNN frontend there is nothing to prepare: torch runs the signature for good (`dense_builds.cudnn_missing`).
-
-When the swap comes, both runners are timed on the caller's own tensors (forward calls in turns,
-CUDA events) and the faster one keeps the signature's bucket, persisted in the store per bucket and
-device so the next process starts with the measured choice (`runner:` keys next to the plans).
-
-Calls that wait as before (they never switch kernels mid-run, or torch cannot run them exactly and
-cheaply): FUSEDATTN_SELECT_FIRST_CALLS=wait, deterministic=True, CUDA-graph capture, torch.compile
-(the custom ops), FP8, return_lse, bias / ALiBi / sinks / sequence lengths, windows, padding masks,
-softmax variants, a bottom-right causal mask over unequal lengths, CPU tensors, and problems neither
-flash nor memory-efficient attention takes (torch would run its math kernel).
+Which calls run on torch meanwhile, how the swap and the timing work, and which calls wait: see
+docs/dispatch.md, 'First contact'.
 """
 
 from __future__ import annotations
@@ -63,7 +49,7 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
           scales: Any) -> Entry:
     """The decision for `signature` (an entries.key): made now from memory (with its bucket's runner
     choice, measured now where this device has none), else a torch runner that waits for it (see
-    the module docstring), else (a waiting case) made now as before."""
+    docs/dispatch.md, 'First contact'), else (a waiting case) made now as before."""
     def decide() -> Entry:
         why = wait_reason(signature, q, k, v, inputs, scales)
         if why:
@@ -377,13 +363,12 @@ def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: t
 
 
 def start_early() -> Future | None:
-    """Start making this process's selector on a thread of its own, before any call, where the
-    first call's preparation would make it from a store that holds files (importing cuDNN and
-    opening the store hold the GIL: docs/performance.md, first contact), on the device this thread's
-    calls go to (`_current_device`). Its Future (the selector, or None when it could not be made:
-    the first call makes it again and reports why), or None where nothing is started: made
-    already, no cuDNN frontend, a worker that decides first (`dense_builds.fresh_store_target`), or
-    several devices and none chosen yet. The settings the runtime reads are fixed from here on."""
+    """Start making this process's selector on a thread of its own, before any call (why: see
+    docs/dispatch.md, 'The selector made ahead'), on the device this thread's calls go to
+    (`_current_device`). Its Future (the selector, or None when it could not be made: the first call
+    makes it again and reports why), or None where nothing is started: made already, no cuDNN
+    frontend, a worker that decides first (`dense_builds.fresh_store_target`), or several devices
+    and none chosen yet. The settings the runtime reads are fixed from here on."""
     if selection.made_default_selector() is not None or dense_builds.cudnn_missing():
         return None
     device = _current_device()

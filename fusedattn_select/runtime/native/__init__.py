@@ -1,16 +1,8 @@
 """The compiled lean path: lean.cpp runs a lean entry's call (runtime/lean.py) in C++, with a C++
 autograd node for training, so a call costs torch's own per-op overhead instead of Python's.
 
-It is never built during a call. With FUSEDATTN_SELECT_NATIVE=auto (the default) the first lookup
-of a module that is not built starts a build in the background (autobuild.py); `build()` (or
-`fusedattn-select native build`) builds it by hand. A build compiles lean.cpp with torch's extension
-builder, which needs a C++ compiler (torch's choice, or $CXX), the CUDA toolkit, cuDNN's headers (the
-nvidia-cudnn wheel torch installs) and cudnn-frontend's headers (its wheel ships them), then tests
-the module in a child process before keeping it. Modules live in $FUSEDATTN_SELECT_NATIVE_DIR
-(default: native/ in the cache directory), named by a hash of the source and of the versions they
-compile against, so a changed torch or frontend never loads a stale build. Where none is built, it
-cannot load, or FUSEDATTN_SELECT_NATIVE=0, every call runs the pure-Python lean path, which computes
-the same thing.
+Building it (by hand or in the background), where modules live and what runs where none loads: see
+docs/dispatch.md, 'Compiled lean path (built on first use)'.
 """
 
 from __future__ import annotations

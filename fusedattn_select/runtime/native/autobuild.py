@@ -1,15 +1,9 @@
 """The compiled lean path built on first use, in the background (FUSEDATTN_SELECT_NATIVE=auto).
 
-The first time a process looks for a module that is not built, `BackgroundBuild.start` runs
-`fusedattn-select native build` in a child process on a thread of its own, at the lowest CPU
-priority, its output in <modules dir>/<name>.log, its test on this process's device. Calls meanwhile
-run the Python lean path, which computes the same thing. A process that finds another one building
-(build()'s file lock held: another rank of the node) starts no child and waits for that build
-instead. When the build succeeds, `on_built` lets the next lookup load the module, and
-lean entries made before then take it at their next call (`generation`). A build that cannot start
-here, or fails, is said in one log line and leaves every call on the Python path; a failure is
-remembered beside the module (<name>.failed), so later processes do not compile it again until
-`fusedattn-select native build` is run by hand.
+`BackgroundBuild.start` runs `fusedattn-select native build` in a child process on a thread of its own;
+when the build succeeds, `on_built` lets the next lookup load the module, and lean entries made
+before then take it at their next call (`generation`). What calls run meanwhile, another rank's
+build, and a failed one: see docs/dispatch.md, 'Compiled lean path (built on first use)'.
 """
 
 from __future__ import annotations
