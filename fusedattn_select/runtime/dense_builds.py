@@ -83,8 +83,8 @@ def _ask(job: dict, where: tuple[str, int] | None, failed: str) -> Future | None
 
 def fresh_store_target(device: int) -> tuple[str, int] | None:
     """(the default store directory, device) where a worker can decide before this process makes
-    its selector (which imports cuDNN and opens the store, holding the GIL from the caller's calls
-    for about a second): plans go to a worker, the store is persistent and holds no file yet. None
+    its selector (which imports cuDNN and opens the store, holding the GIL from the caller's calls:
+    docs/performance.md, first contact): plans go to a worker, the store is persistent and holds no file yet. None
     otherwise: the caller reads the store first."""
     if run_settings.get().dense_builds != PROCESS or cache_switched_off() or os.environ.get(settings.SNAPSHOT):
         return None  # (an invalid value of either is reported where the selector is made)
@@ -134,7 +134,7 @@ def cudnn_missing() -> str:
 def ahead_target(device: int) -> tuple[tuple[str, int] | None, str]:
     """((the default store directory, device), "") where a worker can build plans ahead, worked out
     as fresh_store_target does, without this process's selector (which imports cuDNN and opens the
-    store, holding the GIL ~1 s); else (None, why not). What only the worker can tell (cuDNN that
+    store, holding the GIL); else (None, why not). What only the worker can tell (cuDNN that
     does not load, a store that refuses plans) comes back as the answer of each job."""
     mode = run_settings.get().dense_builds
     if mode != PROCESS:
