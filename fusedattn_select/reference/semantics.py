@@ -42,6 +42,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+# config.MASKS and config.SOFTMAXES, copied: the reference imports nothing else of the package
+# (tests/reference/test_autograd_reference.py keeps the copies equal).
 MASK_TYPES: Tuple[str, ...] = (
     "no_mask",
     "padding",

@@ -468,3 +468,12 @@ def test_invalid_argument_raises_value_error_naming_it(case):
     q, k, v = kwargs.pop("q"), kwargs.pop("k"), kwargs.pop("v")
     with pytest.raises(ValueError, match=name):
         reference_attention(q, k, v, **kwargs)
+
+
+def test_the_references_names_are_the_configs():
+    # The reference imports nothing else of the package (an oracle that shares no code with what it
+    # checks), so it keeps its own copy of the names; this keeps the copy equal to config's.
+    from fusedattn_select.config import MASKS, SOFTMAXES
+    from fusedattn_select.reference.semantics import MASK_TYPES, SOFTMAX_TYPES
+
+    assert MASK_TYPES == MASKS and SOFTMAX_TYPES == SOFTMAXES
