@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -31,6 +32,7 @@ from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
 from fusedattn_select.runtime.tensor_layouts import bhsd, formats, from_bhsd
 from fusedattn_select.runtime.lean import Lean, mark_lean, relean
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.runtime.plans import is_capturing
 from fusedattn_select.runtime.problem import config, standard_alibi
 from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.runtime.run_settings import run_settings
@@ -113,10 +115,6 @@ def _signature(t: Optional[torch.Tensor]) -> Any:
     return (tuple(t.shape), t.stride(), t.dtype)
 
 
-is_capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") \
-    else torch.cuda.is_current_stream_capturing
-
-
 def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions, inputs: OptionalInputs) -> tuple:
     """The hot-path key: the options and every tensor property a decision depends on; the last
     item says whether the call is under CUDA-graph capture."""
@@ -131,11 +129,13 @@ def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions,
 
 
 def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
-          scales: Optional[FP8Scales]) -> Entry:
-    """The decision for `signature` (a `key`), made now if it is new."""
+          scales: Optional[FP8Scales], decide: Optional[Callable[[], Entry]] = None) -> Entry:
+    """The decision for `signature` (a `key`), made now if it is new: by `decide` where given (a
+    settled entry), else by `new_entry`."""
     # One decision per key: concurrent first calls of one signature wait for a single build, while
     # different signatures build at the same time.
-    found, built = dispatcher.entries.get_or_build(signature, lambda: new_entry(signature, q, k, v, inputs, scales))
+    found, built = dispatcher.entries.get_or_build(
+        signature, decide or (lambda: new_entry(signature, q, k, v, inputs, scales)))
     if built:
         dispatcher.counters["entries_built"] += 1
     return found

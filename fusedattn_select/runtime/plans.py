@@ -214,18 +214,15 @@ class Plan:
 
     def _launch(self, direct: launch.Launcher, buffers: tuple[Any, ...], workspace: torch.Tensor, handle: Any
                 ) -> bool:
-        """Run through the direct launcher; False (and never again) when its first call fails."""
-        if self._direct_proven:
+        """The direct launcher's first run; False (and never again) when it fails."""
+        try:
             direct(buffers, workspace, handle)
-        else:
-            try:
-                direct(buffers, workspace, handle)
-            except Exception as err:  # noqa: BLE001 - frontend internals differ: the public execute
-                log.debug("fusedattn_select: direct launch unavailable (%s: %s); using execute()",
-                          type(err).__name__, err)
-                self._direct = None
-                return False
-            self._direct_proven = True
+        except Exception as err:  # noqa: BLE001 - frontend internals differ: the public execute
+            log.debug("fusedattn_select: direct launch unavailable (%s: %s); using execute()",
+                      type(err).__name__, err)
+            self._direct = None
+            return False
+        self._direct_proven = True
         dispatcher.plan_stats["executes"] += 1
         return True
 
@@ -259,7 +256,8 @@ def _uids(slots: tuple[Any, ...]) -> Optional[tuple[int, ...]]:
 # ----- handles and streams ----------------------------------------------------------------------
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+# Whether this thread's current stream is capturing a CUDA graph (torch's C call: it runs per call).
+is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
 
 def _prepare_handle(device: torch.device) -> tuple[Any, int]:
@@ -297,7 +295,7 @@ def workspace_for(device: torch.device, size: int, stream: int) -> torch.Tensor:
     address of a buffer that later eager calls or other graphs reuse.
     """
     size = max(size, 1)  # some frontend versions want a buffer even when the plan needs none
-    if _capturing():
+    if is_capturing():
         return torch.empty(size, dtype=torch.uint8, device=device)
     key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
     buffer = dispatcher.workspaces.get(key)

@@ -83,10 +83,7 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                      "cuDNN" if choice.runner == CUDNN else "torch SDPA", choice.why())
         return apply_choice(found, choice, keeper)
 
-    found, built = dispatcher.entries.get_or_build(signature, lambda: entries.settle(decide()))
-    if built:
-        dispatcher.counters["entries_built"] += 1
-    return found
+    return entries.entry(signature, q, k, v, inputs, scales, lambda: entries.settle(decide()))
 
 
 def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
