@@ -1,6 +1,7 @@
 """First contact, side by side: every "done when" row of issue 34 in one run on one GPU.
 
     python -m tools.bench_first_contact -o tools/results/first-contact-h100.json [--quick] [--parts 1,2,5]
+        [--processes N]
 
 Sides: "ours" (fusedattn_select.attention; models: attn_implementation "fusedattn"), "flash" (torch
 SDPA pinned to its flash backend), "default" (torch SDPA's own choice). Each side runs in its own
@@ -25,7 +26,8 @@ fresh process with an empty store (FUSEDATTN_SELECT_CACHE_DIR a new temp directo
 Writes one JSON document (device, versions, git commit, date, every part's figures and the verdicts)
 to -o, and prints the done-when table. A part that fails records "failed: reason" and the run goes
 on; the run keeps to a time budget (default 460 s, --quick 300 s), skipping the parts it has no time
-left for. Where one command may run only so long, run the parts in several runs on one machine and
+left for. `--processes N` (odd) runs N processes per side in rows 1-4 and 6 instead of three (row 2:
+five). Where one command may run only so long, run the parts in several runs on one machine and
 merge them: `python -m tools.first_contact.merge -o OUT a.json b.json`. Modules: tools/first_contact/.
 """
 
@@ -63,7 +65,8 @@ def measure(plan: Plan, argv: list[str]) -> dict[str, Any]:
         **{key: environment[key] for key in TOP_LEVEL if key in environment},
         "git_commit": _git_rev(),
         "environment": environment,
-        "quick": plan.quick, "budget_s": plan.budget_s, "parts_selected": list(plan.parts), "parts": {}}
+        "quick": plan.quick, "budget_s": plan.budget_s, "processes_per_side": plan.processes,
+        "parts_selected": list(plan.parts), "parts": {}}
     for name in plan.parts:
         document["parts"][name] = parts.run_part(name, RUNNERS[name], plan, budget)
         if plan.output:  # what is measured so far survives a run that is cut off

@@ -259,6 +259,30 @@ def test_each_fine_tune_step_is_its_median_over_the_processes(monkeypatch):
     assert found["sides"]["default"]["step_ms"] == [2.0, 2.0]
 
 
+def test_processes_per_side_follow_the_option(monkeypatch):
+    started = []
+
+    def fake(part, side, args, timeout_s, env=None):
+        started.append(side)
+        return {"status": "ok", "step_ms": [float(len(started))]}
+
+    monkeypatch.setattr(parts, "run_fresh", fake)
+    found = parts.finetune(options.parse_args(["--processes", "5"]), Budget(100.0))
+    assert started.count("ours") == started.count("flash") == 5
+    assert len(found["sides"]["ours"]["rounds_step_ms"]) == 5
+    started.clear()
+    parts.finetune(options.parse_args([]), Budget(100.0))
+    assert started.count("ours") == parts.ROUNDS
+
+
+@pytest.mark.parametrize("value", ["4", "0", "three", "-3"])
+def test_processes_must_be_an_odd_whole_number(value, capsys):
+    with pytest.raises(SystemExit) as exited:
+        options.parse_args(["--processes", value])
+    assert exited.value.code == 2
+    assert "--processes" in capsys.readouterr().err
+
+
 def test_first_calls_and_tiny_calls_are_medians_over_the_processes(monkeypatch):
     # Skewed values whose medians come from different processes: neither a mean nor one median process.
     tiny = {"ours": iter([(90.0, 10.0), (50.0, 30.0), (55.0, 20.0)]), "flash": iter([(9.0, 9.0)] * 3),

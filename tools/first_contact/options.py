@@ -53,6 +53,8 @@ class Plan:
     finetune_steps: int
     big_rounds: int
     native_turns: int
+    # Fresh processes per side in rows 1-4 and 6 (None: parts.ROUNDS, and GENERATE_ROUNDS for row 2).
+    processes: int | None = None
 
     def part_args(self, part: str) -> dict[str, Any]:
         """The JSON arguments a worker of `part` is given."""
@@ -94,6 +96,12 @@ def _positive(text: str) -> float:
     return value
 
 
+def _processes(text: str) -> int:
+    if not (text.isdigit() and int(text) % 2 == 1):
+        raise argparse.ArgumentTypeError(f"--processes={text!r}: must be an odd whole number (each figure is a median)")
+    return int(text)
+
+
 def parse_args(argv: Sequence[str] | None, description: str = "") -> Plan:
     """The Plan of the command line (argparse exits with a message on bad input)."""
     parser = argparse.ArgumentParser(prog="python -m tools.bench_first_contact", description=description)
@@ -103,6 +111,8 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> Plan:
     parser.add_argument("--parts", type=parse_parts, default=tuple(PARTS),
                         help="rows 1-7 or part names, comma separated (default: all): " + ", ".join(
                             f"{name} ({'/'.join(map(str, rows))})" for name, rows in PARTS.items()))
+    parser.add_argument("--processes", type=_processes, default=None,
+                        help="fresh processes per side in rows 1-4 and 6 (default 3, row 2 5)")
     parser.add_argument("--budget", type=_positive, default=None,
                         help=f"seconds for the whole run (default {FULL_BUDGET_S:.0f}, --quick {QUICK_BUDGET_S:.0f})")
     args = parser.parse_args(argv)
@@ -110,7 +120,7 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> Plan:
     return Plan(parts=args.parts, quick=args.quick, budget_s=budget, output=args.output,
                 generate_models=("llama",) if args.quick else tuple(GENERATE),
                 finetune_steps=5 if args.quick else 8, big_rounds=3 if args.quick else 7,
-                native_turns=3 if args.quick else 10)
+                native_turns=3 if args.quick else 10, processes=args.processes)
 
 
 class Budget:
