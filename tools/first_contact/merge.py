@@ -37,7 +37,8 @@ def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for document in documents:
         merged["parts"].update(document.get("parts") or {})
     merged["merged_from"] = [{key: document.get(key) for key in ("command", "git_commit", "date", "parts_selected",
-                                                                  "wall_s", "budget_s")} for document in documents]
+                                                                  "processes_per_side", "wall_s", "budget_s")}
+                             for document in documents]
     merged["command"] = " && ".join(str(document.get("command")) for document in documents)
     merged["git_commit"] = "+".join(dict.fromkeys(str(document.get("git_commit")) for document in documents))
     merged["date"] = documents[-1].get("date")
