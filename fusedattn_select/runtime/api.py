@@ -110,8 +110,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     """
     given = (layout, mask, window_size, attn_scale, dropout, softmax, deterministic, fp8, return_lse)
     if torch.compiler.is_compiling():
+        # Arguments(*given), not _make: torch 2.5's dynamo does not trace namedtuple._make.
         return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),
-                                      Arguments._make(given))
+                                      Arguments(*given))
     # Each condition is read once: this is the host time of every call.
     no_tensors = bias is None and alibi_slopes is None and sink is None
     no_lengths = seqlens_q is None and seqlens_kv is None

@@ -166,10 +166,8 @@ def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             out = _flash(q, k, v, dropout, causal, False, scale=scale)[0]
         elif kernel == "efficient":  # its log-sum-exp only where a backward needs it
             out = _efficient(q, k, v, None, lse, dropout, causal, scale=scale)[0]
-        elif gqa:
-            out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=True)
         else:
-            out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
+            out = torch_sdpa(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=gqa)
         return from_bhsd(out, layout) if views else out
 
     return call

@@ -96,6 +96,9 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         return "CUDA-graph capture"
     if opts.deterministic or torch.are_deterministic_algorithms_enabled():
         return "deterministic=True" if opts.deterministic else "torch.use_deterministic_algorithms(True)"
+    if opts.training and _top_hooks is None:
+        # No way to tell a checkpointed forward (below), whose recomputation must run the kernel it ran.
+        return "training on a torch without the saved-tensor hook stack (torch < 2.8)"
     if opts.training and _saved_tensor_hooks() is not None:
         # Activation checkpointing: the backward recomputes this forward, and must run the kernel it ran.
         return "saved-tensor hooks (activation checkpointing)"
@@ -109,18 +112,15 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         return f"torch SDPA cannot run {blocker}"
     if sdpa_mask_form(opts.mask, qb.shape[2], kb.shape[2]) == "dense":
         return "a bottom-right causal mask over unequal lengths needs a dense mask in torch"
-    if qb.shape[1] != kb.shape[1] and not _SDPA_GQA:
-        return "GQA needs torch >= 2.5 (enable_gqa)"
     if q.dtype not in (torch.float16, torch.bfloat16) or not _flash_or_efficient(opts, qb, kb, bhsd(v, opts.layout)):
         return "neither flash nor memory-efficient attention takes it"
     return ""
 
 
-_SDPA_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 _current_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)  # -1: not inside a backward
 
 
-_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)  # torch 2.8 and later
 
 
 def _saved_tensor_hooks() -> Any:

@@ -18,6 +18,7 @@ import weakref
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch.utils.checkpoint  # noqa: E402 - the checkpoint test uses it
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.runtime import api, dense_builds, entries, fallback, tiers
@@ -143,6 +144,8 @@ class _SavesLikeLean(torch.autograd.Function):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
 
+@pytest.mark.skipif(tiers._top_hooks is None, reason="before torch 2.8 training calls wait for their cuDNN runner "
+                    "(no hook stack to tell a checkpointed forward): no signature of them runs on torch first")
 def test_a_swap_between_a_checkpointed_forward_and_its_recompute(isolated):
     q, k, v = (t.requires_grad_() for t in qkv(s=32))
     opts = opts_of(q, k, v)

@@ -84,6 +84,23 @@ def test_capture_and_deterministic_wait_even_on_cpu():
     assert reason(*qkv(cls=ClaimsCuda), deterministic=True) == "deterministic=True"
 
 
+def test_training_waits_where_torch_cannot_tell_a_checkpointed_forward(monkeypatch):
+    q, k, v = (t.requires_grad_() for t in qkv(cls=ClaimsCuda))
+    plain = [t.detach().as_subclass(torch.Tensor).requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        sig = signature(*plain)
+        assert sig[0].training
+        if tiers._top_hooks is not None:  # this torch has the hook stack: training runs on torch first
+            assert tiers.wait_reason(sig, q, k, v, NONE, None) != \
+                "training on a torch without the saved-tensor hook stack (torch < 2.8)"
+        monkeypatch.setattr(tiers, "_top_hooks", None)  # a torch before 2.8
+        assert tiers.wait_reason(sig, q, k, v, NONE, None) == \
+            "training on a torch without the saved-tensor hook stack (torch < 2.8)"
+        inference = signature(*(t.detach() for t in plain))
+        assert not inference[0].training
+        assert "hook stack" not in tiers.wait_reason(inference, q, k, v, NONE, None)
+
+
 @pytest.mark.parametrize("arguments, sq, skv, dtype, expected", [
     ({"return_lse": True}, 64, 64, torch.bfloat16, "torch SDPA cannot run return_lse=True"),
     ({"mask": "padding"}, 64, 64, torch.bfloat16, "torch SDPA cannot run mask='padding'"),
