@@ -14,6 +14,7 @@ import pytest
 
 import tools.first_contact
 from tools.first_contact import native_turns, options, parts, processes, targets, worker
+from torch_abilities import need_cpu_flash_with_grouped_kv
 from tools.first_contact.options import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -350,6 +351,7 @@ def test_a_part_that_raises_is_recorded_and_the_run_goes_on():
 
 def test_a_worker_answers_from_a_fresh_process_on_cpu(monkeypatch):
     pytest.importorskip("torch")
+    need_cpu_flash_with_grouped_kv()
     monkeypatch.setenv("FIRST_CONTACT_DEVICE", "cpu")
     found = processes.run_fresh("first_step", "flash", {"shape": [1, 32, 2, 1, 16]}, 120.0)
     assert found["status"] == "ok", found

@@ -11,12 +11,14 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tools.first_contact import options
+from torch_abilities import need_cpu_flash_with_grouped_kv
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256}
 
 
 def test_turns_alternate_the_sides_and_pair_their_speeds(monkeypatch, tmp_path, capsys):
+    need_cpu_flash_with_grouped_kv()
     from tools import generate_turns
 
     monkeypatch.setenv("FIRST_CONTACT_DEVICE", "cpu")
@@ -47,6 +49,7 @@ def test_turns_must_be_at_least_one(capsys):
 
 
 def test_profile_names_each_sides_host_ops(monkeypatch, tmp_path):
+    need_cpu_flash_with_grouped_kv()
     from tools import generate_turns
 
     monkeypatch.setenv("FIRST_CONTACT_DEVICE", "cpu")
