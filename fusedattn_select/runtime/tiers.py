@@ -96,14 +96,15 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         return "CUDA-graph capture"
     if opts.deterministic or torch.are_deterministic_algorithms_enabled():
         return "deterministic=True" if opts.deterministic else "torch.use_deterministic_algorithms(True)"
-    if opts.training and _top_hooks is None:
-        # No way to tell a checkpointed forward (below), whose recomputation must run the kernel it ran.
-        return "training on a torch without the saved-tensor hook stack (torch < 2.8)"
     if opts.training and _saved_tensor_hooks() is not None:
         # Activation checkpointing: the backward recomputes this forward, and must run the kernel it ran.
         return "saved-tensor hooks (activation checkpointing)"
     if not q.is_cuda or offpath.limit() is not None:
         return "not a CUDA call" if not q.is_cuda else "a limited decision"
+    if opts.training and _top_hooks is None and not dense_builds.cudnn_missing():
+        # No way to tell a checkpointed forward (above) from another, and a swap between one and its
+        # recomputation would run two kernels; without cuDNN torch runs it for good, with no swap.
+        return "training on a torch without the saved-tensor hook stack (torch < 2.8)"
     if opts.fp8 or scales is not None or any(t is not None for t in inputs):
         return "FP8, or optional tensors"
     qb, kb = bhsd(q, opts.layout), bhsd(k, opts.layout)

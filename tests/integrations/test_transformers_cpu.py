@@ -325,6 +325,9 @@ def test_one_row_bias_takes_one_query_row_and_makes_it_again_after_an_edit():
     assert masks.one_row_bias(mask, 1, 8, torch.float32)[0, 0, 0].tolist() == [0.0] * 5 + [float("-inf")] * 3
 
 
+@pytest.mark.xfail(tuple(int(p) for p in transformers.__version__.split(".")[:2]) < (5, 24), strict=False,
+                   reason="Doge in transformers 5.17 reads the mask function's description as a tensor "
+                          "(docs/transformers.md); 5.24 asks for a tensor")
 def test_a_model_that_edits_its_mask_generates_as_with_sdpa(caplog):
     # Doge asks create_causal_mask for the tensor (allow_is_causal_skip=False) and reads its dtype.
     config = transformers.DogeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -85,20 +85,27 @@ def test_capture_and_deterministic_wait_even_on_cpu():
 
 
 def test_training_waits_where_torch_cannot_tell_a_checkpointed_forward(monkeypatch):
+    old_torch = "training on a torch without the saved-tensor hook stack (torch < 2.8)"
     q, k, v = (t.requires_grad_() for t in qkv(cls=ClaimsCuda))
     plain = [t.detach().as_subclass(torch.Tensor).requires_grad_() for t in (q, k, v)]
+    # torch's own flash / memory-efficient checks refuse CPU tensors: here they stand for a CUDA call they take.
+    monkeypatch.setattr(tiers, "_flash_or_efficient", lambda *args: True)
+    monkeypatch.setattr(dispatcher, "no_cudnn", "")  # a process whose cuDNN frontend imports
     with torch.enable_grad():
         sig = signature(*plain)
         assert sig[0].training
-        if tiers._top_hooks is not None:  # this torch has the hook stack: training runs on torch first
-            assert tiers.wait_reason(sig, q, k, v, NONE, None) != \
-                "training on a torch without the saved-tensor hook stack (torch < 2.8)"
+        monkeypatch.setattr(tiers, "_top_hooks", lambda ignore_is_tracing: None)  # torch 2.8+, no hooks set
+        assert tiers.wait_reason(sig, q, k, v, NONE, None) == ""  # training runs on torch first
         monkeypatch.setattr(tiers, "_top_hooks", None)  # a torch before 2.8
-        assert tiers.wait_reason(sig, q, k, v, NONE, None) == \
-            "training on a torch without the saved-tensor hook stack (torch < 2.8)"
+        assert tiers.wait_reason(sig, q, k, v, NONE, None) == old_torch
+        assert reason(*(t.detach().requires_grad_() for t in qkv())) == "not a CUDA call"
+        # Without the cuDNN frontend there is no swap to guard against: torch runs it for good.
+        monkeypatch.setattr(dispatcher, "no_cudnn", "the cuDNN frontend (module cudnn) is not installed")
+        assert tiers.wait_reason(sig, q, k, v, NONE, None) == ""
+        monkeypatch.setattr(dispatcher, "no_cudnn", "")
         inference = signature(*(t.detach() for t in plain))
         assert not inference[0].training
-        assert "hook stack" not in tiers.wait_reason(inference, q, k, v, NONE, None)
+        assert tiers.wait_reason(inference, q, k, v, NONE, None) == ""
 
 
 @pytest.mark.parametrize("arguments, sq, skv, dtype, expected", [

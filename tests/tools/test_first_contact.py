@@ -281,7 +281,8 @@ def test_processes_must_be_an_odd_whole_number(value, capsys):
     with pytest.raises(SystemExit) as exited:
         options.parse_args(["--processes", value])
     assert exited.value.code == 2
-    assert "--processes" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--processes" in err and "must be an odd whole number" in err
 
 
 def test_first_calls_and_tiny_calls_are_medians_over_the_processes(monkeypatch):
@@ -443,6 +444,22 @@ def test_runs_of_some_parts_merge_into_one_document_with_every_verdict():
     assert merged["git_commit"] == "aaa+bbb" and merged["wall_s"] == 20.0
     assert [run["git_commit"] for run in merged["merged_from"]] == ["aaa", "bbb"]
     assert "merged from 2 runs" in merged["table"]
+
+
+def test_a_merged_document_merged_again_keeps_every_run_and_where_each_part_came_from():
+    from tools.first_contact import merge
+
+    first = merge.merge([_run_document(("first_calls", "generate"), "aaa"),
+                         _run_document(("finetune",), "bbb", processes_per_side=7)])
+    assert first["part_runs"] == {"first_calls": 0, "generate": 0, "finetune": 1}
+    again = merge.merge([first, _run_document(("first_calls",), "ccc", processes_per_side=9)])
+    assert [run["git_commit"] for run in again["merged_from"]] == ["aaa", "bbb", "ccc"]
+    assert [run["processes_per_side"] for run in again["merged_from"]] == [None, 7, 9]
+    assert again["part_runs"] == {"first_calls": 2, "generate": 0, "finetune": 1}
+    assert "merged from 3 runs" in again["table"]
+    # A merged document of before part_runs: each part from the last run that selected it.
+    del first["part_runs"]
+    assert merge.merge([first])["part_runs"] == {"first_calls": 0, "generate": 0, "finetune": 1}
 
 
 def test_runs_on_different_devices_or_versions_do_not_merge(tmp_path, capsys):

@@ -5,8 +5,9 @@ the whole bench with the compiled module still to build):
     python -m tools.first_contact.merge -o tools/results/first-contact-h100.json a.json b.json c.json
 
 A part measured by more than one run is taken from the last. The runs must name one device and one
-set of versions; each run's command, commit, date, parts and wall time stay in `merged_from`, and
-the verdicts are worked out again from the merged parts.
+set of versions; each run's command, commit, date, parts, processes per side and wall time stay in
+`merged_from` (a merged document brings its own list), `part_runs` names the run each part comes
+from, and the verdicts are worked out again from the merged parts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,19 @@ from tools.bench_first_contact import TOP_LEVEL, _heading, write
 from tools.first_contact import targets
 
 
+RUN_FIELDS = ("command", "git_commit", "date", "parts_selected", "processes_per_side", "wall_s", "budget_s")
+
+
+def _run(document: dict[str, Any]) -> dict[str, Any]:
+    return {key: document.get(key) for key in RUN_FIELDS}
+
+
+def _sources(document: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, int]:
+    """For a document without `part_runs`: each of its parts' run, the last of `runs` that selected it."""
+    found = {part: index for index, run in enumerate(runs) for part in run.get("parts_selected") or []}
+    return {part: found.get(part, len(runs) - 1) for part in document.get("parts") or {}}
+
+
 def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The merged document; ValueError naming the field where two runs differ in device or versions."""
     if not documents:
@@ -33,12 +47,15 @@ def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 raise ValueError(f"{key}: {first.get(key)!r} in one run, {other.get(key)!r} in another")
     merged: dict[str, Any] = {key: value for key, value in first.items()
                               if key not in ("command", "parts", "parts_selected", "targets", "table", "wall_s")}
-    merged["parts"] = {}
+    merged["parts"], runs, part_runs = {}, [], {}
     for document in documents:
         merged["parts"].update(document.get("parts") or {})
-    merged["merged_from"] = [{key: document.get(key) for key in ("command", "git_commit", "date", "parts_selected",
-                                                                  "processes_per_side", "wall_s", "budget_s")}
-                             for document in documents]
+        # A merged document brings its own runs, so the record keeps every run however often it is merged.
+        earlier = document.get("merged_from") or [_run(document)]
+        sources = document.get("part_runs") or _sources(document, earlier)
+        part_runs.update({part: len(runs) + index for part, index in sources.items()})
+        runs.extend(earlier)
+    merged["merged_from"], merged["part_runs"] = runs, part_runs
     merged["command"] = " && ".join(str(document.get("command")) for document in documents)
     merged["git_commit"] = "+".join(dict.fromkeys(str(document.get("git_commit")) for document in documents))
     merged["date"] = documents[-1].get("date")
@@ -46,7 +63,7 @@ def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     merged["parts_selected"] = list(merged["parts"])
     verdicts = targets.evaluate(merged)
     merged["targets"] = [v.as_json() for v in verdicts]
-    merged["table"] = targets.render(verdicts, _heading(merged) + f" (merged from {len(documents)} runs)")
+    merged["table"] = targets.render(verdicts, _heading(merged) + f" (merged from {len(runs)} runs)")
     return clean_json(merged)
 
 
