@@ -53,10 +53,11 @@ def _sides(part: str, args: Mapping[str, Any], budget: Budget) -> dict[str, dict
     return out
 
 
-def _rounds(part: str, args: Mapping[str, Any], budget: Budget, rounds: int) -> dict[str, list[dict]]:
-    """Each side's answers of `rounds` fresh processes, the sides in turns."""
+def _rounds(part: str, args: Mapping[str, Any], budget: Budget, plan: Plan,
+            default: int = ROUNDS) -> dict[str, list[dict]]:
+    """Each side's answers of the plan's --processes (else `default`) fresh processes, the sides in turns."""
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for _ in range(rounds):
+    for _ in range(plan.processes or default):
         for side, found in _sides(part, args, budget).items():
             runs[side].append(found)
     return runs
@@ -71,7 +72,7 @@ def environment(budget: Budget) -> dict[str, Any]:
 def first_calls(plan: Plan, budget: Budget) -> dict[str, Any]:
     """Rows 1 and 4: each side in ROUNDS (or --processes) fresh processes, the sides in turns; each step's ms and each
     tiny-call figure is its median over the side's processes (every process's in `rounds`)."""
-    runs = _rounds("first_calls", plan.part_args("first_calls"), budget, plan.processes or ROUNDS)
+    runs = _rounds("first_calls", plan.part_args("first_calls"), budget, plan)
     sides = {side: _median_first_calls(found) for side, found in runs.items()}
     return {"sides": sides, "status": overall_status(sides)}
 
@@ -102,7 +103,7 @@ def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
         config, batch, prompt, new_tokens, new_prompt = options.GENERATE[name]
         args = {"config": config, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
                 "new_prompt": new_prompt, "seed": options.SEED}
-        runs = _rounds("generate", args, budget, plan.processes or GENERATE_ROUNDS)
+        runs = _rounds("generate", args, budget, plan, GENERATE_ROUNDS)
         sides = {side: _median_calls(found) for side, found in runs.items()}
         _token_agreement(sides)
         models[name] = {"model": _model_text(config), "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
@@ -137,7 +138,7 @@ def finetune(plan: Plan, budget: Budget) -> dict[str, Any]:
     """Row 3: each side in ROUNDS (or --processes) fresh processes, the sides in turns; a side's `step_ms` is each
     step's median over its processes (every process's steps in `rounds_step_ms`)."""
     args = plan.part_args("finetune")
-    runs = _rounds("finetune", args, budget, plan.processes or ROUNDS)
+    runs = _rounds("finetune", args, budget, plan)
     sides = {side: _median_steps(found) for side, found in runs.items()}
     return {"model": _model_text(args["config"]), "batch": args["batch"], "sides": sides,
             "status": overall_status(sides)}
@@ -167,7 +168,7 @@ def big_shape(plan: Plan, budget: Budget) -> dict[str, Any]:
 def first_step(plan: Plan, budget: Budget) -> dict[str, Any]:
     """Row 6: time to the first result, from just before the process starts; each side's median of
     ROUNDS (or --processes) processes (all of them in `rounds_ms`)."""
-    runs = _rounds("first_step", plan.part_args("first_step"), budget, plan.processes or ROUNDS)
+    runs = _rounds("first_step", plan.part_args("first_step"), budget, plan)
     for found in (r for side_runs in runs.values() for r in side_runs):
         if "first_result_at" in found and "spawned_at" in found:
             found["to_first_result_ms"] = (found["first_result_at"] - found["spawned_at"]) * 1e3
