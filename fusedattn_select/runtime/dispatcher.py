@@ -122,9 +122,11 @@ class Dispatcher:
         self.native_call: Optional[Callable[..., Any]] = None
         self.native_forgotten_calls = 0
         self.native_build: Optional[Any] = None
-        # Held while deciding whether a problem's fallback was logged (entries.log_fallback), or a note
-        # of `told` (a key per note said once per process; clear() keeps them).
+        # Held while deciding whether a problem's fallback was logged (`fallbacks_logged`: (problem
+        # key, reason) pairs, forgotten by clear(); entries.log_fallback), or a note of `told` (a key
+        # per note said once per process; clear() keeps them).
         self.log_lock = threading.Lock()
+        self.fallbacks_logged: set[tuple[str, str]] = set()
         self.told: set[str] = set()
         # Per thread: cuDNN handles by device (`handles`, plans.py) and private streams for loading
         # plans (`loading_streams`, streams.py).
@@ -143,6 +145,8 @@ class Dispatcher:
         signature decides again. The loaded compiled module, the worker, the kernels and whether the
         cuDNN frontend is installed stay."""
         self.entries.clear()
+        with self.log_lock:
+            self.fallbacks_logged.clear()
         with self.lock:
             self.by_call.clear()
         if self.native_table is not None:

@@ -445,12 +445,11 @@ def log_fallback(found: Entry) -> None:
     and reason), whichever call signatures of it (attention(), the SDPA drop-in) run it."""
     if found.logged:
         return
-    problem = problem_key(found)
-    # The entries table is the record of what was logged: clear_plans() forgets both at once.
+    problem = (problem_key(found), found.reason)
     with dispatcher.log_lock:
-        logged = any(other.logged and problem_key(other) == problem and other.reason == found.reason
-                     for other in dispatcher.entries.values())
+        logged = problem in dispatcher.fallbacks_logged
+        dispatcher.fallbacks_logged.add(problem)
         found.logged = True
     if not logged:
         where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "the float32 reference"
-        log.warning("%s", fallback_log.fallback_line(where, problem, found.reason))
+        log.warning("%s", fallback_log.fallback_line(where, *problem))

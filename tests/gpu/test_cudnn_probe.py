@@ -75,6 +75,19 @@ def hopper(engine) -> None:
 
 
 # ----- verdicts ----------------------------------------------------------------------------------
+def test_an_engine_builds_no_graph_until_its_first_probe_which_warms_it_up_once():
+    """Making an engine (what a process that only loads stored plans does) builds no graph; the
+    first probe builds the warm-up graph first, outside its own timings, and once."""
+    fresh = CudnnEngine()
+    assert fresh.warm_up_ms == 0.0
+    verdict = fresh.probe(AttnConfig(**BASE), Backend.F16, FWD)
+    assert verdict.outcome is Outcome.SUPPORTED and fresh.warm_up_ms > 0.0
+    warmed = fresh.warm_up_ms
+    fresh.probe(AttnConfig(**BASE), Backend.F16, BWD)
+    fresh.warm_up()
+    assert fresh.warm_up_ms == warmed
+
+
 def test_head_dim_60_is_rejected_naming_the_multiple_of_8_requirement(engine):
     verdict = engine.probe(config(head_dim_qk=60, is_training=False), Backend.F16, FWD, FAST)
     assert verdict.outcome is Outcome.UNSUPPORTED

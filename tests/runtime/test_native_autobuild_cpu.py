@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -29,9 +30,29 @@ def test_without_a_gpu_the_first_lookup_says_once_why_no_build_starts(native_dir
     assert native.mode() == "auto"
     assert native.load() is None and native.load() is None
     native.background().start(_module(native_dir), native.include_dirs, lambda: None)  # a second start: nothing
+    native.background().thread.join(30)  # the check runs on the build's thread, not the caller's
     said = [r.getMessage() for r in caplog.records if "not built" in r.getMessage()]
     assert said == ["fusedattn_select: compiled lean path not built (no CUDA device); calls run the Python lean path"]
-    assert native.background().started and native.background().thread is None and native.generation() == 0
+    assert native.background().started and not native.background().thread.is_alive() and native.generation() == 0
+
+
+def test_start_returns_at_once_and_checks_on_the_build_thread(native_dir, monkeypatch):
+    """Whether a build can start imports torch's C++ extension tools: never on the caller's call."""
+    gate, checked_on = threading.Event(), []
+
+    def slow_check(module, include_dirs):
+        checked_on.append(threading.current_thread().name)
+        gate.wait(10)
+        return "checked"
+
+    monkeypatch.setattr(autobuild, "cannot_start", slow_check)
+    build = autobuild.BackgroundBuild()
+    started = time.monotonic()
+    build.start(_module(native_dir), native.include_dirs, lambda: None)
+    assert time.monotonic() - started < 5 and build.thread.is_alive()
+    gate.set()
+    build.thread.join(10)
+    assert checked_on == ["fusedattn-select-native-build"] and build.generation == 0
 
 
 @pytest.mark.parametrize("value", ["1", "0"])
@@ -59,7 +80,7 @@ def test_a_failed_background_build_is_logged_once_remembered_and_loads_nothing(n
     caplog.set_level(logging.INFO, logger="fusedattn_select")
     module = _module(native_dir)
     built = []
-    native.background()._run(module, lambda: built.append(True), "0")
+    native.background()._build(module, lambda: built.append(True), "0", time.monotonic())
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "could not be built in the background (exit code 1: error: native build:" in \
         warned[0].getMessage()
@@ -108,7 +129,7 @@ def test_a_process_that_finds_another_building_waits_for_it_and_starts_no_build(
     holder = _hold_the_lock(module)
     assert autobuild.building_elsewhere(module)
     built = []
-    waiter = threading.Thread(target=native.background()._run, args=(module, lambda: built.append(True), "0"))
+    waiter = threading.Thread(target=native.background()._wait_or_build, args=(module, lambda: built.append(True), "0"))
     waiter.start()
     waiter.join(0.3)
     assert waiter.is_alive() and built == []  # waiting on the other build

@@ -22,6 +22,7 @@ problems may run concurrently on different threads.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -52,16 +53,17 @@ class CudnnEngine:
 
     `device` is a CUDA device ordinal (or "cuda:N" / torch.device); None means the device of the
     calling thread's current CUDA context, else device 0. The constructor initialises CUDA and
-    cuDNN and (with `warm_up`) builds one small graph, so cuDNN's one-time library loading is paid
-    here, not by the first probe: `init_ms` is the whole cost (once per process), `warm_up_ms` its
-    graph part. Raises PlatformError when cudnn-frontend or cuda-python cannot be
-    imported, no CUDA device exists, or libcudnn cannot be loaded.
+    cuDNN (`init_ms`); `warm_up()` builds one small graph, so cuDNN's one-time library loading
+    (`warm_up_ms`) is not timed as part of a probe. The first probe warms up; an engine that only
+    loads stored plans never does (its process is then not held up by it). Raises PlatformError
+    when cudnn-frontend or cuda-python cannot be imported, no CUDA device exists, or libcudnn
+    cannot be loaded.
     """
 
     name = "cudnn"
     provenance = Provenance.LIVE_PROBE
 
-    def __init__(self, device: Any = None, *, warm_up: bool = True) -> None:
+    def __init__(self, device: Any = None) -> None:
         started = time.perf_counter()
         cudnn = import_cudnn()
         cuda_driver()
@@ -77,7 +79,9 @@ class CudnnEngine:
                 f"cannot create a cuDNN handle on CUDA device {self.device} ({type(err).__name__}: {err})"
             ) from None
         self._fingerprint = read_fingerprint(self.device, version)
-        self.warm_up_ms = self._warm_up() if warm_up else 0.0
+        self.warm_up_ms = 0.0
+        self._warm = threading.Lock()
+        self._warmed = False
         self.init_ms = (time.perf_counter() - started) * 1e3
 
     # ----- the ProbeEngine protocol ------------------------------------------------------------
@@ -96,6 +100,11 @@ class CudnnEngine:
         PlatformError where torch with CUDA is missing.
         """
         depth = ProbeDepth.parse(depth, "depth")
+        if not self._warmed:
+            self.warm_up()
+        return self._probe(cfg, backend, phase, depth)
+
+    def _probe(self, cfg: AttnConfig, backend: Backend, phase: Phase, depth: ProbeDepth) -> Verdict:
         if depth is ProbeDepth.VERIFY:
             return verify(self, cfg, backend, phase)
         try:
@@ -155,11 +164,15 @@ class CudnnEngine:
         return serialize_build(build, plan_key)
 
     # ----- internals ---------------------------------------------------------------------------
-    def _warm_up(self) -> float:
-        """Build one small graph: cuDNN loads its engine libraries on the first heuristics query,
-        which would otherwise land in the timings of the first real probe."""
-        started = time.perf_counter()
-        cfg = AttnConfig(batch_size=1, num_heads_q=1, num_heads_kv=1, seqlen_q=64, seqlen_kv=64,
-                         head_dim_qk=64, is_training=False)
-        self.probe(cfg, Backend.F16, Phase.FORWARD, ProbeDepth.FAST)
-        return (time.perf_counter() - started) * 1e3
+    def warm_up(self) -> None:
+        """Build one small graph, once per engine: cuDNN loads its engine libraries on the first
+        heuristics query, which would otherwise land in the timings of the first real probe."""
+        with self._warm:  # a probe on another thread meanwhile waits for it
+            if self._warmed:
+                return
+            started = time.perf_counter()
+            cfg = AttnConfig(batch_size=1, num_heads_q=1, num_heads_kv=1, seqlen_q=64, seqlen_kv=64,
+                             head_dim_qk=64, is_training=False)
+            self._probe(cfg, Backend.F16, Phase.FORWARD, ProbeDepth.FAST)
+            self.warm_up_ms = (time.perf_counter() - started) * 1e3
+            self._warmed = True

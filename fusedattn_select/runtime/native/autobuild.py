@@ -103,24 +103,30 @@ class BackgroundBuild:
     def start(self, module: Path, include_dirs: Callable[[], list], on_built: Callable[[], None],
               device: Optional[int] = None) -> None:
         """Build `module` in the background where it can be (once per process), testing it on
-        `device` (None: this thread's current device)."""
+        `device` (None: this thread's current device). Returns at once: whether a build can start
+        is found on the build's own thread, since finding it imports torch's C++ extension tools
+        (docs/dispatch.md, 'Compiled lean path (built on first use)')."""
         with self._lock:
             if self.started:
                 return
             self.started = True
+        import torch
+
+        # Callers name their plans' device: a thread of ours (the preparer) starts on device 0.
+        index = device if device is not None else torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        self.thread = threading.Thread(target=self._run, args=(module, include_dirs, on_built, visible_device(index)),
+                                       daemon=True, name="fusedattn-select-native-build")
+        self.thread.start()
+
+    def _run(self, module: Path, include_dirs: Callable[[], list], on_built: Callable[[], None],
+             device: str) -> None:
         why = cannot_start(module, include_dirs)
         if why:
             log.info("fusedattn_select: compiled lean path not built (%s); calls run the Python lean path", why)
             return
-        import torch
+        self._wait_or_build(module, on_built, device)
 
-        # Callers name their plans' device: a thread of ours (the preparer) starts on device 0.
-        visible = visible_device(torch.cuda.current_device() if device is None else device)
-        self.thread = threading.Thread(target=self._run, args=(module, on_built, visible), daemon=True,
-                                       name="fusedattn-select-native-build")
-        self.thread.start()
-
-    def _run(self, module: Path, on_built: Callable[[], None], device: str) -> None:
+    def _wait_or_build(self, module: Path, on_built: Callable[[], None], device: str) -> None:
         started = time.monotonic()
         if building_elsewhere(module):  # another rank or process: wait for its build, start none
             log.info("fusedattn_select: another process is building the compiled lean path; calls take it "
