@@ -91,14 +91,17 @@ def live_engine_on(device: int) -> ProbeEngine:
 
 
 def live_engine() -> tuple[ProbeEngine | None, str]:
-    """The live cuDNN engine, ignoring $FUSEDATTN_SELECT_SNAPSHOT: (engine, "") or (None, why)."""
+    """The live cuDNN engine, ignoring $FUSEDATTN_SELECT_SNAPSHOT: (engine, "") or (None, why).
+    It builds its warm-up graph before its first probe, if it probes at all (a process that only
+    loads stored plans, or reads the fingerprint, never builds it); selectors warm it up before
+    timing that probe."""
     # The live engine's modules load only where cudnn-frontend (the optional 'cuda' extra) does:
     # on a machine without it (a laptop asking `why`) importing them cost a twentieth of the answer.
     try:
         import_cudnn()
         from fusedattn_select.probing.cudnn.cudnn_engine import CudnnEngine
 
-        return CudnnEngine(), ""
+        return CudnnEngine(warm_up=False), ""
     except PlatformError as err:
         return None, str(err)
     except Exception as err:  # noqa: BLE001 - a broken platform is answered like a missing one, with its error

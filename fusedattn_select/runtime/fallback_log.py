@@ -2,7 +2,7 @@
 
 attention(), the SDPA drop-in (which calls attention() with its own call signature) and the
 compiled custom op all reach `entries.log_fallback`; a problem is logged once however many call
-signatures run it, because an entry logs only when no entry of the same problem has.
+signatures run it: the Dispatcher keeps the (problem, reason) pairs logged until clear_plans().
 """
 
 from __future__ import annotations

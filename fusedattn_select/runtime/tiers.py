@@ -381,7 +381,13 @@ def start_early() -> Future | None:
         # The lock inside default_selector() lets one first call that needs it wait for this one.
         try:
             with torch.cuda.device(device):
-                made.set_result(selection.default_selector())
+                selector = selection.default_selector()
+                # Its engine's warm-up graph (cuDNN loading its engine libraries) is built here, while
+                # the caller loads its model, not on the first plan load of the first call.
+                warm_up = getattr(selector.engine, "warm_up", None)
+                if warm_up is not None:
+                    warm_up()
+                made.set_result(selector)
         except Exception as err:  # noqa: BLE001 - the first call makes it again and reports why it cannot
             log.debug("fusedattn_select: the selector was not made ahead of the first call (%s: %s)",
                       type(err).__name__, err)

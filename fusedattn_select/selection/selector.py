@@ -318,6 +318,9 @@ class Selector:
 
     def _probe(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         offpath.require(f"a probe of {key}", None)
+        warm_up = getattr(self.engine, "warm_up", None)
+        if warm_up is not None:  # an engine made without it: its one-time cost is not this probe's
+            warm_up()
         started = time.perf_counter()
         verdicts = tuple(self._probe_one(cfg, phase, depth) for phase in cfg.phases)
         probe_ms = (time.perf_counter() - started) * 1e3

@@ -75,10 +75,12 @@ def hopper(engine) -> None:
 
 
 # ----- verdicts ----------------------------------------------------------------------------------
-def test_an_engine_builds_no_graph_until_its_first_probe_which_warms_it_up_once():
-    """Making an engine (what a process that only loads stored plans does) builds no graph; the
-    first probe builds the warm-up graph first, outside its own timings, and once."""
-    fresh = CudnnEngine()
+def test_an_engine_made_without_warm_up_builds_its_graph_at_its_first_probe_once(engine):
+    """An engine made with warm_up=False (what selectors get: a process that only loads stored plans
+    never probes) builds no graph until its first probe, which warms it up first, once; the default
+    engine warmed up when made."""
+    assert engine.warm_up_ms > 0.0
+    fresh = CudnnEngine(warm_up=False)
     assert fresh.warm_up_ms == 0.0
     verdict = fresh.probe(AttnConfig(**BASE), Backend.F16, FWD)
     assert verdict.outcome is Outcome.SUPPORTED and fresh.warm_up_ms > 0.0

@@ -51,7 +51,7 @@ WORKER = textwrap.dedent(r'''
         from fusedattn_select.selection.rules import apply_rules
         from fusedattn_select.selection.local_warmup import warmup
 
-        selector = default_selector()  # cuDNN initialised before the start signal
+        selector = default_selector()  # cuDNN initialised before the start signal (its warm-up graph: at the first probe)
         ready, go = os.environ.get("FAS_READY_FILE"), os.environ.get("FAS_GO_FILE")
         if go:
             open(ready, "w").close()

@@ -50,9 +50,28 @@ def test_start_returns_at_once_and_checks_on_the_build_thread(native_dir, monkey
     started = time.monotonic()
     build.start(_module(native_dir), native.include_dirs, lambda: None)
     assert time.monotonic() - started < 5 and build.thread.is_alive()
+    assert not build.building  # checking is not building (native status says "building": false)
     gate.set()
     build.thread.join(10)
     assert checked_on == ["fusedattn-select-native-build"] and build.generation == 0
+
+
+def test_a_check_that_raises_is_said_once_and_builds_nothing(native_dir, monkeypatch, caplog):
+    """An import the check needs failing (torch's C++ tools without setuptools) ends the build thread
+    with one log line naming it, not a thread traceback; calls stay on the Python path."""
+    caplog.set_level(logging.INFO, logger="fusedattn_select")
+
+    def broken_check(module, include_dirs):
+        raise ModuleNotFoundError("No module named 'setuptools'")
+
+    monkeypatch.setattr(autobuild, "cannot_start", broken_check)
+    build = autobuild.BackgroundBuild()
+    build.start(_module(native_dir), native.include_dirs, lambda: None)
+    build.thread.join(10)
+    said = [r.getMessage() for r in caplog.records if "not built" in r.getMessage()]
+    assert said == ["fusedattn_select: compiled lean path not built (ModuleNotFoundError: No module named "
+                    "'setuptools'); calls run the Python lean path"]
+    assert not build.building and build.generation == 0
 
 
 @pytest.mark.parametrize("value", ["1", "0"])

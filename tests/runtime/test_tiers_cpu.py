@@ -10,6 +10,8 @@ import io
 import itertools
 import json
 import queue
+import threading
+import types
 from concurrent.futures import Future
 
 import pytest
@@ -185,6 +187,24 @@ def test_start_early_makes_the_selector_from_a_store_that_holds_files(early):
     selector = made.result(timeout=60)
     assert selector is not None and selection.made_default_selector() is selector
     assert tiers.start_early() is None  # made already
+
+
+def test_start_early_warms_the_engine_up_before_it_hands_the_selector_over(early, monkeypatch):
+    """A selector's live engine builds its warm-up graph (cuDNN loading its libraries) at its first
+    probe; made ahead, it is warmed up there, during the model's load, not at the first plan load."""
+    selection, store_with_a_file = early
+    store_with_a_file()
+    warmed_on = []
+
+    class WarmingTestEngine:  # TEST DOUBLE: only the warm-up is asked of it here
+        def warm_up(self) -> None:
+            warmed_on.append(threading.current_thread().name)
+
+    made_selector = types.SimpleNamespace(engine=WarmingTestEngine())
+    monkeypatch.setattr(selection, "default_selector", lambda: made_selector)
+    made = tiers.start_early()
+    assert made is not None and made.result(timeout=60) is made_selector
+    assert warmed_on == ["fusedattn-selector"]
 
 
 def test_start_early_leaves_an_empty_store_to_the_worker(early):

@@ -87,6 +87,28 @@ def test_training_probes_forward_and_backward_once_then_hits():
     assert (info["hits"], info["misses"], info["probes"], info["entries"]) == (1, 1, 2, 1)
 
 
+def test_an_engine_that_warms_up_is_warmed_before_the_first_probe_is_timed():
+    """A live engine made without its warm-up graph builds it before its first probe; the selector
+    asks for it before starting the probe's clock, so probe_ms is the probe's own time."""
+    class WarmingTestEngine(ScriptedTestEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.warm_ups = 0
+
+        def warm_up(self) -> None:
+            with self._lock:
+                self.calls.append(("warm_up", None, None))
+            self.warm_ups += 1
+            time.sleep(0.3)  # stands for cuDNN loading its engine libraries
+
+    engine = WarmingTestEngine()
+    selector = Selector(engine)
+    first = selector.select(AttnConfig(**BASE, is_training=False))
+    assert engine.calls[0][0] == "warm_up" and first.probe_ms < 250
+    selector.select(AttnConfig(**dict(BASE, batch_size=3), is_training=False))
+    assert engine.calls[2][0] == "warm_up"  # asked again: the engine warms up once (CudnnEngine.warm_up)
+
+
 def test_inference_probes_the_forward_graph_only():
     engine = ScriptedTestEngine()
     Selector(engine, bucket_forms=False).select(config(is_training=False))

@@ -21,6 +21,18 @@ RESULT_STATUS_OK = "ok"
 
 
 # ----- statistics --------------------------------------------------------------------------------
+def warmed_selector() -> Any:
+    """The process's selector with its engine's one-time warm-up done: a selector's live engine
+    builds its warm-up graph before its first probe, which these benches time as process start."""
+    from fusedattn_select.selection.selector import default_selector
+
+    selector = default_selector()
+    warm_up = getattr(selector.engine, "warm_up", None)
+    if warm_up is not None:
+        warm_up()
+    return selector
+
+
 def summarize(samples: Iterable[float | None], unit: str = "") -> dict | None:
     """Median and spread of `samples` (None and non-finite values dropped); None when empty.
 

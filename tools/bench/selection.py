@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from tools.bench.common import Partial, first_line, fmt_ratio, fmt_stat, md_table, ratio, summarize, time_calls, timed
+from tools.bench.common import (Partial, first_line, fmt_ratio, fmt_stat, md_table, ratio, summarize, time_calls, timed,
+                                warmed_selector)
 from tools.bench.problems import load_file
 from tools.bench.runner import Runner
 
@@ -38,9 +39,7 @@ def worker(args: Mapping, res: Partial) -> None:
             rows.append({"name": name, "status": f"n/a: {type(err).__name__}: {first_line(err)}"})
         res.save()
 
-    from fusedattn_select.selection.selector import default_selector
-
-    selector = default_selector()
+    selector = warmed_selector()
     res["engine"] = selector.engine_name
     if selector.engine is None:
         res["engine_unavailable"] = selector.unavailable_reason

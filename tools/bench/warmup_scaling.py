@@ -46,12 +46,10 @@ def run(runner: Runner) -> dict:
 def worker(args: Mapping, res: common.Partial) -> None:
     from fusedattn_select.config_files import load_config_file
     from fusedattn_select.selection.local_warmup import warmup
-    from fusedattn_select.selection.selector import default_selector
-
     suite = load_config_file(common.ROOT / args["suite"])
     entries = common.stride_subset(list(suite.entries), int(args["configs"]))
     t = time.perf_counter()
-    selector = default_selector()
+    selector = common.warmed_selector()
     res["init_s"] = time.perf_counter() - t
     res["engine"] = selector.engine_name
     if selector.engine is None:

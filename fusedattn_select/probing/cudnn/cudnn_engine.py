@@ -8,8 +8,9 @@ memory and no kernel launch, and turns the outcome into a Verdict:
                   express (stage "graph_api"); cached by the selector
     FAILED        an incident (out of memory, CUDA/driver error, unexpected exception); never cached
 
-Cost (measured in docs/performance.md, "Measured facts behind the design"): the constructor pays
-cuDNN's one-time process initialisation (the first handle and the first graph); after that a FAST
+Cost (measured in docs/performance.md, "Measured facts behind the design"): cuDNN's one-time
+process initialisation (the first handle, then the first graph: the warm-up) is paid by the
+constructor, or with `warm_up=False` the handle there and the graph before the first probe; after that a FAST
 probe costs milliseconds per graph and a FULL probe compiles kernels (much less when the driver's
 JIT cache on disk already holds them). FULL probes build with dynamic shapes and a kernel cache per
 (thread, device, problem class, operation), so a new batch size or sequence length of a known
@@ -53,17 +54,17 @@ class CudnnEngine:
 
     `device` is a CUDA device ordinal (or "cuda:N" / torch.device); None means the device of the
     calling thread's current CUDA context, else device 0. The constructor initialises CUDA and
-    cuDNN (`init_ms`); `warm_up()` builds one small graph, so cuDNN's one-time library loading
-    (`warm_up_ms`) is not timed as part of a probe. The first probe warms up; an engine that only
-    loads stored plans never does (its process is then not held up by it). Raises PlatformError
-    when cudnn-frontend or cuda-python cannot be imported, no CUDA device exists, or libcudnn
-    cannot be loaded.
+    cuDNN (`init_ms`) and, with `warm_up`, builds one small graph (`warm_up()`, `warm_up_ms`):
+    cuDNN loads its engine libraries on the first heuristics query, which is then not timed as
+    part of a probe. Without it the first probe warms up first; an engine that only loads stored
+    plans never builds the graph. Raises PlatformError when cudnn-frontend or cuda-python cannot
+    be imported, no CUDA device exists, or libcudnn cannot be loaded.
     """
 
     name = "cudnn"
     provenance = Provenance.LIVE_PROBE
 
-    def __init__(self, device: Any = None) -> None:
+    def __init__(self, device: Any = None, *, warm_up: bool = True) -> None:
         started = time.perf_counter()
         cudnn = import_cudnn()
         cuda_driver()
@@ -83,6 +84,8 @@ class CudnnEngine:
         self._warm = threading.Lock()
         self._warmed = False
         self.init_ms = (time.perf_counter() - started) * 1e3
+        if warm_up:
+            self.warm_up()
 
     # ----- the ProbeEngine protocol ------------------------------------------------------------
     def fingerprint(self) -> Fingerprint:

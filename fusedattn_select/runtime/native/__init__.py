@@ -203,7 +203,7 @@ def status() -> dict[str, Any]:
     if failure:
         info["problem"] = f"an earlier build failed: {failure}"
     build = dispatcher.native_build
-    info["building"] = build is not None and build.thread is not None and build.thread.is_alive()
+    info["building"] = build is not None and build.building
     refusal = untrusted(path) if info["built"] else ""
     info["refused"] = refusal or None
     if refusal:

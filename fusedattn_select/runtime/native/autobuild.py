@@ -99,6 +99,7 @@ class BackgroundBuild:
         self.started = False
         self.generation = 0
         self.thread: Optional[threading.Thread] = None
+        self.building = False  # past the check: a build runs, or one of another process is waited on
 
     def start(self, module: Path, include_dirs: Callable[[], list], on_built: Callable[[], None],
               device: Optional[int] = None) -> None:
@@ -120,11 +121,18 @@ class BackgroundBuild:
 
     def _run(self, module: Path, include_dirs: Callable[[], list], on_built: Callable[[], None],
              device: str) -> None:
-        why = cannot_start(module, include_dirs)
+        try:
+            why = cannot_start(module, include_dirs)
+        except Exception as err:  # noqa: BLE001 - on a thread of its own: said, and calls stay on Python
+            why = f"{type(err).__name__}: {err}"
         if why:
             log.info("fusedattn_select: compiled lean path not built (%s); calls run the Python lean path", why)
             return
-        self._wait_or_build(module, on_built, device)
+        self.building = True
+        try:
+            self._wait_or_build(module, on_built, device)
+        finally:
+            self.building = False
 
     def _wait_or_build(self, module: Path, on_built: Callable[[], None], device: str) -> None:
         started = time.monotonic()
