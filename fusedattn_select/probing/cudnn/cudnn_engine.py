@@ -10,12 +10,12 @@ memory and no kernel launch, and turns the outcome into a Verdict:
 
 Cost (measured in docs/performance.md, "Measured facts behind the design"): cuDNN's one-time
 process initialisation (the first handle, then the first graph: the warm-up) is paid by the
-constructor, or with `warm_up=False` the handle there and the graph before the first probe; after that a FAST
-probe costs milliseconds per graph and a FULL probe compiles kernels (much less when the driver's
-JIT cache on disk already holds them). FULL probes build with dynamic shapes and a kernel cache per
-(thread, device, problem class, operation), so a new batch size or sequence length of a known
-problem class builds in about a FAST probe's time where cuDNN supports dynamic shapes for the graph
-(on Hopper: the forward).
+constructor, or with `warm_up=False` the handle there and the graph before the first probe; after
+that a FAST probe costs milliseconds per graph and a FULL probe compiles kernels (much less when
+the driver's JIT cache on disk already holds them). FULL probes build with dynamic shapes and a
+kernel cache per (thread, device, problem class, operation), so a new batch size or sequence length
+of a known problem class builds in about a FAST probe's time where cuDNN supports dynamic shapes
+for the graph (on Hopper: the forward).
 
 torch is not needed (see cudnn_device.py); graphs are not kept after a probe. Probes of different
 problems may run concurrently on different threads.
@@ -170,6 +170,8 @@ class CudnnEngine:
     def warm_up(self) -> None:
         """Build one small graph, once per engine: cuDNN loads its engine libraries on the first
         heuristics query, which would otherwise land in the timings of the first real probe."""
+        if self._warmed:
+            return
         with self._warm:  # a probe on another thread meanwhile waits for it
             if self._warmed:
                 return
