@@ -384,9 +384,7 @@ def start_early() -> Future | None:
                 selector = selection.default_selector()
                 # Its engine's warm-up graph (cuDNN loading its engine libraries) is built here, while
                 # the caller loads its model, not on the first plan load of the first call.
-                warm_up = getattr(selector.engine, "warm_up", None)
-                if warm_up is not None:
-                    warm_up()
+                selector.warm_up()
                 made.set_result(selector)
         except Exception as err:  # noqa: BLE001 - the first call makes it again and reports why it cannot
             log.debug("fusedattn_select: the selector was not made ahead of the first call (%s: %s)",

@@ -134,6 +134,13 @@ class Selector:
     def engine_name(self) -> str:
         return self.engine.name if self.engine is not None else "none"
 
+    def warm_up(self) -> None:
+        """Have the engine pay its one-time cost now where it has one (the live engine's warm-up
+        graph, CudnnEngine.warm_up; once per engine), not in the timing of a probe."""
+        warm_up = getattr(self.engine, "warm_up", None)
+        if warm_up is not None:
+            warm_up()
+
     def select(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
         """The answer for `cfg`. With a live engine, a problem that has a shape-bucket form is answered
         by the bucket's graphs, the ones attention() runs (so a new batch size or length inside a
@@ -318,9 +325,7 @@ class Selector:
 
     def _probe(self, cfg: AttnConfig, key: str, depth: ProbeDepth) -> Selection:
         offpath.require(f"a probe of {key}", None)
-        warm_up = getattr(self.engine, "warm_up", None)
-        if warm_up is not None:  # an engine made without it: its one-time cost is not this probe's
-            warm_up()
+        self.warm_up()  # an engine made without it: its one-time cost is not this probe's
         started = time.perf_counter()
         verdicts = tuple(self._probe_one(cfg, phase, depth) for phase in cfg.phases)
         probe_ms = (time.perf_counter() - started) * 1e3

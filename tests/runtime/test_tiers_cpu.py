@@ -11,7 +11,6 @@ import itertools
 import json
 import queue
 import threading
-import types
 from concurrent.futures import Future
 
 import pytest
@@ -25,7 +24,7 @@ from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.args import Arguments, call_options
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.options import OptionalInputs
-from fusedattn_select.types import Backend, Phase
+from fusedattn_select.types import Backend, Fingerprint, Phase
 
 NONE = OptionalInputs(None, None, None, None, None)
 DIMS = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": (0, 1, 2, 3)}  # BHSD dims -> the layout's
@@ -197,10 +196,15 @@ def test_start_early_warms_the_engine_up_before_it_hands_the_selector_over(early
     warmed_on = []
 
     class WarmingTestEngine:  # TEST DOUBLE: only the warm-up is asked of it here
+        name, provenance = "warming-test-engine", None
+
+        def fingerprint(self):
+            return Fingerprint("test-double", "Test GPU", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
+
         def warm_up(self) -> None:
             warmed_on.append(threading.current_thread().name)
 
-    made_selector = types.SimpleNamespace(engine=WarmingTestEngine())
+    made_selector = selection.Selector(WarmingTestEngine())
     monkeypatch.setattr(selection, "default_selector", lambda: made_selector)
     made = tiers.start_early()
     assert made is not None and made.result(timeout=60) is made_selector

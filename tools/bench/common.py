@@ -27,9 +27,7 @@ def warmed_selector() -> Any:
     from fusedattn_select.selection.selector import default_selector
 
     selector = default_selector()
-    warm_up = getattr(selector.engine, "warm_up", None)
-    if warm_up is not None:
-        warm_up()
+    selector.warm_up()
     return selector
 
 
