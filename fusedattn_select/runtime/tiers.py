@@ -35,8 +35,8 @@ from fusedattn_select.selection import selector as selection
 log = logging.getLogger("fusedattn_select")
 
 NO_INPUTS = OptionalInputs(None, None, None, None, None)
-ROUNDS = 3                  # timed forward calls per runner when both are ready
-assert ROUNDS % 2 == 1, "measure() takes the middle timing of ROUNDS"
+ROUNDS = 5                  # timed forward calls per runner when both are ready (measure)
+HOLD_CYCLES = 2_000_000     # GPU clock cycles (about 1 ms) the timed calls queue behind (measure)
 TORCH, CUDNN = runners.TORCH, runners.CUDNN
 Choice = runners.Choice
 
@@ -289,19 +289,31 @@ def measure_once(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: t
 
 def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor) -> Choice | None:
-    """Time both runners' forward on the caller's tensors (in turns) and keep the faster, cuDNN on a
-    tie within 2%; None, with `keeper` saying why, when the cuDNN runner fails (torch keeps it)."""
+    """Time both runners' forward on the caller's tensors (in turns) and keep the cheaper, cuDNN on a
+    tie within 2%; None, with `keeper` saying why, when the cuDNN runner fails (torch keeps it).
+
+    A runner's cost per call is the larger of its host time (this thread's CPU time) and its device
+    time (CUDA events around calls queued behind a device-side wait), each the least of ROUNDS calls."""
     pair = (lambda: keeper.torch_call(q, k, v), lambda: cudnn_forward(prepared, q, k, v))
+    host: tuple[list, list] = ([], [])
     timed: tuple[list, list] = ([], [])
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.cuda.device(q.device):
             for runner in pair:
                 runner()
+            # Why not wall time: at first contact the preparing thread, the worker process and the
+            # compiled module's build contend for the GIL and the CPUs, and wall-clock timings taken
+            # then were many times a quiet process's, in either order (docs/dispatch.md). A thread's
+            # CPU time leaves out GIL waits and other processes' work; calls queued behind a
+            # device-side wait run back to back, so their events time the device's work, no host gap.
+            torch.cuda._sleep(HOLD_CYCLES)
             for round_ in range(ROUNDS):
                 for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
+                    began = time.thread_time_ns()
                     pair[which]()
+                    host[which].append((time.thread_time_ns() - began) / 1e3)
                     end.record()
                     timed[which].append((start, end))
             end.synchronize()
@@ -314,8 +326,8 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
             log.warning("fusedattn_select: %s stays on torch SDPA: %s", entries.problem_key(prepared, "a call"),
                         keeper.torch_because)
         return None
-    # The median of ROUNDS (odd) timings each.
-    torch_us, cudnn_us = (sorted(s.elapsed_time(e) * 1e3 for s, e in pairs)[ROUNDS // 2] for pairs in timed)
+    torch_us, cudnn_us = (max(min(cpu), min(s.elapsed_time(e) * 1e3 for s, e in events))
+                          for cpu, events in zip(host, timed))
     choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
     with dispatcher.choices_lock:
         dispatcher.choices[key] = choice

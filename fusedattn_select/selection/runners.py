@@ -56,10 +56,15 @@ def store(selector: Selector, key: str, choice: Choice) -> bool:
     return bool(target.put_runner_choice(selector.fingerprint, key, dataclasses.asdict(choice)))
 
 
+# How choices are timed (runtime/tiers.measure), part of their keys: a choice timed another way
+# (before "cost": wall-clock events, noisy at first contact) is timed again.
+METHOD = "cost"
+
+
 def runner_key(graphs_key: str, heads_as_batch: bool = False) -> str:
-    """The key of a choice: the key of the graphs that run (and whether a decode step runs them
-    with its heads as batch)."""
-    return ("heads " if heads_as_batch else "") + graphs_key
+    """The key of a choice: how it is timed, and the key of the graphs that run (and whether a
+    decode step runs them with its heads as batch)."""
+    return f"{METHOD} " + ("heads " if heads_as_batch else "") + graphs_key
 
 
 def for_selection(selector: "Selector", selection: "Selection") -> Choice | None:

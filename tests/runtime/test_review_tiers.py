@@ -9,9 +9,11 @@ in for by callables, CUDA events by a stub and `is_cuda` by a subclass.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import threading
+import time
 import types
 import weakref
 
@@ -80,6 +82,8 @@ def isolated(monkeypatch):
     saved = (dict(d.counters), dict(d.entries._values), dict(d.by_call), dict(d.choices), d.class_calls.copy(),
              dict(d.newest), d.class_pass.copy(), dict(d.failed_choices))
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)  # the device-side wait of measure()
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(tiers.runners, "store", lambda *args: False)
     monkeypatch.setattr(tiers, "load_choice", lambda key: dispatcher.choices.get(key))
     monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: q.clone())
@@ -465,3 +469,31 @@ def test_first_time_is_true_once_per_note_across_threads_and_survives_clear():
     assert fresh.first_time("another note")
     fresh.clear()  # forgets decisions, not what was said
     assert not fresh.first_time("a note")
+
+
+# ----- what a measurement charges a runner ----------------------------------------------------------
+def _busy(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def _measured(monkeypatch, cudnn_side):
+    """The choice measure() makes where each timed call's device time is FakeEvent's 1 ms and the
+    cuDNN runner is `cudnn_side`."""
+    monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: cudnn_side() or q.clone())
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    keeper = waiting_entry(opts, None)
+    return tiers.measure("review-cost", keeper, Entry(opts, cfg=CFG, selection=SELECTED), q, k, v)
+
+
+def test_a_runner_is_charged_its_host_time_where_that_exceeds_its_device_time(isolated, monkeypatch):
+    choice = _measured(monkeypatch, lambda: _busy(0.003))  # 3 ms of this thread's CPU per call
+    assert choice.runner == tiers.TORCH and choice.cudnn_us >= 3000 and choice.torch_us < 3000, choice
+
+
+def test_a_runner_is_not_charged_for_waiting_on_other_threads(isolated, monkeypatch):
+    # A GIL wait or another process's CPU use: the calling thread is off the CPU, as in time.sleep.
+    choice = _measured(monkeypatch, lambda: time.sleep(0.005))
+    assert choice.runner == tiers.CUDNN and choice.cudnn_us < 2000, choice
