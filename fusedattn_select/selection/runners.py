@@ -24,7 +24,7 @@ TORCH, CUDNN = "torch", "cudnn"
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The runner kept, and the median forward call time of each (microseconds). Its fields are the
+    """The runner kept, and the cost per forward call of each (microseconds, tiers.measure). Its fields are the
     store's runner choice fields (store.entry_rows.RUNNER_CHOICE_FIELDS)."""
 
     runner: str

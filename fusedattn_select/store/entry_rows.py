@@ -102,7 +102,7 @@ def plan_to_store(fingerprint: Fingerprint, plan_key: str, blob: bytes, max_byte
     return blob
 
 
-# A runner choice: the runner kept and the median forward call time of each runner (microseconds).
+# A runner choice: the runner kept and the cost per forward call of each runner (microseconds).
 # The store checks the shape only; which runner names exist is selection/runners.py's business.
 RUNNER_CHOICE_FIELDS = ("runner", "torch_us", "cudnn_us")
 _MAX_RUNNER_NAME = 64
