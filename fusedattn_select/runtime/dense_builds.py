@@ -239,7 +239,7 @@ class _Worker:
     def __init__(self) -> None:
         # What this process imports; the worker decides as attention() waiting would, with no compiled module.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-                   FUSEDATTN_SELECT_FIRST_CALLS="wait", FUSEDATTN_SELECT_NATIVE="0")
+                   **{settings.FIRST_CALLS: "wait", settings.NATIVE: "0"})
         read_fd, write_fd = os.pipe()
         try:
             self.process = subprocess.Popen(

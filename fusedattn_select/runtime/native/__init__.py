@@ -18,14 +18,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
+from fusedattn_select import settings
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.native import autobuild
 from fusedattn_select.store.locks import flock
 
 log = logging.getLogger("fusedattn_select")
 
-ENV_VAR = "FUSEDATTN_SELECT_NATIVE"
-DIR_ENV = "FUSEDATTN_SELECT_NATIVE_DIR"
+ENV_VAR = settings.NATIVE
+DIR_ENV = settings.NATIVE_DIR
 SOURCE = Path(__file__).with_name("lean.cpp")  # it includes the headers beside it
 
 
@@ -170,7 +171,7 @@ def _build(name: str, verbose: bool) -> Path:
 def _test_in_child(path: Path) -> None:
     """Run self_test() in a child process (a module that crashes must not take this one down);
     remove the module and raise NativeBuildError when it fails."""
-    env = dict(os.environ, **{DIR_ENV: str(build_dir()), ENV_VAR: "1", "FUSEDATTN_SELECT_CACHE": "off"})
+    env = dict(os.environ, **{DIR_ENV: str(build_dir()), ENV_VAR: "1", settings.CACHE: "off"})
     code = "from fusedattn_select.runtime.native.check import self_test; self_test()"
     try:
         child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
