@@ -304,8 +304,9 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
             # Why not wall time: at first contact the preparing thread, the worker process and the
             # compiled module's build contend for the GIL and the CPUs, and wall-clock timings taken
             # then were many times a quiet process's, in either order (docs/dispatch.md). A thread's
-            # CPU time leaves out GIL waits and other processes' work; calls queued behind a
-            # device-side wait run back to back, so their events time the device's work, no host gap.
+            # CPU time leaves out GIL waits and other processes' work; calls queued while the
+            # device-side wait lasts run back to back, so their events time the device's work alone
+            # (calls queued after it ends are timed with their host gaps: the least takes the first).
             torch.cuda._sleep(HOLD_CYCLES)
             for round_ in range(ROUNDS):
                 for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):

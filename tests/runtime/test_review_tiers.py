@@ -478,22 +478,82 @@ def _busy(seconds):
         pass
 
 
-def _measured(monkeypatch, cudnn_side):
-    """The choice measure() makes where each timed call's device time is FakeEvent's 1 ms and the
-    cuDNN runner is `cudnn_side`."""
+class DeviceClock:
+    """torch.cuda.Event and the measurement's device-side hold without CUDA: an end event reads the
+    device time the runner called since its start event declared (`spend`), 1 ms where none did."""
+
+    def __init__(self, monkeypatch):
+        self.pending, self.holds, self.devices = 1.0, [], []
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.ms = 0.0
+
+            def record(self, stream=None):
+                self.ms, clock.pending = clock.pending, 1.0
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return other.ms
+
+        @contextlib.contextmanager
+        def device(where):
+            clock.devices.append(where)
+            yield
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "_sleep", self.holds.append)
+        monkeypatch.setattr(torch.cuda, "device", device)
+
+    def spend(self, ms):
+        self.pending = ms
+
+
+def _measured(monkeypatch, cudnn_side, torch_side=lambda: None):
+    """The choice measure() makes with `cudnn_side` and `torch_side` run by the two runners' calls."""
     monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: cudnn_side() or q.clone())
     q, k, v = qkv()
     opts = opts_of(q, k, v)
-    keeper = waiting_entry(opts, None)
+    keeper = waiting_entry(opts, None, torch_call=lambda q, k, v: torch_side() or q.clone())
     return tiers.measure("review-cost", keeper, Entry(opts, cfg=CFG, selection=SELECTED), q, k, v)
 
 
 def test_a_runner_is_charged_its_host_time_where_that_exceeds_its_device_time(isolated, monkeypatch):
+    DeviceClock(monkeypatch)  # 1 ms of device time per call, each runner
     choice = _measured(monkeypatch, lambda: _busy(0.003))  # 3 ms of this thread's CPU per call
     assert choice.runner == tiers.TORCH and choice.cudnn_us >= 3000 and choice.torch_us < 3000, choice
 
 
+def test_a_runner_is_charged_its_device_time_where_that_exceeds_its_host_time(isolated, monkeypatch):
+    clock = DeviceClock(monkeypatch)
+    choice = _measured(monkeypatch, lambda: clock.spend(0.2), torch_side=lambda: clock.spend(4.0))
+    assert choice == tiers.Choice(tiers.CUDNN, 4000.0, 200.0), choice
+
+
 def test_a_runner_is_not_charged_for_waiting_on_other_threads(isolated, monkeypatch):
     # A GIL wait or another process's CPU use: the calling thread is off the CPU, as in time.sleep.
+    DeviceClock(monkeypatch)
     choice = _measured(monkeypatch, lambda: time.sleep(0.005))
     assert choice.runner == tiers.CUDNN and choice.cudnn_us < 2000, choice
+
+
+def test_each_cost_is_the_least_of_its_timed_calls(isolated, monkeypatch):
+    # The warm-up call and the first three timed calls of the cuDNN runner are slow (as calls met by a
+    # burst of other work would be), the last two are not: the least, not the median, is its cost.
+    clock, calls = DeviceClock(monkeypatch), []
+
+    def cudnn_side():
+        calls.append(1)
+        clock.spend(5.0 if len(calls) <= 4 else 0.5)
+
+    choice = _measured(monkeypatch, cudnn_side)
+    assert len(calls) == 1 + tiers.ROUNDS and choice.runner == tiers.CUDNN and choice.cudnn_us < 1000, choice
+
+
+def test_the_timed_calls_queue_behind_one_hold_on_the_callers_device(isolated, monkeypatch):
+    clock = DeviceClock(monkeypatch)
+    _measured(monkeypatch, lambda: None)
+    assert clock.holds == [tiers.HOLD_CYCLES] and clock.devices == [torch.device("cpu")]
