@@ -236,14 +236,15 @@ class _Worker:
     child imports the caller's main module again, which runs a script without an
     `if __name__ == "__main__"` guard a second time."""
 
-    def __init__(self) -> None:
+    def __init__(self, warm_device: int | None = None) -> None:
         # What this process imports; the worker decides as attention() waiting would, with no compiled module.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                    **{settings.FIRST_CALLS: "wait", settings.NATIVE: "0"})
+        warm = [] if warm_device is None else [str(warm_device)]
         read_fd, write_fd = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "fusedattn_select.runtime.dense_worker", str(write_fd)],
+                [sys.executable, "-m", "fusedattn_select.runtime.dense_worker", str(write_fd), *warm],
                 stdin=subprocess.PIPE, env=env, text=True, bufsize=1, pass_fds=(write_fd,))
         except BaseException:
             os.close(read_fd)
@@ -308,10 +309,27 @@ class _Worker:
 MAX_DEATHS = 2  # workers that died before answering anything: then this process builds inline
 
 
-def _submit(job: dict) -> Future:
+def prestart(where: tuple[str, int]) -> None:
+    """Start the worker process now, before its first job, where none runs: it pays its start-up
+    (imports, CUDA context, cuDNN's libraries) on device where[1] while the caller loads its model,
+    rather than beside the caller's first calls. Nothing is said where it cannot start: the first
+    job tries again and says why."""
+    if dispatcher.worker_deaths >= MAX_DEATHS:
+        return
+    try:
+        _running(where[1])
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        log.debug("fusedattn_select: the worker process was not started ahead (%s: %s)", type(err).__name__, err)
+
+
+def _running(warm_device: int | None = None) -> _Worker:
     with dispatcher.worker_lock:  # the Dispatcher owns the worker: one per process
         worker = dispatcher.worker
         if worker is None or worker.process.poll() is not None:
-            worker = dispatcher.worker = _Worker()
+            worker = dispatcher.worker = _Worker(warm_device)
             atexit.register(worker.close)
-    return worker.submit(job)
+    return worker
+
+
+def _submit(job: dict) -> Future:
+    return _running().submit(job)

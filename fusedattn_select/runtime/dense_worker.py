@@ -1,4 +1,6 @@
-"""The worker process of dense_builds: `python -m fusedattn_select.runtime.dense_worker FD`.
+"""The worker process of dense_builds: `python -m fusedattn_select.runtime.dense_worker FD [DEVICE]`.
+
+With DEVICE (dense_builds.prestart) it first pays its one-time start-up on that device (`warm`).
 
 Reads one JSON job per line on stdin and answers one JSON line per job on the pipe FD:
 - {"id", "config", "return_lse", "store_dir", "device"}: select the problem's own (dense) graphs and
@@ -139,11 +141,31 @@ def _read(jobs: queue.PriorityQueue, order: Any) -> None:
         jobs.put((ASKED, next(order), None))
 
 
+def warm(device: int) -> None:
+    """Pay this process's one-time costs before its first job: torch, the runtime's modules, the CUDA
+    context on `device`, and cuDNN's engine libraries (a warm-up graph on an engine of its own: the
+    first job's selector, made then with its store, builds a small one again with the libraries
+    loaded). A failure is said on stderr and left to the jobs, which report their own."""
+    try:
+        import torch
+
+        from fusedattn_select.probing.choice import live_engine_on
+        from fusedattn_select.runtime import entries, plans  # noqa: F401 - what the first job imports
+
+        with torch.cuda.device(device):
+            torch.empty(1, device="cuda")
+            live_engine_on(device).warm_up()
+    except Exception as err:  # noqa: BLE001 - the jobs meet it again and answer why
+        print(f"fusedattn_select: the worker's warm-up failed ({type(err).__name__}: {err})", file=sys.stderr)
+
+
 def main() -> None:
     answers = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     jobs: queue.PriorityQueue = queue.PriorityQueue()
     order = itertools.count()
     threading.Thread(target=_read, args=(jobs, order), daemon=True).start()
+    if len(sys.argv) > 2:
+        warm(int(sys.argv[2]))
     while True:
         _, _, job = jobs.get()
         if job is None:

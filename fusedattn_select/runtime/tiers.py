@@ -377,16 +377,20 @@ def start_early() -> Future | None:
     """Start making this process's selector on a thread of its own, before any call (why: see
     docs/dispatch.md, 'The selector made ahead'), on the device this thread's calls go to
     (`_current_device`). Its Future (the selector, or None when it could not be made: the first call
-    makes it again and reports why), or None where nothing is started: made already, no cuDNN
-    frontend, a worker that decides first (`dense_builds.fresh_store_target`), or several devices
-    and none chosen yet. The settings the runtime reads are fixed from here on."""
+    makes it again and reports why), or None where no selector is started: made already, no cuDNN
+    frontend, several devices and none chosen yet, or a worker that decides first
+    (`dense_builds.fresh_store_target`), which is started here instead (`dense_builds.prestart`).
+    The settings the runtime reads are fixed from here on."""
     if selection.made_default_selector() is not None or dense_builds.cudnn_missing():
         return None
     device = _current_device()
     try:
-        if device is None or dense_builds.fresh_store_target(device) is not None:
-            return None
+        fresh = dense_builds.fresh_store_target(device) if device is not None else None
     except ConfigError:  # a store setting the first call reports
+        return None
+    if fresh is not None:  # the worker decides first: its start-up overlaps the model's load instead
+        dense_builds.prestart(fresh)
+    if device is None or fresh is not None:
         return None
     made: Future = Future()
 

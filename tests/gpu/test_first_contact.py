@@ -178,15 +178,24 @@ def test_a_waiting_signature_captured_in_a_cuda_graph_keeps_torch_inside_the_gra
 
 
 _PROCESS = textwrap.dedent("""
-    import json, sys, time, torch
+    import json, os, sys, time, torch
     from fusedattn_select import attention
+    from fusedattn_select.runtime import tiers
     from fusedattn_select.runtime.api import dispatch_info
+    from fusedattn_select.runtime.dispatcher import dispatcher
+    from fusedattn_select.store.sqlite import DATABASE_NAME
     from fusedattn_select.selection.selector import default_selector
     from fusedattn_select.buckets import Bucket, bucket_form
     from fusedattn_select.runtime.api import config_from_tensors
     gen = torch.Generator(device="cuda").manual_seed(0)
     make = lambda s, h: torch.randn(2, s, h, 112, generator=gen, device="cuda").to(torch.bfloat16)
     q, k, v = make(300, 22), make(300, 11), make(300, 11)
+    ahead_pid = store_empty = None
+    if sys.argv[1] == "started_ahead":  # as register() does while the model loads
+        assert tiers.start_early() is None
+        ahead_pid = dispatcher.worker.process.pid
+        time.sleep(5)  # its warm-up under way or done: it must leave the store alone
+        store_empty = not os.path.exists(os.path.join(os.environ["FUSEDATTN_SELECT_CACHE_DIR"], DATABASE_NAME))
     started = time.perf_counter()
     with torch.no_grad():
         while dispatch_info()["swaps"] == 0:
@@ -204,7 +213,8 @@ _PROCESS = textwrap.dedent("""
         ahead = form.cache_key()
     info = dispatch_info()
     print(json.dumps({"runners": info["runners"], "measured": info["measured"], "swaps": info["swaps"],
-                      "plan_builds": info["plan_builds"], "ahead": ahead}))
+                      "plan_builds": info["plan_builds"], "ahead": ahead, "store_empty": store_empty,
+                      "same_worker": ahead_pid is not None and dispatcher.worker.process.pid == ahead_pid}))
 """)
 
 
@@ -223,6 +233,13 @@ def test_the_next_process_starts_with_the_measured_choice_and_the_buckets_built_
     second = _process(tmp_path, "plain")
     assert second["measured"] == 0, "the stored choice was measured again"
     assert second["swaps"] == 1 and second["runners"] == first["runners"]
+
+
+def test_a_worker_started_ahead_leaves_an_empty_store_alone_and_decides_the_first_signature(tmp_path):
+    found = _process(tmp_path, "started_ahead")
+    assert found["store_empty"], "the warm-up opened the store: the first call would make its selector here"
+    assert found["same_worker"], "the first call started another worker"
+    assert found["swaps"] == 1 and found["plan_builds"] == 0, found
 
 
 def test_start_early_makes_the_selector_in_the_background_from_a_store_that_holds_files():

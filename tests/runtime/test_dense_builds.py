@@ -161,6 +161,28 @@ def test_a_worker_whose_caller_is_gone_exits_quietly_when_it_answers():
     assert worker.returncode == 0 and "Traceback" not in worker.stderr, worker.stderr
 
 
+def test_a_worker_started_ahead_is_the_one_jobs_go_to_and_answers_them_when_its_warm_up_failed(fresh_worker,
+                                                                                               tmp_path):
+    from fusedattn_select.store.sqlite import DATABASE_NAME
+
+    dense_builds.prestart((str(tmp_path), 0))  # its warm-up fails here: no CUDA, no cuDNN frontend
+    started = dispatcher.worker
+    assert started is not None and started.process.poll() is None
+    dense_builds.prestart((str(tmp_path), 0))
+    assert dispatcher.worker is started  # one worker per process
+    err = dense_builds._submit(_job(tmp_path)).exception(timeout=120)
+    assert isinstance(err, RuntimeError) and "cudnn-frontend is not installed" in err.args[0]
+    assert dispatcher.worker is started and started.process.poll() is None and dispatcher.worker_deaths == 0
+    assert not (tmp_path / DATABASE_NAME).exists()  # the warm-up opens no store
+
+
+def test_no_worker_is_started_ahead_after_two_died_before_answering(monkeypatch):
+    monkeypatch.setattr(dispatcher, "worker", None)
+    monkeypatch.setattr(dispatcher, "worker_deaths", dense_builds.MAX_DEATHS)
+    dense_builds.prestart(("unused", 0))
+    assert dispatcher.worker is None
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "getpriority"), reason="no process priorities on this platform")
 def test_the_worker_runs_at_the_lowest_cpu_priority_and_the_caller_keeps_its_own(fresh_worker, tmp_path):
     import os

@@ -211,10 +211,18 @@ def test_start_early_warms_the_engine_up_before_it_hands_the_selector_over(early
     assert warmed_on == ["fusedattn-selector"]
 
 
-def test_start_early_leaves_an_empty_store_to_the_worker(early):
-    selection, _ = early
+def test_start_early_leaves_an_empty_store_to_the_worker_and_starts_it(early, monkeypatch):
+    from fusedattn_select.store.store_settings import default_cache_dir
+
+    selection, store_with_a_file = early
+    started = []
+    monkeypatch.setattr(dense_builds, "prestart", started.append)
     assert tiers.start_early() is None  # this test's store directory holds no file
     assert selection.made_default_selector() is None
+    assert started == [(str(default_cache_dir()), 0)]
+    store_with_a_file()
+    tiers.start_early().result(timeout=60)
+    assert len(started) == 1  # a store with files: the selector is made here, no worker ahead
 
 
 def test_start_early_makes_nothing_without_the_frontend(early, monkeypatch):
