@@ -1,10 +1,8 @@
 """attention(): run the fused attention kernels the selector chose for these tensors, or fall back.
 
-Dim orders and memory layouts: attention()'s `layout` argument and tensor_layouts.formats. What runs
-a call, how plans are found and when it falls back: see docs/dispatch.md.
-
-Eager calls run through a torch.autograd.Function (fused.py); under torch.compile the same work
-runs inside the custom ops `fusedattn_select::attention_fwd` / `attention_bwd` (ops.py).
+What runs a call, how plans are found and when it falls back: docs/dispatch.md. Dim orders and memory
+layouts: attention()'s `layout` argument and tensor_layouts.formats. Eager calls run through a
+torch.autograd.Function (fused.py); under torch.compile, inside the custom ops of ops.py.
 """
 
 from __future__ import annotations
@@ -124,8 +122,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             if out is not None:
                 return out
     found = call_key = None
-    # The hot path: a call with no optional tensors but sequence lengths is found by its arguments
-    # as given and its tensors' properties. The key holds every value validation looks at, so
+    # The hot path (docs/dispatch.md, 'Hot path'). The key holds every value validation looks at, so
     # validation runs once per call signature; arguments whose type alone is wrong never make a key.
     # An FP8History is keyed by its output precision: the history itself is per call, not per signature.
     if (no_tensors and (type(fp8) is bool or type(fp8) is FP8History) and type(deterministic) is bool
@@ -251,14 +248,13 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
 
 # ----- introspection -----------------------------------------------------------------------------
 def dispatch_info() -> dict[str, Any]:
-    """Counters of the dispatch layer: calls, fused/fallback calls, signatures decided, plan builds
-    (graph builds done by dispatch; 0 new ones after warm-up means the hot path built nothing) and
-    plan loads (serialized plans deserialized from the persistent store instead of built;
-    plan_load_failures counts stored plans that did not load and were rebuilt); first contact
-    (runtime/tiers.py): torch_calls (calls torch SDPA ran while a signature waited for its plans or
-    because it was measured faster), swaps, measured, waiting_signatures, and runners (each measured
-    or stored runner choice of this process: runners.runner_key (the timing method and the graphs
-    key) -> "runner (measured x us vs y us)")."""
+    """Counters of the dispatch layer: calls, fused/fallback calls, signatures decided, plan builds (graph builds
+    done by dispatch; 0 new ones after warm-up means the hot path built nothing) and plan loads (serialized plans
+    deserialized from the persistent store instead of built; plan_load_failures counts stored plans that did not
+    load and were rebuilt); first contact (runtime/tiers.py): torch_calls (calls torch SDPA ran while a signature
+    waited for its plans or because it was measured faster), swaps, measured, waiting_signatures, and runners (each
+    measured or stored runner choice of this process: runners.runner_key (the timing method and the graphs key) ->
+    "runner (measured x us vs y us)")."""
     info: dict[str, Any] = dict(dispatcher.counters)
     table_calls = native.table_calls()  # lean calls the compiled table ran
     info["calls"] += table_calls

@@ -1,15 +1,13 @@
 """The worker process of dense_builds: `python -m fusedattn_select.runtime.dense_worker FD [DEVICE]`.
-
 With DEVICE (dense_builds.prestart) it first pays its one-time start-up on that device (`warm`).
 
 Reads one JSON job per line on stdin and answers one JSON line per job on the pipe FD:
 - {"id", "config", "return_lse", "store_dir", "device"}: select the problem's own (dense) graphs and
   build their plans into the persistent store; {"id", "result": ""} when stored, else why not;
-- {"id", "kind": "decide", "options", "tensors", "store_dir", "device"}: decide a call signature as
-  attention() would (compact tensors of the call's shapes and dim order, made here: the caller
-  sends compact strides, see dense_builds.ask_decide), storing every selection and plan it
-  takes; {"id", "result": JSON {"reason", "forms"}}; then, at a lower priority than any job asked
-  for, the next buckets of its problem class (docs/dispatch.md, 'First contact');
+- {"id", "kind": "decide", "options", "tensors", "store_dir", "device"}: decide a call signature as attention()
+  would, on compact tensors of its shapes and dim order made here (the caller sends compact strides, see
+  dense_builds.ask_decide), storing every selection and plan it takes; {"id", "result": JSON {"reason", "forms"}};
+  then, after every job asked for, the next AHEAD buckets of its problem class (docs/dispatch.md, 'First contact');
 - {"id", "kind": "ahead", "config", "bucket", "return_lse", "store_dir", "device"}: build one bucket of
   a problem class ahead (dense_builds.queue_ahead: a registered model's buckets), at the priority of
   build-ahead work, after every job asked for; {"id", "result": ""} when its plans are stored, else why not;
@@ -142,10 +140,9 @@ def _read(jobs: queue.PriorityQueue, order: Any) -> None:
 
 
 def warm(device: int) -> None:
-    """Pay this process's one-time costs before its first job: torch, the runtime's modules, the CUDA
-    context on `device`, and cuDNN's engine libraries (a warm-up graph on an engine of its own: the
-    first job's selector, made then with its store, builds a small one again with the libraries
-    loaded). A failure is said on stderr and left to the jobs, which report their own."""
+    """Pay this process's one-time costs before its first job: torch, the runtime's modules, the CUDA context
+    on `device`, cuDNN's engine libraries (a warm-up graph on an engine of its own; the first job's selector
+    builds a small one again, libraries loaded). A failure is said on stderr and left to the jobs to report."""
     try:
         import torch
 
@@ -187,9 +184,7 @@ def main() -> None:
 
 def lowest_cpu_priority() -> None:
     """Run this process, and the threads it starts, at the lowest CPU priority (nice 19, whatever the
-    caller's): at the caller's priority its work slowed the caller's own calls wherever the two
-    shared CPUs (docs/performance.md, "Measured facts behind the design"). Its jobs are mostly work
-    the caller does not wait for; the paths that do wait on one are listed in docs/dispatch.md."""
+    caller's); why, and which calls wait on its jobs: docs/dispatch.md, 'First contact'."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, 19)
     except (AttributeError, OSError):  # no priorities on this platform: builds at the caller's priority

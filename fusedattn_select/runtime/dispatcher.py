@@ -1,11 +1,6 @@
-"""The Dispatcher: every piece of state attention() keeps between calls, owned by one object.
-
-What it keeps: the fields of `Dispatcher` below (docs/dispatch.md, 'One owner, one runner per
-signature'); `dispatcher.clear()` (clear_plans) forgets it in one place.
-
-This module sits at the bottom of runtime/'s imports (it imports no other runtime module), so
-every module reaches the state without an import cycle.
-"""
+"""The Dispatcher: every piece of state attention() keeps between calls (its fields below), owned by one
+object (docs/dispatch.md, 'One owner, one runner per signature'); `dispatcher.clear()` (clear_plans) forgets
+it in one place. It imports no other runtime module, so every module reaches the state without import cycles."""
 
 from __future__ import annotations
 
@@ -102,9 +97,8 @@ class Dispatcher:
         self.worker: Optional[Any] = None
         self.worker_deaths = 0
         self.worker_lock = threading.Lock()
-        # The worker's jobs building a registered model's buckets ahead (dense_builds.queue_ahead)
-        # while they run (a finished one is counted in `counters` and forgotten), and the thread
-        # that reads the model and queues them (not the preparer: first calls go first).
+        # The worker's build-ahead jobs while they run (dense_builds.queue_ahead; a finished one is counted and
+        # forgotten), and the thread that reads the model and queues them (not the preparer: first calls go first).
         self.ahead: set[Future] = set()
         self.ahead_lock = threading.Lock()
         self.ahead_queuer = Preparer("fusedattn-build-ahead")
@@ -112,9 +106,8 @@ class Dispatcher:
         self.fp8_backend: Optional[str] = None
         self.fp8_kernels: dict[str, Any] = {}
         self.fp8_capable: dict[Any, Any] = {}
-        # The compiled module (native/): loaded modules by name (None: did not load), the one whose
-        # table attention() asks first (`native_call`), the calls its table ran before it was last
-        # emptied, and its background build.
+        # The compiled module (native/): loaded modules by name (None: did not load), the one whose table
+        # attention() asks first (`native_call`), the calls its table ran before last emptied, its background build.
         self.native_lock = threading.Lock()
         self.native_names: dict[Any, str] = {}  # source file -> its module's name (a hash, worked out once)
         self.native_loaded: dict[str, Any] = {}

@@ -42,9 +42,7 @@ from fusedattn_select.selection.selector import Selector, default_selector
 log = logging.getLogger("fusedattn_select")
 
 
-# The runners of a decided signature: torch SDPA while its cuDNN plans are prepared or where it was
-# measured faster (tiers.py); its decode step's heads-as-batch call (heads.py); the fallback (torch
-# SDPA or the float32 reference) of a problem no fused backend runs; the cuDNN plans (bucket, dense, FP8, lean).
+# The runners of a decided signature, given by `settle` (docs/dispatch.md, 'One owner, one runner per signature').
 RUN_TORCH, RUN_HEADS, RUN_FALLBACK, RUN_CUDNN = RUNNERS = ("torch", "heads", "fallback", "cudnn")
 # The runner of each backend's "yes" (backends.py): a backend selected without a runner here is
 # answered by select() and `why`, and attention() falls back for it.
@@ -70,25 +68,21 @@ class Entry:
     ragged_forward: Optional[dict[str, torch.Tensor]] = None
     ragged_backward: Optional[dict[str, torch.Tensor]] = None
     kv_steps: tuple[int, int] = (0, 0)   # K and V read as rows of longer buffers (ragged.kv_steps)
-    # FP8 training whose backward runs in fp16/bf16 (runtime/fp8_training): that backward's config.
-    backward_cfg: Optional[AttnConfig] = None
+    backward_cfg: Optional[AttnConfig] = None  # FP8 training with an fp16/bf16 backward: its config (fp8_training)
     calls: int = 0                       # bucket plans only: calls so far (see count_call)
     shape_class: str = ""                # bucket plans only: the call's problem class
     class_calls_before: int = 0          # bucket plans only: its class's calls before this entry's first
     promotion: str = ""                  # "" = not tried; "pending" (a worker builds); "dense"; else why not
     pending: Optional[Future] = None     # bucket plans only: the worker's job building the dense plans
     replaced: Optional[Entry] = None     # a promoted entry's bucket entry: CUDA graphs captured with it read its memory
-    # How the lean hot path binds a call's tensors (None: the general path).
-    lean: Optional[Lean] = None
-    # A decode step run with its KV heads as batch: the entry that runs it, and the views (runtime/heads.py).
-    heads: Optional[HeadsAsBatch] = None
+    lean: Optional[Lean] = None          # how the lean hot path binds a call's tensors (None: the general path)
+    heads: Optional[HeadsAsBatch] = None  # a decode step run with its KV heads as batch: its entry and views (heads.py)
     # Run by torch SDPA, and why: its cuDNN runner is not ready (`waiting` prepares it) or measured slower (tiers.py).
     torch_because: str = ""
     waiting: Optional[Job] = None
     torch_call: Any = None               # (q, k, v) -> out on torch SDPA, made once (fallback.torch_call)
     cudnn: Optional[Entry] = None        # a torch-run signature's cuDNN entry, for paths that never switch
-    # What runs its calls (RUNNERS), chosen by `settle` once the entry is decided.
-    runner: str = ""
+    runner: str = ""                     # what runs its calls (RUNNERS), chosen by `settle` once decided
 
     @property
     def fused(self) -> bool:
@@ -130,10 +124,8 @@ def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions,
 
 def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
           scales: Optional[FP8Scales], decide: Optional[Callable[[], Entry]] = None) -> Entry:
-    """The decision for `signature` (a `key`), made now if it is new: by `decide` where given (a
-    settled entry), else by `new_entry`."""
-    # One decision per key: concurrent first calls of one signature wait for a single build, while
-    # different signatures build at the same time.
+    """The decision for `signature` (a `key`), made now if it is new, once per key (concurrent first calls
+    wait for one build; other signatures build meanwhile): by `decide` (a settled entry), else `new_entry`."""
     found, built = dispatcher.entries.get_or_build(
         signature, decide or (lambda: new_entry(signature, q, k, v, inputs, scales)))
     if built:
@@ -441,8 +433,7 @@ def problem_key(found: Entry, unknown: str = "unconfigurable problem") -> str:
 
 
 def log_fallback(found: Entry) -> None:
-    """Log that calls of the entry's problem fall back, and why: once per problem (its cache key
-    and reason), whichever call signatures of it (attention(), the SDPA drop-in) run it."""
+    """Log that calls of the entry's problem fall back, and why: once per (cache key, reason) (fallback_log)."""
     if found.logged:
         return
     problem = (problem_key(found), found.reason)

@@ -1,7 +1,6 @@
-"""The fallback when no fused kernel runs a call: torch's own SDPA where it expresses the problem
-exactly, else the float32 reference (reference/autograd_reference.py). Both are differentiable with
-plain autograd. Also the torch runner of first contact (`torch_call`: torch's flash or
-memory-efficient kernel, called directly)."""
+"""The fallback when no fused kernel runs a call: torch's own SDPA where it expresses the problem exactly,
+else the float32 reference (reference/autograd_reference.py); both are differentiable with plain autograd.
+Also the torch runner of first contact (`torch_call`: torch's flash or memory-efficient kernel, called directly)."""
 
 from __future__ import annotations
 
@@ -99,12 +98,9 @@ def fallback_forward(kind: str, options: CallOptions, q: torch.Tensor, k: torch.
 
 @contextlib.contextmanager
 def _autograd_inside_op() -> Iterator[None]:
-    """Re-enable autograd inside a custom op's implementation.
-
-    torch runs a custom op's implementation with the autograd dispatch keys excluded (thread-local,
-    torch._C._AutoDispatchBelowAutograd), so a recomputation there records no graph. The fallback's
-    backward differentiates its recomputed forward, so it lifts the exclusion for that block.
-    """
+    """Re-enable autograd inside a custom op's implementation, where torch excludes the autograd dispatch
+    keys (thread-local, torch._C._AutoDispatchBelowAutograd) so a recomputation records no graph: the
+    fallback's backward differentiates its recomputed forward."""
     keys = (torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.ADInplaceOrView)
     previous = [torch._C._dispatch_tls_is_dispatch_key_excluded(key) for key in keys]
     for key in keys:
@@ -119,10 +115,9 @@ def _autograd_inside_op() -> Iterator[None]:
 
 def fallback_backward(kind: str, options: CallOptions, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor, inputs: OptionalInputs) -> tuple:
-    """(dq, dk, dv, dbias or None, dsink or None) by recomputing the fallback's forward under
-    autograd (compiled path only; eager fallbacks differentiate the forward they ran). With
-    dropout > 0 the recomputation draws a new dropout mask, so compiled training with dropout
-    should run fused."""
+    """(dq, dk, dv, dbias or None, dsink or None) by recomputing the fallback's forward under autograd
+    (compiled path only; eager fallbacks differentiate the forward they ran). With dropout > 0 the
+    recomputation draws a new dropout mask, so compiled training with dropout should run fused."""
     leaves = [t.detach().requires_grad_(needs) if t is not None else None for t, needs in (
         (q, True), (k, True), (v, True), (inputs.bias, options.bias_grad), (inputs.sink, options.sink_grad))]
     recomputed = inputs._replace(bias=leaves[3], sink=leaves[4])
@@ -147,10 +142,9 @@ SMALL_SCORES = 1 << 22  # batch * query heads * query rows * keys
 
 def torch_call(opts: CallOptions, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[..., torch.Tensor]:
     """f(q, k, v) -> out on torch for a signature tiers.wait_reason lets run there, with everything but the
-    tensors fixed once: torch's flash or memory-efficient kernel (`torch_kernel`), called directly;
-    SDPA itself where neither is (CPU tensors, a head dim SDPA pads, torch's own switches turning them off).
-
-    Why not through SDPA: see docs/dispatch.md, 'First contact'."""
+    tensors fixed once: torch's flash or memory-efficient kernel (`torch_kernel`), called directly, not through
+    SDPA (docs/dispatch.md, 'First contact'); SDPA itself where neither is (CPU tensors, a head dim SDPA pads,
+    torch's own switches turning them off)."""
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     causal = sdpa_mask_form(opts.mask, qb.shape[2], kb.shape[2]) == "causal"
     gqa = qb.shape[1] != kb.shape[1]
@@ -182,11 +176,10 @@ def small(qb: torch.Tensor, kb: torch.Tensor) -> bool:
 
 def torch_kernel(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, dropout: float, causal: bool,
                  lse: bool) -> str:
-    """The kernel the torch runner calls: "efficient" for a `small` inference call (no log-sum-exp
-    wanted) without grouped KV heads that kernel takes; else "flash" or "efficient" where torch's
-    own checks let that kernel take the problem as given (SDPA pads a head dim that is not a
-    multiple of 8 and makes the last dim contiguous first; the memory-efficient kernel takes no
-    GQA); else "sdpa"."""
+    """The kernel the torch runner calls: "efficient" for a `small` inference call (no log-sum-exp wanted)
+    without grouped KV heads that kernel takes; else "flash" or "efficient" where torch's own checks let that
+    kernel take the problem as given (SDPA pads a head dim that is not a multiple of 8 and makes the last dim
+    contiguous first; the memory-efficient kernel takes no GQA); else "sdpa"."""
     if not qb.is_cuda or _flash is None or _efficient is None:
         return "sdpa"
     if qb.shape[-1] % 8 or vb.shape[-1] % 8 or any(t.stride(-1) != 1 for t in (qb, kb, vb)):

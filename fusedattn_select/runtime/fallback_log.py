@@ -1,9 +1,6 @@
-"""The fallback warning: one line per problem, its first reason in full and each cause once.
-
-attention(), the SDPA drop-in (which calls attention() with its own call signature) and the
-compiled custom op all reach `entries.log_fallback`; a problem is logged once however many call
-signatures run it: the Dispatcher keeps the (problem, reason) pairs logged until clear_plans().
-"""
+"""The fallback warning: one line per problem, its first reason in full and each cause once. attention(), the SDPA
+drop-in (with call signatures of its own) and the compiled custom op all reach `entries.log_fallback`, which logs a
+problem once however many signatures run it (the Dispatcher keeps the (problem, reason) pairs until clear_plans())."""
 
 from __future__ import annotations
 

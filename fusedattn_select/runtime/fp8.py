@@ -1,30 +1,24 @@
 """FP8 for dispatch: per-tensor current scaling and the scale tensors cuDNN's sdpa_fp8 graphs take.
 
-Current scaling: q, k, v (and dO in the backward pass) are quantized with their own scales,
-computed on the device from each tensor's amax in the same call (no host sync, no history). Scales
-are powers of two, so scaling is exact in fp16/bf16, `descale = 1 / scale` is exact, and a value
-quantized, dequantized and quantized again with the same scale comes back bit for bit.
+Current scaling quantizes q, k, v (and dO in the backward) with scales from their own amaxes, computed on
+the device in the same call (no host sync, no history); delayed scaling is `FP8History`; the casts, amaxes
+and dequantization run in fp8_kernels. Scales are powers of two: scaling and `descale = 1 / scale` are
+exact in fp16/bf16, and a value quantized, dequantized and quantized again with one scale comes back bit
+for bit.
 
-Tensors cuDNN produces have no amax before the kernel runs, so their scales come from bounds that
-hold for every input (computed on the device from amaxes and row norms of the inputs):
+Tensors cuDNN produces have no amax before the kernel runs; their scales come from bounds that hold for
+every input (s: attn_scale; |X|max: X's largest L2 row norm; g: q heads per kv head):
 
-    P (softmax, "S")   in [0, 1]: S_SCALE (dtypes.FP8_SOFTMAX_SCALE), a power of two with headroom
-                       below the FP8 tops (kernels that defer the running-max rescale exceed 1)
-    O = P V            |O| <= the largest value V's FP8 copy holds, at most top / scale_v: each
-                       row of O is a convex combination of rows of V, so O (an FP8 of V's dtype)
-                       takes V's own scale, and no pass computes it
-    dP = s dS          |dS_ij| <= P_ij (|dO_i . V_j| + |dO_i . O_i|) <= 2 |dO|max |V|max (L2 row
-                       norms); cuDNN scales s dS by scale_dP and stores it in dO's type
-    dQ = dP K          |dQ| <= s amax(K) * 2 |dO|max |V|max            (rows of P sum to 1)
-    dK = dP^T Q        |dK| <= s amax(Q) * 2 |dO|max |V|max * Sq * g   (g = q heads per kv head)
-    dV = P^T dO        |dV| <= amax(dO) * Sq * g
+    P (softmax, "S")  in [0, 1]: S_SCALE (dtypes.FP8_SOFTMAX_SCALE)
+    O = P V           rows of O are convex combinations of rows of V: |O| <= amax(V), O's scale comes from it
+    dP = s dS         |dS_ij| <= P_ij (|dO_i . V_j| + |dO_i . O_i|) <= 2 |dO|max |V|max
+    dQ = dP K         |dQ| <= s amax(K) * 2 |dO|max |V|max            (rows of P sum to 1)
+    dK = dP^T Q       |dK| <= s amax(Q) * 2 |dO|max |V|max * Sq * g
+    dV = P^T dO       |dV| <= amax(dO) * Sq * g
     (all divided by 1 - dropout, which rescales P; dtypes.fp8_gradient_bounds computes them)
 
-Where the platform lets O and dQ/dK/dV be written in fp16/bf16 (cuDNN on Blackwell), they are,
-with unit scales; elsewhere (Hopper) they are FP8 with the bound scales above and are dequantized
-to the input precision before they are returned.
-
-Delayed scaling: `FP8History`. The casts, amaxes and dequantization run in fp8_kernels.
+Where cuDNN writes O and dQ/dK/dV in fp16/bf16 (Blackwell) they take unit scales; on Hopper they are FP8
+at the scales above, dequantized to the input precision before they are returned.
 """
 
 from __future__ import annotations
@@ -76,8 +70,8 @@ class FP8Scales:
 class FP8Tensor(NamedTuple):
     """An FP8 result and its descale: the real value of an element is `data * descale`.
 
-    attention() returns one for `FP8Scales(..., o_dtype=torch.float8_e4m3fn)`: the kernel's FP8
-    output, without the pass that would turn it into fp16/bf16."""
+    attention() returns one for `o_dtype=torch.float8_e4m3fn` (FP8Scales or FP8History): the kernel's
+    FP8 output, without the pass that would turn it into fp16/bf16."""
 
     data: torch.Tensor
     descale: torch.Tensor  # float32, one element
@@ -169,9 +163,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8_dtype: t
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q8, k8, v8, state): state holds STATE (amax_s and amax_o written by the forward graph).
 
-    Current scaling, or delayed scaling from `history` (which records this call's amaxes). vnorm
-    (the largest row norm of v, which only the FP8 backward pass needs) is computed only when
-    `training`; otherwise its entry is NaN."""
+    Current scaling, or delayed from `history` (which records this call's amaxes). vnorm (v's largest
+    row norm, for the FP8 backward) only when `training`, else NaN."""
     q, k, v = q.detach(), k.detach(), v.detach()
     hist = history.take(q.device) if history is not None else None
     (q8, k8, v8), state = fp8k.quantize((q, k, v), fp8_dtype, hist)
@@ -223,16 +216,14 @@ def _grad_out_feeds(plan, feeds: dict, grad_out: torch.Tensor) -> torch.Tensor:
     return info[3:4]
 
 
-# Why FP8 training from fp16/bf16 inputs runs the backward in their precision where the gradients are FP8.
+# Why FP8 training from fp16/bf16 inputs runs the backward in their precision where the gradients are FP8
+# (docs/dispatch.md, 'FP8 training runs what is fastest and keeps its gradients').
 BOUND_SCALED_GRADIENTS = ("its FP8 gradients would be scaled from worst-case bounds, and dK's grows with seqlen_q "
                           "x query heads per KV head, which costs dK its precision")
 
 
 def bound_scaled_gradients(cfg) -> str:
-    """Why an FP8 training problem from fp16/bf16 inputs should run its backward in their precision
-    ("" where its gradients are not FP8).
-
-    Why: see docs/dispatch.md, 'FP8 training runs what is fastest and keeps its gradients'."""
+    """BOUND_SCALED_GRADIENTS where an FP8 training problem's gradients are FP8, else ""."""
     return BOUND_SCALED_GRADIENTS if dtypes.BY_NAME[cfg.resolved_dqkv_dtype].is_fp8 else ""
 
 
@@ -247,8 +238,8 @@ def backward_feeds(plan, cfg, saved: tuple, out: torch.Tensor, grad_out: torch.T
                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(inputs of an sdpa_fp8_backward graph except masks/sink/seqlens, descales of its FP8 outputs).
 
-    `saved` is the forward's (q8, k8, v8, state); `out` is the output returned by the forward pass (dequantized when O was FP8: quantizing it
-    again with descale_o restores the forward's O exactly)."""
+    `saved` is the forward's (q8, k8, v8, state); `out` the forward's returned output (dequantized
+    where O was FP8: quantizing it again with descale_o restores the forward's O exactly)."""
     q8, k8, v8, state = saved
     feeds = {
         "q": plan.conform("q", q8), "k": plan.conform("k", k8), "v": plan.conform("v", v8),

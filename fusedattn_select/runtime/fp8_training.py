@@ -30,10 +30,9 @@ def _f16(cfg: AttnConfig, input_dtype: torch.dtype) -> AttnConfig:
 
 
 def route_backward(new, selector: Selector, input_dtype: torch.dtype) -> str:
-    """FP8 from fp16/bf16 inputs: say once where its forward was measured no faster than bf16 here;
-    in training, run the backward in the input precision (where that one is selected) where the FP8
-    backward graph was measured slower than it on this platform, or writes FP8 gradients. Returns why
-    the entry cannot run fused ("" when it can): FP8 gradients and no backward in the input precision."""
+    """FP8 from fp16/bf16 inputs: say once where its forward was measured no faster than bf16 here; in training,
+    give the entry the backward in the input precision (where selected) where the FP8 one was measured slower
+    or writes FP8 gradients. Returns why it cannot run fused (FP8 gradients, no such backward), else ""."""
     cfg = new.cfg
     if not (cfg.is_fp8 and input_dtype in F16_NAMES) or new.backward_cfg is not None:
         return ""
@@ -52,11 +51,10 @@ def route_backward(new, selector: Selector, input_dtype: torch.dtype) -> str:
 
 
 def forward_only(new, selector: Selector, input_dtype: torch.dtype, dense: bool, runners: Collection[Backend]) -> str:
-    """FP8 training from fp16/bf16 inputs that no FP8 recipe answers (its FP8 backward refused by cuDNN
-    or a known-bug rule): the FP8 forward, with the backward in the inputs' precision, where both are
-    selected. Returns the refusal it replaced ("" when it did not route: the entry and its reason
-    stay as they were); the entry then holds the training config, the forward's selection and the
-    backward's config. Say so with tell_forward_only once its plans are built."""
+    """FP8 training from fp16/bf16 inputs that no FP8 recipe answers (FP8 backward refused by cuDNN or a rule):
+    route the entry (cfg, selection, backward_cfg) to the FP8 forward and the backward in the inputs' precision,
+    where both are selected. Returns the refusal it replaced, or "" (entry unchanged); then call tell_forward_only
+    once its plans are built."""
     cfg = new.cfg
     if not (cfg.is_training and cfg.is_fp8 and input_dtype in F16_NAMES):
         return ""
@@ -68,10 +66,8 @@ def forward_only(new, selector: Selector, input_dtype: torch.dtype, dense: bool,
     chosen, selection, _ = with_fp8_outputs(selector.select, inference, first, False)
     if not selection.selected or selection.backend not in runners:
         return ""
-    # The forward runs as training's (it also writes the softmax stats the backward reads), built from
-    # the training problem with the output precision the forward was selected with: a rule about that
-    # forward still holds it back (its graph is built, not probed, as an inference call's that wants
-    # the log-sum-exp is: runtime/dense_builds.plan_phases).
+    # The forward runs as training's (it writes the stats the backward reads), built from the training problem
+    # at the selected output precision and not probed (runtime/dense_builds.plan_phases), so check its rules here.
     training = chosen.replace(is_training=True)
     if apply_rules(training, selector.fingerprint, Phase.FORWARD) is not None:
         return ""

@@ -16,8 +16,7 @@ from fusedattn_select.runtime.tensor_layouts import bhsd, from_bhsd
 
 
 class Saved(NamedTuple):
-    """What the backward pass needs from the forward: output, softmax stats, dropout RNG state and,
-    for FP8, (q8, k8, v8, state)."""
+    """What the backward needs from the forward: output, softmax stats, dropout RNG state, FP8's (q8, k8, v8, state)."""
 
     out: torch.Tensor
     stats: Optional[torch.Tensor]
@@ -98,8 +97,7 @@ def _bucket_backward(entry: Entry, gb: torch.Tensor, qb: torch.Tensor, kb: torch
 
 def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
                   scales: Union[FP8Scales, FP8History, None]) -> Saved:
-    """(out in the caller's layout, stats or None, rng or None, fp8 saved (q8, k8, v8, state) or None).
-
+    """Saved(out in the caller's layout, stats, rng, FP8 (q8, k8, v8, state)), None where absent.
     `scales`: the descales of float8 inputs, or the caller's FP8History (delayed scaling)."""
     opts, plan = entry.opts, entry.forward
     if entry.bucketed:
@@ -170,9 +168,8 @@ def fused_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: tor
 
 
 class FusedAttention(torch.autograd.Function):
-    """Eager autograd for the fused path: cuDNN forward (saving its softmax stats) and backward.
-
-    The optional tensors come last, in OptionalInputs order, so autograd sees each of them."""
+    """Eager autograd for the fused path: cuDNN forward (saving its softmax stats) and backward. The
+    optional tensors come last, in OptionalInputs order, so autograd sees each of them."""
 
     @staticmethod
     def forward(ctx, entry, scales, q, k, v, *optional):

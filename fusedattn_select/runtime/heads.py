@@ -37,8 +37,7 @@ def _head_runs(t: torch.Tensor) -> bool:
 
 def views(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> Optional[tuple[Dims, Dims, Dims, Dims]]:
     """(q, k, v, out) dims of the heads-as-batch call of logical-BHSD q, k, v, or None when their
-    memory cannot be viewed that way (q's heads not contiguous rows; k or v not runs of contiguous
-    tokens per (sequence, head): contiguous BHSD, or a slice of a longer BHSD buffer)."""
+    memory cannot be viewed that way (q's heads not contiguous rows, or k or v not `_head_runs`)."""
     b, hq, sq, d = qb.shape
     _, hkv, skv, _ = kb.shape
     dv = vb.shape[3]

@@ -2,8 +2,7 @@
 dicts per call (which memory each plan form takes: docs/dispatch.md, 'Hot path').
 
 `mark_lean` gives an entry its Lean where its plans take q, k, v and nothing the caller varies per call
-(no bias, ALiBi slopes, sink, lengths, dropout or FP8); every other entry runs the general path
-(fused.py).
+(no bias, ALiBi slopes, sink, lengths, dropout or FP8); other entries run the general path (fused.py).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ class Lean:
 
     out: Geometry                      # o in the caller's dim order
     out_dtype: torch.dtype
-    # Positions in LEAN_FORWARD + the forward's offsets and lengths of the forward plan's tensors,
-    # in its binding order.
+    # Positions in LEAN_FORWARD + the forward's offsets and lengths of the forward plan's tensors, in binding order.
     forward_index: tuple[int, ...]
     stats: Optional[plans.TensorSpec] = None  # the softmax stats the forward plan writes, if any
     # Training: dq, dk, dv in the caller's dim order and the strides dO must have, and the
@@ -42,8 +40,7 @@ class Lean:
     grads: Optional[tuple[Geometry, Geometry, Geometry]] = None
     do_strides: tuple[int, ...] = ()
     backward_index: tuple[int, ...] = ()
-    # Whether o (dq, dk, dv) has exactly q's (q's, k's, v's) geometry and dtype: then empty_like,
-    # the cheaper allocation, makes it.
+    # Whether o (dq, dk, dv) has q's (q's, k's, v's) geometry and dtype: then the cheaper empty_like makes it.
     out_like_q: bool = False
     grads_like_qkv: bool = False
     # Bucket plans: the offset and length tensors of the call's shape, in binding-name order.

@@ -1,10 +1,7 @@
 """torch.compile support: attention() as the custom ops `fusedattn_select::attention_fwd` and
-`attention_bwd`, with fake implementations and registered autograd, so `torch.compile(fullgraph=True)`
-traces a model without graph breaks.
-
-The ops take tensors and scalars only: their schemas are the tensor names below followed by the
-fields of CallOptions (options.schema_arguments), and `_split` rebuilds the CallOptions inside.
-"""
+`attention_bwd`, with fake implementations and registered autograd (docs/dispatch.md, 'torch.compile').
+Their schemas take tensors and scalars only: the tensor names below, then the fields of CallOptions
+(options.schema_arguments); `_split` rebuilds the CallOptions inside."""
 
 from __future__ import annotations
 

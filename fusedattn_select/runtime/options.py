@@ -1,8 +1,6 @@
-"""The options of one attention() call as one frozen value, and its flat form at the custom-op boundary.
-
-The custom ops take scalars, not objects: `schema_arguments`, `flatten` and `unflatten` derive the
-op arguments from the fields of CallOptions, so a new option is a new field and nothing else.
-"""
+"""The options of one attention() call as one frozen value, and its flat form at the custom-op boundary
+(the custom ops take scalars, not objects: `schema_arguments`, `flatten` and `unflatten` derive the op
+arguments from the fields of CallOptions, so a new option is a new field and nothing else)."""
 
 from __future__ import annotations
 
@@ -26,7 +24,7 @@ class CallOptions:
     softmax: str
     deterministic: bool
     fp8: bool                 # run FP8 kernels (quantizing fp16/bf16 inputs, or float8 inputs)
-    o_dtype: str              # output dtype name of float8 inputs ("fp16", "bf16"; "" otherwise)
+    o_dtype: str              # output dtype FP8Scales / FP8History ask for ("fp16", "bf16", "fp8_e4m3"; "" if none)
     training: bool
     bias_grad: bool           # training and the bias requires grad (dBias wanted)
     sink_grad: bool           # training and the sink requires grad (dSink wanted)

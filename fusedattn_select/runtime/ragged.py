@@ -1,9 +1,7 @@
 """Running a call through its bucket plan: the ragged (THD) padding-mask graph built at the bucket's
-batch size and lengths, bound to the caller's tensors held in contiguous BSHD memory.
-
-Ragged offsets and lengths, K and V read in place as rows of longer buffers (`kv_steps`), and why
-training binds contiguous memory: see docs/shape-buckets.md, its opening section.
-"""
+batch size and lengths, bound to the caller's tensors held in contiguous BSHD memory (offsets and
+lengths, K and V read in place as rows of longer buffers (`kv_steps`), and why training binds
+contiguous memory: docs/shape-buckets.md, its opening section)."""
 
 from __future__ import annotations
 
@@ -42,9 +40,8 @@ _OFFSET_LIMIT = 2 ** 31
 
 
 def offsets_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_step: int = 0, v_step: int = 0) -> bool:
-    """Whether every ragged offset of a call (at most the element count of q, k, v and the output,
-    o having q's shape with v's head dim, or batch x step for K and V read as rows of longer
-    buffers) fits the graphs' int32 offsets."""
+    """Whether every ragged offset of a call fits the graphs' int32 offsets: at most the element count of
+    q, k, v and the output (q's shape, v's head dim), or batch x step for K and V read as rows of longer buffers."""
     o_numel = q.numel() // max(q.shape[-1], 1) * v.shape[-1]
     batch = q.shape[0]
     return max(q.numel(), k.numel(), v.numel(), o_numel, batch * k_step, batch * v_step) < _OFFSET_LIMIT
@@ -82,9 +79,8 @@ def _offsets(plan: Plan, offset_name: str, shape: Shape) -> tuple[tuple, list[in
 
 
 def bindings(plans: Sequence[Plan], shape: Shape, device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """For each plan, the offset and length tensors that run `shape` through it (equal tensors
-    shared between the plans, all made in one transfer). Read only: plans never write them.
-    ValueError when an offset does not fit the graphs' int32 offsets."""
+    """For each plan, the offset and length tensors that run `shape` through it (equal tensors shared between the
+    plans, all made in one transfer; plans never write them). ValueError where an offset does not fit int32."""
     keys: list[dict[str, tuple]] = []
     new: dict[tuple, list[int]] = {}
     for plan in plans:

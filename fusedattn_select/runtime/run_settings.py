@@ -1,10 +1,7 @@
-"""The runtime's settings for this process: one frozen `RuntimeSettings`, read from the
-environment at first use and fixed after that.
-
-Changing a variable after the first attention() call (or after the transformers integration's
-register() on a machine with a GPU) changes nothing (as torch's own environment switches). Tools and tests that need other settings use `use(...)` or `replace(...)` (checked like
-the variables), never the runtime's module attributes.
-"""
+"""The runtime's settings for this process: one frozen `RuntimeSettings`, read from the environment at first
+use (the first attention() call, or the transformers integration's register() on a machine with a GPU) and
+fixed after that, as torch's own environment switches are. Tools and tests that need other settings use
+`use(...)` or `replace(...)` (checked like the variables), never the runtime's module attributes."""
 
 from __future__ import annotations
 

@@ -35,11 +35,8 @@ def from_bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def physical_format(t_bhsd: torch.Tensor, prefer: str = DEFAULT_LAYOUT) -> Optional[str]:
-    """The memory layout ("bshd", "sbhd", "bhsd") of a logical-BHSD view, or None if none fits.
-
-    Strides of size-1 dims address nothing, so they are ignored; where that leaves several
-    layouts possible, `prefer` (the caller's layout) wins.
-    """
+    """The memory layout ("bshd", "sbhd", "bhsd") of a logical-BHSD view, or None if none fits. Strides
+    of size-1 dims are ignored; where several layouts fit, `prefer` (the caller's layout) wins."""
     shape = tuple(t_bhsd.shape)
     strides = t_bhsd.stride()
     for fmt in (prefer,) + tuple(f for f in LAYOUTS if f != prefer):

@@ -1,8 +1,6 @@
-"""First contact: a call never waits for a cuDNN plan; each bucket runs on the runner measured faster.
-
-Which calls run on torch meanwhile, how the swap and the timing work, and which calls wait: see
-docs/dispatch.md, 'First contact'.
-"""
+"""First contact: outside the waiting cases (`wait_reason`), a new signature whose plans memory lacks runs on torch
+while they are prepared off the caller's path, then swaps; each bucket runs on the runner measured faster. Which
+calls run on torch, how the swap and the timing work, and which calls wait: docs/dispatch.md, 'First contact'."""
 
 from __future__ import annotations
 
@@ -47,9 +45,9 @@ Run = Callable[..., Any]  # api._run: (entry, q, k, v, inputs, fp8, return_lse) 
 # ----- deciding a new signature --------------------------------------------------------------------
 def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
           scales: Any) -> Entry:
-    """The decision for `signature` (an entries.key): made now from memory (with its bucket's runner
-    choice, measured now where this device has none), else a torch runner that waits for it (see
-    docs/dispatch.md, 'First contact'), else (a waiting case) made now as before."""
+    """The decision for `signature` (an entries.key): made now in a waiting case or from memory (with its
+    bucket's runner choice, timed now where this device has none), else a torch runner that waits for it
+    (docs/dispatch.md, 'First contact')."""
     def decide() -> Entry:
         why = wait_reason(signature, q, k, v, inputs, scales)
         if why:
@@ -88,7 +86,7 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
 
 def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
                 scales: Any) -> str:
-    """Why this signature is decided on the caller's path, as before ("" when torch runs it meanwhile)."""
+    """Why this signature is decided on the caller's path ("" when torch runs it meanwhile)."""
     opts: CallOptions = signature[0]
     if run_settings.get().first_calls == "wait":
         return "FUSEDATTN_SELECT_FIRST_CALLS=wait"
@@ -199,10 +197,9 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
 
 
 def cudnn_entry(found: Entry, signature: tuple | None = None, *call: Any) -> Entry:
-    """The entry of a path that never switches kernels mid-run (the compiled custom ops, activation
-    checkpointing) for a signature eager calls run on torch: its cuDNN entry, waiting for it where
-    it is being prepared, else decided now from `signature` and `call` (q, k, v, inputs, scales);
-    `found` itself where there is none (no signature given and no usable preparation: torch runs it)."""
+    """For a path that never switches kernels mid-run (compiled custom ops, activation checkpointing): the
+    cuDNN entry of a signature eager calls run on torch, waiting for its preparation, else decided now from
+    `signature` and `call` (q, k, v, inputs, scales); else `found` itself (torch runs it)."""
     if not found.torch_because or dispatcher.no_cudnn:  # (no cuDNN frontend: nothing else can run it)
         return found
     if found.cudnn is None:
@@ -233,8 +230,7 @@ def runner_key(found: Entry) -> str:
 
 # ----- measured choices ---------------------------------------------------------------------------------
 def cudnn_forward(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The forward of a decided cuDNN entry on the caller's tensors, as its calls run it, without
-    counting a call (no counters, no step toward its promotion)."""
+    """A decided cuDNN entry's forward on the caller's tensors, as its calls run it, counting no call."""
     if found.lean is not None:
         return lean_forward(found, q, k, v)[0]
     if found.heads is not None:
@@ -243,8 +239,7 @@ def cudnn_forward(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def load_choice(key: str) -> Choice | None:
-    """The choice of `key`, read from the store into memory where this process has none yet, or
-    None (off the caller's path only)."""
+    """The choice of `key`: in memory, else read from the store into memory, else None (off the caller's path)."""
     found = dispatcher.choices.get(key)
     if found is not None:
         return found
@@ -267,9 +262,8 @@ def apply_choice(found: Entry, choice: Choice | None, keeper: Entry) -> Entry:
 
 def measure_once(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> tuple[Choice | None, bool]:
-    """(the choice of `key`, whether this call timed it): one timing per key in this process, so
-    every signature of a bucket runs on one runner; a signature decided while another of its bucket
-    is timed waits for that timing (a few forward calls) and takes its result."""
+    """(the choice of `key`, whether this call timed it): timed once per key in this process, so every
+    signature of a bucket runs on one runner (one decided meanwhile waits for that timing's result)."""
     timed = []
 
     def timing() -> Choice | None:
@@ -289,11 +283,9 @@ def measure_once(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: t
 
 def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor) -> Choice | None:
-    """Time both runners' forward on the caller's tensors (in turns) and keep the cheaper, cuDNN on a
-    tie within 2%; None, with `keeper` saying why, when the cuDNN runner fails (torch keeps it).
-
-    A runner's cost per call is the larger of its host time (this thread's CPU time) and its device
-    time (CUDA events around calls queued behind a device-side wait), each the least of ROUNDS calls."""
+    """Time both runners' forward on the caller's tensors, in turns, and keep the cheaper (cuDNN on a tie
+    within 2%): a runner's cost per call is the larger of this thread's CPU time and its device time (CUDA
+    events), each the least of ROUNDS calls. None, with `keeper` saying why, where the cuDNN runner fails."""
     pair = (lambda: keeper.torch_call(q, k, v), lambda: cudnn_forward(prepared, q, k, v))
     host: tuple[list, list] = ([], [])
     timed: tuple[list, list] = ([], [])
@@ -301,12 +293,10 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
         with torch.no_grad(), torch.cuda.device(q.device):
             for runner in pair:
                 runner()
-            # Why not wall time: at first contact the preparing thread, the worker process and the
-            # compiled module's build contend for the GIL and the CPUs, and wall-clock timings taken
-            # then were many times a quiet process's, in either order (docs/dispatch.md). A thread's
-            # CPU time leaves out GIL waits and other processes' work; calls queued while the
-            # device-side wait lasts run back to back, so their events time the device's work alone
-            # (calls queued after it ends are timed with their host gaps: the least takes the first).
+            # Not wall time, which at first contact timed the work beside the caller (docs/performance.md,
+            # 'Runner choices timed at first contact'): CPU time leaves out GIL waits and other processes;
+            # calls queued while the device-side wait lasts run back to back, so their events time the device's
+            # work alone (those queued after it ends are timed with their host gaps: the least takes the first).
             torch.cuda._sleep(HOLD_CYCLES)
             for round_ in range(ROUNDS):
                 for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):
@@ -344,9 +334,8 @@ def describe_choices() -> dict[str, str]:
 
 # ----- preparing off the caller's path --------------------------------------------------------------
 def dummies(signature: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Compact tensors of `signature`'s devices, dtypes, shapes and dim order (layouts.dense_strides):
-    deciding reads no data, so the caller's tensors are not kept alive while a signature waits, and
-    a slice of a long cache costs the slice's memory, not the cache's span."""
+    """Compact tensors of `signature`'s devices, dtypes, shapes and dim order (layouts.dense_strides): deciding
+    reads no data, so the caller's tensors are not kept alive while it waits (docs/dispatch.md, 'First contact')."""
     return tuple(torch.empty_strided(signature[i + 2], dense_strides(signature[i + 2], signature[i + 3]),
                                      dtype=signature[i + 1], device=signature[i])
                  for i in (1, 5, 9))  # type: ignore[return-value]
@@ -354,14 +343,10 @@ def dummies(signature: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          why: list[str] | None = None) -> Entry | None:
-    """`prepared` (decided on the dummies) where the caller's tensors are compact too; else the
-    signature decided again on the caller's own tensors, from memory (None: memory lacks something).
-
-    The dummies load or build every selection and plan the signature runs, and plans depend on
-    shapes and layout only. What the kernels do with the caller's own strides is decided here, so
-    the runner swapped in, and the one timed against torch, read the caller's memory as it is: K
-    and V read in place as rows of a longer cache (ragged.kv_steps: the bucket plans' offsets step
-    a cache row, not a compact sequence), the Lean's bound geometry, heads-as-batch views."""
+    """`prepared` (decided on the dummies) where the caller's tensors are compact too; else the signature
+    decided again, from memory, on the caller's own tensors (None: memory lacks something), so that the runner
+    swapped in and timed reads the caller's memory as it is: plans depend on shapes and layout only, their
+    binding on strides (K and V as cache rows: ragged.kv_steps; the Lean's geometry; heads-as-batch views)."""
     if all(t.stride() == dense_strides(tuple(t.shape), t.stride()) for t in (q, k, v)):
         return prepared
     try:
@@ -374,13 +359,11 @@ def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: t
 
 
 def start_early() -> Future | None:
-    """Start making this process's selector on a thread of its own, before any call (why: see
-    docs/dispatch.md, 'The selector made ahead'), on the device this thread's calls go to
-    (`_current_device`). Its Future (the selector, or None when it could not be made: the first call
-    makes it again and reports why), or None where no selector is started: made already, no cuDNN
-    frontend, several devices and none chosen yet, or a worker that decides first
-    (`dense_builds.fresh_store_target`), which is started here instead (`dense_builds.prestart`).
-    The settings the runtime reads are fixed from here on."""
+    """Start making this process's selector, before any call, on a thread of its own and on the device this
+    thread's calls go to (docs/dispatch.md, 'The selector made ahead'). Its Future (the selector, or None
+    where it could not be made: the first call makes it again and reports why), or None where none is started:
+    made already, no cuDNN frontend, several devices and none chosen yet, or a worker that decides first
+    (started here instead: `dense_builds.prestart`). The runtime's settings are fixed from here on."""
     if selection.made_default_selector() is not None or dense_builds.cudnn_missing():
         return None
     device = _current_device()
@@ -399,8 +382,7 @@ def start_early() -> Future | None:
         try:
             with torch.cuda.device(device):
                 selector = selection.default_selector()
-                # Its engine's warm-up graph (cuDNN loading its engine libraries) is built here, while
-                # the caller loads its model, not on the first plan load of the first call.
+                # cuDNN loads its engine libraries here, while the caller loads its model, not at a first call.
                 selector.warm_up()
                 made.set_result(selector)
         except Exception as err:  # noqa: BLE001 - the first call makes it again and reports why it cannot
