@@ -77,7 +77,7 @@ class Dispatcher:
         self.newest: dict[str, Any] = {}
         self.class_pass: Counter[str] = Counter()
         # Runner choices by runner key (tiers.py): measured or read from the store; the keys whose
-        # cuDNN runner failed when timed, with why; and the timings by key, made once each.
+        # timing failed (a runner or the timing itself), with why; and the timings by key, made once each.
         self.choices: dict[str, Any] = {}
         self.failed_choices: dict[str, str] = {}
         self.timings: OncePerKey[Any] = OncePerKey()

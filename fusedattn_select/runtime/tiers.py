@@ -36,6 +36,7 @@ NO_INPUTS = OptionalInputs(None, None, None, None, None)
 ROUNDS = 5                  # timed forward calls per runner when both are ready (measure)
 HOLD_CYCLES = 2_000_000     # GPU clock cycles (about 1 ms) the timed calls queue behind (measure)
 TORCH, CUDNN = runners.TORCH, runners.CUDNN
+RUNNER_NAMES = ("its torch runner", "its cuDNN runner")  # measure's pair, in order: whose call failed
 Choice = runners.Choice
 
 
@@ -285,14 +286,18 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
             v: torch.Tensor) -> Choice | None:
     """Time both runners' forward on the caller's tensors, in turns, and keep the cheaper (cuDNN on a tie
     within 2%): a runner's cost per call is the larger of this thread's CPU time and its device time (CUDA
-    events), each the least of ROUNDS calls. None, with `keeper` saying why, where the cuDNN runner fails."""
+    events), each the least of ROUNDS calls. None, with `keeper` saying which runner failed (or the timing),
+    where one fails: torch keeps the signature."""
     pair = (lambda: keeper.torch_call(q, k, v), lambda: cudnn_forward(prepared, q, k, v))
     host: tuple[list, list] = ([], [])
     timed: tuple[list, list] = ([], [])
+    failing = ""  # the runner whose call is under way: an exception outside one is the timing's own
     try:
         with torch.no_grad(), torch.cuda.device(q.device):
-            for runner in pair:
+            for which, runner in enumerate(pair):
+                failing = RUNNER_NAMES[which]
                 runner()
+            failing = ""
             # Not wall time, which at first contact timed the work beside the caller (docs/performance.md,
             # 'Runner choices timed at first contact'): CPU time leaves out GIL waits and other processes;
             # calls queued while the device-side wait lasts run back to back, so their events time the device's
@@ -302,14 +307,17 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
                 for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
+                    failing = RUNNER_NAMES[which]
                     began = time.thread_time_ns()
                     pair[which]()
                     host[which].append((time.thread_time_ns() - began) / 1e3)
+                    failing = ""
                     end.record()
                     timed[which].append((start, end))
             end.synchronize()
     except Exception as err:  # noqa: BLE001 - the call goes on, on torch
-        keeper.torch_because = f"its cuDNN runner failed when timed ({type(err).__name__}: {err})"
+        keeper.torch_because = (f"{failing} failed when timed" if failing else "its runners could not be timed") + \
+            f" ({type(err).__name__}: {err})"
         with dispatcher.choices_lock:
             first = key not in dispatcher.failed_choices
             dispatcher.failed_choices[key] = keeper.torch_because

@@ -553,6 +553,31 @@ def test_each_cost_is_the_least_of_its_timed_calls(isolated, monkeypatch):
     assert len(calls) == 1 + tiers.ROUNDS and choice.runner == tiers.CUDNN and choice.cudnn_us < 1000, choice
 
 
+@pytest.mark.parametrize("fails", ["torch", "cuDNN", "timing"])
+def test_a_failure_when_timed_names_the_runner_that_failed_or_the_timing(isolated, monkeypatch, fails):
+    DeviceClock(monkeypatch)
+
+    def raise_if(side):
+        def call():
+            if side == fails:
+                raise RuntimeError(f"{side} broke")
+        return call
+
+    if fails == "timing":
+        def no_hold(cycles):
+            raise RuntimeError("timing broke")
+        monkeypatch.setattr(torch.cuda, "_sleep", no_hold)
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    keeper = waiting_entry(opts, None, torch_call=lambda q, k, v: raise_if("torch")() or q.clone())
+    monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: raise_if("cuDNN")() or q.clone())
+    assert tiers.measure("review-blame", keeper, Entry(opts, cfg=CFG, selection=SELECTED), q, k, v) is None
+    said = {"torch": "its torch runner failed when timed (RuntimeError: torch broke)",
+            "cuDNN": "its cuDNN runner failed when timed (RuntimeError: cuDNN broke)",
+            "timing": "its runners could not be timed (RuntimeError: timing broke)"}[fails]
+    assert keeper.torch_because == said
+
+
 def test_the_timed_calls_queue_behind_one_hold_on_the_callers_device(isolated, monkeypatch):
     clock = DeviceClock(monkeypatch)
     _measured(monkeypatch, lambda: None)
