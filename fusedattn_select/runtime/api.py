@@ -22,7 +22,7 @@ from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
 from fusedattn_select.runtime.fused import FusedAttention, fused_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.lean import apply_lean, functorch_active, lean_forward, with_new_module
-from fusedattn_select.runtime.options import OptionalInputs
+from fusedattn_select.runtime.options import NO_INPUTS, OptionalInputs
 from fusedattn_select.runtime.problem import config
 from fusedattn_select.runtime.tensor_layouts import LAYOUTS, bhsd, formats
 
@@ -58,7 +58,6 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
     return config(qb, kb, vb, formats(qb, kb, vb, opts.layout), opts, inputs, scales)
 
 
-_NO_INPUTS = OptionalInputs(None, None, None, None, None)
 _NO_WINDOW = (-1, -1)  # attention()'s default window_size, told apart by identity
 # Where `fp8` sits among attention()'s arguments: an FP8History is keyed by its output precision.
 _FP8_FIELD = Arguments._fields.index("fp8")
@@ -135,7 +134,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
             call_key = None
     if no_tensors and no_lengths:
-        inputs = _NO_INPUTS
+        inputs = NO_INPUTS
     else:
         inputs = OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv)
     if found is None:

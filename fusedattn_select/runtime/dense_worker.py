@@ -68,7 +68,7 @@ def decide(job: dict) -> tuple[str, tuple[AttnConfig, bool] | None]:
     import torch
 
     from fusedattn_select.runtime import entries
-    from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+    from fusedattn_select.runtime.options import NO_INPUTS, CallOptions
 
     set_default_selector(worker_selector(job["store_dir"], job["device"]))
     fields = dict(job["options"], window_size=tuple(job["options"]["window_size"]))
@@ -76,8 +76,7 @@ def decide(job: dict) -> tuple[str, tuple[AttnConfig, bool] | None]:
     device = torch.device("cuda", job["device"])
     q, k, v = (torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=device)
                for shape, stride, dtype in job["tensors"])
-    none = OptionalInputs(None, None, None, None, None)
-    found = entries.new_entry(entries.key(q, k, v, opts, none), q, k, v, none, None)
+    found = entries.new_entry(entries.key(q, k, v, opts, NO_INPUTS), q, k, v, NO_INPUTS, None)
     del q, k, v
     torch.cuda.empty_cache()  # the geometry's memory back to the device: this process lives as long as the caller
     runs = found.heads.entry if found.heads is not None else found

@@ -31,7 +31,7 @@ from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
 from fusedattn_select.runtime.tensor_layouts import bhsd, formats, from_bhsd
 from fusedattn_select.runtime.lean import Lean, mark_lean, relean
-from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.runtime.options import NO_INPUTS, CallOptions, OptionalInputs
 from fusedattn_select.runtime.plans import is_capturing
 from fusedattn_select.runtime.problem import config, standard_alibi
 from fusedattn_select.runtime.ragged import Shape
@@ -330,8 +330,7 @@ def _heads_as_batch(new: Entry, selector: Selector, qb: torch.Tensor, kb: torch.
     q_dims, k_dims, v_dims, out_dims = dims
     qh, kh, vh = qb.view(q_dims), kb.view(k_dims), vb.view(v_dims)
     opts = dataclasses.replace(new.opts, layout="bshd", mask="no_mask", window_size=(-1, -1))
-    none = OptionalInputs(None, None, None, None, None)
-    inner = entry(key(qh, kh, vh, opts, none), qh, kh, vh, none, None)
+    inner = entry(key(qh, kh, vh, opts, NO_INPUTS), qh, kh, vh, NO_INPUTS, None)
     ran = inner.call_cfg or inner.cfg
     on_buckets = inner.bucketed or inner.promotion == "dense"  # (or their successor: a length it keeps seeing)
     if not inner.fused or not on_buckets or ran is None or ran.cache_key() != decode.cache_key():

@@ -41,6 +41,8 @@ class OptionalInputs(NamedTuple):
     seqlens_kv: Any = None
 
 
+NO_INPUTS = OptionalInputs()  # a call without optional tensors
+
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CallOptions))
 _HINTS = typing.get_type_hints(CallOptions)
 _SCHEMA_TYPES = {str: "str", bool: "bool", int: "int", float: "float", Optional[float]: "float?",

@@ -25,14 +25,13 @@ from fusedattn_select.runtime.lean import lean_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, torch_call, torch_sdpa_blocker
 from fusedattn_select.runtime.tensor_layouts import bhsd
-from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.runtime.options import NO_INPUTS, CallOptions, OptionalInputs
 from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.selection import runners
 from fusedattn_select.selection import selector as selection
 
 log = logging.getLogger("fusedattn_select")
 
-NO_INPUTS = OptionalInputs(None, None, None, None, None)
 ROUNDS = 5                  # timed forward calls per runner when both are ready (measure)
 HOLD_CYCLES = 2_000_000     # GPU clock cycles (about 1 ms) the timed calls queue behind (measure)
 TORCH, CUDNN = runners.TORCH, runners.CUDNN
@@ -379,8 +378,8 @@ def start_early() -> Future | None:
         fresh = dense_builds.fresh_store_target(device) if device is not None else None
     except ConfigError:  # a store setting the first call reports
         return None
-    if fresh is not None:  # the worker decides first: its start-up overlaps the model's load instead
-        dense_builds.prestart(fresh)
+    if fresh is not None and run_settings.get().first_calls != "wait":
+        dense_builds.prestart(fresh)  # the worker decides first: its start-up overlaps the model's load
     if device is None or fresh is not None:
         return None
     made: Future = Future()

@@ -225,6 +225,15 @@ def test_start_early_leaves_an_empty_store_to_the_worker_and_starts_it(early, mo
     assert len(started) == 1  # a store with files: the selector is made here, no worker ahead
 
 
+def test_start_early_starts_no_worker_where_first_calls_wait(early, monkeypatch, use_settings):
+    # Every call then decides on the caller's path: the worker would only ever build promotions.
+    selection, _ = early
+    started = []
+    monkeypatch.setattr(dense_builds, "prestart", started.append)
+    use_settings(first_calls="wait")
+    assert tiers.start_early() is None and started == [] and selection.made_default_selector() is None
+
+
 def test_start_early_makes_nothing_without_the_frontend(early, monkeypatch):
     selection, store_with_a_file = early
     store_with_a_file()
