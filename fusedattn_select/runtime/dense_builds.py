@@ -84,12 +84,17 @@ def _ask(job: dict, where: tuple[str, int] | None, failed: str) -> Future | None
 def fresh_store_target(device: int) -> tuple[str, int] | None:
     """(the default store directory, device) where a worker can decide before this process makes
     its selector (which imports cuDNN and opens the store, holding the GIL from the caller's calls:
-    docs/performance.md, first contact): plans go to a worker, the store is persistent and holds no file yet. None
-    otherwise: the caller reads the store first."""
+    docs/performance.md, first contact): plans go to a worker, the store is persistent and holds no file
+    yet, or the running worker was started ahead for it (its build-ahead jobs may have filled it since).
+    None otherwise: the caller reads the store first."""
     if run_settings.get().dense_builds != PROCESS or cache_switched_off() or os.environ.get(settings.SNAPSHOT):
         return None  # (an invalid value of either is reported where the selector is made)
     directory = default_cache_dir()
-    return None if (directory / DATABASE_NAME).exists() else (str(directory), device)
+    where = (str(directory), device)
+    worker = dispatcher.worker
+    if worker is not None and worker.ahead_for == where and worker.process.poll() is None:
+        return where
+    return None if (directory / DATABASE_NAME).exists() else where
 
 
 def ask_decide(selector: Selector | None, signature: tuple, where: tuple[str, int] | None = None) -> Future | None:
@@ -236,11 +241,11 @@ class _Worker:
     child imports the caller's main module again, which runs a script without an
     `if __name__ == "__main__"` guard a second time."""
 
-    def __init__(self, warm_device: int | None = None) -> None:
+    def __init__(self, ahead_for: tuple[str, int] | None = None) -> None:
         # What this process imports; the worker decides as attention() waiting would, with no compiled module.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                    **{settings.FIRST_CALLS: "wait", settings.NATIVE: "0"})
-        warm = [] if warm_device is None else [str(warm_device)]
+        warm = [] if ahead_for is None else [str(ahead_for[1])]
         read_fd, write_fd = os.pipe()
         try:
             self.process = subprocess.Popen(
@@ -256,6 +261,7 @@ class _Worker:
         self.next_id = 0
         self.answered = 0
         self.closed = False
+        self.ahead_for = ahead_for  # (store directory, device) it was started ahead for (prestart)
         self.lock = threading.Lock()
         threading.Thread(target=self._read_answers, name="fusedattn-dense-builds", daemon=True).start()
 
@@ -317,16 +323,16 @@ def prestart(where: tuple[str, int]) -> None:
     if dispatcher.worker_deaths >= MAX_DEATHS:
         return
     try:
-        _running(where[1])
+        _running(where)
     except (OSError, ValueError, subprocess.SubprocessError) as err:
         log.debug("fusedattn_select: the worker process was not started ahead (%s: %s)", type(err).__name__, err)
 
 
-def _running(warm_device: int | None = None) -> _Worker:
+def _running(ahead_for: tuple[str, int] | None = None) -> _Worker:
     with dispatcher.worker_lock:  # the Dispatcher owns the worker: one per process
         worker = dispatcher.worker
         if worker is None or worker.process.poll() is not None:
-            worker = dispatcher.worker = _Worker(warm_device)
+            worker = dispatcher.worker = _Worker(ahead_for)
             atexit.register(worker.close)
     return worker
 

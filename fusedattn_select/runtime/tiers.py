@@ -296,6 +296,9 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
             for which, runner in enumerate(pair):
                 failing = RUNNER_NAMES[which]
                 runner()
+                warmed = torch.cuda.Event()
+                warmed.record()
+                warmed.synchronize()  # a device fault of its kernels surfaces here, blamed on it
             failing = ""
             # Not wall time, which at first contact timed the work beside the caller (docs/performance.md,
             # 'Runner choices timed at first contact'): CPU time leaves out GIL waits and other processes;
@@ -378,8 +381,10 @@ def start_early() -> Future | None:
         fresh = dense_builds.fresh_store_target(device) if device is not None else None
     except ConfigError:  # a store setting the first call reports
         return None
-    if fresh is not None and run_settings.get().first_calls != "wait":
-        dense_builds.prestart(fresh)  # the worker decides first: its start-up overlaps the model's load
+    # The worker decides first: its start-up overlaps the model's load. Not where calls decide on the caller's
+    # path, nor where several devices are visible (the device the calls go to is a guess there).
+    if fresh is not None and run_settings.get().first_calls != "wait" and torch.cuda.device_count() == 1:
+        dense_builds.prestart(fresh)
     if device is None or fresh is not None:
         return None
     made: Future = Future()

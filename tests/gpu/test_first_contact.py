@@ -194,7 +194,7 @@ _PROCESS = textwrap.dedent("""
     if sys.argv[1] == "started_ahead":  # as register() does while the model loads
         assert tiers.start_early() is None
         ahead_pid = dispatcher.worker.process.pid
-        time.sleep(5)  # its warm-up under way or done: it must leave the store alone
+        time.sleep(10)  # its warm-up done (or under way): it must leave the store alone
         store_empty = not os.path.exists(os.path.join(os.environ["FUSEDATTN_SELECT_CACHE_DIR"], DATABASE_NAME))
     started = time.perf_counter()
     with torch.no_grad():
@@ -218,12 +218,12 @@ _PROCESS = textwrap.dedent("""
 """)
 
 
-def _process(cache_dir, mode):
-    env = dict(os.environ, FUSEDATTN_SELECT_CACHE_DIR=str(cache_dir), FUSEDATTN_SELECT_FIRST_CALLS="torch")
+def _process(cache_dir, mode, **env_vars):
+    env = dict(os.environ, FUSEDATTN_SELECT_CACHE_DIR=str(cache_dir), FUSEDATTN_SELECT_FIRST_CALLS="torch", **env_vars)
     done = subprocess.run([sys.executable, "-c", _PROCESS, mode], check=False, env=env, capture_output=True, text=True,
                           timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]), stderr=done.stderr)  # the worker's stderr too
 
 
 def test_the_next_process_starts_with_the_measured_choice_and_the_buckets_built_ahead(tmp_path):
@@ -236,7 +236,10 @@ def test_the_next_process_starts_with_the_measured_choice_and_the_buckets_built_
 
 
 def test_a_worker_started_ahead_leaves_an_empty_store_alone_and_decides_the_first_signature(tmp_path):
-    found = _process(tmp_path, "started_ahead")
+    # register() starts it ahead only where one device is visible.
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    found = _process(tmp_path, "started_ahead", CUDA_VISIBLE_DEVICES=first)
+    assert "the worker's warm-up failed" not in found["stderr"], found["stderr"][-3000:]
     assert found["store_empty"], "the warm-up opened the store: the first call would make its selector here"
     assert found["same_worker"], "the first call started another worker"
     assert found["swaps"] == 1 and found["plan_builds"] == 0, found

@@ -4,6 +4,7 @@ entry whose dense plans a worker is building (the worker itself runs on the GPU:
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Future
 
 import pytest
@@ -12,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.runtime import dense_builds, entries
+from fusedattn_select.runtime import dense_builds, dense_worker, entries
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.options import CallOptions
 from fusedattn_select.runtime.run_settings import run_settings
@@ -162,18 +163,57 @@ def test_a_worker_whose_caller_is_gone_exits_quietly_when_it_answers():
 
 
 def test_a_worker_started_ahead_is_the_one_jobs_go_to_and_answers_them_when_its_warm_up_failed(fresh_worker,
-                                                                                               tmp_path):
-    from fusedattn_select.store.sqlite import DATABASE_NAME
-
+                                                                                               tmp_path, capfd):
     dense_builds.prestart((str(tmp_path), 0))  # its warm-up fails here: no CUDA, no cuDNN frontend
     started = dispatcher.worker
-    assert started is not None and started.process.poll() is None
+    assert started is not None and started.process.poll() is None and started.ahead_for == (str(tmp_path), 0)
     dense_builds.prestart((str(tmp_path), 0))
     assert dispatcher.worker is started  # one worker per process
     err = dense_builds._submit(_job(tmp_path)).exception(timeout=120)
     assert isinstance(err, RuntimeError) and "cudnn-frontend is not installed" in err.args[0]
     assert dispatcher.worker is started and started.process.poll() is None and dispatcher.worker_deaths == 0
-    assert not (tmp_path / DATABASE_NAME).exists()  # the warm-up opens no store
+    assert "the worker's warm-up failed" in capfd.readouterr().err  # it warmed up first, and said why it could not
+
+
+def test_the_warm_up_loads_the_engine_on_the_device_and_opens_no_store(monkeypatch):
+    from fusedattn_select.probing import choice
+    from fusedattn_select.store import sqlite
+
+    warmed, devices = [], []
+
+    class WarmingTestEngine:  # TEST DOUBLE: only the warm-up is asked of it here
+        def warm_up(self):
+            warmed.append(True)
+
+    @contextlib.contextmanager
+    def device(index):
+        devices.append(index)
+        yield
+
+    def no_store(*args, **kwargs):
+        raise AssertionError("the warm-up opened a store")
+
+    monkeypatch.setattr(choice, "live_engine_on", lambda index: devices.append(("engine", index)) or WarmingTestEngine())
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: None)  # the CUDA context, on a CPU machine
+    monkeypatch.setattr(sqlite.PersistentStore, "__init__", no_store)
+    dense_worker.warm(3)
+    assert warmed == [True] and devices == [3, ("engine", 3)]
+
+
+def test_a_worker_started_ahead_keeps_deciding_first_after_its_jobs_filled_the_store(fresh_worker, tmp_path,
+                                                                                      monkeypatch):
+    # register(model=...) queues build-ahead jobs in it, which create the store's file before the first call.
+    from fusedattn_select.store.sqlite import DATABASE_NAME
+
+    monkeypatch.setenv("FUSEDATTN_SELECT_CACHE_DIR", str(tmp_path))
+    where = (str(tmp_path), 0)
+    assert dense_builds.fresh_store_target(0) == where  # no file yet
+    (tmp_path / DATABASE_NAME).touch()
+    assert dense_builds.fresh_store_target(0) is None  # a store with files: the caller reads it first
+    dense_builds.prestart(where)
+    assert dense_builds.fresh_store_target(0) == where
+    assert dense_builds.fresh_store_target(1) is None  # started ahead for another device
 
 
 def test_no_worker_is_started_ahead_after_two_died_before_answering(monkeypatch):

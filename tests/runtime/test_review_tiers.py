@@ -578,6 +578,26 @@ def test_a_failure_when_timed_names_the_runner_that_failed_or_the_timing(isolate
     assert keeper.torch_because == said
 
 
+def test_a_device_fault_of_the_cudnn_runner_is_blamed_on_it_not_on_a_later_call(isolated, monkeypatch):
+    # CUDA reports a kernel's fault at a later synchronisation: the warm-up calls are each waited for.
+    DeviceClock(monkeypatch)
+    faults = []
+
+    class FaultingEvent(torch.cuda.Event):
+        def synchronize(self):
+            if faults:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "Event", FaultingEvent)
+    monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: faults.append(1) or q.clone())
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    keeper = waiting_entry(opts, None, torch_call=lambda q, k, v: q.clone())
+    assert tiers.measure("review-fault", keeper, Entry(opts, cfg=CFG, selection=SELECTED), q, k, v) is None
+    assert keeper.torch_because.startswith("its cuDNN runner failed when timed (RuntimeError: CUDA error"), \
+        keeper.torch_because
+
+
 def test_the_timed_calls_queue_behind_one_hold_on_the_callers_device(isolated, monkeypatch):
     clock = DeviceClock(monkeypatch)
     _measured(monkeypatch, lambda: None)

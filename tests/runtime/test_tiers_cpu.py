@@ -169,6 +169,7 @@ def early(monkeypatch):
 
     monkeypatch.setattr(dispatcher, "no_cudnn", "")
     monkeypatch.setattr(tiers, "_current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
 
     def store_with_a_file() -> None:
@@ -223,6 +224,15 @@ def test_start_early_leaves_an_empty_store_to_the_worker_and_starts_it(early, mo
     store_with_a_file()
     tiers.start_early().result(timeout=60)
     assert len(started) == 1  # a store with files: the selector is made here, no worker ahead
+
+
+def test_start_early_starts_no_worker_where_several_devices_are_visible(early, monkeypatch):
+    # The device the calls go to is a guess there: a worker warmed up on another would hold a context on it.
+    selection, _ = early
+    started = []
+    monkeypatch.setattr(dense_builds, "prestart", started.append)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert tiers.start_early() is None and started == []
 
 
 def test_start_early_starts_no_worker_where_first_calls_wait(early, monkeypatch, use_settings):
