@@ -252,8 +252,8 @@ def dispatch_info() -> dict[str, Any]:
     deserialized from the persistent store instead of built; plan_load_failures counts stored plans that did not
     load and were rebuilt); first contact (runtime/tiers.py): torch_calls (calls torch SDPA ran while a signature
     waited for its plans or because it was measured faster), swaps, measured, waiting_signatures, and runners (each
-    measured or stored runner choice of this process: runners.runner_key (the timing method and the graphs key) ->
-    "runner (measured x us vs y us)")."""
+    measured, stored or untimed runner choice of this process: runners.runner_key (the timing method and the
+    graphs key) -> "runner (measured x us vs y us)", or "runner (why it is not timed)")."""
     info: dict[str, Any] = dict(dispatcher.counters)
     table_calls = native.table_calls()  # lean calls the compiled table ran
     info["calls"] += table_calls

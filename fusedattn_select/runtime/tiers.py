@@ -238,7 +238,7 @@ def cudnn_forward(found: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return fused_forward(found, q, k, v, NO_INPUTS, None)[0]
 
 
-def load_choice(key: str) -> Choice | None:
+def load_choice(key: str) -> runners.Kept | None:
     """The choice of `key`: in memory, else read from the store into memory, else None (off the caller's path)."""
     found = dispatcher.choices.get(key)
     if found is not None:
@@ -251,7 +251,7 @@ def load_choice(key: str) -> Choice | None:
     return found
 
 
-def apply_choice(found: Entry, choice: Choice | None, keeper: Entry) -> Entry:
+def apply_choice(found: Entry, choice: runners.Kept | None, keeper: Entry) -> Entry:
     """`found`, or `keeper` (the signature's torch runner) when `choice` is torch."""
     if choice is None or choice.runner == CUDNN:
         return found
@@ -261,12 +261,12 @@ def apply_choice(found: Entry, choice: Choice | None, keeper: Entry) -> Entry:
 
 
 def measure_once(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> tuple[Choice | None, bool]:
+                 v: torch.Tensor) -> tuple[runners.Kept | None, bool]:
     """(the choice of `key`, whether this call timed it): timed once per key in this process, so every
     signature of a bucket runs on one runner (one decided meanwhile waits for that timing's result)."""
     timed = []
 
-    def timing() -> Choice | None:
+    def timing() -> runners.Kept | None:
         known = dispatcher.choices.get(key)
         if known is not None:
             return known
@@ -282,11 +282,11 @@ def measure_once(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: t
 
 
 def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.Tensor,
-            v: torch.Tensor) -> Choice | None:
+            v: torch.Tensor) -> runners.Kept | None:
     """Time both runners' forward on the caller's tensors, in turns, and keep the cheaper (cuDNN on a tie
     within 2%): a runner's cost per call is the larger of this thread's CPU time and its device time (CUDA
-    events), each the least of ROUNDS calls. None, with `keeper` saying which runner failed (or the timing),
-    where one fails: torch keeps the signature."""
+    events), each the least of ROUNDS calls. Where only the torch runner fails, cuDNN untimed (`_cudnn_untimed`);
+    where the cuDNN runner or the timing fails, None, with `keeper` saying which: torch keeps the signature."""
     pair = (lambda: keeper.torch_call(q, k, v), lambda: cudnn_forward(prepared, q, k, v))
     host: tuple[list, list] = ([], [])
     timed: tuple[list, list] = ([], [])
@@ -318,15 +318,11 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
                     timed[which].append((start, end))
             end.synchronize()
     except Exception as err:  # noqa: BLE001 - the call goes on, on torch
-        keeper.torch_because = (f"{failing} failed when timed" if failing else "its runners could not be timed") + \
+        because = (f"{failing} failed when timed" if failing else "its runners could not be timed") + \
             f" ({type(err).__name__}: {err})"
-        with dispatcher.choices_lock:
-            first = key not in dispatcher.failed_choices
-            dispatcher.failed_choices[key] = keeper.torch_because
-        if first:  # once per bucket: its other signatures stay on torch without timing again
-            log.warning("fusedattn_select: %s stays on torch SDPA: %s", entries.problem_key(prepared, "a call"),
-                        keeper.torch_because)
-        return None
+        if failing == RUNNER_NAMES[0]:
+            return _cudnn_untimed(key, keeper, prepared, because, pair[1], q.device)
+        return _failed(key, keeper, prepared, because)
     torch_us, cudnn_us = (max(min(cpu), min(s.elapsed_time(e) * 1e3 for s, e in events))
                           for cpu, events in zip(host, timed))
     choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
@@ -337,8 +333,40 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
     return choice
 
 
+def _cudnn_untimed(key: str, keeper: Entry, prepared: Entry, because: str, cudnn_call: Callable[[], Any],
+                   device: torch.device) -> runners.Untimed | None:
+    """Where only the torch runner failed when timed (`because`; an out-of-memory error passes), cuDNN runs
+    the bucket in this process once a call of it succeeds: a choice not timed, never stored. Else None."""
+    try:
+        with torch.no_grad(), torch.cuda.device(device):
+            cudnn_call()
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+    except Exception as err:  # noqa: BLE001 - neither runner ran: torch keeps it, whose calls ran before
+        return _failed(key, keeper, prepared, f"{because}; its cuDNN runner failed too ({type(err).__name__}: {err})")
+    choice = runners.Untimed(CUDNN, f"{because}; not timed")
+    with dispatcher.choices_lock:
+        dispatcher.choices[key] = choice
+    log.warning("fusedattn_select: %s: cuDNN runs its bucket in this process (%s)",
+                entries.problem_key(prepared, "a call"), choice.because)
+    return choice
+
+
+def _failed(key: str, keeper: Entry, prepared: Entry, because: str) -> None:
+    """The timing of `key` failed (`because`): torch keeps the bucket, said once per bucket (its other
+    signatures stay on torch without timing again)."""
+    keeper.torch_because = because
+    with dispatcher.choices_lock:
+        first = key not in dispatcher.failed_choices
+        dispatcher.failed_choices[key] = because
+    if first:
+        log.warning("fusedattn_select: %s stays on torch SDPA: %s", entries.problem_key(prepared, "a call"), because)
+    return None
+
+
 def describe_choices() -> dict[str, str]:
-    """Each measured or stored choice of this process: key -> "runner (why)"."""
+    """Each measured, stored or untimed choice of this process: key -> "runner (why)"."""
     return {key: choice.describe() for key, choice in list(dispatcher.choices.items())}
 
 

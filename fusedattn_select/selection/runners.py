@@ -35,7 +35,29 @@ class Choice:
         return f"measured torch {self.torch_us:.1f} us vs cuDNN {self.cudnn_us:.1f} us per forward call"
 
     def describe(self) -> str:
-        return f"{'torch SDPA' if self.runner == TORCH else 'cuDNN'} ({self.why()})"
+        return describe(self.runner, self.why())
+
+
+@dataclasses.dataclass(frozen=True)
+class Untimed:
+    """A runner kept for one process without a timing, never stored: the other runner failed when timed."""
+
+    runner: str
+    because: str
+
+    def why(self) -> str:
+        return self.because
+
+    def describe(self) -> str:
+        return describe(self.runner, self.because)
+
+
+Kept = Choice | Untimed  # what a process runs a bucket on
+
+
+def describe(runner: str, why: str) -> str:
+    """"torch SDPA (why)" or "cuDNN (why)"."""
+    return f"{'torch SDPA' if runner == TORCH else 'cuDNN'} ({why})"
 
 
 def stored(selector: Selector, key: str) -> Choice | None:

@@ -86,6 +86,48 @@ def test_a_new_signature_runs_torch_then_swaps_in_cudnn_with_the_same_results(mo
     assert dispatch_info()["plan_builds"] == before["plan_builds"], "the caller built a plan: the worker should have"
 
 
+def test_a_torch_runner_that_fails_when_timed_leaves_its_bucket_to_cudnn_untimed(monkeypatch):
+    # TEST DOUBLE for torch's failure only: inside the timing, the torch runner raises an out-of-memory
+    # error (one that passes); the cuDNN runner, the worker, the swap and the outputs are real.
+    timing = []
+    real_measure = tiers.measure
+
+    def measure_flagged(*args):
+        timing.append(True)
+        try:
+            return real_measure(*args)
+        finally:
+            timing.pop()
+
+    monkeypatch.setattr(tiers, "measure", measure_flagged)
+    q, k, v = _tensors(2, 222, 22, 11, 64, seed=5)
+    before = dispatch_info()
+    started = time.perf_counter()
+    _check_against_reference(q, k, v, mask="causal")
+    first = _entry(q, k, v)
+    assert first.torch_because and first.waiting is not None, "the first call did not run on torch"
+    real_torch = first.torch_call
+
+    def out_of_memory_when_timed(*args):
+        if timing:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (test double: the torch runner when timed)")
+        return real_torch(*args)
+
+    first.torch_call = out_of_memory_when_timed
+    while dispatch_info()["swaps"] == before["swaps"]:
+        assert time.perf_counter() - started < SWAP_WAIT_S, "no swap: the plans were never prepared"
+        time.sleep(0.05)
+        _check_against_reference(q, k, v, mask="causal")
+    _check_against_reference(q, k, v, mask="causal")
+    swapped = _entry(q, k, v)
+    assert swapped.fused and not swapped.torch_because, swapped.torch_because
+    info = dispatch_info()
+    assert info["measured"] == before["measured"], "an untimed choice was counted as measured"
+    said = [why for why in info["runners"].values() if "OutOfMemoryError" in why]
+    assert len(said) == 1 and said[0].startswith("cuDNN (its torch runner failed when timed") and \
+        said[0].endswith("not timed)"), info["runners"]
+
+
 @pytest.mark.parametrize("case,kernel", [
     ("tiny", "efficient"), ("tiny causal", "efficient"), ("decode MHA", "efficient"), ("decode GQA", "flash"),
     ("decode, many keys", "flash"), ("many scores", "flash"), ("tiny, training", "flash"), ("prefill", "flash"),

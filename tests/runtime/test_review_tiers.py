@@ -553,13 +553,13 @@ def test_each_cost_is_the_least_of_its_timed_calls(isolated, monkeypatch):
     assert len(calls) == 1 + tiers.ROUNDS and choice.runner == tiers.CUDNN and choice.cudnn_us < 1000, choice
 
 
-@pytest.mark.parametrize("fails", ["torch", "cuDNN", "timing"])
+@pytest.mark.parametrize("fails", ["cuDNN", "timing", "torch and cuDNN"])
 def test_a_failure_when_timed_names_the_runner_that_failed_or_the_timing(isolated, monkeypatch, fails):
     DeviceClock(monkeypatch)
 
     def raise_if(side):
         def call():
-            if side == fails:
+            if side in fails.split(" and "):
                 raise RuntimeError(f"{side} broke")
         return call
 
@@ -572,10 +572,36 @@ def test_a_failure_when_timed_names_the_runner_that_failed_or_the_timing(isolate
     keeper = waiting_entry(opts, None, torch_call=lambda q, k, v: raise_if("torch")() or q.clone())
     monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: raise_if("cuDNN")() or q.clone())
     assert tiers.measure("review-blame", keeper, Entry(opts, cfg=CFG, selection=SELECTED), q, k, v) is None
-    said = {"torch": "its torch runner failed when timed (RuntimeError: torch broke)",
-            "cuDNN": "its cuDNN runner failed when timed (RuntimeError: cuDNN broke)",
-            "timing": "its runners could not be timed (RuntimeError: timing broke)"}[fails]
-    assert keeper.torch_because == said
+    said = {"cuDNN": "its cuDNN runner failed when timed (RuntimeError: cuDNN broke)",
+            "timing": "its runners could not be timed (RuntimeError: timing broke)",
+            "torch and cuDNN": "its torch runner failed when timed (RuntimeError: torch broke); its cuDNN runner "
+                               "failed too (RuntimeError: cuDNN broke)"}[fails]
+    assert keeper.torch_because == said and dispatcher.failed_choices["review-blame"] == said
+
+
+def test_where_only_the_torch_runner_fails_when_timed_cudnn_runs_the_bucket_untimed_and_unstored(isolated,
+                                                                                                 monkeypatch):
+    # An out-of-memory error of the torch runner passes: torch must not keep the bucket for the process.
+    DeviceClock(monkeypatch)
+    stored = []
+    monkeypatch.setattr(tiers.runners, "store", lambda *args: stored.append(args) or True)
+    cudnn_calls = []
+
+    def torch_side(q, k, v):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (torch's flash)")
+
+    monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: cudnn_calls.append(1) or q.clone())
+    q, k, v = qkv()
+    opts = opts_of(q, k, v)
+    prepared = Entry(opts, cfg=CFG, selection=SELECTED)
+    waiting = waiting_entry(opts, prepared, torch_call=torch_side)
+    ran = []
+    tiers.run(waiting, q, k, v, lambda entry, *args: ran.append(entry) or q)
+    assert ran == [prepared] and cudnn_calls, "the swap did not put the cuDNN runner in place"
+    assert stored == [] and dispatcher.counters["measured"] == 0
+    choice = dispatcher.choices[tiers.runner_key(prepared)]
+    assert choice.runner == tiers.CUDNN and "its torch runner failed when timed (OutOfMemoryError" in choice.why()
+    assert tiers.describe_choices()[tiers.runner_key(prepared)].startswith("cuDNN (its torch runner failed")
 
 
 def test_a_device_fault_of_the_cudnn_runner_is_blamed_on_it_not_on_a_later_call(isolated, monkeypatch):
