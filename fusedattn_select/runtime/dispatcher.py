@@ -76,7 +76,7 @@ class Dispatcher:
         self.class_calls: Counter[str] = Counter()
         self.newest: dict[str, Any] = {}
         self.class_pass: Counter[str] = Counter()
-        # Runner choices by runner key (tiers.py): measured or read from the store; the keys whose
+        # Runner choices by runner key (tiers.py): measured, read from the store or untimed; the keys whose
         # timing failed (a runner or the timing itself), with why; and the timings by key, made once each.
         self.choices: dict[str, Any] = {}
         self.failed_choices: dict[str, str] = {}

@@ -1,6 +1,7 @@
 """First contact: outside the waiting cases (`wait_reason`), a new signature whose plans memory lacks runs on torch
-while they are prepared off the caller's path, then swaps; each bucket runs on the runner measured faster. Which
-calls run on torch, how the swap and the timing work, and which calls wait: docs/dispatch.md, 'First contact'."""
+while they are prepared off the caller's path, then swaps; each bucket runs on the runner measured faster (on cuDNN,
+untimed, where only the torch runner failed when timed). Which calls run on torch, how the swap and the timing work,
+and which calls wait: docs/dispatch.md, 'First contact'."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ attention() times both runners once both exist (runtime/tiers.py) and keeps the 
 graphs' key (a bucket form: one choice per problem class and bucket); the choice is a runner choice
 row of the store (store.put_runner_choice: JSON timings, kept even where serialized plans are
 refused) under the selector's fingerprint, so the next process, `why` and the transformers report
-read it. The verdict (F16/FP8/NONE) stays what cuDNN supports; this is which of
-two exact runners is faster here. Torch-free.
+read it (an `Untimed` choice, made where the torch runner failed when timed, stays in its process).
+The verdict (F16/FP8/NONE) stays what cuDNN supports; this is which of two exact runners is faster
+here. Torch-free.
 """
 
 from __future__ import annotations

@@ -115,6 +115,7 @@ def test_a_torch_runner_that_fails_when_timed_leaves_its_bucket_to_cudnn_untimed
 
     first.torch_call = out_of_memory_when_timed
     while dispatch_info()["swaps"] == before["swaps"]:
+        assert "failed when timed" not in first.torch_because, first.torch_because  # torch kept it: at once
         assert time.perf_counter() - started < SWAP_WAIT_S, "no swap: the plans were never prepared"
         time.sleep(0.05)
         _check_against_reference(q, k, v, mask="causal")

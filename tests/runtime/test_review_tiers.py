@@ -595,10 +595,10 @@ def test_where_only_the_torch_runner_fails_when_timed_cudnn_runs_the_bucket_unti
     opts = opts_of(q, k, v)
     prepared = Entry(opts, cfg=CFG, selection=SELECTED)
     waiting = waiting_entry(opts, prepared, torch_call=torch_side)
-    ran = []
+    ran, measured = [], dispatcher.counters["measured"]
     tiers.run(waiting, q, k, v, lambda entry, *args: ran.append(entry) or q)
     assert ran == [prepared] and cudnn_calls, "the swap did not put the cuDNN runner in place"
-    assert stored == [] and dispatcher.counters["measured"] == 0
+    assert stored == [] and dispatcher.counters["measured"] == measured
     choice = dispatcher.choices[tiers.runner_key(prepared)]
     assert choice.runner == tiers.CUDNN and "its torch runner failed when timed (OutOfMemoryError" in choice.why()
     assert tiers.describe_choices()[tiers.runner_key(prepared)].startswith("cuDNN (its torch runner failed")
@@ -628,3 +628,29 @@ def test_the_timed_calls_queue_behind_one_hold_on_the_callers_device(isolated, m
     clock = DeviceClock(monkeypatch)
     _measured(monkeypatch, lambda: None)
     assert clock.holds == [tiers.HOLD_CYCLES] and clock.devices == [torch.device("cpu")]
+
+
+def test_a_torch_runner_failing_in_a_timed_round_leaves_the_whole_bucket_to_cudnn_said_once(isolated, monkeypatch,
+                                                                                           caplog):
+    # Its warm-up call passes and a timed call fails; the bucket's later signatures reuse the untimed choice.
+    decide_from_memory(monkeypatch)
+    DeviceClock(monkeypatch)
+    cudnn_calls, torch_calls = [], []
+
+    def torch_side(q, k, v):
+        torch_calls.append(1)
+        if len(torch_calls) == 2:
+            raise RuntimeError("torch broke in a timed call")
+        return q.clone()
+
+    monkeypatch.setattr(tiers, "torch_call", lambda opts, q, k, v: torch_side)
+    monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: cudnn_calls.append(1) or q.clone())
+    caplog.set_level(logging.WARNING, logger="fusedattn_select")
+    found = []
+    for length in (65, 66, 67):  # three lengths of one bucket
+        q, k, v = qkv(s=length)
+        found.append(tiers.entry((opts_of(q, k, v), f"review-round-{length}"), q, k, v, NONE, None))
+    assert all(entry.fused and not entry.torch_because for entry in found), [e.torch_because for e in found]
+    assert len(torch_calls) == 2, "timed again for a later signature of the bucket"
+    said = [r.getMessage() for r in caplog.records if "torch broke" in r.getMessage()]
+    assert len(said) == 1 and "cuDNN runs its bucket in this process" in said[0], said
