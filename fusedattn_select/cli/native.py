@@ -24,6 +24,10 @@ def _cmd_native(args: argparse.Namespace) -> int:
         except native.NativeBuildError as err:
             print(f"error: native build: {err}", file=sys.stderr)
             return EXIT_NOT_DONE
+        except OSError as err:  # its directory (or lock file) cannot be made or written here
+            print(f"error: native build: cannot build in {native.build_dir()} ({type(err).__name__}: {err}); "
+                  f"set {native.DIR_ENV} to a directory of yours", file=sys.stderr)
+            return EXIT_NOT_DONE
         print(f"built and tested {path}")
         if not native.enabled():
             print(f"note: {native.ENV_VAR}=0 keeps calls on the Python path", file=sys.stderr)

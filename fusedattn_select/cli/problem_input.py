@@ -10,6 +10,7 @@ import yaml
 
 from fusedattn_select.config import AttnConfig, allowed, did_you_mean
 from fusedattn_select.config_files import NAMES_SHOWN, NamedConfig, load_config_file, load_yaml, yaml_error
+from fusedattn_select.dtypes import DTYPES
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
 from fusedattn_select.integrations.transformers.problems import hf_config, model_problems
 from fusedattn_select.integrations.transformers.report import layer_ranges
@@ -138,10 +139,13 @@ def _hf_problems(source: str, sets: dict[str, Any]) -> Asked:
     # when the sequence is longer than it), so they go in before the problems are derived; the
     # dtype, when not set, is the one the config names.
     sets = dict(sets)
+    dtype = sets.pop("qkv_dtype", None)
+    if dtype is not None and dtype not in DTYPES:  # as a config file's field: names, not aliases
+        raise ConfigError("qkv_dtype", dtype, "must be one of " + ", ".join(repr(name) for name in DTYPES))
     reading = hf_config(source)
     layers = model_problems(
         reading, sets.pop("batch_size", 1), _length(sets, "seqlen_q"), sets.pop("is_training", True),
-        sets.pop("qkv_dtype", None), seqlen_kv=_length(sets, "seqlen_kv"),
+        dtype, seqlen_kv=_length(sets, "seqlen_kv"),
     )
     if not layers:
         raise ConfigError("hf_config.layer_types", reading.model_type, "has no softmax attention layer to answer")

@@ -80,3 +80,35 @@ def test_missing_hf_config_file_is_bad_input(tmp_path, capsys):
     code, _, err = why(capsys, "--hf-config", str(tmp_path / "missing.json"))
     assert code == 2
     assert err.startswith("error: hf_config=")
+
+
+@pytest.mark.parametrize("value", ["bf17", "float16"])
+def test_a_set_dtype_is_checked_as_a_config_files_field_and_named(tmp_path, capsys, value):
+    code, out, err = why(capsys, "--hf-config", write(tmp_path, LLAMA_3_8B), "--set", f"qkv_dtype={value}")
+    assert code == 2 and out == ""
+    assert err.strip() == f"error: qkv_dtype={value!r}: must be one of 'fp16', 'bf16', 'fp8_e4m3', 'fp8_e5m2'", err
+
+
+def test_a_set_dtype_of_the_config_files_names_is_asked(tmp_path, capsys):
+    code, out, _ = why(capsys, "--hf-config", write(tmp_path, LLAMA_3_8B), *TRAIN_8K, "--set", "qkv_dtype=fp16")
+    assert code != 2 and "head_dim_v=128 qkv_dtype=fp16 mask=causal" in out, out
+
+
+@pytest.mark.parametrize("model_type,said", [
+    ("frobnicator", "hf_config.model_type='frobnicator' is not a model type this reader knows: it is read as a causal "
+                    "decoder with the common keys"),
+    (None, "hf_config.model_type is not given: it is read as a causal decoder with the common keys"),
+])
+def test_a_model_type_no_family_names_is_said_to_be_read_as_a_causal_decoder(tmp_path, capsys, model_type, said):
+    config = {key: value for key, value in LLAMA_3_8B.items() if key != "model_type"}
+    if model_type is not None:
+        config["model_type"] = model_type
+    code, out, err = why(capsys, "--hf-config", write(tmp_path, config), *TRAIN_8K)
+    assert code == 0 and "full_attention (layers 0-31)" in out
+    assert said in out + err, out + err
+
+
+@pytest.mark.parametrize("config", [LLAMA_3_8B, {"model_type": "llava", "text_config": LLAMA_3_8B}])
+def test_a_known_model_type_gets_no_such_note(tmp_path, capsys, config):
+    code, out, err = why(capsys, "--hf-config", write(tmp_path, config), *TRAIN_8K)
+    assert code == 0 and "full_attention (layers 0-31)" in out and "reader knows" not in out + err, out + err

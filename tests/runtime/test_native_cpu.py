@@ -154,6 +154,19 @@ def test_cli_build_failure_is_exit_1_with_the_reason(native_dir, monkeypatch, ca
     assert "CUDA toolkit" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["under a file", "in /proc"])
+def test_cli_build_in_a_directory_it_cannot_make_is_exit_1_naming_it_without_a_traceback(tmp_path, monkeypatch,
+                                                                                          capsys, where):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    directory = str(a_file / "native") if where == "under a file" else "/proc/fusedattn-select-native"
+    monkeypatch.setenv(native.DIR_ENV, directory)
+    assert main(["native", "build"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: native build: cannot build in {directory} (") and native.DIR_ENV in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 class _Opts:
     def __init__(self, training):
         self.training = training

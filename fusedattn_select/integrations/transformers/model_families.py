@@ -87,6 +87,9 @@ _T5_KEYS = dict(
 )
 
 FAMILIES: dict[str, Family] = {
+    # Causal decoders read with the common keys alone: named, so that a model_type listed nowhere is said to be
+    # read as one of them (model_reading.read_model).
+    **{name: GENERIC for name in ("llama", "mixtral", "phi", "phi3", "gpt_neox", "opt")},
     "gpt2": replace(GENERIC, positions_default=1024),
     "gpt_bigcode": replace(GENERIC, multi_query_default=True, positions_default=1024),
     "gptj": replace(GENERIC, positions_default=2048),
@@ -128,11 +131,14 @@ _INNER_TYPES = {("clip", "text"): "clip_text_model", ("clip", "vision"): "clip_v
                 ("gemma3", "text"): "gemma3_text", ("llama4", "text"): "llama4_text"}
 
 
-def family(model_type: str, inside: str = "", vision: bool = False) -> Family:
-    """The family of `model_type` (GENERIC for one not listed: the common keys, causal); for a
-    nested config without a model_type, the one its outer model_type implies."""
+def resolved_type(model_type: str, inside: str = "", vision: bool = False) -> str:
+    """The model_type whose family reads a config: `model_type`, or for a nested config without one,
+    the one its outer model_type implies."""
     if not model_type and inside:
         model_type = _INNER_TYPES.get((inside, "vision" if vision else "text"), "")
-    if model_type == "gemma3":  # a multimodal Gemma 3 whose text config is read directly
-        model_type = "gemma3_text"
-    return FAMILIES.get(model_type, GENERIC)
+    return "gemma3_text" if model_type == "gemma3" else model_type  # (a Gemma 3 text config read directly)
+
+
+def family(model_type: str, inside: str = "", vision: bool = False) -> Family:
+    """The family of `model_type` (see `resolved_type`); GENERIC for one not listed: the common keys, causal."""
+    return FAMILIES.get(resolved_type(model_type, inside, vision), GENERIC)

@@ -276,6 +276,15 @@ def _dtype(fields: Fields, outer: Fields | None) -> tuple[str | None, tuple[str,
     return None, ()
 
 
+def _unknown_type(model_type: str, path: str) -> list[str]:
+    """The note for a model_type no family names (read as a causal decoder with the common keys)."""
+    if model_type in families.FAMILIES:
+        return []
+    named = f"{path}={model_type!r} is not a model type this reader knows" if model_type else f"{path} is not given"
+    return [f"{named}: it is read as a causal decoder with the common keys (num_attention_heads, num_key_value_heads, head_dim or hidden_size, "
+            "max_position_embeddings); check its attention against the model's code"]
+
+
 def read_model(data: dict[str, Any]) -> ModelReading:
     """The attention stacks of a config.json dict (see the module docstring)."""
     top = Fields(data)
@@ -293,10 +302,12 @@ def read_model(data: dict[str, Any]) -> ModelReading:
                           f"model_type {model_type!r}: this reader describes the encoder-decoder models "
                           f"{', '.join(families.ENCODER_DECODER_TYPES)} only; it cannot say which attention is which here")
     elif text is not None and top.first(("num_attention_heads", "n_head"), POSITIVE_INTEGER) is None:
-        text_type = text.get("model_type", TEXT, "")
-        stacks = (read_stack(text, families.family(text_type, inside=model_type)),)
+        text_type = families.resolved_type(text.get("model_type", TEXT, ""), inside=model_type)
+        stacks = (read_stack(text, families.family(text_type)),)
+        notes += _unknown_type(text_type, text.path("model_type"))
     else:
         stacks = (read_stack(top, family),)
+        notes += _unknown_type(families.resolved_type(model_type), top.path("model_type"))
     if vision is not None and not family.encoder_decoder:
         vision_type = vision.get("model_type", TEXT, "")
         vision_family = families.family(vision_type, inside=model_type, vision=True)
