@@ -7,9 +7,10 @@ what an invalid value does in each). An unset or empty variable means its defaul
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import re
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -202,6 +203,20 @@ def runtime_with(current: RuntimeSettings, **changes: Any) -> RuntimeSettings:
         except ConfigError as err:
             raise ValueError(f"runtime setting {field}={given!r}: {err.allowed}") from None
     return dataclasses.replace(current, **checked)
+
+
+PREFIX = "FUSEDATTN_SELECT_"
+
+
+def unknown_variables() -> list[str]:
+    """A note for each FUSEDATTN_SELECT_* variable set that is none of SETTINGS (a misspelling: ignored), naming
+    the setting it is closest to where one is close."""
+    notes = []
+    for name in sorted(n for n in os.environ if n.startswith(PREFIX) and n not in _BY_NAME):
+        close = difflib.get_close_matches(name[len(PREFIX):], [n[len(PREFIX):] for n in _BY_NAME], n=1, cutoff=0.7)
+        notes.append(f"{name} is not a variable of fusedattn-select: it is ignored"
+                     + (f" (did you mean {PREFIX}{close[0]}?)" if close else f" (they are: {', '.join(_BY_NAME)})"))
+    return notes
 
 
 def check_all(skip: tuple[str, ...] = ()) -> None:

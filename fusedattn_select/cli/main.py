@@ -121,6 +121,8 @@ def _run(argv: Sequence[str] | None) -> int:
             # Every setting is checked before any work; info reports an invalid cache switch
             # among its facts instead.
             settings.check_all(skip=(settings.CACHE,) if args.command == "info" else ())
+            for note in settings.unknown_variables():
+                print(f"warning: {note}", file=sys.stderr)
             return args.func(args)
         except FusedAttnSelectError as err:
             print(f"error: {err}", file=sys.stderr)

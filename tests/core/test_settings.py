@@ -176,3 +176,22 @@ def test_the_library_warns_once_about_an_invalid_cache_size(monkeypatch, caplog)
         assert MemoryStore().max_bytes == DEFAULT_MAX_BYTES
     warnings = [r.getMessage() for r in caplog.records if settings.CACHE_MAX_BYTES in r.getMessage()]
     assert len(warnings) == 1 and "'plenty'" in warnings[0]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_warns_of_a_misspelled_variable_it_ignores_naming_the_closest(monkeypatch, capsys, command):
+    monkeypatch.setenv("FUSEDATTN_SELECT_CACHEDIR", "/somewhere")
+    monkeypatch.setenv("FUSEDATTN_SELECT_COLOUR", "1")
+    main(COMMANDS[command])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: FUSEDATTN_SELECT_")]
+    assert warnings == [
+        "warning: FUSEDATTN_SELECT_CACHEDIR is not a variable of fusedattn-select: it is ignored (did you mean "
+        "FUSEDATTN_SELECT_CACHE_DIR?)",
+        "warning: FUSEDATTN_SELECT_COLOUR is not a variable of fusedattn-select: it is ignored (they are: "
+        + ", ".join(s.name for s in settings.SETTINGS) + ")"], warnings
+
+
+def test_no_warning_for_the_variables_it_reads(monkeypatch):
+    for setting in settings.SETTINGS:
+        monkeypatch.setenv(setting.name, "")
+    assert settings.unknown_variables() == []
