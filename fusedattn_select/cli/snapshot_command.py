@@ -12,8 +12,8 @@ from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
 from fusedattn_select.cli.exit_codes import EXIT_SELECTED
 from fusedattn_select.config_files import load_config_file
-from fusedattn_select.errors import PlatformError
-from fusedattn_select.selection.recorder import Ladder, record_snapshot, summarize, write_snapshot
+from fusedattn_select.errors import ConfigError, PlatformError
+from fusedattn_select.selection.recorder import Ladder, check_output, record_snapshot, summarize, write_snapshot
 from fusedattn_select.types import ProbeDepth
 
 log = logging.getLogger("fusedattn_select")
@@ -30,10 +30,27 @@ def _log_progress(done: int, total: int, entry: dict) -> None:
     log.info("fusedattn_select: [%d/%d] %s %s", done, total, what, outcomes)
 
 
+def _ladder(args: argparse.Namespace) -> Ladder | None:
+    """The ladder the options ask for; ConfigError when --no-ladder comes with an option of the ladder."""
+    options = {"--ladder-max-batch": args.ladder_max_batch, "--ladder-max-seqlen": args.ladder_max_seqlen,
+               "--ladder-depth": args.ladder_depth}
+    given = {option: value for option, value in options.items() if value is not None}
+    if args.no_ladder:
+        if given:  # an option of a ladder that is not recorded would be ignored without a word
+            option, value = next(iter(given.items()))
+            raise ConfigError(option, value, "not allowed with --no-ladder, which records no ladder; drop "
+                              f"--no-ladder or {' and '.join(given)}")
+        return None
+    return Ladder(given.get("--ladder-max-batch", LADDER_MAX_BATCH),
+                  given.get("--ladder-max-seqlen", LADDER_MAX_SEQLEN), args.ladder_depth)
+
+
 def _cmd_record(args: argparse.Namespace) -> int:
     depth = ProbeDepth.parse(args.depth, "--depth")
-    ladder = None if args.no_ladder else Ladder(args.ladder_max_batch, args.ladder_max_seqlen, args.ladder_depth)
-    for path in args.suites:  # bad input fails before the device is touched
+    ladder = _ladder(args)
+    # Bad input fails before the device is touched: a recording takes minutes to hours.
+    output = check_output(args.output, "--output")
+    for path in args.suites:
         load_config_file(path)
     engine, reason = engines.live_engine()
     if engine is None:
@@ -41,7 +58,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     snapshot = record_snapshot(args.suites, engine, depth=depth, jobs=args.jobs, progress=_log_progress,
                                ladder=ladder)
-    path = write_snapshot(snapshot, args.output)
+    path = write_snapshot(snapshot, output, "--output")
     counts = summarize(snapshot)
     buckets = f" (and {len(snapshot['buckets'])} bucket rows of their classes' ladders)" if ladder is not None else ""
     print(
@@ -60,16 +77,20 @@ def register_snapshot(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help="probe every entry of suite files on this GPU and write a snapshot JSON",
     )
     record.add_argument("suites", nargs="+", metavar="SUITE.yaml")
-    record.add_argument("-o", "--output", required=True, metavar="FILE", help="snapshot JSON to write")
+    record.add_argument("-o", "--output", required=True, metavar="FILE",
+                        help="snapshot JSON to write (checked before any probe; missing folders are created)")
     add_depth_option(record, default=ProbeDepth.FAST)
     record.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="probe N entries at once")
-    record.add_argument("--ladder-max-batch", type=positive_int, default=LADDER_MAX_BATCH, metavar="N",
-                        help="record each problem class over its bucket ladder up to batch N (default %(default)s)")
-    record.add_argument("--ladder-max-seqlen", type=positive_int, default=LADDER_MAX_SEQLEN, metavar="N",
-                        help="... and up to sequence length N (default %(default)s)")
+    # The ladder options default to None, so that one given with --no-ladder is told apart and refused.
+    record.add_argument("--ladder-max-batch", type=positive_int, default=None, metavar="N",
+                        help="record each problem class over its bucket ladder up to batch N "
+                        f"(default {LADDER_MAX_BATCH})")
+    record.add_argument("--ladder-max-seqlen", type=positive_int, default=None, metavar="N",
+                        help=f"... and up to sequence length N (default {LADDER_MAX_SEQLEN})")
     record.add_argument("--ladder-depth", choices=[d.value for d in ProbeDepth], default=None,
                         help="probe depth of the ladder's rungs (default: --depth); e.g. --depth full "
                         "--ladder-depth fast builds the entries' kernels and checks support at every rung")
     record.add_argument("--no-ladder", action="store_true",
-                        help="record only the entries' own shapes (a CPU then answers no other shape)")
+                        help="record only the entries' own shapes (a CPU then answers no other shape); not allowed "
+                        "with the --ladder-* options")
     record.set_defaults(func=_cmd_record)

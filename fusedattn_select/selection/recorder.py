@@ -13,7 +13,9 @@ row (probing.snapshot).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -28,7 +30,7 @@ from fusedattn_select._version import __version__
 from fusedattn_select.buckets import LADDER_MAX_BATCH, LADDER_MAX_SEQLEN, Bucket, bucket_form, ladder
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import NamedConfig, load_config_file
-from fusedattn_select.errors import SnapshotError
+from fusedattn_select.errors import ConfigError, SnapshotError, short_repr
 from fusedattn_select.probing import torch_rules
 from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.probing.snapshot import SCHEMA
@@ -248,21 +250,66 @@ def summarize(snapshot: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
-def write_snapshot(snapshot: dict[str, Any], path: str | Path) -> Path:
-    """Write the snapshot JSON atomically (a reader never sees half a file)."""
+def check_output(path: str | Path, field: str = "output") -> Path:
+    """`path` as a Path once a snapshot can be written there, else ConfigError naming `field` and `path`.
+
+    Asked before a recording starts, so a path that cannot take the file fails in a second instead of
+    after every probe: the path must not be a directory, its nearest existing folder must be a
+    directory (write_snapshot creates the missing ones below it), and a file must be creatable there.
+    The last is tried for real (a temporary file, removed at once): permission bits say nothing to
+    root, a read-only mount or /proc."""
+    shown = str(path)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a snapshot is data meant to be shared
+        if path.is_dir():
+            raise ConfigError(field, shown, "is a directory; name the snapshot file to write")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise ConfigError(field, shown, f"{folder} is not a directory; the snapshot file needs one")
+    except OSError as err:  # a name too long, a folder that cannot be searched
+        raise ConfigError(field, shown, f"cannot be written ({err.strerror or err})") from None
+    try:
+        # The temporary name write_snapshot uses, so a file name too long for it fails here too.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as err:
+        allowed = "a shorter file name" if err.errno == errno.ENAMETOOLONG else "a directory this user can write"
+        raise ConfigError(field, shown, f"no file can be created in {folder} ({err.strerror or err}); "
+                          f"the snapshot needs {allowed}") from None
+    return path
+
+
+def write_snapshot(snapshot: dict[str, Any], path: str | Path, field: str = "snapshot") -> Path:
+    """Write the snapshot JSON atomically (a reader never sees half a file), creating missing folders.
+
+    A write that fails (a folder gone since check_output, a full disk) raises SnapshotError naming
+    `field` and the path, and leaves no file behind: neither the temporary one nor half a snapshot."""
+    path = Path(path)
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w") as handle:
+            os.fchmod(handle.fileno(), 0o644)  # mkstemp creates 0600; a snapshot is data meant to be shared
             json.dump(snapshot, handle, indent=1, sort_keys=False)
             handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())  # the data is on disk before the name points at it (a crash)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise SnapshotError(f"{field}={short_repr(str(path))}: cannot be written ({err.strerror or err}); "
+                                "no snapshot was written") from err
         raise
     return path
 
 
-__all__ = ["Ladder", "bucket_groups", "ladder_work", "record_snapshot", "summarize", "write_snapshot"]
+__all__ = [
+    "Ladder", "bucket_groups", "check_output", "ladder_work", "record_snapshot", "summarize", "write_snapshot",
+]
