@@ -13,7 +13,7 @@ import re
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import TARGETS, bundled_paths, choice, target_name
 from fusedattn_select.probing.engine_protocol import ProbeEngine
-from fusedattn_select.probing.rocm import detect_rocm_device, select_rocm_engine
+from fusedattn_select.probing.rocm import DeclaredRocmEngine, detect_rocm_device, select_rocm_engine
 from fusedattn_select.selection.selector import Selector, selector_for
 from fusedattn_select.store import Store, open_default_store
 
@@ -68,6 +68,13 @@ def rocm_selector(arch: str | None) -> tuple[Selector, str]:
         raise ConfigError("--arch", arch, "must be an AMD GPU target such as 'gfx942' or 'gfx90a'")
     engine, reason = select_rocm_engine(arch)
     notice = f"ROCm {engine.fingerprint().device_name}: {reason}" if reason else ""
+    listed = engine.listed() if isinstance(engine, DeclaredRocmEngine) else {}
+    if listed and not any(engine.arch in archs for archs in listed.values()):
+        notice += ("; " if notice else "") + (
+            f"{engine.arch} is an architecture no declared table lists (" + "; ".join(
+                f"{name}: {', '.join(archs)}" for name, archs in listed.items())
+            + "): only pytorch_sdpa can declare it, by dtypes and head dims, and AOTriton decides at run time "
+              "whether it runs at all")
     return Selector(engine, notice=notice), notice
 
 

@@ -65,3 +65,12 @@ def test_info_reports_the_rocm_facts(capsys):
     facts = json.loads(capsys.readouterr().out)
     assert facts["rocm"].startswith("none: ")
     assert "hip_python" in facts
+
+
+@pytest.mark.parametrize("arch, unknown", [("gfx1234", True), ("gfx942", False), ("gfx90a:sramecc+:xnack-", False)])
+def test_an_architecture_no_declared_table_lists_is_said_to_be_answered_by_pytorch_sdpa_alone(capsys, arch, unknown):
+    assert main(["why", "--platform", "rocm", "--arch", arch, *PROBLEM]) in (0, 1)
+    captured = capsys.readouterr()
+    said = f"{arch} is an architecture no declared table lists (hipdnn_sdpa: gfx942, gfx950; ck_fmha: gfx90a, gfx942, " \
+           "gfx950, gfx1100, gfx1201): only pytorch_sdpa can declare it"
+    assert (said in captured.out + captured.err) == unknown, captured.out + captured.err

@@ -62,6 +62,18 @@ class DeclaredRocmEngine:
         digests = ".".join(f"{t.name}-{t.digest}" for t in self.tables)
         return Fingerprint(platform="rocm", device_name=self.arch, library_version=f"{__version__}+{DECLARED}.{digests}")
 
+    def listed(self) -> dict[str, list[str]]:
+        """The architectures each table that names any lists (the PyTorch SDPA table names none: AOTriton
+        decides at run time), for telling an architecture no table knows."""
+        found = {}
+        for table in self.tables:
+            if table.name == "ck_fmha":
+                found[table.name] = list(table.facts["architectures"])
+            elif table.name == "hipdnn_sdpa":
+                phases = (table.facts["forward"], table.facts["backward"])
+                found[table.name] = sorted({arch for phase in phases for arch in phase["architectures"]})
+        return found
+
     def answers(self, cfg: AttnConfig, phase: Phase) -> tuple[TableAnswer, ...]:
         """Each table's answer for one phase of `cfg` on this arch."""
         return tuple(CHECKS[t.name](t, cfg, phase, self.arch) for t in self.tables)
