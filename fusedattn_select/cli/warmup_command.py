@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
-from typing import Any, Callable, TextIO
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, TextIO
 
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
@@ -15,7 +17,7 @@ from fusedattn_select.cli.store_status import not_persisted
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
-from fusedattn_select.errors import PlatformError
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import SNAPSHOT_ENV
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.local_warmup import WORKERS, WarmupOutcome, WarmupReport, warmup
@@ -70,27 +72,32 @@ def progress_bar(stream: TextIO | None = None) -> Callable[[int, int, str], None
 
 
 def _selector(args: argparse.Namespace) -> Selector:
-    """The selector named by --snapshot/--target, else the process's; its notice goes to stderr."""
+    """The selector named by --snapshot/--target, else the process's."""
     if args.snapshot or args.target:
-        selector, notice = engines.choose_selector(args.snapshot, args.target)
-    else:
-        selector = default_selector()
-        notice = selector.notice
-    if selector.engine is None:
-        raise PlatformError(
-            f"warmup needs a CUDA device with cuDNN, or snapshots (--target, --snapshot or {SNAPSHOT_ENV}): "
-            f"{selector.unavailable_reason}"
-        )
-    if notice:
-        print(notice, file=sys.stderr)
-    return selector
+        return engines.choose_selector(args.snapshot, args.target)[0]
+    return default_selector()
 
 
-def _workers(args: argparse.Namespace, engine: SnapshotEngine | None) -> str:
+def _cannot_warm(args: argparse.Namespace, selector: Selector) -> str:
+    """Why warmup cannot do what it was asked with `selector` ("" when it can).
+
+    Asked for no snapshots, warmup is asked to probe, build and store: a process selector that
+    answers from the bundled snapshots (no device here) would store nothing, so that is refused
+    as a missing engine is; --memory-ok does not change this (there is nothing to keep in memory)."""
+    engine = selector.engine
+    replay_asked = bool(args.snapshot or args.target or os.environ.get(SNAPSHOT_ENV))
+    if engine is None or (engine.provenance is not Provenance.LIVE_PROBE and not replay_asked):
+        return (f"warmup needs a CUDA device with cuDNN, or snapshots (--target, --snapshot or {SNAPSHOT_ENV}): "
+                f"{selector.unavailable_reason}")
+    return "" if args.memory_ok else _lost_at_exit(selector)
+
+
+def _workers(args: argparse.Namespace, engine: SnapshotEngine | None, speaks: bool = True) -> str:
     if engine is not None and args.workers == "processes":
         # Replaying a snapshot is a dictionary lookup: there is nothing to build in parallel.
-        print(f"--workers processes: answers are replayed from {engine.file_names}, nothing is built; "
-              "using threads", file=sys.stderr)
+        if speaks:
+            print(f"--workers processes: answers are replayed from {engine.file_names}, nothing is built; "
+                  "using threads", file=sys.stderr)
         return "threads"
     return args.workers
 
@@ -130,18 +137,30 @@ def _lost_at_exit(selector: Selector) -> str:
 
 
 def _cmd_warmup(args: argparse.Namespace) -> int:
+    replay = bool(args.snapshot or args.target)
+    # torchrun's variables first: a bad one stops the command before anything is imported or probed.
+    ranks = torchrun_ranks(os.environ, rendezvous=not replay)
     check_cache_switch()
     depth = ProbeDepth.parse(args.depth, "--depth")
     problems = []
     for path in args.configs:
         config_file = load_config_file(path)
         problems += [(f"{config_file.name}/{entry.name}", entry.config) for entry in config_file.entries]
-    distributed = _torchrun()  # before the selector: a rank uses GPU LOCAL_RANK
+    distributed = None
+    if ranks.size > 1 and not replay:
+        distributed = _join_job(ranks)  # before the selector: a rank uses GPU LOCAL_RANK
+        if distributed is None:
+            return EXIT_NOT_DONE
     selector = _selector(args)
-    lost = _lost_at_exit(selector)
-    if lost and not args.memory_ok:
-        print(f"error: {lost}", file=sys.stderr)
+    refusal = _cannot_warm(args, selector)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
         return EXIT_NOT_DONE
+    # A replay under torchrun forms no process group (nothing is probed, built or stored, so there
+    # is nothing to share): every rank replays the same snapshots and rank 0 speaks for the job.
+    speaks = not replay or ranks.rank == 0
+    if selector.notice and speaks:
+        print(selector.notice, file=sys.stderr)
     snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
     if distributed is not None:
         shared = distributed.warmup(problems, depth=depth, selector=selector, jobs=args.jobs)
@@ -150,8 +169,11 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
             return _exit_code(report, set(), selector)
     else:
         report = warmup(problems, jobs=args.jobs, depth=depth, selector=selector,
-                        progress=None if args.json else progress_bar(), workers=_workers(args, snapshot))
+                        progress=None if args.json or not speaks else progress_bar(),
+                        workers=_workers(args, snapshot, speaks))
     no_data = _no_data_keys(selector, report, {cfg.cache_key(): cfg for _, cfg in problems}, depth)
+    if not speaks:
+        return _exit_code(report, no_data, selector)
     if args.json:
         print(_json(report, selector, snapshot, no_data))
     else:
@@ -176,13 +198,65 @@ def _exit_code(report: WarmupReport, no_data: set, selector: Selector) -> int:
                              [row.cache_key in no_data for row in report.rows])
 
 
-def _torchrun() -> Any:
-    """The distributed module when this process is one rank of several under torchrun, else None."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
-        return None
-    from fusedattn_select import distributed  # needs torch: imported only under torchrun
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in a torchrun job: `size` 1 (rank 0) when it is not one of several."""
 
-    return distributed if distributed.init_from_torchrun() else None
+    size: int = 1
+    rank: int = 0
+
+
+def _whole_number(environ: Mapping[str, str], name: str, low: int, high: int | None, allowed: str) -> int:
+    """Environment variable `name` as a whole number in [low, high]; ConfigError naming it otherwise
+    (unset: its value shows as None)."""
+    text = environ.get(name)
+    digits = text.strip() if text is not None else ""
+    # At most 18 digits: int() of a hostile value of thousands of digits raises ValueError itself.
+    value = int(digits) if re.fullmatch(r"[0-9]{1,18}", digits) else -1
+    if value < low or (high is not None and value > high):
+        raise ConfigError(name, text, allowed if text is not None else f"not set; {allowed}")
+    return value
+
+
+def torchrun_ranks(environ: Mapping[str, str], rendezvous: bool = True) -> Ranks:
+    """WORLD_SIZE, RANK and LOCAL_RANK as torchrun sets them; ConfigError naming the first that is
+    missing or wrong. WORLD_SIZE unset, empty or 1 is one process (the others are not read). With
+    `rendezvous` (the ranks will form a process group) MASTER_ADDR and MASTER_PORT are checked too."""
+    if not environ.get("WORLD_SIZE", "").strip():
+        return Ranks()
+    size = _whole_number(environ, "WORLD_SIZE", 1, None, "must be a positive whole number, the number of ranks "
+                         "of the job (torchrun sets it; unset for one process)")
+    if size == 1:
+        return Ranks()
+    within = f"from 0 to WORLD_SIZE-1 ({size - 1} here)"
+    rank = _whole_number(environ, "RANK", 0, size - 1, f"must be a whole number {within}, this process's rank "
+                         f"among the WORLD_SIZE={size} ranks (torchrun sets it)")
+    _whole_number(environ, "LOCAL_RANK", 0, size - 1, f"must be a whole number {within}, this "
+                  "process's rank on its node, which picks its GPU (torchrun sets it)")
+    if rendezvous:
+        address = environ.get("MASTER_ADDR")
+        if not (address or "").strip():
+            allowed = f"must name the host of rank 0 for the WORLD_SIZE={size} ranks to meet (torchrun sets it)"
+            raise ConfigError("MASTER_ADDR", address, allowed if address is not None else f"not set; {allowed}")
+        _whole_number(environ, "MASTER_PORT", 1, 65535, "must be a port number from 1 to 65535 on the host of "
+                      "rank 0 (torchrun sets it)")
+    return Ranks(size, rank)
+
+
+def _join_job(ranks: Ranks) -> Any:
+    """The distributed module, with this process joined to its torchrun job's process group; None
+    after one error line when it cannot join (no torch, or the other ranks did not meet it)."""
+    try:
+        from fusedattn_select import distributed  # needs torch: imported only to join a job
+
+        distributed.init_from_torchrun()  # a group of one rank (an existing one) warms locally
+        return distributed
+    except (ImportError, RuntimeError, ValueError) as err:
+        text = str(err).strip()
+        reason = f"{type(err).__name__}: {text.splitlines()[0][:300]}" if text else type(err).__name__
+        print(f"error: warmup: rank {ranks.rank} of WORLD_SIZE={ranks.size} could not join the job's process "
+              f"group, so nothing was warmed: {reason}", file=sys.stderr)
+        return None
 
 
 def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:
