@@ -19,18 +19,20 @@ from fusedattn_select.cli.store_status import is_degraded, not_persisted, store_
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.store import CacheError, PersistentStore, Store, open_default_store
 from fusedattn_select.store.store_settings import check_cache_switch
-from fusedattn_select.store.transfer import export_fingerprints
+from fusedattn_select.store.transfer import export_fingerprints, export_to_stream
 
 READ_ONLY_ACTIONS = ("info", "export")
 EPILOG = (
     "exit codes: 0 done (repair: the file is sound, or was repaired); 1 not done or not all done: the "
     "persistent cache cannot be used or is turned off (import: unless --memory-ok), clear or repair "
     "failed (one error line says why), import skipped rows (listed on stderr: damaged or edited rows, "
-    "rows of another fingerprint), info found the cache degraded or damaged; 2 bad input: a file that "
+    "rows of another fingerprint, rows evicted by its own later rows to stay within "
+    "FUSEDATTN_SELECT_CACHE_MAX_BYTES), info found the cache degraded or damaged; 2 bad input: a file that "
     "is not an export, an export that cannot be written there, an import with no live device and no "
     "--fingerprint, an invalid FUSEDATTN_SELECT_CACHE; 130 interrupted; 141 stdout closed by its reader"
 )
 ALL_FINGERPRINTS = "all"
+STDOUT = "-"  # `cache export -` writes the export to stdout (a file named - is ./-)
 
 
 def _info(store: Store, args: argparse.Namespace) -> int:
@@ -78,16 +80,23 @@ def _repair(store: Store, args: argparse.Namespace) -> int:
 def _export(store: Store, args: argparse.Namespace) -> int:
     if _refusal(store, "export"):
         return EXIT_NOT_DONE
-    print(json.dumps(store.export(args.file), indent=2, default=str))
+    if args.file != STDOUT:
+        print(json.dumps(store.export(args.file), indent=2, default=str))
+        return EXIT_SELECTED
+    # stdout carries the export itself (`cache export - | ssh host ...`): the counts go to stderr.
+    counts = export_to_stream(store, sys.stdout)  # type: ignore[arg-type]  # both stores are transfer.Transferable
+    print(f"cache export: wrote {counts['verdicts']} decisions, {counts['plans']} plans and "
+          f"{counts['runner_choices']} runner choices to stdout", file=sys.stderr)
     return EXIT_SELECTED
 
 
 def _fingerprint_key(text: str) -> str:
-    """argparse type for --fingerprint: a fingerprint key or 'all'."""
-    if text == ALL_FINGERPRINTS or re.fullmatch(r"[0-9a-f]{32}", text):
-        return text
+    """argparse type for --fingerprint: a fingerprint key (either case: keys are stored in lower case) or 'all'."""
+    key = text.strip().lower()
+    if key == ALL_FINGERPRINTS or re.fullmatch(r"[0-9a-f]{32}", key):
+        return key
     raise argparse.ArgumentTypeError(
-        f"{text!r}: must be a fingerprint key (32 hex digits: the keys of the export file's "
+        f"{text!r}: must be a fingerprint key (32 hex digits, either case: the keys of the export file's "
         f"\"fingerprints\") or {ALL_FINGERPRINTS!r}")
 
 
@@ -163,7 +172,8 @@ def register_cache(subparsers: Any, common: argparse.ArgumentParser) -> None:
     actions.add_parser("clear", parents=[common], epilog=EPILOG, help="remove every decision, plan and runner choice")
     export = actions.add_parser("export", parents=[common], epilog=EPILOG,
                                 help="write the cached decisions, plans and runner choices to FILE")
-    export.add_argument("file", metavar="FILE")
+    export.add_argument("file", metavar="FILE", help="the export file to write; - writes it to stdout (the "
+                        "counts then go to stderr; ./- names a file called -)")
     load = actions.add_parser("import", parents=[common], epilog=EPILOG,
                               help="add decisions, plans and runner choices from an exported FILE")
     load.add_argument("file", metavar="FILE")

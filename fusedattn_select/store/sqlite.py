@@ -54,15 +54,13 @@ from fusedattn_select.store.protocol import (
 )
 from fusedattn_select.store import sqlite_rows
 from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX
-from fusedattn_select.store.store_settings import resolve_max_bytes
+from fusedattn_select.store.store_settings import DATABASE_NAME, directory_problem, resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.store.uses import PendingUses
 from fusedattn_select.trust import untrusted_reason
 from fusedattn_select.types import Fingerprint, ProbeDepth, Verdict
 
 log = logging.getLogger("fusedattn_select")
-
-DATABASE_NAME = "decisions.sqlite3"
 
 # A decision, a plan or a runner choice is one row of its table, keyed by (fingerprint_key, its key column).
 _ROWS = {"decision": ("verdicts", "config_key"), "plan": ("plans", "plan_key"),
@@ -77,9 +75,10 @@ FAILING_PATIENCE_S = 1.0
 class PersistentStore:
     """Decisions, serialized plans and runner choices in `<directory>/decisions.sqlite3`, shared by processes.
 
-    Raises CacheUnavailableError when the directory cannot be created or written, or holds a
-    database of a newer schema. `plans_enabled` is False while the directory or the database file
-    is not this user's or is writable by group or others (checked on each use, warned about once).
+    Raises CacheUnavailableError when the directory cannot be created or written, its database file
+    cannot be written (store_settings.directory_problem), or the file holds a database of a newer
+    schema. `plans_enabled` is False while the directory or the database file is not this user's or
+    is writable by group or others (checked on each use, warned about once).
     """
 
     kind = "sqlite"
@@ -107,8 +106,9 @@ class PersistentStore:
             raise CacheUnavailableError(
                 f"cache directory {self.directory} cannot be created ({err.strerror or err})"
             ) from None
-        if not os.access(self.directory, os.W_OK | os.X_OK):
-            raise CacheUnavailableError(f"cache directory {self.directory} is not writable")
+        problem = directory_problem(self.directory)  # the reason `cache info` gives, in the same words
+        if problem:
+            raise CacheUnavailableError(problem)
         try:
             # Opening to write is a write: a damaged file is salvaged here.
             self._db.run("open", lambda conn: None, repair=True)
@@ -349,7 +349,8 @@ class PersistentStore:
         refusal = self._plan_refusal()
         return {
             "kind": self.kind, "path": str(self.path), "entries": entries, "plans": plans,
-            "runner_choices": runners, "bytes": payload, "max_bytes": self.max_bytes, "persistent": True, "read_only": self.read_only,
+            "runner_choices": runners, "bytes": payload, "max_bytes": self.max_bytes, "persistent": True,
+            "read_only": self.read_only,
             "degraded": None, "switched_off": None, "plans_enabled": not refusal,
             "plans_refused": refusal or None,
             "damage": (f"a salvage was interrupted: {self._db.salvaged_copy.name} waits to take the file's "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -21,6 +22,8 @@ log = logging.getLogger("fusedattn_select")
 CACHE_DIR_ENV = settings.CACHE_DIR
 CACHE_SWITCH_ENV = settings.CACHE
 MAX_BYTES_ENV = settings.CACHE_MAX_BYTES
+# The persistent store's database file in its directory (sqlite.py).
+DATABASE_NAME = "decisions.sqlite3"
 
 
 def default_cache_dir() -> Path:
@@ -83,21 +86,54 @@ def cache_switched_off() -> str:
 
 
 def directory_problem(directory: Path) -> str:
-    """Why a persistent store could not be created or written in `directory` ("" when it could),
-    found without creating anything."""
+    """Why a persistent store could not be created or written in `directory` ("" when it could).
+
+    The directory, or where it does not exist its nearest existing parent, must let this user create
+    files, and the database file and its WAL files, where they exist, must be writable. Found without
+    creating anything, but for one case: as root, access(2) grants every write, so where the
+    directory is on a file system without storage (proc, sysfs) a probe directory is made and removed
+    at once in it, the only test of such a file system that does not guess.
+    """
     probe = directory
     try:
         while not probe.exists():
             if probe.parent == probe:
                 return f"cache directory {directory} cannot be created (no existing parent)"
             probe = probe.parent
+        if not probe.is_dir():
+            return f"cache directory {directory} cannot be created ({probe} is not a directory)"
     except OSError as err:  # a name too long, a directory that cannot be searched
         return f"cache directory {directory} cannot be used ({err.strerror or err})"
-    if not probe.is_dir():
-        return f"cache directory {directory} cannot be created ({probe} is not a directory)"
+    creating = probe != directory
     if not os.access(probe, os.W_OK | os.X_OK):
-        verb = "is not writable" if probe == directory else f"cannot be created ({probe} is not writable)"
+        verb = f"cannot be created ({probe} is not writable)" if creating else "is not writable"
         return f"cache directory {directory} {verb}"
+    refused = _refused_by_file_system(probe)
+    if refused:
+        return f"cache directory {directory} {'cannot be created' if creating else 'is not writable'} ({refused})"
+    for path in () if creating else _database_files(directory):
+        if os.path.lexists(path) and not os.access(path, os.W_OK):
+            return f"decision cache {path} is not writable by this user"
+    return ""
+
+
+def _database_files(directory: Path) -> tuple[Path, ...]:
+    """The database file in `directory` and the WAL files SQLite keeps beside it: a writer writes all three."""
+    path = directory / DATABASE_NAME
+    return path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+
+def _refused_by_file_system(directory: Path) -> str:
+    """Why `directory`'s file system refuses new files to root, found by trying ("" when it takes them or when
+    access(2) already told: the caller asks it first). Only root on a file system without storage tries."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not hasattr(os, "statvfs"):
+        return ""
+    try:
+        if os.statvfs(directory).f_blocks:  # a file system with storage takes root's files where access(2) says so
+            return ""
+        os.rmdir(tempfile.mkdtemp(prefix=".fusedattn-select-probe-", dir=directory))
+    except OSError as err:
+        return err.strerror or str(err)
     return ""
 
 

@@ -9,6 +9,8 @@ with its reason. These checks catch damage and edits, not a forger: anyone can w
 file, so import only files you trust. Every row is checked before any is written, and a file
 holding a value no export holds (an integer beyond 64 bits, nesting deeper than the format's) is
 refused whole (CacheError naming the row): such a file was not written by export().
+Import counts the rows the store holds once every row is written: a row a later one of the same
+import evicted (the store's size bound, max_bytes) is listed as skipped, not as imported.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TextIO
 
 from fusedattn_select._version import __version__
 from fusedattn_select.store.entry_rows import (
@@ -44,6 +46,7 @@ from fusedattn_select.store.entry_rows import (
 )
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheError, ImportReport
 from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX
+from fusedattn_select.store.store_settings import MAX_BYTES_ENV
 from fusedattn_select.types import Fingerprint
 
 log = logging.getLogger("fusedattn_select")
@@ -52,7 +55,9 @@ EXPORT_FORMAT = "fusedattn-select-cache"
 
 
 class Transferable(Protocol):
-    """What export and import need of a store besides put_plan (package-internal)."""
+    """What export and import need of a store (package-internal): its bound, reads and checked writes."""
+
+    max_bytes: int
 
     def _export_rows(self, fingerprint_key: str | None) -> tuple[dict, list[dict], list[dict], list[dict]]:
         """(fingerprint descriptions by key, decision rows, plan rows, runner choice rows) of valid entries."""
@@ -68,6 +73,12 @@ class Transferable(Protocol):
 
     def put_plan(self, fingerprint: Fingerprint, plan_key: str, blob: bytes) -> bool: ...
 
+    def get(self, fingerprint: Fingerprint, key: str) -> Any: ...
+
+    def get_plan(self, fingerprint: Fingerprint, plan_key: str) -> bytes | None: ...
+
+    def get_runner_choice(self, fingerprint: Fingerprint, key: str) -> dict[str, Any] | None: ...
+
 
 # ----- export -------------------------------------------------------------------------------------
 def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fingerprint | str | None = None) -> dict:
@@ -78,6 +89,35 @@ def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fing
     """
     path = Path(path)
     _check_writable(path)
+    document, counts = _export_document(store, fingerprint)
+    _write_export(path, document)
+    log.info("fusedattn_select: exported %d decisions, %d plans and %d runner choices to %s",
+             counts["verdicts"], counts["plans"], counts["runner_choices"], path)
+    return {"path": str(path), **counts}
+
+
+def export_to_stream(store: Transferable, stream: TextIO, fingerprint: Fingerprint | str | None = None) -> dict:
+    """Write what export_store() writes to a file to `stream` (`cache export -`: stdout), then a newline.
+
+    Returns {"path": "-", "verdicts", "plans", "runner_choices"}. Raises CacheError when the stream cannot be
+    written; BrokenPipeError as it is (its reader went away: the command line ends quietly).
+    """
+    document, counts = _export_document(store, fingerprint)
+    try:
+        json.dump(document, stream, indent=1)
+        stream.write("\n")
+        stream.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        raise CacheError(f"cache export -: stdout cannot be written ({err.strerror or err})") from None
+    log.info("fusedattn_select: exported %d decisions, %d plans and %d runner choices to stdout",
+             counts["verdicts"], counts["plans"], counts["runner_choices"])
+    return {"path": "-", **counts}
+
+
+def _export_document(store: Transferable, fingerprint: Fingerprint | str | None) -> tuple[dict, dict[str, int]]:
+    """(the export file's JSON object of every valid entry of `store` (of `fingerprint` only), its row counts)."""
     fingerprints, verdict_rows, plan_rows, runner_rows = store._export_rows(fingerprint_key(fingerprint))
     document = {
         "format": EXPORT_FORMAT,
@@ -89,11 +129,7 @@ def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fing
         "plans": plan_rows,
         "runner_choices": runner_rows,
     }
-    _write_export(path, document)
-    log.info("fusedattn_select: exported %d decisions, %d plans and %d runner choices to %s",
-             len(verdict_rows), len(plan_rows), len(runner_rows), path)
-    return {"path": str(path), "verdicts": len(verdict_rows), "plans": len(plan_rows),
-            "runner_choices": len(runner_rows)}
+    return document, {"verdicts": len(verdict_rows), "plans": len(plan_rows), "runner_choices": len(runner_rows)}
 
 
 def _check_writable(path: Path) -> None:
@@ -167,26 +203,54 @@ def import_store(store: Transferable, path: str | os.PathLike,
                           lambda fp, row: _check_plan(fp, row, refusal))
     runners = (_checked_rows(path, owners, "runner_choices", runner_rows, skipped, _check_runner_choice)
                + _checked_rows(path, owners, "plans", legacy, skipped, _check_legacy_runner_choice))
-    imported_decisions = imported_plans = imported_runners = 0
+    written: list[_Written] = []
     for label, fp, entry in decisions:
         reason = _write_decision(store, fp, entry)
         if reason:
             skipped.append((label, reason))
         else:
-            imported_decisions += 1
+            written.append(_Written("verdicts", label, fp, entry.key))
     for label, fp, (key, blob) in plans:
         if store.put_plan(fp, key, blob):
-            imported_plans += 1
+            written.append(_Written("plans", label, fp, key))
         else:
             skipped.append((label, "the store refused the plan (see the warning)"))
     for label, fp, entry in runners:
         if store._put_runner_choice(entry, fp):
-            imported_runners += 1
+            written.append(_Written("runner_choices", label, fp, entry.key))
         else:
             skipped.append((label, "the store could not write it (see the warning)"))
+    held = _held(store, written, skipped)
     log.info("fusedattn_select: imported %d decisions, %d plans and %d runner choices from %s (%d rows skipped)",
-             imported_decisions, imported_plans, imported_runners, path, len(skipped))
-    return ImportReport(imported_decisions, imported_plans, tuple(skipped), imported_runners)
+             held["verdicts"], held["plans"], held["runner_choices"], path, len(skipped))
+    return ImportReport(held["verdicts"], held["plans"], tuple(skipped), held["runner_choices"])
+
+
+@dataclass(frozen=True)
+class _Written:
+    """A row of the export file that import wrote to the store."""
+
+    table: str  # "verdicts", "plans" or "runner_choices"
+    label: str
+    fingerprint: Fingerprint
+    key: str
+
+
+def _held(store: Transferable, written: list[_Written], skipped: list[tuple[str, str]]) -> dict[str, int]:
+    """How many of the `written` rows of each table the store holds now; each one it no longer holds is
+    appended to `skipped`, with the reason.
+
+    Each write may evict the least recently used rows to stay within max_bytes, the rows this import
+    wrote before it included: a row counts as imported only when it is still there."""
+    held = {"verdicts": 0, "plans": 0, "runner_choices": 0}
+    readers = {"verdicts": store.get, "plans": store.get_plan, "runner_choices": store.get_runner_choice}
+    for row in written:
+        if readers[row.table](row.fingerprint, row.key) is not None:
+            held[row.table] += 1
+        else:
+            skipped.append((row.label, f"not kept: evicted to stay within the cache's size limit of "
+                            f"{store.max_bytes} bytes ({MAX_BYTES_ENV}; raise it to keep every row)"))
+    return held
 
 
 def read_export(path: Path) -> dict:
