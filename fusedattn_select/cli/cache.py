@@ -78,11 +78,14 @@ def _repair(store: Store, args: argparse.Namespace) -> int:
 
 
 def _export(store: Store, args: argparse.Namespace) -> int:
-    if _refusal(store, "export"):
+    if not store.info().get("persistent") and _refusal(store, "export"):  # (a file it cannot write is read)
         return EXIT_NOT_DONE
     if args.file != STDOUT:
         print(json.dumps(store.export(args.file), indent=2, default=str))
         return EXIT_SELECTED
+    if sys.stdout is None:  # started with stdout closed (`>&-`): nowhere to write it
+        print("error: cache export: FILE='-': stdout is closed; name a file", file=sys.stderr)
+        return EXIT_BAD_INPUT
     # stdout carries the export itself (`cache export - | ssh host ...`): the counts go to stderr.
     counts = export_to_stream(store, sys.stdout)  # type: ignore[arg-type]  # both stores are transfer.Transferable
     print(f"cache export: wrote {counts['verdicts']} decisions, {counts['plans']} plans and "

@@ -16,7 +16,9 @@ EXIT_BROKEN_PIPE = 141  # stdout was closed by its reader (`| head`): 128 + SIGP
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 
 EPILOG = (
-    "exit codes: 0 a backend is selected for every problem; 1 some problem has NONE; 2 bad input; "
+    "exit codes: 0 a backend is selected for every problem; 1 some problem has NONE (warmup: also no GPU to "
+    "probe on and no snapshots asked for, a live cache that cannot keep the answers, or a rank that could not "
+    "join its torchrun job; nothing was warmed); 2 bad input; "
     "3 no problem has NONE but some has no data (not recorded in the snapshot: only a live probe "
     "can answer it); 4 (warmup) the answers were given but some could not be saved to the persistent "
     "cache: wins over 0, 1 and 3 (the report still shows every answer); 130 interrupted; 141 stdout "

@@ -138,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     `git log | head` does: no traceback."""
     try:
         code = _run(argv)
-        sys.stdout.flush()  # inside the try: output still buffered fails here, not at exit
+        if sys.stdout is not None:  # (None: started with stdout closed, `>&-`; print() then writes nothing)
+            sys.stdout.flush()  # inside the try: output still buffered fails here, not at exit
         return code
     except BrokenPipeError:
         if not _stdout_closed():

@@ -139,8 +139,9 @@ def _hf_problems(source: str, sets: dict[str, Any]) -> Asked:
     # when the sequence is longer than it), so they go in before the problems are derived; the
     # dtype, when not set, is the one the config names.
     sets = dict(sets)
+    asked = "qkv_dtype" in sets
     dtype = sets.pop("qkv_dtype", None)
-    if dtype is not None and dtype not in DTYPES:  # as a config file's field: names, not aliases
+    if asked and dtype not in DTYPES:  # as a config file's field: names, not aliases
         raise ConfigError("qkv_dtype", dtype, "must be one of " + ", ".join(repr(name) for name in DTYPES))
     reading = hf_config(source)
     layers = model_problems(

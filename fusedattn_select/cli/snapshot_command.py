@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from typing import Any
 
 from fusedattn_select.buckets import LADDER_MAX_BATCH, LADDER_MAX_SEQLEN
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
-from fusedattn_select.cli.exit_codes import EXIT_SELECTED
+from fusedattn_select.cli.exit_codes import EXIT_NOT_DONE, EXIT_SELECTED
 from fusedattn_select.config_files import load_config_file
-from fusedattn_select.errors import ConfigError, PlatformError
+from fusedattn_select.errors import ConfigError, PlatformError, SnapshotError
 from fusedattn_select.selection.recorder import Ladder, check_output, record_snapshot, summarize, write_snapshot
 from fusedattn_select.types import ProbeDepth
 
@@ -58,7 +59,11 @@ def _cmd_record(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     snapshot = record_snapshot(args.suites, engine, depth=depth, jobs=args.jobs, progress=_log_progress,
                                ladder=ladder)
-    path = write_snapshot(snapshot, output, "--output")
+    try:
+        path = write_snapshot(snapshot, output, "--output")
+    except SnapshotError as err:  # (a full disk, a folder gone) the recording ran: not done, not bad input
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_NOT_DONE
     counts = summarize(snapshot)
     buckets = f" (and {len(snapshot['buckets'])} bucket rows of their classes' ladders)" if ladder is not None else ""
     print(

@@ -16,8 +16,9 @@ def store_info(store: Store) -> dict[str, Any]:
 
 
 def is_degraded(info: dict[str, Any]) -> bool:
-    """Whether the store is not what was asked for: memory because the persistent one failed, or damaged."""
-    return bool(info.get("degraded") or info.get("damage"))
+    """Whether the store is not what was asked for: memory because the persistent one failed, damaged, or a
+    file whose saves all fail."""
+    return bool(info.get("degraded") or info.get("damage") or info.get("unwritable"))
 
 
 def describe_store(info: dict[str, Any]) -> str:
@@ -48,6 +49,8 @@ def store_problems(info: dict[str, Any]) -> list[str]:
     if info.get("degraded"):
         problems.append(f"warning: the persistent cache cannot be used: {info['degraded']}; decisions and plans "
                         f"are kept in memory and lost at exit (set {CACHE_DIR_ENV} to a writable directory)")
+    if info.get("unwritable"):
+        problems.append(f"warning: {info['unwritable']}: its rows are read, and every save fails")
     if info.get("damage"):
         problems.append(f"warning: {info['path']} is damaged ({info['damage']}); `fusedattn-select cache repair` "
                         "copies every recoverable row into a fresh file and keeps the damaged one aside")
@@ -57,7 +60,9 @@ def store_problems(info: dict[str, Any]) -> list[str]:
 
 
 def not_persisted(info: dict[str, Any]) -> str:
-    """Why a write to this store would not outlive the process ("" when it would)."""
+    """Why a write to this store would not outlive the process, or would fail ("" when it would be kept)."""
+    if info.get("unwritable"):
+        return f"the persistent cache cannot be written ({info['unwritable']})"
     if info.get("persistent"):
         return ""
     if info.get("degraded"):

@@ -54,7 +54,9 @@ from fusedattn_select.store.protocol import (
 )
 from fusedattn_select.store import sqlite_rows
 from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX
-from fusedattn_select.store.store_settings import DATABASE_NAME, directory_problem, resolve_max_bytes
+from fusedattn_select.store.store_settings import (
+    DATABASE_NAME, database_not_writable, directory_problem, resolve_max_bytes,
+)
 from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.store.uses import PendingUses
 from fusedattn_select.trust import untrusted_reason
@@ -75,10 +77,10 @@ FAILING_PATIENCE_S = 1.0
 class PersistentStore:
     """Decisions, serialized plans and runner choices in `<directory>/decisions.sqlite3`, shared by processes.
 
-    Raises CacheUnavailableError when the directory cannot be created or written, its database file
-    cannot be written (store_settings.directory_problem), or the file holds a database of a newer
-    schema. `plans_enabled` is False while the directory or the database file is not this user's or
-    is writable by group or others (checked on each use, warned about once).
+    Raises CacheUnavailableError when the directory cannot be created or written
+    (store_settings.directory_problem), or the file holds a database of a newer schema. `plans_enabled`
+    is False while the directory or the database file is not this user's or is writable by group or
+    others (checked on each use, warned about once).
     """
 
     kind = "sqlite"
@@ -350,7 +352,7 @@ class PersistentStore:
         return {
             "kind": self.kind, "path": str(self.path), "entries": entries, "plans": plans,
             "runner_choices": runners, "bytes": payload, "max_bytes": self.max_bytes, "persistent": True,
-            "read_only": self.read_only,
+            "read_only": self.read_only, "unwritable": database_not_writable(self.directory) or None,
             "degraded": None, "switched_off": None, "plans_enabled": not refusal,
             "plans_refused": refusal or None,
             "damage": (f"a salvage was interrupted: {self._db.salvaged_copy.name} waits to take the file's "

@@ -89,10 +89,10 @@ def directory_problem(directory: Path) -> str:
     """Why a persistent store could not be created or written in `directory` ("" when it could).
 
     The directory, or where it does not exist its nearest existing parent, must let this user create
-    files, and the database file and its WAL files, where they exist, must be writable. Found without
-    creating anything, but for one case: as root, access(2) grants every write, so where the
-    directory is on a file system without storage (proc, sysfs) a probe directory is made and removed
-    at once in it, the only test of such a file system that does not guess.
+    files. Found without creating anything, but for one case: as root, access(2) grants every write,
+    so where the directory is on a file system without storage (proc, sysfs) a probe directory is made
+    and removed at once in it, the only test of such a file system that does not guess. A database
+    file that cannot be written is not this: its rows can still be read (`database_not_writable`).
     """
     probe = directory
     try:
@@ -111,7 +111,13 @@ def directory_problem(directory: Path) -> str:
     refused = _refused_by_file_system(probe)
     if refused:
         return f"cache directory {directory} {'cannot be created' if creating else 'is not writable'} ({refused})"
-    for path in () if creating else _database_files(directory):
+    return ""
+
+
+def database_not_writable(directory: Path) -> str:
+    """Why the database file in `directory` (or a WAL file beside it) cannot be written by this user ("" when
+    it can, or does not exist): its rows are read, and every save fails."""
+    for path in _database_files(directory):
         if os.path.lexists(path) and not os.access(path, os.W_OK):
             return f"decision cache {path} is not writable by this user"
     return ""

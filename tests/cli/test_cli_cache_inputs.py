@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from fusedattn_select import cli
-from fusedattn_select.store import CACHE_DIR_ENV, DATABASE_NAME, MAX_BYTES_ENV, MemoryStore, PersistentStore
+from fusedattn_select.store import (
+    CACHE_DIR_ENV, DATABASE_NAME, MAX_BYTES_ENV, MemoryStore, PersistentStore, open_default_store,
+)
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Verdict
 
 FINGERPRINT = Fingerprint("cuda", "Test GPU H100", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
@@ -120,6 +124,15 @@ def test_export_to_dash_from_an_unusable_cache_prints_nothing_on_stdout(capsys, 
 
 
 # ----- fingerprint keys ------------------------------------------------------------------------
+def test_export_to_dash_with_stdout_closed_is_one_error_line_not_a_traceback(private):
+    _stored_once(private)
+    env = dict(os.environ, **{CACHE_DIR_ENV: str(private / "cache")})
+    done = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m fusedattn_select.cli cache export - >&-"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and done.stderr == "error: cache export: FILE='-': stdout is closed; name a file\n", \
+        done.stderr
+
+
 def test_fingerprint_key_in_upper_case_imports_that_fingerprints_rows(capsys, export_file):
     code, out, _ = run(capsys, "cache", "import", str(export_file), "--fingerprint", FINGERPRINT.key().upper())
     report = json.loads(out)
@@ -169,11 +182,17 @@ def _stored_once(private: Path) -> Path:
 
 
 def _assert_unwritable_file_is_reported(capsys, path: Path) -> None:
+    # Its rows are still read (by the library, info and export); what would write is refused, saying why.
     code, info = cache_info(capsys)
-    assert code == 1 and not info["persistent"]
-    assert info["degraded"] == f"decision cache {path} is not writable by this user"
+    assert code == 1 and info["persistent"] and info["entries"] == 1 and info["degraded"] is None
+    assert info["unwritable"] == f"decision cache {path} is not writable by this user"
+    code, out, _ = run(capsys, "cache", "info")
+    assert f"warning: {info['unwritable']}: its rows are read, and every save fails" in out
     code, _, err = run(capsys, "cache", "clear")
-    assert code == 1 and info["degraded"] in err and "nothing was done" in err
+    assert code == 1 and info["unwritable"] in err and "nothing was done" in err
+    code, out, _ = run(capsys, "cache", "export", str(path.parent.parent / "out.json"))
+    assert code == 0 and json.loads(out)["verdicts"] == 1, out
+    assert open_default_store().get(FINGERPRINT, "key-1") is not None
 
 
 @pytest.mark.skipif(RUNNING_AS_ROOT, reason="root writes a mode-400 file (access(2) and SQLite both let it): "

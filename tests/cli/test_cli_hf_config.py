@@ -112,3 +112,16 @@ def test_a_model_type_no_family_names_is_said_to_be_read_as_a_causal_decoder(tmp
 def test_a_known_model_type_gets_no_such_note(tmp_path, capsys, config):
     code, out, err = why(capsys, "--hf-config", write(tmp_path, config), *TRAIN_8K)
     assert code == 0 and "full_attention (layers 0-31)" in out and "reader knows" not in out + err, out + err
+
+
+def test_clips_text_tower_gets_no_unknown_type_note(tmp_path, capsys):
+    text = {"hidden_size": 512, "num_attention_heads": 8, "num_hidden_layers": 12, "max_position_embeddings": 77}
+    for config in ({"model_type": "clip", "text_config": text},
+                   {"model_type": "clip", "text_config": {**text, "model_type": "clip_text_model"}}):
+        code, out, err = why(capsys, "--hf-config", write(tmp_path, config))
+        assert code != 2 and "head_dim_qk=64" in out and "reader knows" not in out + err, out + err
+
+
+def test_an_empty_set_dtype_is_refused_naming_it(tmp_path, capsys):
+    code, out, err = why(capsys, "--hf-config", write(tmp_path, LLAMA_3_8B), "--set", "qkv_dtype=")
+    assert code == 2 and out == "" and err.startswith("error: qkv_dtype=None: must be one of 'fp16', 'bf16'"), err

@@ -71,6 +71,6 @@ def test_info_reports_the_rocm_facts(capsys):
 def test_an_architecture_no_declared_table_lists_is_said_to_be_answered_by_pytorch_sdpa_alone(capsys, arch, unknown):
     assert main(["why", "--platform", "rocm", "--arch", arch, *PROBLEM]) in (0, 1)
     captured = capsys.readouterr()
-    said = f"{arch} is an architecture no declared table lists (hipdnn_sdpa: gfx942, gfx950; ck_fmha: gfx90a, gfx942, " \
-           "gfx950, gfx1100, gfx1201): only pytorch_sdpa can declare it"
+    said = f"{arch} is an architecture no declared table lists (hipdnn_sdpa: gfx942, gfx950; ck_fmha: gfx90a, " \
+           "gfx942, gfx950, gfx1100, gfx1201): only pytorch_sdpa can declare it"
     assert (said in captured.out + captured.err) == unknown, captured.out + captured.err

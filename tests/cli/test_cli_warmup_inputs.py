@@ -138,3 +138,20 @@ def test_warmup_without_a_gpu_replays_a_target(capsys, no_device):
     code, out, err = run(capsys, "warmup", GPT2, "--target", "h100")
     assert code == 0 and "error:" not in err
     assert "nothing was probed, built or stored" in out
+
+
+def test_a_rank_that_cannot_join_its_job_says_so_in_one_line_and_exits_1(monkeypatch, capsys, tmp_path):
+    pytest.importorskip("torch")
+    from fusedattn_select import distributed
+
+    def never_met(*args, **kwargs):
+        raise RuntimeError("the other ranks never met this one\n(and a second line torch adds)")
+
+    monkeypatch.setattr(distributed, "init_from_torchrun", never_met)
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500", "FUSEDATTN_SELECT_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["warmup", GPT2]) == 1
+    err = capsys.readouterr().err
+    assert err == ("error: warmup: rank 1 of WORLD_SIZE=2 could not join the job's process group, so nothing was "
+                   "warmed: RuntimeError: the other ranks never met this one\n"), err

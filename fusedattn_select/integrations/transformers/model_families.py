@@ -89,7 +89,7 @@ _T5_KEYS = dict(
 FAMILIES: dict[str, Family] = {
     # Causal decoders read with the common keys alone: named, so that a model_type listed nowhere is said to be
     # read as one of them (model_reading.read_model).
-    **{name: GENERIC for name in ("llama", "mixtral", "phi", "phi3", "gpt_neox", "opt")},
+    **{name: GENERIC for name in ("llama", "mixtral", "phi", "phi3", "gpt_neox", "opt", "clip_text_model")},
     "gpt2": replace(GENERIC, positions_default=1024),
     "gpt_bigcode": replace(GENERIC, multi_query_default=True, positions_default=1024),
     "gptj": replace(GENERIC, positions_default=2048),

@@ -281,8 +281,9 @@ def _unknown_type(model_type: str, path: str) -> list[str]:
     if model_type in families.FAMILIES:
         return []
     named = f"{path}={model_type!r} is not a model type this reader knows" if model_type else f"{path} is not given"
-    return [f"{named}: it is read as a causal decoder with the common keys (num_attention_heads, num_key_value_heads, head_dim or hidden_size, "
-            "max_position_embeddings); check its attention against the model's code"]
+    return [f"{named}: it is read as a causal decoder with the common keys (num_attention_heads, "
+            "num_key_value_heads, head_dim or hidden_size, max_position_embeddings); check its attention against "
+            "the model's code"]
 
 
 def read_model(data: dict[str, Any]) -> ModelReading:
