@@ -257,6 +257,17 @@ def pytorch_sdpa_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arc
     return TableAnswer(table.name, reasons, tuple(notes + [table.caveat]))
 
 
+def listed_architectures(table: DeclaredTable) -> list[str]:
+    """The architectures `table` lists, read where its check reads them ([] for the PyTorch SDPA table, which
+    names none: AOTriton decides at run time)."""
+    if table.name == "ck_fmha":
+        return list(table.facts["architectures"])
+    if table.name == "hipdnn_sdpa":
+        phases = (table.facts["forward"], table.facts["backward"])
+        return sorted({arch for phase in phases for arch in phase["architectures"]})
+    return []
+
+
 CHECKS: dict[str, Callable[[DeclaredTable, AttnConfig, Phase, str], TableAnswer]] = {
     "ck_fmha": ck_fmha_answer,
     "hipdnn_sdpa": hipdnn_sdpa_answer,

@@ -25,7 +25,7 @@ from fusedattn_select.probing.rocm._core import (
     Verdict,
     declared_provenance,
 )
-from fusedattn_select.probing.rocm.checks import CHECKS, TableAnswer
+from fusedattn_select.probing.rocm.checks import CHECKS, TableAnswer, listed_architectures
 from fusedattn_select.probing.rocm.rocm_device import split_arch
 from fusedattn_select.probing.rocm.tables import DECLARED_DIR, TABLE_NAMES, DeclaredTable, load_table
 
@@ -63,16 +63,10 @@ class DeclaredRocmEngine:
         return Fingerprint(platform="rocm", device_name=self.arch, library_version=f"{__version__}+{DECLARED}.{digests}")
 
     def listed(self) -> dict[str, list[str]]:
-        """The architectures each table that names any lists (the PyTorch SDPA table names none: AOTriton
-        decides at run time), for telling an architecture no table knows."""
-        found = {}
-        for table in self.tables:
-            if table.name == "ck_fmha":
-                found[table.name] = list(table.facts["architectures"])
-            elif table.name == "hipdnn_sdpa":
-                phases = (table.facts["forward"], table.facts["backward"])
-                found[table.name] = sorted({arch for phase in phases for arch in phase["architectures"]})
-        return found
+        """The architectures of each table that lists any (checks.listed_architectures), for telling an
+        architecture no table knows."""
+        found = {table.name: listed_architectures(table) for table in self.tables}
+        return {name: archs for name, archs in found.items() if archs}
 
     def answers(self, cfg: AttnConfig, phase: Phase) -> tuple[TableAnswer, ...]:
         """Each table's answer for one phase of `cfg` on this arch."""
