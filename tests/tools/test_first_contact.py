@@ -332,6 +332,47 @@ def test_each_generate_call_is_its_median_over_the_processes(monkeypatch):
     assert found["first_tokens_equal_to_flash"] == 1.0
 
 
+def test_rounds_alternate_the_order_of_the_sides_and_record_each_round(monkeypatch):
+    started = []
+
+    def fake(part, side, args, timeout_s, env=None):
+        started.append(side)
+        return {"status": "ok"}
+
+    monkeypatch.setattr(parts, "run_fresh", fake)
+    runs = parts._rounds("first_calls", {}, Budget(100.0), options.parse_args(["--processes", "3"]))
+    assert started == ["ours", "flash", "default", "default", "flash", "ours", "ours", "flash", "default"]
+    assert [r["round"] for r in runs["flash"]] == [0, 1, 2]
+
+
+def test_generate_runs_ours_and_flash_and_pairs_their_rounds(monkeypatch):
+    speeds = {"ours": iter([100.0, 50.0, 90.0]), "flash": iter([200.0, 40.0, 0.0])}
+    started = []
+
+    def fake(part, side, args, timeout_s, env=None):
+        started.append(side)
+        speed = next(speeds[side])
+        if not speed:
+            return {"status": "failed: exit code 1: boom"}
+        return {"status": "ok", "calls": {"first": {"tokens_per_s": speed}, "again": {"tokens_per_s": 2 * speed}}}
+
+    monkeypatch.setattr(parts, "run_fresh", fake)
+    found = parts.generate(options.parse_args(["--quick", "--processes", "3"]), Budget(100.0))["models"]["llama"]
+    assert started == ["ours", "flash", "flash", "ours", "ours", "flash"] and set(found["sides"]) == {"ours", "flash"}
+    # Round 2's flash process failed: its ours process is paired with nothing.
+    assert found["paired_ratios"] == {"first": [0.5, 1.25], "again": [0.5, 1.25]}
+
+
+def test_row_2_takes_the_median_of_the_paired_ratios_where_the_run_has_them():
+    document = copy.deepcopy(DOCUMENT)
+    llama = document["parts"]["generate"]["models"]["llama"]
+    llama["paired_ratios"] = {"first": [0.8, 1.2, 0.95], "again": [1.0, 1.1, 0.7], "new_prompt": []}
+    verdicts = [v for v in targets.evaluate(document) if v.row == 2]
+    assert [(round(v.value, 4), v.verdict) for v in verdicts[:2]] == [(0.95, "met"), (1.0, "met")]
+    assert verdicts[0].measured == "0.95x (median of 3 rounds' ratios; medians 95.0 vs 100.0 tokens/s)"
+    assert verdicts[2].verdict == "n/a: no round where both sides finished"
+
+
 def test_generated_tokens_are_compared_with_flash():
     sides = {"ours": {"first_tokens": [1, 2, 3, 4]}, "flash": {"first_tokens": [1, 2, 3, 5]},
              "default": {"status": "failed: x"}}

@@ -25,6 +25,11 @@ ROUNDS = 3
 # 32) was 5.1-10.1 ms for flash alone, stable within the process, so three processes per side left
 # the medians of two sides a third apart by chance.
 GENERATE_ROUNDS = 5
+# Row 2's sides: its targets compare ours with flash only. The host's speed drifts over tens of seconds
+# (the same generate() of one side ran about 105 or about 170 tokens/s, in runs of consecutive
+# processes), so its verdicts take the median of each round's ratio of two back-to-back processes,
+# and the time torch's default would take buys more rounds.
+GENERATE_SIDES = ("ours", "flash")
 TIMEOUTS_S = {"env": 60.0, "first_calls": 90.0, "generate": 90.0, "finetune": 90.0, "big_shape": 120.0,
               "first_step": 60.0}
 
@@ -45,21 +50,17 @@ def overall_status(results: Mapping[str, Mapping[str, Any]]) -> str:
     return f"{prefix}: {len(bad)} of {len(results)} not ok; {bad[0][0]}: {first_line(bad[0][1], 200)}"
 
 
-def _sides(part: str, args: Mapping[str, Any], budget: Budget) -> dict[str, dict]:
-    out = {}
-    for side in SIDES:
-        out[side] = run_fresh(part, side, args, budget.timeout(TIMEOUTS_S[part]))
-        log(f"{part} {side}: {out[side].get('status')} ({out[side].get('process_s', 0):.1f} s)")
-    return out
-
-
-def _rounds(part: str, args: Mapping[str, Any], budget: Budget, plan: Plan,
-            default: int = ROUNDS) -> dict[str, list[dict]]:
-    """Each side's answers of the plan's --processes (else `default`) fresh processes, the sides in turns."""
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for _ in range(plan.processes or default):
-        for side, found in _sides(part, args, budget).items():
-            runs[side].append(found)
+def _rounds(part: str, args: Mapping[str, Any], budget: Budget, plan: Plan, default: int = ROUNDS,
+            sides: tuple[str, ...] = SIDES) -> dict[str, list[dict]]:
+    """Each side's answers of the plan's --processes (else `default`) fresh processes, the sides in turns,
+    their order reversed every other round (so no side always follows the same one); each answer
+    records its `round`."""
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for index in range(plan.processes or default):
+        for side in (sides if index % 2 == 0 else sides[::-1]):
+            found = run_fresh(part, side, args, budget.timeout(TIMEOUTS_S[part]))
+            log(f"{part} {side}: {found.get('status')} ({found.get('process_s', 0):.1f} s)")
+            runs[side].append(dict(found, round=index))
     return runs
 
 
@@ -103,12 +104,28 @@ def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
         config, batch, prompt, new_tokens, new_prompt = options.GENERATE[name]
         args = {"config": config, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
                 "new_prompt": new_prompt, "seed": options.SEED}
-        runs = _rounds("generate", args, budget, plan, GENERATE_ROUNDS)
+        runs = _rounds("generate", args, budget, plan, GENERATE_ROUNDS, GENERATE_SIDES)
         sides = {side: _median_calls(found) for side, found in runs.items()}
         _token_agreement(sides)
         models[name] = {"model": _model_text(config), "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
-                        "new_prompt": new_prompt, "sides": sides, "status": overall_status(sides)}
+                        "new_prompt": new_prompt, "sides": sides, "paired_ratios": paired_ratios(runs),
+                        "status": overall_status(sides)}
     return {"models": models, "status": overall_status(models)}
+
+
+def paired_ratios(runs: Mapping[str, list[dict]]) -> dict[str, list[float]]:
+    """Per call, ours' tokens/s over flash's in each round where both processes finished (the two ran
+    back to back, so they shared the host's state at the time: see GENERATE_SIDES)."""
+    flash = {r["round"]: r["calls"] for r in runs.get("flash", []) if r.get("status") == "ok" and r.get("calls")}
+    out: dict[str, list[float]] = {}
+    for found in runs.get("ours", []):
+        theirs = flash.get(found.get("round"))
+        if found.get("status") != "ok" or not found.get("calls") or theirs is None:
+            continue
+        for call, figures in found["calls"].items():
+            if call in theirs and theirs[call].get("tokens_per_s"):
+                out.setdefault(call, []).append(figures["tokens_per_s"] / theirs[call]["tokens_per_s"])
+    return out
 
 
 def _median_calls(runs: list[dict]) -> dict[str, Any]:

@@ -101,14 +101,22 @@ def first_calls(part: Mapping[str, Any]) -> Iterator[Verdict]:
 
 
 def generate(part: Mapping[str, Any]) -> Iterator[Verdict]:
-    """Row 2, per model: tokens/s vs flash's >= 0.9x (first call), 1.0x (again), 0.9x (new prompt length)."""
+    """Row 2, per model: tokens/s vs flash's >= 0.9x (first call), 1.0x (again), 0.9x (new prompt length);
+    the median of the rounds' paired ratios where the run has them (parts.GENERATE_SIDES says why), else
+    the ratio of the sides' medians."""
     for name, model in (part.get("models") or {}).items():
         for call, limit, text in (("first", 0.9, "first generate()"), ("again", 1.0, "the same generate() again"),
                                   ("new_prompt", 0.9, "a new prompt length's first generate()")):
             def speed(model: Mapping = model, call: str = call) -> tuple[float, str]:
                 ours, flash = (_number(_side(model, s)["calls"][call]["tokens_per_s"], f"{s} tokens/s")
                                for s in ("ours", "flash"))
-                return _ratio(ours, flash, "tokens/s")
+                if "paired_ratios" not in model:
+                    return _ratio(ours, flash, "tokens/s")
+                ratios = [_number(r, "paired ratio") for r in (model["paired_ratios"] or {}).get(call) or []]
+                if not ratios:
+                    raise Missing("no round where both sides finished")
+                return (statistics.median(ratios), f"median of {len(ratios)} rounds' ratios; medians "
+                                                   f"{ours:.1f} vs {flash:.1f} tokens/s")
             yield _at_least(2, f"{name}: {text}, tokens/s >= {limit}x flash's", limit, speed)
 
 
