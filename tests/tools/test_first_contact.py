@@ -373,6 +373,52 @@ def test_row_2_takes_the_median_of_the_paired_ratios_where_the_run_has_them():
     assert verdicts[2].verdict == "n/a: no round where both sides finished"
 
 
+def _probed(speed, probe):
+    return {"status": "ok", "calls": {"again": {"tokens_per_s": speed, "probe_ms": [probe, probe]}}}
+
+
+def test_steady_host_keeps_the_calls_whose_probes_ran_at_full_speed():
+    runs = {"ours": [_probed(100.0, 3.0), _probed(60.0, 6.0), _probed(120.0, 3.5), {"status": "failed: x"}],
+            "flash": [_probed(110.0, 3.2), _probed(70.0, 5.9), _probed(90.0, 3.8)]}
+    runs["ours"][2]["calls"]["again"]["probe_ms"] = [3.1, 4.0]  # slowed during the call: after-probe 4.0 > 3.9
+    found = parts.steady_host(runs)
+    assert found["fastest_probe_ms"] == 3.0 and found["limit_ms"] == pytest.approx(3.9)
+    assert found["sides"]["ours"]["again"] == {"tokens_per_s": 100.0, "processes": 1, "of": 3}
+    assert found["sides"]["flash"]["again"] == {"tokens_per_s": 100.0, "processes": 2, "of": 3}
+    assert parts.steady_host({"ours": [{"status": "ok", "calls": {"again": {"tokens_per_s": 1.0}}}]}) == {}
+
+
+def test_row_2_compares_the_full_speed_calls_where_the_run_probed_the_host():
+    document = copy.deepcopy(DOCUMENT)
+    llama = document["parts"]["generate"]["models"]["llama"]
+    llama["paired_ratios"] = {"again": [0.8, 0.9, 1.0]}
+    steady = {"tokens_per_s": 105.0, "processes": 3, "of": 5}
+    llama["steady"] = {"sides": {
+        "ours": {"first": steady, "again": dict(steady, tokens_per_s=160.0)},
+        "flash": {"first": dict(steady, processes=2), "again": dict(steady, tokens_per_s=150.0)}}}
+    first, again, new = [v for v in targets.evaluate(document) if v.row == 2]
+    assert first.verdict == ("n/a: fewer than 3 processes per side ran this call at full host speed "
+                             "(ours 3 of 5, flash 2 of 5)")
+    assert (round(again.value, 4), again.verdict) == (round(160 / 150, 4), "met")
+    assert again.measured == ("1.07x (160.0 vs 150.0 tokens/s, full host speed: ours 3 of 5, flash 3 of 5; "
+                              "every round paired: 0.90x)")
+    assert new.verdict.startswith("n/a: fewer than 3") and "ours 0 of 0" in new.verdict
+
+
+def test_a_generate_call_records_the_host_probe_before_and_after_it_on_cpu(monkeypatch):
+    from tools.first_contact import models
+
+    monkeypatch.setenv("FIRST_CONTACT_DEVICE", "cpu")
+    config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 64}
+    found = models.generate("default", {"config": config, "batch": 1, "prompt": 8, "new_tokens": 2,
+                                        "new_prompt": 12, "seed": 0})
+    assert list(found["calls"]) == ["first", "again", "new_prompt"]
+    for call in found["calls"].values():
+        assert len(call["probe_ms"]) == 2 and all(0 < ms < 1e4 for ms in call["probe_ms"])
+    assert models.cpu_probe_ms(400_000) > models.cpu_probe_ms(4_000)
+
+
 def test_generated_tokens_are_compared_with_flash():
     sides = {"ours": {"first_tokens": [1, 2, 3, 4]}, "flash": {"first_tokens": [1, 2, 3, 5]},
              "default": {"status": "failed: x"}}

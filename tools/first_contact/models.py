@@ -6,6 +6,7 @@ downloads): generate() in a fresh process (row 2), fine-tuning with a new sequen
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,6 +39,16 @@ def token_ids(torch: Any, vocab: int, batch: int, length: int, seed: int) -> Any
     return torch.randint(3, vocab, (batch, length), generator=generator).to(device())
 
 
+def cpu_probe_ms(iterations: int = 40_000) -> float:
+    """ms of a fixed pure-Python loop: how fast the host runs this process's Python right now (why row 2
+    asks: docs/performance.md, 'First contact')."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(iterations):
+        total += i & 7
+    return (time.perf_counter() - started) * 1e3
+
+
 def _generate(torch: Any, model: Any, ids: Any, new_tokens: int, side: str) -> tuple[Any, float]:
     """generate()'s output and its ms (greedy, exactly `new_tokens` new tokens, no padding)."""
     out = []
@@ -63,10 +74,11 @@ def generate(side: str, args: Mapping[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"transformers": transformers.__version__, "calls": {}}
     for label, length in prompts.items():
         ids = token_ids(torch, int(config["vocab_size"]), batch, length, seed + length)
+        before = cpu_probe_ms()
         out, ms = _generate(torch, model, ids, new_tokens, side)
         made = int(out.shape[1] - length)
         result["calls"][label] = {"prompt": length, "new_tokens": made, "ms": ms,
-                                  "tokens_per_s": batch * made / (ms / 1e3)}
+                                  "tokens_per_s": batch * made / (ms / 1e3), "probe_ms": [before, cpu_probe_ms()]}
         if label == "first":
             result["first_tokens"] = out[0, length:].tolist()  # row 0's greedy tokens, to compare the sides
     return result

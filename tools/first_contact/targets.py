@@ -101,23 +101,40 @@ def first_calls(part: Mapping[str, Any]) -> Iterator[Verdict]:
 
 
 def generate(part: Mapping[str, Any]) -> Iterator[Verdict]:
-    """Row 2, per model: tokens/s vs flash's >= 0.9x (first call), 1.0x (again), 0.9x (new prompt length);
-    the median of the rounds' paired ratios where the run has them (parts.GENERATE_SIDES says why), else
-    the ratio of the sides' medians."""
+    """Row 2, per model: tokens/s vs flash's >= 0.9x (first call), 1.0x (again), 0.9x (new prompt length).
+    Where the run probed the host's speed (parts.GENERATE_SIDES says why): the ratio of the sides' medians
+    over the calls the host ran at full speed, n/a where either side has fewer than STEADY_LEAST; else the
+    median of the rounds' paired ratios; else (older runs) the ratio of the sides' medians."""
     for name, model in (part.get("models") or {}).items():
         for call, limit, text in (("first", 0.9, "first generate()"), ("again", 1.0, "the same generate() again"),
                                   ("new_prompt", 0.9, "a new prompt length's first generate()")):
             def speed(model: Mapping = model, call: str = call) -> tuple[float, str]:
                 ours, flash = (_number(_side(model, s)["calls"][call]["tokens_per_s"], f"{s} tokens/s")
                                for s in ("ours", "flash"))
+                paired = [_number(r, "paired ratio") for r in (model.get("paired_ratios") or {}).get(call) or []]
+                if (model.get("steady") or {}).get("sides"):
+                    return _steady(model["steady"]["sides"], call, paired)
                 if "paired_ratios" not in model:
                     return _ratio(ours, flash, "tokens/s")
-                ratios = [_number(r, "paired ratio") for r in (model["paired_ratios"] or {}).get(call) or []]
-                if not ratios:
+                if not paired:
                     raise Missing("no round where both sides finished")
-                return (statistics.median(ratios), f"median of {len(ratios)} rounds' ratios; medians "
+                return (statistics.median(paired), f"median of {len(paired)} rounds' ratios; medians "
                                                    f"{ours:.1f} vs {flash:.1f} tokens/s")
             yield _at_least(2, f"{name}: {text}, tokens/s >= {limit}x flash's", limit, speed)
+
+
+STEADY_LEAST = 3  # processes per side whose call the host ran at full speed
+
+
+def _steady(sides: Mapping[str, Any], call: str, paired: list[float]) -> tuple[float, str]:
+    found = {s: (sides.get(s) or {}).get(call) or {} for s in ("ours", "flash")}
+    counts = ", ".join(f"{s} {f.get('processes', 0)} of {f.get('of', 0)}" for s, f in found.items())
+    if any((f.get("processes") or 0) < STEADY_LEAST for f in found.values()):
+        raise Missing(f"fewer than {STEADY_LEAST} processes per side ran this call at full host speed ({counts})")
+    ours, flash = (_number(found[s]["tokens_per_s"], f"{s} steady tokens/s") for s in ("ours", "flash"))
+    value, figures = _ratio(ours, flash, "tokens/s")
+    every = f"; every round paired: {statistics.median(paired):.2f}x" if paired else ""
+    return value, f"{figures}, full host speed: {counts}{every}"
 
 
 def finetune(part: Mapping[str, Any]) -> Iterator[Verdict]:
