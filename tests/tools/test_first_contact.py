@@ -398,11 +398,14 @@ def test_row_2_compares_the_full_speed_calls_where_the_run_probed_the_host():
         "flash": {"first": dict(steady, processes=2), "again": dict(steady, tokens_per_s=150.0)}}}
     first, again, new = [v for v in targets.evaluate(document) if v.row == 2]
     assert first.verdict == ("n/a: fewer than 3 processes per side ran this call at full host speed "
-                             "(ours 3 of 5, flash 2 of 5)")
+                             "(ours 3 of 5, flash 2 of 5)")  # no paired ratios for this call
     assert (round(again.value, 4), again.verdict) == (round(160 / 150, 4), "met")
     assert again.measured == ("1.07x (160.0 vs 150.0 tokens/s, full host speed: ours 3 of 5, flash 3 of 5; "
                               "every round paired: 0.90x)")
     assert new.verdict.startswith("n/a: fewer than 3") and "ours 0 of 0" in new.verdict
+    llama["paired_ratios"]["first"] = [1.1, 0.7, 0.8]
+    first = [v for v in targets.evaluate(document) if v.row == 2][0]
+    assert first.verdict.endswith("(ours 3 of 5, flash 2 of 5; every round paired: 0.80x)")
 
 
 def test_a_generate_call_records_the_host_probe_before_and_after_it_on_cpu(monkeypatch):

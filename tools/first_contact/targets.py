@@ -129,11 +129,12 @@ STEADY_LEAST = 3  # processes per side whose call the host ran at full speed
 def _steady(sides: Mapping[str, Any], call: str, paired: list[float]) -> tuple[float, str]:
     found = {s: (sides.get(s) or {}).get(call) or {} for s in ("ours", "flash")}
     counts = ", ".join(f"{s} {f.get('processes', 0)} of {f.get('of', 0)}" for s, f in found.items())
+    every = f"; every round paired: {statistics.median(paired):.2f}x" if paired else ""
     if any((f.get("processes") or 0) < STEADY_LEAST for f in found.values()):
-        raise Missing(f"fewer than {STEADY_LEAST} processes per side ran this call at full host speed ({counts})")
+        raise Missing(f"fewer than {STEADY_LEAST} processes per side ran this call at full host speed "
+                      f"({counts}{every})")
     ours, flash = (_number(found[s]["tokens_per_s"], f"{s} steady tokens/s") for s in ("ours", "flash"))
     value, figures = _ratio(ours, flash, "tokens/s")
-    every = f"; every round paired: {statistics.median(paired):.2f}x" if paired else ""
     return value, f"{figures}, full host speed: {counts}{every}"
 
 
