@@ -3,6 +3,7 @@ time budget, the done-when verdicts and their table, the worker protocol) and on
 
 from __future__ import annotations
 
+import argparse
 import ast
 import copy
 import pkgutil
@@ -388,6 +389,17 @@ def test_steady_host_keeps_the_calls_whose_probes_ran_at_full_speed():
     assert parts.steady_host({"ours": [{"status": "ok", "calls": {"again": {"tokens_per_s": 1.0}}}]}) == {}
 
 
+def test_steady_host_counts_the_repeats_of_again_as_again():
+    runs = {"ours": [_probed(100.0, 3.0), _probed(60.0, 6.0)], "flash": [_probed(90.0, 3.0)]}
+    runs["ours"][0]["calls"]["again 2"] = {"tokens_per_s": 120.0, "probe_ms": [3.0, 3.1]}
+    runs["ours"][0]["calls"]["again 3"] = {"tokens_per_s": 10.0, "probe_ms": [3.0, 9.0]}  # slowed: left out
+    runs["ours"][1]["calls"]["again 2"] = {"tokens_per_s": 80.0, "probe_ms": [3.5, 3.5]}
+    found = parts.steady_host(runs)["sides"]
+    # ours: process 1's full-speed repeats 100 and 120 (median 110), process 2's 80 alone.
+    assert found["ours"] == {"again": {"tokens_per_s": 95.0, "processes": 2, "of": 2}}
+    assert found["flash"] == {"again": {"tokens_per_s": 90.0, "processes": 1, "of": 1}}
+
+
 def test_row_2_compares_the_full_speed_calls_where_the_run_probed_the_host():
     document = copy.deepcopy(DOCUMENT)
     llama = document["parts"]["generate"]["models"]["llama"]
@@ -415,8 +427,9 @@ def test_a_generate_call_records_the_host_probe_before_and_after_it_on_cpu(monke
     config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 64}
     found = models.generate("default", {"config": config, "batch": 1, "prompt": 8, "new_tokens": 2,
-                                        "new_prompt": 12, "seed": 0})
-    assert list(found["calls"]) == ["first", "again", "new_prompt"]
+                                        "new_prompt": 12, "again_calls": 2, "seed": 0})
+    assert list(found["calls"]) == ["first", "again", "again 2", "new_prompt"]
+    assert [c["prompt"] for c in found["calls"].values()] == [8, 8, 8, 12]
     for call in found["calls"].values():
         assert len(call["probe_ms"]) == 2 and all(0 < ms < 1e4 for ms in call["probe_ms"])
     assert models.cpu_probe_ms(400_000) > models.cpu_probe_ms(4_000)
@@ -522,6 +535,36 @@ def _run_document(parts_measured, commit, **changes):
                 "parts": {name: copy.deepcopy(DOCUMENT["parts"][name]) for name in parts_measured}}
     document.update(changes)
     return document
+
+
+def test_a_run_of_some_models_replaces_only_those_in_a_merge():
+    from tools.first_contact import merge
+
+    both = _run_document(("generate",), "aaa")
+    both["parts"]["generate"]["models"]["qwen2"] = copy.deepcopy(both["parts"]["generate"]["models"]["llama"])
+    llama = _run_document(("generate",), "bbb")
+    llama["parts"]["generate"]["models"]["llama"]["sides"]["ours"]["calls"]["again"]["tokens_per_s"] = 50.0
+    merged = merge.merge([both, llama])
+    models = merged["parts"]["generate"]["models"]
+    assert set(models) == {"llama", "qwen2"} and merged["parts"]["generate"]["model_runs"] == {"llama": 1, "qwen2": 0}
+    assert models["llama"]["sides"]["ours"]["calls"]["again"]["tokens_per_s"] == 50.0
+    assert models["qwen2"]["sides"]["ours"]["calls"]["again"]["tokens_per_s"] == 110.0
+    assert len([v for v in merged["targets"] if v["row"] == 2]) == 6
+    # Merged again after a third run of Qwen2, each model keeps the run it came from.
+    qwen2 = _run_document(("generate",), "ccc")
+    qwen2["parts"]["generate"]["models"] = {"qwen2": both["parts"]["generate"]["models"]["qwen2"]}
+    again = merge.merge([merged, qwen2])
+    assert again["parts"]["generate"]["model_runs"] == {"llama": 1, "qwen2": 2}
+    assert [run["git_commit"] for run in again["merged_from"]] == ["aaa", "bbb", "ccc"]
+
+
+def test_row_2s_models_are_chosen_by_name():
+    assert options.parse_args(["--models", "qwen2"]).generate_models == ("qwen2",)
+    assert options.parse_args(["--quick", "--models", "QWEN2, llama"]).generate_models == ("llama", "qwen2")
+    with pytest.raises(argparse.ArgumentTypeError, match="'gpt2': use one or more of llama, qwen2"):
+        options.parse_models("gpt2")
+    with pytest.raises(argparse.ArgumentTypeError, match="use one or more of"):
+        options.parse_models(" , ")
 
 
 def test_runs_of_some_parts_merge_into_one_document_with_every_verdict():

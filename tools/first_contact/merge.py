@@ -4,7 +4,8 @@ the whole bench with the compiled module still to build):
 
     python -m tools.first_contact.merge -o tools/results/first-contact-h100.json a.json b.json c.json
 
-A part measured by more than one run is taken from the last. The runs must name one device and one
+A part measured by more than one run is taken from the last, except row 2's models: a run's models
+replace those of the same name and keep the others (`model_runs`). The runs must name one device and one
 set of versions; each run's command, commit, date, parts, processes per side and wall time stay in
 `merged_from` (a merged document brings its own list), `part_runs` names the run each part comes
 from, and the verdicts are worked out again from the merged parts.
@@ -36,6 +37,22 @@ def _sources(document: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, 
     return {part: found.get(part, len(runs) - 1) for part in document.get("parts") or {}}
 
 
+def _models_merged(before: dict[str, Any] | None, found: dict[str, Any], offset: int, run: int) -> dict[str, Any]:
+    """Row 2's part: a run's models replace those of the same name (`--models` measures some), the
+    others stay; `model_runs` names the run each model comes from (a merged document's own are moved
+    by `offset`, the runs listed before its own; a run's models come from its run `run`)."""
+    models = found.get("models") if isinstance(found.get("models"), dict) else {}
+    own = {name: offset + index for name, index in (found.get("model_runs") or {}).items()}
+    model_runs = {name: own.get(name, offset + run) for name in models}
+    if not before or not isinstance(before.get("models"), dict):
+        return dict(found, model_runs=model_runs)
+    models = {**before["models"], **models}
+    model_runs = {**before.get("model_runs", {}), **model_runs}
+    statuses = [m.get("status", "ok") for m in models.values()]
+    status = "ok" if all(x == "ok" for x in statuses) else next(x for x in statuses if x != "ok")
+    return dict(found, models=models, model_runs=model_runs, status=status)
+
+
 def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The merged document; ValueError naming the field where two runs differ in device or versions."""
     if not documents:
@@ -49,10 +66,12 @@ def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
                               if key not in ("command", "parts", "parts_selected", "targets", "table", "wall_s")}
     merged["parts"], runs, part_runs = {}, [], {}
     for document in documents:
-        merged["parts"].update(document.get("parts") or {})
         # A merged document brings its own runs, so the record keeps every run however often it is merged.
         earlier = document.get("merged_from") or [_run(document)]
         sources = document.get("part_runs") or _sources(document, earlier)
+        for part, found in (document.get("parts") or {}).items():
+            merged["parts"][part] = _models_merged(merged["parts"].get(part), found, len(runs), sources[part]) \
+                if part == "generate" else found
         part_runs.update({part: len(runs) + index for part, index in sources.items()})
         runs.extend(earlier)
     merged["merged_from"], merged["part_runs"] = runs, part_runs

@@ -63,14 +63,18 @@ def _generate(torch: Any, model: Any, ids: Any, new_tokens: int, side: str) -> t
 
 
 def generate(side: str, args: Mapping[str, Any]) -> dict[str, Any]:
-    """Row 2: a fresh process's first generate(), the same call again, then a new prompt length's first
-    call; tokens/s counts the new tokens of every row of the batch."""
+    """Row 2: a fresh process's first generate(), the same call again (`again_calls` times: "again",
+    "again 2", ...), then a new prompt length's first call; tokens/s counts the new tokens of every row
+    of the batch."""
     import torch
     import transformers
 
     config, batch, new_tokens, seed = args["config"], int(args["batch"]), int(args["new_tokens"]), int(args["seed"])
     model = build_model(torch, config, side, seed).eval()
-    prompts = {"first": int(args["prompt"]), "again": int(args["prompt"]), "new_prompt": int(args["new_prompt"])}
+    again = int(args.get("again_calls", 1))
+    prompts = {"first": int(args["prompt"]),
+               **{"again" + (f" {n}" if n > 1 else ""): int(args["prompt"]) for n in range(1, again + 1)},
+               "new_prompt": int(args["new_prompt"])}
     result: dict[str, Any] = {"transformers": transformers.__version__, "calls": {}}
     for label, length in prompts.items():
         ids = token_ids(torch, int(config["vocab_size"]), batch, length, seed + length)

@@ -39,6 +39,9 @@ NATIVE_TRAIN_LENGTH = 1024
 # Python was host-bound.
 NATIVE_FP8 = {"layers": 4, "batch": 2, "length": 4096, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336}
 SEED = 0
+# Row 2 times the same generate() this many times after the first (the calls "again", "again 2", ...):
+# a host that switches speed every few seconds runs some of them at full speed (parts.GENERATE_SIDES).
+AGAIN_CALLS = 3
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,15 @@ def parse_parts(text: str) -> tuple[str, ...]:
     return tuple(name for name in PARTS if name in chosen)
 
 
+def parse_models(text: str) -> tuple[str, ...]:
+    """A comma list of GENERATE's model names (each once, in GENERATE's order)."""
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in GENERATE]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--models={text!r}: use one or more of {', '.join(GENERATE)}")
+    return tuple(name for name in GENERATE if name in names)
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
@@ -113,12 +125,14 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> Plan:
                             f"{name} ({'/'.join(map(str, rows))})" for name, rows in PARTS.items()))
     parser.add_argument("--processes", type=_processes, default=None,
                         help="fresh processes per side in rows 1-4 and 6 (default 3, row 2 5)")
+    parser.add_argument("--models", type=parse_models, default=None,
+                        help=f"row 2's models, comma separated: {', '.join(GENERATE)} (default: all; --quick: llama)")
     parser.add_argument("--budget", type=_positive, default=None,
                         help=f"seconds for the whole run (default {FULL_BUDGET_S:.0f}, --quick {QUICK_BUDGET_S:.0f})")
     args = parser.parse_args(argv)
     budget = args.budget or (QUICK_BUDGET_S if args.quick else FULL_BUDGET_S)
     return Plan(parts=args.parts, quick=args.quick, budget_s=budget, output=args.output,
-                generate_models=("llama",) if args.quick else tuple(GENERATE),
+                generate_models=args.models or (("llama",) if args.quick else tuple(GENERATE)),
                 finetune_steps=5 if args.quick else 8, big_rounds=3 if args.quick else 7,
                 native_turns=3 if args.quick else 10, processes=args.processes)
 

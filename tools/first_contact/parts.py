@@ -108,7 +108,7 @@ def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
     for name in plan.generate_models:
         config, batch, prompt, new_tokens, new_prompt = options.GENERATE[name]
         args = {"config": config, "batch": batch, "prompt": prompt, "new_tokens": new_tokens,
-                "new_prompt": new_prompt, "seed": options.SEED}
+                "new_prompt": new_prompt, "again_calls": options.AGAIN_CALLS, "seed": options.SEED}
         runs = _rounds("generate", args, budget, plan, GENERATE_ROUNDS, GENERATE_SIDES)
         sides = {side: _median_calls(found) for side, found in runs.items()}
         _token_agreement(sides)
@@ -119,9 +119,10 @@ def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
 
 
 def steady_host(runs: Mapping[str, list[dict]]) -> dict[str, Any]:
-    """Per side and call, the median tokens/s over the processes whose CPU probes before and after that
-    call (models.cpu_probe_ms) were within STEADY_FACTOR of the fastest probe of any process of either
-    side: the calls the host ran at full speed (see GENERATE_SIDES)."""
+    """Per side and call, the median tokens/s over the processes that ran the call with the host at full
+    speed: CPU probes before and after it (models.cpu_probe_ms) within STEADY_FACTOR of the fastest probe
+    of any process of either side (see GENERATE_SIDES). The repeats "again 2", ... count as "again": a
+    process's figure is the median of its full-speed ones."""
     done = {side: [r["calls"] for r in found if r.get("status") == "ok" and r.get("calls")]
             for side, found in runs.items()}
     probes = [probe for calls in done.values() for c in calls for figures in c.values()
@@ -130,13 +131,15 @@ def steady_host(runs: Mapping[str, list[dict]]) -> dict[str, Any]:
         return {}
     limit = STEADY_FACTOR * min(probes)
     sides: dict[str, dict[str, Any]] = {}
-    for side, calls in done.items():
+    for side, processes in done.items():
         sides[side] = {}
-        for call in dict.fromkeys(name for c in calls for name in c):
-            steady = [c[call]["tokens_per_s"] for c in calls
-                      if call in c and c[call].get("probe_ms") and max(c[call]["probe_ms"]) <= limit]
+        for call in dict.fromkeys(name.split(" ")[0] for calls in processes for name in calls):
+            made = [[f for name, f in calls.items() if name.split(" ")[0] == call] for calls in processes]
+            steady = [statistics.median(full) for full in
+                      ([f["tokens_per_s"] for f in own if f.get("probe_ms") and max(f["probe_ms"]) <= limit]
+                       for own in made) if full]
             sides[side][call] = {"tokens_per_s": statistics.median(steady) if steady else None,
-                                 "processes": len(steady), "of": sum(call in c for c in calls)}
+                                 "processes": len(steady), "of": sum(bool(own) for own in made)}
     return {"fastest_probe_ms": min(probes), "limit_ms": limit, "sides": sides}
 
 
