@@ -347,7 +347,7 @@ def test_rounds_alternate_the_order_of_the_sides_and_record_each_round(monkeypat
 
 
 def test_generate_runs_ours_and_flash_and_pairs_their_rounds(monkeypatch):
-    speeds = {"ours": iter([100.0, 50.0, 90.0]), "flash": iter([200.0, 40.0, 0.0])}
+    speeds = {"ours": iter([100.0, 50.0, 90.0]), "flash": iter([0.0, 40.0, 200.0])}
     started = []
 
     def fake(part, side, args, timeout_s, env=None):
@@ -360,8 +360,9 @@ def test_generate_runs_ours_and_flash_and_pairs_their_rounds(monkeypatch):
     monkeypatch.setattr(parts, "run_fresh", fake)
     found = parts.generate(options.parse_args(["--quick", "--processes", "3"]), Budget(100.0))["models"]["llama"]
     assert started == ["ours", "flash", "flash", "ours", "ours", "flash"] and set(found["sides"]) == {"ours", "flash"}
-    # Round 2's flash process failed: its ours process is paired with nothing.
-    assert found["paired_ratios"] == {"first": [0.5, 1.25], "again": [0.5, 1.25]}
+    # Round 0's flash process failed: its ours process is paired with nothing, the others by round.
+    assert found["paired_ratios"] == {"first": [1.25, 0.45], "again": [1.25, 0.45]}
+    assert found["sides"]["flash"]["rounds_of_calls"] == [1, 2]
 
 
 def test_row_2_takes_the_median_of_the_paired_ratios_where_the_run_has_them():
@@ -400,6 +401,35 @@ def test_steady_host_counts_the_repeats_of_again_as_again():
     assert found["flash"] == {"again": {"tokens_per_s": 90.0, "processes": 1, "of": 1}}
 
 
+def test_the_pairs_take_a_process_s_repeats_and_a_figure_missing_on_either_side_alike():
+    def process(round_, **speeds):
+        return {"status": "ok", "round": round_, "calls": {name.replace("_", " "): {"tokens_per_s": v}
+                                                          for name, v in speeds.items()}}
+
+    runs = {"ours": [process(0, first=10.0, again=100.0, again_2=140.0), process(1, first=None, again=0.0)],
+            "flash": [process(0, first=20.0, again=100.0, again_2=100.0), process(1, first=10.0, again=50.0)]}
+    assert parts.paired_ratios(runs) == {"first": [0.5], "again": [1.2]}
+    runs["ours"][1]["calls"], runs["flash"][1]["calls"] = runs["flash"][1]["calls"], runs["ours"][1]["calls"]
+    assert parts.paired_ratios(runs) == {"first": [0.5], "again": [1.2]}
+
+
+def test_the_steady_figures_read_the_probes_cpu_time_where_recorded():
+    # Wall time slow (the thread waited for the GIL), CPU time fast: the host ran at full speed.
+    waited = {"status": "ok", "calls": {"again": {"tokens_per_s": 80.0, "probe_ms": [9.0, 9.0],
+                                                  "probe_cpu_ms": [3.0, 3.1]}}}
+    found = parts.steady_host({"ours": [waited], "flash": [_probed(90.0, 3.0)]})
+    assert found["sides"]["ours"]["again"] == {"tokens_per_s": 80.0, "processes": 1, "of": 1}
+
+
+def test_a_missed_verdict_on_the_full_speed_figures():
+    document = copy.deepcopy(DOCUMENT)
+    steady = {"tokens_per_s": 90.0, "processes": 4, "of": 5}
+    document["parts"]["generate"]["models"]["llama"]["steady"] = {"sides": {
+        "ours": {"again": steady}, "flash": {"again": dict(steady, tokens_per_s=100.0)}}}
+    again = [v for v in targets.evaluate(document) if v.row == 2][1]
+    assert (again.value, again.verdict) == (0.9, "missed")
+
+
 def test_row_2_compares_the_full_speed_calls_where_the_run_probed_the_host():
     document = copy.deepcopy(DOCUMENT)
     llama = document["parts"]["generate"]["models"]["llama"]
@@ -431,8 +461,10 @@ def test_a_generate_call_records_the_host_probe_before_and_after_it_on_cpu(monke
     assert list(found["calls"]) == ["first", "again", "again 2", "new_prompt"]
     assert [c["prompt"] for c in found["calls"].values()] == [8, 8, 8, 12]
     for call in found["calls"].values():
-        assert len(call["probe_ms"]) == 2 and all(0 < ms < 1e4 for ms in call["probe_ms"])
-    assert models.cpu_probe_ms(400_000) > models.cpu_probe_ms(4_000)
+        assert len(call["probe_ms"]) == len(call["probe_cpu_ms"]) == 2
+        assert all(0 < ms < 1e4 for ms in call["probe_ms"] + call["probe_cpu_ms"])
+    long, short = models.host_probe(400_000), models.host_probe(4_000)
+    assert long[0] > short[0] and long[1] > short[1] and long[1] <= long[0] * 1.05
 
 
 def test_generated_tokens_are_compared_with_flash():
@@ -556,6 +588,19 @@ def test_a_run_of_some_models_replaces_only_those_in_a_merge():
     again = merge.merge([merged, qwen2])
     assert again["parts"]["generate"]["model_runs"] == {"llama": 1, "qwen2": 2}
     assert [run["git_commit"] for run in again["merged_from"]] == ["aaa", "bbb", "ccc"]
+    # A merged document after a run: its own runs move by the runs listed before them.
+    after = merge.merge([qwen2, merged])
+    assert after["parts"]["generate"]["model_runs"] == {"qwen2": 1, "llama": 2}
+    # A later run that measured no model of row 2 leaves it as it was.
+    skipped = _run_document(("generate",), "ddd")
+    skipped["parts"]["generate"] = {"status": "skipped: time budget"}
+    kept = merge.merge([merged, skipped])
+    assert kept["parts"]["generate"] == merged["parts"]["generate"] and kept["part_runs"]["generate"] == 1
+    # One model of two failed: the merged part says which, as a run's own part does.
+    failed = _run_document(("generate",), "eee")
+    failed["parts"]["generate"]["models"] = {"qwen2": {"status": "failed: boom"}}
+    merged["parts"]["generate"]["models"]["llama"]["status"] = "ok"  # as a run writes it
+    assert merge.merge([merged, failed])["parts"]["generate"]["status"].startswith("partial: 1 of 2 not ok; qwen2")
 
 
 def test_row_2s_models_are_chosen_by_name():

@@ -5,7 +5,8 @@ the whole bench with the compiled module still to build):
     python -m tools.first_contact.merge -o tools/results/first-contact-h100.json a.json b.json c.json
 
 A part measured by more than one run is taken from the last, except row 2's models: a run's models
-replace those of the same name and keep the others (`model_runs`). The runs must name one device and one
+replace those of the same name and keep the others (`model_runs`), and a run that measured none of
+them leaves row 2 as it was. The runs must name one device and one
 set of versions; each run's command, commit, date, parts, processes per side and wall time stay in
 `merged_from` (a merged document brings its own list), `part_runs` names the run each part comes
 from, and the verdicts are worked out again from the merged parts.
@@ -21,7 +22,7 @@ from typing import Any
 
 from tools.bench.common import clean_json
 from tools.bench_first_contact import TOP_LEVEL, _heading, write
-from tools.first_contact import targets
+from tools.first_contact import parts, targets
 
 
 RUN_FIELDS = ("command", "git_commit", "date", "parts_selected", "processes_per_side", "wall_s", "budget_s")
@@ -48,9 +49,7 @@ def _models_merged(before: dict[str, Any] | None, found: dict[str, Any], offset:
         return dict(found, model_runs=model_runs)
     models = {**before["models"], **models}
     model_runs = {**before.get("model_runs", {}), **model_runs}
-    statuses = [m.get("status", "ok") for m in models.values()]
-    status = "ok" if all(x == "ok" for x in statuses) else next(x for x in statuses if x != "ok")
-    return dict(found, models=models, model_runs=model_runs, status=status)
+    return dict(found, models=models, model_runs=model_runs, status=parts.overall_status(models))
 
 
 def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -70,9 +69,11 @@ def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
         earlier = document.get("merged_from") or [_run(document)]
         sources = document.get("part_runs") or _sources(document, earlier)
         for part, found in (document.get("parts") or {}).items():
+            if part == "generate" and part in merged["parts"] and not found.get("models"):
+                continue  # a run that measured none of row 2's models (skipped, failed) leaves the earlier ones
             merged["parts"][part] = _models_merged(merged["parts"].get(part), found, len(runs), sources[part]) \
                 if part == "generate" else found
-        part_runs.update({part: len(runs) + index for part, index in sources.items()})
+            part_runs[part] = len(runs) + sources[part]
         runs.extend(earlier)
     merged["merged_from"], merged["part_runs"] = runs, part_runs
     merged["command"] = " && ".join(str(document.get("command")) for document in documents)

@@ -28,10 +28,9 @@ ROUNDS = 3
 GENERATE_ROUNDS = 5
 # Row 2's sides: its targets compare ours with flash only, so torch's default is not run and its time
 # buys more rounds. The lent hosts run a process's Python at full or about half speed, switching every
-# few seconds whatever the process runs (a fixed pure-Python loop in flash-only processes: 29 or 57-62
-# ms, docs/performance.md), which moves one generate() by up to 1.7x. So every call records a CPU
-# probe before and after it, and row 2's verdicts compare the calls the host ran at full speed: both
-# probes within STEADY_FACTOR of the run's fastest (targets.generate; steady_host). Each round's
+# few seconds (docs/performance.md, 'Row 2, generate(), and the host's speed'), which moves one
+# generate() more than the targets' margins. So every call records a probe before and after it, and row
+# 2's verdicts compare the calls the host ran at full speed (targets.generate; steady_host); each round's
 # ratio of two back-to-back processes, and each side's median over all its processes, stay recorded.
 GENERATE_SIDES = ("ours", "flash")
 STEADY_FACTOR = 1.3
@@ -102,8 +101,9 @@ def _median_first_calls(runs: list[dict]) -> dict[str, Any]:
 
 
 def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
-    """Row 2: each model, each side in GENERATE_ROUNDS (or --processes) fresh processes, the sides in turns; each call's
-    tokens/s is its median over the side's processes (every process's calls in `rounds_calls`)."""
+    """Row 2: each model, each side in GENERATE_ROUNDS (or --processes) fresh processes, the sides in turns: each
+    call's median tokens/s over the side's processes (every process's calls in `rounds_calls`), the rounds'
+    paired ratios (`paired_ratios`) and the full-speed figures the verdicts compare (`steady`)."""
     models: dict[str, Any] = {}
     for name in plan.generate_models:
         config, batch, prompt, new_tokens, new_prompt = options.GENERATE[name]
@@ -120,42 +120,60 @@ def generate(plan: Plan, budget: Budget) -> dict[str, Any]:
 
 def steady_host(runs: Mapping[str, list[dict]]) -> dict[str, Any]:
     """Per side and call, the median tokens/s over the processes that ran the call with the host at full
-    speed: CPU probes before and after it (models.cpu_probe_ms) within STEADY_FACTOR of the fastest probe
-    of any process of either side (see GENERATE_SIDES). The repeats "again 2", ... count as "again": a
-    process's figure is the median of its full-speed ones."""
-    done = {side: [r["calls"] for r in found if r.get("status") == "ok" and r.get("calls")]
-            for side, found in runs.items()}
-    probes = [probe for calls in done.values() for c in calls for figures in c.values()
-              for probe in figures.get("probe_ms", [])]
+    speed: the probes' CPU time before and after it (models.host_probe) within STEADY_FACTOR of the fastest
+    of any process of either side (see GENERATE_SIDES). A process's figure is the median of its full-speed
+    calls of that name ("again 2", ... count as "again")."""
+    done = {side: _finished(found) for side, found in runs.items()}
+    probes = [ms for found in done.values() for r in found for figures in r["calls"].values() for ms in _probe(figures)]
     if not probes:
         return {}
     limit = STEADY_FACTOR * min(probes)
     sides: dict[str, dict[str, Any]] = {}
-    for side, processes in done.items():
+    for side, found in done.items():
+        every = [_per_call(r["calls"]) for r in found]
+        steady = [_per_call(r["calls"], lambda f: bool(_probe(f)) and max(_probe(f)) <= limit) for r in found]
         sides[side] = {}
-        for call in dict.fromkeys(name.split(" ")[0] for calls in processes for name in calls):
-            made = [[f for name, f in calls.items() if name.split(" ")[0] == call] for calls in processes]
-            steady = [statistics.median(full) for full in
-                      ([f["tokens_per_s"] for f in own if f.get("probe_ms") and max(f["probe_ms"]) <= limit]
-                       for own in made) if full]
-            sides[side][call] = {"tokens_per_s": statistics.median(steady) if steady else None,
-                                 "processes": len(steady), "of": sum(bool(own) for own in made)}
+        for call in dict.fromkeys(name for per in every for name in per):
+            kept = [per[call] for per in steady if call in per]
+            sides[side][call] = {"tokens_per_s": statistics.median(kept) if kept else None, "processes": len(kept),
+                                 "of": sum(call in per for per in every)}
     return {"fastest_probe_ms": min(probes), "limit_ms": limit, "sides": sides}
 
 
 def paired_ratios(runs: Mapping[str, list[dict]]) -> dict[str, list[float]]:
     """Per call, ours' tokens/s over flash's in each round where both processes finished (the two ran
-    back to back, so they shared the host's state at the time: see GENERATE_SIDES)."""
-    flash = {r["round"]: r["calls"] for r in runs.get("flash", []) if r.get("status") == "ok" and r.get("calls")}
+    back to back, so they shared more of the host's state than two far apart: see GENERATE_SIDES); a
+    process's figure for a repeated call is the median of its repeats."""
+    flash = {r.get("round"): _per_call(r["calls"]) for r in _finished(runs.get("flash", []))}
     out: dict[str, list[float]] = {}
-    for found in runs.get("ours", []):
-        theirs = flash.get(found.get("round"))
-        if found.get("status") != "ok" or not found.get("calls") or theirs is None:
-            continue
-        for call, figures in found["calls"].items():
-            if call in theirs and theirs[call].get("tokens_per_s"):
-                out.setdefault(call, []).append(figures["tokens_per_s"] / theirs[call]["tokens_per_s"])
+    for found in _finished(runs.get("ours", [])):
+        theirs = flash.get(found.get("round"), {})
+        for call, ours in _per_call(found["calls"]).items():
+            if call in theirs:
+                out.setdefault(call, []).append(ours / theirs[call])
     return out
+
+
+def _finished(found: list[dict]) -> list[dict]:
+    """A side's processes that finished with their calls measured."""
+    return [r for r in found if r.get("status") == "ok" and r.get("calls")]
+
+
+def _per_call(calls: Mapping[str, dict], keep: Callable[[dict], bool] = bool) -> dict[str, float]:
+    """Per call name, the median tokens/s of a process's calls that `keep` keeps ("again 2", ... are
+    "again"); a figure that is not a positive number is left out, on either side."""
+    groups: dict[str, list[float]] = {}
+    for name, figures in calls.items():
+        speed = figures.get("tokens_per_s")
+        if isinstance(speed, (int, float)) and speed > 0 and keep(figures):
+            groups.setdefault(name.split(" ")[0], []).append(speed)
+    return {name: statistics.median(speeds) for name, speeds in groups.items()}
+
+
+def _probe(figures: Mapping[str, Any]) -> list[float]:
+    """A call's probes, as CPU time of the calling thread: a wait for the GIL or for the CPU is not the
+    host's speed (runs before host_probe recorded wall time only)."""
+    return list(figures.get("probe_cpu_ms") or figures.get("probe_ms") or [])
 
 
 def _median_calls(runs: list[dict]) -> dict[str, Any]:
@@ -168,7 +186,8 @@ def _median_calls(runs: list[dict]) -> dict[str, Any]:
     for call, first in done[0]["calls"].items():
         calls[call] = dict(first, tokens_per_s=_middle([r["calls"][call]["tokens_per_s"] for r in done
                                                         if call in r["calls"]]))
-    return dict(done[0], calls=calls, rounds_calls=[r["calls"] for r in done])
+    return dict(done[0], calls=calls, rounds_calls=[r["calls"] for r in done],
+                rounds_of_calls=[r.get("round") for r in done])
 
 
 def _token_agreement(sides: Mapping[str, dict]) -> None:
