@@ -12,7 +12,7 @@ fresh process with an empty store (FUSEDATTN_SELECT_CACHE_DIR a new temp directo
      (with row 4), each figure's median
   2. transformers generate() (random weights; a Llama 6 layers 12/4 heads batch 1, a Qwen2 4 layers
      14/2 heads batch 2): first call, the same call again (three times), a new prompt length; tokens/s
-     vs flash (torch's default not run), five processes per side in turns, each with a CPU probe
+     vs flash (torch's default not run), nine processes per side in turns, each with a CPU probe
      around every call; the verdicts compare the calls the host ran at full speed (parts.GENERATE_SIDES)
   3. fine-tuning a 4-layer Llama with a new sequence length every step (batch 4, AdamW); ms per step,
      three processes per side in turns, each step's median
@@ -28,7 +28,7 @@ Writes one JSON document (device, versions, git commit, date, every part's figur
 to -o, and prints the done-when table. A part that fails records "failed: reason" and the run goes
 on; the run keeps to a time budget (default 460 s, --quick 300 s), skipping the parts it has no time
 left for. `--processes N` (odd) runs N processes per side in rows 1-4 and 6 instead of three (row 2:
-five); `--models` picks row 2's models. Where one command may run only so long, run the parts (or
+nine); `--models` picks row 2's models. Where one command may run only so long, run the parts (or
 row 2's models) in several runs on one machine and merge them:
 `python -m tools.first_contact.merge -o OUT a.json b.json`. Modules: tools/first_contact/.
 """

@@ -325,9 +325,9 @@ def test_each_generate_call_is_its_median_over_the_processes(monkeypatch):
                                                                  "again": {"prompt": 3, "tokens_per_s": again}}}
 
     monkeypatch.setattr(parts, "run_fresh", fake)
-    plan = options.parse_args(["--quick"])  # one model
+    plan = options.parse_args(["--quick", "--processes", "5"])  # one model
     found = parts.generate(plan, Budget(100.0))["models"]["llama"]["sides"]["ours"]
-    assert parts.GENERATE_ROUNDS == 5
+    assert parts.GENERATE_ROUNDS == 9
     assert found["calls"] == {"first": {"prompt": 3, "tokens_per_s": 30.0}, "again": {"prompt": 3, "tokens_per_s": 80.0}}
     assert [c["first"]["tokens_per_s"] for c in found["rounds_calls"]] == [10.0, 30.0, 20.0, 50.0, 40.0]
     assert found["first_tokens_equal_to_flash"] == 1.0

@@ -124,7 +124,7 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> Plan:
                         help="rows 1-7 or part names, comma separated (default: all): " + ", ".join(
                             f"{name} ({'/'.join(map(str, rows))})" for name, rows in PARTS.items()))
     parser.add_argument("--processes", type=_processes, default=None,
-                        help="fresh processes per side in rows 1-4 and 6 (default 3, row 2 5)")
+                        help="fresh processes per side in rows 1-4 and 6 (default 3, row 2 9)")
     parser.add_argument("--models", type=parse_models, default=None,
                         help=f"row 2's models, comma separated: {', '.join(GENERATE)} (default: all; --quick: llama)")
     parser.add_argument("--budget", type=_positive, default=None,

@@ -22,10 +22,11 @@ from tools.first_contact.sides import SIDES
 # generate()'s tokens/s by a fifth and the tiny call's median by half (flash's calls 2-101 were 78
 # and 114 us in two runs on the H100 host of 2026-11-27), more than the differences those rows look for.
 ROUNDS = 3
-# Row 2 takes more: on the H100 host of 2026-11-27 one fresh process's decode step (the median of its
-# 32) was 5.1-10.1 ms for flash alone, stable within the process, so three processes per side left
-# the medians of two sides a third apart by chance.
-GENERATE_ROUNDS = 5
+# Row 2 takes more: one generate()'s speed moves with the host's (GENERATE_SIDES), and its verdicts
+# keep only the calls the host ran at full speed, a third of them or fewer on the lent hosts
+# (docs/performance.md), so nine processes per side: a model's nine rounds take most of one
+# ten-minute device command (`--models` runs the models apart, merge joins them).
+GENERATE_ROUNDS = 9
 # Row 2's sides: its targets compare ours with flash only, so torch's default is not run and its time
 # buys more rounds. The lent hosts run a process's Python at full or about half speed, switching every
 # few seconds (docs/performance.md, 'Row 2, generate(), and the host's speed'), which moves one
