@@ -151,3 +151,20 @@ def test_set_of_one_length_changes_that_length_only_and_says_so(capsys):
     assert (config["seqlen_q"], config["seqlen_kv"], config["head_dim_qk"], config["head_dim_v"]) == (4096, 2048, 64, 128)
     assert any("seqlen_q stays 4096" in note for note in document["notes"])
     assert any("head_dim_v stays 128" in note for note in document["notes"])
+
+
+@pytest.mark.parametrize("seqlen", [0, False, True, -1, "8", 8.0, 2**31])
+def test_seqlen_that_is_no_length_is_an_error_naming_seqlen(seqlen):
+    # 0 and False used to be read as "no length given" (each stack's own: 4096 here); the others
+    # were errors naming seqlen_q, a field the caller never wrote.
+    from fusedattn_select.integrations.transformers import layer_problems, report
+
+    for function in (configs_from_hf, layer_problems, report):
+        with pytest.raises(ConfigError) as raised:
+            function(LLAMA, seqlen=seqlen)
+        assert raised.value.field == "seqlen" and "positive integer" in raised.value.allowed
+
+
+def test_seqlen_none_is_each_stacks_own_length_and_a_length_is_kept():
+    assert {cfg.seqlen_q for _, cfg, _ in configs_from_hf(LLAMA, seqlen=None)} == {4096}
+    assert {(cfg.seqlen_q, cfg.seqlen_kv) for _, cfg, _ in configs_from_hf(LLAMA, seqlen=1)} == {(1, 1)}

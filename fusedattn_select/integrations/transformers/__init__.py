@@ -34,6 +34,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fusedattn_select.errors import ConfigError
+
 if TYPE_CHECKING:
     from fusedattn_select.integrations.transformers.attention import fusedattn_attention
     from fusedattn_select.integrations.transformers.mask_interface import fusedattn_mask
@@ -103,19 +105,66 @@ def _start_early() -> None:
         tiers.start_early()
 
 
-def register(name: str = ATTN_IMPLEMENTATION, *, model: Any = None, max_batch: int = 1,
+def _builtin_names() -> list[str]:
+    """The attention implementations transformers ships: "eager" and every name its attention and
+    mask interfaces map to one of its own functions (a name registered earlier by anyone else is not
+    one of them)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    # "eager" has no entry in the attention interface: the models' own code runs it, and
+    # transformers checks attn_implementation against "eager" plus the interface's keys.
+    names = {"eager"}
+    for interface in (AttentionInterface(), AttentionMaskInterface()):
+        names.update(key for key, function in interface.items()
+                     if str(getattr(function, "__module__", "")).startswith("transformers."))
+    return sorted(names)
+
+
+# Parts of a name that make transformers read it as something other than a registered function
+# (modeling_utils, transformers 5.24): "paged|x" is x with a deprecated prefix, "org/repo" a kernel
+# from the Hub, and a name holding "flash", "sdpa" or "flex_attention" is checked as that
+# implementation (a "flash" name also has flash-attention kernels loaded for it).
+_READ_AS = (("paged|", "a deprecated prefix, which it removes"), ("/", "a kernel to load from the Hub"),
+            ("flash", "a flash attention implementation, whose kernels it loads"),
+            ("sdpa", "a request for sdpa, which it checks the model supports"),
+            ("flex_attention", "a request for flex attention, which it checks the model supports"))
+
+
+def _check_name(name: Any) -> None:
+    """ConfigError unless `name` can be registered: a non-empty string that names none of
+    transformers' own implementations and that transformers does not read as something else."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError("name", name, f"must be a non-empty string (the attn_implementation to register; "
+                                        f"default {ATTN_IMPLEMENTATION!r})")
+    builtin = _builtin_names()
+    if name in builtin:
+        raise ConfigError("name", name, "is one of transformers' own attention implementations, which registering "
+                                        "would replace for every model in this process; choose another name "
+                                        f"(default {ATTN_IMPLEMENTATION!r}), not one of "
+                                        + ", ".join(repr(b) for b in builtin))
+    for part, reading in _READ_AS:
+        if part in name:
+            raise ConfigError("name", name, f"transformers reads a name holding {part!r} as {reading}; "
+                                            f"choose another name (default {ATTN_IMPLEMENTATION!r})")
+
+
+def register(name: str = ATTN_IMPLEMENTATION, *, model: Any = None, max_batch: int | None = None,
              max_length: int | None = None, training: bool | None = None) -> str:
     """Register the "fusedattn" attention and mask functions with transformers; returns the name.
 
     Idempotent. Afterwards `attn_implementation=name` works in `from_pretrained` / `from_config` /
     `model.set_attn_implementation`. It also imports, once, everything the two functions call:
     nothing may be imported inside a model that torch.compile traces. On a machine with a GPU it
-    starts making the runtime's selector in the background (runtime/tiers.start_early).
+    starts making the runtime's selector in the background (runtime/tiers.start_early). `name` is a
+    non-empty string that is none of transformers' own implementations ("eager", "sdpa", ...).
 
     With `model` (a model, its config, or a config.json source) it also queues the model's bucket
     plans to be built ahead in the background worker (build_ahead.py: batch sizes up to `max_batch`,
-    lengths up to `max_length`, default the model's max_position_embeddings; `training` default:
-    the model's own mode, inference for a config), and returns without waiting for them.
+    default 1, lengths up to `max_length`, default the model's max_position_embeddings; `training`
+    default: the model's own mode, inference for a config), and returns without waiting for them.
+    `max_batch`, `max_length` and `training` apply only with `model`: given without it, they are a
+    ConfigError. Every argument is checked before anything is registered.
     """
     from transformers import AttentionInterface  # optional dependency
     from transformers.masking_utils import AttentionMaskInterface
@@ -126,8 +175,16 @@ def register(name: str = ATTN_IMPLEMENTATION, *, model: Any = None, max_batch: i
     from fusedattn_select.integrations.transformers.dependencies import load
     from fusedattn_select.integrations.transformers.mask_interface import fusedattn_mask
 
-    if model is not None:  # every argument checked before anything is registered
-        check_arguments(max_batch, max_length, training)
+    _check_name(name)
+    given = {"max_batch": max_batch, "max_length": max_length, "training": training}
+    max_batch = 1 if max_batch is None else max_batch
+    check_arguments(max_batch, max_length, training)
+    if model is None:
+        for field, value in given.items():
+            if value is not None:
+                raise ConfigError(field, value, "applies only with model= (the model whose bucket plans "
+                                                "register builds ahead); give model=, or leave it out")
+    else:
         config_data(model)
     load()
     AttentionInterface.register(name, fusedattn_attention)

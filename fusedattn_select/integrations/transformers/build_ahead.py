@@ -36,6 +36,7 @@ from typing import Any
 from fusedattn_select import dtypes
 from fusedattn_select.buckets import MIN_SEQLEN, bucket_batch, bucket_form, bucket_seqlen, heads_as_batch, powers_of_two
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.integrations.transformers.config_json import config_data
 from fusedattn_select.integrations.transformers.masks import cudnn_window
 from fusedattn_select.integrations.transformers.model_reading import read_model
@@ -59,14 +60,15 @@ def model_calls(source: Any, *, max_batch: int = 1, max_length: int | None = Non
 
 
 def check_arguments(max_batch: Any, max_length: Any, training: Any) -> None:
-    """ValueError naming the argument of register(model=...) / model_calls that is not right."""
+    """ConfigError (a ValueError) naming the argument of register(model=...) / model_calls that is not right."""
     for field, value in (("max_batch", max_batch), ("max_length", max_length)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{field}={value!r}: must be a positive integer")
+            raise ConfigError(field, value, "must be a positive integer"
+                              + ("" if field == "max_batch" else ", or None for the model's own longest length"))
     if max_batch is None:
-        raise ValueError("max_batch=None: must be a positive integer")
+        raise ConfigError("max_batch", max_batch, "must be a positive integer")
     if training is not None and not isinstance(training, bool):
-        raise ValueError(f"training={training!r}: must be True, False or None (the model's own mode)")
+        raise ConfigError("training", training, "must be True, False or None (the model's own mode)")
 
 
 def model_plan(source: Any, *, max_batch: int = 1, max_length: int | None = None, training: bool = False,
@@ -119,7 +121,7 @@ def _model_dtype(model: Any) -> str | None:
 def queue_model(model: Any, *, max_batch: int = 1, max_length: int | None = None,
                 training: bool | None = None) -> Future | None:
     """Queue the model's buckets in the worker (see the module docstring); returns at once: the
-    arguments are checked here (ValueError naming one), the model is read and its buckets queued on
+    arguments are checked here (ConfigError naming one), the model is read and its buckets queued on
     a thread of their own. Its Future gives how many buckets were queued; None (logged) where no
     worker can build them."""
     from fusedattn_select.runtime import dense_builds

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from fusedattn_select import dtypes
-from fusedattn_select.config import AttnConfig
+from fusedattn_select.config import INT32_MAX, AttnConfig
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.integrations.transformers.config_json import config_data
 from fusedattn_select.integrations.transformers.masks import cudnn_window
 from fusedattn_select.integrations.transformers.model_families import FAMILIES
@@ -78,6 +79,14 @@ def _stack_config(stack: AttentionStack, window: int | None, shape: tuple[int, i
     )
 
 
+def check_seqlen(field: str, value: Any) -> None:
+    """ConfigError naming the argument `field` unless `value` is None (each stack's own length) or a
+    positive integer within AttnConfig's bound: 0 or False is no length, not "the default"."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= INT32_MAX):
+        raise ConfigError(field, value, f"must be a positive integer (at most {INT32_MAX}), or None for each "
+                                        "attention stack's own length")
+
+
 def model_problems(reading: ModelReading, batch_size: int, seqlen: int | None, is_training: bool,
                    dtype: Any = None, seqlen_kv: int | None = None) -> list[LayerProblem]:
     """The model's distinct attention problems, stack by stack, in the order of their first layer.
@@ -86,10 +95,13 @@ def model_problems(reading: ModelReading, batch_size: int, seqlen: int | None, i
     AttentionStack); a stack's window applies only where it cuts at those lengths. `dtype` None
     is the dtype the config names, bf16 when it names no fused one.
     """
+    check_seqlen("seqlen", seqlen)
+    check_seqlen("seqlen_kv", seqlen_kv)
     qkv_dtype = dtypes.parse(dtype if dtype is not None else reading.dtype or "bf16")
     groups: dict[tuple, LayerProblem] = {}
     for stack in reading.stacks:
-        shape = (batch_size, seqlen or stack.seqlen_q, seqlen_kv or stack.seqlen_kv)
+        shape = (batch_size, stack.seqlen_q if seqlen is None else seqlen,
+                 stack.seqlen_kv if seqlen_kv is None else seqlen_kv)
         for index, layer_type in enumerate(stack.layer_types):
             if layer_type not in ATTENTION_LAYER_TYPES:
                 continue
