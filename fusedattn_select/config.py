@@ -44,10 +44,19 @@ def allowed(values: Iterable[str], limit: int | None = None) -> str:
 
 
 def did_you_mean(value: object, choices: Iterable[str]) -> str:
-    """"did you mean 'x'? " for the closest of `choices` to a mistyped string `value`, else ""."""
-    if not isinstance(value, str):
+    """"did you mean 'x'? " for the one of `choices` (the allowed values of the field in question)
+    closest to a mistyped string `value`, else "": first the first choice that starts with what was
+    written ('bshd' -> 'bshd_bshd_bshd'), then the longest choice what was written starts with
+    ('mask_type' -> 'mask'), then the closest by spelling; case does not matter."""
+    if not isinstance(value, str) or not value:
         return ""
-    matches = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    choices = [choice for choice in choices if isinstance(choice, str) and choice]
+    written = value.lower()
+    # Spelling alone ranks 'bsh3d' above 'bshd_bshd_bshd' for 'bshd' (one letter off against ten
+    # letters more), although a value cut short is the likelier slip.
+    starting = [choice for choice in choices if choice.lower().startswith(written)]
+    within = sorted((choice for choice in choices if written.startswith(choice.lower())), key=len, reverse=True)
+    matches = starting or within or difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
     return f"did you mean {matches[0]!r}? " if matches else ""
 
 
@@ -315,6 +324,27 @@ def _check_bool(cfg: AttnConfig, name: str, optional: bool = False) -> None:
         raise ConfigError(name, value, "must be true or false")
 
 
+def _number_as_text(value: Any) -> str:
+    """For a float field given text that reads as a number: how to write it so YAML reads a number.
+    YAML 1.1 (PyYAML) reads 1e-1 and 1.5e3 as text: a float with an exponent needs a decimal
+    point and a signed exponent (1.0e-1)."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return ""
+    mantissa, _, exponent = repr(number).partition("e")
+    if exponent:  # repr's exponent has its sign: the mantissa may lack the point (1e-05)
+        written = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}"
+    else:
+        written = mantissa
+    return (f"; {value!r} is text, not a number (YAML reads a number with an exponent as text unless it is "
+            f"written like 1.0e-1): write it with a decimal point, as {written}")
+
+
 def _validate(cfg: AttnConfig) -> None:
     for name in ("batch_size", "num_heads_q", "num_heads_kv", "seqlen_q", "seqlen_kv", "head_dim_qk"):
         _check_int(cfg, name)
@@ -349,12 +379,13 @@ def _validate(cfg: AttnConfig) -> None:
     ):
         raise ConfigError("window_size", window, f"must be (left, right) integers in [-1, {INT32_MAX}]; -1 = unbounded")
     if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, float) or not 0.0 <= cfg.dropout < 1.0:
-        raise ConfigError("dropout", cfg.dropout, "must be a float in [0, 1)")
+        raise ConfigError("dropout", cfg.dropout, "must be a float in [0, 1)" + _number_as_text(cfg.dropout))
     if cfg.attn_scale is not None and (
         isinstance(cfg.attn_scale, bool) or not isinstance(cfg.attn_scale, float)
         or not math.isfinite(cfg.attn_scale) or cfg.attn_scale <= 0
     ):
-        raise ConfigError("attn_scale", cfg.attn_scale, "must be a positive finite float, or null for 1/sqrt(head_dim_qk)")
+        raise ConfigError("attn_scale", cfg.attn_scale, "must be a positive finite float, or null for "
+                          "1/sqrt(head_dim_qk)" + _number_as_text(cfg.attn_scale))
     _validate_cross_fields(cfg)
     _check_extents(cfg)
 

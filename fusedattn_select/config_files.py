@@ -57,9 +57,10 @@ def parse_config_file(data: Any, path: str = "<memory>") -> ConfigFile:
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}", data[unknown[0]],
                           "unknown key; " + did_you_mean(unknown[0], _FILE_KEYS) + allowed(_FILE_KEYS))
-    defaults = data.get("defaults") or {}
-    if not isinstance(defaults, Mapping):
-        raise ConfigError(f"{path}: defaults", defaults, "must be a mapping of AttnConfig fields")
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, Mapping):  # 0, [] or null would otherwise be read as no defaults
+        raise ConfigError(f"{path}: defaults", defaults,
+                          "must be a mapping of AttnConfig fields (leave the key out for no defaults)")
     raw_entries = data.get("configs")
     if not isinstance(raw_entries, list) or not raw_entries:
         raise ConfigError(f"{path}: configs", raw_entries, "must be a non-empty list of named entries")

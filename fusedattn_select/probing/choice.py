@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from fusedattn_select import settings
 from fusedattn_select.errors import ConfigError, PlatformError, SnapshotError
@@ -82,6 +82,30 @@ def snapshot_paths(value: str) -> list[str]:
     return settings.parse_snapshot_paths(value)
 
 
+SNAPSHOTS_ALLOWED = "must be a snapshot file's path (str or Path), a list of them, or None"
+
+
+def snapshot_files(snapshots: object) -> list[str | Path]:
+    """The snapshot files named by `snapshots` (one path, an iterable of paths, or None: none);
+    ConfigError naming `snapshots` for anything else, an empty path included (it names no file)."""
+    if snapshots is None:
+        return []
+    one = isinstance(snapshots, (str, os.PathLike))
+    if one:
+        paths: list = [snapshots]
+    elif isinstance(snapshots, Iterable) and not isinstance(snapshots, (bytes, Mapping)):
+        paths = list(snapshots)
+    else:
+        raise ConfigError("snapshots", snapshots, SNAPSHOTS_ALLOWED)
+    for index, path in enumerate(paths):
+        where = "snapshots" if one else f"snapshots[{index}]"
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(where, path, SNAPSHOTS_ALLOWED)
+        if not str(path):
+            raise ConfigError(where, path, "is an empty path, which names no file; " + SNAPSHOTS_ALLOWED)
+    return paths
+
+
 def live_engine_on(device: int) -> ProbeEngine:
     """The live cuDNN engine on CUDA device `device`; raises PlatformError where it cannot start."""
     # Imported here for the reason live_engine gives.
@@ -119,7 +143,7 @@ def choose_engine(snapshots: Iterable[str | Path] | None = None, target: str | N
     without one the snapshots bundled for DEFAULT_TARGET (with a notice); else no engine (with a
     notice and the reason). SnapshotError or ConfigError when what was named cannot be used.
     """
-    paths = [snapshots] if isinstance(snapshots, (str, Path)) else list(snapshots or ())
+    paths = snapshot_files(snapshots)
     if paths and target:
         raise ConfigError("target", target, "answers from bundled snapshots; give snapshot files or a target, not both")
     if paths:

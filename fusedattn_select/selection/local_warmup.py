@@ -32,12 +32,13 @@ import logging
 import multiprocessing
 import os
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Callable, Iterable, Union
+from typing import Callable, Union
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.config_files import NamedConfig
+from fusedattn_select.config_files import ConfigFile, NamedConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.planning.forms import DENSE
 from fusedattn_select.planning.planner import plan_forms
@@ -152,14 +153,15 @@ class WarmupReport:
 WORKERS = ("threads", "processes")
 
 
-def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | ProbeDepth = "full",
-           selector: Selector | None = None, progress: Progress | None = None,
+def warmup(configs: Iterable[ConfigItem] | ConfigItem | ConfigFile, jobs: int | None = None,
+           depth: str | ProbeDepth = "full", selector: Selector | None = None, progress: Progress | None = None,
            workers: str = "threads") -> WarmupReport:
     """Select every distinct problem in `configs` now, `jobs` at a time; returns a WarmupReport.
 
-    `configs` holds AttnConfig, (name, AttnConfig) pairs or NamedConfig entries of a config file;
-    entries with the same cache key are probed once. `jobs` defaults to min(8, CPU count).
-    `progress(done, total, name)` is called on the calling thread after each problem. A probe
+    `configs` holds AttnConfig, (name, AttnConfig) pairs or NamedConfig entries of a config file,
+    or is a ConfigFile (its entries); entries with the same cache key are probed once. `jobs`
+    defaults to min(8, CPU count). `progress(done, total, name)` is called on the calling thread
+    after each problem; `selector` is a Selector (None: the process-wide one). A probe
     that fails (or raises) fails its row only; the others go on. With depth "full", accepted
     problems also get their execution plans built and stored (see the module docstring); a plan
     that does not build flips the problem to NONE as it would in attention(). `workers` is
@@ -170,6 +172,7 @@ def warmup(configs: Iterable[ConfigItem], jobs: int | None = None, depth: str | 
     workers_kind = workers
     workers = _jobs(jobs)
     problems, duplicates = distinct_problems(configs)
+    _check_callers(selector, progress)
     if selector is None:
         selector = default_selector()
     plans, plan_note = plan_target(selector, probe_depth)
@@ -278,6 +281,15 @@ def failed_writes(store: Store | None) -> int:
     return int(store.info().get("failed_writes") or 0) if store is not None else 0
 
 
+def _check_callers(selector: object, progress: object) -> None:
+    """ConfigError for a `selector` that is no Selector or a `progress` that cannot be called: found
+    before any probe, not when the first problem is done."""
+    if selector is not None and not isinstance(selector, Selector):
+        raise ConfigError("selector", selector, "must be a Selector, or None for the process-wide one")
+    if progress is not None and not callable(progress):
+        raise ConfigError("progress", progress, "must be a function progress(done, total, name), or None")
+
+
 def _jobs(jobs: int | None) -> int:
     if jobs is None:
         return max(1, min(MAX_DEFAULT_JOBS, os.cpu_count() or 1))
@@ -286,23 +298,44 @@ def _jobs(jobs: int | None) -> int:
     return jobs
 
 
+def _is_pair(item: object) -> bool:
+    return isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], AttnConfig)
+
+
 def named_problem(index: int, item: object) -> tuple[str, AttnConfig]:
     """(name, config) of the `index`-th config item; an unnamed AttnConfig is named by `describe`."""
     if isinstance(item, NamedConfig):
         return item.name, item.config
     if isinstance(item, AttnConfig):
         return describe(item), item
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], AttnConfig):
-        return item
+    if _is_pair(item):
+        return item  # type: ignore[return-value]
     raise ConfigError(
         f"configs[{index}]", item, "must be an AttnConfig, a (name, AttnConfig) pair or a NamedConfig",
     )
 
 
-def distinct_problems(configs: Iterable[ConfigItem]) -> tuple[dict[str, tuple[str, AttnConfig, list[str]]], int]:
+CONFIGS_ALLOWED = ("must be an AttnConfig, a (name, AttnConfig) pair, a NamedConfig, a ConfigFile "
+                   "(load_config_file), or an iterable of AttnConfigs, pairs and NamedConfigs")
+
+
+def config_items(configs: object) -> Iterable[object]:
+    """The items of warmup()'s `configs`: one problem, the entries of a ConfigFile, or the iterable
+    itself; ConfigError naming `configs` for anything else (None, a number, a string)."""
+    if isinstance(configs, (AttnConfig, NamedConfig)) or _is_pair(configs):
+        return [configs]
+    if isinstance(configs, ConfigFile):  # the file itself where its .entries were meant
+        return configs.entries
+    # A string iterates over its characters and a mapping over its keys: never a list of problems.
+    if configs is None or isinstance(configs, (str, bytes, Mapping)) or not isinstance(configs, Iterable):
+        raise ConfigError("configs", configs, CONFIGS_ALLOWED)
+    return configs
+
+
+def distinct_problems(configs: Iterable[ConfigItem] | ConfigItem | ConfigFile,
+                      ) -> tuple[dict[str, tuple[str, AttnConfig, list[str]]], int]:
     """Problems by cache key in first-seen order, each with the other names it was given; duplicates."""
-    if isinstance(configs, (AttnConfig, NamedConfig)):
-        configs = [configs]
+    configs = config_items(configs)
     problems: dict[str, tuple[str, AttnConfig, list[str]]] = {}
     duplicates = 0
     for index, item in enumerate(configs):

@@ -16,6 +16,7 @@ from fusedattn_select import backends, offpath
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import choose_engine
+from fusedattn_select.probing.choice import snapshot_files
 from fusedattn_select.planning.bucket_index import BucketIndex
 from fusedattn_select.planning.planner import Planner
 from fusedattn_select.probing.engine_protocol import ProbeEngine
@@ -268,6 +269,9 @@ class Selector:
 
     def clear(self, persistent: bool = False) -> None:
         """Forget every answer in memory; `persistent`: the store too (CacheError when it cannot)."""
+        # Bools only: a truthy string such as "no" or "false" would wipe the persistent store.
+        if not isinstance(persistent, bool):
+            raise ConfigError("persistent", persistent, "must be True (the persistent store too) or False")
         with self._lock:
             self._memory.clear()
             self._stats.clear()
@@ -412,9 +416,10 @@ def use_snapshots(snapshots: str | Path | Iterable[str | Path] | None = None, *,
 
     Returns the new process-wide selector. Decisions attention() already made are kept.
     """
-    if not snapshots and not target:
+    paths = snapshot_files(snapshots)
+    if not paths and not target:
         raise ConfigError("snapshots", snapshots, "give snapshot files, or target='h100' or 'h200'")
-    selector = selector_for(snapshots, target)
+    selector = selector_for(paths, target)
     set_default_selector(selector)
     return selector
 
@@ -432,6 +437,8 @@ def select(cfg: AttnConfig, probe_depth: str = "fast", *, alternatives: bool = F
     snapshots answer, `Selection.no_data` where they hold nothing). `alternatives=True`: a refused NONE also
     lists supported problems nearby (`Selection.alternatives`); on a GPU each such NONE costs extra graph
     probes, up to the cap (alternatives.DEFAULT_MAX_PROBES)."""
+    if not isinstance(alternatives, bool):  # a truthy "no" would cost the probes of alternatives
+        raise ConfigError("alternatives", alternatives, "must be True (list supported problems nearby) or False")
     selector = default_selector()
     if not alternatives:
         return selector.select(cfg, probe_depth)

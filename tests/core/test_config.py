@@ -513,6 +513,10 @@ def test_config_file_get_unknown_name_lists_the_names(tmp_path):
     ("configs: []\n", "configs", "non-empty list"),
     ("name: x\n", "configs", "non-empty list"),
     ("defaults: [1]\nconfigs: [{name: a}]\n", "defaults", "must be a mapping"),
+    # 0, [] and null were read as no defaults at all
+    ("defaults: 0\nconfigs: [{name: a}]\n", "defaults", "must be a mapping"),
+    ("defaults: []\nconfigs: [{name: a}]\n", "defaults", "must be a mapping"),
+    ("defaults:\nconfigs: [{name: a}]\n", "defaults", "leave the key out for no defaults"),
     ("configs: [train]\n", "configs[0]", "must be a mapping"),
     ("- just\n- a list\n", "config file", "holds a YAML list, not a mapping"),
 ])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fusedattn_select.config import INT32_MAX, AttnConfig, allowed
+from fusedattn_select.config import INT32_MAX, MASKS, AttnConfig, allowed, did_you_mean
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import ConfigError
 
@@ -81,6 +81,44 @@ def test_an_unknown_entry_name_suggests_one_and_lists_a_long_suite_shortly(tmp_p
     err = error(config_file.get, "entry-400")
     assert err.allowed.startswith("did you mean 'entry-4")
     assert err.allowed.endswith("and 28 more") and "'entry-39'" not in err.allowed
+
+
+@pytest.mark.parametrize("field, written, meant", [
+    ("qkv_layout", "bshd", "bshd_bshd_bshd"),  # spelling alone chose 'bsh3d', another layout
+    ("qkv_layout", "SBHD", "sbhd_sbhd_sbhd"),
+    ("mask", "causal_bottom", "causal_bottom_right"),
+    ("mask", "causal_mask", "causal"),
+    ("bias", "alibi_bias", "alibi"),
+])
+def test_a_value_cut_short_or_run_on_suggests_the_value_it_starts_or_ends(field, written, meant):
+    err = error(AttnConfig.from_dict, dict(BASE, **{field: written}))
+    assert err.allowed.startswith(f"did you mean {meant!r}? must be one of")
+
+
+def test_an_unknown_field_that_starts_with_a_field_suggests_that_field():
+    err = error(AttnConfig.from_dict, dict(BASE, mask_type="causal"))  # spelling alone chose 'qkv_dtype'
+    assert err.allowed.startswith("unknown field; did you mean 'mask'?")
+
+
+def test_did_you_mean_suggests_only_one_of_the_choices_given():
+    assert did_you_mean("bshd", ["bsh3d", "bshd_bshd_bshd"]) == "did you mean 'bshd_bshd_bshd'? "
+    assert did_you_mean("mask_type", MASKS) == ""  # a field name is no value of mask
+    assert did_you_mean("", MASKS) == "" and did_you_mean(3, MASKS) == ""
+
+
+@pytest.mark.parametrize("text, meant", [("1e-1", "0.1"), ("5e-6", "5.0e-06"), ("5E-1", "0.5")])
+def test_a_float_yaml_reads_as_text_says_to_write_it_with_a_decimal_point(tmp_path, text, meant):
+    err = error(load_config_file, write(tmp_path, f"configs:\n  - {ENTRY[:-1]}, dropout: {text}}}\n"))
+    assert err.field.endswith("a: dropout") and err.value == text
+    assert f"'{text}' is text, not a number" in err.allowed and f"write it with a decimal point, as {meant}" in err.allowed
+    fixed = load_config_file(write(tmp_path, f"configs:\n  - {ENTRY[:-1]}, dropout: {meant}}}\n", "fixed.yaml"))
+    assert fixed.entries[0].config.dropout == float(text)
+
+
+def test_attn_scale_written_as_text_says_the_same():
+    err = error(AttnConfig.from_dict, dict(BASE, attn_scale="1e-1"))
+    assert err.field == "attn_scale" and "write it with a decimal point, as 0.1" in err.allowed
+    assert "decimal point" not in error(AttnConfig.from_dict, dict(BASE, dropout="high")).allowed
 
 
 def test_allowed_with_a_limit_counts_what_it_leaves_out():
