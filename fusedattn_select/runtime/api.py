@@ -13,9 +13,11 @@ from typing import Any, Optional
 import torch
 
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import entries, native, ops, plans, tiers
 from fusedattn_select.runtime import fp8 as fp8q
-from fusedattn_select.runtime.args import TABLE_ARITY, Arguments, call_options, check_args, split_keywords
+from fusedattn_select.runtime.args import (NO_WINDOW, TABLE_ARITY, Arguments, call_options, check_args, keyable,
+                                           plain_numbers, split_keywords)
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
@@ -44,35 +46,28 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
                         **arguments: Any) -> AttnConfig:
     """The AttnConfig attention() selects for these tensors and keyword arguments (those of attention()).
 
-    `is_training` None means detected (grad mode on and an input requires grad). Raises ConfigError
-    for bad arguments, and for problems AttnConfig cannot describe (float32 inputs, bias together
-    with ALiBi slopes); TypeError for a keyword attention() does not take.
+    `is_training` None means detected (grad mode on and an input requires grad), else True or False.
+    Raises ConfigError for bad arguments, and for problems AttnConfig cannot describe (float32 inputs,
+    bias together with ALiBi slopes); TypeError for a keyword attention() does not take.
     """
     given, inputs = split_keywords(arguments)
-    check_args(q, k, v, inputs, given._replace(return_lse=False))
+    if is_training is not None and not isinstance(is_training, bool):
+        raise ConfigError("is_training", is_training, "must be None (detected), True or False")
+    check_args(q, k, v, inputs, given)
     opts = call_options(q, k, v, inputs, given)
     if is_training is not None:
-        opts = dataclasses.replace(opts, training=bool(is_training))
+        opts = dataclasses.replace(opts, training=is_training)
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     scales = given.fp8 if isinstance(given.fp8, FP8Scales) else None
     return config(qb, kb, vb, formats(qb, kb, vb, opts.layout), opts, inputs, scales)
 
 
-_NO_WINDOW = (-1, -1)  # attention()'s default window_size, told apart by identity
 # Where `fp8` sits among attention()'s arguments: an FP8History is keyed by its output precision.
 _FP8_FIELD = Arguments._fields.index("fp8")
 
 
-def _no_bools(given: tuple) -> bool:
-    """Whether attn_scale, dropout and window_size hold no bool: True == 1 and False == 0.0, so a key
-    holding one would find the entry of the number and skip the check that refuses it."""
-    _, _, window, attn_scale, dropout = given[:5]  # Arguments' order
-    return (attn_scale.__class__ is not bool and dropout.__class__ is not bool
-            and (window is _NO_WINDOW or window.__class__ is not tuple or bool not in map(type, window)))
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Optional[str] = None,
-              mask: str = "no_mask", window_size: tuple[int, int] = _NO_WINDOW, attn_scale: Optional[float] = None,
+              mask: str = "no_mask", window_size: tuple[int, int] = NO_WINDOW, attn_scale: Optional[float] = None,
               dropout: float = 0.0, bias: Optional[torch.Tensor] = None, alibi_slopes: Optional[torch.Tensor] = None,
               softmax: str = "vanilla", sink: Optional[torch.Tensor] = None,
               seqlens_q: Optional[torch.Tensor] = None, seqlens_kv: Optional[torch.Tensor] = None,
@@ -122,13 +117,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
                 return out
     found = call_key = None
     # The hot path (docs/dispatch.md, 'Hot path'). The key holds every value validation looks at, so
-    # validation runs once per call signature; arguments whose type alone is wrong never make a key.
+    # validation runs once per call signature; arguments of types the checks refuse never make a key
+    # (their values may equal accepted ones: 1.0 == 1 == True; args.plain_numbers).
     # An FP8History is keyed by its output precision: the history itself is per call, not per signature.
     if (no_tensors and (type(fp8) is bool or type(fp8) is FP8History) and type(deterministic) is bool
-            and type(return_lse) is bool and _no_bools(given)):
-        training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            and type(return_lse) is bool and plain_numbers(given)):
         arguments = given if type(fp8) is bool else given[:_FP8_FIELD] + ((FP8History, fp8.o_dtype), return_lse)
         try:
+            training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
             call_key = entries.fast_key(q, k, v, arguments, training, seqlens_q, seqlens_kv)
             found = dispatcher.by_call.get(call_key)
         except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
@@ -229,16 +225,15 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
             arguments: Arguments) -> entries.Entry:
     """The entry of a call: found by its full key, else decided now (after checking the arguments)."""
     scales = arguments.fp8 if isinstance(arguments.fp8, FP8Scales) else None
-    signature = None
-    if type(arguments.deterministic) is bool and type(arguments.return_lse) is bool and _no_bools(arguments) and (
-            type(arguments.fp8) is bool or isinstance(arguments.fp8, (FP8Scales, FP8History))):
-        try:
+    signature = found = None
+    try:
+        if keyable(q, inputs, arguments):  # else a checked call's key could find it (args.keyable)
             signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
             found = dispatcher.entries.get(signature)
-        except (TypeError, AttributeError, ValueError):
-            signature = found = None
-        if found is not None:
-            return found
+    except (TypeError, AttributeError, ValueError):  # not tensors, or an unhashable value
+        signature = found = None
+    if found is not None:
+        return found
     check_args(q, k, v, inputs, arguments)  # a new signature: its arguments checked once
     if signature is None:
         signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)

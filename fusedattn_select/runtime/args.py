@@ -13,7 +13,7 @@ from fusedattn_select.config import MASKS, SOFTMAXES
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
-from fusedattn_select.runtime.options import DEFAULT_LAYOUT, CallOptions, OptionalInputs
+from fusedattn_select.runtime.options import DEFAULT_LAYOUT, NO_INPUTS, CallOptions, OptionalInputs
 from fusedattn_select.runtime.tensor_layouts import LAYOUTS, TO_BHSD
 
 # Precisions fp8=True quantizes from, and the output precisions float8 inputs may ask for
@@ -22,12 +22,15 @@ F16_NAMES = {dtypes.torch_dtype(name, torch): name for name in dtypes.F16_DTYPES
 O_DTYPE_NAMES = {**F16_NAMES, torch.float8_e4m3fn: "fp8_e4m3"}
 
 
+NO_WINDOW = (-1, -1)  # attention()'s default window_size, told apart by identity on the hot path
+
+
 class Arguments(NamedTuple):
     """attention()'s non-tensor arguments as the caller gave them (unchecked), with its defaults."""
 
     layout: Any = None
     mask: Any = "no_mask"
-    window_size: Any = (-1, -1)
+    window_size: Any = NO_WINDOW
     attn_scale: Any = None
     dropout: Any = 0.0
     softmax: Any = "vanilla"
@@ -75,20 +78,71 @@ def is_training(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Optio
 
 def call_options(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
                  arguments: Arguments) -> CallOptions:
-    """The CallOptions of a call. Values are taken as given (not coerced), so a call with a bad
-    value never matches the hot-path key of a checked one."""
+    """The CallOptions of a call whose arguments check_args accepted, or `keyable` admitted.
+
+    Values are taken as given but for None layout (DEFAULT_LAYOUT), a list window_size (a tuple) and
+    dropout (a float): for values of the types check_args takes, neither changes its verdict."""
     training = is_training(q, k, v, inputs)
     fp8 = arguments.fp8
     scales = fp8 if isinstance(fp8, FP8Scales) else None
     o_dtype = fp8.o_dtype if isinstance(fp8, (FP8Scales, FP8History)) else None
+    layout = arguments.layout
     return CallOptions(
-        arguments.layout or DEFAULT_LAYOUT, arguments.mask, tuple(arguments.window_size), arguments.attn_scale,
-        float(arguments.dropout), arguments.softmax, arguments.deterministic,
+        DEFAULT_LAYOUT if layout is None else layout, arguments.mask, tuple(arguments.window_size),
+        arguments.attn_scale, float(arguments.dropout), arguments.softmax, arguments.deterministic,
         scales is not None or fp8 is True or isinstance(fp8, FP8History),
         "" if o_dtype is None else O_DTYPE_NAMES.get(o_dtype, repr(o_dtype)), training,
         training and inputs.bias is not None and inputs.bias.requires_grad,
         training and inputs.sink is not None and inputs.sink.requires_grad, arguments.return_lse,
     )
+
+
+# ----- which calls may be looked up before they are checked ----------------------------------------
+# attention() checks a call's arguments once per key (docs/dispatch.md, 'Hot path'): a call is found
+# by its key before it is checked, so a key must never let a value check_args refuses equal a checked
+# one. Python's numbers equal across types (True == 1 == 1.0 == numpy.float32(1)), and call_options
+# turns None into a layout and dropout into a float; so only values of the types check_args takes are
+# looked up, and what the keys leave out (the devices of the optional tensors and of FP8Scales'
+# descales, the dtype of alibi_slopes) is compared here. Any other call is checked first.
+_NUMBERS = (int, float)
+_WINDOWS = (tuple, list)
+
+
+def _number(value: Any) -> bool:
+    """An int or float as check_args takes one: a bool is not a number there."""
+    kind = value.__class__
+    return kind is float or kind is int or (kind is not bool and isinstance(value, _NUMBERS))
+
+
+def plain_numbers(given: tuple) -> bool:
+    """Whether window_size, attn_scale and dropout of attention()'s arguments as given (Arguments'
+    order) are of the types check_args takes: where they are, equal values get equal verdicts."""
+    window, attn_scale, dropout = given[2], given[3], given[4]
+    return ((attn_scale is None or _number(attn_scale)) and _number(dropout)
+            and (window is NO_WINDOW or (window.__class__ in _WINDOWS and len(window) == 2
+                                         and window[0].__class__ is int and window[1].__class__ is int)))
+
+
+def keyable(q: torch.Tensor, inputs: OptionalInputs, arguments: Arguments) -> bool:
+    """Whether check_args' verdict on a call is that of any checked call with the same `entries.key`
+    (made from call_options), so that a call found by that key needs no check. False: check first."""
+    layout, mask, _, _, _, softmax, deterministic, fp8, return_lse = arguments
+    if not ((layout is None or isinstance(layout, str)) and isinstance(mask, str) and isinstance(softmax, str)
+            and deterministic.__class__ is bool and return_lse.__class__ is bool and plain_numbers(arguments)):
+        return False
+    device = q.device
+    if fp8.__class__ is not bool:
+        if isinstance(fp8, FP8Scales):
+            if not (fp8.descale_q.device == device and fp8.descale_k.device == device
+                    and fp8.descale_v.device == device):
+                return False
+        elif not isinstance(fp8, FP8History):
+            return False
+    if inputs is NO_INPUTS:
+        return True
+    bias, alibi, sink = inputs.bias, inputs.alibi_slopes, inputs.sink  # the key holds the lengths' devices
+    return ((bias is None or bias.device == device) and (sink is None or sink.device == device)
+            and (alibi is None or (alibi.device == device and alibi.is_floating_point())))
 
 
 # ----- checks, in the order of attention()'s arguments -------------------------------------------
@@ -99,7 +153,7 @@ def check_args(q: Any, k: Any, v: Any, inputs: OptionalInputs, arguments: Argume
     dims = _check_shapes(q, k, v, arguments.layout or DEFAULT_LAYOUT)
     _check_mask_and_window(arguments.mask, arguments.window_size)
     _check_scalars(arguments)
-    _check_optional_tensors(inputs, dims, arguments.softmax)
+    _check_optional_tensors(inputs, dims, arguments.softmax, q.device)
     _check_seqlens(inputs, arguments.mask, dims.batch)
     for name in ("deterministic", "return_lse"):
         if not isinstance(getattr(arguments, name), bool):
@@ -120,7 +174,7 @@ def _check_qkv(q: Any, k: Any, v: Any) -> None:
 
 
 def _check_layout(layout: Any) -> None:
-    if layout is not None and layout not in LAYOUTS:
+    if layout is not None and (not isinstance(layout, str) or layout not in LAYOUTS):
         raise ConfigError("layout", layout, "must be None (= 'bshd') or one of " + ", ".join(map(repr, LAYOUTS)))
 
 
@@ -147,13 +201,14 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
 
 
 def _check_mask_and_window(mask: Any, window_size: Any) -> None:
-    if mask not in MASKS:
+    if not isinstance(mask, str) or mask not in MASKS:
         raise ConfigError("mask", mask, "must be one of " + ", ".join(map(repr, MASKS)))
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or any(isinstance(w, bool) or not isinstance(w, int) or w < -1 for w in window_size)):
         raise ConfigError("window_size", window_size, "must be (left, right) integers >= -1; -1 = unbounded")
     if "causal" in mask and window_size[1] not in (-1, 0):
-        raise ConfigError("window_size", tuple(window_size), f"mask={mask!r} is causal: the right bound must be 0 or -1")
+        raise ConfigError("window_size", tuple(window_size),
+                          f"mask={mask!r} is causal: the right bound must be 0 or -1")
 
 
 def _check_scalars(arguments: Arguments) -> None:
@@ -163,14 +218,16 @@ def _check_scalars(arguments: Arguments) -> None:
         raise ConfigError("attn_scale", attn_scale, "must be None (1/sqrt(head_dim)) or a positive finite number")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
         raise ConfigError("dropout", dropout, "must be a number in [0, 1)")
-    if arguments.softmax not in SOFTMAXES:
+    if not isinstance(arguments.softmax, str) or arguments.softmax not in SOFTMAXES:
         raise ConfigError("softmax", arguments.softmax, "must be one of " + ", ".join(map(repr, SOFTMAXES)))
 
 
-def _check_optional_tensors(inputs: OptionalInputs, dims: Dims, softmax: str) -> None:
+def _check_optional_tensors(inputs: OptionalInputs, dims: Dims, softmax: str, device: torch.device) -> None:
     for name, value in zip(OptionalInputs._fields, inputs):
         if value is not None and not isinstance(value, torch.Tensor):
             raise ConfigError(name, type(value).__name__, "must be a torch.Tensor or None")
+        if value is not None and value.device != device:
+            raise ConfigError(name, str(value.device), f"must be on q's device ({device})")
     bias, alibi_slopes, sink = inputs.bias, inputs.alibi_slopes, inputs.sink
     bq, hq = dims.batch, dims.heads_q
     if bias is not None:
@@ -181,6 +238,8 @@ def _check_optional_tensors(inputs: OptionalInputs, dims: Dims, softmax: str) ->
             raise ConfigError("bias", bias.dtype, "must be a floating-point tensor")
     if alibi_slopes is not None and tuple(alibi_slopes.shape) not in ((hq,), (bq, hq)):
         raise ConfigError("alibi_slopes", tuple(alibi_slopes.shape), f"must have shape ({hq},) or ({bq}, {hq})")
+    if alibi_slopes is not None and not alibi_slopes.is_floating_point():
+        raise ConfigError("alibi_slopes", alibi_slopes.dtype, "must be a floating-point tensor")
     if softmax == "learnable":
         if sink is None or tuple(sink.shape) != (hq,) or not sink.is_floating_point():
             raise ConfigError("sink", None if sink is None else tuple(sink.shape),
@@ -208,6 +267,9 @@ def _check_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: Any, trai
         if not isinstance(fp8.o_dtype, torch.dtype) or fp8.o_dtype not in O_DTYPE_NAMES:
             raise ConfigError("fp8.o_dtype", fp8.o_dtype, "must be torch.float16, torch.bfloat16 or "
                                                           "torch.float8_e4m3fn (an FP8Tensor is returned)")
+        for name in fp8q.DESCALES:  # their type and size: FP8Scales checks them when it is made
+            if getattr(fp8, name).device != q.device:
+                raise ConfigError("fp8." + name, str(getattr(fp8, name).device), f"must be on q's device ({q.device})")
     elif isinstance(fp8, FP8Scales):
         raise ConfigError("fp8", "FP8Scales", f"descale factors are for float8 inputs; q is {q.dtype} (use fp8=True)")
     elif not isinstance(fp8, (bool, FP8History)):

@@ -53,18 +53,33 @@ def at(state: torch.Tensor, name: str) -> torch.Tensor:
     return state[i:i + 1]
 
 
+DESCALES = ("descale_q", "descale_k", "descale_v")
+
+
 @dataclass(frozen=True)
 class FP8Scales:
     """Descale factors for float8 q, k, v passed to attention(..., fp8=FP8Scales(...)).
 
-    The real value of an element is `stored * descale`. Each descale is a float32 tensor with one
-    element on the inputs' device. `o_dtype` is the precision of the returned output.
+    The real value of an element is `stored * descale`. Each descale is a floating-point tensor
+    (float32, as the kernels take it, or another float dtype, converted) with one element, on the
+    inputs' device: ConfigError here for another type, dtype or size, and from attention() for
+    another device. `o_dtype` is the precision of the returned output.
     """
 
     descale_q: torch.Tensor
     descale_k: torch.Tensor
     descale_v: torch.Tensor
     o_dtype: torch.dtype = torch.bfloat16
+
+    def __post_init__(self) -> None:
+        # Checked when made, not per signature: the descales are not part of a call's key.
+        for name in DESCALES:
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor):
+                raise ConfigError("FP8Scales." + name, t, "must be a floating-point torch.Tensor with one element")
+            if not t.is_floating_point() or t.numel() != 1:
+                raise ConfigError("FP8Scales." + name, (tuple(t.shape), t.dtype),
+                                  "must be a floating-point torch.Tensor with one element")
 
 
 class FP8Tensor(NamedTuple):

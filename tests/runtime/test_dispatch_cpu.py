@@ -318,11 +318,7 @@ def test_bad_arguments_raise_config_error_naming_the_argument(field, make):
     assert str(err.value).startswith(field)
 
 
-def test_a_bad_argument_is_rejected_even_after_a_good_call_of_the_same_shape():
-    q, k, v = _bshd()
-    attention(q, k, v, mask="causal")
-    with pytest.raises(ConfigError, match="^mask="):
-        attention(q, k, v, mask="Causal")
+# A bad argument after a good call of the same shape: test_argument_checks_cpu.py.
 
 
 # ----- the SDPA drop-in ------------------------------------------------------------------------
