@@ -132,11 +132,13 @@ def keyable(q: torch.Tensor, inputs: OptionalInputs, arguments: Arguments) -> bo
         return False
     device = q.device
     if fp8.__class__ is not bool:
+        # The key holds whether FP8 runs and its output precision, not the kind of `fp8`: FP8Scales is
+        # for float8 inputs only and FP8History for fp16/bf16 only, else a call of the other kind finds it.
         if isinstance(fp8, FP8Scales):
-            if not (fp8.descale_q.device == device and fp8.descale_k.device == device
-                    and fp8.descale_v.device == device):
+            if not (fp8q.is_fp8_dtype(q.dtype) and fp8.descale_q.device == device
+                    and fp8.descale_k.device == device and fp8.descale_v.device == device):
                 return False
-        elif not isinstance(fp8, FP8History):
+        elif not isinstance(fp8, FP8History) or fp8q.is_fp8_dtype(q.dtype):
             return False
     if inputs is NO_INPUTS:
         return True

@@ -12,7 +12,7 @@ np = pytest.importorskip("numpy")
 
 from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import api  # noqa: E402
-from fusedattn_select.runtime.api import FP8Scales, attention, config_from_tensors  # noqa: E402
+from fusedattn_select.runtime.api import FP8History, FP8Scales, attention, config_from_tensors  # noqa: E402
 from fusedattn_select.runtime.args import Arguments, check_args, keyable, plain_numbers  # noqa: E402
 from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
 from fusedattn_select.runtime.options import NO_INPUTS, OptionalInputs  # noqa: E402
@@ -172,6 +172,30 @@ def test_a_bad_argument_is_rejected_even_after_a_good_call_of_the_same_shape(fie
     with pytest.raises(ConfigError, match=f"^{field}=") as err:
         attention(q, k, v, **bad)
     assert err.value.field == field
+
+
+def _history():
+    return FP8History(o_dtype=E4M3)
+
+
+def _scales(o_dtype=E4M3):
+    one = torch.ones(1)
+    return FP8Scales(one, one, one, o_dtype=o_dtype)
+
+
+@pytest.mark.parametrize(("inputs", "good", "bad"), [
+    ("bf16", _history, _scales),  # FP8Scales is for float8 inputs
+    ("float8", _scales, _history),  # FP8History quantizes fp16/bf16 inputs
+    ("bf16", lambda: True, lambda: _scales(o_dtype=None)),
+], ids=["history-then-scales", "scales-then-history", "true-then-scales"])
+def test_a_call_of_another_fp8_kind_is_checked_after_a_good_one(inputs, good, bad):
+    # Each pair gives equal keys (FP8 on, the same output precision): the kind of `fp8` is not in them.
+    q, k, v = _float8()[0] if inputs == "float8" else _bshd()
+    with torch.no_grad():
+        for _ in range(2):
+            attention(q, k, v, fp8=good())
+        with pytest.raises(ConfigError, match="^fp8(.o_dtype)?="):
+            attention(q, k, v, fp8=bad())
 
 
 GOOD_OF_OTHER_TYPES = [  # (a call's arguments, the same call with values of other types check_args takes)
