@@ -45,18 +45,26 @@ def allowed(values: Iterable[str], limit: int | None = None) -> str:
 
 def did_you_mean(value: object, choices: Iterable[str]) -> str:
     """"did you mean 'x'? " for the one of `choices` (the allowed values of the field in question)
-    closest to a mistyped string `value`, else "": first the first choice that starts with what was
-    written ('bshd' -> 'bshd_bshd_bshd'), then the longest choice what was written starts with
-    ('mask_type' -> 'mask'), then the closest by spelling; case does not matter."""
+    closest to a mistyped string `value`, else "", trying in turn: the first choice that starts with
+    what was written ('bshd' -> 'bshd_bshd_bshd'), a choice spelled nearly alike (difflib ratio 0.85:
+    'padding_casual' -> 'padding_causal'), the longest choice what was written starts with
+    ('mask_type' -> 'mask'), then the closest spelling (ratio 0.6); case does not matter."""
     if not isinstance(value, str) or not value:
         return ""
     choices = [choice for choice in choices if isinstance(choice, str) and choice]
     written = value.lower()
+    by_lower = {choice.lower(): choice for choice in reversed(choices)}  # the first of those equal but for case
+
+    def spelled(cutoff: float) -> list[str]:
+        return [by_lower[match] for match in difflib.get_close_matches(written, by_lower, n=1, cutoff=cutoff)]
+
     # Spelling alone ranks 'bsh3d' above 'bshd_bshd_bshd' for 'bshd' (one letter off against ten
-    # letters more), although a value cut short is the likelier slip.
+    # letters more), although a value cut short is the likelier slip. A near spelling goes before a
+    # choice the value starts with: 'causal_bottom_rigth' is a typo of 'causal_bottom_right', not
+    # 'causal' run on.
     starting = [choice for choice in choices if choice.lower().startswith(written)]
     within = sorted((choice for choice in choices if written.startswith(choice.lower())), key=len, reverse=True)
-    matches = starting or within or difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    matches = starting or spelled(0.85) or within or spelled(0.6)
     return f"did you mean {matches[0]!r}? " if matches else ""
 
 
@@ -325,9 +333,9 @@ def _check_bool(cfg: AttnConfig, name: str, optional: bool = False) -> None:
 
 
 def _number_as_text(value: Any) -> str:
-    """For a float field given text that reads as a number: how to write it so YAML reads a number.
-    YAML 1.1 (PyYAML) reads 1e-1 and 1.5e3 as text: a float with an exponent needs a decimal
-    point and a signed exponent (1.0e-1)."""
+    """For a float field given text that reads as a number: why it is text and how to write it so
+    YAML reads a number. YAML 1.1 (PyYAML) reads 1e-1 and 1.5e3 as text: a float with an exponent
+    needs a decimal point and a signed exponent (1.0e-1); other such text was quoted ('0.1')."""
     if not isinstance(value, str):
         return ""
     try:
@@ -341,6 +349,8 @@ def _number_as_text(value: Any) -> str:
         written = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}"
     else:
         written = mantissa
+    if "e" not in value.lower():  # no exponent YAML could misread: the number was quoted, or a str in Python
+        return f"; {value!r} is text (quoted), not a number: write the number without quotes, as {written}"
     return (f"; {value!r} is text, not a number (YAML reads a number with an exponent as text unless it is "
             f"written like 1.0e-1): write it with a decimal point, as {written}")
 

@@ -100,6 +100,19 @@ def test_an_unknown_field_that_starts_with_a_field_suggests_that_field():
     assert err.allowed.startswith("unknown field; did you mean 'mask'?")
 
 
+@pytest.mark.parametrize("written, meant", [
+    # A value that starts with another value ('causal', 'padding', 'padding_causal') was suggested that
+    # value although it is a typo of a longer one.
+    ("causal_bottom_rigth", "causal_bottom_right"),
+    ("padding_casual", "padding_causal"),
+    ("padding_causal_botom_right", "padding_causal_bottom_right"),
+    ("Padding_Casual", "padding_causal"),
+])
+def test_a_typo_of_a_value_suggests_that_value_before_one_it_starts_with(written, meant):
+    err = error(AttnConfig.from_dict, dict(BASE, mask=written))
+    assert err.allowed.startswith(f"did you mean {meant!r}? must be one of")
+
+
 def test_did_you_mean_suggests_only_one_of_the_choices_given():
     assert did_you_mean("bshd", ["bsh3d", "bshd_bshd_bshd"]) == "did you mean 'bshd_bshd_bshd'? "
     assert did_you_mean("mask_type", MASKS) == ""  # a field name is no value of mask
@@ -113,6 +126,25 @@ def test_a_float_yaml_reads_as_text_says_to_write_it_with_a_decimal_point(tmp_pa
     assert f"'{text}' is text, not a number" in err.allowed and f"write it with a decimal point, as {meant}" in err.allowed
     fixed = load_config_file(write(tmp_path, f"configs:\n  - {ENTRY[:-1]}, dropout: {meant}}}\n", "fixed.yaml"))
     assert fixed.entries[0].config.dropout == float(text)
+
+
+@pytest.mark.parametrize("text, meant", [("0.1", "0.1"), ("0.25", "0.25"), (" .5", "0.5")])
+def test_a_quoted_float_says_it_is_text_and_to_write_it_without_quotes(tmp_path, text, meant):
+    # It used to blame an exponent the text does not have and ask for a decimal point it has.
+    err = error(load_config_file, write(tmp_path, f'configs:\n  - {ENTRY[:-1]}, dropout: "{text}"}}\n'))
+    assert err.field.endswith("a: dropout") and err.value == text
+    assert err.allowed.endswith(f"; {text!r} is text (quoted), not a number: write the number without quotes, "
+                                f"as {meant}"), err.allowed
+    assert "exponent" not in err.allowed and "decimal point" not in err.allowed
+    fixed = load_config_file(write(tmp_path, f"configs:\n  - {ENTRY[:-1]}, dropout: {meant}}}\n", "fixed.yaml"))
+    assert fixed.entries[0].config.dropout == float(text)
+
+
+@pytest.mark.parametrize("field, text", [("dropout", "0.1"), ("attn_scale", "2"), ("dropout", "1e-1")])
+def test_a_str_from_python_gets_the_exponent_explanation_only_with_an_exponent(field, text):
+    err = error(AttnConfig.from_dict, dict(BASE, **{field: text}))
+    assert err.field == field
+    assert ("exponent" in err.allowed) == ("e" in text) and ("without quotes" in err.allowed) != ("e" in text)
 
 
 def test_attn_scale_written_as_text_says_the_same():
