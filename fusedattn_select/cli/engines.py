@@ -80,6 +80,10 @@ def rocm_selector(arch: str | None) -> tuple[Selector, str]:
 
 def choose_selector(snapshots: list[str] | None, target: str | None) -> tuple[Selector, str]:
     """The selector a command answers with (the library's choice: selection.selector_for), and the
-    notice line when it is not what the user named."""
+    notice line when it is not what the user named; ConfigError naming --snapshot for an empty one."""
+    for path in snapshots or ():
+        # Checked here, not by the library: it names its own argument (snapshots[0]) and Python's types.
+        if not path:
+            raise ConfigError("--snapshot", path, "is an empty path, which names no file: give a snapshot file's path")
     selector = selector_for(snapshots, target)
     return selector, selector.notice

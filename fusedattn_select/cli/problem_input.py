@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, Sequence
 
 import yaml
 
-from fusedattn_select.config import AttnConfig, allowed, did_you_mean
+from fusedattn_select.config import INT32_MAX, AttnConfig, allowed, did_you_mean
 from fusedattn_select.config_files import NAMES_SHOWN, NamedConfig, load_config_file, load_yaml, yaml_error
 from fusedattn_select.dtypes import DTYPES
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
@@ -117,8 +117,12 @@ TIED_FIELDS = (("seqlen_q", "seqlen_kv"), ("head_dim_qk", "head_dim_v"))
 
 
 def _length(sets: dict[str, Any], key: str) -> int | None:
+    """The length `--set key=...` gives the model's problems, or None (each stack's own)."""
     value = sets.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    # A value that is no length is not passed on: model_problems would name its own argument
+    # (seqlen) and allow None, which --set does not; the --set pair, applied on top of each layer's
+    # problem, is then refused by AttnConfig naming the field the user wrote (seqlen_q=3000000000).
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT32_MAX else None
 
 
 def _tied_notes(sets: dict[str, Any], configs: list[AttnConfig]) -> list[str]:

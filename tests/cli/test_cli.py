@@ -207,6 +207,16 @@ def test_unknown_name_exits_2_and_lists_the_entries(capsys, no_device, suite_fil
     assert err.startswith("error: --name='prefill': no entry of the file has this name; must be one of 'train-causal', 'infer'")
 
 
+@pytest.mark.parametrize("command", [["why", *PROBLEM], ["matrix", str(ROOT / "probes" / "hopper-suite-sample.yaml")],
+                                     ["warmup", str(ROOT / "configs" / "gpt2.yaml")]])
+@pytest.mark.parametrize("snapshots", [[""], [str(ROOT / "fusedattn_select" / "snapshots" / "h100-configs.json"), ""]])
+def test_an_empty_snapshot_path_is_refused_naming_the_option(capsys, no_device, command, snapshots):
+    # The library's own check named its argument (snapshots[0]) and Python's types (str or Path).
+    code, out, err = run(capsys, *command, *[arg for path in snapshots for arg in ("--snapshot", path)])
+    assert code == 2 and out == ""
+    assert err.strip() == "error: --snapshot='': is an empty path, which names no file: give a snapshot file's path"
+
+
 def test_corrupt_snapshot_exits_2_naming_the_file(capsys, tmp_path):
     path = tmp_path / "broken.json"
     path.write_text("{")

@@ -125,3 +125,21 @@ def test_clips_text_tower_gets_no_unknown_type_note(tmp_path, capsys):
 def test_an_empty_set_dtype_is_refused_naming_it(tmp_path, capsys):
     code, out, err = why(capsys, "--hf-config", write(tmp_path, LLAMA_3_8B), "--set", "qkv_dtype=")
     assert code == 2 and out == "" and err.startswith("error: qkv_dtype=None: must be one of 'fp16', 'bf16'"), err
+
+
+@pytest.mark.parametrize("field", ["seqlen_q", "seqlen_kv"])
+@pytest.mark.parametrize("value, said", [(3000000000, "must be at most 2147483647 (2**31-1, an int32)"),
+                                         (0, "must be a positive integer"), ("null", "must be a positive integer")])
+def test_a_set_length_that_is_no_length_is_refused_naming_the_set_field(tmp_path, capsys, field, value, said):
+    # 3000000000 was refused by configs_from_hf naming its own argument (seqlen=...) and offering
+    # None, which --set does not take.
+    code, out, err = why(capsys, "--hf-config", write(tmp_path, LLAMA_3_8B), "--set", f"{field}={value}")
+    shown = None if value == "null" else value
+    assert code == 2 and out == "" and err.strip() == f"error: {field}={shown}: {said}", err
+
+
+def test_a_set_length_of_int32_max_is_taken_as_the_length(tmp_path, capsys):
+    from fusedattn_select.cli.problem_input import problems
+
+    asked = problems(None, None, write(tmp_path, LLAMA_3_8B), ["seqlen_q=2147483647", "seqlen_kv=2147483647"])
+    assert {(entry.config.seqlen_q, entry.config.seqlen_kv) for entry, _ in asked.problems} == {(2**31 - 1,) * 2}
