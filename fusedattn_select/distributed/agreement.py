@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.distributed.facts import RankFacts
 from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError, ranks_phrase
-from fusedattn_select.distributed.work import ConfigItem, named_problems
+from fusedattn_select.distributed.work import Configs, named_problems
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.result import Selection
+from fusedattn_select.selection.local_warmup import check_callers
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.types import Backend, Fingerprint, Outcome, ProbeDepth, Provenance, Verdict
 
@@ -126,19 +127,22 @@ class AgreementReport:
         }
 
 
-def agree(configs: Iterable[ConfigItem], group: object = None, *, selector: Selector | None = None,
+def agree(configs: Configs, group: object = None, *, selector: Selector | None = None,
           depth: str | ProbeDepth = "fast", strict: bool = False,
           timeout: float = DEFAULT_TIMEOUT_S) -> AgreementReport:
     """Make every rank of `group` (default: the whole job) hold the same Selection for each problem.
 
-    Every rank must call it with the same problems. Selects each problem with `selector` (default:
-    the process's) at `depth`, exchanges the answers, and where ranks differ pins NONE naming the
-    ranks, their platforms and their answers. Raises DistributedError on every rank when one rank
-    raised or `timeout` seconds passed without a rank arriving. Without a process group, or with a
-    group of one rank, it selects locally and communicates nothing.
+    `configs` and `selector` are what selection.local_warmup.warmup takes (a ConfigFile, its
+    entries, AttnConfigs, (name, AttnConfig) pairs) and are checked as it checks them, before any
+    rank is waited for. Every rank must call it with the same problems. Selects each problem with
+    `selector` (default: the process's) at `depth`, exchanges the answers, and where ranks differ
+    pins NONE naming the ranks, their platforms and their answers. Raises DistributedError on every
+    rank when one rank raised or `timeout` seconds passed without a rank arriving. Without a process
+    group, or with a group of one rank, it selects locally and communicates nothing.
     """
-    problems = _distinct_names(named_problems(configs))
     probe_depth = ProbeDepth.parse(depth, "depth")
+    problems = _distinct_names(named_problems(configs))
+    check_callers(selector, None)  # as warmup() checks it: before any rank is waited for
     selector = selector if selector is not None else default_selector()
     comm = Communicator(group, timeout)
     local: list[Selection] = []

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from fusedattn_select.distributed.agreement import (
     AgreementReport,
@@ -31,9 +31,9 @@ from fusedattn_select.distributed.agreement import (
 from fusedattn_select.distributed.facts import RankFacts
 from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError
 from fusedattn_select.distributed.sharing import ACCEPTED, PRESENT, Share, outgoing, receive_decision, receive_plan
-from fusedattn_select.distributed.work import ConfigItem, WorkItem, split, work_digest, work_items
+from fusedattn_select.distributed.work import Configs, WorkItem, split, work_digest, work_items
 from fusedattn_select.selection import local_warmup
-from fusedattn_select.selection.local_warmup import Progress, WarmupReport
+from fusedattn_select.selection.local_warmup import Progress, WarmupReport, check_callers, job_count
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.types import ProbeDepth
 
@@ -95,18 +95,22 @@ class SharedWarmupReport:
         }
 
 
-def warmup(configs: Iterable[ConfigItem], depth: str | ProbeDepth = "full", group: object = None, *,
+def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = None, *,
            selector: Selector | None = None, jobs: int | None = None, progress: Progress | None = None,
            agree: bool = True, timeout: float = DEFAULT_TIMEOUT_S) -> SharedWarmupReport:
     """Warm `configs` once across the ranks of `group` (default: the whole job); every rank ends with all.
 
-    Every rank must call it with the same problems. `jobs` and `progress` apply to this rank's
-    share (see selection.local_warmup.warmup). With `agree`, ends with agree() on every problem.
+    `configs`, `selector`, `jobs` and `progress` are what selection.local_warmup.warmup takes (a
+    ConfigFile, its entries, AttnConfigs, (name, AttnConfig) pairs) and are checked as it checks
+    them, before any rank is waited for. Every rank must call it with the same problems. `jobs` and
+    `progress` apply to this rank's share. With `agree`, ends with agree() on every problem.
     Raises DistributedError on every rank when one rank raised or `timeout` seconds passed
     without a rank arriving; without a process group it is a local warmup.
     """
     probe_depth = ProbeDepth.parse(depth, "depth")
+    job_count(jobs)  # local warmup's checks, in its order: a bad argument fails here, not inside an exchange
     items, duplicates = work_items(configs, probe_depth)
+    check_callers(selector, progress)
     selector = selector if selector is not None else default_selector()
     comm = Communicator(group, timeout)
     started = time.perf_counter()

@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, Union
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.config_files import NamedConfig
+from fusedattn_select.config_files import ConfigFile
 from fusedattn_select.plan_store.calls import dispatch_config
 
 # warmup's own inputs, naming and de-duplication: a shared warmup splits the problems warmup() runs
-from fusedattn_select.selection.local_warmup import ConfigItem, distinct_problems, named_problem
+from fusedattn_select.selection.local_warmup import ConfigItem, config_items, distinct_problems, named_problem
 from fusedattn_select.types import ProbeDepth
 
+# What warmup() takes as `configs`: one problem, a ConfigFile, or an iterable of problems.
+Configs = Union[Iterable[ConfigItem], ConfigItem, ConfigFile]
 
-def named_problems(configs: Iterable[ConfigItem] | AttnConfig | NamedConfig) -> list[tuple[str, AttnConfig]]:
-    """(name, config) pairs in the given order; an unnamed AttnConfig is named by `describe`."""
-    if isinstance(configs, (AttnConfig, NamedConfig)):
-        configs = [configs]
-    return [named_problem(index, item) for index, item in enumerate(configs)]
+
+def named_problems(configs: Configs) -> list[tuple[str, AttnConfig]]:
+    """(name, config) pairs in the given order; an unnamed AttnConfig is named by `describe`. Takes
+    what warmup() takes (local_warmup.config_items) and refuses the rest with a ConfigError."""
+    return [named_problem(index, item) for index, item in enumerate(config_items(configs))]
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class WorkItem:
     also_named: tuple[str, ...] = ()
 
 
-def work_items(configs: Iterable[ConfigItem], depth: ProbeDepth) -> tuple[list[WorkItem], int]:
+def work_items(configs: Configs, depth: ProbeDepth) -> tuple[list[WorkItem], int]:
     """Distinct problems in first-seen order, and how many entries repeated an earlier problem."""
     items, duplicates = distinct_problems(configs)
     return [WorkItem(key, name, cfg, _cost(cfg, depth), tuple(aliases))

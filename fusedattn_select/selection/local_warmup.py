@@ -170,9 +170,9 @@ def warmup(configs: Iterable[ConfigItem] | ConfigItem | ConfigFile, jobs: int | 
     """
     probe_depth = ProbeDepth.parse(depth, "depth")
     workers_kind = workers
-    workers = _jobs(jobs)
+    workers = job_count(jobs)
     problems, duplicates = distinct_problems(configs)
-    _check_callers(selector, progress)
+    check_callers(selector, progress)
     if selector is None:
         selector = default_selector()
     plans, plan_note = plan_target(selector, probe_depth)
@@ -281,16 +281,17 @@ def failed_writes(store: Store | None) -> int:
     return int(store.info().get("failed_writes") or 0) if store is not None else 0
 
 
-def _check_callers(selector: object, progress: object) -> None:
+def check_callers(selector: object, progress: object) -> None:
     """ConfigError for a `selector` that is no Selector or a `progress` that cannot be called: found
-    before any probe, not when the first problem is done."""
+    before any probe, not when the first problem is done (distributed.warmup and agree check the same)."""
     if selector is not None and not isinstance(selector, Selector):
         raise ConfigError("selector", selector, "must be a Selector, or None for the process-wide one")
     if progress is not None and not callable(progress):
         raise ConfigError("progress", progress, "must be a function progress(done, total, name), or None")
 
 
-def _jobs(jobs: int | None) -> int:
+def job_count(jobs: int | None) -> int:
+    """How many problems warmup() runs at a time for `jobs`; ConfigError naming jobs unless a positive int or None."""
     if jobs is None:
         return max(1, min(MAX_DEFAULT_JOBS, os.cpu_count() or 1))
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs <= 0:
