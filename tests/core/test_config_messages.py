@@ -123,7 +123,8 @@ def test_did_you_mean_suggests_only_one_of_the_choices_given():
 def test_a_float_yaml_reads_as_text_says_to_write_it_with_a_decimal_point(tmp_path, text, meant):
     err = error(load_config_file, write(tmp_path, f"configs:\n  - {ENTRY[:-1]}, dropout: {text}}}\n"))
     assert err.field.endswith("a: dropout") and err.value == text
-    assert f"'{text}' is text, not a number" in err.allowed and f"write it with a decimal point, as {meant}" in err.allowed
+    assert f"'{text}' is text, not a number" in err.allowed
+    assert f"write it with a decimal point, as {meant}" in err.allowed
     fixed = load_config_file(write(tmp_path, f"configs:\n  - {ENTRY[:-1]}, dropout: {meant}}}\n", "fixed.yaml"))
     assert fixed.entries[0].config.dropout == float(text)
 
