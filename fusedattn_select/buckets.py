@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusedattn_select.config import AttnConfig
+from fusedattn_select.config import INT32_MAX, AttnConfig
 from fusedattn_select.layouts import SEPARATE_LAYOUTS
 
 MIN_SEQLEN = 64
@@ -77,6 +77,9 @@ def why_not_bucketed(cfg: AttnConfig) -> str:
         return "FP8 problems run dense plans"
     if cfg.cuda_graph:
         return "cuda_graph=True problems run the plan of their captured shape"
+    bucket = Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
+    if max(bucket.batch, bucket.seqlen_q, bucket.seqlen_kv) > INT32_MAX:
+        return f"its bucket ({bucket.describe()}) passes the int32 bound a problem's sizes keep to ({INT32_MAX})"
     return ""
 
 
@@ -86,6 +89,8 @@ def bucket_form(cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | N
     if why_not_bucketed(cfg):
         return None
     bucket = bucket or Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
+    if max(bucket.batch, bucket.seqlen_q, bucket.seqlen_kv) > INT32_MAX:
+        return None
     backward = {"do_format": "thd", "dqkv_layout": _RAGGED_LAYOUT} if cfg.is_training else {}
     return cfg.replace(
         batch_size=bucket.batch, seqlen_q=bucket.seqlen_q, seqlen_kv=bucket.seqlen_kv,

@@ -111,3 +111,26 @@ def test_a_mask_that_lets_the_query_row_see_every_key_is_the_same_problem(change
 ])
 def test_other_problems_keep_their_heads(changes):
     assert heads_as_batch(DECODE.replace(**changes)) is None
+
+
+@pytest.mark.parametrize("sizes", [dict(seqlen_q=2**31 - 1, seqlen_kv=2**31 - 1), dict(batch_size=2**30 + 1),
+                                   dict(seqlen_kv=2**30 + 1)])
+def test_a_problem_whose_bucket_passes_the_int32_bound_has_no_bucket_form(sizes):
+    cfg = AttnConfig(**dict(BASE, **sizes))
+    assert "passes the int32 bound" in why_not_bucketed(cfg) and bucket_form(cfg) is None
+    at_bound = AttnConfig(**dict(BASE, seqlen_q=2**30, seqlen_kv=2**30))
+    assert why_not_bucketed(at_bound) == "" and bucket_form(at_bound).seqlen_kv == 2**30
+    assert bucket_form(cfg, Bucket(1, 2**31, 2**31)) is None
+
+
+def test_select_answers_a_problem_at_the_int32_bound():
+    from fusedattn_select.probing.snapshot import SnapshotEngine
+    from fusedattn_select.selection.selector import Selector
+    from pathlib import Path
+
+    import fusedattn_select
+
+    snapshot = Path(fusedattn_select.__file__).parent / "snapshots" / "h100-configs.json"
+    selection = Selector(SnapshotEngine.load(snapshot)).select(AttnConfig(**dict(BASE, seqlen_q=2**31 - 1,
+                                                                                seqlen_kv=2**31 - 1)))
+    assert selection.message  # an answer (whatever it is), not a ConfigError about the bucket's size
