@@ -21,6 +21,8 @@ from fusedattn_select.config import INT32_MAX, AttnConfig
 from fusedattn_select.layouts import SEPARATE_LAYOUTS
 
 MIN_SEQLEN = 64
+# The largest size whose bucket (the next power of two) stays within INT32_MAX.
+_LARGEST_HELD = 2**30
 
 # The padding form of each mask: the mask the ragged graph runs, with the caller's lengths.
 PADDED_MASKS = {
@@ -77,8 +79,8 @@ def why_not_bucketed(cfg: AttnConfig) -> str:
         return "FP8 problems run dense plans"
     if cfg.cuda_graph:
         return "cuda_graph=True problems run the plan of their captured shape"
-    bucket = Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
-    if max(bucket.batch, bucket.seqlen_q, bucket.seqlen_kv) > INT32_MAX:
+    if max(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv) > _LARGEST_HELD:  # its bucket would pass INT32_MAX
+        bucket = Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
         return f"its bucket ({bucket.describe()}) passes the int32 bound a problem's sizes keep to ({INT32_MAX})"
     return ""
 
@@ -89,7 +91,7 @@ def bucket_form(cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | N
     if why_not_bucketed(cfg):
         return None
     bucket = bucket or Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
-    if max(bucket.batch, bucket.seqlen_q, bucket.seqlen_kv) > INT32_MAX:
+    if max(bucket.batch, bucket.seqlen_q, bucket.seqlen_kv) > INT32_MAX:  # a larger bucket asked for
         return None
     backward = {"do_format": "thd", "dqkv_layout": _RAGGED_LAYOUT} if cfg.is_training else {}
     return cfg.replace(

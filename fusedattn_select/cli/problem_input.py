@@ -146,7 +146,7 @@ def _hf_problems(source: str, sets: dict[str, Any]) -> Asked:
     asked = "qkv_dtype" in sets
     dtype = sets.pop("qkv_dtype", None)
     if asked and dtype not in DTYPES:  # as a config file's field: names, not aliases
-        raise ConfigError("qkv_dtype", dtype, "must be one of " + ", ".join(repr(name) for name in DTYPES))
+        raise ConfigError("qkv_dtype", dtype, allowed(DTYPES))
     reading = hf_config(source)
     layers = model_problems(
         reading, sets.pop("batch_size", 1), _length(sets, "seqlen_q"), sets.pop("is_training", True),

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
+from typing import Sequence
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.config_files import ConfigFile
 from fusedattn_select.plan_store.calls import dispatch_config
 
 # warmup's own inputs, naming and de-duplication: a shared warmup splits the problems warmup() runs
-from fusedattn_select.selection.local_warmup import ConfigItem, config_items, distinct_problems, named_problem
+from fusedattn_select.selection.local_warmup import Configs, config_items, distinct_problems, named_problem
 from fusedattn_select.types import ProbeDepth
-
-# What warmup() takes as `configs`: one problem, a ConfigFile, or an iterable of problems.
-Configs = Union[Iterable[ConfigItem], ConfigItem, ConfigFile]
 
 
 def named_problems(configs: Configs) -> list[tuple[str, AttnConfig]]:

@@ -52,6 +52,8 @@ from fusedattn_select.types import Backend, Outcome, ProbeDepth, TextEnum
 log = logging.getLogger("fusedattn_select")
 
 ConfigItem = Union[AttnConfig, NamedConfig, tuple[str, AttnConfig]]
+# What warmup() takes as `configs`: one problem, a ConfigFile, or an iterable of problems.
+Configs = Union[Iterable[ConfigItem], ConfigItem, ConfigFile]
 Progress = Callable[[int, int, str], None]
 
 MAX_DEFAULT_JOBS = 8
@@ -153,7 +155,7 @@ class WarmupReport:
 WORKERS = ("threads", "processes")
 
 
-def warmup(configs: Iterable[ConfigItem] | ConfigItem | ConfigFile, jobs: int | None = None,
+def warmup(configs: Configs, jobs: int | None = None,
            depth: str | ProbeDepth = "full", selector: Selector | None = None, progress: Progress | None = None,
            workers: str = "threads") -> WarmupReport:
     """Select every distinct problem in `configs` now, `jobs` at a time; returns a WarmupReport.
@@ -333,7 +335,7 @@ def config_items(configs: object) -> Iterable[object]:
     return configs
 
 
-def distinct_problems(configs: Iterable[ConfigItem] | ConfigItem | ConfigFile,
+def distinct_problems(configs: Configs,
                       ) -> tuple[dict[str, tuple[str, AttnConfig, list[str]]], int]:
     """Problems by cache key in first-seen order, each with the other names it was given; duplicates."""
     configs = config_items(configs)

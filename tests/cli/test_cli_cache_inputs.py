@@ -133,6 +133,17 @@ def test_export_to_dash_with_stdout_closed_is_one_error_line_not_a_traceback(pri
         done.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device every write to fails)")
+def test_export_to_dash_where_stdout_cannot_be_written_is_one_error_line(private):
+    _stored_once(private)
+    env = dict(os.environ, **{CACHE_DIR_ENV: str(private / "cache")})
+    done = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m fusedattn_select.cli cache export - "
+                                         ">/dev/full"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: cache export -: stdout cannot be written ("), done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 def test_fingerprint_key_in_upper_case_imports_that_fingerprints_rows(capsys, export_file):
     code, out, _ = run(capsys, "cache", "import", str(export_file), "--fingerprint", FINGERPRINT.key().upper())
     report = json.loads(out)
