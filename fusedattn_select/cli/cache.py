@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.exit_codes import EXIT_BAD_INPUT, EXIT_NOT_DONE, EXIT_SELECTED
-from fusedattn_select.cli.store_status import is_degraded, not_persisted, store_info, store_problems
+from fusedattn_select.cli.store_status import cannot_write, is_degraded, not_persisted, store_info, store_problems
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.store import CacheError, PersistentStore, Store, open_default_store
 from fusedattn_select.store.store_settings import check_cache_switch
@@ -24,7 +24,8 @@ from fusedattn_select.store.transfer import export_fingerprints, export_to_strea
 READ_ONLY_ACTIONS = ("info", "export")
 EPILOG = (
     "exit codes: 0 done (repair: the file is sound, or was repaired); 1 not done or not all done: the "
-    "persistent cache cannot be used or is turned off (import: unless --memory-ok), clear or repair "
+    "persistent cache cannot be used or is turned off (import: unless --memory-ok) or its file cannot be "
+    "written (import too with --memory-ok: the rows would go to that file), clear or repair "
     "failed (one error line says why), import skipped rows (listed on stderr: damaged or edited rows, "
     "rows of another fingerprint, rows evicted by its own later rows to stay within "
     "FUSEDATTN_SELECT_CACHE_MAX_BYTES), info found the cache degraded or damaged; 2 bad input: a file that "
@@ -44,12 +45,17 @@ def _info(store: Store, args: argparse.Namespace) -> int:
     return EXIT_NOT_DONE if is_degraded(info) else EXIT_SELECTED
 
 
-def _refusal(store: Store, what: str) -> int:
-    """EXIT_NOT_DONE, with the reason on stderr, when `store` does not outlive this command."""
-    reason = not_persisted(store.info())
+def _refusal(store: Store, what: str, memory_ok: bool = False) -> int:
+    """EXIT_NOT_DONE, with the reason on stderr, when `what` would write into `store` and the writes would
+    fail, or (unless `memory_ok`) would not outlive this command."""
+    info = store.info()
+    reason = cannot_write(info) or ("" if memory_ok else not_persisted(info))
     if not reason:
         return EXIT_SELECTED
-    print(f"error: cache {what}: {reason}; nothing was done", file=sys.stderr)
+    # --memory-ok keeps an import in memory where no persistent file is in use; with one, the rows go
+    # to that file, whose every save fails.
+    hint = "; --memory-ok does not help: the rows would go to that file" if memory_ok else ""
+    print(f"error: cache {what}: {reason}{hint}; nothing was done", file=sys.stderr)
     return EXIT_NOT_DONE
 
 
@@ -78,7 +84,9 @@ def _repair(store: Store, args: argparse.Namespace) -> int:
 
 
 def _export(store: Store, args: argparse.Namespace) -> int:
-    if not store.info().get("persistent") and _refusal(store, "export"):  # (a file it cannot write is read)
+    reason = not_persisted(store.info())  # (export only reads: a file it cannot write is exported)
+    if reason:
+        print(f"error: cache export: {reason}; nothing was done", file=sys.stderr)
         return EXIT_NOT_DONE
     if args.file != STDOUT:
         print(json.dumps(store.export(args.file), indent=2, default=str))
@@ -157,10 +165,10 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     if args.action in READ_ONLY_ACTIONS:
         return ACTIONS[args.action](looking, args)
     memory_ok = args.action == "import" and args.memory_ok
-    if not memory_ok and _refusal(looking, args.action):
+    if _refusal(looking, args.action, memory_ok):
         return EXIT_NOT_DONE
     store = open_default_store()
-    if not memory_ok and _refusal(store, args.action):  # it failed since it was looked at
+    if _refusal(store, args.action, memory_ok):  # it failed since it was looked at
         return EXIT_NOT_DONE
     return ACTIONS[args.action](store, args)
 

@@ -59,10 +59,15 @@ def store_problems(info: dict[str, Any]) -> list[str]:
     return problems
 
 
+def cannot_write(info: dict[str, Any]) -> str:
+    """Why every write to this store fails: a database file this user cannot write ("" when writes are taken,
+    by the file or by memory)."""
+    return f"the persistent cache cannot be written ({info['unwritable']})" if info.get("unwritable") else ""
+
+
 def not_persisted(info: dict[str, Any]) -> str:
-    """Why a write to this store would not outlive the process, or would fail ("" when it would be kept)."""
-    if info.get("unwritable"):
-        return f"the persistent cache cannot be written ({info['unwritable']})"
+    """Why a write to this store would be kept in memory only, lost at exit ("" when the store is the
+    persistent file; whether that file takes writes is `cannot_write`'s answer)."""
     if info.get("persistent"):
         return ""
     if info.get("degraded"):

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, TextIO
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
 from fusedattn_select.cli.exit_codes import EPILOG, EXIT_NOT_DONE, EXIT_NOT_PERSISTED, answers_exit_code
-from fusedattn_select.cli.store_status import not_persisted
+from fusedattn_select.cli.store_status import cannot_write, not_persisted
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
@@ -131,7 +131,8 @@ def _lost_at_exit(selector: Selector) -> str:
     engine, store = selector.engine, selector.store
     if engine is None or engine.provenance is not Provenance.LIVE_PROBE or store is None:
         return ""
-    reason = not_persisted(store.info())
+    info = store.info()
+    reason = cannot_write(info) or not_persisted(info)
     return (f"warmup would keep its decisions and plans in memory, lost when it exits: {reason} "
             "(pass --memory-ok to warm this process anyway)") if reason else ""
 

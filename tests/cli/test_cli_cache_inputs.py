@@ -201,9 +201,15 @@ def _assert_unwritable_file_is_reported(capsys, path: Path) -> None:
     assert f"warning: {info['unwritable']}: its rows are read, and every save fails" in out
     code, _, err = run(capsys, "cache", "clear")
     assert code == 1 and info["unwritable"] in err and "nothing was done" in err
-    code, out, _ = run(capsys, "cache", "export", str(path.parent.parent / "out.json"))
+    exported = path.parent.parent / "out.json"
+    code, out, _ = run(capsys, "cache", "export", str(exported))
     assert code == 0 and json.loads(out)["verdicts"] == 1, out
     assert open_default_store().get(FINGERPRINT, "key-1") is not None
+    # --memory-ok keeps an import in memory only where no file is in use; here the rows would go to the
+    # file, so the import is refused as without it (not reported as "imported into memory" with 0 rows).
+    code, out, err = run(capsys, "cache", "import", str(exported), "--fingerprint", FINGERPRINT.key(), "--memory-ok")
+    assert code == 1 and out == "" and info["unwritable"] in err, err
+    assert "--memory-ok does not help" in err and "nothing was done" in err and "memory only" not in err
 
 
 @pytest.mark.skipif(RUNNING_AS_ROOT, reason="root writes a mode-400 file (access(2) and SQLite both let it): "
