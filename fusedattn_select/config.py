@@ -306,6 +306,11 @@ _classes = ProblemClasses(tuple(f.name for f in dataclasses.fields(AttnConfig) i
 
 
 # ----- validation ---------------------------------------------------------------------------
+def is_size(value: Any) -> bool:
+    """Whether `value` is what AttnConfig's size fields take: a positive int up to INT32_MAX (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT32_MAX
+
+
 def _check_int(cfg: AttnConfig, name: str, optional: bool = False) -> None:
     value = getattr(cfg, name)
     if value is None and optional:

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, Sequence
 
 import yaml
 
-from fusedattn_select.config import INT32_MAX, AttnConfig, allowed, did_you_mean
+from fusedattn_select.config import AttnConfig, allowed, did_you_mean, is_size
 from fusedattn_select.config_files import NAMES_SHOWN, NamedConfig, load_config_file, load_yaml, yaml_error
 from fusedattn_select.dtypes import DTYPES
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
@@ -122,7 +122,7 @@ def _length(sets: dict[str, Any], key: str) -> int | None:
     # A value that is no length is not passed on: model_problems would name its own argument
     # (seqlen) and allow None, which --set does not; the --set pair, applied on top of each layer's
     # problem, is then refused by AttnConfig naming the field the user wrote (seqlen_q=3000000000).
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT32_MAX else None
+    return value if is_size(value) else None
 
 
 def _tied_notes(sets: dict[str, Any], configs: list[AttnConfig]) -> list[str]:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tools.first_contact.options import repeat_name
 from tools.first_contact.processes import emit
 from tools.first_contact.sides import device, dispatch_record, hf_context, hf_implementation, sync, timed_ms
 
@@ -74,7 +75,7 @@ def generate(side: str, args: Mapping[str, Any]) -> dict[str, Any]:
     model = build_model(torch, config, side, seed).eval()
     again = int(args.get("again_calls", 1))
     prompts = {"first": int(args["prompt"]),
-               **{"again" + (f" {n}" if n > 1 else ""): int(args["prompt"]) for n in range(1, again + 1)},
+               **{repeat_name("again", n): int(args["prompt"]) for n in range(1, again + 1)},
                "new_prompt": int(args["new_prompt"])}
     result: dict[str, Any] = {"transformers": transformers.__version__, "calls": {}}
     for label, length in prompts.items():

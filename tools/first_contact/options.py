@@ -44,6 +44,16 @@ SEED = 0
 AGAIN_CALLS = 3
 
 
+def repeat_name(call: str, n: int) -> str:
+    """The name of the n-th run (from 1) of a row-2 call: "again", "again 2", ...; `call_of` reads it back."""
+    return call if n == 1 else f"{call} {n}"
+
+
+def call_of(name: str) -> str:
+    """The call a row-2 call name repeats ("again 2" -> "again")."""
+    return name.split(" ")[0]
+
+
 @dataclass(frozen=True)
 class Plan:
     """What one run measures: the parts, the mode's sizes, and the budget."""

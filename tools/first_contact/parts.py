@@ -167,7 +167,7 @@ def _per_call(calls: Mapping[str, dict], keep: Callable[[dict], bool] = bool) ->
     for name, figures in calls.items():
         speed = figures.get("tokens_per_s")
         if isinstance(speed, (int, float)) and speed > 0 and keep(figures):
-            groups.setdefault(name.split(" ")[0], []).append(speed)
+            groups.setdefault(options.call_of(name), []).append(speed)
     return {name: statistics.median(speeds) for name, speeds in groups.items()}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from fusedattn_select import dtypes
-from fusedattn_select.config import INT32_MAX, AttnConfig
+from fusedattn_select.config import INT32_MAX, AttnConfig, is_size
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.integrations.transformers.config_json import config_data
 from fusedattn_select.integrations.transformers.masks import cudnn_window
@@ -82,7 +82,7 @@ def _stack_config(stack: AttentionStack, window: int | None, shape: tuple[int, i
 def check_seqlen(field: str, value: Any) -> None:
     """ConfigError naming the argument `field` unless `value` is None (each stack's own length) or a
     positive integer within AttnConfig's bound: 0 or False is no length, not "the default"."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= INT32_MAX):
+    if value is not None and not is_size(value):
         raise ConfigError(field, value, f"must be a positive integer (at most {INT32_MAX}), or None for each "
                                         "attention stack's own length")
 
