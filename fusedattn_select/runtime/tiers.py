@@ -77,7 +77,7 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
             choice, timed = measure_once(key, keeper, found, q, k, v)
             if choice is None:
                 return keeper
-        if timed:
+        if timed and not isinstance(choice, runners.Untimed):  # (an untimed choice was said by its warning)
             log.info("fusedattn_select: %s: %s runs its bucket (%s)", entries.problem_key(found, "a call"),
                      "cuDNN" if choice.runner == CUDNN else "torch SDPA", choice.why())
         return apply_choice(found, choice, keeper)
@@ -184,16 +184,17 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
         entries.replace(waiting, prepared)
         return prepared
     key = runner_key(prepared)
-    choice = dispatcher.choices.get(key)
+    choice, timed = dispatcher.choices.get(key), False
     if choice is None:
-        choice, _ = measure_once(key, waiting, prepared, q, k, v)
+        choice, timed = measure_once(key, waiting, prepared, q, k, v)
         if choice is None:
             return waiting
     new = apply_choice(prepared, choice, waiting)
     entries.replace(waiting, new)
     dispatcher.counters["swaps"] += 1
-    log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", entries.problem_key(prepared, "a call"),
-             "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
+    if not (timed and isinstance(choice, runners.Untimed)):  # (this call's untimed choice was said by its warning)
+            log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", entries.problem_key(prepared, "a call"),
+                 "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
     return new
 
 
@@ -292,6 +293,7 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
     host: tuple[list, list] = ([], [])
     timed: tuple[list, list] = ([], [])
     failing = ""  # the runner whose call is under way: an exception outside one is the timing's own
+    torch_failed = ""
     try:
         with torch.no_grad(), torch.cuda.device(q.device):
             for which, runner in enumerate(pair):
@@ -321,9 +323,11 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
     except Exception as err:  # noqa: BLE001 - the call goes on, on torch
         because = (f"{failing} failed when timed" if failing else "its runners could not be timed") + \
             f" ({type(err).__name__}: {err})"
-        if failing == RUNNER_NAMES[0]:
-            return _cudnn_untimed(key, keeper, prepared, because, pair[1], q.device)
-        return _failed(key, keeper, prepared, because)
+        if failing != RUNNER_NAMES[0]:
+            return _failed(key, keeper, prepared, because)
+        torch_failed = because
+    if torch_failed:  # cuDNN tried outside the handler: the torch error's frames (an OOM's tensors) are let go first
+        return _cudnn_untimed(key, keeper, prepared, torch_failed, pair[1], q.device)
     torch_us, cudnn_us = (max(min(cpu), min(s.elapsed_time(e) * 1e3 for s, e in events))
                           for cpu, events in zip(host, timed))
     choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))

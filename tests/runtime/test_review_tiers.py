@@ -580,8 +580,9 @@ def test_a_failure_when_timed_names_the_runner_that_failed_or_the_timing(isolate
 
 
 def test_where_only_the_torch_runner_fails_when_timed_cudnn_runs_the_bucket_untimed_and_unstored(isolated,
-                                                                                                 monkeypatch):
+                                                                                                 monkeypatch, caplog):
     # An out-of-memory error of the torch runner passes: torch must not keep the bucket for the process.
+    caplog.set_level(logging.INFO, logger="fusedattn_select")
     DeviceClock(monkeypatch)
     stored = []
     monkeypatch.setattr(tiers.runners, "store", lambda *args: stored.append(args) or True)
@@ -602,6 +603,8 @@ def test_where_only_the_torch_runner_fails_when_timed_cudnn_runs_the_bucket_unti
     choice = dispatcher.choices[tiers.runner_key(prepared)]
     assert choice.runner == tiers.CUDNN and "its torch runner failed when timed (OutOfMemoryError" in choice.why()
     assert tiers.describe_choices()[tiers.runner_key(prepared)].startswith("cuDNN (its torch runner failed")
+    said = [r for r in caplog.records if "OutOfMemoryError" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in said]  # the swap: once
 
 
 def test_a_device_fault_of_the_cudnn_runner_is_blamed_on_it_not_on_a_later_call(isolated, monkeypatch):
@@ -645,7 +648,7 @@ def test_a_torch_runner_failing_in_a_timed_round_leaves_the_whole_bucket_to_cudn
 
     monkeypatch.setattr(tiers, "torch_call", lambda opts, q, k, v: torch_side)
     monkeypatch.setattr(tiers, "cudnn_forward", lambda found, q, k, v: cudnn_calls.append(1) or q.clone())
-    caplog.set_level(logging.WARNING, logger="fusedattn_select")
+    caplog.set_level(logging.INFO, logger="fusedattn_select")  # the warning, and no INFO line saying it again
     found = []
     for length in (65, 66, 67):  # three lengths of one bucket
         q, k, v = qkv(s=length)
