@@ -243,11 +243,13 @@ class Selector:
             )
             self._memory[key] = self._entry(cfg, key, verdicts, ProbeDepth.FULL)
         self.planner.forget_bucket(cfg)
-        # A rejection is stored for every process; an incident (out of memory, a CUDA error) says
-        # nothing about support, so only this process stops asking (the store refuses it anyway).
+        # A rejection is stored for every process (it replaces a "yes" of any depth); an incident
+        # (out of memory, a CUDA error) says nothing about support, so only this process stops asking.
+        saved = True
         if self.store is not None and failed.outcome is Outcome.UNSUPPORTED:
-            self.store.put(self._fingerprint, key, verdicts, ProbeDepth.FULL)
-        log.warning("fusedattn_select: %s; cached answer flipped to NONE", failed.reason())
+            saved = self.store.put(self._fingerprint, key, verdicts, ProbeDepth.FULL)
+        log.warning("fusedattn_select: %s; cached answer flipped to NONE%s", failed.reason(),
+                    "" if saved else " in this process only: the decision cache did not save it")
 
     def pin(self, cfg: AttnConfig, verdicts: tuple[Verdict, ...], depth: ProbeDepth = ProbeDepth.FULL) -> Selection:
         """Answer `cfg` with `verdicts` from now on, at every depth, from memory only (never stored):

@@ -28,7 +28,7 @@ class Written(enum.Enum):
     """What a store did with one decision handed to it."""
 
     STORED = "stored"
-    KEPT_FULL = "kept full entry"
+    KEPT_DEEPER = "kept a deeper decision"
     FAILED = "failed"
 
 
@@ -85,6 +85,20 @@ def new_entry(fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], d
     # Not sort_keys: timings_ms is an ordered mapping (the cuDNN steps in the order they ran).
     text = json.dumps([v.to_dict() for v in verdicts], separators=(",", ":"))
     return NewEntry(fp_key, key, text, verdicts, depth, len(text.encode()) + len(fp_key) + len(key))
+
+
+def keeps_stored(stored_depth: Any, entry: NewEntry) -> bool:
+    """Whether put() keeps the stored decision of `stored_depth` (its depth column) instead of writing `entry`:
+    it does when the stored one is deeper and `entry` is no rejection. A rejection answers a question
+    of every depth (a build that fails after a verified "yes"), so it replaces a row of any depth; a
+    depth that does not parse is a damaged row, replaced too."""
+    if any(not v.supported for v in entry.verdicts):
+        return False
+    try:
+        depth = parse_depth(stored_depth)
+    except BadEntry:
+        return False
+    return depth is not entry.depth and depth.answers(entry.depth)
 
 
 def plan_to_store(fingerprint: Fingerprint, plan_key: str, blob: bytes, max_bytes: int) -> bytes | None:

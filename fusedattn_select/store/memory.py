@@ -22,6 +22,7 @@ from fusedattn_select.store.entry_rows import (
     NewRunnerChoice,
     Written,
     check_fingerprint,
+    keeps_stored,
     new_entry,
     new_runner_choice,
     plan_export_row,
@@ -67,16 +68,16 @@ class MemoryStore:
             return stored[0].verdicts, stored[0].depth
 
     def put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], depth: ProbeDepth | str) -> bool:
-        """False when a FULL entry was kept."""
+        """False when a deeper decision was kept (entry_rows.keeps_stored)."""
         return self._put(fingerprint, new_entry(fingerprint, key, verdicts, depth)) is Written.STORED
 
     def _put(self, fingerprint: Fingerprint, entry: NewEntry) -> Written:
         row_key = (entry.fp_key, entry.key)
         with self._lock:
             stored = self._verdicts.get(row_key)
-            if stored is not None and stored[0].depth is not entry.depth and stored[0].depth.answers(entry.depth):
+            if stored is not None and keeps_stored(stored[0].depth, entry):
                 self._verdicts.move_to_end(row_key)
-                return Written.KEPT_FULL
+                return Written.KEPT_DEEPER
             self._fingerprints.setdefault(entry.fp_key, fingerprint)
             self._verdicts[row_key] = (entry, time.time())
             self._verdicts.move_to_end(row_key)

@@ -4,11 +4,12 @@ A store keeps three kinds of rows: decisions (verdicts), serialized plans, and r
 of two exact runners was measured faster for a bucket: JSON timings, no native code, so they are
 kept wherever decisions are, even where plans are refused). Entries belong to a fingerprint: `get`,
 `get_plan` and `get_runner_choice` only return rows written under `fingerprint.key()`. `put`
-raises ValueError for FAILED verdicts (incidents are never cached) and never replaces a FULL entry
-with a FAST one; otherwise a store never raises into selection: a locked, full or damaged database
-is a miss (or a skipped write) with a warning. Rows that do not parse, verdict lists that hold a
-FAILED verdict, runner choices that are not one (entries.RUNNER_CHOICE_FIELDS) and plans whose
-sha256 or size do not match are deleted with a warning and reported as a miss.
+raises ValueError for FAILED verdicts (incidents are never cached) and never replaces a deeper
+decision with a shallower "yes" (a rejection replaces any: entry_rows.keeps_stored); otherwise a
+store never raises into selection: a locked, full or damaged database is a miss (or a skipped
+write) with a warning. Rows that do not parse, verdict lists that hold a FAILED verdict, runner
+choices that are not one (entries.RUNNER_CHOICE_FIELDS) and plans whose sha256 or size do not match
+are deleted with a warning and reported as a miss.
 
 The whole-store operations a user asks for say when they fail, by raising CacheError: `clear()`
 when it cannot clear (a read-only store, a database that cannot be written; nothing is removed

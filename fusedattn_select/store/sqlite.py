@@ -36,6 +36,7 @@ from fusedattn_select.store.entry_rows import (
     NewRunnerChoice,
     Written,
     check_fingerprint,
+    keeps_stored,
     new_entry,
     new_runner_choice,
     parse_row,
@@ -152,7 +153,8 @@ class PersistentStore:
         return entry
 
     def put(self, fingerprint: Fingerprint, key: str, verdicts: Iterable[Verdict], depth: ProbeDepth | str) -> bool:
-        """False when a FULL entry was kept or the write failed (logged), or the store is read-only."""
+        """False when a deeper decision was kept (entry_rows.keeps_stored), the write failed (logged), or
+        the store is read-only."""
         return self._put(fingerprint, new_entry(fingerprint, key, verdicts, depth)) is Written.STORED
 
     def _put(self, fingerprint: Fingerprint, entry: NewEntry) -> Written:
@@ -166,10 +168,10 @@ class PersistentStore:
             stored = conn.execute(
                 "SELECT depth FROM verdicts WHERE fingerprint_key = ? AND config_key = ?", (fp_key, key),
             ).fetchone()
-            if stored is not None and stored[0] in {d.value for d in ProbeDepth if d is not depth and d.answers(depth)}:
+            if stored is not None and keeps_stored(stored[0], entry):
                 conn.execute("UPDATE verdicts SET last_used = ? WHERE fingerprint_key = ? AND config_key = ?",
                              (now, fp_key, key))
-                return Written.KEPT_FULL
+                return Written.KEPT_DEEPER
             _remember_fingerprint(conn, fingerprint, now)
             conn.execute(
                 "INSERT INTO verdicts (fingerprint_key, config_key, depth, verdicts, size, created, last_used)"

@@ -185,8 +185,8 @@ def import_store(store: Transferable, path: str | os.PathLike,
     that fingerprint, else rows of every fingerprint in the file.
 
     Rows of another fingerprint, rows that do not parse or do not match their sha256 (or carry
-    none), plans whose size does not match and FAST rows where a FULL entry is stored are skipped,
-    each with its reason. Every row is checked before any is written. Raises CacheError, having
+    none), plans whose size does not match and decisions where the store keeps a deeper one
+    (entry_rows.keeps_stored) are skipped, each with its reason. Every row is checked before any is written. Raises CacheError, having
     written nothing, when the file is not an export at all or holds a value no export holds.
     """
     path = Path(path)
@@ -358,8 +358,8 @@ def _write_decision(store: Transferable, fingerprint: Fingerprint, entry: NewEnt
     written = store._put(fingerprint, entry)
     if written is Written.STORED:
         return ""
-    if written is Written.KEPT_FULL:
-        return "a full-depth decision is already stored"
+    if written is Written.KEPT_DEEPER:
+        return "a deeper decision is already stored"
     return "the store could not write it (see the warning)"
 
 

@@ -11,6 +11,7 @@ covers answers through a problem's shape bucket.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from typing import Callable
@@ -226,6 +227,36 @@ def test_a_build_incident_flips_this_process_only_and_a_rejection_is_stored(tmp_
     again.record_build_failure(cfg, rejected)
     third = Selector(ScriptedTestEngine(), store=PersistentStore(tmp_path), bucket_forms=False)
     assert third.select(cfg).backend is Backend.NONE
+
+
+def test_a_build_failure_after_a_verified_yes_says_none_after_a_restart(tmp_path):
+    from fusedattn_select.store import PersistentStore
+
+    cfg = config()
+    selector = Selector(ScriptedTestEngine(), store=PersistentStore(tmp_path), bucket_forms=False)
+    assert selector.select(cfg, probe_depth="verify").backend is Backend.F16
+    selector.record_build_failure(cfg, Verdict(Backend.F16, Phase.BACKWARD, Outcome.UNSUPPORTED, "build_plans",
+                                               "no kernel", depth=ProbeDepth.FULL))
+    engine = ScriptedTestEngine()
+    restarted = Selector(engine, store=PersistentStore(tmp_path), bucket_forms=False)
+    for depth in ("fast", "verify"):
+        assert restarted.select(cfg, probe_depth=depth).backend is Backend.NONE
+    assert engine.calls == []
+
+
+def test_a_build_failure_the_store_cannot_save_says_so_in_its_warning(tmp_path, caplog):
+    from fusedattn_select.store import PersistentStore
+
+    cfg = config()
+    PersistentStore(tmp_path).close()
+    selector = Selector(ScriptedTestEngine(), store=PersistentStore(tmp_path, read_only=True), bucket_forms=False)
+    selector.select(cfg)
+    with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
+        selector.record_build_failure(cfg, Verdict(Backend.F16, Phase.BACKWARD, Outcome.UNSUPPORTED, "build_plans",
+                                                   "no kernel", depth=ProbeDepth.FULL))
+    said = [r.getMessage() for r in caplog.records if r.name == "fusedattn_select"]
+    assert said == ["fusedattn_select: F16 backward not supported at build_plans: no kernel; cached answer flipped "
+                    "to NONE in this process only: the decision cache did not save it"]
 
 
 # ----- rules and messages ----------------------------------------------------------------------

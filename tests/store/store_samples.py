@@ -60,6 +60,7 @@ def verdicts(outcome=Outcome.SUPPORTED, depth=ProbeDepth.FULL, message=""):
 
 
 SUPPORTED_FULL = verdicts()
+SUPPORTED_FAST = verdicts(depth=ProbeDepth.FAST)
 REJECTED_FAST = verdicts(Outcome.UNSUPPORTED, ProbeDepth.FAST, "hidden_dim should be multiple of 8")
 
 

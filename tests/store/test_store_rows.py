@@ -6,7 +6,7 @@ import os
 import time
 
 import pytest
-from store_samples import H100, H200, KEY, REJECTED_FAST, SUPPORTED_FULL, raw, verdicts, warnings_of
+from store_samples import H100, H200, KEY, REJECTED_FAST, SUPPORTED_FAST, SUPPORTED_FULL, raw, verdicts, warnings_of
 
 from fusedattn_select.store import DEFAULT_MAX_BYTES, MAX_BYTES_ENV, MemoryStore, PersistentStore
 from fusedattn_select.types import Outcome, ProbeDepth
@@ -32,10 +32,20 @@ def test_decision_of_another_fingerprint_is_never_returned(store):
     assert store.get(H200, KEY) == (REJECTED_FAST, ProbeDepth.FAST)
 
 
-def test_full_decision_is_not_replaced_by_a_fast_one(store):
+def test_full_decision_is_not_replaced_by_a_fast_yes(store):
     store.put(H100, KEY, SUPPORTED_FULL, ProbeDepth.FULL)
-    assert store.put(H100, KEY, REJECTED_FAST, ProbeDepth.FAST) is False
+    assert store.put(H100, KEY, SUPPORTED_FAST, ProbeDepth.FAST) is False
     assert store.get(H100, KEY) == (SUPPORTED_FULL, ProbeDepth.FULL)
+
+
+def test_a_rejection_replaces_a_deeper_yes(store):
+    # A build that fails after a verified "yes": the rejection, recorded at depth full, is the answer.
+    store.put(H100, KEY, verdicts(depth=ProbeDepth.VERIFY), ProbeDepth.VERIFY)
+    rejected = verdicts(Outcome.UNSUPPORTED, ProbeDepth.FULL, "no kernel for this configuration")
+    assert store.put(H100, KEY, rejected, ProbeDepth.FULL)
+    assert store.get(H100, KEY) == (rejected, ProbeDepth.FULL)
+    assert store.put(H100, KEY, REJECTED_FAST, ProbeDepth.FAST)
+    assert store.get(H100, KEY) == (REJECTED_FAST, ProbeDepth.FAST)
 
 
 def test_fast_decision_is_replaced_by_a_full_one(store):

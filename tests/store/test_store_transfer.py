@@ -4,7 +4,7 @@ import base64
 import json
 
 import pytest
-from store_samples import H100, H200, KEY, REJECTED_FAST, SUPPORTED_FULL
+from store_samples import H100, H200, KEY, REJECTED_FAST, SUPPORTED_FAST, SUPPORTED_FULL
 
 from fusedattn_select.store import CacheError, ImportReport, MemoryStore, PersistentStore
 from fusedattn_select.types import ProbeDepth
@@ -70,12 +70,23 @@ def test_import_of_a_file_that_is_not_an_export_raises(tmp_path):
         MemoryStore().import_(path)
 
 
-def test_import_keeps_a_stored_full_decision(cache_dir, tmp_path):
+def test_import_keeps_a_stored_full_decision_over_a_fast_yes(cache_dir, tmp_path):
+    source = MemoryStore()
+    source.put(H100, KEY, SUPPORTED_FAST, ProbeDepth.FAST)
+    source.export(tmp_path / "fast.json")
+    target = PersistentStore(cache_dir)
+    target.put(H100, KEY, SUPPORTED_FULL, ProbeDepth.FULL)
+    report = target.import_(tmp_path / "fast.json")
+    assert report.verdicts == 0 and "a deeper decision is already stored" in report.skipped[0][1]
+    assert target.get(H100, KEY) == (SUPPORTED_FULL, ProbeDepth.FULL)
+
+
+def test_import_of_a_rejection_replaces_a_stored_full_yes_and_counts_it(cache_dir, tmp_path):
     source = MemoryStore()
     source.put(H100, KEY, REJECTED_FAST, ProbeDepth.FAST)
     source.export(tmp_path / "fast.json")
     target = PersistentStore(cache_dir)
     target.put(H100, KEY, SUPPORTED_FULL, ProbeDepth.FULL)
     report = target.import_(tmp_path / "fast.json")
-    assert report.verdicts == 0 and "full-depth decision is already stored" in report.skipped[0][1]
-    assert target.get(H100, KEY) == (SUPPORTED_FULL, ProbeDepth.FULL)
+    assert (report.verdicts, report.skipped) == (1, ())
+    assert target.get(H100, KEY) == (REJECTED_FAST, ProbeDepth.FAST)
