@@ -186,8 +186,9 @@ def import_store(store: Transferable, path: str | os.PathLike,
 
     Rows of another fingerprint, rows that do not parse or do not match their sha256 (or carry
     none), plans whose size does not match and decisions where the store keeps a deeper one
-    (entry_rows.keeps_stored) are skipped, each with its reason. Every row is checked before any is written. Raises CacheError, having
-    written nothing, when the file is not an export at all or holds a value no export holds.
+    (entry_rows.keeps_stored) are skipped, each with its reason. Every row is checked before any is
+    written. Raises CacheError, having written nothing, when the file is not an export at all or
+    holds a value no export holds.
     """
     path = Path(path)
     document = read_export(path)
