@@ -15,17 +15,20 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Iterable
 
 
-def untrusted_reason(path: Path, owned_root: Path) -> str:
-    """Why native code must not be loaded from `path` ("" when it may); see the module docstring."""
+def untrusted_reason(path: Path, owned_root: Path, companions: Iterable[Path] = ()) -> str:
+    """Why native code must not be loaded from `path` ("" when it may); see the module docstring.
+    `companions` are files read together with `path` (a database's -wal and -shm), held to the same
+    rule; the reason names the file or directory that breaks it."""
     current_user = getattr(os, "geteuid", None)
     if current_user is None:  # Windows: no POSIX owners or modes to check
         return ""
     uid = current_user()
     # Both the path as written and as resolved: a symbolic link is as safe as the directory holding it.
-    chains = [(Path(os.path.abspath(path)), Path(os.path.abspath(owned_root))),
-              (Path(os.path.realpath(path)), Path(os.path.realpath(owned_root)))]
+    chains = [(Path(resolve(leaf)), Path(resolve(owned_root)))
+              for leaf in (path, *companions) for resolve in (os.path.abspath, os.path.realpath)]
     owned: set[Path] = set()
     components: dict[Path, None] = {}
     for leaf, root in chains:

@@ -39,7 +39,8 @@ def describe_plans(info: dict[str, Any]) -> str:
     if not info.get("persistent"):
         return "in memory only, lost at exit"
     if not info.get("plans_enabled"):
-        return f"DISABLED: {info.get('plans_refused')} (decisions are still cached; chmod 700 the directory)"
+        return (f"DISABLED: {info.get('plans_refused')} (decisions are still cached; chmod 700 the directory, "
+                "600 its files)")
     return "enabled"
 
 

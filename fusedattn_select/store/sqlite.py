@@ -5,10 +5,10 @@ every process.
 FUSEDATTN_SELECT_CACHE_DIR at local disk on clusters whose home directories are network mounts.
 Key locks add a flock per key in `<dir>/locks/` (see locks.py).
 
-Serialized plans load native code: they are only read from, or written to, a database file and a
-directory that pass trust.untrusted_reason (owned by the current user, writable by no one else,
-the whole path); otherwise plans are refused with one warning and decisions and runner choices
-(JSON, no native code) are still cached.
+Serialized plans load native code: they are only read from, or written to, a database file (and
+its -wal and -shm) and a directory that pass trust.untrusted_reason (owned by the current user,
+writable by no one else, the whole path); otherwise plans are refused with one warning and
+decisions and runner choices (JSON, no native code) are still cached.
 
 A read never waits for the write lock: the last-use stamps of rows read are written in batches
 (uses.py).
@@ -56,7 +56,7 @@ from fusedattn_select.store.protocol import (
 from fusedattn_select.store import sqlite_rows
 from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX
 from fusedattn_select.store.store_settings import (
-    DATABASE_NAME, database_not_writable, directory_problem, resolve_max_bytes,
+    DATABASE_NAME, database_files, database_not_writable, directory_problem, resolve_max_bytes,
 )
 from fusedattn_select.store.transfer import export_store, import_store
 from fusedattn_select.store.uses import PendingUses
@@ -265,13 +265,15 @@ class PersistentStore:
 
     def _plan_refusal(self) -> str:
         """Why plans may not be loaded from or written to this store ("" when they may)."""
-        problem = untrusted_reason(self.path, self.directory)
+        # SQLite reads committed rows from the -wal file, found through the -shm index: whoever can
+        # write either can plant a plan as surely as with the database file itself.
+        problem = untrusted_reason(self.path, self.directory, database_files(self.directory)[1:])
         if problem and not self._plan_warning_given:
             self._plan_warning_given = True
             log.warning(
                 "fusedattn_select: not using serialized plans in %s: %s. Plans load native code, so "
-                "the cache directory must be owned by you and writable by no one else (chmod 700); "
-                "decisions are still cached", self.directory, problem,
+                "the cache directory and its files must be owned by you and writable by no one else "
+                "(chmod 700 the directory, 600 its files); decisions are still cached", self.directory, problem,
             )
         return problem
 

@@ -117,13 +117,13 @@ def directory_problem(directory: Path) -> str:
 def database_not_writable(directory: Path) -> str:
     """Why the database file in `directory` (or a WAL file beside it) cannot be written by this user ("" when
     it can, or does not exist): its rows are read, and every save fails."""
-    for path in _database_files(directory):
+    for path in database_files(directory):
         if os.path.lexists(path) and not os.access(path, os.W_OK):
             return f"decision cache {path} is not writable by this user"
     return ""
 
 
-def _database_files(directory: Path) -> tuple[Path, ...]:
+def database_files(directory: Path) -> tuple[Path, ...]:
     """The database file in `directory` and the WAL files SQLite keeps beside it: a writer writes all three."""
     path = directory / DATABASE_NAME
     return path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")

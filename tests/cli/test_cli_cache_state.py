@@ -167,6 +167,18 @@ def test_cache_info_and_info_flag_plans_disabled_in_a_group_writable_directory(c
     assert facts["cache_plans"].startswith("DISABLED: ") and "mode 770" in facts["cache_plans"]
 
 
+def test_cache_info_names_a_write_ahead_log_writable_by_others(capsys, tmp_path):
+    store = PersistentStore(tmp_path / "cache")  # open: its -wal stays, as a process killed with it open leaves it
+    assert store.put_plan(FINGERPRINT, "plan-1", b"plan bytes")
+    log_file = store.path.with_name(DATABASE_NAME + "-wal")
+    os.chmod(log_file, 0o666)
+    code, out, _ = run(capsys, "cache", "info", "--json")
+    info = json.loads(out)
+    assert code == 0 and info["plans_enabled"] is False
+    assert info["plans_refused"] == f"{log_file} is writable by group or others (mode 666)"
+    assert f"warning: serialized plans are disabled: {log_file} is writable" in run(capsys, "cache", "info")[1]
+
+
 # ----- damaged database -------------------------------------------------------------------------
 def _damaged_store(directory):
     store = PersistentStore(directory)

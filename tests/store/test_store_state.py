@@ -57,6 +57,23 @@ def test_group_writable_directory_reports_plans_refused(cache_dir):
     assert info["plans_enabled"] is False and "mode 770" in info["plans_refused"]
 
 
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_a_log_file_writable_by_others_refuses_plans_and_is_named(cache_dir, suffix):
+    # SQLite reads committed rows from the -wal file (through the -shm index): a plan planted there loads.
+    store = PersistentStore(cache_dir)
+    assert store.put_plan(H100, "plan-fwd", b"native code")
+    log_file = cache_dir / f"decisions.sqlite3{suffix}"
+    os.chmod(log_file, 0o666)
+    try:
+        assert store.get_plan(H100, "plan-fwd") is None
+        info = store.info()
+        assert info["plans_enabled"] is False
+        assert info["plans_refused"] == f"{log_file} is writable by group or others (mode 666)"
+    finally:
+        os.chmod(log_file, 0o600)
+    assert store.get_plan(H100, "plan-fwd") == b"native code"
+
+
 def test_unknown_cache_switch_warns_once_and_means_on(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv(CACHE_SWITCH_ENV, "perhaps")
