@@ -5,8 +5,9 @@ picks, or dispatch's own fallback), and so for a dense mask that the "fusedattn"
 and tagged with its description (`masks.tag`: transformers asked for a tensor), unchanged since, and
 for a decode step's dense mask, whose one row runs as an additive bias (`masks.one_row_bias`: no
 read back); for any other dense mask it does what attn_implementation="sdpa" does.
-Attention sinks (gpt-oss `s_aux`) run as softmax="learnable"; logit soft-capping (Gemma 2), which
-cuDNN does not have, runs on the float32 reference with the same mask, logged once.
+Attention sinks (gpt-oss `s_aux`) run as softmax="learnable" and a relative position bias (T5's
+`position_bias`) as the additive bias; logit soft-capping (Gemma 2), which cuDNN does not have, runs on
+the float32 reference with the same mask, logged once.
 transformers passes module, query, key, value and attention_mask by position, the rest by keyword.
 torch is imported inside the functions: the package imports without torch (for `report()`).
 """
@@ -52,10 +53,12 @@ def _mask_without_tensor(query: "Tensor", key: "Tensor", is_causal: bool | None,
 
 
 def _dense_attention(module: Any, query: "Tensor", key: "Tensor", value: "Tensor", mask: "Tensor",
-                     options: _LayerOptions, **kwargs: Any) -> tuple["Tensor", None]:
+                     options: _LayerOptions, position_bias: "Tensor | None", **kwargs: Any) -> tuple["Tensor", None]:
     import torch
 
     if not options.softcap and options.sinks is None:
+        if position_bias is not None:  # (transformers' "sdpa" folds it into the mask)
+            kwargs["position_bias"] = position_bias
         return loaded().sdpa_attention_forward(
             module, query, key, value, mask, dropout=options.dropout, scaling=options.scaling,
             is_causal=options.is_causal, **kwargs
@@ -63,6 +66,8 @@ def _dense_attention(module: Any, query: "Tensor", key: "Tensor", value: "Tensor
     bias = mask
     if mask.dtype == torch.bool:
         bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
+    if position_bias is not None:
+        bias = bias + position_bias
     out = loaded().reference_attention(
         query, key, value, bias=bias, attn_scale=options.scaling, dropout=options.dropout,
         softcap=options.softcap or None, softmax=_softmax(options.sinks),
@@ -90,12 +95,18 @@ def _dispatch(query: "Tensor", key: "Tensor", value: "Tensor", plan: CudnnMask, 
 
 def _fused_attention(query: "Tensor", key: "Tensor", value: "Tensor", plan: CudnnMask,
                      options: _LayerOptions, bias: "Tensor | None" = None) -> "Tensor":
-    """(B, H, Sq, Dv) attention under a cuDNN mask description (and an additive `bias`), left padding
-    rolled in and out."""
+    """(B, H, Sq, Dv) attention under a cuDNN mask description (and an additive (B or 1, H or 1, Sq, Skv)
+    `bias`), left padding rolled in and out."""
     if plan.q_start is not None:
         query = _roll_rows(query, plan.q_start)
     if plan.kv_start is not None:
         key, value = _roll_rows(key, plan.kv_start), _roll_rows(value, plan.kv_start)
+    if bias is not None and (plan.q_start is not None or plan.kv_start is not None):
+        bias = bias.expand(query.shape[0], -1, -1, -1)  # each sequence's rows and keys roll by its own start
+        if plan.q_start is not None:
+            bias = _roll_rows(bias, plan.q_start)
+        if plan.kv_start is not None:
+            bias = _roll_rows(bias.transpose(2, 3), plan.kv_start).transpose(2, 3)
     if options.softcap:
         log_once(
             ("softcap", options.softcap),
@@ -128,12 +139,14 @@ def fusedattn_attention(
     """transformers' attention-function protocol: (B, H, S, D) inputs -> ((B, Sq, H, Dv), None).
 
     Keyword arguments read here: `softcap` (runs the float32 reference: cuDNN has no
-    soft-capping), `s_aux` (gpt-oss attention sinks) and `is_causal`; `sliding_window` is dropped,
+    soft-capping), `s_aux` (gpt-oss attention sinks), `position_bias` (T5's relative position bias,
+    added to the scores) and `is_causal`; `sliding_window` is dropped,
     since the mask says which keys a query sees (as with "sdpa"). Other keyword arguments go to
     "sdpa" for a dense mask.
     """
     kwargs.pop("sliding_window", None)
     softcap, sinks, is_causal = kwargs.pop("softcap", None), kwargs.pop("s_aux", None), kwargs.pop("is_causal", None)
+    position_bias = kwargs.pop("position_bias", None)
     if kwargs.get("output_attentions", False):
         log_once("output_attentions", "fusedattn: output_attentions=True is not supported; attention weights are None")
     if isinstance(attention_mask, CudnnMask):
@@ -146,18 +159,20 @@ def fusedattn_attention(
         if not softcap and plan.q_start is None and plan.kv_start is None:
             # The common case (every decode step, and prefill without left padding), in one call: its
             # host time is part of every generated token's.
-            return _dispatch(query, key, value, plan, dropout, scaling, sinks).transpose(1, 2).contiguous(), None
+            out = _dispatch(query, key, value, plan, dropout, scaling, sinks, position_bias)
+            return out.transpose(1, 2).contiguous(), None
     options = _LayerOptions(dropout, scaling, softcap, sinks, is_causal)
     if attention_mask is None:
         plan = _mask_without_tensor(query, key, options.is_causal, module)
     elif not isinstance(attention_mask, CudnnMask):
-        return _tensor_mask_attention(module, query, key, value, attention_mask, options, **kwargs)
+        return _tensor_mask_attention(module, query, key, value, attention_mask, options, position_bias, **kwargs)
     # else: the CudnnMask `plan` above, with left padding to roll or soft-capping
-    return _fused_attention(query, key, value, plan, options).transpose(1, 2).contiguous(), None
+    return _fused_attention(query, key, value, plan, options, position_bias).transpose(1, 2).contiguous(), None
 
 
 def _tensor_mask_attention(module: Any, query: "Tensor", key: "Tensor", value: "Tensor", attention_mask: "Tensor",
-                           options: _LayerOptions, **kwargs: Any) -> tuple["Tensor", None]:
+                           options: _LayerOptions, position_bias: "Tensor | None",
+                           **kwargs: Any) -> tuple["Tensor", None]:
     """A layer given a dense mask: fused where the fusedattn mask function described it (and nothing
     changed it since) or where it is a decode step's one row (a bias), else what "sdpa" does."""
     ours, plan, bias = True, None, None
@@ -166,9 +181,11 @@ def _tensor_mask_attention(module: Any, query: "Tensor", key: "Tensor", value: "
         if plan is None and query.shape[2] == 1:  # a decode step: its one row of the mask is a bias
             bias = one_row_bias(attention_mask, query.shape[0], key.shape[2], query.dtype)
             plan = None if bias is None else CudnnMask("no_mask", (-1, -1), 1, key.shape[2])
+    if plan is not None and position_bias is not None:
+        bias = position_bias if bias is None else bias + position_bias
     if plan is None:
         if not ours:  # a mask the mask function did not make (or made and the model changed): say so once
             log_once("dense mask", "fusedattn: a layer got a dense attention mask that the fusedattn mask "
                      "function did not describe (the model made or changed it); such layers run on torch SDPA")
-        return _dense_attention(module, query, key, value, attention_mask, options, **kwargs)
+        return _dense_attention(module, query, key, value, attention_mask, options, position_bias, **kwargs)
     return _fused_attention(query, key, value, plan, options, bias).transpose(1, 2).contiguous(), None
