@@ -140,14 +140,13 @@ class PersistentStore:
     def get(self, fingerprint: Fingerprint, key: str) -> Entry | None:
         check_fingerprint(fingerprint)
         fp_key = fingerprint.key()
-        row = self._read_row("decision", "depth, verdicts", fp_key, key)
+        row = self._read_row("decision", ("depth", "verdicts"), fp_key, key)
         if row is None:
             return None
-        depth, text = row
         try:
-            entry = parse_row(depth, text)
+            entry = parse_row(*row)
         except BadEntry as bad:
-            self._drop_bad_row("decision", fp_key, key, bad, "verdicts", text)
+            self._drop_bad_row("decision", fp_key, key, bad, {"depth": row[0], "verdicts": row[1]})
             return None
         self._record_use("decision", fp_key, key)
         return entry
@@ -252,13 +251,13 @@ class PersistentStore:
         if self._plan_refusal():
             return None
         fp_key = fingerprint.key()
-        row = self._read_row("plan", "sha256, size, blob", fp_key, plan_key)
+        row = self._read_row("plan", ("sha256", "size", "blob"), fp_key, plan_key)
         if row is None:
             return None
         digest, size, blob = row
         problem = sqlite_rows.plan_problem(digest, size, blob)
         if problem:
-            self._drop_bad_row("plan", fp_key, plan_key, problem, "sha256", digest)
+            self._drop_bad_row("plan", fp_key, plan_key, problem, {"sha256": digest, "size": size, "blob": blob})
             return None
         self._record_use("plan", fp_key, plan_key)
         return blob
@@ -294,7 +293,7 @@ class PersistentStore:
             if legacy:  # the next writer to open the file drops it (schema.sweep_legacy_runner_rows)
                 log.warning("fusedattn_select: the cached runner choice %s in %s is damaged: %s", key, self.path, bad)
             else:
-                self._drop_bad_row("runner choice", fp_key, key, bad, "choice", text)
+                self._drop_bad_row("runner choice", fp_key, key, bad, {"choice": text})
             return None
         if not legacy:
             self._record_use("runner choice", fp_key, key)
@@ -424,11 +423,11 @@ class PersistentStore:
         return sqlite_rows.export_rows(raw)
 
     # ----- rows --------------------------------------------------------------------------------
-    def _read_row(self, kind: str, columns: str, fp_key: str, key: str) -> tuple | None:
+    def _read_row(self, kind: str, columns: tuple[str, ...], fp_key: str, key: str) -> tuple | None:
         """`columns` of the `kind` (a key of _ROWS) row, or None: no row, or unreadable (logged)."""
         table, key_column = _ROWS[kind]
         return self._read(f"read a {kind}", lambda conn: conn.execute(
-            f"SELECT {columns} FROM {table} WHERE fingerprint_key = ? AND {key_column} = ?", (fp_key, key),
+            f"SELECT {', '.join(columns)} FROM {table} WHERE fingerprint_key = ? AND {key_column} = ?", (fp_key, key),
         ).fetchone())
 
     def _read(self, what: str, action: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -441,20 +440,22 @@ class PersistentStore:
                 "fusedattn_select: decision cache %s: %s; treated as a miss", self.path, err)
             return None
 
-    def _drop_bad_row(self, kind: str, fp_key: str, key: str, problem: object, column: str,
-                      value: object) -> None:
-        """Log and delete the damaged `kind` row that was read (its `column` was `value`)."""
+    def _drop_bad_row(self, kind: str, fp_key: str, key: str, problem: object, read: Mapping[str, object]) -> None:
+        """Log and delete the damaged `kind` row that was read: `read` holds every column its check read."""
         table, key_column = _ROWS[kind]
         if self.read_only:
             log.warning("fusedattn_select: the cached %s %s in %s is damaged: %s", kind, key, self.path, problem)
             return
-        # Only the row that was read: another process may have replaced it meanwhile. A read never
-        # waits for the write lock: when it is busy the row is dropped the next time it is read.
-        dropped = self._db.try_write(lambda conn: conn.execute(
-            f"DELETE FROM {table} WHERE fingerprint_key = ? AND {key_column} = ? AND {column} IS ?",
-            (fp_key, key, value),
-        ))
-        log.warning("fusedattn_select: %s the cached %s %s from %s: %s", "dropped" if dropped else "not using",
+        # Only while the row still holds every value that failed the check: another process may have
+        # written a sound row meanwhile, with the same sha256 (a plan rebuilt) or the same verdicts. A
+        # read never waits for the write lock: when it is busy the row is dropped the next time it is read.
+        same = " AND ".join(f"{column} IS ?" for column in read)
+        deleted: list[int] = []
+        self._db.try_write(lambda conn: deleted.append(conn.execute(
+            f"DELETE FROM {table} WHERE fingerprint_key = ? AND {key_column} = ? AND {same}",
+            (fp_key, key, *read.values()),
+        ).rowcount))
+        log.warning("fusedattn_select: %s the cached %s %s from %s: %s", "dropped" if any(deleted) else "not using",
                     kind, key, self.path, problem)
 
     def _record_use(self, kind: str, fp_key: str, key: str) -> None:

@@ -77,6 +77,25 @@ def test_decision_row_that_does_not_parse_is_dropped_with_a_warning(cache_dir, c
     assert store.info()["entries"] == 0
 
 
+def _written_between_read_and_drop(store, monkeypatch, write):
+    """Run `write` after `store` read a damaged row and before it drops it: another process's write."""
+    drop = store._drop_bad_row
+
+    def write_then_drop(*args):
+        write()
+        drop(*args)
+    monkeypatch.setattr(store, "_drop_bad_row", write_then_drop)
+
+
+def test_a_decision_another_process_wrote_after_the_damaged_one_was_read_is_kept(cache_dir, monkeypatch):
+    reader, writer = PersistentStore(cache_dir), PersistentStore(cache_dir)
+    reader.put(H100, KEY, SUPPORTED_FULL, ProbeDepth.FULL)
+    raw(reader).execute("UPDATE verdicts SET depth = 'deep'")  # the same verdicts text as the sound row
+    _written_between_read_and_drop(reader, monkeypatch, lambda: writer.put(H100, KEY, SUPPORTED_FULL, ProbeDepth.FULL))
+    assert reader.get(H100, KEY) is None
+    assert PersistentStore(cache_dir).get(H100, KEY) == (SUPPORTED_FULL, ProbeDepth.FULL)
+
+
 def test_get_records_the_use_of_a_decision(cache_dir):
     store = PersistentStore(cache_dir)
     store.put(H100, KEY, SUPPORTED_FULL, ProbeDepth.FULL)
@@ -106,6 +125,16 @@ def test_damaged_plan_is_dropped_with_a_warning(cache_dir, caplog, damage):
         assert store.get_plan(H100, "plan-fwd") is None
     assert any("dropped the cached plan" in r.getMessage() for r in warnings_of(caplog))
     assert store.info()["plans"] == 0
+
+
+def test_a_plan_rebuilt_by_another_process_after_the_damaged_one_was_read_is_kept(cache_dir, monkeypatch):
+    reader, writer = PersistentStore(cache_dir), PersistentStore(cache_dir)
+    plan = os.urandom(4096)
+    reader.put_plan(H100, "plan-fwd", plan)
+    raw(reader).execute("UPDATE plans SET blob = zeroblob(size)")  # damaged, its sha256 the sound plan's
+    _written_between_read_and_drop(reader, monkeypatch, lambda: writer.put_plan(H100, "plan-fwd", plan))
+    assert reader.get_plan(H100, "plan-fwd") is None
+    assert PersistentStore(cache_dir).get_plan(H100, "plan-fwd") == plan
 
 
 def test_group_writable_directory_refuses_plans_but_keeps_decisions(cache_dir, caplog):
