@@ -184,24 +184,26 @@ class Database:
                 channel.close()  # (unlocked, where the lock could not be had)
 
     def repair(self) -> str:
-        """Salvage the file if integrity_check finds it damaged (or finish a salvage a process left):
+        """Finish a salvage a process left, or else salvage the file if integrity_check finds it damaged:
         what was done, in one line. Raises StoreFailure when it cannot."""
         with self._writer.lock:
             self.close()
             with self._exclusive():
-                finished = self._finish_pending_salvage_locked(warn=False)
-                if finished:
+                finished, swapped = self._finish_pending_salvage_locked(warn=False)
+                if swapped:
                     return finished
+                # An incomplete copy removed says nothing of the file it was to replace: check that too.
                 problem = integrity_problem(self.path) if self.path.exists() else None
                 if problem is None:
                     self.damage = ""
-                    if self.salvaged:  # by this process, opening the file (a write that met the damage)
-                        return self.salvaged
-                    return f"{self.path}: sound (integrity_check ok), nothing to repair"
+                    # self.salvaged: by this process, opening the file (a write that met the damage)
+                    done = self.salvaged or f"{self.path}: sound (integrity_check ok), nothing to repair"
+                    return "; ".join(filter(None, (finished, done)))
                 aside, report = self._swap.make(problem)
         self.damage = ""
         _DAMAGE_REPORTED.discard(self.path)
-        return f"{self.path} was damaged ({problem}): {report}; the damaged file is kept as {aside}"
+        done = f"{self.path} was damaged ({problem}): {report}; the damaged file is kept as {aside}"
+        return "; ".join(filter(None, (finished, done)))
 
     # ----- connections ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -368,8 +370,8 @@ class Database:
         self.damage = ""  # found again by the next read if this does not repair it
         _DAMAGE_REPORTED.discard(self.path)
         with self._exclusive():
-            if self._finish_pending_salvage_locked():
-                return
+            if self._finish_pending_salvage_locked()[1]:
+                return  # a complete salvaged copy took the file's place (an incomplete one removed: go on)
             if _file_identity(self.path) != identity:
                 return  # another process already replaced it
             problem = integrity_problem(self.path)
@@ -385,21 +387,21 @@ class Database:
         with self._exclusive(max(deadline, time.monotonic() + 1.0)):
             self._finish_pending_salvage_locked()
 
-    def _finish_pending_salvage_locked(self, warn: bool = True) -> str:
-        """Steps 2 and 3 of a salvage a dead process left, under the exclusive flock: what was done
-        ("" when no salvaged copy waits)."""
+    def _finish_pending_salvage_locked(self, warn: bool = True) -> tuple[str, bool]:
+        """Steps 2 and 3 of a salvage a dead process left, under the exclusive flock: (what was done, ""
+        when no copy waits; whether a complete copy took the file's place: an incomplete one is only removed)."""
         if not self.salvaged_copy.exists():
-            return ""
+            return "", False
         finished = self._swap.finish()
         if finished is None:
-            said = f"removed {self.salvaged_copy.name}, an incomplete salvaged copy; {self.path.name} stays"
+            said = f"removed {self.salvaged_copy.name}, an incomplete salvaged copy ({self.path.name} was not replaced)"
         else:
             aside, report = finished
             said = (f"finished the salvage of {self.path} that an interrupted process left ({report}); "
                     f"the damaged file is kept as {aside.name}")
         if warn:
             log.warning("fusedattn_select: %s", said)
-        return said
+        return said, finished is not None
 
 
 def _refuse_emptied_file(path: Path) -> None:

@@ -209,6 +209,15 @@ def test_cache_info_reports_a_damaged_database_and_moves_nothing(capsys, tmp_pat
     assert path.read_bytes() == damaged
 
 
+def test_cache_repair_beside_an_incomplete_salvaged_copy_repairs_the_file_and_exits_0(capsys, tmp_path):
+    path = _damaged_store(tmp_path / "cache")
+    path.with_name(DATABASE_NAME + ".salvaged").write_bytes(b"not a database")
+    code, out, _ = run(capsys, "cache", "repair")
+    assert code == 0 and "an incomplete salvaged copy" in out and f"{path} was damaged (" in out
+    code, out, _ = run(capsys, "cache", "info", "--json")
+    assert code == 0 and json.loads(out)["damage"] is None and json.loads(out)["entries"] == 200
+
+
 # ----- the cache switch -------------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [("cache", "info"), ("cache", "import", "x.json"), ("warmup", "x.yaml")])
 def test_an_invalid_cache_switch_is_bad_input_for_commands(capsys, monkeypatch, argv):

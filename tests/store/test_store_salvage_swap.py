@@ -120,6 +120,27 @@ def test_repair_finishes_a_salvage_cut_short_and_then_finds_the_file_sound(cache
     assert _keys(cache_dir) == {f"key-{index}" for index in range(ROWS)}
 
 
+def test_repair_beside_an_incomplete_salvaged_copy_removes_it_and_salvages_the_damaged_file(cache_dir):
+    path = _damaged_store(cache_dir)
+    copy = cache_dir / (DATABASE_NAME + ".salvaged")
+    copy.write_bytes(b"not a database")  # a salvage that died before its copy reached the disk
+    said = PersistentStore(cache_dir).repair()
+    assert said.startswith(f"removed {copy.name}, an incomplete salvaged copy") and f"{path} was damaged (" in said
+    assert not copy.exists() and database.integrity_problem(path) is None
+    assert _keys(cache_dir) == {f"key-{index}" for index in range(ROWS)}
+
+
+def test_a_write_after_a_read_found_damage_salvages_the_file_beside_an_incomplete_copy(cache_dir):
+    path = _damaged_store(cache_dir)
+    store = PersistentStore(cache_dir)
+    assert store.check_damage()
+    (cache_dir / (DATABASE_NAME + ".salvaged")).write_bytes(b"not a database")
+    assert store.put_plan(H100, "plan-1", PLAN)  # a write that does not touch the damaged index
+    assert database.integrity_problem(path) is None and store.damage == ""
+    assert _keys(cache_dir) == {f"key-{index}" for index in range(ROWS)}
+    assert store.get_plan(H100, "plan-1") == PLAN
+
+
 KILLED_SALVAGE = """
 import sys
 from fusedattn_select.store import PersistentStore
