@@ -37,6 +37,18 @@ class MaskNotExpressible(FusedAttnSelectError):
     """A model's mask has no exact cuDNN description; the message says why."""
 
 
+class MaskUsedAsTensor(FusedAttnSelectError):
+    """A model's own code used the "fusedattn" mask (a CudnnMask) as a tensor: it computes attention itself
+    or edits its mask without asking for a tensor, which a description cannot serve."""
+
+
+def _used_as_tensor(what: str) -> str:
+    return (f"fusedattn: this model used the 'fusedattn' mask as a tensor ({what}): its own code reads the mask "
+            "(its attention code, not transformers' attention interface, runs its layers, as BLOOM's and "
+            "Falcon's in transformers 5; or it edits its mask without asking for a tensor); "
+            "attn_implementation='fusedattn' cannot run it: use 'eager' or 'sdpa'")
+
+
 class CudnnMask(NamedTuple):
     """A model's attention mask as cuDNN expresses it: what the "fusedattn" mask function returns.
 
@@ -65,6 +77,22 @@ class CudnnMask(NamedTuple):
 
     def contiguous(self) -> "CudnnMask":
         return self
+
+    # A model whose own code uses the mask as a tensor gets an error saying so, instead of a TypeError or
+    # AttributeError from deep inside its layers: torch functions and tensor methods given a CudnnMask
+    # (`scores + mask`, `scores.masked_fill(mask, ...)`) come here, and so do tensor attributes. Not a
+    # TypeError: torch turns one raised here into NotImplemented, and Python into its own message.
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        raise MaskUsedAsTensor(_used_as_tensor(getattr(func, "__name__", str(func))))
+
+    def __add__(self, other: Any) -> Any:  # (a tuple's would concatenate, or fail saying so)
+        raise MaskUsedAsTensor(_used_as_tensor("mask + ..."))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and the like ask for dunders: a plain miss
+            raise AttributeError(name)
+        raise AttributeError(_used_as_tensor(f"its .{name}"))
 
 
 class _Runs(NamedTuple):

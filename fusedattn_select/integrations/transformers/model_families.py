@@ -65,6 +65,9 @@ class Family:
     class_token: bool = False
     encoder_decoder: bool = False
     unsupported: str = ""
+    # transformers (5.x) runs the layers' attention in the model's own code, not through its attention
+    # interface (whose functions "fusedattn" registers), while the model still makes its masks through it.
+    own_attention: bool = False
 
     def keys_for(self, role: str) -> Keys:
         """The keys of the stack playing `role`."""
@@ -93,8 +96,8 @@ FAMILIES: dict[str, Family] = {
     "gpt2": replace(GENERIC, positions_default=1024),
     "gpt_bigcode": replace(GENERIC, multi_query_default=True, positions_default=1024),
     "gptj": replace(GENERIC, positions_default=2048),
-    "falcon": replace(GENERIC, multi_query_default=True, positions_default=2048),
-    "bloom": replace(GENERIC, alibi=True),
+    "falcon": replace(GENERIC, multi_query_default=True, positions_default=2048, own_attention=True),
+    "bloom": replace(GENERIC, alibi=True, own_attention=True),
     "mistral": replace(GENERIC, sliding_window_default=4096),
     "gemma": replace(GENERIC, head_dim_default=256),
     "gemma2": replace(GENERIC, sliding_pattern=EVERY_OTHER, sliding_window_default=4096, head_dim_default=256,

@@ -56,6 +56,7 @@ class AttentionStack:
     sinks: bool = False
     softcap: float | None = None
     positions: int | None = None
+    own_attention: bool = False  # the model's own attention code runs these layers (Family.own_attention)
 
     def layer_name(self, layer_type: str) -> str:
         """A layer's name: its type for a language model, else the stack's prefix."""
@@ -246,6 +247,7 @@ def read_stack(fields: Fields, family: families.Family, prefix: str = "", role: 
         bias="alibi" if alibi else "post_scale_bias" if family.relative_bias else "no_bias",
         bias_shape="1hss" if family.relative_bias and not alibi else None,
         sinks=family.sinks, softcap=float(softcap) if softcap else None, positions=longest,
+        own_attention=family.own_attention,
     )
 
 

@@ -54,6 +54,9 @@ def hf_config(source: Any) -> ModelReading:
 def _integration_reasons(stack: AttentionStack, layer_type: str) -> tuple[str, ...]:
     """Why this integration runs a layer outside cuDNN whatever cuDNN answers for its problem."""
     reasons: list[str] = []
+    if stack.own_attention:
+        reasons.append("transformers runs this model's attention in the model's own code, not through its attention "
+                       "interface: attn_implementation='fusedattn' cannot run these layers (use 'eager')")
     if stack.softcap:
         reasons.append(
             f"attn_logit_softcapping={stack.softcap:g}: cuDNN has no logit soft-capping; runs on the float32 reference"
