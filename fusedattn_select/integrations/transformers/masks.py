@@ -12,7 +12,9 @@ row j is kv_offset + j, so the diagonal sits at d = q_offset - kv_offset.
   run (left or right padding) and the runs line up with one of the two diagonals. Left padding
   is rolled to row 0 before the kernel and back after it (cuDNN's padding masks mean "the
   first seqlens[b] rows are valid"). Query rows that see no key (left padding) come out as
-  zeros, as with "sdpa"; right-padding query rows see every key before them, as with "sdpa".
+  zeros, as with "sdpa"; right-padding query rows see every key before them, as with "sdpa", on
+  the top-left diagonal; on the bottom-right one (a prefill after a cache) cuDNN cannot give them
+  those keys, so such a mask is not expressible.
 - sliding window w (transformers: key visible iff kv > q - w, so w keys including the query's
   own) -> window_size=(w - 1, 0) on the same diagonal; dropped when it cannot cut anything
   (Sq <= w top-left, Skv <= w bottom-right).
@@ -216,8 +218,9 @@ def _padded(padding_mask: "Tensor", q_length: int, kv_length: int, q_offset: int
         (offset == kv.count - q.count).all(),
         (q.start != 0).any(),
         (kv.start != 0).any(),
+        (q.start + q.count < q_length).any(),
     ]).tolist()
-    contiguous, nonempty, unpadded, top_left, bottom_right, q_shifted, kv_shifted = facts
+    contiguous, nonempty, unpadded, top_left, bottom_right, q_shifted, kv_shifted, q_right_padded = facts
     if unpadded:
         return _unpadded(q_length, kv_length, q_offset - kv_offset, causal, sliding_window, mask.shape[0], mask.device)
     if not contiguous:
@@ -233,6 +236,11 @@ def _padded(padding_mask: "Tensor", q_length: int, kv_length: int, q_offset: int
         # "sdpa" and "eager"; only rows before them (left padding) see no key and come out zero.
         q_count = q_length - q.start
     elif bottom_right:
+        if q_right_padded:
+            # "sdpa" gives a query row after a sequence's tokens the keys before it; on the bottom-right
+            # diagonal cuDNN counts rows from the last valid one, so such rows could only come out zero.
+            raise MaskNotExpressible("query rows after a sequence's tokens (right padding) in a prefill after a "
+                                     "cache have no cuDNN mask that gives them their keys")
         kind, window_size = "padding_causal_bottom_right", cudnn_window(sliding_window, kv_length)
     else:
         raise MaskNotExpressible(
