@@ -315,9 +315,6 @@ class SnapshotEngine:
             (form.shape_class_key(), form.batch_size, form.seqlen_q, form.seqlen_kv))
         if recorded is None:
             return None
-        form_key = form.cache_key()
-        for verdict in recorded:  # probe() answers the form from here on (setdefault: threads agree)
-            self._answers.setdefault((form_key, verdict.phase), verdict)
         return form
 
     def nearest(self, cfg: AttnConfig, limit: int = NEAREST_LIMIT) -> tuple[NearProblem, ...]:
@@ -343,7 +340,7 @@ class SnapshotEngine:
         recorded at depth fast does (a graph cuDNN refuses does not build either).
         """
         key = cfg.cache_key()
-        verdict = self._answers.get((key, phase))
+        verdict = self._answers.get((key, phase)) or self._bucket_verdict(cfg, phase)
         if verdict is None or verdict.backend is not backend:
             answer = self._no_data(key, backend, phase, depth, f"not recorded in {self.file_names}; "
                                    "only a live probe on a GPU can answer it")
@@ -361,6 +358,15 @@ class SnapshotEngine:
                   key, backend.value, phase.value, depth.value, self.file_names, answer.outcome.value,
                   answer.depth.value)
         return answer
+
+    def _bucket_verdict(self, cfg: AttnConfig, phase: Phase) -> Verdict | None:
+        """The verdict of `phase` a ladder recorded for `cfg` when `cfg` is itself a bucket form at one of
+        its rungs (a rung is recorded as its class and sizes, not as an entry): read here, never copied
+        into the answers, so an answer does not depend on which problems were asked before it."""
+        if not self._buckets:
+            return None
+        recorded = self._buckets.get((cfg.shape_class_key(), cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv))
+        return next((verdict for verdict in recorded or () if verdict.phase is phase), None)
 
     @staticmethod
     def _no_data(key: str, backend: Backend, phase: Phase, depth: ProbeDepth, message: str,

@@ -92,6 +92,23 @@ def test_batch_7_seqlen_1000_answers_from_the_bucket_that_holds_it_labelled(ladd
     assert engine.bucket_for(cfg) == Selector(recording_engine).bucket_for(cfg) == bucket_form(cfg)
 
 
+def test_a_bucket_form_answers_itself_whatever_was_asked_before_it(laddered):
+    # A rung is recorded as its class and sizes; asking the form first must not make it no data (and
+    # then the shapes it serves), nor asking a shape first change what the form answers.
+    cfg = shape(7, 1000)
+    form = bucket_form(cfg)
+    engine = SnapshotEngine.load(laddered[1])
+    alone = Selector(engine).select(form)
+    assert alone.backend is Backend.F16 and not alone.no_data, alone.reason
+    form_first = Selector(engine)
+    answers = [form_first.select(form), form_first.select(cfg)]
+    shape_first = Selector(SnapshotEngine.load(laddered[1]))
+    answers += reversed([shape_first.select(cfg), shape_first.select(form)])
+    assert [(a.backend, a.no_data, a.plan_form) for a in answers] == [
+        (Backend.F16, False, ""), (Backend.F16, False, BUCKET_8_1024)] * 2
+    assert len(engine) == len(SnapshotEngine.load(laddered[1])), "answering changed what the engine holds"
+
+
 def test_an_exactly_recorded_shape_answers_from_its_own_row(laddered):
     answer = Selector(SnapshotEngine.load(laddered[1])).select(shape(2, 1024))
     assert answer.backend is Backend.F16 and answer.plan_form == ""
