@@ -115,10 +115,12 @@ class AttnConfig:
         # Accept lists from YAML/JSON for window_size; keep the frozen value a tuple.
         if isinstance(self.window_size, list):
             object.__setattr__(self, "window_size", tuple(self.window_size))
-        if isinstance(self.attn_scale, int) and not isinstance(self.attn_scale, bool):
-            object.__setattr__(self, "attn_scale", float(self.attn_scale))
-        if isinstance(self.dropout, int) and not isinstance(self.dropout, bool):
-            object.__setattr__(self, "dropout", float(self.dropout))
+        for name in ("attn_scale", "dropout"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                # A float whatever number was given, and -0.0 as 0.0: the two are one problem, and
+                # the class's key text keeps the first spelling it met.
+                object.__setattr__(self, name, float(value) + 0.0)
         problem_class = _classes.of(self)
         if problem_class is not None and problem_class in _classes:
             _validate_shape(self)  # every other field was validated with an earlier config of its class
