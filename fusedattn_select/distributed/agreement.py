@@ -7,10 +7,11 @@ them, with a message naming each group of ranks, its platform and its answer; th
 pinned in the rank's selector, so later select() and attention() calls return it (memory only:
 the persistent store keeps each platform's own verdicts).
 
-Ranks on different platforms (fingerprint, or a snapshot on one and live cuDNN on another) that
-give the same answers each keep their own answer, probed on their own platform: nothing is merged,
-and the platforms are reported and logged. strict=True answers NONE for every problem instead.
-Only the lowest rank logs (one line per disagreement, one for mixed platforms).
+Ranks on different platforms (fingerprint, a snapshot on one and live cuDNN on another, or two
+snapshots whose contents differ) that give the same answers each keep their own answer, probed on
+their own platform: nothing is merged, and the platforms are reported and logged. strict=True
+answers NONE for every problem instead. Only the lowest rank logs (one line per disagreement, one
+for mixed platforms).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class Disagreement:
 
 @dataclass(frozen=True)
 class PlatformGroup:
-    """Ranks on one platform (fingerprint and kind of engine), described by its first rank's facts."""
+    """Ranks on one platform (RankFacts.platform), described by its first rank's facts."""
 
     ranks: tuple[int, ...]
     first: RankFacts

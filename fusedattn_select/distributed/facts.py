@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
+from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Fingerprint
 
@@ -13,10 +16,12 @@ from fusedattn_select.types import Fingerprint
 class RankFacts:
     """One rank's platform, engine and store, as the other ranks see it.
 
-    `source` is the engine's provenance (live_probe, snapshot, declared) or "none". `store` names
-    the store so that ranks can tell when they share one: (host, database path) for a persistent
-    store, which every process of that host opening that file shares; (host, process id) for a
-    store private to the process; () for none.
+    `source` is the engine's provenance (live_probe, snapshot, declared) or "none". `answers` says
+    which answers the engine gives beyond its fingerprint: for a snapshot engine the sha256 of its
+    files' contents (a copy with one verdict edited is another platform, whatever its file name),
+    else the engine's name. `store` names the store so that ranks can tell when they share one:
+    (host, database path) for a persistent store, which every process of that host opening that
+    file shares; (host, process id) for a store private to the process; () for none.
     """
 
     rank: int
@@ -25,6 +30,7 @@ class RankFacts:
     fingerprint_key: str
     source: str
     engine: str
+    answers: str
     store: tuple[str, ...]
 
     @classmethod
@@ -39,12 +45,15 @@ class RankFacts:
         else:
             where = (host, f"pid {os.getpid()}")
         return cls(rank, host, fingerprint.to_dict(), fingerprint.key(),
-                   engine.provenance.value if engine is not None else "none", selector.engine_name, where)
+                   engine.provenance.value if engine is not None else "none", selector.engine_name,
+                   _answers_identity(selector), where)
 
     @property
-    def platform(self) -> tuple[str, str]:
-        """What makes two ranks' answers interchangeable: the fingerprint and the kind of engine."""
-        return (self.fingerprint_key, self.source)
+    def platform(self) -> tuple[str, str, str]:
+        """What makes two ranks' answers interchangeable: the fingerprint, the kind of engine and
+        (for recorded answers) which recording. A shared warmup shares decisions only within a
+        platform, so what a rank stores from another is what its own engine answers."""
+        return (self.fingerprint_key, self.source, self.answers)
 
     def fingerprint_checks_out(self) -> bool:
         """Whether the fingerprint description hashes to the key this rank claims (as `cache import` checks)."""
@@ -63,3 +72,18 @@ class RankFacts:
 
     def shares_store_with(self, other: "RankFacts") -> bool:
         return bool(self.store) and self.store == other.store
+
+
+def _answers_identity(selector: Selector) -> str:
+    """The sha256 of a snapshot engine's files in load order (their answers), else the engine's name."""
+    engine = selector.engine
+    if not isinstance(engine, SnapshotEngine):
+        return selector.engine_name
+    digest = hashlib.sha256()
+    for snapshot in engine.files:
+        try:
+            digest.update(hashlib.sha256(Path(snapshot.path).read_bytes()).digest())
+        except OSError as err:
+            # Unreadable now: name the file, so that only ranks that cannot read the same file group together.
+            digest.update(f"{snapshot.path}: {type(err).__name__}".encode())
+    return "sha256:" + digest.hexdigest()[:16]

@@ -104,7 +104,18 @@ def scenario_warmup(spec: dict, rank: int) -> dict:
         "decisions_received": report.received.decisions,
         "skipped": list(report.received.skipped),
         "agreed": report.agreement.agreed,
+        "disagreements": [[d.name, d.message] for d in report.agreement.disagreements],
+        "stored": stored_outcomes(spec, rank, selector, named),
     }
+
+
+def stored_outcomes(spec: dict, rank: int, selector: Selector, named: list) -> dict:
+    """Each problem's stored outcome per pass, read by a fresh open of this rank's store (None: not stored)."""
+    if not spec.get("stores"):
+        return {}
+    store = PersistentStore(spec["stores"][rank % len(spec["stores"])])
+    entries = {name: store.get(selector.fingerprint, cfg.cache_key()) for name, cfg in named}
+    return {name: [v.outcome.value for v in entry[0]] if entry else None for name, entry in entries.items()}
 
 
 def main() -> None:

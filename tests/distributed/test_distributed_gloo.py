@@ -159,3 +159,17 @@ def test_shared_warmup_probes_each_problem_once_and_every_rank_ends_with_every_d
         assert {n: v[:2] for n, v in r["later"].items()} == {n: v[:2] for n, v in results[0]["later"].items()}
         assert r["combined_rows"] == results[0]["combined_rows"] and r["agreed"] and not r["skipped"]
         assert r["decisions_received"] == len(owned) - len(r["local_rows"])
+
+
+def test_shared_warmup_with_a_rank_whose_snapshot_rejects_a_problem_disagrees_as_agree_does(tmp_path):
+    edited = edited_snapshot(tmp_path)
+    ranks = dict(snapshots=[H100, edited], configs=[str(LLAMA)])
+    warmed = run_ranks(tmp_path, "warmup", 2, stores=[tmp_path / "node0", tmp_path / "node1"], **ranks)
+    agreed = run_ranks(tmp_path, "agree", 2, **ranks)
+    for w, a in zip(warmed, agreed):
+        assert not w["agreed"] and [d[0] for d in w["disagreements"]] == [REJECTED]
+        assert w["disagreements"] == a["disagreements"]
+        assert w["later"][REJECTED][0] == "NONE" and w["disagreements"][0][1] in w["later"][REJECTED][1]
+    # Each store holds what its own rank's engine answers, never the other rank's answer.
+    assert warmed[0]["stored"][REJECTED][0] == "supported"
+    assert warmed[1]["stored"][REJECTED][0] == "unsupported"
