@@ -6,6 +6,9 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Hashable, Sequence
+
+from fusedattn_select.distributed.group import DistributedError, ranks_phrase
 
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector
@@ -87,3 +90,18 @@ def _answers_identity(selector: Selector) -> str:
             # Unreadable now: name the file, so that only ranks that cannot read the same file group together.
             digest.update(f"{snapshot.path}: {type(err).__name__}".encode())
     return "sha256:" + digest.hexdigest()[:16]
+
+
+def require_same(step: str, argument: str, values: Sequence[tuple[int, Hashable]]) -> None:
+    """Raise DistributedError naming each value and its ranks when (rank, value) pairs differ.
+
+    For the call's arguments that every rank must pass alike; every rank decides from the same
+    exchanged values, so every rank raises the same error.
+    """
+    by_value: dict[Hashable, list[int]] = {}
+    for rank, value in values:
+        by_value.setdefault(value, []).append(rank)
+    if len(by_value) > 1:
+        raise DistributedError(step, f"ranks passed different {argument}: " + "; ".join(
+            f"{ranks_phrase(ranks)} {argument}={value}" for value, ranks in by_value.items())
+            + f"; every rank must pass the same {argument}")

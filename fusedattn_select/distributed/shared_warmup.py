@@ -1,6 +1,7 @@
 """Shared warmup: the ranks of a group split a model's problems, warm their shares, then share results.
 
-1. The ranks exchange their platforms and the digest of their problems (they must be the same).
+1. The ranks exchange their platforms, depth, agree and the digest of their problems and costs;
+   a rank called differently makes every rank raise DistributedError before any work.
 2. The ranks of each platform split the distinct problems (work.split: deterministic, by cost) and
    each warms its share with selection.local_warmup.warmup (probe, and at depth full, plan builds stored
    in its store).
@@ -28,7 +29,7 @@ from fusedattn_select.distributed.agreement import (
     local_statement,
     platform_groups,
 )
-from fusedattn_select.distributed.facts import RankFacts
+from fusedattn_select.distributed.facts import RankFacts, require_same
 from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError
 from fusedattn_select.distributed.sharing import ACCEPTED, PRESENT, Share, outgoing, receive_decision, receive_plan
 from fusedattn_select.distributed.work import Configs, WorkItem, split, work_digest, work_items
@@ -102,7 +103,8 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
 
     `configs`, `selector`, `jobs` and `progress` are what selection.local_warmup.warmup takes (a
     ConfigFile, its entries, AttnConfigs, (name, AttnConfig) pairs) and are checked as it checks
-    them, before any rank is waited for. Every rank must call it with the same problems. `jobs` and
+    them, before any rank is waited for. Every rank must call it with the same problems, `depth` and
+    `agree`, else every rank raises DistributedError naming them before any work. `jobs` and
     `progress` apply to this rank's share. With `agree`, ends with agree() on every problem.
     Raises DistributedError on every rank when one rank raised or `timeout` seconds passed
     without a rank arriving; without a process group it is a local warmup.
@@ -115,9 +117,10 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
     comm = Communicator(group, timeout)
     started = time.perf_counter()
 
-    everyone = comm.exchange("warmup start", lambda: (RankFacts.of(comm.rank, comm.host, selector), work_digest(items)))
-    _check_same_work(everyone)
-    facts = [f for f, _ in everyone]
+    starts = comm.exchange("warmup start", lambda: _Start(RankFacts.of(comm.rank, comm.host, selector),
+                                                         probe_depth, agree, work_digest(items)))
+    _check_start(starts)
+    facts = [start.facts for start in starts]
     me = facts[comm.ranks.index(comm.rank)]
     peers = [f for f in facts if f.platform == me.platform]
     shares = split(items, [p.rank for p in peers])
@@ -156,12 +159,26 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
     return report
 
 
-def _check_same_work(everyone: list[tuple[RankFacts, str]]) -> None:
-    digests = {digest for _, digest in everyone}
+@dataclass(frozen=True)
+class _Start:
+    """What a rank says before any work: itself, the arguments the split and the exchanges depend
+    on (depth sets each item's cost; agree whether a statement follows), and a digest of its work."""
+
+    facts: RankFacts
+    depth: ProbeDepth
+    agree: bool
+    work: str
+
+
+def _check_start(starts: Sequence[_Start]) -> None:
+    """Raise DistributedError, before any work, when ranks were called differently."""
+    require_same("warmup start", "depth", [(s.facts.rank, s.depth.value) for s in starts])
+    require_same("warmup start", "agree", [(s.facts.rank, s.agree) for s in starts])
+    digests = {s.work for s in starts}
     if len(digests) > 1:
         by_digest: dict[str, list[int]] = {}
-        for f, digest in everyone:
-            by_digest.setdefault(digest, []).append(f.rank)
+        for start in starts:
+            by_digest.setdefault(start.work, []).append(start.facts.rank)
         raise DistributedError("warmup start", "ranks were given different problems: " + "; ".join(
             f"ranks {ranks} problem set {digest}" for digest, ranks in by_digest.items()))
 

@@ -53,8 +53,8 @@ def _cost(cfg: AttnConfig, depth: ProbeDepth) -> int:
 
 
 def work_digest(items: Sequence[WorkItem]) -> str:
-    """A digest of the item keys, equal on ranks that were given the same problems."""
-    return hashlib.sha256(",".join(sorted(item.key for item in items)).encode()).hexdigest()[:16]
+    """A digest of the item keys and costs (what split() reads), equal on ranks given the same work."""
+    return hashlib.sha256(",".join(sorted(f"{item.key}:{item.cost}" for item in items)).encode()).hexdigest()[:16]
 
 
 def split(items: Sequence[WorkItem], ranks: Sequence[int]) -> dict[int, tuple[WorkItem, ...]]:

@@ -58,10 +58,17 @@ def selector_for(spec: dict, rank: int) -> Selector:
     return selector
 
 
+def per_rank(spec: dict, rank: int) -> dict:
+    """The keyword arguments this rank passes where ranks are called differently (spec "per_rank":
+    argument name -> one value per rank, cycled)."""
+    return {name: values[rank % len(values)] for name, values in spec.get("per_rank", {}).items()}
+
+
 def scenario_agree(spec: dict, rank: int) -> dict:
     selector = selector_for(spec, rank)
     named = problems(spec)
-    report = distributed.agree(named, strict=spec.get("strict", False), timeout=spec.get("timeout", 30))
+    report = distributed.agree(named, **{"strict": spec.get("strict", False), **per_rank(spec, rank)},
+                               timeout=spec.get("timeout", 30))
     later = {name: selector.select(cfg) for name, cfg in named}
     return {
         "selections": {n: [s.backend.value, s.message] for n, s in report.selections.items()},
@@ -90,7 +97,7 @@ def scenario_absent(spec: dict, rank: int) -> dict:
 def scenario_warmup(spec: dict, rank: int) -> dict:
     selector = selector_for(spec, rank)
     named = problems(spec)
-    report = distributed.warmup(named, depth="full", timeout=spec.get("timeout", 30))
+    report = distributed.warmup(named, **{"depth": "full", **per_rank(spec, rank)}, timeout=spec.get("timeout", 30))
     probes_after_warmup = selector.cache_info()["probes"]
     later = {name: selector.select(cfg, "full") for name, cfg in named}
     info = selector.cache_info()

@@ -173,3 +173,13 @@ def test_shared_warmup_with_a_rank_whose_snapshot_rejects_a_problem_disagrees_as
     # Each store holds what its own rank's engine answers, never the other rank's answer.
     assert warmed[0]["stored"][REJECTED][0] == "supported"
     assert warmed[1]["stored"][REJECTED][0] == "unsupported"
+
+
+@pytest.mark.parametrize("argument,values", [("depth", ["full", "fast"]), ("agree", [True, False])])
+def test_shared_warmup_with_ranks_called_differently_fails_before_any_work_naming_them(tmp_path, argument, values):
+    results = run_ranks(tmp_path, "warmup", 2, snapshots=[H100], stores=[tmp_path / "node"], configs=[str(LLAMA)],
+                        per_rank={argument: values})
+    for r in results:
+        assert r["step"] == "warmup start" and r["failed_ranks"] == [], r
+        assert r["error"] == (f"distributed warmup start: ranks passed different {argument}: rank 0 {argument}="
+                              f"{values[0]}; rank 1 {argument}={values[1]}; every rank must pass the same {argument}")
