@@ -23,7 +23,7 @@ from typing import Sequence
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.distributed.facts import RankFacts
 from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError, ranks_phrase
-from fusedattn_select.distributed.work import Configs, named_problems
+from fusedattn_select.distributed.work import Configs, named_problems, problem_difference
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.local_warmup import check_callers
@@ -52,11 +52,12 @@ class Answer:
 
 @dataclass(frozen=True)
 class Statement:
-    """What one rank contributes to an agreement: itself, the problems it was asked, its answers."""
+    """What one rank contributes to an agreement: itself, the problems it was asked (cache key ->
+    its first name there) and its answer to each, by cache key (ranks may list them in any order)."""
 
     facts: RankFacts
-    keys: tuple[str, ...]
-    answers: tuple[Answer, ...]
+    names: dict[str, str]
+    answers: dict[str, Answer]
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,12 @@ def local_statement(comm: Communicator, selector: Selector, problems: Sequence[t
     """This rank's statement and its own selections (which stay on the rank)."""
     selections = [selector.select(cfg, depth) for _, cfg in problems]
     facts = RankFacts.of(comm.rank, comm.host, selector)
-    statement = Statement(facts, tuple(cfg.cache_key() for _, cfg in problems),
-                          tuple(Answer.of(s) for s in selections))
+    names: dict[str, str] = {}
+    answers: dict[str, Answer] = {}
+    for (name, cfg), selection in zip(problems, selections):
+        names.setdefault(cfg.cache_key(), name)
+        answers.setdefault(cfg.cache_key(), Answer.of(selection))
+    statement = Statement(facts, names, answers)
     return statement, selections
 
 
@@ -184,7 +189,7 @@ def conclude(comm: Communicator, statements: list[Statement], problems: Sequence
     selections: dict[str, Selection] = {}
     disagreements: list[Disagreement] = []
     for index, (name, cfg) in enumerate(problems):
-        message = _difference(statements, index, strict and len(platforms) > 1)
+        message = _difference(statements, cfg.cache_key(), strict and len(platforms) > 1)
         if not message:
             selections[name] = local[index]
             continue
@@ -201,27 +206,19 @@ def conclude(comm: Communicator, statements: list[Statement], problems: Sequence
 
 
 def _check_same_problems(statements: list[Statement]) -> None:
-    first = statements[0]
-    for other in statements[1:]:
-        if other.keys != first.keys:
-            raise DistributedError(
-                "agreement", f"ranks were asked about different problems: rank {first.facts.rank} "
-                f"{len(first.keys)}, rank {other.facts.rank} {len(other.keys)}"
-                + (f", first difference at problem {_first_difference(first.keys, other.keys)}"))
+    difference = problem_difference([(s.facts.rank, s.names) for s in statements])
+    if difference:
+        raise DistributedError("agreement", f"ranks were asked about different problems: {difference}")
 
 
-def _first_difference(a: tuple[str, ...], b: tuple[str, ...]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def _difference(statements: list[Statement], index: int, platforms_differ: bool) -> str:
-    """"" when the ranks agree on problem `index`, else the message every rank's NONE carries."""
-    answers = {s.answers[index] for s in statements}
+def _difference(statements: list[Statement], key: str, platforms_differ: bool) -> str:
+    """"" when the ranks agree on the problem with cache key `key`, else the message every rank's NONE carries."""
+    answers = {s.answers[key] for s in statements}
     if len(answers) == 1 and not platforms_differ:
         return ""
     groups: dict[tuple[str, str], list[int]] = {}
     for s in statements:
-        groups.setdefault((s.facts.describe(), s.answers[index].describe()), []).append(s.facts.rank)
+        groups.setdefault((s.facts.describe(), s.answers[key].describe()), []).append(s.facts.rank)
     what = "ranks disagree" if len(answers) > 1 else "ranks run on different platforms (strict)"
     return what + ": " + " | ".join(f"{ranks_phrase(ranks)} on {platform}: {answer}"
                                     for (platform, answer), ranks in groups.items())

@@ -1,7 +1,7 @@
 """Shared warmup: the ranks of a group split a model's problems, warm their shares, then share results.
 
-1. The ranks exchange their platforms, depth, agree and the digest of their problems and costs;
-   a rank called differently makes every rank raise DistributedError before any work.
+1. The ranks exchange their platforms, depth, agree and problems (the same set in any order is the
+   same work); a rank called differently makes every rank raise DistributedError before any work.
 2. The ranks of each platform split the distinct problems (work.split: deterministic, by cost) and
    each warms its share with selection.local_warmup.warmup (probe, and at depth full, plan builds stored
    in its store).
@@ -32,7 +32,14 @@ from fusedattn_select.distributed.agreement import (
 from fusedattn_select.distributed.facts import RankFacts, require_same
 from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError
 from fusedattn_select.distributed.sharing import ACCEPTED, PRESENT, Share, outgoing, receive_decision, receive_plan
-from fusedattn_select.distributed.work import Configs, WorkItem, split, work_digest, work_items
+from fusedattn_select.distributed.work import (
+    Configs,
+    WorkItem,
+    problem_difference,
+    split,
+    work_digest,
+    work_items,
+)
 from fusedattn_select.selection import local_warmup
 from fusedattn_select.selection.local_warmup import Progress, WarmupReport, check_callers, job_count
 from fusedattn_select.selection.selector import Selector, default_selector
@@ -117,8 +124,9 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
     comm = Communicator(group, timeout)
     started = time.perf_counter()
 
-    starts = comm.exchange("warmup start", lambda: _Start(RankFacts.of(comm.rank, comm.host, selector),
-                                                         probe_depth, agree, work_digest(items)))
+    starts = comm.exchange("warmup start", lambda: _Start(
+        RankFacts.of(comm.rank, comm.host, selector), probe_depth, agree,
+        {item.key: item.name for item in items}, work_digest(items)))
     _check_start(starts)
     facts = [start.facts for start in starts]
     me = facts[comm.ranks.index(comm.rank)]
@@ -162,11 +170,13 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
 @dataclass(frozen=True)
 class _Start:
     """What a rank says before any work: itself, the arguments the split and the exchanges depend
-    on (depth sets each item's cost; agree whether a statement follows), and a digest of its work."""
+    on (depth sets each item's cost; agree whether a statement follows), its problems (cache key ->
+    name) and a digest of its items' keys and costs (what split() reads)."""
 
     facts: RankFacts
     depth: ProbeDepth
     agree: bool
+    problems: dict[str, str]
     work: str
 
 
@@ -174,13 +184,13 @@ def _check_start(starts: Sequence[_Start]) -> None:
     """Raise DistributedError, before any work, when ranks were called differently."""
     require_same("warmup start", "depth", [(s.facts.rank, s.depth.value) for s in starts])
     require_same("warmup start", "agree", [(s.facts.rank, s.agree) for s in starts])
-    digests = {s.work for s in starts}
-    if len(digests) > 1:
-        by_digest: dict[str, list[int]] = {}
-        for start in starts:
-            by_digest.setdefault(start.work, []).append(start.facts.rank)
-        raise DistributedError("warmup start", "ranks were given different problems: " + "; ".join(
-            f"ranks {ranks} problem set {digest}" for digest, ranks in by_digest.items()))
+    difference = problem_difference([(s.facts.rank, s.problems) for s in starts])
+    if difference:
+        raise DistributedError("warmup start", f"ranks were given different problems: {difference}")
+    if len({s.work for s in starts}) > 1:  # the same problems at one depth cost the same, unless the code differs
+        raise DistributedError("warmup start", "ranks split the same problems differently (is fusedattn_select "
+                               "one version on every rank?): " + "; ".join(
+                                   f"rank {s.facts.rank} work digest {s.work}" for s in starts))
 
 
 def _take(selector: Selector, facts: Sequence[RankFacts], results: Sequence[Share], me: RankFacts,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.plan_store.calls import dispatch_config
@@ -55,6 +55,24 @@ def _cost(cfg: AttnConfig, depth: ProbeDepth) -> int:
 def work_digest(items: Sequence[WorkItem]) -> str:
     """A digest of the item keys and costs (what split() reads), equal on ranks given the same work."""
     return hashlib.sha256(",".join(sorted(f"{item.key}:{item.cost}" for item in items)).encode()).hexdigest()[:16]
+
+
+def problem_difference(stated: Sequence[tuple[int, Mapping[str, str]]]) -> str:
+    """"" when every rank holds the same problems (cache key -> name, in any order: the same set is
+    the same work), else what differs between the first rank and the first rank unlike it."""
+    (first_rank, first), *others = stated
+    for rank, problems in others:
+        only = [(r, [key for key in mine if key not in theirs], mine)
+                for r, mine, theirs in ((first_rank, first, problems), (rank, problems, first))]
+        if any(keys for _, keys, _ in only):
+            return f"rank {first_rank} has {len(first)} problems and rank {rank} {len(problems)}: " + "; ".join(
+                f"{len(keys)} only on rank {r} ({_named(keys, names)})" for r, keys, names in only if keys)
+    return ""
+
+
+def _named(keys: Sequence[str], names: Mapping[str, str], shown: int = 3) -> str:
+    text = ", ".join(f"{names[key]} [{key}]" for key in keys[:shown])
+    return text + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 def split(items: Sequence[WorkItem], ranks: Sequence[int]) -> dict[int, tuple[WorkItem, ...]]:

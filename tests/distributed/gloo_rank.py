@@ -36,9 +36,11 @@ class RaisingSnapshotEngine(SnapshotEngine):
         return super().probe(cfg, backend, phase, depth)
 
 
-def problems(spec: dict) -> list:
+def problems(spec: dict, rank: int = 0) -> list:
+    """The named problems of spec "configs", or of this rank's list in "configs_by_rank" (cycled)."""
+    by_rank = spec.get("configs_by_rank")
     out = []
-    for path in spec["configs"]:
+    for path in by_rank[rank % len(by_rank)] if by_rank else spec["configs"]:
         config_file = load_config_file(path)
         out += [(f"{config_file.name}/{e.name}", e.config) for e in config_file.entries]
     return out
@@ -66,7 +68,7 @@ def per_rank(spec: dict, rank: int) -> dict:
 
 def scenario_agree(spec: dict, rank: int) -> dict:
     selector = selector_for(spec, rank)
-    named = problems(spec)
+    named = problems(spec, rank)
     report = distributed.agree(named, **{"strict": spec.get("strict", False), **per_rank(spec, rank)},
                                timeout=spec.get("timeout", 30))
     later = {name: selector.select(cfg) for name, cfg in named}
@@ -94,9 +96,26 @@ def scenario_absent(spec: dict, rank: int) -> dict:
     return {}
 
 
+def scenario_lowest_stuck(spec: dict, rank: int) -> dict:
+    """Rank 0 takes part in the first exchange, then is stuck (alive) longer than `timeout` before the
+    second; the others must give up after `timeout`, not after the job's group's own timeout."""
+    selector_for(spec, rank)
+    named = problems(spec)
+    distributed.agree(named, timeout=spec["timeout"])
+    if rank == 0:
+        time.sleep(spec["stuck"])
+        return {"stuck": True}
+    started = time.perf_counter()
+    try:
+        distributed.agree(named, timeout=spec["timeout"])
+    except distributed.DistributedError as err:
+        return {"error": str(err), "waited": time.perf_counter() - started}
+    return {"waited": time.perf_counter() - started}
+
+
 def scenario_warmup(spec: dict, rank: int) -> dict:
     selector = selector_for(spec, rank)
-    named = problems(spec)
+    named = problems(spec, rank)
     report = distributed.warmup(named, **{"depth": "full", **per_rank(spec, rank)}, timeout=spec.get("timeout", 30))
     probes_after_warmup = selector.cache_info()["probes"]
     later = {name: selector.select(cfg, "full") for name, cfg in named}
@@ -136,7 +155,7 @@ def main() -> None:
     except distributed.DistributedError as err:
         result = {"error": str(err), "step": err.step, "failed_ranks": [f.rank for f in err.failures]}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    if scenario != "absent":
+    if scenario not in ("absent", "lowest_stuck"):
         dist.barrier()  # no rank tears gloo down while another still uses it
         dist.destroy_process_group()
     # gloo's threads can abort interpreter teardown ("terminate called without an active

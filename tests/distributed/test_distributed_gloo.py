@@ -126,8 +126,18 @@ def test_a_rank_that_raises_makes_every_rank_raise_naming_it(tmp_path, world):
 def test_a_rank_that_never_arrives_makes_the_others_raise_after_the_timeout(tmp_path):
     results = run_ranks(tmp_path, "absent", 2, snapshots=[H100], timeout=2)
     assert results[1] == {"skipped": True}
-    assert "gave up after waiting up to 2 s" in results[0]["error"], results[0]
-    assert "Ranks 1 failed to pass monitoredBarrier" in results[0]["error"]  # gloo names the absent rank
+    # Rank 1 never calls: the package's gloo group (made with the timeout) cannot be formed.
+    assert results[0]["step"] == "setup", results[0]
+    assert "rank 0 gave up after waiting" in results[0]["error"] and "(timeout 2 s)" in results[0]["error"]
+
+
+def test_the_timeout_holds_when_the_lowest_rank_is_the_one_missing(tmp_path):
+    # Rank 0 stays alive (a stuck probe), so only the timeout can end rank 1's wait; in the job's own
+    # gloo group (timeout 60 s) rank 1 waited until rank 0 returned.
+    results = run_ranks(tmp_path, "lowest_stuck", 2, snapshots=[H100], timeout=2, stuck=12)
+    assert results[0] == {"stuck": True}
+    assert results[1]["waited"] < 8, results[1]
+    assert "rank 1 gave up after waiting 2." in results[1]["error"] and "(timeout 2 s)" in results[1]["error"]
 
 
 @pytest.mark.parametrize("world,separate_stores", [(2, False), (4, True)])
@@ -183,3 +193,26 @@ def test_shared_warmup_with_ranks_called_differently_fails_before_any_work_namin
         assert r["step"] == "warmup start" and r["failed_ranks"] == [], r
         assert r["error"] == (f"distributed warmup start: ranks passed different {argument}: rank 0 {argument}="
                               f"{values[0]}; rank 1 {argument}={values[1]}; every rank must pass the same {argument}")
+
+
+GPT2, BERT = str(ROOT / "configs" / "gpt2.yaml"), str(ROOT / "configs" / "bert-base.yaml")
+
+
+@pytest.mark.parametrize("scenario", ["warmup", "agree"])
+def test_ranks_given_the_same_problems_in_another_order_agree(tmp_path, scenario):
+    results = run_ranks(tmp_path, scenario, 2, snapshots=[H100], stores=[tmp_path / "node"],
+                        configs_by_rank=[[GPT2, BERT], [BERT, GPT2]])
+    for r in results:
+        assert "error" not in r and not r["disagreements"], r
+        assert {n: v[0] for n, v in r["later"].items()} == {n: v[0] for n, v in results[0]["later"].items()}
+    if scenario == "warmup":
+        owned = [key for r in results for key in r["local_rows"]]
+        assert len(owned) == len(set(owned)) == len(results[0]["later"])  # each problem warmed once
+
+
+def test_shared_warmup_of_different_problems_fails_at_the_start_naming_them(tmp_path):
+    results = run_ranks(tmp_path, "warmup", 2, snapshots=[H100], configs_by_rank=[[GPT2, BERT], [GPT2]])
+    for r in results:
+        assert r["step"] == "warmup start", r
+        assert r["error"].startswith("distributed warmup start: ranks were given different problems: rank 0 has 14 "
+                                     "problems and rank 1 5: 9 only on rank 0 (bert-base/"), r["error"]
