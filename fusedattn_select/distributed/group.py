@@ -5,8 +5,9 @@ catching any exception, and contributes either its result or an error marker to 
 `all_gather_object`. When any rank failed, every rank raises the same DistributedError naming the
 failed ranks and their errors, so no rank is left waiting in a later collective. A rank that does
 not arrive within `timeout` (it crashed, hangs, or was not asked to take part) makes the others
-raise a DistributedError instead of hanging: exchanges run over a gloo group (objects, not GPU
-tensors; gloo's monitored_barrier names the ranks that did not arrive).
+raise a DistributedError instead of hanging: exchanges run over a gloo group this package makes with
+that timeout (objects, not GPU tensors; gloo's monitored_barrier names the ranks that did not arrive,
+and a rank waiting on the lowest rank waits as long as its group's timeout, so never the caller's group).
 
 Without an initialised process group, or with a group of one rank, nothing is communicated and a
 local error propagates as it is.
@@ -19,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -85,23 +87,26 @@ _gloo_groups: dict[tuple[tuple[int, ...], float], Any] = {}
 _gloo_lock = threading.Lock()
 
 
-def _gloo_group(group: Any, ranks: tuple[int, ...], timeout: datetime.timedelta) -> Any:
-    """`group` itself when it is a gloo group, else a gloo group of the same ranks (made once).
+def _gloo_group(ranks: tuple[int, ...], timeout: datetime.timedelta) -> Any:
+    """A gloo group of `ranks` whose timeout is `timeout` (made once per ranks and timeout).
 
-    Only members create it (use_local_synchronization), so a subgroup's call does not need the
-    ranks outside it; creation waits at most `timeout` for the members.
+    Never the caller's group, even a gloo one: monitored_barrier makes every rank but the lowest wait
+    for the lowest as long as the group's own timeout, whatever timeout it is given. Only members
+    create it (use_local_synchronization), so a subgroup's call does not need the ranks outside it;
+    creation waits at most `timeout` for the members.
     """
-    if str(dist.get_backend(group)) == "gloo":
-        return group
     key = (ranks, timeout.total_seconds())
     with _gloo_lock:
         if key not in _gloo_groups:
+            started = time.monotonic()
             try:
                 _gloo_groups[key] = dist.new_group(list(ranks), timeout=timeout, backend="gloo",
                                                    use_local_synchronization=True)
             except RuntimeError as err:
-                raise DistributedError("setup", f"cannot form a gloo group of ranks {list(ranks)} within "
-                                       f"{timeout.total_seconds():g} s: {_first_line(err)}") from err
+                raise DistributedError(
+                    "setup", f"rank {dist.get_rank()} gave up after waiting {time.monotonic() - started:.1f} s "
+                    f"(timeout {timeout.total_seconds():g} s) for {ranks_phrase(ranks)} to form a gloo group (one "
+                    f"crashed, hangs, or was not asked to take part): {_first_line(err)}") from err
         return _gloo_groups[key]
 
 
@@ -130,7 +135,7 @@ class Communicator:
         if self.rank not in self.ranks:
             raise DistributedError("setup", f"rank {self.rank} is not a member of the group (ranks {list(self.ranks)})")
         if len(self.ranks) > 1:
-            self._group = _gloo_group(group, self.ranks, self.timeout)
+            self._group = _gloo_group(self.ranks, self.timeout)
 
     @property
     def size(self) -> int:
@@ -162,19 +167,24 @@ class Communicator:
         return [c.value for c in gathered]
 
     def _gather(self, step: str, mine: _Contribution) -> list[_Contribution]:
-        seconds = self.timeout.total_seconds()
+        started = time.monotonic()
         try:
-            # Names the ranks that did not arrive (gloo only), before the gather that would just wait.
-            dist.monitored_barrier(group=self._group, timeout=self.timeout, wait_all_ranks=True)
+            self._barrier()  # names the ranks that did not arrive, before the gather that would just wait
             gathered: list[Any] = [None] * self.size
             dist.all_gather_object(gathered, mine, group=self._group)
         except RuntimeError as err:
-            raise DistributedError(
-                step, f"rank {self.rank} gave up after waiting up to {seconds:g} s for the other ranks "
-                f"(one crashed, hangs, or was not asked to take part; raise timeout= if a rank is only "
-                f"slow): {_first_line(err)}",
-            ) from err
+            raise self._gave_up(step, started, err) from err
         return gathered
+
+    def _barrier(self) -> None:
+        dist.monitored_barrier(group=self._group, timeout=self.timeout, wait_all_ranks=True)
+
+    def _gave_up(self, step: str, started: float, err: BaseException) -> DistributedError:
+        return DistributedError(
+            step, f"rank {self.rank} gave up after waiting {time.monotonic() - started:.1f} s (timeout "
+            f"{self.timeout.total_seconds():g} s) for the other ranks (one crashed, hangs, or was not asked to "
+            f"take part; raise timeout= if a rank is only slow): {_first_line(err)}",
+        )
 
 
 def ranks_phrase(ranks: Iterable[int]) -> str:
