@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.distributed.facts import RankFacts
+from fusedattn_select.distributed.facts import RankFacts, require_same
 from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError, ranks_phrase
 from fusedattn_select.distributed.work import Configs, named_problems, problem_difference
 from fusedattn_select.errors import ConfigError
@@ -53,11 +53,14 @@ class Answer:
 @dataclass(frozen=True)
 class Statement:
     """What one rank contributes to an agreement: itself, the problems it was asked (cache key ->
-    its first name there) and its answer to each, by cache key (ranks may list them in any order)."""
+    its first name there), its answer to each by cache key (ranks may list them in any order), and
+    the arguments every rank must pass alike (depth, strict)."""
 
     facts: RankFacts
     names: dict[str, str]
     answers: dict[str, Answer]
+    depth: ProbeDepth
+    strict: bool
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ def agree(configs: Configs, group: object = None, *, selector: Selector | None =
 
     `configs` and `selector` are what selection.local_warmup.warmup takes (a ConfigFile, its
     entries, AttnConfigs, (name, AttnConfig) pairs) and are checked as it checks them, before any
-    rank is waited for. Every rank must call it with the same problems. Selects each problem with
+    rank is waited for. Every rank must call it with the same problems, `depth` and `strict` (else
+    every rank raises DistributedError naming them, and nothing is pinned). Selects each problem with
     `selector` (default: the process's) at `depth`, exchanges the answers, and where ranks differ
     pins NONE naming the ranks, their platforms and their answers. Raises DistributedError on every
     rank when one rank raised or `timeout` seconds passed without a rank arriving. Without a process
@@ -150,7 +154,7 @@ def agree(configs: Configs, group: object = None, *, selector: Selector | None =
     local: list[Selection] = []
 
     def state() -> Statement:
-        statement, selections = local_statement(comm, selector, problems, probe_depth)
+        statement, selections = local_statement(comm, selector, problems, probe_depth, strict)
         local.extend(selections)
         return statement
 
@@ -168,7 +172,7 @@ def _distinct_names(problems: list[tuple[str, AttnConfig]]) -> list[tuple[str, A
 
 
 def local_statement(comm: Communicator, selector: Selector, problems: Sequence[tuple[str, AttnConfig]],
-                    depth: ProbeDepth) -> tuple[Statement, list[Selection]]:
+                    depth: ProbeDepth, strict: bool) -> tuple[Statement, list[Selection]]:
     """This rank's statement and its own selections (which stay on the rank)."""
     selections = [selector.select(cfg, depth) for _, cfg in problems]
     facts = RankFacts.of(comm.rank, comm.host, selector)
@@ -177,13 +181,18 @@ def local_statement(comm: Communicator, selector: Selector, problems: Sequence[t
     for (name, cfg), selection in zip(problems, selections):
         names.setdefault(cfg.cache_key(), name)
         answers.setdefault(cfg.cache_key(), Answer.of(selection))
-    statement = Statement(facts, names, answers)
+    statement = Statement(facts, names, answers, depth, strict)
     return statement, selections
 
 
 def conclude(comm: Communicator, statements: list[Statement], problems: Sequence[tuple[str, AttnConfig]],
              local: list[Selection], selector: Selector, strict: bool) -> AgreementReport:
-    """Decide from every rank's statement (the same on every rank), pin NONE where they differ."""
+    """Decide from every rank's statement (the same on every rank), pin NONE where they differ.
+
+    Ranks called with different depth, strict or problems raise DistributedError before any pin.
+    """
+    require_same("agreement", "depth", [(s.facts.rank, s.depth.value) for s in statements])
+    require_same("agreement", "strict", [(s.facts.rank, s.strict) for s in statements])
     _check_same_problems(statements)
     platforms = platform_groups([s.facts for s in statements])
     selections: dict[str, Selection] = {}

@@ -151,7 +151,7 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
         received.append(_take(selector, facts, results, me, items, probe_depth))
         if not agree:
             return None
-        statement, own = local_statement(comm, selector, problems, probe_depth)
+        statement, own = local_statement(comm, selector, problems, probe_depth, strict=False)
         selections.extend(own)
         return statement
 

@@ -216,3 +216,13 @@ def test_shared_warmup_of_different_problems_fails_at_the_start_naming_them(tmp_
         assert r["step"] == "warmup start", r
         assert r["error"].startswith("distributed warmup start: ranks were given different problems: rank 0 has 14 "
                                      "problems and rank 1 5: 9 only on rank 0 (bert-base/"), r["error"]
+
+
+@pytest.mark.parametrize("argument,values", [("strict", [True, False]), ("depth", ["fast", "full"])])
+def test_agree_with_ranks_called_differently_raises_naming_them(tmp_path, argument, values):
+    results = run_ranks(tmp_path, "agree", 2, snapshots=[H100, H200], configs=[str(LLAMA)],
+                        per_rank={argument: values})
+    for r in results:
+        assert r["step"] == "agreement" and r["failed_ranks"] == [], r
+        assert r["error"] == (f"distributed agreement: ranks passed different {argument}: rank 0 {argument}="
+                              f"{values[0]}; rank 1 {argument}={values[1]}; every rank must pass the same {argument}")
