@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Callable, TextIO
 
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
@@ -23,6 +21,7 @@ from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.local_warmup import WORKERS, WarmupOutcome, WarmupReport, warmup
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.store.store_settings import check_cache_switch
+from fusedattn_select.torchrun_env import Ranks, torchrun_ranks
 from fusedattn_select.types import Outcome, ProbeDepth, Provenance
 
 REPORT_HEADER = ("name", "backend", "outcome", "seconds", "answer", "reason")
@@ -149,7 +148,7 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
         problems += [(f"{config_file.name}/{entry.name}", entry.config) for entry in config_file.entries]
     distributed = None
     if ranks.size > 1 and not replay:
-        distributed = _join_job(ranks)  # before the selector: a rank uses GPU LOCAL_RANK
+        distributed = _join_job(ranks, args.timeout)  # before the selector: a rank uses GPU LOCAL_RANK
         if distributed is None:
             return EXIT_NOT_DONE
     selector = _selector(args)
@@ -164,7 +163,7 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
         print(selector.notice, file=sys.stderr)
     snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
     if distributed is not None:
-        shared = distributed.warmup(problems, depth=depth, selector=selector, jobs=args.jobs)
+        shared = distributed.warmup(problems, depth=depth, selector=selector, jobs=args.jobs, timeout=args.timeout)
         report = shared.combined
         if shared.rank != min(shared.ranks):  # one report per job: the lowest rank's
             return _exit_code(report, set(), selector)
@@ -199,65 +198,38 @@ def _exit_code(report: WarmupReport, no_data: set, selector: Selector) -> int:
                              [row.cache_key in no_data for row in report.rows])
 
 
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place in a torchrun job: `size` 1 (rank 0) when it is not one of several."""
-
-    size: int = 1
-    rank: int = 0
-
-
-def _whole_number(environ: Mapping[str, str], name: str, low: int, high: int | None, allowed: str) -> int:
-    """Environment variable `name` as a whole number in [low, high]; ConfigError naming it otherwise
-    (unset: its value shows as None)."""
-    text = environ.get(name)
-    digits = text.strip() if text is not None else ""
-    # At most 18 digits: int() of a hostile value of thousands of digits raises ValueError itself.
-    value = int(digits) if re.fullmatch(r"[0-9]{1,18}", digits) else -1
-    if value < low or (high is not None and value > high):
-        raise ConfigError(name, text, allowed if text is not None else f"not set; {allowed}")
-    return value
-
-
-def torchrun_ranks(environ: Mapping[str, str], rendezvous: bool = True) -> Ranks:
-    """WORLD_SIZE, RANK and LOCAL_RANK as torchrun sets them; ConfigError naming the first that is
-    missing or wrong. WORLD_SIZE unset, empty or 1 is one process (the others are not read). With
-    `rendezvous` (the ranks will form a process group) MASTER_ADDR and MASTER_PORT are checked too."""
-    if not environ.get("WORLD_SIZE", "").strip():
-        return Ranks()
-    size = _whole_number(environ, "WORLD_SIZE", 1, None, "must be a positive whole number, the number of ranks "
-                         "of the job (torchrun sets it; unset for one process)")
-    if size == 1:
-        return Ranks()
-    within = f"from 0 to WORLD_SIZE-1 ({size - 1} here)"
-    rank = _whole_number(environ, "RANK", 0, size - 1, f"must be a whole number {within}, this process's rank "
-                         f"among the WORLD_SIZE={size} ranks (torchrun sets it)")
-    _whole_number(environ, "LOCAL_RANK", 0, size - 1, f"must be a whole number {within}, this "
-                  "process's rank on its node, which picks its GPU (torchrun sets it)")
-    if rendezvous:
-        address = environ.get("MASTER_ADDR")
-        if not (address or "").strip():
-            allowed = f"must name the host of rank 0 for the WORLD_SIZE={size} ranks to meet (torchrun sets it)"
-            raise ConfigError("MASTER_ADDR", address, allowed if address is not None else f"not set; {allowed}")
-        _whole_number(environ, "MASTER_PORT", 1, 65535, "must be a port number from 1 to 65535 on the host of "
-                      "rank 0 (torchrun sets it)")
-    return Ranks(size, rank)
-
-
-def _join_job(ranks: Ranks) -> Any:
+def _join_job(ranks: Ranks, timeout_s: float) -> Any:
     """The distributed module, with this process joined to its torchrun job's process group; None
-    after one error line when it cannot join (no torch, or the other ranks did not meet it)."""
+    after one error line when it cannot join (no torch, or the other ranks did not meet it in time)."""
     try:
         from fusedattn_select import distributed  # needs torch: imported only to join a job
-
-        distributed.init_from_torchrun()  # a group of one rank (an existing one) warms locally
-        return distributed
-    except (ImportError, RuntimeError, ValueError) as err:
-        text = str(err).strip()
-        reason = f"{type(err).__name__}: {text.splitlines()[0][:300]}" if text else type(err).__name__
-        print(f"error: warmup: rank {ranks.rank} of WORLD_SIZE={ranks.size} could not join the job's process "
-              f"group, so nothing was warmed: {reason}", file=sys.stderr)
+    except ImportError as err:
+        _cannot_join(ranks, err)
         return None
+    try:
+        distributed.init_from_torchrun(timeout=timeout_s)  # a group of one rank (an existing one) warms locally
+    except (distributed.DistributedError, RuntimeError, ValueError) as err:
+        _cannot_join(ranks, err)
+        return None
+    return distributed
+
+
+def _cannot_join(ranks: Ranks, err: BaseException) -> None:
+    text = str(err).strip()
+    reason = f"{type(err).__name__}: {text.splitlines()[0][:300]}" if text else type(err).__name__
+    print(f"error: warmup: rank {ranks.rank} of WORLD_SIZE={ranks.size} could not join the job's process "
+          f"group, so nothing was warmed: {reason}", file=sys.stderr)
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number of seconds")
+    return value
 
 
 def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -277,6 +249,9 @@ def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:
     )
     engines.add_source_options(parser)
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.add_argument("--timeout", type=positive_seconds, default=600.0, metavar="SECONDS",
+                        help="under torchrun: how long a rank waits for the others, to join the job (rank 0's "
+                        "address included), at each exchange and to leave (default 600)")
     parser.add_argument("--memory-ok", action="store_true",
                         help="warm even when the persistent cache cannot be used or is off (the answers "
                         "then last only as long as this command; without it, that exits 1)")

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import torch.distributed as dist
 
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
+from fusedattn_select.torchrun_env import Ranks, torchrun_ranks, wait_for_address
 
 log = logging.getLogger("fusedattn_select")
 
@@ -197,14 +198,35 @@ def init_from_torchrun(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) 
     """Under torchrun (WORLD_SIZE > 1): join the job's process group (gloo) and use GPU LOCAL_RANK.
 
     Returns whether this process is one rank of several. An existing process group is kept.
+    torchrun's variables are checked first (ConfigError naming the one missing or wrong); a rank that
+    cannot reach rank 0's address (MASTER_ADDR:MASTER_PORT) within `timeout`, or then meet the other
+    ranks within `timeout`, raises DistributedError (step "join") instead of waiting on.
     """
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+    wait = _timedelta(timeout)
+    ranks = torchrun_ranks(os.environ, rendezvous=not dist.is_initialized())
+    if ranks.size == 1:
         return False
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=_timedelta(timeout))
-    local_rank = os.environ.get("LOCAL_RANK")
+        _join(ranks, wait)
     import torch
 
-    if local_rank is not None and torch.cuda.is_available():
-        torch.cuda.set_device(int(local_rank))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(ranks.local_rank)
     return dist.get_world_size() > 1
+
+
+def _join(ranks: Ranks, wait: datetime.timedelta) -> None:
+    seconds = wait.total_seconds()
+    # As env:// decides: rank 0 hosts the store unless torchrun's agent does. Torch's store client
+    # retries past the timeout it is given, so the other ranks first wait for the address here.
+    hosts_store = ranks.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    if not hosts_store:
+        why = wait_for_address(ranks.address, ranks.port, seconds)
+        if why:
+            raise DistributedError("join", f"rank {ranks.rank} could not reach rank 0 at MASTER_ADDR:MASTER_PORT="
+                                   f"{ranks.address}:{ranks.port} within {seconds:g} s: {why}")
+    try:
+        dist.init_process_group("gloo", timeout=wait)
+    except (RuntimeError, ValueError) as err:
+        raise DistributedError("join", f"rank {ranks.rank} did not meet the other ranks within {seconds:g} s: "
+                               f"{_first_line(err)}") from err
