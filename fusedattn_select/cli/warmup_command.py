@@ -8,20 +8,24 @@ import os
 import sys
 from typing import Any, Callable, TextIO
 
-from fusedattn_select.cli import engines
+from fusedattn_select.cli import engines, warmup_job
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
-from fusedattn_select.cli.exit_codes import EPILOG, EXIT_NOT_DONE, EXIT_NOT_PERSISTED, answers_exit_code
+from fusedattn_select.cli.exit_codes import (
+    EPILOG,
+    EXIT_NOT_DONE,
+    EXIT_NOT_PERSISTED,
+    answers_exit_code,
+)
 from fusedattn_select.cli.store_status import cannot_write, not_persisted
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
-from fusedattn_select.errors import ConfigError
 from fusedattn_select.probing import SNAPSHOT_ENV
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.local_warmup import WORKERS, WarmupOutcome, WarmupReport, warmup
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.store.store_settings import check_cache_switch
-from fusedattn_select.torchrun_env import Ranks, torchrun_ranks
+from fusedattn_select.torchrun_env import torchrun_ranks
 from fusedattn_select.types import Outcome, ProbeDepth, Provenance
 
 REPORT_HEADER = ("name", "backend", "outcome", "seconds", "answer", "reason")
@@ -110,7 +114,9 @@ def _no_data_keys(selector: Selector, report: WarmupReport, configs: dict[str, A
     )
 
 
-def _json(report: WarmupReport, selector: Selector, snapshot: SnapshotEngine | None, no_data: frozenset[str]) -> str:
+def _json(report: WarmupReport, selector: Selector, snapshot: SnapshotEngine | None, no_data: frozenset[str],
+          agreement: dict | None = None) -> str:
+    """The report as JSON; under torchrun with `agreement`, what the ranks agreed (AgreementReport.to_dict)."""
     document = report.to_dict()
     for row in document["rows"]:
         if row["cache_key"] in no_data:
@@ -119,6 +125,8 @@ def _json(report: WarmupReport, selector: Selector, snapshot: SnapshotEngine | N
     document["engine"] = selector.engine_name
     document["notice"] = selector.notice or None
     document["replayed_from"] = [f.path for f in snapshot.files] if snapshot is not None else None
+    if agreement is not None:
+        document["agreement"] = agreement
     return json.dumps(document, indent=2)
 
 
@@ -146,43 +154,68 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
     for path in args.configs:
         config_file = load_config_file(path)
         problems += [(f"{config_file.name}/{entry.name}", entry.config) for entry in config_file.entries]
-    distributed = None
     if ranks.size > 1 and not replay:
-        distributed = _join_job(ranks, args.timeout)  # before the selector: a rank uses GPU LOCAL_RANK
+        distributed = warmup_job.join_job(ranks, args.timeout)  # before the selector: a rank uses GPU LOCAL_RANK
         if distributed is None:
             return EXIT_NOT_DONE
+        # The job's process groups are destroyed before the command ends, whatever happened.
+        code = _shared_warmup(args, distributed, problems, depth)
+        left = warmup_job.leave_job(distributed.group, args.timeout)
+        if left:
+            print(f"error: warmup: rank {ranks.rank} could not leave the job cleanly: {left}", file=sys.stderr)
+        warmup_job.exit_now(code)
     selector = _selector(args)
     refusal = _cannot_warm(args, selector)
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)
         return EXIT_NOT_DONE
+    snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
     # A replay under torchrun forms no process group (nothing is probed, built or stored, so there
     # is nothing to share): every rank replays the same snapshots and rank 0 speaks for the job.
-    speaks = not replay or ranks.rank == 0
+    speaks = ranks.rank == 0
     if selector.notice and speaks:
         print(selector.notice, file=sys.stderr)
-    snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
-    if distributed is not None:
-        shared = distributed.warmup(problems, depth=depth, selector=selector, jobs=args.jobs, timeout=args.timeout)
-        report = shared.combined
-        if shared.rank != min(shared.ranks):  # one report per job: the lowest rank's
-            return _exit_code(report, set(), selector)
-    else:
-        report = warmup(problems, jobs=args.jobs, depth=depth, selector=selector,
-                        progress=None if args.json or not speaks else progress_bar(),
-                        workers=_workers(args, snapshot, speaks))
+    report = warmup(problems, jobs=args.jobs, depth=depth, selector=selector,
+                    progress=None if args.json or not speaks else progress_bar(),
+                    workers=_workers(args, snapshot, speaks))
     no_data = _no_data_keys(selector, report, {cfg.cache_key(): cfg for _, cfg in problems}, depth)
-    if not speaks:
-        return _exit_code(report, no_data, selector)
-    if args.json:
-        print(_json(report, selector, snapshot, no_data))
-    else:
-        text = format_report(report, "replayed" if snapshot is not None else "probed", no_data)
-        if snapshot is not None:
-            text += (f"\nreplayed from {snapshot.file_names} (recorded on {snapshot.describe()}): "
-                     "nothing was probed, built or stored; seconds are this machine's lookups")
-        print(text)
+    if speaks:
+        _print_report(args, report, selector, snapshot, no_data)
     return _exit_code(report, no_data, selector)
+
+
+def _shared_warmup(args: argparse.Namespace, distributed: Any, problems: list, depth: ProbeDepth) -> int:
+    """Warm `problems` with the other ranks; the lowest rank prints the report the ranks agreed.
+    The exit code is the agreed answers', the same on every rank."""
+    selector = _selector(args)
+    refusal = _cannot_warm(args, selector)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return EXIT_NOT_DONE
+    try:
+        shared = distributed.warmup(problems, depth=depth, selector=selector, jobs=args.jobs, timeout=args.timeout)
+    except distributed.DistributedError as err:
+        print(f"error: warmup: {err}", file=sys.stderr)
+        return EXIT_NOT_DONE
+    report, no_data, agreement = warmup_job.agreed_report(shared)
+    if shared.rank == min(shared.ranks):  # one report per job: the lowest rank's
+        if selector.notice:
+            print(selector.notice, file=sys.stderr)
+        snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
+        _print_report(args, report, selector, snapshot, no_data, agreement)
+    return _exit_code(report, no_data, selector)
+
+
+def _print_report(args: argparse.Namespace, report: WarmupReport, selector: Selector, snapshot: SnapshotEngine | None,
+                  no_data: frozenset[str], agreement: dict | None = None) -> None:
+    if args.json:
+        print(_json(report, selector, snapshot, no_data, agreement))
+        return
+    text = format_report(report, "replayed" if snapshot is not None else "probed", no_data)
+    if snapshot is not None:
+        text += (f"\nreplayed from {snapshot.file_names} (recorded on {snapshot.describe()}): "
+                 "nothing was probed, built or stored; seconds are this machine's lookups")
+    print(text)
 
 
 def _exit_code(report: WarmupReport, no_data: set, selector: Selector) -> int:
@@ -196,29 +229,6 @@ def _exit_code(report: WarmupReport, no_data: set, selector: Selector) -> int:
         return EXIT_NOT_PERSISTED
     return answers_exit_code([row.outcome is WarmupOutcome.ACCEPTED for row in report.rows],
                              [row.cache_key in no_data for row in report.rows])
-
-
-def _join_job(ranks: Ranks, timeout_s: float) -> Any:
-    """The distributed module, with this process joined to its torchrun job's process group; None
-    after one error line when it cannot join (no torch, or the other ranks did not meet it in time)."""
-    try:
-        from fusedattn_select import distributed  # needs torch: imported only to join a job
-    except ImportError as err:
-        _cannot_join(ranks, err)
-        return None
-    try:
-        distributed.init_from_torchrun(timeout=timeout_s)  # a group of one rank (an existing one) warms locally
-    except (distributed.DistributedError, RuntimeError, ValueError) as err:
-        _cannot_join(ranks, err)
-        return None
-    return distributed
-
-
-def _cannot_join(ranks: Ranks, err: BaseException) -> None:
-    text = str(err).strip()
-    reason = f"{type(err).__name__}: {text.splitlines()[0][:300]}" if text else type(err).__name__
-    print(f"error: warmup: rank {ranks.rank} of WORLD_SIZE={ranks.size} could not join the job's process "
-          f"group, so nothing was warmed: {reason}", file=sys.stderr)
 
 
 def positive_seconds(text: str) -> float:

@@ -177,6 +177,16 @@ class Communicator:
             raise self._gave_up(step, started, err) from err
         return gathered
 
+    def barrier(self, step: str) -> None:
+        """Wait (at most `timeout`) until every rank of the group reaches this step; DistributedError if not."""
+        if self._group is None:
+            return
+        started = time.monotonic()
+        try:
+            self._barrier()
+        except RuntimeError as err:
+            raise self._gave_up(step, started, err) from err
+
     def _barrier(self) -> None:
         dist.monitored_barrier(group=self._group, timeout=self.timeout, wait_all_ranks=True)
 
@@ -230,3 +240,18 @@ def _join(ranks: Ranks, wait: datetime.timedelta) -> None:
     except (RuntimeError, ValueError) as err:
         raise DistributedError("join", f"rank {ranks.rank} did not meet the other ranks within {seconds:g} s: "
                                f"{_first_line(err)}") from err
+
+
+def leave(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> None:
+    """Wait (at most `timeout`) until every rank is done, then destroy the process groups (the job's
+    and this package's); DistributedError when some rank did not arrive (the groups are destroyed
+    all the same). Nothing to do without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        # No rank tears gloo down while another still uses it (its peer would see a closed connection).
+        Communicator(None, timeout).barrier("leave")
+    finally:
+        with _gloo_lock:
+            _gloo_groups.clear()
+        dist.destroy_process_group()

@@ -4,6 +4,7 @@ snapshots (FUSEDATTN_SELECT_SNAPSHOT: a shared warmup over gloo without a GPU)."
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -63,3 +64,41 @@ def test_a_rank_that_cannot_reach_rank_0_exits_1_after_its_timeout(tmp_path):
                           "nothing was warmed: DistributedError: distributed join: rank 1 could not reach rank 0 at "
                           "MASTER_ADDR:MASTER_PORT=127.0.0.1:"), err
     assert "within 2 s" in err
+
+
+def edited_snapshot(tmp_path: Path, entry_name: str = "train-bf16") -> Path:
+    """The H100 recording with gpt2/`entry_name`'s forward verdict turned into a rejection: a rank
+    whose platform rejects a problem the others accept."""
+    data = json.loads(H100.read_text())
+    entry = next(e for e in data["entries"] if e["suite"] == "gpt2.yaml" and e["name"] == entry_name)
+    forward = next(v for v in entry["verdicts"] if v["phase"] == "forward")
+    forward.update(outcome="unsupported", stage="check_support", message="rejected in the edited copy")
+    path = tmp_path / "h100-configs-edited.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_shared_warmup_exits_with_its_answers_code_on_every_rank_every_time(tmp_path):
+    # gloo's threads aborted the interpreter's exit on one rank in about half the runs (exit 134).
+    for run in range(4):
+        port = free_port()
+        results = finish([start_rank(tmp_path / str(run), rank, 2, port, [GPT2, "--timeout", "20"],
+                                     FUSEDATTN_SELECT_SNAPSHOT=str(H100)) for rank in (0, 1)])
+        assert [code for code, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
+        assert "5 accepted, 0 rejected" in results[0][1] and results[1][1] == ""
+
+
+def test_a_shared_warmup_reports_and_exits_with_what_the_ranks_agreed(tmp_path):
+    edited, port = edited_snapshot(tmp_path), free_port()
+    results = finish([start_rank(tmp_path, rank, 2, port, [GPT2, "--json", "--timeout", "20"],
+                                 FUSEDATTN_SELECT_SNAPSHOT=str(snapshot)) for rank, snapshot in ((0, H100), (1, edited))])
+    # Rank 0's own snapshot says F16, rank 1's NONE: agreement pins NONE on both, so both exit 1.
+    assert [code for code, _, _ in results] == [1, 1], [err[-2000:] for _, _, err in results]
+    document = json.loads(results[0][1])
+    row = next(r for r in document["rows"] if r["name"] == "gpt2/train-bf16")
+    assert (row["backend"], row["outcome"]) == ("NONE", "rejected") and row["reason"].startswith("ranks disagree")
+    assert document["agreement"]["selections"]["gpt2/train-bf16"] == "NONE"
+    assert [d["name"] for d in document["agreement"]["disagreements"]] == ["gpt2/train-bf16"]
+    stderr = results[0][2] + results[1][2]
+    assert stderr.count("ranks disagree: rank 0 on") == 1, stderr  # said once, by the lowest rank
+
