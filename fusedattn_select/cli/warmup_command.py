@@ -12,6 +12,7 @@ from fusedattn_select.cli import engines, warmup_job
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
 from fusedattn_select.cli.exit_codes import (
     EPILOG,
+    EXIT_BAD_INPUT,
     EXIT_NOT_DONE,
     EXIT_NOT_PERSISTED,
     answers_exit_code,
@@ -170,6 +171,14 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
         print(f"error: {refusal}", file=sys.stderr)
         return EXIT_NOT_DONE
     snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
+    if ranks.size > 1 and snapshot is not None:
+        mismatch, found_by_all = warmup_job.replay_mismatch(ranks, os.environ, {
+            "digest": warmup_job.replay_digest(snapshot.files, problems, depth), "snapshots": snapshot.file_names,
+        }, args.timeout)
+        if mismatch:
+            if ranks.rank == 0 or not found_by_all:
+                print(f"error: warmup: {mismatch}", file=sys.stderr)
+            return EXIT_BAD_INPUT if found_by_all else EXIT_NOT_DONE
     # A replay under torchrun forms no process group (nothing is probed, built or stored, so there
     # is nothing to share): every rank replays the same snapshots and rank 0 speaks for the job.
     speaks = ranks.rank == 0

@@ -1,22 +1,32 @@
-"""`warmup` under torchrun: join the job, warm together, agree, leave.
+"""`warmup` under torchrun: join the job, warm together, agree, leave; or, for a replay, check that
+every rank replays the same snapshots.
 
 A shared warmup reports what the ranks agreed (a problem they answered differently is NONE on every
 rank) and every rank exits with that report's code: the process groups are destroyed and the
-process ends without the interpreter's teardown, which gloo's threads can abort.
+process ends without the interpreter's teardown, which gloo's threads can abort. A replay forms no
+process group: through torchrun's store (torch.distributed.TCPStore, no process group) the ranks
+compare a digest of their snapshot files and problems before any answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import hashlib
+import json
 import os
 import sys
-from typing import Any
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
+from fusedattn_select.config import AttnConfig
 from fusedattn_select.selection.local_warmup import WarmupOutcome, WarmupReport
-from fusedattn_select.torchrun_env import Ranks
+from fusedattn_select.torchrun_env import Ranks, wait_for_address
 from fusedattn_select.types import Backend
 
 DISAGREED = "ranks disagree: every rank answers NONE (the warning above names the ranks and their answers)"
+STORE_PREFIX = "fusedattn_select/warmup-replay"
 
 
 def join_job(ranks: Ranks, timeout_s: float) -> Any:
@@ -79,3 +89,73 @@ def exit_now(code: int) -> None:
         except (OSError, ValueError):
             pass  # a closed reader: nothing more can be said on it
     os._exit(code)
+
+
+# ----- replay under torchrun -----------------------------------------------------------------------
+def replay_digest(files: Sequence[Any], problems: Sequence[tuple[str, AttnConfig]], depth: Any) -> str:
+    """sha256 of what a replay answers from and what it is asked: the snapshot files' bytes, the
+    problems' names and cache keys, the depth. Equal digests give equal answers."""
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(hashlib.sha256(Path(file.path).read_bytes()).digest())
+    digest.update(json.dumps([[name, cfg.cache_key()] for name, cfg in problems]).encode())
+    digest.update(str(depth).encode())
+    return digest.hexdigest()
+
+
+def replay_mismatch(ranks: Ranks, environ: Mapping[str, str], mine: dict, timeout_s: float) -> tuple[str, bool]:
+    """Whether every rank replays what this one does: ("", _) when they do (or cannot compare: no
+    torchrun store or no torch), else (the error, whether every rank found it, so that rank 0 alone
+    says it). `mine` is this rank's {"digest", "snapshots"}."""
+    address, port = environ.get("MASTER_ADDR", "").strip(), environ.get("MASTER_PORT", "").strip()
+    if not (address and port.isdigit()):
+        return "", True  # not torchrun's job (it always sets them): nothing to meet through
+    try:
+        import torch.distributed as dist  # the store only: no process group is formed
+    except ImportError:
+        return "", True
+    try:
+        everyone = _statements(dist, ranks, environ, address, int(port), mine, timeout_s)
+    except (RuntimeError, ValueError) as err:  # a rank missing past the timeout, or no store at the address
+        text = str(err).strip()
+        reason = text.splitlines()[0][:300] if text else type(err).__name__
+        return (f"rank {ranks.rank} could not compare its snapshots with the other ranks' through torchrun's store "
+                f"at {address}:{port} within {timeout_s:g} s: {reason}", False)
+    groups: dict[str, list[int]] = {}
+    for rank, statement in enumerate(everyone):
+        groups.setdefault(statement["digest"], []).append(rank)
+    if len(groups) == 1:
+        return "", True
+    return "ranks replay different snapshots or problems, so their answers could differ: " + "; ".join(
+        f"{_ranks(members)}: {everyone[members[0]]['snapshots']} (digest {digest[:12]})"
+        for digest, members in groups.items()), True
+
+
+def _statements(dist: Any, ranks: Ranks, environ: Mapping[str, str], address: str, port: int, mine: dict,
+                timeout_s: float) -> list[dict]:
+    """Every rank's `mine`, in rank order, exchanged through torchrun's store (or rank 0's)."""
+    # As env:// decides: rank 0 hosts the store unless torchrun's agent does.
+    hosts = ranks.rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    if not hosts:
+        why = wait_for_address(address, port, timeout_s)
+        if why:
+            raise RuntimeError(why)
+    store = dist.TCPStore(address, port, ranks.size, is_master=hosts, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s), multi_tenant=True)
+    # The agent's store outlives a run: a job may run the command more than once, or restart.
+    job = f"{STORE_PREFIX}/{environ.get('TORCHELASTIC_RUN_ID', '')}/{environ.get('TORCHELASTIC_RESTART_COUNT', '')}"
+    run = f"{job}/{store.add(f'{job}/runs/{ranks.rank}', 1)}"
+    store.set(f"{run}/{ranks.rank}", json.dumps(mine))
+    keys = [f"{run}/{rank}" for rank in range(ranks.size)]
+    store.wait(keys)
+    everyone = [json.loads(store.get(key)) for key in keys]
+    store.add(f"{run}/done", 1)
+    if hosts:  # the store lives in this process: keep it until every rank has read
+        deadline = time.monotonic() + timeout_s
+        while store.add(f"{run}/done", 0) < ranks.size and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return everyone
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

@@ -3,7 +3,8 @@
 torchrun's variables (WORLD_SIZE, RANK, LOCAL_RANK, and MASTER_ADDR/MASTER_PORT where ranks form a
 process group) are checked before anything is imported or probed: a bad or missing one is one
 `error:` line naming it, exit 2, never a traceback. A replay (--target/--snapshot) under torchrun
-forms no process group and never imports torch. Without a GPU and without snapshots asked for,
+forms no process group, and without MASTER_ADDR/MASTER_PORT (nothing to compare snapshots through)
+never imports torch. Without a GPU and without snapshots asked for,
 warmup stores nothing, so it exits 1 instead of answering from the bundled snapshots.
 """
 

@@ -91,7 +91,8 @@ def test_a_shared_warmup_exits_with_its_answers_code_on_every_rank_every_time(tm
 def test_a_shared_warmup_reports_and_exits_with_what_the_ranks_agreed(tmp_path):
     edited, port = edited_snapshot(tmp_path), free_port()
     results = finish([start_rank(tmp_path, rank, 2, port, [GPT2, "--json", "--timeout", "20"],
-                                 FUSEDATTN_SELECT_SNAPSHOT=str(snapshot)) for rank, snapshot in ((0, H100), (1, edited))])
+                                 FUSEDATTN_SELECT_SNAPSHOT=str(snapshot))
+                      for rank, snapshot in ((0, H100), (1, edited))])
     # Rank 0's own snapshot says F16, rank 1's NONE: agreement pins NONE on both, so both exit 1.
     assert [code for code, _, _ in results] == [1, 1], [err[-2000:] for _, _, err in results]
     document = json.loads(results[0][1])
@@ -101,4 +102,15 @@ def test_a_shared_warmup_reports_and_exits_with_what_the_ranks_agreed(tmp_path):
     assert [d["name"] for d in document["agreement"]["disagreements"]] == ["gpt2/train-bf16"]
     stderr = results[0][2] + results[1][2]
     assert stderr.count("ranks disagree: rank 0 on") == 1, stderr  # said once, by the lowest rank
+
+
+def test_ranks_replaying_different_snapshots_stop_before_answering_naming_the_ranks(tmp_path):
+    edited, port = edited_snapshot(tmp_path), free_port()
+    results = finish([start_rank(tmp_path, 0, 2, port, [GPT2, "--snapshot", str(H100), "--timeout", "20"]),
+                      start_rank(tmp_path, 1, 2, port, [GPT2, "--snapshot", str(edited), "--timeout", "20"])])
+    assert [(code, out) for code, out, _ in results] == [(2, ""), (2, "")], [err for _, _, err in results]
+    assert results[0][2] == ("error: warmup: ranks replay different snapshots or problems, so their answers could "
+                             f"differ: rank 0: h100-configs.json (digest {results[0][2].split('digest ')[1][:12]}); "
+                             f"rank 1: h100-configs-edited.json (digest {results[0][2].split('digest ')[2][:12]})\n")
+    assert results[1][2] == ""  # said once, by rank 0
 
