@@ -118,8 +118,7 @@ class AttnConfig:
         for name in ("attn_scale", "dropout"):
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                # A float whatever number was given, and -0.0 as 0.0: the two are one problem, and
-                # the class's key text keeps the first spelling it met.
+                # -0.0 as 0.0: one problem, and a class's key text keeps the first spelling it met
                 object.__setattr__(self, name, float(value) + 0.0)
         problem_class = _classes.of(self)
         if problem_class is not None and problem_class in _classes:
@@ -315,12 +314,11 @@ def is_size(value: Any) -> bool:
 
 def _check_int(cfg: AttnConfig, name: str, optional: bool = False) -> None:
     value = getattr(cfg, name)
-    if value is None and optional:
+    if (value is None and optional) or is_size(value):
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(name, value, "must be a positive integer")
-    if value > INT32_MAX:
+    if isinstance(value, int) and not isinstance(value, bool) and value > INT32_MAX:
         raise ConfigError(name, value, f"must be at most {INT32_MAX} (2**31-1, an int32)")
+    raise ConfigError(name, value, "must be a positive integer")
 
 
 def _check_choice(cfg: AttnConfig, name: str, choices: tuple[str, ...], optional: bool = False) -> None:
@@ -388,7 +386,6 @@ def _validate(cfg: AttnConfig) -> None:
     _check_bool(cfg, "bottom_right_diagonal", optional=True)
     _check_int(cfg, "page_size", optional=True)
     _check_int(cfg, "num_pages", optional=True)
-
     window = cfg.window_size
     if (
         not isinstance(window, tuple) or len(window) != 2

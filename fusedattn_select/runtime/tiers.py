@@ -193,7 +193,8 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     entries.replace(waiting, new)
     dispatcher.counters["swaps"] += 1
     if not (timed and isinstance(choice, runners.Untimed)):  # (this call's untimed choice was said by its warning)
-            log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", entries.problem_key(prepared, "a call"),
+            log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)",
+                 entries.problem_key(prepared, "a call"),
                  "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
     return new
 
