@@ -11,14 +11,10 @@ from __future__ import annotations
 import copy
 
 import pytest
+from gpu_setup import GPU_MARKS, torch
 
-pytestmark = pytest.mark.gpu
-
-torch = pytest.importorskip("torch")
+pytestmark = GPU_MARKS
 pytest.importorskip("transformers")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
-pytest.importorskip("cudnn", reason="cudnn-frontend is not installed")
 
 from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
 

@@ -70,23 +70,19 @@ def test_import_of_a_file_that_is_not_an_export_raises(tmp_path):
         MemoryStore().import_(path)
 
 
-def test_import_keeps_a_stored_full_decision_over_a_fast_yes(cache_dir, tmp_path):
+@pytest.mark.parametrize("exported, imported", [(SUPPORTED_FAST, False), (REJECTED_FAST, True)],
+                         ids=["a fast yes is skipped", "a rejection replaces it and counts"])
+def test_import_over_a_stored_full_yes(cache_dir, tmp_path, exported, imported):
+    # A deeper decision is kept over a shallower yes; a rejection answers every depth, so it replaces any.
     source = MemoryStore()
-    source.put(H100, KEY, SUPPORTED_FAST, ProbeDepth.FAST)
+    source.put(H100, KEY, exported, ProbeDepth.FAST)
     source.export(tmp_path / "fast.json")
     target = PersistentStore(cache_dir)
     target.put(H100, KEY, SUPPORTED_FULL, ProbeDepth.FULL)
     report = target.import_(tmp_path / "fast.json")
-    assert report.verdicts == 0 and "a deeper decision is already stored" in report.skipped[0][1]
-    assert target.get(H100, KEY) == (SUPPORTED_FULL, ProbeDepth.FULL)
-
-
-def test_import_of_a_rejection_replaces_a_stored_full_yes_and_counts_it(cache_dir, tmp_path):
-    source = MemoryStore()
-    source.put(H100, KEY, REJECTED_FAST, ProbeDepth.FAST)
-    source.export(tmp_path / "fast.json")
-    target = PersistentStore(cache_dir)
-    target.put(H100, KEY, SUPPORTED_FULL, ProbeDepth.FULL)
-    report = target.import_(tmp_path / "fast.json")
-    assert (report.verdicts, report.skipped) == (1, ())
-    assert target.get(H100, KEY) == (REJECTED_FAST, ProbeDepth.FAST)
+    if imported:
+        assert (report.verdicts, report.skipped) == (1, ())
+        assert target.get(H100, KEY) == (REJECTED_FAST, ProbeDepth.FAST)
+    else:
+        assert report.verdicts == 0 and "a deeper decision is already stored" in report.skipped[0][1]
+        assert target.get(H100, KEY) == (SUPPORTED_FULL, ProbeDepth.FULL)
