@@ -18,6 +18,14 @@ from fusedattn_select.errors import ConfigError
 
 # Pause between connection attempts to rank 0's address: short against any useful deadline.
 RETRY_PAUSE_S = 0.25
+# Ranks wait for the slowest rank's local step (a warmup share at depth full takes seconds to
+# minutes); a rank absent this long is taken to be lost.
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def hosts_store(rank: int, environ: Mapping[str, str]) -> bool:
+    """Whether this rank hosts the job's TCP store, as env:// decides: rank 0, unless torchrun's agent does."""
+    return rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.local_warmup import WORKERS, WarmupOutcome, WarmupReport, warmup
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.store.store_settings import check_cache_switch
-from fusedattn_select.torchrun_env import torchrun_ranks
+from fusedattn_select.torchrun_env import DEFAULT_TIMEOUT_S, torchrun_ranks
 from fusedattn_select.types import Outcome, ProbeDepth, Provenance
 
 REPORT_HEADER = ("name", "backend", "outcome", "seconds", "answer", "reason")
@@ -268,9 +268,9 @@ def register_warmup(subparsers: Any, common: argparse.ArgumentParser) -> None:
     )
     engines.add_source_options(parser)
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    parser.add_argument("--timeout", type=positive_seconds, default=600.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help="under torchrun: how long a rank waits for the others, to join the job (rank 0's "
-                        "address included), at each exchange and to leave (default 600)")
+                        f"address included), at each exchange and to leave (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--memory-ok", action="store_true",
                         help="warm even when the persistent cache cannot be used or is off (the answers "
                         "then last only as long as this command; without it, that exits 1)")

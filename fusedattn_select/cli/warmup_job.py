@@ -18,11 +18,11 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.selection.local_warmup import WarmupOutcome, WarmupReport
-from fusedattn_select.torchrun_env import Ranks, wait_for_address
+from fusedattn_select.torchrun_env import Ranks, hosts_store, wait_for_address
 from fusedattn_select.types import Backend
 
 DISAGREED = "ranks disagree: every rank answers NONE (the warning above names the ranks and their answers)"
@@ -78,7 +78,7 @@ def leave_job(group: Any, timeout_s: float) -> str:
         return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int) -> NoReturn:
     """End the process with `code` once stdout and stderr are flushed, skipping the interpreter's
     teardown: gloo's threads, even after destroy_process_group, can make it abort (SIGABRT,
     "terminate called without an active exception") and turn the computed code into 134."""
@@ -134,8 +134,7 @@ def replay_mismatch(ranks: Ranks, environ: Mapping[str, str], mine: dict, timeou
 def _statements(dist: Any, ranks: Ranks, environ: Mapping[str, str], address: str, port: int, mine: dict,
                 timeout_s: float) -> list[dict]:
     """Every rank's `mine`, in rank order, exchanged through torchrun's store (or rank 0's)."""
-    # As env:// decides: rank 0 hosts the store unless torchrun's agent does.
-    hosts = ranks.rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    hosts = hosts_store(ranks.rank, environ)
     if not hosts:
         why = wait_for_address(address, port, timeout_s)
         if why:

@@ -27,13 +27,15 @@ from typing import Any, Callable, Iterable, TypeVar
 import torch.distributed as dist
 
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
-from fusedattn_select.torchrun_env import Ranks, torchrun_ranks, wait_for_address
+from fusedattn_select.torchrun_env import (
+    DEFAULT_TIMEOUT_S,
+    Ranks,
+    hosts_store,
+    torchrun_ranks,
+    wait_for_address,
+)
 
 log = logging.getLogger("fusedattn_select")
-
-# Ranks wait for the slowest rank's local step (a warmup share at depth full takes seconds to
-# minutes); a rank absent this long is taken to be lost.
-DEFAULT_TIMEOUT_S = 600.0
 
 T = TypeVar("T")
 
@@ -227,10 +229,9 @@ def init_from_torchrun(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) 
 
 def _join(ranks: Ranks, wait: datetime.timedelta) -> None:
     seconds = wait.total_seconds()
-    # As env:// decides: rank 0 hosts the store unless torchrun's agent does. Torch's store client
-    # retries past the timeout it is given, so the other ranks first wait for the address here.
-    hosts_store = ranks.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-    if not hosts_store:
+    # Torch's store client retries past the timeout it is given, so the other ranks first wait for
+    # the address here.
+    if not hosts_store(ranks.rank, os.environ):
         why = wait_for_address(ranks.address, ranks.port, seconds)
         if why:
             raise DistributedError("join", f"rank {ranks.rank} could not reach rank 0 at MASTER_ADDR:MASTER_PORT="

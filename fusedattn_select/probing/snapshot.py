@@ -233,6 +233,11 @@ def _bucket_rows(path: Path, data: Mapping[str, Any], problems: list[RecordedPro
     return count
 
 
+def _rung(form: AttnConfig) -> tuple:
+    """A bucket form's key among the recorded rungs: its class and sizes (as _bucket_rows files them)."""
+    return form.shape_class_key(), form.batch_size, form.seqlen_q, form.seqlen_kv
+
+
 class SnapshotEngine:
     """A ProbeEngine that answers from one or more snapshot files recorded on one device."""
 
@@ -311,8 +316,7 @@ class SnapshotEngine:
         if any((key, phase) in self._answers for phase in cfg.phases):
             return None
         form = bucket_form(cfg)
-        recorded = None if form is None else self._buckets.get(
-            (form.shape_class_key(), form.batch_size, form.seqlen_q, form.seqlen_kv))
+        recorded = None if form is None else self._buckets.get(_rung(form))
         if recorded is None:
             return None
         return form
@@ -365,7 +369,7 @@ class SnapshotEngine:
         into the answers, so an answer does not depend on which problems were asked before it."""
         if not self._buckets:
             return None
-        recorded = self._buckets.get((cfg.shape_class_key(), cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv))
+        recorded = self._buckets.get(_rung(cfg))
         return next((verdict for verdict in recorded or () if verdict.phase is phase), None)
 
     @staticmethod

@@ -77,7 +77,7 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
             choice, timed = measure_once(key, keeper, found, q, k, v)
             if choice is None:
                 return keeper
-        if timed and not isinstance(choice, runners.Untimed):  # (an untimed choice was said by its warning)
+        if timed and not _warned(choice):
             log.info("fusedattn_select: %s: %s runs its bucket (%s)", entries.problem_key(found, "a call"),
                      "cuDNN" if choice.runner == CUDNN else "torch SDPA", choice.why())
         return apply_choice(found, choice, keeper)
@@ -192,7 +192,7 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     new = apply_choice(prepared, choice, waiting)
     entries.replace(waiting, new)
     dispatcher.counters["swaps"] += 1
-    if not (timed and isinstance(choice, runners.Untimed)):  # (this call's untimed choice was said by its warning)
+    if not (timed and _warned(choice)):
             log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)",
                  entries.problem_key(prepared, "a call"),
                  "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
@@ -337,6 +337,11 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
     dispatcher.counters["measured"] += 1
     runners.store(selection.default_selector(), key, choice)
     return choice
+
+
+def _warned(choice: runners.Kept) -> bool:
+    """Whether timing `choice` already said it (an untimed choice's one warning): no INFO line repeats it."""
+    return isinstance(choice, runners.Untimed)
 
 
 def _cudnn_untimed(key: str, keeper: Entry, prepared: Entry, because: str, cudnn_call: Callable[[], Any],

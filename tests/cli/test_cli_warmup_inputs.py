@@ -156,3 +156,9 @@ def test_a_rank_that_cannot_join_its_job_says_so_in_one_line_and_exits_1(monkeyp
     err = capsys.readouterr().err
     assert err == ("error: warmup: rank 1 of WORLD_SIZE=2 could not join the job's process group, so nothing was "
                    "warmed: RuntimeError: the other ranks never met this one\n"), err
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "inf", "soon"])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_bad_input(capsys, value):
+    code = cli.main(["warmup", GPT2, "--target", "h100", "--timeout", value])
+    assert code == 2 and f"{value!r}: must be a positive number of seconds" in capsys.readouterr().err

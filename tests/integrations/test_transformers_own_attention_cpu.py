@@ -52,6 +52,8 @@ def test_the_mask_description_still_copies_pickles_and_answers_what_transformers
     assert mask.ndim == 4 and mask.contiguous() is mask and not hasattr(mask, "dtype")
     with pytest.raises(MaskUsedAsTensor, match=r"\(where\)"):
         torch.where(mask, 0.0, 1.0)
+    with pytest.raises(MaskUsedAsTensor, match=r"\(mask \+ \.\.\.\)"):  # a tuple's + would concatenate
+        mask + torch.zeros(1)
 
 
 def test_report_and_why_say_transformers_runs_bloom_and_falcon_in_their_own_code(capsys):
