@@ -41,7 +41,7 @@ from fusedattn_select.distributed.work import (
     work_items,
 )
 from fusedattn_select.selection import local_warmup
-from fusedattn_select.selection.local_warmup import Progress, WarmupReport, check_callers, job_count
+from fusedattn_select.selection.local_warmup import Progress, WarmupReport, check_callers, failed_writes, job_count
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.types import ProbeDepth
 
@@ -123,6 +123,7 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
     selector = selector if selector is not None else default_selector()
     comm = Communicator(group, timeout)
     started = time.perf_counter()
+    failed_before = failed_writes(selector.store)
 
     starts = comm.exchange("warmup start", lambda: _Start(
         RankFacts.of(comm.rank, comm.host, selector), probe_depth, agree,
@@ -147,19 +148,23 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
     problems = [(item.name, item.config) for item in items]
     selections: list = []
 
-    def take_and_state():
+    def take_and_state() -> _Taken:
         received.append(_take(selector, facts, results, me, items, probe_depth))
-        if not agree:
-            return None
-        statement, own = local_statement(comm, selector, problems, probe_depth, strict=False)
-        selections.extend(own)
-        return statement
+        statement = None
+        if agree:
+            statement, own = local_statement(comm, selector, problems, probe_depth, strict=False)
+            selections.extend(own)
+        store = selector.store
+        return _Taken(comm.rank, failed_writes(store) - failed_before, str(store.path) if store and store.path else "",
+                      statement)
 
-    statements = comm.exchange("warmup results", take_and_state)
+    taken = comm.exchange("warmup results", take_and_state)
+    statements = [t.statement for t in taken]
     agreement = conclude(comm, statements, problems, selections, selector, strict=False) if agree else None
     owners = {item.key: rank for rank, share in shares.items() for item in share}
+    combined = _combined(items, duplicates, facts, results, peers, local[0])
     report = SharedWarmupReport(
-        rank=comm.rank, ranks=comm.ranks, combined=_combined(items, duplicates, facts, results, peers, local[0]),
+        rank=comm.rank, ranks=comm.ranks, combined=dataclasses.replace(combined, **_failed_saves(taken, comm.rank)),
         local=local[0], owners=owners, received=received[0], plan_bytes_sent=results[comm.ranks.index(comm.rank)].plan_bytes,
         platforms=platform_groups(facts), wall_seconds=time.perf_counter() - started, agreement=agreement,
     )
@@ -178,6 +183,30 @@ class _Start:
     agree: bool
     problems: dict[str, str]
     work: str
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """What a rank says once it has taken the others' results: the writes its persistent store could not
+    do in this warmup (its share, what it took, its statement), that store's path, and its statement
+    (None without agreement)."""
+
+    rank: int
+    failed_saves: int
+    store_path: str
+    statement: object
+
+
+def _failed_saves(taken: Sequence[_Taken], me: int) -> dict:
+    """The job's failed saves for the combined report: their count over every rank, and where they
+    failed (this rank's database when only it failed or none did, else each failing rank's with its
+    rank), so that every rank's report, and so its exit code, says what the job did not keep."""
+    failing = [t for t in taken if t.failed_saves]
+    if not failing or [t.rank for t in failing] == [me]:
+        path = next(t.store_path for t in taken if t.rank == me)
+    else:
+        path = ", ".join(f"{t.store_path or 'the store'} (rank {t.rank})" for t in failing)
+    return {"failed_saves": sum(t.failed_saves for t in failing), "store_path": path}
 
 
 def _check_start(starts: Sequence[_Start]) -> None:

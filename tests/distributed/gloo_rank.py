@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,9 @@ from fusedattn_select import distributed
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
-from fusedattn_select.store import PersistentStore
+from fusedattn_select.store import PersistentStore, database
+
+HELD: list = []  # connections holding a store's write lock until the rank exits
 
 
 class RaisingSnapshotEngine(SnapshotEngine):
@@ -54,6 +57,8 @@ def selector_for(spec: dict, rank: int) -> Selector:
     else:
         engine = SnapshotEngine.load(snapshot)
     stores = spec.get("stores")
+    if spec.get("locked_rank") == rank:  # hold_write_lock's store gives up at once (before it opens)
+        database.BUSY_TIMEOUT_S, database.LOCKED_RETRY_S = 0.02, 0.05
     store = PersistentStore(stores[rank % len(stores)]) if stores else None
     selector = Selector(engine, store=store)
     set_default_selector(selector)
@@ -113,8 +118,19 @@ def scenario_lowest_stuck(spec: dict, rank: int) -> dict:
     return {"waited": time.perf_counter() - started}
 
 
+def hold_write_lock(spec: dict, rank: int, selector: Selector) -> None:
+    """On spec "locked_rank": another connection holds this rank's store's write lock (as a stuck
+    process would) so that its saves fail (selector_for shortened the store's patience)."""
+    if spec.get("locked_rank") != rank:
+        return
+    other = sqlite3.connect(selector.store.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    HELD.append(other)
+
+
 def scenario_warmup(spec: dict, rank: int) -> dict:
     selector = selector_for(spec, rank)
+    hold_write_lock(spec, rank, selector)
     named = problems(spec, rank)
     report = distributed.warmup(named, **{"depth": "full", **per_rank(spec, rank)}, timeout=spec.get("timeout", 30))
     probes_after_warmup = selector.cache_info()["probes"]
@@ -132,6 +148,8 @@ def scenario_warmup(spec: dict, rank: int) -> dict:
         "agreed": report.agreement.agreed,
         "disagreements": [[d.name, d.message] for d in report.agreement.disagreements],
         "stored": stored_outcomes(spec, rank, selector, named),
+        "failed_saves": [report.combined.failed_saves, report.combined.store_path, str(selector.store.path)
+                         if selector.store is not None else ""],
     }
 
 

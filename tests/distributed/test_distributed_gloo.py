@@ -169,6 +169,18 @@ def test_shared_warmup_probes_each_problem_once_and_every_rank_ends_with_every_d
         assert {n: v[:2] for n, v in r["later"].items()} == {n: v[:2] for n, v in results[0]["later"].items()}
         assert r["combined_rows"] == results[0]["combined_rows"] and r["agreed"] and not r["skipped"]
         assert r["decisions_received"] == len(owned) - len(r["local_rows"])
+        assert r["failed_saves"][0] == 0
+
+
+def test_a_shared_warmup_whose_saves_fail_on_one_rank_reports_them_on_every_rank(tmp_path):
+    # Rank 1's store cannot be written (another connection holds its lock); the job did not keep what it
+    # answered, so every rank's combined report counts those saves, and names the rank whose store failed.
+    results = run_ranks(tmp_path, "warmup", 2, snapshots=[H100], stores=[tmp_path / "node0", tmp_path / "node1"],
+                        configs=[str(LLAMA)], locked_rank=1)
+    (count0, where0, own0), (count1, where1, own1) = (r["failed_saves"] for r in results)
+    assert count0 == count1 > 0
+    assert where1 == own1 and where0 == f"{own1} (rank 1)" and own0 != own1
+    assert all(r["agreed"] for r in results)
 
 
 def test_shared_warmup_with_a_rank_whose_snapshot_rejects_a_problem_disagrees_as_agree_does(tmp_path):
