@@ -242,13 +242,7 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
 
 # ----- introspection -----------------------------------------------------------------------------
 def dispatch_info() -> dict[str, Any]:
-    """Counters of the dispatch layer: calls, fused/fallback calls, signatures decided, plan builds (graph builds
-    done by dispatch; 0 new ones after warm-up means the hot path built nothing) and plan loads (serialized plans
-    deserialized from the persistent store instead of built; plan_load_failures counts stored plans that did not
-    load and were rebuilt); first contact (runtime/tiers.py): torch_calls (calls torch SDPA ran while a signature
-    waited for its plans or because it was measured faster), swaps, measured, waiting_signatures, and runners (each
-    measured, stored or untimed runner choice of this process: runners.runner_key (the timing method and the
-    graphs key) -> "runner (measured x us vs y us)", or "runner (why it is not timed)")."""
+    """Counters of the dispatch layer, the signatures decided and the runner choices (docs/dispatch.md, 'Counters')."""
     info: dict[str, Any] = dict(dispatcher.counters)
     table_calls = native.table_calls()  # lean calls the compiled table ran
     info["calls"] += table_calls

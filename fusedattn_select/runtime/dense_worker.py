@@ -1,20 +1,7 @@
-"""The worker process of dense_builds: `python -m fusedattn_select.runtime.dense_worker FD [DEVICE]`.
-With DEVICE (dense_builds.prestart) it first pays its one-time start-up on that device (`warm`).
-
-Reads one JSON job per line on stdin and answers one JSON line per job on the pipe FD:
-- {"id", "config", "return_lse", "store_dir", "device"}: select the problem's own (dense) graphs and
-  build their plans into the persistent store; {"id", "result": ""} when stored, else why not;
-- {"id", "kind": "decide", "options", "tensors", "store_dir", "device"}: decide a call signature as attention()
-  would, on compact tensors of its shapes and dim order made here (the caller sends compact strides, see
-  dense_builds.ask_decide), storing every selection and plan it takes; {"id", "result": JSON {"reason", "forms"}};
-  then, after every job asked for, the next AHEAD buckets of its problem class (docs/dispatch.md, 'First contact');
-- {"id", "kind": "ahead", "config", "bucket", "return_lse", "store_dir", "device"}: build one bucket of
-  a problem class ahead (dense_builds.queue_ahead: a registered model's buckets), at the priority of
-  build-ahead work, after every job asked for; {"id", "result": ""} when its plans are stored, else why not;
-- a job that itself failed answers {"id", "error": ...}.
-Exits at the end of its input, and quietly when the answer pipe is closed (the calling process is gone).
-Runs at the lowest CPU priority (`lowest_cpu_priority`).
-"""
+"""The worker process of dense_builds: `python -m fusedattn_select.runtime.dense_worker FD [DEVICE]` (with DEVICE it
+`warm`s up first: dense_builds.prestart). Reads one JSON job per line on stdin (a dense build, "decide" or "ahead":
+`_answer`, `_run_ahead`) and answers each job asked for with one JSON line, {"id", "result"} or {"id", "error"}, on the
+pipe FD; exits at the end of its input, or when nobody reads its answers."""
 
 from __future__ import annotations
 

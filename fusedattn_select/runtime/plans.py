@@ -1,15 +1,5 @@
-"""Built cuDNN plans for dispatch: one per (problem, phase), found by dict lookup, run on the caller's stream.
-
-A `Plan` wraps one graph that `probing.cudnn.graphs.build_graph` built to `ProbeDepth.FULL`. It knows, for
-every named tensor of the graph, the dims, strides and dtype it was declared with, so binding a
-caller tensor is a stride comparison (and a free `as_strided` view when only size-1 dims differ),
-and allocating an output is one `torch.empty_strided`. Constant scalars (zero sink, FP8 unit
-scales, the dropout RNG counter) are allocated once per plan, so the hot path allocates nothing but
-its outputs and never synchronises with the host: forward and backward can be captured in a CUDA
-graph.
-
-Where a plan is found (this process, the store, a build): `obtain_plan` and docs/dispatch.md, 'Plans'.
-"""
+"""Built cuDNN plans for dispatch: one per (problem, phase), found by dict lookup (`obtain_plan`), run on the caller's
+stream with no host sync, so that forward and backward can be captured in a CUDA graph (docs/dispatch.md, 'Plans')."""
 
 from __future__ import annotations
 
@@ -261,13 +251,8 @@ is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torc
 
 
 def _prepare_handle(device: torch.device) -> tuple[Any, int]:
-    """(the cuDNN handle of this thread and device, pointed at the current torch stream; that stream).
-
-    Handles come from probing.cudnn.handle_for (one per thread and device, as cuDNN requires) and
-    are remembered here per thread, so the hot path makes no driver calls to find them.
-    `cudnn.set_stream` costs several driver queries, so it is called only when the stream changed
-    since the last call on this handle.
-    """
+    """(this thread's cuDNN handle of `device`, pointed at the current torch stream; that stream), remembered per
+    thread; `cudnn.set_stream` (several driver queries) runs only when the stream changed."""
     handles = getattr(dispatcher.per_thread, "handles", None)
     if handles is None:
         handles = dispatcher.per_thread.handles = {}
@@ -286,14 +271,9 @@ def _prepare_handle(device: torch.device) -> tuple[Any, int]:
 
 # ----- workspace --------------------------------------------------------------------------------
 def workspace_for(device: torch.device, size: int, stream: int) -> torch.Tensor:
-    """The workspace of (device, `stream`: the current stream's handle), grown to at least `size` bytes.
-
-    One buffer per stream: kernels on one stream run in order, so reuse is safe; a buffer is never
-    shared across streams. Growth replaces the buffer (the caching allocator keeps the old one
-    alive until the stream is done with it). Under CUDA-graph capture a buffer is allocated for
-    the captured call from the graph's private pool instead, so a graph never bakes in the
-    address of a buffer that later eager calls or other graphs reuse.
-    """
+    """The workspace of (device, `stream`), grown to at least `size` bytes; under CUDA-graph capture a new one from
+    the graph's pool, so that no graph holds the address of a buffer other calls reuse."""
+    # One per stream: its kernels run in order. The caching allocator keeps a replaced one alive for its stream.
     size = max(size, 1)  # some frontend versions want a buffer even when the plan needs none
     if is_capturing():
         return torch.empty(size, dtype=torch.uint8, device=device)
@@ -314,16 +294,9 @@ def workspace_bytes() -> int:
 
 # ----- building ---------------------------------------------------------------------------------
 def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device) -> Plan:
-    """Build `phase` of `cfg` for `backend` on `device` (FULL depth: kernels compiled).
-
-    Plans are built static, without cuDNN's dynamic shapes and kernel cache: a forward plan built
-    from a kernel cache warmed by another sequence length of the same problem class returned wrong
-    results (docs/performance.md, "Measured facts behind the design"). A new batch size or sequence
-    length therefore costs a full build once per process.
-
-    Raises PlanBuildError carrying the verdict to record: UNSUPPORTED when cuDNN rejects the graph,
-    FAILED for incidents (out of memory, CUDA errors) that say nothing about support.
-    """
+    """Build `phase` of `cfg` for `backend` on `device` (FULL depth); PlanBuildError carries the verdict to record
+    (UNSUPPORTED: cuDNN rejects the graph; FAILED: an incident such as out of memory)."""
+    # Static, without dynamic shapes and a kernel cache, which gave wrong results (docs/performance.md).
     index = device.index if device.index is not None else torch.cuda.current_device()
     started = time.perf_counter()
     try:

@@ -408,11 +408,8 @@ def for_callers_geometry(prepared: Entry, q: torch.Tensor, k: torch.Tensor, v: t
 
 
 def start_early() -> Future | None:
-    """Start making this process's selector, before any call, on a thread of its own and on the device this
-    thread's calls go to (docs/dispatch.md, 'The selector made ahead'). Its Future (the selector, or None
-    where it could not be made: the first call makes it again and reports why), or None where none is started:
-    made already, no cuDNN frontend, several devices and none chosen yet, or a worker that decides first
-    (started here instead: `dense_builds.prestart`). The runtime's settings are fixed from here on."""
+    """Start making this process's selector on a thread of its own, or the worker that decides first
+    (docs/dispatch.md, 'The selector made ahead'): its Future (the selector, or None), or None where none starts."""
     if selection.made_default_selector() is not None or dense_builds.cudnn_missing():
         return None
     device = _current_device()

@@ -291,11 +291,8 @@ def _import(name: str) -> Optional[ModuleType]:
 
 
 def remember(q: Any, k: Any, v: Any, arguments: tuple, plan: Any) -> None:
-    """File a call's LeanPlan in the table under the call's signature: attention()'s (layout, mask,
-    window_size, attn_scale, dropout, softmax, deterministic) as given and q's, k's and v's shapes,
-    strides, dtypes and devices, whether it trains and whether it is under CUDA-graph capture (what
-    runtime/entries.py's fast_key holds). A call the table cannot hold (arguments of other types,
-    tensor subclasses) is left to the Python path."""
+    """File a call's LeanPlan in the table under the call's signature (what entries.fast_key holds); a call the
+    table cannot hold is left to the Python path (docs/dispatch.md, 'Compiled lean path (built on first use)')."""
     table = dispatcher.native_table
     if table is not None:
         table.remember(q, k, v, arguments, plan)
