@@ -1,8 +1,9 @@
 """Static pre-filters: cheap, named, version-scoped rules applied before any probe.
 
 A rule only rejects what cuDNN's graph API cannot express, or what a documented known cuDNN bug
-makes unsafe although cuDNN accepts it. Everything else is left to the probe: the probe is the
-ground truth, these rules only save its cost or guard against known-wrong answers.
+makes unsafe although cuDNN accepts it. Each names the platforms it describes (`Rule.platforms`:
+cuda for every rule here, so none answers a ROCm question). Everything else is left to the probe:
+the probe is the ground truth, these rules only save its cost or guard against known-wrong answers.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ CUDNN_FE_FP8_D256_FIX = "https://github.com/NVIDIA/cudnn-frontend/pull/985"
 # of tools/fp8_dk_check.py that it cites. Paths in this repository.
 FP8_GQA_BACKWARD_MEASURED = "docs/rules.md"
 FP8_GQA_BACKWARD_RUNS = ("tools/results/fp8-dk-check-h100.json", "tools/results/fp8-dk-check-fp8-backward-race-h100.json")
+# Platforms as Fingerprint.platform names them. A rule describes the platforms in its `platforms` and no other: the
+# cuDNN rules say nothing about ROCm, whose answers come from its own declared tables (probing/rocm).
+CUDA = "cuda"
+ROCM = "rocm"
+KNOWN_PLATFORMS = (CUDA, ROCM)
+CUDNN_PLATFORMS = (CUDA,)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class Rule:
     further links (the fix, the upstream guard) next to `source`. `asked_problem`: the condition is
     about the caller's own problem (a decode step's real seqlen_q), so the selector also decides it
     on the problem asked, whichever graph form (a shape bucket, heads as batch) would answer it.
+    `platforms`: the platforms the rule describes (every rule here is about cuDNN: cuda only); on any
+    other (rule_platform) it never applies.
     """
 
     name: str
@@ -67,6 +76,7 @@ class Rule:
     sm_archs: Collection[int] | None = None
     see_also: tuple[str, ...] = ()
     asked_problem: bool = False
+    platforms: tuple[str, ...] = CUDNN_PLATFORMS
 
     def applies(self, cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
         if cfg.candidate not in self.backends:
@@ -74,7 +84,10 @@ class Rule:
         return self.covers(fingerprint) and self.condition(cfg, fingerprint)
 
     def covers(self, fingerprint: Fingerprint) -> bool:
-        """The cuDNN, cudnn-frontend and device ranges hold this platform (the condition aside)."""
+        """The platform is one the rule describes, and the cuDNN, cudnn-frontend and device ranges hold it (the
+        condition aside)."""
+        if rule_platform(fingerprint) not in self.platforms:
+            return False
         if not _in_range(fingerprint.cudnn_backend_version, *self.cudnn_versions):
             return False
         if self.frontend_versions != (None, None) and not _frontend_in(fingerprint, *self.frontend_versions):
@@ -92,6 +105,13 @@ class Rule:
             detail=f"{self.reason} (source: {' '.join((self.source, *self.see_also))})",
             provenance=Provenance.RULE,
         )
+
+
+def rule_platform(fingerprint: Fingerprint) -> str:
+    """The platform whose rules hold for `fingerprint`: its own where the library knows it (KNOWN_PLATFORMS); any
+    other name (an engine from outside the library, a test double standing in for a cuDNN device) is taken as
+    cuda, the platform every such engine answered for before ROCm had answers."""
+    return fingerprint.platform if fingerprint.platform in KNOWN_PLATFORMS else CUDA
 
 
 def _in_range(value: int, low: int | None, high: int | None) -> bool:
