@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, cast
 
 import torch
 
@@ -25,8 +25,9 @@ from fusedattn_select.probing.cudnn.plan_graphs import (
     dispatch_plan_key,
     serialize_build,
 )
-from fusedattn_select.runtime import launch, native
+from fusedattn_select.runtime import native
 from fusedattn_select.runtime.dispatcher import PLAN_COUNTERS, dispatcher
+from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.runtime.streams import loading_stream
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store.protocol import Store
@@ -40,6 +41,7 @@ log = logging.getLogger("fusedattn_select")
 # Outputs whose padded rows cuDNN leaves unwritten: allocated zeroed under a padding mask so the
 # result matches the float32 reference (padded query rows and padded keys get 0).
 ZEROED_WITH_PADDING = frozenset({"o", "dQ", "dK", "dV"})
+Launcher = Callable[[tuple, Any, Any], None]  # direct_launcher's launch(buffers, workspace, handle)
 
 
 def _torch_dtype(data_type: Any) -> torch.dtype:
@@ -103,7 +105,7 @@ class Plan:
         self.zeroed = frozenset(ZEROED_WITH_PADDING & set(self.outputs)) if cfg.has_padding else frozenset()
         self.constants: dict[str, torch.Tensor] = {}
         self._ordered_checked = False  # whether an execute with ordered binding has run
-        self._direct: Optional[launch.Launcher] = None  # see runtime/launch.py
+        self._direct: Optional[Launcher] = None  # direct_launcher's
         self._direct_proven = False
         self._native: Optional[Any] = None  # run(buffers) through the compiled module (runtime/native)
         # The GraphBuild of a freshly built plan, until obtain_plan has serialized it.
@@ -191,7 +193,7 @@ class Plan:
                 if not self._ordered_checked:
                     self._ordered_checked = True
                     self._native = native.plan_runner(self)
-                    self._direct = launch.direct_launcher(self.graph, uids)
+                    self._direct = direct_launcher(self.graph, uids)
                 return
             except TypeError as err:  # a frontend without ordered binding (before 1.32): bind by map
                 if self._ordered_checked:
@@ -202,7 +204,7 @@ class Plan:
         self.graph.execute(dict(zip(self._slots, buffers)), workspace, handle=handle)
         dispatcher.plan_stats["executes"] += 1
 
-    def _launch(self, direct: launch.Launcher, buffers: tuple[Any, ...], workspace: torch.Tensor, handle: Any
+    def _launch(self, direct: Launcher, buffers: tuple[Any, ...], workspace: torch.Tensor, handle: Any
                 ) -> bool:
         """The direct launcher's first run; False (and never again) when it fails."""
         try:
@@ -241,6 +243,42 @@ def _uids(slots: tuple[Any, ...]) -> Optional[tuple[int, ...]]:
             return None
         uids.append(uid)
     return tuple(uids)
+
+
+# ----- direct launch: execute() re-decides in Python, per call, what its first call decided (the plan, a Python
+# engine or not, the binding schema); the launcher decides it once and makes the two compiled calls execute() ends in.
+def direct_launcher(graph: Any, uids: tuple[int, ...]) -> Optional[Launcher]:
+    """launch(buffers, workspace, handle) of a built graph the cuDNN backend serves, binding `buffers` in `uids`
+    order; None where FUSEDATTN_SELECT_DIRECT_LAUNCH=0 or the graph or frontend lacks what it reads (internals)."""
+    if not run_settings.get().direct_launch:  # ConfigError naming a variable when one is invalid
+        return None
+    try:
+        lowered = graph._lowered_graph
+        if lowered is None or not graph._is_built or graph.selected_engine is not None:
+            return None  # not built yet, or a Python engine of the frontend serves it
+        schema = graph._prepare_ordered_binding_schema()
+        if schema is None:
+            return None
+        cpp_index = -1
+        if graph._plans:
+            placed = graph._materialize_backend_plan(graph._plan_index).cpp_index
+            cpp_index = -1 if placed is None else placed
+        bindings = graph._data_bindings
+        execute_ordered, execute_pack, finish = lowered._execute_ordered, lowered._execute_ordered_pack, \
+            graph._finish_ordered
+    except AttributeError as err:
+        log.debug("fusedattn_select: no direct launch with this cudnn-frontend (%s)", err)
+        return None
+
+    def launch(buffers: tuple, workspace: Any, handle: Any) -> None:
+        backend_handle = getattr(handle, "backend_handle", handle) or 0
+        result = execute_ordered(schema, buffers, uids, bindings, workspace, None, None, None, backend_handle,
+                                 cpp_index)
+        if result is not None:  # a buffer the compiled reader could not describe: the frontend's completion
+            pack = finish(schema, result, workspace, None)
+            execute_pack(pack.native, pack.workspace, backend_handle, cpp_index)
+
+    return launch
 
 
 # ----- handles and streams ----------------------------------------------------------------------

@@ -124,13 +124,13 @@ def test_dense_after_takes_only_ascii_digits(monkeypatch, text):
 
 def test_the_runtime_reads_each_setting_through_its_one_rule(monkeypatch):
     pytest.importorskip("torch")
-    from fusedattn_select.runtime import dense_builds, entries, fp8_kernels, launch, native, tiers  # noqa: F401
+    from fusedattn_select.runtime import dense_builds, entries, fp8_kernels, native, plans, tiers  # noqa: F401
     from fusedattn_select.runtime.run_settings import run_settings
 
     readers = {settings.DENSE_AFTER: lambda: run_settings.get().dense_after,
                settings.DENSE_BUILDS: lambda: run_settings.get().dense_builds,
                settings.FIRST_CALLS: lambda: run_settings.get().first_calls,
-               settings.DIRECT_LAUNCH: launch.enabled, settings.NATIVE: native.enabled,
+               settings.DIRECT_LAUNCH: lambda: run_settings.get().direct_launch, settings.NATIVE: native.enabled,
                settings.FP8_KERNELS: fp8_kernels.configured_choice}
     assert set(readers) == set(settings.RUNTIME_VARIABLES.values())
     for name, read in readers.items():

@@ -9,8 +9,10 @@ import pytest
 
 pytest.importorskip("torch")
 
+from fusedattn_select import settings  # noqa: E402
 from fusedattn_select.errors import ConfigError  # noqa: E402
-from fusedattn_select.runtime import launch, plans  # noqa: E402
+from fusedattn_select.runtime import plans  # noqa: E402
+from fusedattn_select.runtime.run_settings import run_settings  # noqa: E402
 
 
 class _Graph:
@@ -42,22 +44,22 @@ def test_uids_come_from_ints_attributes_or_getters_and_none_when_any_is_missing(
 
 @pytest.mark.parametrize("value,expected", [("", True), ("1", True), ("0", False)])
 def test_direct_launch_setting(monkeypatch, value, expected):
-    monkeypatch.setenv(launch.ENV_VAR, value)
-    assert launch.enabled() is expected
+    monkeypatch.setenv(settings.DIRECT_LAUNCH, value)
+    assert run_settings.get().direct_launch is expected
 
 
 def test_a_bad_direct_launch_setting_names_the_variable(monkeypatch):
-    monkeypatch.setenv(launch.ENV_VAR, "yes")
-    with pytest.raises(ConfigError, match=launch.ENV_VAR):
-        launch.enabled()
+    monkeypatch.setenv(settings.DIRECT_LAUNCH, "yes")
+    with pytest.raises(ConfigError, match=settings.DIRECT_LAUNCH):
+        run_settings.get().direct_launch
 
 
 def test_no_direct_launcher_when_turned_off_or_the_frontend_lacks_its_internals(monkeypatch):
-    monkeypatch.setenv(launch.ENV_VAR, "0")
-    assert launch.direct_launcher(_Graph(), (1, 2)) is None
-    monkeypatch.setenv(launch.ENV_VAR, "1")
-    assert launch.direct_launcher(_Graph(), (1, 2)) is None  # no _lowered_graph: feature detection says no
+    monkeypatch.setenv(settings.DIRECT_LAUNCH, "0")
+    assert plans.direct_launcher(_Graph(), (1, 2)) is None
+    monkeypatch.setenv(settings.DIRECT_LAUNCH, "1")
+    assert plans.direct_launcher(_Graph(), (1, 2)) is None  # no _lowered_graph: feature detection says no
     not_built = types.SimpleNamespace(_lowered_graph=object(), _is_built=False, selected_engine=None)
-    assert launch.direct_launcher(not_built, (1, 2)) is None
+    assert plans.direct_launcher(not_built, (1, 2)) is None
     python_engine = types.SimpleNamespace(_lowered_graph=object(), _is_built=True, selected_engine=object())
-    assert launch.direct_launcher(python_engine, (1, 2)) is None
+    assert plans.direct_launcher(python_engine, (1, 2)) is None
