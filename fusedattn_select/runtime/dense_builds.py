@@ -32,7 +32,6 @@ from fusedattn_select.runtime.run_settings import run_settings
 
 log = logging.getLogger("fusedattn_select")
 
-ENV_VAR = settings.DENSE_BUILDS
 MODES = settings.DENSE_BUILD_MODES
 PROCESS, INLINE = MODES
 
@@ -143,7 +142,7 @@ def ahead_target(device: int) -> tuple[tuple[str, int] | None, str]:
     does not load, a store that refuses plans) comes back as the answer of each job."""
     mode = run_settings.get().dense_builds
     if mode != PROCESS:
-        return None, f"{ENV_VAR}={mode} builds plans where a call needs them"
+        return None, f"{settings.DENSE_BUILDS}={mode} builds plans where a call needs them"
     if os.environ.get(settings.SNAPSHOT):
         return None, f"{settings.SNAPSHOT} answers from snapshot files: no live cuDNN engine"
     missing = cudnn_missing()

@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fusedattn_select import settings
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import dense_builds, dense_worker, entries
@@ -27,16 +28,16 @@ CFG = AttnConfig(batch_size=2, num_heads_q=8, num_heads_kv=2, seqlen_q=300, seql
 
 @pytest.mark.parametrize("value,expected", [("", "process"), ("process", "process"), ("inline", "inline")])
 def test_the_mode_reads_the_environment(monkeypatch, value, expected):
-    monkeypatch.setenv(dense_builds.ENV_VAR, value)
+    monkeypatch.setenv(settings.DENSE_BUILDS, value)
     assert run_settings.get().dense_builds == expected
 
 
 @pytest.mark.parametrize("value", ["thread", "Process", "0"])
 def test_another_mode_is_refused_naming_the_variable_and_the_choices(monkeypatch, value):
-    monkeypatch.setenv(dense_builds.ENV_VAR, value)
+    monkeypatch.setenv(settings.DENSE_BUILDS, value)
     with pytest.raises(ConfigError, match="'process', 'inline'") as err:
         run_settings.get()
-    assert err.value.field == dense_builds.ENV_VAR
+    assert err.value.field == settings.DENSE_BUILDS
 
 
 def test_training_needs_a_forward_and_a_backward_plan():

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from fusedattn_select.cli.main import main  # noqa: E402
 from fusedattn_select.runtime import native  # noqa: E402
 from fusedattn_select.runtime.native import autobuild  # noqa: E402
+from fusedattn_select.runtime.run_settings import run_settings  # noqa: E402
 
 
 def _module(native_dir):
@@ -27,7 +28,7 @@ def _module(native_dir):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU machine's answer")
 def test_without_a_gpu_the_first_lookup_says_once_why_no_build_starts(native_dir, caplog):
     caplog.set_level(logging.INFO, logger="fusedattn_select")
-    assert native.mode() == "auto"
+    assert run_settings.get().native == "auto"
     assert native.load() is None and native.load() is None
     native.background().start(_module(native_dir), native.include_dirs, lambda: None)  # a second start: nothing
     native.background().thread.join(30)  # the check runs on the build's thread, not the caller's

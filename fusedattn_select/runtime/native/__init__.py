@@ -21,6 +21,7 @@ from typing import Any, Optional
 from fusedattn_select import settings
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.native import autobuild
+from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.store.locks import flock
 
 log = logging.getLogger("fusedattn_select")
@@ -34,17 +35,9 @@ class NativeBuildError(RuntimeError):
     """The compiled lean path could not be built: what was missing or what the compiler said."""
 
 
-def mode() -> str:
-    """FUSEDATTN_SELECT_NATIVE: "auto" (the default), "1" or "0" (ConfigError naming a variable when
-    one is invalid)."""
-    from fusedattn_select.runtime.run_settings import run_settings
-
-    return run_settings.get().native
-
-
 def enabled() -> bool:
-    """Whether a built module may be used ("0" turns it off)."""
-    return mode() != "0"
+    """Whether a built module may be used (FUSEDATTN_SELECT_NATIVE: "0" turns it off; "auto", the default, or "1")."""
+    return run_settings.get().native != "0"  # ConfigError naming a variable when one is invalid
 
 
 def generation() -> int:
@@ -189,7 +182,7 @@ def status() -> dict[str, Any]:
     """Whether the compiled path is on (and builds on first use), where its module for this torch and
     frontend belongs, whether it is built there or being built by this process (`problem`: why it
     cannot be, when that is known without building, or why an earlier build failed)."""
-    info: dict[str, Any] = {"enabled": enabled(), "mode": mode(), "dir": str(build_dir())}
+    info: dict[str, Any] = {"enabled": enabled(), "mode": run_settings.get().native, "dir": str(build_dir())}
     try:
         import torch  # noqa: F401 - module_name() needs it
     except ImportError:
@@ -237,7 +230,7 @@ def load(device: Optional[int] = None) -> Optional[ModuleType]:
                 else:
                     dispatcher.native_table, dispatcher.native_call = module, module.call
             else:
-                start_build = mode() == "auto" and not _module_path(name).is_file()
+                start_build = run_settings.get().native == "auto" and not _module_path(name).is_file()
             # Filed last: the lock-free lookup above never sees a module whose kinds are not set.
             loaded[name] = module
     if start_build:
