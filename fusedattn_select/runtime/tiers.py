@@ -37,7 +37,7 @@ ROUNDS = 5                  # timed forward calls per runner when both are ready
 HOLD_CYCLES = 2_000_000     # GPU clock cycles (about 1 ms) the timed calls queue behind (measure)
 TORCH, CUDNN = runners.TORCH, runners.CUDNN
 RUNNER_NAMES = ("its torch runner", "its cuDNN runner")  # measure's pair, in order: whose call failed
-Choice = runners.Choice
+Choice, Kept = runners.Choice, runners.Kept
 
 
 Run = Callable[..., Any]  # api._run: (entry, q, k, v, inputs, fp8, return_lse) -> out
@@ -70,17 +70,12 @@ def entry(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                          torch_call=torch_call(signature[0], q, k, v))
         if not found.fused:
             return found
-        key = runner_key(found)
-        choice, timed = dispatcher.choices.get(key) or load_choice(key), False
         keeper = Entry(signature[0], fallback=FALLBACK_TORCH, torch_call=torch_call(signature[0], q, k, v))
-        if choice is None:  # both runners exist and this device never timed them for this bucket
-            choice, timed = measure_once(key, keeper, found, q, k, v)
-            if choice is None:
-                return keeper
-        if timed and not _warned(choice):
+        runs, choice, timed = _runner_for(found, keeper, load_choice, q, k, v)
+        if choice is not None and timed and not _warned(choice):
             log.info("fusedattn_select: %s: %s runs its bucket (%s)", entries.problem_key(found, "a call"),
                      "cuDNN" if choice.runner == CUDNN else "torch SDPA", choice.why())
-        return apply_choice(found, choice, keeper)
+        return runs
 
     return entries.entry(signature, q, k, v, inputs, scales, lambda: entries.settle(decide()))
 
@@ -183,18 +178,13 @@ def swap(waiting: Entry, job: Future, q: torch.Tensor, k: torch.Tensor, v: torch
     if not prepared.fused:  # no cuDNN runner: the entry falls back as a waiting case would
         entries.replace(waiting, prepared)
         return prepared
-    key = runner_key(prepared)
-    choice, timed = dispatcher.choices.get(key), False
+    new, choice, timed = _runner_for(prepared, waiting, dispatcher.choices.get, q, k, v)
     if choice is None:
-        choice, timed = measure_once(key, waiting, prepared, q, k, v)
-        if choice is None:
-            return waiting
-    new = apply_choice(prepared, choice, waiting)
+        return waiting
     entries.replace(waiting, new)
     dispatcher.counters["swaps"] += 1
     if not (timed and _warned(choice)):
-            log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)",
-                 entries.problem_key(prepared, "a call"),
+        log.info("fusedattn_select: %s: %s after %d calls on torch SDPA (%s)", entries.problem_key(prepared, "a call"),
                  "cuDNN runs it now" if new is prepared else "torch SDPA keeps it", waiting.calls, choice.why())
     return new
 
@@ -249,9 +239,26 @@ def load_choice(key: str) -> runners.Kept | None:
     found = runners.stored(selection.default_selector(), key)
     if found is None:
         return None
+    return _keep(key, found)
+
+
+def _keep(key: str, choice: Kept) -> Kept:
     with dispatcher.choices_lock:
-        dispatcher.choices[key] = found
-    return found
+        dispatcher.choices[key] = choice
+    return choice
+
+
+def _runner_for(found: Entry, keeper: Entry, lookup: Callable[[str], runners.Kept | None], q: torch.Tensor,
+                k: torch.Tensor, v: torch.Tensor) -> tuple[Entry, runners.Kept | None, bool]:
+    """(`found`, or `keeper` where torch runs the bucket; its choice, `lookup`'s or timed now where this device
+    never timed the bucket (None: not timed, `keeper` says why); whether this call timed it)."""
+    key = runner_key(found)
+    choice, timed = lookup(key), False
+    if choice is None:
+        choice, timed = measure_once(key, keeper, found, q, k, v)
+        if choice is None:
+            return keeper, None, timed
+    return apply_choice(found, choice, keeper), choice, timed
 
 
 def apply_choice(found: Entry, choice: runners.Kept | None, keeper: Entry) -> Entry:
@@ -299,10 +306,7 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
         with torch.no_grad(), torch.cuda.device(q.device):
             for which, runner in enumerate(pair):
                 failing = RUNNER_NAMES[which]
-                runner()
-                warmed = torch.cuda.Event()
-                warmed.record()
-                warmed.synchronize()  # a device fault of its kernels surfaces here, blamed on it
+                _synced(runner)  # a device fault of its kernels surfaces here, blamed on it
             failing = ""
             # Not wall time, which at first contact timed the work beside the caller (docs/performance.md,
             # 'Runner choices timed at first contact'): CPU time leaves out GIL waits and other processes;
@@ -332,11 +336,18 @@ def measure(key: str, keeper: Entry, prepared: Entry, q: torch.Tensor, k: torch.
     torch_us, cudnn_us = (max(min(cpu), min(s.elapsed_time(e) * 1e3 for s, e in events))
                           for cpu, events in zip(host, timed))
     choice = Choice(TORCH if torch_us < 0.98 * cudnn_us else CUDNN, round(torch_us, 2), round(cudnn_us, 2))
-    with dispatcher.choices_lock:
-        dispatcher.choices[key] = choice
+    _keep(key, choice)
     dispatcher.counters["measured"] += 1
     runners.store(selection.default_selector(), key, choice)
     return choice
+
+
+def _synced(call: Callable[[], Any]) -> None:
+    """Run `call` and wait for the device to finish its kernels."""
+    call()
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
 
 
 def _warned(choice: runners.Kept) -> bool:
@@ -350,15 +361,11 @@ def _cudnn_untimed(key: str, keeper: Entry, prepared: Entry, because: str, cudnn
     the bucket in this process once a call of it succeeds: a choice not timed, never stored. Else None."""
     try:
         with torch.no_grad(), torch.cuda.device(device):
-            cudnn_call()
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()
+            _synced(cudnn_call)
     except Exception as err:  # noqa: BLE001 - neither runner ran: torch keeps it, whose calls ran before
         return _failed(key, keeper, prepared, f"{because}; its cuDNN runner failed too ({type(err).__name__}: {err})")
     choice = runners.Untimed(CUDNN, f"{because}; not timed")
-    with dispatcher.choices_lock:
-        dispatcher.choices[key] = choice
+    _keep(key, choice)
     log.warning("fusedattn_select: %s: cuDNN runs its bucket in this process (%s)",
                 entries.problem_key(prepared, "a call"), choice.because)
     return choice
