@@ -38,8 +38,6 @@ HOLD_CYCLES = 2_000_000     # GPU clock cycles (about 1 ms) the timed calls queu
 TORCH, CUDNN = runners.TORCH, runners.CUDNN
 RUNNER_NAMES = ("its torch runner", "its cuDNN runner")  # measure's pair, in order: whose call failed
 Choice, Kept = runners.Choice, runners.Kept
-
-
 Run = Callable[..., Any]  # api._run: (entry, q, k, v, inputs, fp8, return_lse) -> out
 
 
@@ -113,8 +111,6 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 
 _current_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)  # -1: not inside a backward
-
-
 _top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)  # torch 2.8 and later
 
 
