@@ -20,6 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from fusedattn_select import distributed
+from fusedattn_select.distributed import group, work
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.selector import Selector, set_default_selector
@@ -128,7 +129,26 @@ def hold_write_lock(spec: dict, rank: int, selector: Selector) -> None:
     HELD.append(other)
 
 
+def scenario_leave_late(spec: dict, rank: int) -> dict:
+    """Both ranks agree; then rank 1 stays away from leave() longer than `timeout`: rank 0's leave() must
+    raise after `timeout` and still destroy its process groups."""
+    selector_for(spec, rank)
+    distributed.agree(problems(spec), timeout=spec["timeout"])
+    if rank == 1:
+        time.sleep(spec["timeout"] + 3)
+        return {"late": True}
+    started = time.perf_counter()
+    try:
+        group.leave(spec["timeout"])
+        error = None
+    except distributed.DistributedError as err:
+        error = {"error": str(err), "step": err.step}
+    return {"raised": error, "waited": time.perf_counter() - started, "initialized": dist.is_initialized()}
+
+
 def scenario_warmup(spec: dict, rank: int) -> dict:
+    if spec.get("other_costs_rank") == rank:  # TEST DOUBLE for a rank running another version's cost rule
+        work._cost = lambda cfg, depth, cost=work._cost: cost(cfg, depth) + 1
     selector = selector_for(spec, rank)
     hold_write_lock(spec, rank, selector)
     named = problems(spec, rank)
@@ -173,7 +193,7 @@ def main() -> None:
     except distributed.DistributedError as err:
         result = {"error": str(err), "step": err.step, "failed_ranks": [f.rank for f in err.failures]}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    if scenario not in ("absent", "lowest_stuck"):
+    if scenario not in ("absent", "lowest_stuck", "leave_late"):
         dist.barrier()  # no rank tears gloo down while another still uses it
         dist.destroy_process_group()
     # gloo's threads can abort interpreter teardown ("terminate called without an active

@@ -140,6 +140,21 @@ def test_the_timeout_holds_when_the_lowest_rank_is_the_one_missing(tmp_path):
     assert "rank 1 gave up after waiting 2." in results[1]["error"] and "(timeout 2 s)" in results[1]["error"]
 
 
+def test_leave_raises_after_the_timeout_when_a_rank_stays_away_and_still_destroys_the_groups(tmp_path):
+    results = run_ranks(tmp_path, "leave_late", 2, snapshots=[H100], configs=[str(LLAMA)], timeout=2)
+    assert results[1] == {"late": True}
+    assert results[0]["raised"]["step"] == "leave" and "(timeout 2 s)" in results[0]["raised"]["error"]
+    assert results[0]["waited"] < 4.5 and results[0]["initialized"] is False
+
+
+def test_ranks_whose_versions_cost_the_work_differently_fail_at_the_start_naming_the_digests(tmp_path):
+    results = run_ranks(tmp_path, "warmup", 2, snapshots=[H100], stores=[tmp_path / "node"], configs=[str(LLAMA)],
+                        other_costs_rank=1)
+    for r in results:
+        assert r["step"] == "warmup start" and "split the same problems differently" in r["error"]
+        assert "rank 0 work digest" in r["error"] and "rank 1 work digest" in r["error"]
+
+
 @pytest.mark.parametrize("world,separate_stores", [(2, False), (4, True)])
 def test_shared_warmup_probes_each_problem_once_and_every_rank_ends_with_every_decision(
         tmp_path, world, separate_stores):
