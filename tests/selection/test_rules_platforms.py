@@ -15,7 +15,8 @@ from fusedattn_select.types import Fingerprint, Phase, ProbeDepth, Provenance
 CUDA_H100 = Fingerprint("cuda", "NVIDIA H100 80GB HBM3", "9.0", 132, 91900, "1.32.0", "580.00", "0.1.0")
 ROCM_GFX942 = Fingerprint(platform="rocm", device_name="gfx942", library_version="0.1.0+declared")
 
-BASE = dict(batch_size=8, num_heads_q=32, num_heads_kv=8, seqlen_q=1, seqlen_kv=8192, head_dim_qk=128, is_training=False)
+BASE = dict(batch_size=8, num_heads_q=32, num_heads_kv=8, seqlen_q=1, seqlen_kv=8192, head_dim_qk=128,
+            is_training=False)
 FP8 = dict(qkv_dtype="fp8_e4m3", o_dtype="fp8_e4m3")
 # Problems one of the cuDNN structural rules refuses on cuda (the rule named first).
 REFUSED_BY_CUDNN_RULES = {

@@ -1,13 +1,15 @@
 """What each declared table says about one problem: every reason it is not declared, xformers style.
 
 Each check translates an AttnConfig into the table's own vocabulary (CK dtype tokens, hipDNN graph
-attributes, PyTorch SDPA arguments) and collects all reasons, never just the first.
+attributes, PyTorch SDPA arguments) and collects all reasons, never just the first. What a table does
+not cover (a field it never reads, a dtype with no head-dim list) is a gap, not a reason: the table
+has no data for it, and never declares it supported.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from fusedattn_select.probing.rocm._core import AttnConfig, Phase
 from fusedattn_select.probing.rocm.tables import DeclaredTable
@@ -15,15 +17,41 @@ from fusedattn_select.probing.rocm.tables import DeclaredTable
 
 @dataclass(frozen=True)
 class TableAnswer:
-    """A table's answer: empty `reasons` means declared supported; `notes` are caveats and warnings."""
+    """A table's answer: `reasons` why it does not declare the problem, `gaps` (what it does not cover, so it
+    has no data) and `notes` (caveats and warnings). Declared supported: neither reasons nor gaps; no data:
+    gaps and no reason (a reason answers whatever the gaps would)."""
 
     table: str
     reasons: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    gaps: tuple[str, ...] = ()
 
     @property
     def supported(self) -> bool:
-        return not self.reasons
+        return not self.reasons and not self.gaps
+
+    @property
+    def no_data(self) -> bool:
+        return not self.reasons and bool(self.gaps)
+
+
+def undeclared(cfg: AttnConfig, phase: Phase, covered: Collection[str] = ()) -> list[str]:
+    """The gaps of a table whose check reads none of these fields (but those in `covered`): each field the
+    problem sets, named with its value. FP8 scaling, the max logit, a deterministic backward, bias shapes
+    and page sizes are in no declared table."""
+    found = {
+        "scaling_mode": (f"scaling_mode={cfg.resolved_scaling_mode!r}: not declared (the table names {cfg.qkv_dtype} "
+                         "kernels, not how their inputs are scaled)") if cfg.is_fp8 else "",
+        "return_max_logit": ("return_max_logit=True: not declared (no source says whether the kernels return the "
+                             "max logit)") if cfg.return_max_logit and phase is Phase.FORWARD else "",
+        "deterministic": ("deterministic=True: not declared (no source says whether the backward is "
+                          "deterministic)") if cfg.deterministic and phase is Phase.BACKWARD else "",
+        "bias_shape": (f"bias_shape={cfg.bias_shape!r}: not declared (no source says which bias shapes the kernels "
+                       "take)") if cfg.bias_shape is not None else "",
+        "page_size": (f"page_size={cfg.page_size}: not declared (no source gives the page sizes of the paged-KV "
+                      "pipeline)") if cfg.layout.paged else "",
+    }
+    return [text for field, text in found.items() if text and field not in covered]
 
 
 def _dtype_token(tokens: Sequence[Mapping[str, str]], cfg: AttnConfig) -> str | None:
@@ -54,23 +82,33 @@ def mask_kind(cfg: AttnConfig) -> str:
 
 
 # ----- CK Tile FMHA ----------------------------------------------------------------------------
-def _ck_head_dim_reasons(facts: Mapping[str, Any], cfg: AttnConfig, phase: Phase, token: str | None) -> list[str]:
+def _ck_head_dim_reasons(facts: Mapping[str, Any], cfg: AttnConfig, phase: Phase,
+                         token: str | None) -> tuple[list[str], list[str]]:
+    """(reasons, gaps) of the head dims: a dtype with no forward head-dim list is a gap, not a rejection."""
     pair = (cfg.head_dim_qk, cfg.resolved_head_dim_v)
-    reasons = []
+    reasons, gaps = [], []
     divisor = int(facts["head_dim_multiple_of"])
     if pair[0] % divisor or pair[1] % divisor:
         reasons.append(f"head_dim_qk={pair[0]}, head_dim_v={pair[1]}: must be multiples of {divisor}")
     if phase is Phase.FORWARD:
         table = facts["forward_head_dims"].get(token) if token else None
         if token and table is None:
-            reasons.append(f"dtype {token}: no forward head-dim table is declared for it")
+            gaps.append(f"dtype {token}: no forward head-dim table is declared for it, so no head dims are known")
         elif table is not None and pair not in _pairs(table):
             reasons.append(f"head dims {pair[0]}/{pair[1]}: no {token} forward kernel ({_show_pairs(_pairs(table))})")
     else:
         table = _pairs(facts["backward_head_dims"])
         if pair not in table:
             reasons.append(f"head dims {pair[0]}/{pair[1]}: no backward kernel ({_show_pairs(table)})")
-    return reasons
+    return reasons, gaps
+
+
+def _ck_scaling_reasons(table: DeclaredTable, cfg: AttnConfig) -> list[str]:
+    """MXFP8 needs block-scale types, which CK's dtype maps (symbol_map.py) do not have."""
+    if cfg.resolved_scaling_mode != "mxfp8":
+        return []
+    cited = "; ".join(s.cite() for s in table.sources if s.path.endswith("symbol_map.py"))
+    return [f"scaling_mode='mxfp8': no block-scaled (MX) type in CK's FWD_DTYPE_MAP or BWD_DTYPE_MAP ({cited})"]
 
 
 def ck_fmha_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arch: str) -> TableAnswer:
@@ -90,7 +128,8 @@ def ck_fmha_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arch: st
             reasons.append(f"dtype {token}: backward kernels exist for {', '.join(facts['backward_dtypes'])} only")
         if info is not None and not info["backward"]:
             reasons.append(f"arch={arch!r}: no backward pipeline")
-    reasons += _ck_head_dim_reasons(facts, cfg, phase, token)
+    head_dim_reasons, gaps = _ck_head_dim_reasons(facts, cfg, phase, token)
+    reasons += head_dim_reasons + _ck_scaling_reasons(table, cfg)
     if cfg.bias not in facts["bias_tokens"]:
         reasons.append(f"bias={cfg.bias!r}: CK has bias kinds {', '.join(facts['bias_tokens'])} only")
     if cfg.softmax not in facts["softmax"]:
@@ -102,7 +141,8 @@ def ck_fmha_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arch: st
         if (cfg.head_dim_qk, cfg.resolved_head_dim_v) == (w["head_dim_qk"], w["head_dim_v"])
         and (cfg.bias != "no_bias" or cfg.dropout > 0)
     ]
-    return TableAnswer(table.name, tuple(reasons), tuple(notes + [table.caveat]))
+    gaps += undeclared(cfg, phase, ("scaling_mode",) if cfg.resolved_scaling_mode == "mxfp8" else ())
+    return TableAnswer(table.name, tuple(reasons), tuple(notes + [table.caveat]), tuple(gaps))
 
 
 # ----- hipDNN SDPA ----------------------------------------------------------------------------
@@ -194,7 +234,7 @@ def hipdnn_sdpa_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arch
         reasons, notes = _hipdnn_forward(table.facts, cfg, arch), []
     else:
         reasons, notes = _hipdnn_backward(table.facts, cfg, arch)
-    return TableAnswer(table.name, tuple(reasons), tuple(notes + [table.caveat]))
+    return TableAnswer(table.name, tuple(reasons), tuple(notes + [table.caveat]), tuple(undeclared(cfg, phase)))
 
 
 # ----- PyTorch SDPA on ROCm --------------------------------------------------------------------
@@ -254,7 +294,9 @@ def pytorch_sdpa_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arc
     usable = [name for name, reasons in per_kernel.items() if not reasons]
     notes = [f"kernel: {usable[0]}"] if usable else []
     reasons = () if usable else tuple(f"{name}: {r}" for name, rs in per_kernel.items() for r in rs)
-    return TableAnswer(table.name, reasons, tuple(notes + [table.caveat]))
+    # fp8 and the max logit are rejections here (not_expressible): the other fields are gaps.
+    gaps = tuple(undeclared(cfg, phase, ("scaling_mode", "return_max_logit")))
+    return TableAnswer(table.name, reasons, tuple(notes + [table.caveat]), gaps)
 
 
 def listed_architectures(table: DeclaredTable) -> list[str]:

@@ -33,6 +33,10 @@ log = logging.getLogger("fusedattn_select")
 
 NOT_PROBED = "declared, not probed"
 HIPDNN_FRONTEND = "hipdnn_frontend"
+# The depth a declared table answers at: nothing is built or run, as a probe stopping at check_support.
+DECLARED_DEPTH = ProbeDepth.FAST
+_DEEPER_ASKS = {ProbeDepth.FULL: "whether the kernels build",
+                ProbeDepth.VERIFY: "whether they compute the right results"}
 
 
 def _backend_reasons(cfg: AttnConfig, backend: Backend) -> list[str]:
@@ -46,9 +50,11 @@ def _backend_reasons(cfg: AttnConfig, backend: Backend) -> list[str]:
 class DeclaredRocmEngine:
     """Verdicts for one gfx architecture from declared tables, consulted in order.
 
-    A phase is SUPPORTED when a table declares it (stage "declared:<table>"); otherwise UNSUPPORTED
-    with every reason of every table (stage "declared:<t1>+<t2>..."). Verdicts carry provenance
-    `declared`, and their detail cites each table's sources (repository, path, commit).
+    A phase is SUPPORTED when a table declares it (stage "declared:<table>"); NO_DATA when none does
+    and one has no data for it (a field or dtype it does not cover, and no reason against it);
+    otherwise UNSUPPORTED with every reason of every table (stage "declared:<t1>+<t2>..."). Verdicts
+    carry provenance `declared`, depth fast (nothing is built or run: a "yes" asked at depth full or
+    verify is NO_DATA), and their detail cites each table's sources (repository, path, commit).
     """
 
     def __init__(self, arch: str, tables: Sequence[str] = TABLE_NAMES, directory: str = str(DECLARED_DIR)) -> None:
@@ -82,21 +88,47 @@ class DeclaredRocmEngine:
         if chosen is not None:
             notes = "; ".join(n for n in chosen.notes if n)
             message = f"{NOT_PROBED}: {chosen.table} declares it" + (f" ({notes})" if notes else "")
+            if not DECLARED_DEPTH.answers(depth):
+                return self._no_data(backend, phase, _deeper_message(chosen.table, depth), detail, timings)
             return Verdict(backend, phase, Outcome.SUPPORTED, f"{DECLARED}:{chosen.table}", message,
-                           detail, self.provenance, depth, timings)
+                           detail, self.provenance, DECLARED_DEPTH, timings)
         reasons = backend_reasons + [f"{a.table}: {r}" for a in answers for r in a.reasons]
+        gaps = [f"{a.table}: {g}" for a in answers if a.no_data for g in a.gaps] if not backend_reasons else []
+        if gaps:
+            silent = [a.table for a in answers if a.no_data]
+            message = (f"{NOT_PROBED}: no table declares it and {', '.join(silent)} "
+                       f"{'has' if len(silent) == 1 else 'have'} no data: " + "; ".join(gaps + reasons))
+            return self._no_data(backend, phase, message, detail, timings)
         stage = f"{DECLARED}:" + "+".join(t.name for t in self.tables)
         message = f"{NOT_PROBED}: " + "; ".join(reasons)
-        log.debug("declared %s %s %s on %s: %s", backend.value, phase.value, Outcome.UNSUPPORTED.value, self.arch, message)
-        return Verdict(backend, phase, Outcome.UNSUPPORTED, stage, message, detail, self.provenance, depth, timings)
+        log.debug("declared %s %s %s on %s: %s", backend.value, phase.value, Outcome.UNSUPPORTED.value, self.arch,
+                  message)
+        return Verdict(backend, phase, Outcome.UNSUPPORTED, stage, message, detail, self.provenance, DECLARED_DEPTH,
+                       timings)
+
+    def _no_data(self, backend: Backend, phase: Phase, message: str, detail: str,
+                 timings: tuple[tuple[str, float], ...]) -> Verdict:
+        stage = f"{DECLARED}:" + "+".join(t.name for t in self.tables)
+        log.debug("declared %s %s %s on %s: %s", backend.value, phase.value, Outcome.NO_DATA.value, self.arch, message)
+        return Verdict(backend, phase, Outcome.NO_DATA, stage, message, detail, self.provenance, DECLARED_DEPTH,
+                       timings)
 
     def _detail(self, answers: Sequence[TableAnswer]) -> str:
         lines = [f"{NOT_PROBED}; arch {self.arch}"]
         for table, answer in zip(self.tables, answers):
-            verdict = "declared supported" if answer.supported else f"{len(answer.reasons)} reason(s)"
+            verdict = ("declared supported" if answer.supported else f"no data, {len(answer.gaps)} gap(s)"
+                       if answer.no_data else f"{len(answer.reasons)} reason(s)")
             lines.append(f"{table.describe_sources()} -> {verdict}")
             lines += [f"  - {reason}" for reason in answer.reasons]
+            lines += [f"  - no data: {gap}" for gap in answer.gaps]
         return "\n".join(lines)
+
+
+def _deeper_message(table: str, depth: ProbeDepth) -> str:
+    """Why a declared "yes" does not answer a question at depth full or verify."""
+    return (f"{NOT_PROBED}: {table} declares it, at depth {DECLARED_DEPTH.value} only (nothing is built or run); "
+            f"depth {depth.value} asks {_DEEPER_ASKS[depth]}, which only a live hipDNN probe could answer, "
+            "and none is implemented")
 
 
 # ----- the seam for a live hipDNN probe --------------------------------------------------------
@@ -125,7 +157,8 @@ def select_rocm_engine(arch: str, live_factory: LiveEngineFactory | None = None)
     """The engine for `arch`: live hipDNN when its frontend imports and a factory is given, else declared.
 
     Returns (engine, reason); the reason says why the answers are declared, "" for a live engine.
-    `live_factory(hipdnn_frontend_module, arch)` builds the live engine; none exists yet.
+    `live_factory(hipdnn_frontend_module, arch)` builds the live engine; none exists yet, and no caller
+    passes one (the CLI calls select_rocm_engine(arch)), so every ROCm answer today is declared.
     """
     try:
         frontend = importlib.import_module(HIPDNN_FRONTEND)

@@ -46,7 +46,7 @@ def test_every_verdict_reads_declared_and_cites_its_sources(arch, name, phase):
         cfg = cfg.replace(is_training=True)
     v = verdict(arch, cfg, phase)
     assert v.provenance.value == "declared"
-    assert v.outcome in (Outcome.SUPPORTED, Outcome.UNSUPPORTED)
+    assert v.outcome in (Outcome.SUPPORTED, Outcome.UNSUPPORTED, Outcome.NO_DATA)
     assert v.stage.startswith("declared:")
     assert v.message.startswith("declared, not probed: ")
     for name in ("hipdnn_sdpa", "ck_fmha", "pytorch_sdpa"):
@@ -104,12 +104,15 @@ def test_fp8_on_gfx90a_lists_the_reasons_of_every_table():
     assert "pytorch_sdpa: flash: qkv_dtype='fp8_e4m3': SDPA on ROCm has no fp8 kernel" in v.message
 
 
-def test_fp8_in_bf16_out_forward_is_declared_by_ck_on_gfx942_but_not_its_backward():
+def test_fp8_in_bf16_out_forward_is_no_data_on_gfx942_and_its_backward_is_refused():
+    # CK lists fp8bf16 kernels but not how their inputs are scaled: no data, never a declared "yes".
     cfg = problem(qkv_dtype="fp8_e4m3", scaling_mode="current")
     assert cfg.resolved_o_dtype == "bf16"
     forward = verdict("gfx942", cfg.replace(is_training=False))
-    assert (forward.outcome, forward.stage) == (Outcome.SUPPORTED, "declared:ck_fmha")
+    assert forward.outcome is Outcome.NO_DATA
+    assert "ck_fmha: scaling_mode='current': not declared" in forward.message
     backward = verdict("gfx942", cfg, BWD)
+    assert backward.outcome is Outcome.UNSUPPORTED
     assert "ck_fmha: dtype fp8bf16: backward kernels exist for fp32, fp16, bf16 only" in backward.message
 
 
