@@ -121,10 +121,7 @@ class Plan:
         """A per-plan tensor filled with `value` in the declared shape and dtype (made once)."""
         tensor = self.constants.get(name)
         if tensor is None:
-            spec = self.specs[name]
-            tensor = torch.empty_strided(spec.dims, spec.strides, dtype=spec.dtype, device=self.device)
-            tensor.fill_(value)
-            self.constants[name] = tensor
+            tensor = self.constants[name] = self.allocate(name).fill_(value)
         return tensor
 
     def conform(self, name: str, value: torch.Tensor) -> torch.Tensor:
@@ -344,13 +341,16 @@ def build_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.de
         plan = Plan(build, phase, device, cfg)
     except Exception as err:  # noqa: BLE001 - every failure becomes a recorded verdict
         verdict = cudnn_probe.verdict_from_exception(err, backend, phase, ProbeDepth.FULL, "build_plans")
-        with dispatcher.plan_stats_lock:
-            dispatcher.plan_stats["build_failures"] += 1
+        _count(build_failures=1)
         raise PlanBuildError(verdict) from err
-    with dispatcher.plan_stats_lock:
-        dispatcher.plan_stats["builds"] += 1
-        dispatcher.plan_stats["build_ms"] += (time.perf_counter() - started) * 1e3
+    _count(builds=1, build_ms=(time.perf_counter() - started) * 1e3)
     return plan
+
+
+def _count(**deltas: float) -> None:
+    """Add `deltas` to the plan counters (plan_stats)."""
+    with dispatcher.plan_stats_lock:
+        dispatcher.plan_stats.update(deltas)
 
 
 # ----- finding a plan: this process, the persistent store, a build -------------------------------
@@ -378,13 +378,17 @@ def obtain_plan(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.d
     except Exception as err:  # noqa: BLE001 - a graph the frontend cannot describe will not build
         log.debug("fusedattn_select: no plan key for %s %s (%s: %s); building", cfg.cache_key(), phase.value,
                   type(err).__name__, err)
-        offpath.require(f"a build of {cfg.cache_key()}'s {phase.value} plan", None)
-        return build_plan(cfg, backend, phase, device)
+        return _build(cfg, backend, phase, device)
     plan_key = PlanKey(key, signature)
     plan, _ = dispatcher.plans.get_or_build((index, key),
                                             lambda: _load_or_build(cfg, backend, phase, device, plan_key, selector))
     dispatcher.plans_by_problem[(index, cfg.cache_key(), backend, phase)] = plan
     return plan
+
+
+def _build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device) -> Plan:
+    offpath.require(f"a build of {cfg.cache_key()}'s {phase.value} plan", None)
+    return build_plan(cfg, backend, phase, device)
 
 
 def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torch.device,
@@ -393,10 +397,6 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
     index = device.index if device.index is not None else torch.cuda.current_device()
     store, fingerprint = _persistence(selector, index)
 
-    def build() -> Plan:
-        offpath.require(f"a build of {cfg.cache_key()}'s {phase.value} plan", None)
-        return build_plan(cfg, backend, phase, device)
-
     def load(blob: bytes) -> Plan:
         started = time.perf_counter()
         with torch.cuda.device(index), cudnn_probe.device_context(index), loading_stream(index):
@@ -404,19 +404,16 @@ def _load_or_build(cfg: AttnConfig, backend: Backend, phase: Phase, device: torc
             stored = deserialize_graph(blob, key, handle=handle)
         _check_signature(stored, signature)
         plan = Plan(stored, phase, device, cfg)
-        with dispatcher.plan_stats_lock:
-            dispatcher.plan_stats["loads"] += 1
-            dispatcher.plan_stats["load_ms"] += (time.perf_counter() - started) * 1e3
+        _count(loads=1, load_ms=(time.perf_counter() - started) * 1e3)
         return plan
 
     plan, origin = obtain(
-        key, store=store, fingerprint=fingerprint, build=build, load=load,
+        key, store=store, fingerprint=fingerprint, build=lambda: _build(cfg, backend, phase, device), load=load,
         serialize=lambda built: serialize_build(built.source, key),
     )
     plan.source = None  # serialized (or not persisted): the plan needs only its graph
     if origin == REBUILT:
-        with dispatcher.plan_stats_lock:
-            dispatcher.plan_stats["load_failures"] += 1
+        _count(load_failures=1)
     return plan
 
 
