@@ -21,6 +21,13 @@ __all__ = ["add_source_options", "bundled_paths", "choose_selector", "live_engin
 
 log = logging.getLogger("fusedattn_select")
 
+# An AMD GPU target as LLVM names it: "gfx", the major version (6-19), a minor digit and a stepping digit 0-9 or a-f
+# (gfx90a, gfx942, gfx950, gfx1100, gfx1201), then any feature flags as gcnArchName gives them (":sramecc+:xnack-").
+GFX_TARGET = re.compile(r"gfx(?:[6-9]|1[0-9])[0-9][0-9a-f](?::[a-z0-9_]+[+-])*")
+GFX_TARGET_FORM = ("must be an AMD GPU target as LLVM names it: 'gfx', the major version (6-19), a minor digit and a "
+                   "stepping digit 0-9 or a-f, such as 'gfx90a', 'gfx942', 'gfx1100' or 'gfx1201', optionally with "
+                   "feature flags ('gfx942:sramecc+:xnack-')")
+
 
 def live_engine() -> tuple[ProbeEngine | None, str]:
     """The live cuDNN engine, ignoring snapshots: (engine, "") or (None, why); see probing.choice."""
@@ -59,13 +66,14 @@ def rocm_selector(arch: str | None) -> tuple[Selector, str]:
     if arch is None:
         facts = detect_rocm_device()
         if not facts.archs:
+            # Without hip-python the reason (NO_HIP_PYTHON) says to pip install 'fusedattn-select[rocm]': said once.
             raise ConfigError(
                 "--arch", None,
                 f"no AMD GPU arch to answer for ({facts.describe()}); pass --arch gfxNNN for declared answers",
             )
         arch = facts.archs[0]
-    if not re.fullmatch(r"gfx[0-9a-f]+(:[\w:+-]*)?", arch):
-        raise ConfigError("--arch", arch, "must be an AMD GPU target such as 'gfx942' or 'gfx90a'")
+    if not GFX_TARGET.fullmatch(arch):
+        raise ConfigError("--arch", arch, GFX_TARGET_FORM)
     engine, reason = select_rocm_engine(arch)
     notice = f"ROCm {engine.fingerprint().device_name}: {reason}" if reason else ""
     listed = engine.listed() if isinstance(engine, DeclaredRocmEngine) else {}

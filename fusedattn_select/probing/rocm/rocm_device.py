@@ -14,7 +14,9 @@ from typing import Any
 
 log = logging.getLogger("fusedattn_select")
 
-NO_HIP_PYTHON = "hip-python not installed"
+# The extra that installs hip-python (pyproject.toml [project.optional-dependencies] rocm), named where it is missing.
+ROCM_EXTRA = "fusedattn-select[rocm]"
+NO_HIP_PYTHON = f"hip-python not installed: pip install '{ROCM_EXTRA}'"
 NO_HIP_RUNTIME = "no HIP runtime (libamdhip64.so could not be loaded)"
 NO_AMD_GPU = "no AMD GPU"
 HIP_ERROR = "HIP runtime error"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,11 +70,20 @@ def test_without_hip_python_the_kfd_tree_answers_and_the_reason_says_so(tmp_path
     assert "not live: hip-python not installed" in facts.describe()
 
 
+def test_a_missing_hip_python_names_the_extra_that_installs_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "hip", None)
+    facts = detect_rocm_device(sysfs_root=tmp_path, rocm_root=tmp_path)
+    assert "pip install 'fusedattn-select[rocm]'" in facts.describe()
+    # The extra is real: pyproject.toml's [rocm] extra installs hip-python.
+    pyproject = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text()
+    assert re.search(r'^rocm = \["hip-python', pyproject, re.MULTILINE)
+
+
 def test_without_hip_python_or_gpu_nodes_there_is_no_device(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "hip", None)
     facts = detect_rocm_device(sysfs_root=write_kfd_tree(tmp_path, {0: CPU_NODE}), rocm_root=tmp_path)
     assert (facts.source, facts.reason, facts.device_count) == ("none", NO_HIP_PYTHON, 0)
-    assert facts.describe().startswith("none: hip-python not installed (")
+    assert facts.describe().startswith("none: hip-python not installed: pip install 'fusedattn-select[rocm]' (")
 
 
 def test_installed_rocm_version_is_read_from_its_info_file(tmp_path):
@@ -88,7 +99,8 @@ def test_the_installed_rocm_release_is_described_beside_kfd_gpus(tmp_path, monke
     (tmp_path / "rocm" / ".info" / "version").write_text("6.4.1-120\n")
     facts = detect_rocm_device(sysfs_root=write_kfd_tree(tmp_path, {1: MI300X_NODE}), rocm_root=tmp_path / "rocm")
     assert (facts.versions.rocm, facts.versions.hip_runtime, facts.versions.hip_python) == ("6.4.1-120", 0, "")
-    assert facts.describe() == "0: gfx942 (gfx942) [from kfd-sysfs], ROCm 6.4.1-120, not live: hip-python not installed"
+    assert facts.describe() == ("0: gfx942 (gfx942) [from kfd-sysfs], ROCm 6.4.1-120, not live: hip-python not "
+                                "installed: pip install 'fusedattn-select[rocm]'")
 
 
 def test_hip_runtime_version_is_formatted_like_hip_does():
