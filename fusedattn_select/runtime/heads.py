@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, bhsd, from_bhsd
+from fusedattn_select.runtime.tensor_layouts import bhsd, from_bhsd, in_caller_order
 
 Dims = tuple[int, int, int, int]
 
@@ -53,10 +53,8 @@ def views(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> Optional[tupl
 def caller_out(heads: HeadsAsBatch) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(shape, strides) in the caller's dim order of the output the heads-as-batch call writes:
     (B, Hq, 1, Dv) in contiguous memory, the query group's rows of each KV head one after another."""
-    b, hq, _, dv = heads.out
-    strides = (hq * dv, dv, dv, 1)
-    order = FROM_BHSD[heads.layout]
-    return tuple(heads.out[i] for i in order), tuple(strides[i] for i in order)
+    _, hq, _, dv = heads.out
+    return in_caller_order(heads.out, (hq * dv, dv, dv, 1), heads.layout)
 
 
 def as_heads(heads: HeadsAsBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -16,7 +16,7 @@ import torch
 
 from fusedattn_select.runtime import native, plans
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
-from fusedattn_select.runtime.tensor_layouts import FROM_BHSD
+from fusedattn_select.runtime.tensor_layouts import FROM_BHSD, in_caller_order
 
 # The order the lean path hands a call's tensors over in (then a bucket plan's offsets and lengths).
 LEAN_FORWARD = ("q", "k", "v", "o", "stats")
@@ -78,8 +78,7 @@ class Entry(Protocol):
 
 def caller_geometry(spec: plans.TensorSpec, layout: str) -> Geometry:
     """(shape, strides) in the caller's dim order of a graph tensor declared in logical BHSD."""
-    order = FROM_BHSD[layout]
-    return tuple(spec.dims[i] for i in order), tuple(spec.strides[i] for i in order)
+    return in_caller_order(spec.dims, spec.strides, layout)
 
 
 def _bshd_strides(dims: tuple[int, ...], step: int = 0) -> tuple[int, ...]:
@@ -92,9 +91,7 @@ def _bshd_strides(dims: tuple[int, ...], step: int = 0) -> tuple[int, ...]:
 def bshd_geometry(dims: tuple[int, ...], layout: str) -> Geometry:
     """(shape, strides) in the caller's dim order of logical (B, H, S, D) `dims` held in contiguous
     BSHD memory: how bucket plans read and write the caller's tensors."""
-    strides = _bshd_strides(dims)
-    order = FROM_BHSD[layout]
-    return tuple(dims[i] for i in order), tuple(strides[i] for i in order)
+    return in_caller_order(dims, _bshd_strides(dims), layout)
 
 
 def same_memory(dims: tuple[int, ...], want: tuple[int, ...], got: tuple[int, ...]) -> bool:

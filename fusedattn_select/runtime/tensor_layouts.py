@@ -34,6 +34,13 @@ def from_bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t if layout == "bhsd" else t.permute(FROM_BHSD[layout])
 
 
+def in_caller_order(dims: tuple[int, ...], strides: tuple[int, ...], layout: str
+                    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, strides) in the caller's dim order of logical (B, H, S, D) `dims` and `strides`."""
+    order = FROM_BHSD[layout]
+    return tuple(dims[i] for i in order), tuple(strides[i] for i in order)
+
+
 def physical_format(t_bhsd: torch.Tensor, prefer: str = DEFAULT_LAYOUT) -> Optional[str]:
     """The memory layout ("bshd", "sbhd", "bhsd") of a logical-BHSD view, or None if none fits. Strides
     of size-1 dims are ignored; where several layouts fit, `prefer` (the caller's layout) wins."""
