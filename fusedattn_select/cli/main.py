@@ -110,6 +110,53 @@ def _discard_stdout() -> None:
         pass  # no file descriptor (an in-process caller's capture): nothing is flushed at exit
 
 
+class OutputError(OSError):
+    """stdout could not be written (a full disk, /dev/full, an I/O error): not a broken pipe."""
+
+
+class _GuardedStdout:
+    """sys.stdout while a command runs: a write or flush that fails raises OutputError, so that it is
+    told apart from any other OSError (a file the command writes); everything else is the stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _guard(self, action: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return action(*args)
+        except BrokenPipeError:
+            raise  # its reader went away: main ends quietly
+        except OutputError:
+            raise
+        except OSError as err:
+            raise OutputError(err.errno, err.strerror or str(err)) from err
+
+    def write(self, text: str) -> int:
+        return self._guard(self._stream.write, text)
+
+    def writelines(self, lines: Any) -> None:
+        self._guard(self._stream.writelines, lines)
+
+    def flush(self) -> None:
+        self._guard(self._stream.flush)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _guarded_stdout() -> Iterator[None]:
+    original = sys.stdout
+    if original is None:  # started with stdout closed (`>&-`): print() writes nothing
+        yield
+        return
+    sys.stdout = _GuardedStdout(original)
+    try:
+        yield
+    finally:
+        sys.stdout = original
+
+
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser(_command_asked(sys.argv[1:] if argv is None else argv))
     try:
@@ -135,12 +182,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see fusedattn_select.cli.exit_codes).
 
     A reader that closes stdout early (`| head`) ends the command quietly with EXIT_BROKEN_PIPE, as
-    `git log | head` does: no traceback."""
+    `git log | head` does: no traceback. stdout that cannot be written (a full disk) is one
+    `error: cannot write output: <reason>` line and EXIT_BAD_INPUT."""
     try:
-        code = _run(argv)
-        if sys.stdout is not None:  # (None: started with stdout closed, `>&-`; print() then writes nothing)
-            sys.stdout.flush()  # inside the try: output still buffered fails here, not at exit
+        with _guarded_stdout():
+            code = _run(argv)
+            if sys.stdout is not None:  # (None: started with stdout closed, `>&-`; print() then writes nothing)
+                sys.stdout.flush()  # inside the try: output still buffered fails here, not at exit
         return code
+    except OutputError as err:  # a full disk, /dev/full: the answers were not given
+        print(f"error: cannot write output: {err.strerror or err}", file=sys.stderr)
+        _discard_stdout()
+        return EXIT_BAD_INPUT
     except BrokenPipeError:
         if not _stdout_closed():
             raise  # another pipe (a worker's) broke: a failure, not a reader that had enough
