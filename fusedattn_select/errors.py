@@ -71,6 +71,12 @@ def short_text(text: str, limit: int = SHOWN_CHARACTERS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
+def first_line(err: BaseException) -> str:
+    """An error's first line (at most SHOWN_CHARACTERS), else its type's name: one line for a report."""
+    text = str(err).strip()
+    return text.splitlines()[0][:SHOWN_CHARACTERS] if text else type(err).__name__
+
+
 class FusedAttnSelectError(Exception):
     """Base class of every error this library raises."""
 

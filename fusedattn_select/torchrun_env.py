@@ -12,7 +12,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from fusedattn_select.errors import ConfigError
 
@@ -21,6 +21,12 @@ RETRY_PAUSE_S = 0.25
 # Ranks wait for the slowest rank's local step (a warmup share at depth full takes seconds to
 # minutes); a rank absent this long is taken to be lost.
 DEFAULT_TIMEOUT_S = 600.0
+
+
+def ranks_phrase(ranks: Iterable[int]) -> str:
+    """"rank 3" or "ranks 0, 2"."""
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
 def hosts_store(rank: int, environ: Mapping[str, str]) -> bool:

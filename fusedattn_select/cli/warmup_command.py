@@ -173,7 +173,7 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
     snapshot = selector.engine if isinstance(selector.engine, SnapshotEngine) else None
     if ranks.size > 1 and snapshot is not None:
         mismatch, found_by_all = warmup_job.replay_mismatch(ranks, os.environ, {
-            "digest": warmup_job.replay_digest(snapshot.files, problems, depth), "snapshots": snapshot.file_names,
+            "digest": warmup_job.replay_digest(snapshot, problems, depth), "snapshots": snapshot.file_names,
         }, args.timeout)
         if mismatch:
             if ranks.rank == 0 or not found_by_all:

@@ -17,12 +17,12 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.selection.local_warmup import WarmupOutcome, WarmupReport
-from fusedattn_select.torchrun_env import Ranks, hosts_store, wait_for_address
+from fusedattn_select.errors import first_line
+from fusedattn_select.torchrun_env import Ranks, hosts_store, ranks_phrase, wait_for_address
 from fusedattn_select.types import Backend
 
 DISAGREED = "ranks disagree: every rank answers NONE (the warning above names the ranks and their answers)"
@@ -46,8 +46,7 @@ def join_job(ranks: Ranks, timeout_s: float) -> Any:
 
 
 def _cannot_join(ranks: Ranks, err: BaseException) -> None:
-    text = str(err).strip()
-    reason = f"{type(err).__name__}: {text.splitlines()[0][:300]}" if text else type(err).__name__
+    reason = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
     print(f"error: warmup: rank {ranks.rank} of WORLD_SIZE={ranks.size} could not join the job's process "
           f"group, so nothing was warmed: {reason}", file=sys.stderr)
 
@@ -75,7 +74,7 @@ def leave_job(group: Any, timeout_s: float) -> str:
         group.leave(timeout_s)
         return ""
     except Exception as err:  # noqa: BLE001 - a DistributedError or gloo's own; the groups are gone either way
-        return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        return first_line(err)
 
 
 def exit_now(code: int) -> NoReturn:
@@ -92,12 +91,10 @@ def exit_now(code: int) -> NoReturn:
 
 
 # ----- replay under torchrun -----------------------------------------------------------------------
-def replay_digest(files: Sequence[Any], problems: Sequence[tuple[str, AttnConfig]], depth: Any) -> str:
-    """sha256 of what a replay answers from and what it is asked: the snapshot files' bytes, the
+def replay_digest(snapshot: Any, problems: Sequence[tuple[str, AttnConfig]], depth: Any) -> str:
+    """sha256 of what a replay answers from and what it is asked: the snapshot engine's files, the
     problems' names and cache keys, the depth. Equal digests give equal answers."""
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(hashlib.sha256(Path(file.path).read_bytes()).digest())
+    digest = hashlib.sha256(snapshot.content_sha256().encode())
     digest.update(json.dumps([[name, cfg.cache_key()] for name, cfg in problems]).encode())
     digest.update(str(depth).encode())
     return digest.hexdigest()
@@ -117,8 +114,7 @@ def replay_mismatch(ranks: Ranks, environ: Mapping[str, str], mine: dict, timeou
     try:
         everyone = _statements(dist, ranks, environ, address, int(port), mine, timeout_s)
     except (RuntimeError, ValueError) as err:  # a rank missing past the timeout, or no store at the address
-        text = str(err).strip()
-        reason = text.splitlines()[0][:300] if text else type(err).__name__
+        reason = first_line(err)
         return (f"rank {ranks.rank} could not compare its snapshots with the other ranks' through torchrun's store "
                 f"at {address}:{port} within {timeout_s:g} s: {reason}", False)
     groups: dict[str, list[int]] = {}
@@ -127,7 +123,7 @@ def replay_mismatch(ranks: Ranks, environ: Mapping[str, str], mine: dict, timeou
     if len(groups) == 1:
         return "", True
     return "ranks replay different snapshots or problems, so their answers could differ: " + "; ".join(
-        f"{_ranks(members)}: {everyone[members[0]]['snapshots']} (digest {digest[:12]})"
+        f"{ranks_phrase(members)}: {everyone[members[0]]['snapshots']} (digest {digest[:12]})"
         for digest, members in groups.items()), True
 
 
@@ -155,6 +151,3 @@ def _statements(dist: Any, ranks: Ranks, environ: Mapping[str, str], address: st
             time.sleep(0.05)
     return everyone
 
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Hashable, Sequence
 
 from fusedattn_select.distributed.group import DistributedError, ranks_phrase
@@ -82,14 +80,7 @@ def _answers_identity(selector: Selector) -> str:
     engine = selector.engine
     if not isinstance(engine, SnapshotEngine):
         return selector.engine_name
-    digest = hashlib.sha256()
-    for snapshot in engine.files:
-        try:
-            digest.update(hashlib.sha256(Path(snapshot.path).read_bytes()).digest())
-        except OSError as err:
-            # Unreadable now: name the file, so that only ranks that cannot read the same file group together.
-            digest.update(f"{snapshot.path}: {type(err).__name__}".encode())
-    return "sha256:" + digest.hexdigest()[:16]
+    return "sha256:" + engine.content_sha256()[:16]
 
 
 def require_same(step: str, argument: str, values: Sequence[tuple[int, Hashable]]) -> None:

@@ -22,15 +22,16 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch.distributed as dist
 
-from fusedattn_select.errors import ConfigError, FusedAttnSelectError
+from fusedattn_select.errors import ConfigError, FusedAttnSelectError, first_line
 from fusedattn_select.torchrun_env import (
     DEFAULT_TIMEOUT_S,
     Ranks,
     hosts_store,
+    ranks_phrase,
     torchrun_ranks,
     wait_for_address,
 )
@@ -109,13 +110,8 @@ def _gloo_group(ranks: tuple[int, ...], timeout: datetime.timedelta) -> Any:
                 raise DistributedError(
                     "setup", f"rank {dist.get_rank()} gave up after waiting {time.monotonic() - started:.1f} s "
                     f"(timeout {timeout.total_seconds():g} s) for {ranks_phrase(ranks)} to form a gloo group (one "
-                    f"crashed, hangs, or was not asked to take part): {_first_line(err)}") from err
+                    f"crashed, hangs, or was not asked to take part): {first_line(err)}") from err
         return _gloo_groups[key]
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__
 
 
 class Communicator:
@@ -196,14 +192,8 @@ class Communicator:
         return DistributedError(
             step, f"rank {self.rank} gave up after waiting {time.monotonic() - started:.1f} s (timeout "
             f"{self.timeout.total_seconds():g} s) for the other ranks (one crashed, hangs, or was not asked to "
-            f"take part; raise timeout= if a rank is only slow): {_first_line(err)}",
+            f"take part; raise timeout= if a rank is only slow): {first_line(err)}",
         )
-
-
-def ranks_phrase(ranks: Iterable[int]) -> str:
-    """"rank 3" or "ranks 0, 2"."""
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
 def init_from_torchrun(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> bool:
@@ -240,7 +230,7 @@ def _join(ranks: Ranks, wait: datetime.timedelta) -> None:
         dist.init_process_group("gloo", timeout=wait)
     except (RuntimeError, ValueError) as err:
         raise DistributedError("join", f"rank {ranks.rank} did not meet the other ranks within {seconds:g} s: "
-                               f"{_first_line(err)}") from err
+                               f"{first_line(err)}") from err
 
 
 def leave(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> None:

@@ -15,6 +15,7 @@ says so (Selection.plan_form names the bucket). An exactly recorded shape answer
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -294,6 +295,17 @@ class SnapshotEngine:
             _bucket_rows(path, data, problems, buckets)
             files.append(header)
         return cls(files, answers, recorded.values(), buckets)
+
+    def content_sha256(self) -> str:
+        """sha256 (hex) of the files' bytes in load order: equal digests, equal answers. A file that
+        cannot be read now counts as its path and error, so only engines that cannot read it alike match."""
+        digest = hashlib.sha256()
+        for file in self.files:
+            try:
+                digest.update(hashlib.sha256(Path(file.path).read_bytes()).digest())
+            except OSError as err:
+                digest.update(f"{file.path}: {type(err).__name__}".encode())
+        return digest.hexdigest()
 
     def fingerprint(self) -> Fingerprint:
         return self._fingerprint
