@@ -218,3 +218,17 @@ def test_compare_torch_json_names_each_problem_kind(capsys, torch_fixture):
 def test_live_with_a_snapshot_source_exits_2(capsys):
     code, _, err = run(capsys, "matrix", SUITE, "--live", "--target", "h100")
     assert code == 2 and err.startswith("error: --live=True")
+
+
+def test_compare_torch_disagreement_exits_1_even_with_no_data_problems(capsys, torch_fixture):
+    # docs/cli.md, exit codes: 1 (torch and cuDNN disagree) wins over 3 (some problem has no data).
+    suite, snapshot = torch_fixture
+    data = yaml.safe_load(suite.read_text())
+    never = {**_config("bf16-d512-causal-mha-infer"), "num_heads_q": 24, "num_heads_kv": 24}  # no class recorded
+    data["configs"].append({"name": "never-recorded", **never})
+    suite.write_text(yaml.safe_dump(data))
+    for extra in ((), ("--json",)):
+        code, out, err = run(capsys, "matrix", suite, "--snapshot", snapshot, "--compare", "torch", *extra)
+        assert code == 1, err
+    code, out, _ = run(capsys, "matrix", suite, "--snapshot", snapshot, "--compare", "torch")
+    assert "disagree: 1," in out and "cuDNN no data: 1" in out and "?1" in out
