@@ -10,6 +10,7 @@ from typing import Any
 
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.exit_codes import EPILOG, answers_exit_code
+from fusedattn_select.cli.matrix_data import FAILED, NO_DATA, answer_of
 from fusedattn_select.cli.problem_input import problems
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.errors import ConfigError
@@ -63,6 +64,8 @@ def format_selection(name: str, selection: Selection, recorded: bool = False,
             lines.append(f"  runner: {runner.describe()}")
     elif selection.no_data:
         lines.append(f"  -> no data (only a live probe can answer): {selection.message}")
+    elif answer_of(selection) == FAILED:  # as matrix counts it: unknown, not a refusal
+        lines.append(f"  -> no answer: the probe failed (not a refusal; probe again): {selection.message}")
     else:
         lines.append(f"  -> NONE: {selection.message}")
     return lines
@@ -155,7 +158,8 @@ def _print_json(selector: Selector, depth: ProbeDepth, notice: str, answers: lis
         "timings_recorded_on": engine.describe() if isinstance(engine, SnapshotEngine) else None,
         "notes": list(model_notes),
         "results": [
-            {"name": name, "selection": _selection_dict(sel), "runner": _runner_dict(selector, sel),
+            {"name": name, "answer": answer_of(sel), "selection": _selection_dict(sel),
+             "runner": _runner_dict(selector, sel),
              "verified": sel.selected and all(v.verified for v in sel.verdicts),
              "answered_from": answered_from(selector, sel),
              "nearest": [near.to_dict() for near in nearest_recorded(selector, sel)],
@@ -220,8 +224,9 @@ def _cmd_why(args: argparse.Namespace) -> int:
     answers = [(entry.name, selector.select(entry.config, depth), notes) for entry, notes in asked.problems]
     searches = _searches(selector, answers, depth, args.alternatives, args.alternatives_max_probes)
     (_print_json if args.json else _print_text)(selector, depth, notice, answers, asked.notes, searches)
+    # A failed probe (out of memory) is no answer, as matrix counts it: unknown (3), never a refusal (1).
     return answers_exit_code([sel.selected and not notes for _, sel, notes in answers],
-                             [sel.no_data for _, sel, _ in answers])
+                             [answer_of(sel) in (NO_DATA, FAILED) for _, sel, _ in answers])
 
 
 def _count(text: str) -> int:

@@ -104,7 +104,8 @@ def test_why_config_file_answers_every_entry_and_exits_1_when_any_is_none(capsys
     for name in ("train-causal", "infer", "head-dim-512", "pre-scale-bias", "out-of-memory", "fp8"):
         assert f"\n{name}: " in out
     assert "-> NONE: F16 forward not supported at check_support: head dim above 256" in out
-    assert "-> NONE: F16 forward probe failed at build_plans: CUDA out of memory" in out
+    assert "-> no answer: the probe failed (not a refusal; probe again): F16 forward probe failed at build_plans: " \
+        "CUDA out of memory" in out
     assert "-> FP8" in out
 
 
