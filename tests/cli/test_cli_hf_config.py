@@ -143,3 +143,43 @@ def test_a_set_length_of_int32_max_is_taken_as_the_length(tmp_path, capsys):
 
     asked = problems(None, None, write(tmp_path, LLAMA_3_8B), ["seqlen_q=2147483647", "seqlen_kv=2147483647"])
     assert {(entry.config.seqlen_q, entry.config.seqlen_kv) for entry, _ in asked.problems} == {(2**31 - 1,) * 2}
+
+
+# ----- a config.json that is not a JSON object: the error names the path given, with line and column ----------
+@pytest.mark.parametrize("text, said", [
+    ('{"model_type": "llama", "hidden_size": 40', "is not valid JSON (line 1, column 42: Expecting ',' delimiter)"),
+    ('{"model_type": "lla', "is not valid JSON (line 1, column 16: Unterminated string starting at)"),
+    ("", "is not valid JSON (line 1, column 1: Expecting value)"),
+    ('{\n  "model_type": "llama",\n}', "is not valid JSON (line 3, column 1: Expecting property name enclosed in "
+                                         "double quotes)"),
+    ('[{"model_type": "llama"}]\n', "must be a JSON object, not an array"),
+])
+def test_a_config_file_that_is_no_json_object_is_named_by_its_path(tmp_path, capsys, text, said):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    for given in (str(path), str(tmp_path)):  # the file, or its directory
+        code, out, err = why(capsys, "--hf-config", given)
+        assert code == 2 and out == ""
+        assert err == f"error: hf_config={given!r}: {said}\n"
+
+
+@pytest.mark.parametrize("text", ["[1,2]", " [] ", '["llama"]'])
+def test_an_inline_json_array_is_read_as_json_and_refused(capsys, text):
+    code, out, err = why(capsys, "--hf-config", text)
+    assert code == 2 and out == ""
+    assert err == f"error: hf_config={text!r}: must be a JSON object, not an array\n"
+
+
+def test_inline_json_that_is_not_valid_says_where(capsys):
+    code, _, err = why(capsys, "--hf-config", '{"model_type": "llama",')
+    assert code == 2
+    assert err == "error: hf_config='{\"model_type\": \"llama\",': is not valid JSON (line 1, column 24: " \
+                  "Expecting property name enclosed in double quotes)\n"
+
+
+def test_a_config_file_whose_name_starts_with_a_bracket_is_still_a_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "[llama].json").write_text(json.dumps(LLAMA_3_8B))
+    code, out, err = why(capsys, "--hf-config", "[llama].json")
+    assert code == 0, err
+    assert "full_attention (layers 0-31)" in out

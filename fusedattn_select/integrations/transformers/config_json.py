@@ -82,16 +82,24 @@ class Fields:
         return Fields(value, self.path(key))
 
 
-def _json_source(text: str) -> dict:
+def _json_source(text: str, shown: str | None = None) -> dict:
+    """The JSON object `text` holds; an error names `shown` (a file's path as given) or else the text."""
+    named = text[:60] if shown is None else shown
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ConfigError("hf_config", text[:60], f"is neither a config.json path nor JSON ({err.msg})") from None
+        raise ConfigError("hf_config", named,
+                          f"is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
     except (ValueError, RecursionError) as err:  # an integer of thousands of digits; nesting too deep
-        raise ConfigError("hf_config", text[:60], f"is JSON this reader cannot hold ({short_text(str(err))})") from None
+        raise ConfigError("hf_config", named, f"is JSON this reader cannot hold ({short_text(str(err))})") from None
     if not isinstance(data, dict):
-        raise ConfigError("hf_config", text[:60], "must be a JSON object")
+        raise ConfigError("hf_config", named, f"must be a JSON object, not {_json_kind(data)}")
     return data
+
+
+def _json_kind(data: Any) -> str:
+    kinds = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
+    return kinds.get(type(data), "a number")
 
 
 def _file_source(source: str | Path) -> dict:
@@ -108,7 +116,7 @@ def _file_source(source: str | Path) -> dict:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError("hf_config", str(source), f"cannot be read ({getattr(err, 'strerror', None) or err})") from None
-    return _json_source(text)
+    return _json_source(text, str(source))
 
 
 def _object_source(source: Any) -> dict:
@@ -125,9 +133,21 @@ def _object_source(source: Any) -> dict:
     return dict(data)
 
 
+def _json_text(source: str) -> bool:
+    """Whether a string is JSON text rather than a path: it starts with "{", or with "[" (an array, then
+    refused as not an object) and names no file."""
+    start = source.lstrip()[:1]
+    if start == "[":
+        try:
+            return not Path(source).exists()
+        except (OSError, ValueError):  # a name too long, a NUL: no file
+            return True
+    return start == "{"
+
+
 def config_data(source: Any) -> dict:
     """The config.json dict of any accepted source (see the module docstring)."""
-    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
+    if isinstance(source, Path) or (isinstance(source, str) and not _json_text(source)):
         return _file_source(source)
     if isinstance(source, str):
         return _json_source(source)
