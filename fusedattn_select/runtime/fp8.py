@@ -11,6 +11,7 @@ every input (s: attn_scale; |X|max: X's largest L2 row norm; g: q heads per kv h
 
     P (softmax, "S")  in [0, 1]: S_SCALE (dtypes.FP8_SOFTMAX_SCALE)
     O = P V           rows of O are convex combinations of rows of V: |O| <= amax(V), O's scale comes from it
+                      (with dropout, times 2**floor(log2(1 - dropout)): dropout_headroom)
     dP = s dS         |dS_ij| <= P_ij (|dO_i . V_j| + |dO_i . O_i|) <= 2 |dO|max |V|max
     dQ = dP K         |dQ| <= s amax(K) * 2 |dO|max |V|max            (rows of P sum to 1)
     dK = dP^T Q       |dK| <= s amax(Q) * 2 |dO|max |V|max * Sq * g
@@ -24,6 +25,7 @@ at the scales above, dequantized to the input precision before they are returned
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -111,8 +113,10 @@ class FP8History:
     Each call scales q, k and v by powers of two computed from the amaxes that earlier calls
     recorded: the largest amax of the last `length` calls (algo="max") or the latest one
     ("most_recent"), with `margin` powers of two of headroom. Values beyond a delayed scale's
-    range saturate. The first call (nothing recorded) uses current scaling. Every call records
-    its amaxes on the device (no host sync; capture-safe once the first call has run eagerly).
+    range saturate. The first call (nothing recorded) uses current scaling. Where the recorded amax is 0
+    or not finite (an all-zero tensor, an inf), the previous scale stays, and 1.0 while there is
+    none (TransformerEngine's rule). Every call records its amaxes on the device (no host sync;
+    capture-safe once the first call has run eagerly).
 
     One history belongs to one call site (one attention layer): sharing it across layers mixes
     their amaxes. It is not thread-safe: concurrent calls with one history race on its buffer.
@@ -173,34 +177,44 @@ def pow2_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, limit: float = 0.0
     return fp8k.pow2_scale_torch(amax, limit or FP8_MAX[fp8_dtype], MAX_SCALE[torch.float32])
 
 
+def dropout_headroom(dropout: float) -> float:
+    """2**floor(log2(1 - dropout)), exactly: the factor O's scale takes from V's. Dropout divides the
+    probabilities it keeps by 1 - dropout, so |O| can reach amax(V) / (1 - dropout)."""
+    return math.ldexp(1.0, math.frexp(1.0 - dropout)[1] - 1)
+
+
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8_dtype: torch.dtype, *,
-                 training: bool = False, history: FP8History | None = None
+                 training: bool = False, history: FP8History | None = None, dropout: float = 0.0
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q8, k8, v8, state): state holds STATE (amax_s and amax_o written by the forward graph).
 
-    Current scaling, or delayed from `history` (which records this call's amaxes). vnorm (v's largest
-    row norm, for the FP8 backward) only when `training`, else NaN."""
+    Current scaling, or delayed from `history` (which records this call's amaxes). O's scale is V's
+    times dropout_headroom(dropout). vnorm (v's largest row norm, for the FP8 backward) only when
+    `training`, else NaN."""
     q, k, v = q.detach(), k.detach(), v.detach()
     hist = history.take(q.device) if history is not None else None
-    (q8, k8, v8), state = fp8k.quantize((q, k, v), fp8_dtype, hist)
+    (q8, k8, v8), state = fp8k.quantize((q, k, v), fp8_dtype, hist, dropout_headroom(dropout))
     if training:
         torch.amax(torch.linalg.vector_norm(v, dim=-1, dtype=torch.float32), out=state[_AT["vnorm"]])
     return q8, k8, v8, state
 
 
-def explicit_state(scales: FP8Scales, v8: torch.Tensor, o_dtype: torch.dtype) -> torch.Tensor:
-    """The state of caller-quantized inputs (inference): their descales, and O's scale from amax(V)."""
+def explicit_state(scales: FP8Scales, v8: torch.Tensor, o_dtype: torch.dtype, dropout: float = 0.0) -> torch.Tensor:
+    """The state of caller-quantized inputs (inference): their descales, and O's scale from amax(V)
+    (times dropout_headroom(dropout))."""
     descales = [p.detach().reshape(1).float() for p in (scales.descale_q, scales.descale_k, scales.descale_v)]
     amax_v = (v8.float().abs().amax() * descales[2]).reshape(1)
     unknown = torch.full_like(descales[0], float("nan"))
     scale_o = pow2_scale(amax_v, o_dtype) if is_fp8_dtype(o_dtype) else torch.ones_like(amax_v)
+    if dropout and is_fp8_dtype(o_dtype):
+        scale_o = scale_o * dropout_headroom(dropout)
     return torch.cat(descales + [unknown, unknown, amax_v, unknown, scale_o.reciprocal(), scale_o, unknown, unknown])
 
 
 def forward_feeds(plan, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, state: torch.Tensor
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(inputs of an sdpa_fp8 forward graph except masks/sink/seqlens, outputs it writes into
-    `state`). O's scale is the state's (V's, where quantize() made it)."""
+    `state`). O's scale is the state's (from V's, where quantize() made it)."""
     c = state.view(len(STATE), 1, 1, 1, 1).unbind(0)  # each entry as a graph's (1, 1, 1, 1) scale
     feeds = {"q": plan.conform("q", q8), "k": plan.conform("k", k8), "v": plan.conform("v", v8)}
     for name in ("descale_q", "descale_k", "descale_v"):

@@ -14,7 +14,9 @@ in a CUDA graph (call once before capturing: Triton compiles on the first call).
 Scales are powers of two: `scale = 2**floor(log2(top / amax))`, times `2**-margin`, at most the
 largest power of two the compute dtype holds. The quotient is rounded to float32 before its
 exponent is taken; for amax and top on the float32 grid that never crosses a power of two, so the
-scale is exact and `amax * scale <= top`.
+scale is exact and `amax * scale <= top`. Delayed scaling follows TransformerEngine's update: a
+reduced amax of 0 or not finite keeps the previous scale (the history's reduced amax is left as it
+was), and with none yet the scale is 1.0 (TE's initial scale).
 
 FUSEDATTN_SELECT_FP8_KERNELS picks the implementation once (docs/environment.md).
 """
@@ -38,7 +40,7 @@ FP8_MAX = {dtypes.torch_dtype(name, torch): dtypes.BY_NAME[name].largest for nam
 # The largest power-of-two scale a compute dtype can hold (fp16 overflows above 2**15).
 MAX_SCALE = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 100, torch.float32: 2.0 ** 100}
 # The FP8 state of one call: a float32 vector with these entries. quantize() writes the first nine
-# (descale_o and scale_o as V's: see fp8.py); the forward graph writes amax_s and amax_o.
+# (descale_o and scale_o from V's: see fp8.py); the forward graph writes amax_s and amax_o.
 STATE = ("descale_q", "descale_k", "descale_v", "amax_q", "amax_k", "amax_v", "vnorm", "descale_o", "scale_o",
          "amax_s", "amax_o")
 
@@ -63,7 +65,8 @@ class Delayed(NamedTuple):
     """A delayed-scaling history as the kernels see it (see fp8.FP8History).
 
     `buf` is float32 ((length + 2) * 3 + 1,): rows 0..length-1 the amax history (row 0 most
-    recent), row `length` the reduced amax the next call scales with, row `length + 1` scratch for
+    recent), row `length` the reduced amax the next call scales with (the latest one that was
+    positive and finite, 0 while there is none: see _good_reduced), row `length + 1` scratch for
     the running amax, and last an int32 count of the cast's finished programs (both zero between
     calls)."""
 
@@ -172,11 +175,19 @@ def _torch_commit(hist: Delayed, amax: torch.Tensor) -> None:
         rows[1:].copy_(rows[:-1].clone())
     rows[0].copy_(amax)
     reduced = hist.buf[hist.length * 3:hist.length * 3 + 3]
-    reduced.copy_(amax if hist.most_recent else rows.amax(dim=0))
+    new = amax if hist.most_recent else rows.amax(dim=0)
+    reduced.copy_(torch.where(_good_reduced(new), new, reduced))
+
+
+def _good_reduced(amax: torch.Tensor) -> torch.Tensor:
+    """Where a reduced amax may set a scale. As TransformerEngine's delayed-scaling update, an amax of 0
+    (an all-zero tensor, or nothing recorded) or not finite keeps the previous scale: the reduced amax
+    row keeps its last good value, and where it never had one (0) the scale is 1.0, TE's initial scale."""
+    return torch.isfinite(amax) & (amax > 0)
 
 
 def _torch_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: torch.Tensor,
-                    hist: Delayed | None) -> list[torch.Tensor]:
+                    hist: Delayed | None, o_factor: float) -> list[torch.Tensor]:
     top, count = FP8_MAX[fp8_dtype], len(xs)
     max_scale = MAX_SCALE.get(xs[0].dtype, 2.0 ** 100)
     amax = info[3:3 + count]
@@ -184,10 +195,12 @@ def _torch_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: to
         amax.copy_(_torch_amax(xs))
         scale = pow2_scale_torch(amax, top, max_scale)
     else:
-        scale = pow2_scale_torch(hist.buf[hist.length * 3:hist.length * 3 + count], top, max_scale, hist.margin)
+        reduced = hist.buf[hist.length * 3:hist.length * 3 + count]
+        scale = torch.where(_good_reduced(reduced), pow2_scale_torch(reduced, top, max_scale, hist.margin), 1.0)
     torch.reciprocal(scale, out=info[:count])
     if count == 3:
-        info[7:9].copy_(torch.stack((info[2], scale[2])))
+        info[7:9].copy_(torch.stack((info[2] / o_factor, scale[2] * o_factor)) if o_factor != 1.0
+                        else torch.stack((info[2], scale[2])))
     low = scale.to(xs[0].dtype)
     outs = [_torch_cast(x, low[i], top, fp8_dtype) for i, x in enumerate(xs)]
     if hist is not None and not hist.fresh:
@@ -198,12 +211,13 @@ def _torch_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: to
 
 
 # ----- public operations -------------------------------------------------------------------------
-def quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, hist: Delayed | None = None
-             ) -> tuple[list[torch.Tensor], torch.Tensor]:
+def quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, hist: Delayed | None = None,
+             o_factor: float = 1.0) -> tuple[list[torch.Tensor], torch.Tensor]:
     """(fp8 copies of 1 to 3 same-dtype tensors, a float32 vector laid out as STATE).
 
     Entry i of the vector is tensor i's descale, entry 3 + i its amax; entry 6 is NaN; with three
-    tensors, entries 7 and 8 are the third's descale and scale again. Current scaling (scale from
+    tensors, entries 7 and 8 are O's descale and scale: the third's scale times `o_factor` (a power of
+    two <= 1: headroom for dropout, fp8.dropout_headroom). Current scaling (scale from
     each tensor's amax) unless `hist` holds a recorded history: then the scales come from it (no
     amax pass before the cast) and values beyond the delayed scale saturate. With `hist`, the
     amaxes of this call are recorded into it (rows shift down one).
@@ -212,9 +226,9 @@ def quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, hist: Delayed |
         raise ValueError(f"quantize takes 1 to 3 tensors, got {len(xs)}")
     if uses_triton(*xs):  # the kernels write every entry of the tensors given
         info = torch.empty(len(STATE), dtype=torch.float32, device=xs[0].device)
-        return _triton_quantize(xs, fp8_dtype, info, hist), info
+        return _triton_quantize(xs, fp8_dtype, info, hist, o_factor), info
     info = torch.full((len(STATE),), float("nan"), dtype=torch.float32, device=xs[0].device)
-    return _torch_quantize(xs, fp8_dtype, info, hist), info
+    return _torch_quantize(xs, fp8_dtype, info, hist, o_factor), info
 
 
 def amax(xs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -244,22 +258,29 @@ def scaled_cast(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *,
     record = amax_out is not None
     dispatcher.fp8_kernels["_k_cast"][(blocks,)](
         ((x, x, x), (out, out, out), (x.numel(), 0, 0)), (blocks, blocks),
-        ((scale, 0, 0, 0, 0), (scale, amax_out if record else scale), (top, 1.0, 1.0, float("nan"))), (scale, 0, 0),
+        ((scale, 0, 0, 0, 0), (scale, amax_out if record else scale), (top, 1.0, 1.0, float("nan"), 1.0)),
+        (scale, 0, 0),
         MODE=_FROM_DESCALE if inverse else _FROM_SCALE, RECORD=record, COMMIT=False, MOST_RECENT=False, LB=1,
         BLOCK=_CAST_BLOCK, num_warps=8)
     return out
 
 
 def dequantize(x8: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x8 * descale[0] in `dtype` (computed in float32, rounded once), with x8's strides."""
+    """x8 * descale[0] in `dtype` (computed in float32, rounded once), with x8's strides. For fp16,
+    values beyond 65504 become +-65504, not inf (65504 quantized is 256 * 2**8 = 65536). Only fp16 is
+    clamped (a float32 pass on the torch path): its range is reached by ordinary values, bf16's and
+    float32's only near 3e38."""
     descale = descale.reshape(-1)[:1]
+    top = torch.finfo(dtype).max if dtype == torch.float16 else float("inf")
     if not uses_triton(x8):
         out = torch.empty_like(x8, dtype=dtype)
-        return torch.mul(x8.to(dtype), descale.float(), out=out)
+        if dtype != torch.float16:
+            return torch.mul(x8.to(dtype), descale.float(), out=out)
+        return out.copy_(torch.mul(x8.float(), descale.float()).clamp_(-top, top))
     out = _like(x8, dtype)
     n = x8.numel()
     dispatcher.fp8_kernels["_k_dequant"][(-(-n // _DEQUANT_BLOCK),)](
-        x8, out, n, descale, BLOCK=_DEQUANT_BLOCK, num_warps=8)
+        x8, out, n, descale, top, BLOCK=_DEQUANT_BLOCK, num_warps=8)
     return out
 
 
@@ -289,7 +310,7 @@ def _launch_amax(xs: Sequence[torch.Tensor], out: torch.Tensor, atomic: bool, bl
 
 
 def _triton_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: torch.Tensor,
-                     hist: Delayed | None) -> list[torch.Tensor]:
+                     hist: Delayed | None, o_factor: float) -> list[torch.Tensor]:
     top = FP8_MAX[fp8_dtype]
     max_scale = MAX_SCALE.get(xs[0].dtype, 2.0 ** 100)
     outs = [_like(x, fp8_dtype) for x in xs]
@@ -310,7 +331,7 @@ def _triton_quantize(xs: Sequence[torch.Tensor], fp8_dtype: torch.dtype, info: t
     commit = (hist.buf, hist.length, blocks[2]) if delayed else (info, 0, 0)
     dispatcher.fp8_kernels["_k_cast"][(blocks[2],)](
         (_padded(xs, xs[0]), _padded(outs, outs[0]), ns),
-        blocks[:2], (src, (info, cur), (top, max_scale, margin, float("nan"))), commit,
+        blocks[:2], (src, (info, cur), (top, max_scale, margin, float("nan"), o_factor)), commit,
         MODE=mode, RECORD=delayed, COMMIT=delayed, MOST_RECENT=hist is not None and hist.most_recent, LB=lb,
         BLOCK=_CAST_BLOCK, num_warps=8)
     if hist is not None and not delayed:  # the first call of a history: its current-scaling amaxes
@@ -355,9 +376,9 @@ def _t_scale_of(T: tl.constexpr, b, src, info, consts, MODE: tl.constexpr):
         slots = src[1 + T] + tl.arange(0, 1024)
         amax = tl.max(tl.load(src[0] + slots, mask=slots < src[2 + T], other=0.0), axis=0)
         scale = _t_pow2(amax, consts[0], consts[1], 1.0)
-    elif MODE == 1:  # delayed scaling: the history's reduced amax, with the margin
+    elif MODE == 1:  # delayed scaling: the history's reduced amax, with the margin (1.0 where none: _good_reduced)
         amax = tl.load(src[0] + T)
-        scale = _t_pow2(amax, consts[0], consts[1], consts[2])
+        scale = tl.where((amax > 0) & (amax < float("inf")), _t_pow2(amax, consts[0], consts[1], consts[2]), 1.0)
     elif MODE == 2:
         scale = tl.load(src[0] + T)
     else:
@@ -369,9 +390,9 @@ def _t_scale_of(T: tl.constexpr, b, src, info, consts, MODE: tl.constexpr):
                 tl.store(info + 3 + T, amax)
             if T == 0:
                 tl.store(info + 6, consts[3])
-            if T == 2:
-                tl.store(info + 7, tl.math.div_rn(1.0, scale))
-                tl.store(info + 8, scale)
+            if T == 2:  # O's scale: V's times the dropout headroom consts[4]
+                tl.store(info + 7, tl.math.div_rn(1.0, scale * consts[4]))
+                tl.store(info + 8, scale * consts[4])
     return scale
 
 
@@ -396,7 +417,7 @@ def _k_cast(io, ends, scaling, commit, MODE: tl.constexpr, RECORD: tl.constexpr,
             MOST_RECENT: tl.constexpr, LB: tl.constexpr, BLOCK: tl.constexpr):
     # io is (xs, ys, ns): ys[i] = saturate(xs[i] * scale_i) for the programs of tensor i (ends as in
     # _k_amax). scaling is (src, outs, consts): src as _t_scale_of reads it, outs (info, running
-    # amax), consts (top, max scale, margin factor, NaN). With COMMIT, commit is (history buffer,
+    # amax), consts (top, max scale, margin factor, NaN, O's factor). With COMMIT, commit is (history buffer,
     # length, programs): the last program to finish commits the running amax (as _k_commit).
     pid = tl.program_id(0)
     if pid < ends[0]:
@@ -430,20 +451,25 @@ def _t_commit(buf, src, info, length, MOST_RECENT: tl.constexpr, FROM_CUR: tl.co
     rows = tl.arange(0, LB)[:, None]
     keep = (rows < length - 1) & valid[None, :]
     old = tl.load(buf + rows * 3 + cols[None, :], mask=keep, other=0.0)
+    previous = tl.load(buf + length * 3 + cols, mask=valid, other=0.0)
     tl.debug_barrier()  # every load above before any store below (they overlap)
     tl.store(buf + (rows + 1) * 3 + cols[None, :], old, mask=keep)
     tl.store(buf + cols, new, mask=valid)
     if MOST_RECENT:
-        tl.store(buf + length * 3 + cols, new, mask=valid)
+        reduced = new
     else:
-        tl.store(buf + length * 3 + cols, tl.maximum(tl.max(old, axis=0), new), mask=valid)
+        reduced = tl.maximum(tl.max(old, axis=0), new)
+    # An amax of 0 or not finite keeps the previous reduced amax (_good_reduced, TransformerEngine's rule).
+    good = (reduced > 0) & (reduced < float("inf"))
+    tl.store(buf + length * 3 + cols, tl.where(good, reduced, previous), mask=valid)
     if FROM_CUR:
         tl.store(info + 3 + cols, new, mask=valid)
         tl.store(src + cols, tl.zeros([4], dtype=tl.float32), mask=valid)
 
 
-def _k_dequant(x, y, n, descale, BLOCK: tl.constexpr):
+def _k_dequant(x, y, n, descale, top, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     v = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32) * tl.load(descale)
+    v = tl.where(v != v, v, tl.minimum(tl.maximum(v, -top), top))  # noqa: PLR0124  (y's finite range, keeping NaN)
     tl.store(y + offs, v.to(y.dtype.element_ty), mask=mask)

@@ -108,11 +108,11 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     outputs = None
     if opts.fp8:
         if isinstance(scales, FP8Scales):
-            q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales, vb, plan.specs["o"].dtype)
+            q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales, vb, plan.specs["o"].dtype, opts.dropout)
         else:  # quantized here (e4m3, as O where O is FP8): current scaling, or delayed from an FP8History
             fp8_backward = opts.training and not entry.f16_backward
             q8, k8, v8, state = fp8q.quantize_qkv(qb, kb, vb, plan.specs["q"].dtype, training=fp8_backward,
-                                                  history=scales)
+                                                  history=scales, dropout=opts.dropout)
         feeds, outputs = fp8q.forward_feeds(plan, q8, k8, v8, state)
         saved_fp8 = (q8, k8, v8, state)
     else:

@@ -169,3 +169,35 @@ def test_cuda_graph_capture(use):
     assert torch.equal(hist._buf, twin._buf)
     _same(static_plain[0], want_plain[0], "replayed current q")
     assert torch.equal(static_back, dequantize(want_plain[0], want_plain[3][0:1], BF16))
+
+
+@pytest.mark.parametrize("algo, length", [("max", 1), ("most_recent", 3), ("max", 2)])
+def test_zero_and_infinite_amaxes_keep_the_scale_on_both(use, algo, length):
+    # TransformerEngine's rule (fp8_kernels._good_reduced): an amax of 0 or not finite keeps the previous
+    # scale, 1.0 while there is none. (NaN inputs: their amax is unspecified, the torch test covers it.)
+    hists = {"triton": FP8History(length, algo), "torch": FP8History(length, algo)}
+    for i, fill in enumerate([0.0, None, None, float("inf"), None, None, 0.0, None, None]):
+        q, k, v = _qkv("bshd", dims=(2, 4, 129, 64), hkv=2, mult=(2.0, 1.0, 4.0 + i), seed=i)
+        if fill is not None:
+            v = torch.full_like(v, fill)
+        out = {}
+        for name in ("triton", "torch"):
+            use(name)
+            out[name] = quantize_qkv(q, k, v, E4M3, history=hists[name], dropout=0.1)
+        torch.cuda.synchronize()
+        for t, a, b in zip("qkv", out["triton"][:3], out["torch"][:3]):
+            _same(a, b, f"call {i} {t}")
+        assert torch.equal(out["triton"][3][:6], out["torch"][3][:6]), f"call {i} state"
+        assert torch.equal(out["triton"][3][7:9], out["torch"][3][7:9]), f"call {i} O's scales"
+        assert out["triton"][3][8] == 0.5 / out["triton"][3][2]  # dropout 0.1: O's scale is V's / 2
+        assert torch.isfinite(out["triton"][3][:3]).all() and (out["triton"][3][:3] > 0).all(), f"call {i}"
+        assert torch.equal(hists["triton"]._buf, hists["torch"]._buf), f"call {i} history"
+    assert out["triton"][3][2] != 1.0  # the last calls scale from real amaxes again
+
+
+def test_fp16_dequantization_clamps_on_both(use):
+    x = torch.tensor([[65504.0, 1.0, -65000.0, 3.0]] * 64, dtype=FP16, device=CUDA)
+    use("torch")
+    (x8,), info = fp8k.quantize([x], E4M3)
+    got, want = _both(use, lambda: dequantize(x8, info[0:1], FP16))
+    assert torch.equal(got, want) and got[0].tolist() == [65504.0, 1.0, -65504.0, 3.0]
