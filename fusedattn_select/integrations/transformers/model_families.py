@@ -3,9 +3,10 @@
 Source: the config classes of transformers (`models/<family>/configuration_<family>.py`, read at
 5.x): the key names each reads (GPT-2's n_head through its attribute_map, Whisper's
 encoder_attention_heads), the default each gives a key that config.json leaves out (Mistral's
-sliding_window 4096, Gemma 2's attn_logit_softcapping 50), and how `__post_init__` builds
-`layer_types` when the file has none. The reader uses these defaults so that a file read as JSON
-and the same file loaded by transformers give the same problems.
+sliding_window 4096, Gemma 2's attn_logit_softcapping 50, Llama's max_position_embeddings 2048, Whisper's
+1500 encoder and 448 decoder positions), and how `__post_init__` builds `layer_types` when the file has
+none. The reader uses these defaults so that a file read as JSON and the same file loaded by
+transformers give the same problems.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Keys:
     heads: tuple[str, ...]
     layers: tuple[str, ...]
     positions: tuple[str, ...] = ()
+    positions_default: int | None = None  # transformers' default for the first of `positions`
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Family:
     multi_query_default: bool = False
     dropout_keys: tuple[str, ...] = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
     position_keys: tuple[str, ...] = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
+    # transformers' default max_position_embeddings (None: its config class has none, e.g. BLOOM's ALiBi)
     positions_default: int | None = None
     positions_after_padding: bool = False  # RoBERTa: positions start after pad_token_id
     causal: bool = True
@@ -79,10 +82,12 @@ class Family:
 
 
 GENERIC = Family()
-_ENCODER = Family(causal=False)
+_ENCODER = Family(causal=False, positions_default=512)
 _VISION = Family(causal=False, vision=True, class_token=True, image_size_default=224)
 _QWEN = Family(sliding_pattern=AFTER_MAX_WINDOW_LAYERS, max_window_layers_default=28,
-               use_sliding_window_default=False, sliding_window_default=4096)
+               use_sliding_window_default=False, sliding_window_default=4096, positions_default=32768)
+# T5's positions are relative (a learned bias by distance bucket): its config gives no length unless an older
+# file holds n_positions, and transformers' T5Config has no default for one.
 _T5_KEYS = dict(
     encoder_keys=Keys(("num_heads",), ("num_layers",), ("n_positions",)),
     decoder_keys=Keys(("num_heads",), ("num_decoder_layers", "num_layers"), ("n_positions",)),
@@ -92,26 +97,30 @@ _T5_KEYS = dict(
 FAMILIES: dict[str, Family] = {
     # Causal decoders read with the common keys alone: named, so that a model_type listed nowhere is said to be
     # read as one of them (model_reading.read_model).
-    **{name: GENERIC for name in ("llama", "mixtral", "phi", "phi3", "gpt_neox", "opt", "clip_text_model")},
+    # (positions_default: transformers' max_position_embeddings default for each, read at 5.24)
+    **{name: replace(GENERIC, positions_default=positions) for name, positions in (
+        ("llama", 2048), ("mixtral", 131072), ("phi", 2048), ("phi3", 4096), ("gpt_neox", 2048), ("opt", 2048),
+        ("clip_text_model", 77))},
     "gpt2": replace(GENERIC, positions_default=1024),
     "gpt_bigcode": replace(GENERIC, multi_query_default=True, positions_default=1024),
     "gptj": replace(GENERIC, positions_default=2048),
     "falcon": replace(GENERIC, multi_query_default=True, positions_default=2048, own_attention=True),
-    "bloom": replace(GENERIC, alibi=True, own_attention=True),
-    "mistral": replace(GENERIC, sliding_window_default=4096),
-    "gemma": replace(GENERIC, head_dim_default=256),
+    "bloom": replace(GENERIC, alibi=True, own_attention=True),  # ALiBi: no length in its config
+    "mistral": replace(GENERIC, sliding_window_default=4096, positions_default=131072),
+    "gemma": replace(GENERIC, head_dim_default=256, positions_default=8192),
     "gemma2": replace(GENERIC, sliding_pattern=EVERY_OTHER, sliding_window_default=4096, head_dim_default=256,
-                      query_pre_attn_scalar_default=256, softcap_default=50.0),
+                      query_pre_attn_scalar_default=256, softcap_default=50.0, positions_default=8192),
     "gemma3_text": replace(GENERIC, sliding_pattern=PATTERN_KEY, pattern_default=6, sliding_window_default=4096,
-                           head_dim_default=256, query_pre_attn_scalar_default=256),
-    "gpt_oss": replace(GENERIC, sliding_pattern=EVERY_OTHER, sliding_window_default=128, sinks=True),
-    "llama4_text": replace(GENERIC, chunked_every=4, chunk_size_default=8192),
+                           head_dim_default=256, query_pre_attn_scalar_default=256, positions_default=131072),
+    "gpt_oss": replace(GENERIC, sliding_pattern=EVERY_OTHER, sliding_window_default=128, sinks=True,
+                       positions_default=131072),
+    "llama4_text": replace(GENERIC, chunked_every=4, chunk_size_default=8192, positions_default=131072),
     "qwen2": _QWEN,
     "qwen2_moe": _QWEN,
     "qwen3": _QWEN,
     "qwen3_moe": _QWEN,
-    "deepseek_v2": replace(GENERIC, yarn_mscale=True),
-    "deepseek_v3": replace(GENERIC, yarn_mscale=True),
+    "deepseek_v2": replace(GENERIC, yarn_mscale=True, positions_default=2048),
+    "deepseek_v3": replace(GENERIC, yarn_mscale=True, positions_default=4096),
     "bert": _ENCODER,
     "roberta": replace(_ENCODER, positions_after_padding=True),
     "xlm-roberta": replace(_ENCODER, positions_after_padding=True),
@@ -123,8 +132,8 @@ FAMILIES: dict[str, Family] = {
     "mt5": replace(GENERIC, encoder_decoder=True, unscaled=True, relative_bias=True, **_T5_KEYS),
     "whisper": replace(
         GENERIC, encoder_decoder=True,
-        encoder_keys=Keys(("encoder_attention_heads",), ("encoder_layers",), ("max_source_positions",)),
-        decoder_keys=Keys(("decoder_attention_heads",), ("decoder_layers",), ("max_target_positions",)),
+        encoder_keys=Keys(("encoder_attention_heads",), ("encoder_layers",), ("max_source_positions",), 1500),
+        decoder_keys=Keys(("decoder_attention_heads",), ("decoder_layers",), ("max_target_positions",), 448),
         kv_heads_keys=(),
     ),
 }

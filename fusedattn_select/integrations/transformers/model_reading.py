@@ -190,9 +190,11 @@ def _dropout(fields: Fields, family: families.Family) -> float:
 
 def _positions(fields: Fields, family: families.Family) -> int | None:
     found = fields.first(family.position_keys, POSITIVE_INTEGER)
-    if found is None:
-        return family.positions_default
-    return found[1] - (fields.get("pad_token_id", COUNT, 0) + 1 if family.positions_after_padding else 0)
+    positions = family.positions_default if found is None else found[1]
+    if positions is None or not family.positions_after_padding:
+        return positions
+    # RoBERTa's positions start after pad_token_id (transformers' default for the RoBERTa family: 1).
+    return positions - (fields.get("pad_token_id", COUNT, 1) + 1)
 
 
 def _image_tokens(fields: Fields, family: families.Family) -> int:
@@ -217,8 +219,10 @@ def _longest(fields: Fields, family: families.Family, keys: families.Keys) -> in
     """The longest sequence the config says the stack takes, or None."""
     if family.vision:
         return _image_tokens(fields, family)
-    positions = fields.first(keys.positions, POSITIVE_INTEGER) if keys.positions else None
-    return positions[1] if positions else _positions(fields, family)
+    if keys.positions:
+        positions = fields.first(keys.positions, POSITIVE_INTEGER)
+        return positions[1] if positions else keys.positions_default
+    return _positions(fields, family)
 
 
 def read_stack(fields: Fields, family: families.Family, prefix: str = "", role: str = families.MODEL) -> AttentionStack:
@@ -278,6 +282,19 @@ def _dtype(fields: Fields, outer: Fields | None) -> tuple[str | None, tuple[str,
     return None, ()
 
 
+def _assumed_lengths(stacks: tuple[AttentionStack, ...], family: families.Family, model_type: str) -> list[str]:
+    """The note for stacks whose config gives no length and whose family has no default: their length is assumed."""
+    unknown = [stack.prefix or "the model's layers" for stack in stacks if stack.positions is None]
+    if not unknown:
+        return []
+    keys = family.encoder_keys.positions if family.encoder_keys is not None else family.position_keys
+    resolved = families.resolved_type(model_type)
+    default = (f"transformers' {resolved} config sets no default for it" if resolved in families.FAMILIES
+               else "this reader knows no default for its model_type")
+    return [f"{', '.join(unknown)}: the config gives no maximum length ({' / '.join(keys)}) and {default}: "
+            f"seqlen {DEFAULT_REPORT_SEQLEN} is assumed; --set seqlen_q=... --set seqlen_kv=... to ask another"]
+
+
 def _unknown_type(model_type: str, path: str) -> list[str]:
     """The note for a model_type no family names (read as a causal decoder with the common keys)."""
     if model_type in families.FAMILIES:
@@ -298,6 +315,7 @@ def read_model(data: dict[str, Any]) -> ModelReading:
     family = families.family(model_type)
     if family.unsupported:
         raise ConfigError(top.path("model_type"), model_type, family.unsupported)
+    read_as = (family, model_type)  # the family and type that read the stacks, for the assumed-length note
     if family.encoder_decoder:
         stacks = _encoder_decoder(top, family)
     elif top.get("is_encoder_decoder", BOOLEAN, False):
@@ -306,11 +324,13 @@ def read_model(data: dict[str, Any]) -> ModelReading:
                           f"{', '.join(families.ENCODER_DECODER_TYPES)} only; it cannot say which attention is which here")
     elif text is not None and top.first(("num_attention_heads", "n_head"), POSITIVE_INTEGER) is None:
         text_type = families.resolved_type(text.get("model_type", TEXT, ""), inside=model_type)
-        stacks = (read_stack(text, families.family(text_type)),)
+        read_as = (families.family(text_type), text_type)
+        stacks = (read_stack(text, read_as[0]),)
         notes += _unknown_type(text_type, text.path("model_type"))
     else:
         stacks = (read_stack(top, family),)
         notes += _unknown_type(families.resolved_type(model_type), top.path("model_type"))
+    notes += _assumed_lengths(stacks, *read_as)
     if vision is not None and not family.encoder_decoder:
         vision_type = vision.get("model_type", TEXT, "")
         vision_family = families.family(vision_type, inside=model_type, vision=True)
