@@ -89,7 +89,8 @@ class DeclaredRocmEngine:
             notes = "; ".join(n for n in chosen.notes if n)
             message = f"{NOT_PROBED}: {chosen.table} declares it" + (f" ({notes})" if notes else "")
             if not DECLARED_DEPTH.answers(depth):
-                return self._no_data(backend, phase, _deeper_message(chosen.table, depth), detail, timings)
+                return self._no_data(backend, phase, _deeper_message(chosen.table, depth), detail, timings,
+                                     f"{DECLARED}:{chosen.table}")
             return Verdict(backend, phase, Outcome.SUPPORTED, f"{DECLARED}:{chosen.table}", message,
                            detail, self.provenance, DECLARED_DEPTH, timings)
         reasons = backend_reasons + [f"{a.table}: {r}" for a in answers for r in a.reasons]
@@ -107,8 +108,9 @@ class DeclaredRocmEngine:
                        timings)
 
     def _no_data(self, backend: Backend, phase: Phase, message: str, detail: str,
-                 timings: tuple[tuple[str, float], ...]) -> Verdict:
-        stage = f"{DECLARED}:" + "+".join(t.name for t in self.tables)
+                 timings: tuple[tuple[str, float], ...], stage: str = "") -> Verdict:
+        """NO_DATA at depth fast; the stage names the table that declares the problem when one does, else all."""
+        stage = stage or f"{DECLARED}:" + "+".join(t.name for t in self.tables)
         log.debug("declared %s %s %s on %s: %s", backend.value, phase.value, Outcome.NO_DATA.value, self.arch, message)
         return Verdict(backend, phase, Outcome.NO_DATA, stage, message, detail, self.provenance, DECLARED_DEPTH,
                        timings)

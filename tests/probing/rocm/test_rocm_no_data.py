@@ -41,6 +41,7 @@ def test_a_deeper_question_is_no_data_saying_why(depth, asks):
     v = probe(problem(), depth=depth)
     assert v.outcome is Outcome.NO_DATA and v.provenance is Provenance.DECLARED
     assert v.depth is ProbeDepth.FAST  # what the tables answered at, never the depth asked
+    assert v.stage == "declared:hipdnn_sdpa"
     assert "hipdnn_sdpa declares it, at depth fast only" in v.message
     assert asks in v.message and "only a live hipDNN probe could answer" in v.message
 
