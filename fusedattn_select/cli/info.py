@@ -13,12 +13,13 @@ import platform
 import sys
 from typing import Any
 
+from fusedattn_select import settings
 from fusedattn_select._version import __version__
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.exit_codes import EXIT_SELECTED
 from fusedattn_select.cli.store_status import describe_plans, describe_store, store_info
 from fusedattn_select.cli.table import render_table
-from fusedattn_select.errors import SnapshotError
+from fusedattn_select.errors import ConfigError, SnapshotError
 from fusedattn_select.probing import SNAPSHOT_ENV, TARGETS
 from fusedattn_select.probing.rocm import detect_rocm_device
 from fusedattn_select.probing.snapshot import read_header
@@ -103,6 +104,26 @@ def _cache_facts() -> dict[str, str]:
     return {"cache": switch, "cache_store": describe_store(info), "cache_plans": describe_plans(info)}
 
 
+def _setting_facts() -> dict[str, str]:
+    """$FUSEDATTN_SELECT_SNAPSHOT, and each other setting that is set (the cache ones have rows of their own):
+    its value, or INVALID with the problem. info reports an invalid setting; every other command refuses it."""
+    facts = {}
+    for setting in settings.SETTINGS:
+        if setting.name in (settings.CACHE, settings.CACHE_DIR):
+            continue
+        text = os.environ.get(setting.name, "")
+        if setting.name != SNAPSHOT_ENV and not text:
+            continue
+        key = "snapshot_env" if setting.name == SNAPSHOT_ENV else setting.name
+        try:
+            setting.value()
+        except ConfigError as err:
+            facts[key] = f"INVALID: {err}; other commands refuse it (exit 2)"
+            continue
+        facts[key] = text or "(unset)"
+    return facts
+
+
 def _bundled_facts() -> dict[str, str]:
     facts = {}
     for target in TARGETS:
@@ -154,7 +175,7 @@ def platform_facts() -> dict[str, Any]:
         "torch": _torch_version(),
         "cache_dir": _cache_dir(),
         **_cache_facts(),
-        "snapshot_env": os.environ.get(SNAPSHOT_ENV, "(unset)"),
+        **_setting_facts(),
         "bundled_snapshots": _bundled_facts(),
     }
 
