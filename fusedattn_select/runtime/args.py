@@ -138,6 +138,9 @@ def keyable(q: torch.Tensor, inputs: OptionalInputs, arguments: Arguments) -> bo
             if not (fp8q.is_fp8_dtype(q.dtype) and fp8.descale_q.device == device
                     and fp8.descale_k.device == device and fp8.descale_v.device == device):
                 return False
+            if torch.is_grad_enabled() and (fp8.descale_q.requires_grad or fp8.descale_k.requires_grad
+                                            or fp8.descale_v.requires_grad):
+                return False  # refused by _check_fp8 (the key does not hold requires_grad)
         elif not isinstance(fp8, FP8History) or fp8q.is_fp8_dtype(q.dtype):
             return False
     if inputs is NO_INPUTS:
@@ -171,6 +174,8 @@ def _check_qkv(q: Any, k: Any, v: Any) -> None:
             raise ConfigError(name, tuple(t.shape), "must be 4-D, in the order named by `layout`")
         if not t.is_floating_point():
             raise ConfigError(name, t.dtype, "must be a floating-point tensor (fp16, bf16, fp32 or float8)")
+        if t.dtype.itemsize == 1 and not fp8q.is_fp8_dtype(t.dtype):  # e.g. ROCm's float8_e4m3fnuz
+            raise ConfigError(name, t.dtype, "float8 inputs must be float8_e4m3fn or float8_e5m2")
         if t.device != q.device:
             raise ConfigError(name, str(t.device), f"must be on q's device ({q.device})")
 
@@ -272,6 +277,10 @@ def _check_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: Any, trai
         for name in fp8q.DESCALES:  # their type and size: FP8Scales checks them when it is made
             if getattr(fp8, name).device != q.device:
                 raise ConfigError("fp8." + name, str(getattr(fp8, name).device), f"must be on q's device ({q.device})")
+            if getattr(fp8, name).requires_grad and torch.is_grad_enabled():
+                # No path differentiates them: the fused kernels and torch.compile's op would drop the gradient.
+                raise ConfigError("fp8." + name, "requires_grad=True", "float8 inputs are for inference: descales "
+                                  "must not require grad (detach them, or call under torch.no_grad())")
     elif isinstance(fp8, FP8Scales):
         raise ConfigError("fp8", "FP8Scales", f"descale factors are for float8 inputs; q is {q.dtype} (use fp8=True)")
     elif not isinstance(fp8, (bool, FP8History)):

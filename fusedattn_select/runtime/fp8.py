@@ -65,7 +65,8 @@ class FP8Scales:
     The real value of an element is `stored * descale`. Each descale is a floating-point tensor
     (float32, as the kernels take it, or another float dtype, converted) with one element, on the
     inputs' device: ConfigError here for another type, dtype or size, and from attention() for
-    another device. `o_dtype` is the precision of the returned output.
+    another device, or where one requires grad with grad mode on (float8 inputs are for inference:
+    no path differentiates the descales). `o_dtype` is the precision of the returned output.
     """
 
     descale_q: torch.Tensor

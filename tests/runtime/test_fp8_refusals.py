@@ -1,0 +1,59 @@
+"""attention()'s refusals of FP8 arguments no path handles right, on the CPU: descales that require grad
+(the fused kernels and torch.compile would drop their gradient), and float8 dtypes other than e4m3fn
+and e5m2."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusedattn_select.errors import ConfigError  # noqa: E402
+from fusedattn_select.runtime import api, ops  # noqa: E402
+from fusedattn_select.runtime.args import Arguments  # noqa: E402
+from fusedattn_select.runtime.fp8 import FP8Scales  # noqa: E402
+from fusedattn_select.runtime.options import OptionalInputs  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+
+
+# ----- descales that require grad ----------------------------------------------------------------------
+def _float8(seed=0, dtype=E4M3):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, 8, 2, 16, generator=gen).mul(8).to(dtype) for _ in range(3))
+
+
+@pytest.mark.usefixtures("no_platform")
+@pytest.mark.parametrize("which", [0, 2])
+def test_descales_that_require_grad_are_refused_naming_the_field(which):
+    q8, k8, v8 = _float8()
+    plain = [torch.tensor([0.125]) for _ in range(3)]
+    api.attention(q8, k8, v8, fp8=FP8Scales(*plain))  # the signature is known: found by its key next
+    grads = list(plain)
+    grads[which] = torch.tensor([0.125], requires_grad=True)
+    name = ("descale_q", "descale_k", "descale_v")[which]
+    with pytest.raises(ConfigError, match="must not require grad") as err:
+        api.attention(q8, k8, v8, fp8=FP8Scales(*grads))
+    assert err.value.field == "fp8." + name and "inference" in str(err.value)
+    with pytest.raises(ConfigError) as compiled:  # torch.compile's path checks the same way
+        ops.compiled_attention(q8, k8, v8, OptionalInputs(), Arguments(fp8=FP8Scales(*grads)))
+    assert compiled.value.field == "fp8." + name
+    with torch.no_grad():  # nothing would record: allowed
+        out = api.attention(q8, k8, v8, fp8=FP8Scales(*grads))
+    assert not out.requires_grad
+
+
+# ----- float8 dtypes the kernels do not take -----------------------------------------------------------
+@pytest.mark.usefixtures("no_platform")
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz])
+@pytest.mark.parametrize("fp8", [False, True, "scales"])
+def test_fnuz_float8_inputs_are_refused_naming_the_tensor(dtype, fp8):
+    q, k, v = _float8(dtype=dtype)
+    if fp8 == "scales":
+        fp8 = FP8Scales(*(torch.tensor([1.0]) for _ in range(3)))
+    with torch.no_grad(), pytest.raises(ConfigError, match="float8_e4m3fn or float8_e5m2") as err:
+        api.attention(q, k, v, fp8=fp8)
+    assert err.value.field == "q" and err.value.value == dtype
+    with torch.no_grad(), pytest.raises(ConfigError) as err:
+        api.attention(_float8()[0], k, v, fp8=FP8Scales(*(torch.tensor([1.0]) for _ in range(3))))
+    assert err.value.field == "k" and err.value.value == dtype
