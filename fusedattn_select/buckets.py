@@ -145,6 +145,8 @@ def larger_buckets(bucket: Bucket, batch_doublings: int = 3, length_doublings: i
 # to 16384, extended to a recorded problem's own bucket where it is larger.
 LADDER_MAX_BATCH = 64
 LADDER_MAX_SEQLEN = 16384
+# The farthest a ladder reaches: its rungs are powers of two, and a bucket past INT32_MAX has no bucket form.
+LADDER_REACH_LIMIT = _LARGEST_HELD
 
 
 def powers_of_two(low: int, high: int) -> list[int]:

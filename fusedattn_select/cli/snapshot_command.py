@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from fusedattn_select.buckets import LADDER_MAX_BATCH, LADDER_MAX_SEQLEN
+from fusedattn_select.buckets import LADDER_MAX_BATCH, LADDER_MAX_SEQLEN, LADDER_REACH_LIMIT
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
 from fusedattn_select.cli.exit_codes import EXIT_NOT_DONE, EXIT_SELECTED
@@ -29,6 +29,16 @@ def _log_progress(done: int, total: int, entry: dict) -> None:
     else:
         what = f"{entry['suite']}:{entry['name']}"
     log.info("fusedattn_select: [%d/%d] %s %s", done, total, what, outcomes)
+
+
+def _ladder_reach(text: str) -> int:
+    """argparse type of --ladder-max-batch and --ladder-max-seqlen: 1 to LADDER_REACH_LIMIT (2**30), the largest
+    bucket a ladder holds (rungs past it would be left out while the snapshot claimed them)."""
+    value = positive_int(text)
+    if value > LADDER_REACH_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at most {LADDER_REACH_LIMIT} (2**30, the largest bucket "
+                                         "a ladder holds: a larger one passes the int32 bound of a problem's sizes)")
+    return value
 
 
 def _ladder(args: argparse.Namespace) -> Ladder | None:
@@ -65,7 +75,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_NOT_DONE
     counts = summarize(snapshot)
-    buckets = f" (and {len(snapshot['buckets'])} bucket rows of their classes' ladders)" if ladder is not None else ""
+    groups = snapshot.get("buckets", [])
+    rungs = sum(len(group["rungs"]) for group in groups)
+    buckets = f" (and their classes' ladders: {len(groups)} groups, {rungs} rungs)" if ladder is not None else ""
     print(
         f"recorded {counts['entries']} entries ({counts['selected']} selected, {counts['none']} none, "
         f"{counts['failed']} failed) on {engine.fingerprint().describe()}{buckets} at depth {depth.value} "
@@ -87,11 +99,11 @@ def register_snapshot(subparsers: Any, common: argparse.ArgumentParser) -> None:
     add_depth_option(record, default=ProbeDepth.FAST)
     record.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="probe N entries at once")
     # The ladder options default to None, so that one given with --no-ladder is told apart and refused.
-    record.add_argument("--ladder-max-batch", type=positive_int, default=None, metavar="N",
+    record.add_argument("--ladder-max-batch", type=_ladder_reach, default=None, metavar="N",
                         help="record each problem class over its bucket ladder up to batch N "
-                        f"(default {LADDER_MAX_BATCH})")
-    record.add_argument("--ladder-max-seqlen", type=positive_int, default=None, metavar="N",
-                        help=f"... and up to sequence length N (default {LADDER_MAX_SEQLEN})")
+                        f"(default {LADDER_MAX_BATCH}, at most 2**30)")
+    record.add_argument("--ladder-max-seqlen", type=_ladder_reach, default=None, metavar="N",
+                        help=f"... and up to sequence length N (default {LADDER_MAX_SEQLEN}, at most 2**30)")
     record.add_argument("--ladder-depth", choices=[d.value for d in ProbeDepth], default=None,
                         help="probe depth of the ladder's rungs (default: --depth); e.g. --depth full "
                         "--ladder-depth fast builds the entries' kernels and checks support at every rung")

@@ -121,6 +121,8 @@ class FP8History:
 
     One history belongs to one call site (one attention layer): sharing it across layers mixes
     their amaxes. It is not thread-safe: concurrent calls with one history race on its buffer.
+    Activation checkpointing would run its forward twice a step (recording twice, recomputing with
+    other scales): a fused call under it is refused (ConfigError); use fp8=True there.
 
     `o_dtype=torch.float8_e4m3fn` (inference only) returns the kernel's FP8 output as an
     `FP8Tensor(data, descale)`, for a caller whose next operation takes FP8 (an FP8 GEMM), without

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import torch
 
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime import ragged
 from fusedattn_select.runtime.entries import Entry
@@ -13,6 +14,28 @@ from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.plans import Plan
 from fusedattn_select.runtime.tensor_layouts import bhsd, from_bhsd
+
+
+# ----- where a call runs relative to autograd (tiers.py reads these too) -----------------------------
+current_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)  # -1: not inside a backward
+top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)  # torch 2.8 and later
+
+
+def saved_tensor_hooks() -> Any:
+    """The innermost saved-tensor hooks of this thread (non-reentrant checkpointing sets them), or None."""
+    return top_hooks(False) if top_hooks is not None else None
+
+
+def refuse_recomputed_history(history: FP8History) -> None:
+    """ConfigError where a forward that takes an FP8History will run again (saved-tensor hooks are set:
+    non-reentrant activation checkpointing) or is that second run (inside a backward: reentrant
+    checkpointing's recomputation): the history would record the step twice and the recomputation
+    would quantize with other scales than the forward did."""
+    if saved_tensor_hooks() is not None or current_graph_task() != -1:
+        raise ConfigError("fp8", history, "delayed scaling (FP8History) cannot run under activation "
+                                          "checkpointing (saved-tensor hooks set, or a backward's recomputation): "
+                                          "each step would be recorded twice and recomputed with other scales; "
+                                          "use FP8Scales or fp8=True (current scaling) there")
 
 
 class Saved(NamedTuple):
@@ -110,6 +133,8 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         if isinstance(scales, FP8Scales):
             q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales, vb, plan.specs["o"].dtype, opts.dropout)
         else:  # quantized here (e4m3, as O where O is FP8): current scaling, or delayed from an FP8History
+            if scales is not None:
+                refuse_recomputed_history(scales)
             fp8_backward = opts.training and not entry.f16_backward
             q8, k8, v8, state = fp8q.quantize_qkv(qb, kb, vb, plan.specs["q"].dtype, training=fp8_backward,
                                                   history=scales, dropout=opts.dropout)

@@ -21,7 +21,9 @@ from fusedattn_select.layouts import dense_strides
 from fusedattn_select.runtime import dense_builds, entries
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.entries import Entry
-from fusedattn_select.runtime.fused import fused_forward
+# The autograd-state helpers live in fused.py, which decides with them too (an FP8History under checkpointing).
+from fusedattn_select.runtime.fused import (current_graph_task as _current_graph_task, fused_forward,
+                                            saved_tensor_hooks as _saved_tensor_hooks, top_hooks as _top_hooks)
 from fusedattn_select.runtime.lean import lean_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, torch_call, torch_sdpa_blocker
@@ -108,15 +110,6 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if q.dtype not in (torch.float16, torch.bfloat16) or not _flash_or_efficient(opts, qb, kb, bhsd(v, opts.layout)):
         return "neither flash nor memory-efficient attention takes it"
     return ""
-
-
-_current_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)  # -1: not inside a backward
-_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)  # torch 2.8 and later
-
-
-def _saved_tensor_hooks() -> Any:
-    """The innermost saved-tensor hooks of this thread (non-reentrant checkpointing sets them), or None."""
-    return _top_hooks(False) if _top_hooks is not None else None
 
 
 def _flash_or_efficient(opts: CallOptions, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> bool:

@@ -166,3 +166,40 @@ def test_check_output_accepts_a_new_file_and_leaves_nothing_behind(tmp_path):
     too_long = r"^output='.*: no file can be created in .* \(File name too long\); the snapshot needs a shorter"
     with pytest.raises(ConfigError, match=too_long):
         check_output(tmp_path / ("x" * 250))
+
+
+# ----- the ladder's reach: at most 2**30, and the summary counts groups and rungs ------------------------------
+@pytest.mark.parametrize("option", ["--ladder-max-seqlen", "--ladder-max-batch"])
+@pytest.mark.parametrize("value", ["99999999999", str(2**30 + 1)])
+def test_a_ladder_reach_past_2_30_is_refused_naming_the_flag_and_the_limit(capsys, monkeypatch, tmp_path, option,
+                                                                           value):
+    monkeypatch.setattr(engines, "live_engine", must_not_start)
+    assert cli.main(["snapshot", "record", GPT2, "-o", str(tmp_path / "s.json"), option, value]) == 2
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if "error:" in line]
+    assert f"argument {option}: '{value}': must be at most {2**30} (2**30" in line and "Traceback" not in err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_a_ladder_reach_of_2_30_is_taken_and_recorded_as_asked(capsys, monkeypatch, suite_file, tmp_path,
+                                                               recording_engine):
+    monkeypatch.setattr(engines, "live_engine", lambda: (recording_engine, ""))
+    out = tmp_path / "s.json"
+    assert cli.main(["snapshot", "record", str(suite_file), "-o", str(out), "--ladder-max-batch", "1",
+                     "--ladder-max-seqlen", str(2**30)]) == 0
+    data = json.loads(out.read_text())
+    assert data["ladder"]["max_seqlen"] == 2**30
+    assert max(rung[2] for group in data["buckets"] for rung in group["rungs"]) == 2**30
+
+
+def test_the_summary_counts_ladder_groups_and_rungs(capsys, monkeypatch, suite_file, tmp_path, recording_engine):
+    monkeypatch.setattr(engines, "live_engine", lambda: (recording_engine, ""))
+    out = tmp_path / "s.json"
+    assert cli.main(["snapshot", "record", str(suite_file), "-o", str(out), "--ladder-max-batch", "4",
+                     "--ladder-max-seqlen", "512"]) == 0
+    summary = capsys.readouterr().out
+    groups = json.loads(out.read_text())["buckets"]
+    rungs = sum(len(group["rungs"]) for group in groups)
+    assert len(groups) < rungs
+    assert f"(and their classes' ladders: {len(groups)} groups, {rungs} rungs)" in summary
+    assert "bucket rows" not in summary

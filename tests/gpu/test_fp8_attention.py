@@ -176,3 +176,29 @@ def test_delayed_scaling_with_fp8_output_skips_only_the_conversion():
         # Both first calls scale from their own amaxes (a fresh history): the same scales, the same O.
         assert torch.equal(out.dequantize(torch.bfloat16), converted)
     assert _cos(out.dequantize(torch.bfloat16), want) >= 0.995
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_delayed_scaling_under_activation_checkpointing_is_refused(reentrant):
+    # Non-reentrant checkpointing sets saved-tensor hooks: the forward is refused. Reentrant runs the
+    # forward under no_grad and recomputes it inside the backward: the recomputation is refused.
+    from torch.utils.checkpoint import checkpoint
+
+    from fusedattn_select.errors import ConfigError
+
+    q, k, v = _qkv(seed=7, grad=True, hkv=8)
+    history = FP8History()
+    current = attention(q, k, v, mask="causal", fp8=True)  # fp8=True under checkpointing is the way
+    entry = list(dispatcher.by_call.values())[-1]
+    if not _fused_fp8(entry):
+        pytest.skip(f"no FP8 training here: {entry.reason}")
+    checked = checkpoint(lambda a, b, c: attention(a, b, c, mask="causal", fp8=True), q, k, v,
+                         use_reentrant=reentrant)
+    checked.sum().backward()  # (reentrant checkpointing takes no torch.autograd.grad)
+    assert _cos(checked, current) >= 0.9999 and all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    with pytest.raises(ConfigError, match="checkpointing") as err:
+        out = checkpoint(lambda a, b, c: attention(a, b, c, mask="causal", fp8=history), q, k, v,
+                         use_reentrant=reentrant)
+        out.sum().backward()
+    assert err.value.field == "fp8"
+    assert history.calls == (1 if reentrant else 0)  # reentrant: the forward ran once, the recomputation refused
