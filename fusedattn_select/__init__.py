@@ -6,6 +6,8 @@ a real device), never from hand-written support tables.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from fusedattn_select._version import __version__
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
@@ -13,6 +15,10 @@ from fusedattn_select.errors import ConfigError, FusedAttnSelectError
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.selector import cache_info, clear_cache, get_backend, select, use_snapshots
 from fusedattn_select.types import Backend, Verdict
+
+if TYPE_CHECKING:  # what __getattr__ imports when asked, for type checkers (importing the package needs no torch)
+    from fusedattn_select.runtime.api import FP8History, FP8Scales, FP8Tensor, attention, dispatch_info
+    from fusedattn_select.selection.local_warmup import warmup
 
 __all__ = [
     "AttnConfig",
@@ -37,7 +43,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # attention() and dispatch_info() need torch and warmup() may need cuDNN: import them only when
     # asked for, so importing the package works on a machine with neither.
     if name in ("attention", "FP8History", "FP8Scales", "FP8Tensor"):
