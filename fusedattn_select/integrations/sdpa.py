@@ -18,7 +18,12 @@ than fp16/bf16/fp32, and arguments torch itself rejects (so the error is torch's
 `install()` makes `torch.nn.functional.scaled_dot_product_attention` this function (code that
 looks the attribute up at call time, such as torch.nn.MultiheadAttention and Hugging Face's SDPA
 attention, is routed; a name imported earlier with `from torch.nn.functional import ...` is not);
-`uninstall()` restores what was there before; `routed()` does both around a block.
+`uninstall()` restores what was there before; `routed()` routes inside a block. All three share one
+lock-guarded state, in every thread: what was there before is saved once, when routing starts, and
+put back when nothing asks for routing any more: after uninstall() (an explicit install() stays
+until then, whatever routed() blocks open and close) and once the last open routed() block, in any
+thread, has exited. An uninstall() while a routed() block is open takes effect when the last one
+exits. Where other code has replaced the attribute since, its function is left in place.
 
 This module is `fusedattn_select.integrations.sdpa`; with absolute imports, `import torch` here is PyTorch.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import torch
@@ -94,8 +100,36 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 
 # ----- routing torch.nn.functional.scaled_dot_product_attention ------------------------------------
+@dataclass
+class _Routing:
+    """Who asks for the attribute to be routed, in every thread (read and changed under _lock)."""
+
+    original: Any = None      # what was there when routing started (saved once); None while not routing
+    blocks: int = 0           # routed() blocks open, in all threads
+    installed: bool = False   # install() called, and uninstall() not since
+
+
 _lock = threading.Lock()
-_replaced: list[Any] = []  # what install() replaced, restored by uninstall()
+_routing = _Routing()
+
+
+def _route() -> None:
+    """Make the attribute this module's function, saving what was there first (call under _lock)."""
+    current = torch.nn.functional.scaled_dot_product_attention
+    if _routing.original is None:
+        # Patched already though nothing here routes (the attribute assigned directly): torch's own.
+        _routing.original = torch_sdpa if current is scaled_dot_product_attention else current
+    torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+
+
+def _release() -> None:
+    """Put the saved function back once neither install() nor an open routed() block asks for
+    routing (call under _lock); an attribute other code has replaced since is left as it is."""
+    if _routing.installed or _routing.blocks or _routing.original is None:
+        return
+    if is_installed():
+        torch.nn.functional.scaled_dot_product_attention = _routing.original
+    _routing.original = None
 
 
 def is_installed() -> bool:
@@ -103,31 +137,32 @@ def is_installed() -> bool:
 
 
 def install() -> None:
-    """Route torch.nn.functional.scaled_dot_product_attention through this module (idempotent)."""
+    """Route torch.nn.functional.scaled_dot_product_attention through this module until uninstall()
+    (idempotent; a routed() block exiting does not undo it)."""
     with _lock:
-        if is_installed():
-            return
-        _replaced.append(torch.nn.functional.scaled_dot_product_attention)
-        torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+        _route()
+        _routing.installed = True
 
 
 def uninstall() -> None:
-    """Restore the function install() replaced (a no-op when not installed)."""
+    """Undo install(): restore the function it replaced, at once, or when the last open routed()
+    block exits (a no-op when not installed)."""
     with _lock:
-        if not is_installed():
-            return
-        torch.nn.functional.scaled_dot_product_attention = _replaced.pop() if _replaced else torch_sdpa
+        _routing.installed = False
+        _release()
 
 
 @contextlib.contextmanager
 def routed() -> Iterator[None]:
-    """Route torch.nn.functional.scaled_dot_product_attention through this module inside the block;
-    afterwards the attribute is what it was before (nesting and an outer install() are kept)."""
+    """Route torch.nn.functional.scaled_dot_product_attention through this module inside the block.
+    Blocks may nest and overlap across threads: the attribute is restored when the last open block
+    exits, unless install() was called (then it stays routed until uninstall())."""
     with _lock:
-        previous = torch.nn.functional.scaled_dot_product_attention
-        torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention
+        _route()
+        _routing.blocks += 1
     try:
         yield
     finally:
         with _lock:
-            torch.nn.functional.scaled_dot_product_attention = previous
+            _routing.blocks -= 1
+            _release()
