@@ -12,8 +12,9 @@ fallback, logged once per problem: one that attention() already logged is not lo
     scale, dropout_p               -> attn_scale, dropout
 
 Everything else goes to torch's own SDPA unchanged: boolean masks (a boolean mask's meaning depends
-on its values, which cannot be read without a device sync), inputs that are not 4-D, dtypes other
-than fp16/bf16/fp32, and arguments torch itself rejects (so the error is torch's).
+on its values, which cannot be read without a device sync), nested tensors (strided or jagged),
+inputs that are not 4-D, masks that are not 2-D to 4-D, dtypes other than fp16/bf16, and arguments
+torch itself rejects (so the error is torch's). As in torch, `scale` and `enable_gqa` are keyword-only.
 
 `install()` makes `torch.nn.functional.scaled_dot_product_attention` this function (code that
 looks the attribute up at call time, such as torch.nn.MultiheadAttention and Hugging Face's SDPA
@@ -52,6 +53,8 @@ def _maps_to_attention(query: Any, key: Any, value: Any, attn_mask: Any, dropout
     """The bias attention() takes for this call (or a sentinel True for "no bias"); None when the
     call must go to torch's SDPA."""
     tensors = (query, key, value)
+    if any(isinstance(t, torch.Tensor) and t.is_nested for t in (query, key, value, attn_mask)):
+        return None  # nested (strided or jagged): torch's SDPA takes them, attention() does not
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
         return None
     if query.dtype not in _FUSABLE_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
@@ -74,7 +77,7 @@ def _maps_to_attention(query: Any, key: Any, value: Any, attn_mask: Any, dropout
         return True  # type: ignore[return-value]
     if is_causal or not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != query.dtype:
         return None  # torch rejects both; bool masks are not mapped (see the module docstring)
-    if attn_mask.dim() > 4 or attn_mask.device != query.device:
+    if not 2 <= attn_mask.dim() <= 4 or attn_mask.device != query.device:  # torch rejects 0-D, 1-D and 5-D
         return None
     bias = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
     if any(m not in (1, t) for m, t in zip(bias.shape, (n, hq, lq, s))):
@@ -84,7 +87,7 @@ def _maps_to_attention(query: Any, key: Any, value: Any, attn_mask: Any, dropout
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 is_causal: bool = False, *, scale: Optional[float] = None,
                                  enable_gqa: bool = False) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention, on the selected fused backend when the call
     maps onto attention() exactly, else torch's own SDPA (see the module docstring)."""
