@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from fusedattn_select import backends
+from fusedattn_select.config_messages import allowed, did_you_mean, number_as_text
 from fusedattn_select.dtypes import DTYPES, F16_DTYPES, FP8_DTYPES
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.layouts import FORMATS, LAYOUTS, Layout
@@ -33,39 +33,6 @@ SCALING_MODES = ("delayed", "current", "mxfp8")
 # tensor descriptors and torch address it with.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-
-
-def allowed(values: Iterable[str], limit: int | None = None) -> str:
-    """"must be one of 'a', 'b'": all `values`, or the first `limit` and how many more there are."""
-    values = list(values)
-    shown = values if limit is None or len(values) <= limit else values[:limit]
-    more = f" and {len(values) - len(shown)} more" if len(shown) < len(values) else ""
-    return "must be one of " + ", ".join(repr(v) for v in shown) + more
-
-
-def did_you_mean(value: object, choices: Iterable[str]) -> str:
-    """"did you mean 'x'? " for the one of `choices` (the allowed values of the field in question)
-    closest to a mistyped string `value`, else "", trying in turn: the first choice that starts with
-    what was written ('bshd' -> 'bshd_bshd_bshd'), a choice spelled nearly alike (difflib ratio 0.85:
-    'padding_casual' -> 'padding_causal'), the longest choice what was written starts with
-    ('mask_type' -> 'mask'), then the closest spelling (ratio 0.6); case does not matter."""
-    if not isinstance(value, str) or not value:
-        return ""
-    choices = [choice for choice in choices if isinstance(choice, str) and choice]
-    written = value.lower()
-    by_lower = {choice.lower(): choice for choice in reversed(choices)}  # the first of those equal but for case
-
-    def spelled(cutoff: float) -> list[str]:
-        return [by_lower[match] for match in difflib.get_close_matches(written, by_lower, n=1, cutoff=cutoff)]
-
-    # Spelling alone ranks 'bsh3d' above 'bshd_bshd_bshd' for 'bshd' (one letter off against ten
-    # letters more), although a value cut short is the likelier slip. A near spelling goes before a
-    # choice the value starts with: 'causal_bottom_rigth' is a typo of 'causal_bottom_right', not
-    # 'causal' run on.
-    starting = [choice for choice in choices if choice.lower().startswith(written)]
-    within = sorted((choice for choice in choices if written.startswith(choice.lower())), key=len, reverse=True)
-    matches = starting or spelled(0.85) or within or spelled(0.6)
-    return f"did you mean {matches[0]!r}? " if matches else ""
 
 
 def _given(value: Any, derived: Any) -> Any:
@@ -337,29 +304,6 @@ def _check_bool(cfg: AttnConfig, name: str, optional: bool = False) -> None:
         raise ConfigError(name, value, "must be true or false")
 
 
-def _number_as_text(value: Any) -> str:
-    """For a float field given text that reads as a number: why it is text and how to write it so
-    YAML reads a number. YAML 1.1 (PyYAML) reads 1e-1 and 1.5e3 as text: a float with an exponent
-    needs a decimal point and a signed exponent (1.0e-1); other such text was quoted ('0.1')."""
-    if not isinstance(value, str):
-        return ""
-    try:
-        number = float(value)
-    except ValueError:
-        return ""
-    if not math.isfinite(number):
-        return ""
-    mantissa, _, exponent = repr(number).partition("e")
-    if exponent:  # repr's exponent has its sign: the mantissa may lack the point (1e-05)
-        written = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}"
-    else:
-        written = mantissa
-    if "e" not in value.lower():  # no exponent YAML could misread: the number was quoted, or a str in Python
-        return f"; {value!r} is text (quoted), not a number: write the number without quotes, as {written}"
-    return (f"; {value!r} is text, not a number (YAML reads a number with an exponent as text unless it is "
-            f"written like 1.0e-1): write it with a decimal point, as {written}")
-
-
 def _validate(cfg: AttnConfig) -> None:
     for name in ("batch_size", "num_heads_q", "num_heads_kv", "seqlen_q", "seqlen_kv", "head_dim_qk"):
         _check_int(cfg, name)
@@ -393,13 +337,13 @@ def _validate(cfg: AttnConfig) -> None:
     ):
         raise ConfigError("window_size", window, f"must be (left, right) integers in [-1, {INT32_MAX}]; -1 = unbounded")
     if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, float) or not 0.0 <= cfg.dropout < 1.0:
-        raise ConfigError("dropout", cfg.dropout, "must be a float in [0, 1)" + _number_as_text(cfg.dropout))
+        raise ConfigError("dropout", cfg.dropout, "must be a float in [0, 1)" + number_as_text(cfg.dropout))
     if cfg.attn_scale is not None and (
         isinstance(cfg.attn_scale, bool) or not isinstance(cfg.attn_scale, float)
         or not math.isfinite(cfg.attn_scale) or cfg.attn_scale <= 0
     ):
         raise ConfigError("attn_scale", cfg.attn_scale, "must be a positive finite float, or null for "
-                          "1/sqrt(head_dim_qk)" + _number_as_text(cfg.attn_scale))
+                          "1/sqrt(head_dim_qk)" + number_as_text(cfg.attn_scale))
     _validate_cross_fields(cfg)
     _check_extents(cfg)
 
