@@ -8,11 +8,12 @@ import json
 import pytest
 
 from fusedattn_select import cli
+from fusedattn_select.store import store_settings
 
 INVALID = [
     ("FUSEDATTN_SELECT_SNAPSHOT", "/nonexist.json", "snapshot_env"),
     ("FUSEDATTN_SELECT_DENSE_AFTER", "abc", "FUSEDATTN_SELECT_DENSE_AFTER"),
-    ("FUSEDATTN_SELECT_CACHE_MAX_BYTES", "lots", "FUSEDATTN_SELECT_CACHE_MAX_BYTES"),
+    ("FUSEDATTN_SELECT_CACHE_MAX_BYTES", "many bytes", "FUSEDATTN_SELECT_CACHE_MAX_BYTES"),
     ("FUSEDATTN_SELECT_NATIVE", "maybe", "FUSEDATTN_SELECT_NATIVE"),
     ("FUSEDATTN_SELECT_DIRECT_LAUNCH", "2", "FUSEDATTN_SELECT_DIRECT_LAUNCH"),
 ]
@@ -22,6 +23,12 @@ def run(capsys, *argv):
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def own_warnings(monkeypatch):
+    """The store warns once per invalid value per process: these tests' warnings are their own."""
+    monkeypatch.setattr(store_settings, "_warned", store_settings._InvalidValuesWarned())
 
 
 @pytest.fixture
