@@ -22,6 +22,8 @@ MASKS = (
 PADDING_MASKS = ("padding", "padding_causal", "padding_causal_bottom_right")
 CAUSAL_MASKS = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
 BOTTOM_RIGHT_MASKS = ("causal_bottom_right", "padding_causal_bottom_right")
+# A top-left causal mask given bottom_right_diagonal: true is its bottom-right form (AttnConfig.resolved_mask).
+TO_BOTTOM_RIGHT = {"causal": "causal_bottom_right", "padding_causal": "padding_causal_bottom_right"}
 BIASES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
 BIAS_SHAPES = ("1hss", "b1ss", "bhss", "11ss")
 SOFTMAXES = ("vanilla", "off_by_one", "learnable")
@@ -132,6 +134,19 @@ class AttnConfig:
     resolved_dqkv_layout = property(lambda self: _given(self.dqkv_layout, self.qkv_layout))
 
     @property
+    def resolved_mask(self) -> str:
+        """The mask as the probe builds it: `causal` or `padding_causal` given bottom_right_diagonal: true
+        is aligned bottom-right, the graph of its `*_bottom_right` form (one problem, one cache key)."""
+        return TO_BOTTOM_RIGHT.get(self.mask, self.mask) if self.bottom_right_diagonal is True else self.mask
+
+    @property
+    def resolved_window_size(self) -> tuple[int, int]:
+        """window_size as the probe builds it: a causal mask bounds the right side at the diagonal, so
+        its right bound 0 is -1 (unbounded but for the mask); (-1, 0) and (-1, -1) are one problem."""
+        left, right = self.window_size
+        return (left, -1) if right == 0 and self.is_causal else self.window_size
+
+    @property
     def resolved_bottom_right_diagonal(self) -> bool:
         if self.bottom_right_diagonal is not None:
             return self.bottom_right_diagonal
@@ -179,9 +194,12 @@ class AttnConfig:
         return self.mask in CAUSAL_MASKS
 
     def resolved(self) -> dict[str, Any]:
-        """Every field with derived values filled in: what the probe is built from."""
+        """Every field with derived values filled in, and one spelling of each problem (resolved_mask,
+        resolved_window_size): what the probe is built from and the cache keys are made of."""
         data = self.to_dict(include_defaults=True)
         data.update(
+            mask=self.resolved_mask,
+            window_size=list(self.resolved_window_size),
             head_dim_v=self.resolved_head_dim_v,
             o_dtype=self.resolved_o_dtype,
             do_dtype=self.resolved_do_dtype if self.is_training else None,
