@@ -174,7 +174,8 @@ def test_snapshot_record_records_ladders_unless_told_not_to(capsys, monkeypatch,
     code, out, _ = run(capsys, "snapshot", "record", str(suite_file), "-o", str(out_path),
                        "--ladder-max-batch", "8", "--ladder-max-seqlen", "1024")
     data = json.loads(out_path.read_text())
-    assert code == 0 and f"(and {len(data['buckets'])} bucket rows of their classes' ladders)" in out
+    rungs = sum(len(group["rungs"]) for group in data["buckets"])
+    assert code == 0 and f"(and their classes' ladders: {len(data['buckets'])} groups, {rungs} rungs)" in out
     assert data["ladder"] == {"max_batch": 8, "max_seqlen": 1024} and data["buckets"]
     code, _, _ = run(capsys, "snapshot", "record", str(suite_file), "-o", str(out_path), "--no-ladder")
     assert code == 0 and "buckets" not in json.loads(out_path.read_text())
