@@ -236,8 +236,9 @@ def _exit_code(report: WarmupReport, no_data: set, selector: Selector) -> int:
               f"failed ({reason or 'the warning above says why'}): they last only as long as this command",
               file=sys.stderr)
         return EXIT_NOT_PERSISTED
+    # A failed probe (out of memory, or one that raised) is no answer, as why and matrix count it: 3, not 1.
     return answers_exit_code([row.outcome is WarmupOutcome.ACCEPTED for row in report.rows],
-                             [row.cache_key in no_data for row in report.rows])
+                             [row.cache_key in no_data or row.outcome is WarmupOutcome.FAILED for row in report.rows])
 
 
 def positive_seconds(text: str) -> float:

@@ -416,12 +416,15 @@ def _warm_one(selector: Selector, name: str, cfg: AttnConfig, key: str, depth: P
 
 
 def _row(name: str, key: str, selection: Selection, seconds: float) -> WarmupRow:
-    if any(v.outcome is Outcome.FAILED for v in selection.verdicts):
-        outcome = WarmupOutcome.FAILED
-    elif selection.backend is Backend.NONE:
-        outcome = WarmupOutcome.REJECTED
-    else:
+    # As `why` and `matrix` class an answer: a selected backend is accepted whatever another backend's
+    # probe did, a refusal is an answer even beside a failed probe, and a failed probe alone is none.
+    outcomes = {v.outcome for v in selection.verdicts}
+    if selection.backend is not Backend.NONE:
         outcome = WarmupOutcome.ACCEPTED
+    elif Outcome.FAILED in outcomes and Outcome.UNSUPPORTED not in outcomes:
+        outcome = WarmupOutcome.FAILED
+    else:
+        outcome = WarmupOutcome.REJECTED
     return WarmupRow(name, key, selection.backend, outcome, selection.message, seconds, selection.from_cache)
 
 
