@@ -21,6 +21,12 @@ MASKS = (
 )
 PADDING_MASKS = ("padding", "padding_causal", "padding_causal_bottom_right")
 CAUSAL_MASKS = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
+
+
+def resolved_window(window: tuple[int, int], causal: bool) -> tuple[int, int]:
+    """(left, right) as the probe builds it: a causal mask bounds the right side at the diagonal, so a
+    right bound 0 under it is -1."""
+    return (window[0], -1) if causal and window[1] == 0 else window
 BOTTOM_RIGHT_MASKS = ("causal_bottom_right", "padding_causal_bottom_right")
 # A top-left causal mask given bottom_right_diagonal: true is its bottom-right form (AttnConfig.resolved_mask).
 TO_BOTTOM_RIGHT = {"causal": "causal_bottom_right", "padding_causal": "padding_causal_bottom_right"}
@@ -143,8 +149,7 @@ class AttnConfig:
     def resolved_window_size(self) -> tuple[int, int]:
         """window_size as the probe builds it: a causal mask bounds the right side at the diagonal, so
         its right bound 0 is -1 (unbounded but for the mask); (-1, 0) and (-1, -1) are one problem."""
-        left, right = self.window_size
-        return (left, -1) if right == 0 and self.is_causal else self.window_size
+        return resolved_window(tuple(self.window_size), self.is_causal)
 
     @property
     def resolved_bottom_right_diagonal(self) -> bool:

@@ -110,7 +110,7 @@ def _mask_blocker(cfg: AttnConfig) -> str:
     """
     if cfg.has_padding:
         return f"mask={cfg.mask!r}: SDPA states padding only as a dense mask (another cuDNN graph)"
-    if tuple(cfg.window_size) != (-1, -1):
+    if cfg.resolved_window_size != (-1, -1):
         return f"window_size={list(cfg.window_size)}: SDPA states windows only as a dense mask (another cuDNN graph)"
     if cfg.bias == "alibi":
         return "bias='alibi': SDPA has no ALiBi; a dense bias is another cuDNN graph"

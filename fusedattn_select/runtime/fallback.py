@@ -10,6 +10,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from fusedattn_select.buckets import Bucket
+from fusedattn_select.config import CAUSAL_MASKS, resolved_window
 from fusedattn_select.reference import autograd_reference
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
@@ -27,7 +28,7 @@ def torch_sdpa_blocker(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor,
     """Why torch's SDPA cannot compute this problem exactly ("" when it can)."""
     if options.softmax != "vanilla":
         return f"softmax={options.softmax!r}"
-    if options.window_size != (-1, -1):
+    if resolved_window(options.window_size, options.mask in CAUSAL_MASKS) != (-1, -1):
         return f"window_size={options.window_size}"
     if has_alibi:
         return "alibi_slopes"
