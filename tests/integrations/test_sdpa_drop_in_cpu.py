@@ -10,19 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-sdpa = pytest.importorskip("fusedattn_select.integrations.sdpa")
-
-F = torch.nn.functional
-TORCH_SDPA = F.scaled_dot_product_attention  # what torch has before any test routes it
-
-
-@pytest.fixture(autouse=True)
-def torch_attribute_restored():
-    """Each test starts and ends with torch's own function and no routing state left behind."""
-    assert not sdpa.is_installed()
-    yield
-    sdpa.uninstall()
-    F.scaled_dot_product_attention = TORCH_SDPA
+from sdpa_state import TORCH_SDPA, F, sdpa, torch_attribute_restored  # noqa: E402,F401 (an autouse fixture)
 
 
 @pytest.fixture
