@@ -35,11 +35,28 @@ class TableAnswer:
         return not self.reasons and bool(self.gaps)
 
 
+def _mixed_dtypes(cfg: AttnConfig, phase: Phase) -> str:
+    """The dtype fields that differ from qkv_dtype in this phase (o_dtype; do_dtype and dqkv_dtype in backward)."""
+    names = ("o_dtype", "do_dtype", "dqkv_dtype") if phase is Phase.BACKWARD else ("o_dtype",)
+    return ", ".join(f"{n}={getattr(cfg, f'resolved_{n}')!r}" for n in names
+                     if getattr(cfg, f"resolved_{n}") != cfg.qkv_dtype)
+
+
 def undeclared(cfg: AttnConfig, phase: Phase, covered: Collection[str] = ()) -> list[str]:
     """The gaps of a table whose check reads none of these fields (but those in `covered`): each field the
     problem sets, named with its value. FP8 scaling, the max logit, a deterministic backward, bias shapes
-    and page sizes are in no declared table."""
+    and page sizes are in no declared table; the others are gaps of the tables whose checks do not read them
+    (each check lists the ones it reads in `covered`)."""
+    mixed = _mixed_dtypes(cfg, phase) if not cfg.is_fp8 else ""
     found = {
+        "qkv_layout": (f"qkv_layout={cfg.qkv_layout!r}: ragged (THD) inputs, packed sequences of variable length, "
+                       "are not declared (the table records no variable-length kernels)") if cfg.layout.ragged else "",
+        "mask": (f"mask={cfg.mask!r}: padding (per-sequence lengths) is not declared (the table records no "
+                 "variable-length kernels)") if cfg.has_padding else "",
+        "softmax": (f"softmax={cfg.softmax!r}: not declared (the table's check has no softmax variant; "
+                    "its kernels are named without one)") if cfg.softmax != "vanilla" else "",
+        "dtypes": (f"{mixed}: not declared (the table names one dtype for every tensor of a "
+                   f"{phase.value} kernel)") if mixed else "",
         "scaling_mode": (f"scaling_mode={cfg.resolved_scaling_mode!r}: not declared (the table names {cfg.qkv_dtype} "
                          "kernels, not how their inputs are scaled)") if cfg.is_fp8 else "",
         "return_max_logit": ("return_max_logit=True: not declared (no source says whether the kernels return the "
@@ -111,6 +128,19 @@ def _ck_scaling_reasons(table: DeclaredTable, cfg: AttnConfig) -> list[str]:
     return [f"scaling_mode='mxfp8': no block-scaled (MX) type in CK's FWD_DTYPE_MAP or BWD_DTYPE_MAP ({cited})"]
 
 
+def _ck_variable_length_gaps(table: DeclaredTable, cfg: AttnConfig) -> list[str]:
+    """Ragged (THD) inputs and padding masks need CK's group mode (variable sequence lengths), which the table
+    does not record: its pinned arch specs name group mode only in a code-generation rule
+    (global_rules.group_mode_requires_padding), with no dtype, head dim or architecture for it."""
+    fields = [f"qkv_layout={cfg.qkv_layout!r} (ragged, THD)"] if cfg.layout.ragged else []
+    fields += [f"mask={cfg.mask!r} (padding)"] if cfg.has_padding else []
+    if not fields:
+        return []
+    cited = "; ".join(s.cite() for s in table.sources if s.path.endswith("fmha_arch_specs.json"))
+    return [f"{', '.join(fields)}: variable sequence lengths (CK's group mode) are not declared; the arch specs "
+            f"({cited}) name group mode only in global_rules.group_mode_requires_padding, with no kernels listed"]
+
+
 def ck_fmha_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arch: str) -> TableAnswer:
     """CK Tile FMHA: architecture dtypes, head-dim pairs, bias kinds and the global rules."""
     facts = table.facts
@@ -141,7 +171,8 @@ def ck_fmha_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arch: st
         if (cfg.head_dim_qk, cfg.resolved_head_dim_v) == (w["head_dim_qk"], w["head_dim_v"])
         and (cfg.bias != "no_bias" or cfg.dropout > 0)
     ]
-    gaps += undeclared(cfg, phase, ("scaling_mode",) if cfg.resolved_scaling_mode == "mxfp8" else ())
+    covered = ("qkv_layout", "mask", "softmax") + (("scaling_mode",) if cfg.resolved_scaling_mode == "mxfp8" else ())
+    gaps += _ck_variable_length_gaps(table, cfg) + undeclared(cfg, phase, covered)
     return TableAnswer(table.name, tuple(reasons), tuple(notes + [table.caveat]), tuple(gaps))
 
 
@@ -152,9 +183,12 @@ _HIPDNN_FEATURES: dict[str, Callable[[AttnConfig, Phase], str]] = {
     "alibi": lambda c, p: "bias='alibi': alibi_mask must be false" if c.bias == "alibi" else "",
     "padding_mask": lambda c, p: f"mask={c.mask!r}: padding_mask must be false" if c.has_padding else "",
     "attn_mask": lambda c, p: (
-        f"bias={c.bias!r}: attn_mask (bias) tensor not supported" if c.bias in ("pre_scale_bias", "post_scale_bias") else ""
+        f"bias={c.bias!r}: attn_mask (bias) tensor not supported"
+        if c.bias in ("pre_scale_bias", "post_scale_bias") else ""
     ),
-    "paged_kv": lambda c, p: f"qkv_layout={c.qkv_layout!r}: page_table_k/v tensors not supported" if c.layout.paged else "",
+    "paged_kv": lambda c, p: (
+        f"qkv_layout={c.qkv_layout!r}: page_table_k/v tensors not supported" if c.layout.paged else ""
+    ),
     "stats_output": lambda c, p: (
         "is_training=True: a training forward outputs softmax stats and the engine rejects generate_stats"
         if c.is_training and p is Phase.FORWARD else ""
@@ -234,7 +268,9 @@ def hipdnn_sdpa_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arch
         reasons, notes = _hipdnn_forward(table.facts, cfg, arch), []
     else:
         reasons, notes = _hipdnn_backward(table.facts, cfg, arch)
-    return TableAnswer(table.name, tuple(reasons), tuple(notes + [table.caveat]), tuple(undeclared(cfg, phase)))
+    # Ragged inputs and padding are rejected (padding_mask, group_mode), and every dtype is read: softmax is not.
+    gaps = undeclared(cfg, phase, ("qkv_layout", "mask", "dtypes"))
+    return TableAnswer(table.name, tuple(reasons), tuple(notes + [table.caveat]), tuple(gaps))
 
 
 # ----- PyTorch SDPA on ROCm --------------------------------------------------------------------
@@ -257,7 +293,8 @@ def _sdpa_kernel_reasons(kernel: Mapping[str, Any], cfg: AttnConfig, arch: str) 
     reasons = []
     if cfg.qkv_dtype not in kernel["dtypes"]:
         reasons.append(f"qkv_dtype={cfg.qkv_dtype!r}: must be one of {', '.join(kernel['dtypes'])}")
-    limit = next((v for p, v in kernel["max_head_dim_by_arch_prefix"].items() if arch.startswith(p)), kernel["max_head_dim"])
+    limits = kernel["max_head_dim_by_arch_prefix"]
+    limit = next((v for p, v in limits.items() if arch.startswith(p)), kernel["max_head_dim"])
     hq, hv = cfg.head_dim_qk, cfg.resolved_head_dim_v
     if kernel["head_dims_equal"] == "qkv" and hq != hv:
         reasons.append(f"head_dim_qk={hq}, head_dim_v={hv}: q, k and v need the same head dim")
@@ -294,8 +331,9 @@ def pytorch_sdpa_answer(table: DeclaredTable, cfg: AttnConfig, phase: Phase, arc
     usable = [name for name, reasons in per_kernel.items() if not reasons]
     notes = [f"kernel: {usable[0]}"] if usable else []
     reasons = () if usable else tuple(f"{name}: {r}" for name, rs in per_kernel.items() for r in rs)
-    # fp8 and the max logit are rejections here (not_expressible): the other fields are gaps.
-    gaps = tuple(undeclared(cfg, phase, ("scaling_mode", "return_max_logit")))
+    # fp8, the max logit and softmax are rejections here (not_expressible), padding an attn_mask: the other fields
+    # (ragged THD inputs among them: the table records none of SDPA's nested-tensor rules) are gaps.
+    gaps = tuple(undeclared(cfg, phase, ("scaling_mode", "return_max_logit", "softmax", "mask")))
     return TableAnswer(table.name, reasons, tuple(notes + [table.caveat]), gaps)
 
 

@@ -131,11 +131,13 @@ def test_gqa_with_a_bias_is_rejected_by_both_sdpa_kernels_for_different_reasons(
     assert "efficient: num_heads_q=32 != num_heads_kv=8: no grouped-query attention" in v.message
 
 
-def test_padding_is_group_mode_which_hipdnn_rejects_and_ck_declares():
+def test_padding_is_rejected_by_hipdnn_no_data_for_ck_and_declared_by_sdpa_through_an_attn_mask():
     cfg = CONFIGS["bf16-padding-d128"].replace(is_training=False)
     hipdnn = verdict("gfx942", cfg, tables=("hipdnn_sdpa",))
     assert "padding_mask must be false" in hipdnn.message and "group mode" not in hipdnn.message
-    assert verdict("gfx942", cfg).stage == "declared:ck_fmha"
+    ck = verdict("gfx942", cfg, tables=("ck_fmha",))  # the CK table records no variable-length (group) mode
+    assert ck.outcome is Outcome.NO_DATA and "mask='padding_causal' (padding)" in ck.message
+    assert verdict("gfx942", cfg).stage == "declared:pytorch_sdpa"
 
 
 def test_every_reason_is_listed_not_just_the_first():
