@@ -22,7 +22,7 @@ from fusedattn_select.distributed.work import WorkItem
 from fusedattn_select.plan_store.persistence import persists_plans
 from fusedattn_select.planning.planner import plan_forms
 from fusedattn_select.probing.engine_protocol import PlanBuilder
-from fusedattn_select.selection.local_warmup import WarmupOutcome, WarmupRow
+from fusedattn_select.selection.local_warmup import WarmupRow
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict
 
@@ -70,7 +70,7 @@ def outgoing(selector: Selector, share: Sequence[WorkItem], rows: Sequence[Warmu
     plans: list[PlanRow] = []
     for item in share:
         row = by_key[item.key]
-        if row.outcome is WarmupOutcome.FAILED:
+        if row.probe_failed:
             continue
         decisions.append(decision_row(selector, item.config, depth))
         if with_plans and row.backend is not Backend.NONE:

@@ -82,6 +82,9 @@ class WarmupRow:
     plans_built: int = 0   # execution plans built and stored by this warmup (depth full)
     plans_stored: int = 0  # plans the store already held (another process or an earlier warmup)
     plan_note: str = ""    # why this problem got no (or not all) plans
+    # Some probe hit an incident (or raised): the answer is not cached, so it is neither shared nor read
+    # back. A refusal beside it still makes the row rejected, as `why` and `matrix` class it.
+    probe_failed: bool = False
 
     def to_dict(self) -> dict:
         return {
@@ -94,6 +97,7 @@ class WarmupRow:
             "from_cache": self.from_cache,
             "also_named": list(self.also_named),
             "plans": {"built": self.plans_built, "stored": self.plans_stored, "note": self.plan_note},
+            "probe_failed": self.probe_failed,
         }
 
 
@@ -206,7 +210,7 @@ def warmup(configs: Configs, jobs: int | None = None,
                     if use_processes:
                         row, worker_failed = row
                         failed_in_workers += worker_failed
-                        if row.outcome is not WarmupOutcome.FAILED and not worker_failed:
+                        if not row.probe_failed and not worker_failed:
                             # The worker stored the answer; read it back so this process's cache has
                             # it (a failed probe stored nothing, and a store that failed the worker's
                             # write would fail this process's again: neither is retried here).
@@ -410,7 +414,7 @@ def _warm_one(selector: Selector, name: str, cfg: AttnConfig, key: str, depth: P
     except Exception as err:  # one broken problem must not stop the warmup of the others
         log.warning("fusedattn_select: warmup of %s raised %s: %s", name, type(err).__name__, err, exc_info=True)
         return WarmupRow(name, key, Backend.NONE, WarmupOutcome.FAILED, f"{type(err).__name__}: {err}",
-                         time.perf_counter() - started, from_cache=False)
+                         time.perf_counter() - started, from_cache=False, probe_failed=True)
     row = _row(name, key, selection, time.perf_counter() - started)
     return dataclasses.replace(row, **plan_fields) if plan_fields else row
 
@@ -425,7 +429,8 @@ def _row(name: str, key: str, selection: Selection, seconds: float) -> WarmupRow
         outcome = WarmupOutcome.FAILED
     else:
         outcome = WarmupOutcome.REJECTED
-    return WarmupRow(name, key, selection.backend, outcome, selection.message, seconds, selection.from_cache)
+    return WarmupRow(name, key, selection.backend, outcome, selection.message, seconds, selection.from_cache,
+                     probe_failed=Outcome.FAILED in outcomes)
 
 
 def _with_aliases(row: WarmupRow, aliases: list[str]) -> WarmupRow:

@@ -77,3 +77,32 @@ def test_a_row_is_classed_as_why_and_matrix_class_its_answer():
     assert outcome(Backend.NONE, verdict(Backend.F16, Outcome.UNSUPPORTED),
                    verdict(Backend.FP8, Outcome.FAILED)) is WarmupOutcome.REJECTED
     assert outcome(Backend.NONE, verdict(Backend.F16, Outcome.FAILED)) is WarmupOutcome.FAILED
+
+
+def test_a_failed_probe_beside_a_refusal_is_neither_shared_nor_probed_again():
+    # The row is rejected (the refusal is an answer) but its failed probe was not cached: shared
+    # warmup must not ask the selector again (a second live probe) nor send the uncached verdicts.
+    from fusedattn_select.config import AttnConfig
+    from fusedattn_select.distributed.sharing import outgoing
+    from fusedattn_select.distributed.work import WorkItem
+    from fusedattn_select.selection.local_warmup import WarmupOutcome, _row
+    from fusedattn_select.selection.selector import Selector
+    from fusedattn_select.types import Outcome, Phase, ProbeDepth, Verdict
+
+    class ForwardFailsBackwardRefused(RecordingTestEngine):
+        """TEST DOUBLE: the forward probe runs out of memory, the backward is refused."""
+
+        def probe(self, cfg, backend, phase, depth):
+            self.calls += 1
+            outcome = Outcome.FAILED if phase is Phase.FORWARD else Outcome.UNSUPPORTED
+            return Verdict(backend, phase, outcome, "build_plans", "out of memory" if phase is Phase.FORWARD
+                           else "refused", "", None, depth, ())
+
+    engine = ForwardFailsBackwardRefused()
+    selector = Selector(engine)
+    cfg = AttnConfig(batch_size=2, num_heads_q=8, num_heads_kv=8, seqlen_q=128, seqlen_kv=128, head_dim_qk=64)
+    row = _row("p", cfg.cache_key(), selector.select(cfg, ProbeDepth.FAST), 0.0)
+    assert row.outcome is WarmupOutcome.REJECTED and row.probe_failed
+    probes = engine.calls
+    share = outgoing(selector, [WorkItem(cfg.cache_key(), "p", cfg, 1)], [row], ProbeDepth.FAST, False)
+    assert engine.calls == probes and share.decisions == ()
