@@ -17,6 +17,8 @@ from fusedattn_select.errors import ConfigError, PlatformError, SnapshotError
 from fusedattn_select.selection.recorder import Ladder, check_output, record_snapshot, summarize, write_snapshot
 from fusedattn_select.types import ProbeDepth
 
+_REACH = f"2**{LADDER_REACH_LIMIT.bit_length() - 1}"  # LADDER_REACH_LIMIT is a power of two
+
 log = logging.getLogger("fusedattn_select")
 
 
@@ -32,12 +34,13 @@ def _log_progress(done: int, total: int, entry: dict) -> None:
 
 
 def _ladder_reach(text: str) -> int:
-    """argparse type of --ladder-max-batch and --ladder-max-seqlen: 1 to LADDER_REACH_LIMIT (2**30), the largest
+    """argparse type of --ladder-max-batch and --ladder-max-seqlen: 1 to LADDER_REACH_LIMIT, the largest
     bucket a ladder holds (rungs past it would be left out while the snapshot claimed them)."""
     value = positive_int(text)
     if value > LADDER_REACH_LIMIT:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at most {LADDER_REACH_LIMIT} (2**30, the largest bucket "
-                                         "a ladder holds: a larger one passes the int32 bound of a problem's sizes)")
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at most {LADDER_REACH_LIMIT} ({_REACH}, the largest "
+                                         "bucket a ladder holds: a larger one passes the int32 bound of a problem's "
+                                         "sizes)")
     return value
 
 
@@ -101,9 +104,9 @@ def register_snapshot(subparsers: Any, common: argparse.ArgumentParser) -> None:
     # The ladder options default to None, so that one given with --no-ladder is told apart and refused.
     record.add_argument("--ladder-max-batch", type=_ladder_reach, default=None, metavar="N",
                         help="record each problem class over its bucket ladder up to batch N "
-                        f"(default {LADDER_MAX_BATCH}, at most 2**30)")
+                        f"(default {LADDER_MAX_BATCH}, at most {_REACH})")
     record.add_argument("--ladder-max-seqlen", type=_ladder_reach, default=None, metavar="N",
-                        help=f"... and up to sequence length N (default {LADDER_MAX_SEQLEN}, at most 2**30)")
+                        help=f"... and up to sequence length N (default {LADDER_MAX_SEQLEN}, at most {_REACH})")
     record.add_argument("--ladder-depth", choices=[d.value for d in ProbeDepth], default=None,
                         help="probe depth of the ladder's rungs (default: --depth); e.g. --depth full "
                         "--ladder-depth fast builds the entries' kernels and checks support at every rung")

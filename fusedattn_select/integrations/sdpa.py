@@ -53,9 +53,12 @@ def _maps_to_attention(query: Any, key: Any, value: Any, attn_mask: Any, dropout
     """The bias attention() takes for this call (or a sentinel True for "no bias"); None when the
     call must go to torch's SDPA."""
     tensors = (query, key, value)
-    if any(isinstance(t, torch.Tensor) and t.is_nested for t in (query, key, value, attn_mask)):
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    if query.is_nested or key.is_nested or value.is_nested or (
+            isinstance(attn_mask, torch.Tensor) and attn_mask.is_nested):
         return None  # nested (strided or jagged): torch's SDPA takes them, attention() does not
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return None
     if query.dtype not in _FUSABLE_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
         return None
@@ -128,10 +131,10 @@ def _route() -> None:
 def _release() -> None:
     """Put the saved function back once neither install() nor an open routed() block asks for
     routing (call under _lock); an attribute other code has replaced since is left as it is."""
-    if _routing.installed or _routing.blocks or _routing.original is None:
+    if _routing.installed or _routing.blocks:
         return
-    if is_installed():
-        torch.nn.functional.scaled_dot_product_attention = _routing.original
+    if is_installed():  # routed by this module, or by assigning its function directly: torch's own then
+        torch.nn.functional.scaled_dot_product_attention = _routing.original or torch_sdpa
     _routing.original = None
 
 

@@ -26,14 +26,19 @@ def saved_tensor_hooks() -> Any:
     return top_hooks(False) if top_hooks is not None else None
 
 
-def refuse_recomputed_history(history: FP8History) -> None:
-    """ConfigError where a forward that takes an FP8History will run again (saved-tensor hooks are set:
-    non-reentrant activation checkpointing) or is that second run (inside a backward: reentrant
-    checkpointing's recomputation): the history would record the step twice and the recomputation
-    would quantize with other scales than the forward did."""
-    if saved_tensor_hooks() is not None or current_graph_task() != -1:
+def refuse_recomputed_history(history: FP8History, training: bool) -> None:
+    """ConfigError where a training forward that takes an FP8History will run again (non-reentrant
+    activation checkpointing's saved-tensor hooks are set) or is that second run (inside a backward:
+    reentrant checkpointing's recomputation): the history would record the step twice and the
+    recomputation would quantize with other scales than the forward did. Other saved-tensor hooks
+    (save_on_cpu offloading) run the forward once and are let through."""
+    if not training:
+        return
+    hooks = saved_tensor_hooks()
+    checkpointed = hooks is not None and getattr(hooks[0], "__module__", "") == "torch.utils.checkpoint"
+    if checkpointed or current_graph_task() != -1:
         raise ConfigError("fp8", history, "delayed scaling (FP8History) cannot run under activation "
-                                          "checkpointing (saved-tensor hooks set, or a backward's recomputation): "
+                                          "checkpointing (its forward runs again in the backward): "
                                           "each step would be recorded twice and recomputed with other scales; "
                                           "use FP8Scales or fp8=True (current scaling) there")
 
@@ -134,7 +139,7 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             q8, k8, v8, state = qb, kb, vb, fp8q.explicit_state(scales, vb, plan.specs["o"].dtype, opts.dropout)
         else:  # quantized here (e4m3, as O where O is FP8): current scaling, or delayed from an FP8History
             if scales is not None:
-                refuse_recomputed_history(scales)
+                refuse_recomputed_history(scales, opts.training)
             fp8_backward = opts.training and not entry.f16_backward
             q8, k8, v8, state = fp8q.quantize_qkv(qb, kb, vb, plan.specs["q"].dtype, training=fp8_backward,
                                                   history=scales, dropout=opts.dropout)

@@ -112,3 +112,10 @@ def test_routing_churn_from_many_threads_ends_with_torch_restored():
 
     _run(*[churn] * 8)
     assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_uninstall_restores_torch_after_the_function_was_assigned_directly():
+    F.scaled_dot_product_attention = sdpa.scaled_dot_product_attention  # routed without install()
+    assert sdpa.is_installed()
+    sdpa.uninstall()
+    assert F.scaled_dot_product_attention is TORCH_SDPA

@@ -98,7 +98,7 @@ def test_fp8_history_recomputation_of_reentrant_checkpointing_is_refused():
 
     def forward(x):
         runs.append("run")
-        fused.refuse_recomputed_history(history)
+        fused.refuse_recomputed_history(history, training=True)
         return x.sin()
     q = _t().float().requires_grad_()
     with torch.enable_grad():
@@ -107,3 +107,13 @@ def test_fp8_history_recomputation_of_reentrant_checkpointing_is_refused():
         with pytest.raises(ConfigError, match="checkpointing") as err:
             out.sum().backward()  # the recomputation runs inside the backward: refused
     assert runs == ["run", "run"] and err.value.field == "fp8"
+
+
+def test_fp8_history_under_other_saved_tensor_hooks_or_without_grad_is_not_refused():
+    # save_on_cpu (activation offloading) runs the forward once; an inference call records nothing twice.
+    history = FP8History()
+    with torch.enable_grad(), torch.autograd.graph.save_on_cpu():
+        fused.refuse_recomputed_history(history, training=True)
+    with torch.no_grad():
+        checkpoint(lambda x: fused.refuse_recomputed_history(history, training=False) or x.sin(), _t().float(),
+                   use_reentrant=False)
