@@ -21,12 +21,6 @@ MASKS = (
 )
 PADDING_MASKS = ("padding", "padding_causal", "padding_causal_bottom_right")
 CAUSAL_MASKS = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
-
-
-def resolved_window(window: tuple[int, int], causal: bool) -> tuple[int, int]:
-    """(left, right) as the probe builds it: a causal mask bounds the right side at the diagonal, so a
-    right bound 0 under it is -1."""
-    return (window[0], -1) if causal and window[1] == 0 else window
 BOTTOM_RIGHT_MASKS = ("causal_bottom_right", "padding_causal_bottom_right")
 # A top-left causal mask given bottom_right_diagonal: true is its bottom-right form (AttnConfig.resolved_mask).
 TO_BOTTOM_RIGHT = {"causal": "causal_bottom_right", "padding_causal": "padding_causal_bottom_right"}
@@ -41,6 +35,12 @@ SCALING_MODES = ("delayed", "current", "mxfp8")
 # tensor descriptors and torch address it with.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+
+
+def resolved_window(window: tuple[int, int], causal: bool) -> tuple[int, int]:
+    """(left, right) as the probe builds it: a causal mask bounds the right side at the diagonal, so a
+    right bound 0 under it is -1."""
+    return (window[0], -1) if causal and window[1] == 0 else window
 
 
 def _given(value: Any, derived: Any) -> Any:
