@@ -282,6 +282,9 @@ class _Worker:
             for line in self.answers:
                 try:
                     answer = json.loads(line)
+                    if "warning" in answer:  # said unasked: through this process's logging, not the worker's stderr
+                        log.warning("fusedattn_select: %s", answer["warning"])
+                        continue
                     with self.lock:
                         future = self.jobs.pop(answer["id"], None)
                 except (ValueError, KeyError, TypeError):

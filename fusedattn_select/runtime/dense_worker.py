@@ -1,7 +1,8 @@
 """The worker process of dense_builds: `python -m fusedattn_select.runtime.dense_worker FD [DEVICE]` (with DEVICE it
 `warm`s up first: dense_builds.prestart). Reads one JSON job per line on stdin (a dense build, "decide" or "ahead":
 `_answer`, `_run_ahead`) and answers each job asked for with one JSON line, {"id", "result"} or {"id", "error"}, on the
-pipe FD; exits at the end of its input, or when nobody reads its answers."""
+pipe FD, where it also says what went wrong unasked, {"warning"}, for the caller to log; exits at the end of its
+input, or when nobody reads its answers."""
 
 from __future__ import annotations
 
@@ -90,15 +91,15 @@ def build_ahead(call_cfg: AttnConfig, bucket: Bucket, return_lse: bool, store_di
 
 
 def _run_ahead(job: dict) -> dict | None:
-    """Build one bucket ahead; the answer of a job the caller queued (it has an id), else None."""
+    """Build one bucket ahead; the answer of a job the caller queued (it has an id), else None, or a warning
+    where a job nobody waits for failed."""
     config = job["config"] if isinstance(job["config"], AttnConfig) else AttnConfig.from_dict(job["config"])
     bucket = job["bucket"] if isinstance(job["bucket"], Bucket) else Bucket(*job["bucket"])
     try:
         why = build_ahead(config, bucket, job["return_lse"], job["store_dir"], job["device"])
     except Exception as err:  # noqa: BLE001 - ahead of need: the caller builds it when it needs it
         if "id" not in job:
-            print(f"fusedattn_select: building ahead failed ({type(err).__name__}: {err})", file=sys.stderr)
-            return None
+            return {"warning": f"building ahead failed ({type(err).__name__}: {err})"}
         return {"id": job["id"], "error": f"{type(err).__name__}: {err}"}
     return {"id": job["id"], "result": why} if "id" in job else None
 
@@ -125,10 +126,10 @@ def _read(jobs: queue.PriorityQueue, order: Any) -> None:
         jobs.put((ASKED, next(order), None))
 
 
-def warm(device: int) -> None:
+def warm(device: int) -> str:
     """Pay this process's one-time costs before its first job: torch, the runtime's modules, the CUDA context
     on `device`, cuDNN's engine libraries (a warm-up graph on an engine of its own; the first job's selector
-    builds a small one again, libraries loaded). A failure is said on stderr and left to the jobs to report."""
+    builds a small one again, libraries loaded). "" or why it failed (the jobs meet it again and report it)."""
     try:
         import torch
 
@@ -139,7 +140,8 @@ def warm(device: int) -> None:
             torch.empty(1, device="cuda")
             live_engine_on(device).warm_up()
     except Exception as err:  # noqa: BLE001 - the jobs meet it again and answer why
-        print(f"fusedattn_select: the worker's warm-up failed ({type(err).__name__}: {err})", file=sys.stderr)
+        return f"the worker's warm-up failed ({type(err).__name__}: {err})"
+    return ""
 
 
 def main() -> None:
@@ -147,8 +149,8 @@ def main() -> None:
     jobs: queue.PriorityQueue = queue.PriorityQueue()
     order = itertools.count()
     threading.Thread(target=_read, args=(jobs, order), daemon=True).start()
-    if len(sys.argv) > 2:
-        warm(int(sys.argv[2]))
+    if len(sys.argv) > 2 and (why := warm(int(sys.argv[2]))):
+        _write(answers, {"warning": why})
     while True:
         _, _, job = jobs.get()
         if job is None:
@@ -162,10 +164,14 @@ def main() -> None:
                 answer = _answer(job, jobs, order)
             except Exception as err:  # noqa: BLE001 - reported to the caller, who builds inline instead
                 answer = {"id": job["id"], "error": f"{type(err).__name__}: {err}"}
-        try:
-            answers.write(json.dumps(answer) + "\n")
-        except BrokenPipeError:  # the calling process exited while this job ran: nobody to answer
-            os._exit(0)
+        _write(answers, answer)
+
+
+def _write(answers: Any, answer: dict) -> None:
+    try:
+        answers.write(json.dumps(answer) + "\n")
+    except BrokenPipeError:  # the calling process exited while this job ran: nobody to answer
+        os._exit(0)
 
 
 def lowest_cpu_priority() -> None:

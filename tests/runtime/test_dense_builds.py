@@ -164,7 +164,8 @@ def test_a_worker_whose_caller_is_gone_exits_quietly_when_it_answers():
 
 
 def test_a_worker_started_ahead_is_the_one_jobs_go_to_and_answers_them_when_its_warm_up_failed(fresh_worker,
-                                                                                               tmp_path, capfd):
+                                                                                               tmp_path, capfd,
+                                                                                               caplog):
     dense_builds.prestart((str(tmp_path), 0))  # its warm-up fails here: no CUDA, no cuDNN frontend
     started = dispatcher.worker
     assert started is not None and started.process.poll() is None and started.ahead_for == (str(tmp_path), 0)
@@ -173,7 +174,10 @@ def test_a_worker_started_ahead_is_the_one_jobs_go_to_and_answers_them_when_its_
     err = dense_builds._submit(_job(tmp_path)).exception(timeout=120)
     assert isinstance(err, RuntimeError) and "cudnn-frontend is not installed" in err.args[0]
     assert dispatcher.worker is started and started.process.poll() is None and dispatcher.worker_deaths == 0
-    assert "the worker's warm-up failed" in capfd.readouterr().err  # it warmed up first, and said why it could not
+    # It warmed up first and said why it could not: once, through this process's logger, not on its stderr.
+    said = [r for r in caplog.records if "the worker's warm-up failed" in r.getMessage()]
+    assert len(said) == 1 and said[0].name == "fusedattn_select" and said[0].levelname == "WARNING"
+    assert "warm-up failed" not in capfd.readouterr().err
 
 
 def test_the_warm_up_loads_the_engine_on_the_device_and_opens_no_store(monkeypatch):
@@ -233,3 +237,17 @@ def test_the_worker_runs_at_the_lowest_cpu_priority_and_the_caller_keeps_its_own
     future.exception(timeout=120)  # it answered: it is past its start
     assert os.getpriority(os.PRIO_PROCESS, dispatcher.worker.process.pid) == 19
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+
+
+def test_a_failed_build_ahead_nobody_waits_for_is_a_warning_for_the_caller_to_log(tmp_path, capfd):
+    from fusedattn_select.buckets import Bucket
+    from fusedattn_select.config import AttnConfig
+    from fusedattn_select.runtime import dense_worker
+
+    cfg = AttnConfig(batch_size=1, num_heads_q=8, num_heads_kv=8, seqlen_q=300, seqlen_kv=300, head_dim_qk=64)
+    job = {"kind": "ahead", "config": cfg, "bucket": Bucket(1, 512, 512), "return_lse": False,
+           "store_dir": str(tmp_path), "device": 0}  # fails here: no CUDA, no cuDNN frontend
+    said = dense_worker._run_ahead(job)
+    assert set(said) == {"warning"} and said["warning"].startswith("building ahead failed ("), said
+    assert capfd.readouterr().err == ""  # nothing on the worker's stderr: the caller logs it
+    assert dense_worker._run_ahead(dict(job, id=7))["id"] == 7  # a job asked for is answered, not warned
