@@ -13,6 +13,7 @@ from fusedattn_select.types import Fingerprint
 
 # Answers and bucket forms remembered before each memo starts over.
 _MEMO_SIZE = 65536
+_MISSING = object()  # a memo's "not remembered" (None is a remembered answer: no bucket form)
 
 
 def _bucket(form: AttnConfig) -> Bucket:
@@ -38,8 +39,10 @@ class BucketIndex:
         if offpath.limit() == offpath.MEMORY:  # no store reads: answered by what memory holds, not remembered
             return self._find(cfg, scan=False)
         memo_key = (cfg.cache_key(), len(self._scanned), self._changes)
-        if memo_key in self._answers:
-            return self._answers[memo_key]
+        # One read (get, not `in` then a subscript): another thread may clear the memo in between.
+        remembered = self._answers.get(memo_key, _MISSING)
+        if remembered is not _MISSING:
+            return remembered
         form = self._find(cfg)
         if len(self._answers) >= _MEMO_SIZE:
             self._answers.clear()
@@ -83,11 +86,12 @@ class BucketIndex:
         """bucket_form(cfg, bucket), one instance per problem class and bucket (its keys computed once)."""
         bucket = bucket or Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
         key = (cfg.shape_class_key(), bucket)
-        if key not in self._forms:
+        form = self._forms.get(key, _MISSING)
+        if form is _MISSING:
             if len(self._forms) >= _MEMO_SIZE:
                 self._forms.clear()
-            self._forms[key] = bucket_form(cfg, bucket)
-        return self._forms[key]
+            form = self._forms[key] = bucket_form(cfg, bucket)
+        return form
 
     def _stored(self, cfg: AttnConfig, own: AttnConfig) -> AttnConfig | None:
         """The smallest bucket of `cfg`'s class, its own first, the store already answered "yes"
