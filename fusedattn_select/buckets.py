@@ -122,6 +122,8 @@ def heads_as_batch(cfg: AttnConfig) -> AttnConfig | None:
             or cfg.softmax != "vanilla" or cfg.dropout or cfg.return_max_logit or cfg.page_size is not None
             or why_not_bucketed(cfg)):
         return None
+    if cfg.batch_size * cfg.num_heads_kv > _LARGEST_HELD:  # its batch (or that batch's bucket) passes INT32_MAX
+        return None
     return cfg.replace(batch_size=cfg.batch_size * cfg.num_heads_kv, num_heads_q=1, num_heads_kv=1,
                        seqlen_q=cfg.num_heads_q // cfg.num_heads_kv, qkv_layout="bshd_bshd_bshd", o_format=None,
                        mask="no_mask", window_size=(-1, -1), bottom_right_diagonal=None)
