@@ -56,12 +56,39 @@ def _recognise(mask_function: Callable, local_size: int | None, use_vmap: bool, 
     default = None if tracing else local_size
     sliding_window = getattr(config, "sliding_window", default) if config is not None else local_size
     name = "a traced function" if tracing else getattr(mask_function, "__qualname__", type(mask_function).__name__)
-    and_mask = tracing or name.endswith("and_masks.<locals>.and_mask")
+    # Eagerly the function must be exactly and_masks(sliding_window_overlay(local_size), causal): packed
+    # sequences wrap it in another and_mask with the same local_size, whose restarts `_confirm`'s samples
+    # near position 0 do not reach. (Under tracing transformers takes every call with position_ids as
+    # packed and asks for a tensor, which is refused in fusedattn_mask.)
+    and_mask = tracing or _is_sliding_causal(mask_function, local_size, masking_utils.causal_mask_function)
     if and_mask and local_size is not None and sliding_window == local_size:
         return _Pattern(True, int(local_size))
     raise MaskNotExpressible(
         f"mask function {name} (local_size={local_size}) is not causal, bidirectional or sliding-window causal"
     )
+
+
+def _closure(function: Callable) -> dict[str, Any]:
+    """The variables a Python function closes over, by name ({} for anything else)."""
+    code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None)
+    if code is None or cells is None:
+        return {}
+    try:
+        return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
+    except ValueError:  # an empty cell
+        return {}
+
+
+def _is_sliding_causal(mask_function: Callable, local_size: int | None, causal: Callable) -> bool:
+    """Whether `mask_function` is transformers' and_masks(sliding_window_overlay(local_size), causal)."""
+    if not getattr(mask_function, "__qualname__", "").endswith("and_masks.<locals>.and_mask"):
+        return False
+    parts = _closure(mask_function).get("mask_functions")
+    if not isinstance(parts, tuple) or len(parts) != 2 or causal not in parts:
+        return False
+    overlay = parts[0] if parts[1] is causal else parts[1]
+    return (getattr(overlay, "__qualname__", "").endswith("sliding_window_overlay.<locals>.inner_mask")
+            and _closure(overlay).get("sliding_window") == local_size)
 
 
 def _samples(pattern: _Pattern) -> tuple[list[int], list[int], list[bool]]:
