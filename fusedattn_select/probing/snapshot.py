@@ -18,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping, NoReturn
 
@@ -98,9 +100,48 @@ def _read_json(path: Path) -> Mapping[str, Any]:
     return data
 
 
+# The fingerprint fields a recording always writes (recorder.record_snapshot: the live device's
+# fingerprint) and what each must hold; a file without them cannot say where its answers are from.
+_TEXT_FIELDS = ("platform", "device_name", "cudnn_frontend_version", "driver_version", "library_version")
+_COUNT_FIELDS = ("sm_count", "cudnn_backend_version")
+_CAPABILITY = re.compile(r"[0-9]+\.[0-9]+")
+
+
+def _fingerprint(raw: object) -> Fingerprint:
+    """The recording device's fingerprint; ValueError naming the field that is missing or malformed."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"'fingerprint' must be an object, not {type(raw).__name__}")
+    for name in _TEXT_FIELDS:
+        value = raw.get(name)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"fingerprint.{name}={_described(value, with_type=False)}: must be a non-empty "
+                             "string (the recording device's, as `snapshot record` writes it)")
+    for name in _COUNT_FIELDS:
+        value = raw.get(name)
+        if type(value) is not int or value <= 0:
+            raise ValueError(f"fingerprint.{name}={_described(value, with_type=False)}: must be a positive "
+                             "integer (the recording device's, as `snapshot record` writes it)")
+    capability = raw.get("compute_capability")
+    if not isinstance(capability, str) or not _CAPABILITY.fullmatch(capability):
+        raise ValueError(f"fingerprint.compute_capability={_described(capability, with_type=False)}: must be "
+                         "'major.minor' such as '9.0'")
+    return Fingerprint.from_dict(dict(raw))
+
+
+def _recorded_at(raw: object) -> str:
+    """When the file was recorded (ISO 8601, as the recorder writes it); ValueError otherwise."""
+    try:
+        datetime.fromisoformat(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"recorded_at={_described(raw, with_type=False)}: must be the ISO 8601 time of the "
+                         "recording, such as '2026-11-27T17:08:06+00:00'") from None
+    return raw  # type: ignore[return-value]
+
+
 def _header(path: Path, data: Mapping[str, Any]) -> SnapshotFile:
     try:
-        fingerprint = Fingerprint.from_dict(data["fingerprint"])
+        fingerprint = _fingerprint(data.get("fingerprint"))
+        recorded_at = _recorded_at(data.get("recorded_at"))
         entries = data["entries"]
         if not isinstance(entries, list):
             raise TypeError("'entries' must be a list")
@@ -108,7 +149,7 @@ def _header(path: Path, data: Mapping[str, Any]) -> SnapshotFile:
         return SnapshotFile(
             path=str(path),
             fingerprint=fingerprint,
-            recorded_at=str(data.get("recorded_at", "")),
+            recorded_at=recorded_at,
             recorder_version=str(data.get("recorder_version", "")),
             suites=suites,
             entry_count=len(entries),
