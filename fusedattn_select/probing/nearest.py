@@ -29,7 +29,7 @@ from typing import Any, Iterable, NamedTuple
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.problem_classes import SHAPE_FIELDS
-from fusedattn_select.types import Backend, ProbeDepth, Verdict
+from fusedattn_select.types import Backend, Outcome, ProbeDepth, Verdict
 
 # The fields whose values are sizes: a difference in them has a distance (how much larger or smaller).
 SIZE_FIELDS = frozenset((
@@ -83,6 +83,15 @@ class RecordedProblem:
         if self.verdicts and all(v.supported for v in self.verdicts):
             return self.config.candidate
         return Backend.NONE
+
+    @property
+    def answer(self) -> str:
+        """Its recorded answer as `why` names answers: "F16" / "FP8" when every phase is supported,
+        "NONE" when one was refused, else "failed" (a probe failed: no answer) or "no data"."""
+        outcomes = {v.outcome for v in self.verdicts}
+        if Outcome.UNSUPPORTED in outcomes or self.backend is not Backend.NONE:
+            return self.backend.value
+        return "failed" if Outcome.FAILED in outcomes else "no data"
 
     @property
     def reasons(self) -> tuple[str, ...]:
@@ -139,7 +148,10 @@ class NearProblem:
         """One line: its name, where it was recorded and its recorded answer."""
         problem = self.problem
         depth = "/".join(d.value for d in problem.depths) or "-"
-        answer = problem.backend.value if problem.backend is not Backend.NONE else "NONE: " + "; ".join(problem.reasons)
+        # A probe that failed when it was recorded is no answer, never shown as a refusal (NONE).
+        answer = "no answer (its probe failed)" if problem.answer == "failed" else problem.answer
+        if problem.reasons:
+            answer += ": " + "; ".join(problem.reasons)
         return f"{problem.label} [{problem.file_name}]: recorded {answer} (depth {depth})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,6 +164,7 @@ class NearProblem:
             "cache_key": problem.config.cache_key(),
             "differs": [{"field": d.field, "asked": d.asked, "recorded": d.recorded} for d in self.differences],
             "recorded_backend": problem.backend.value,
+            "recorded_answer": problem.answer,
             "recorded_reasons": list(problem.reasons),
             "recorded_verdicts": [v.to_dict() for v in problem.verdicts],
             "config": problem.config.to_dict(),
