@@ -63,7 +63,7 @@ class WarmupOutcome(TextEnum):
     """What warming one problem found."""
 
     ACCEPTED = "accepted"  # a fused backend runs it
-    REJECTED = "rejected"  # no fused backend: a verdict (cached), with its reasons
+    REJECTED = "rejected"  # no fused backend: a verdict (cached), with its reasons, or no data (WarmupRow.no_data)
     FAILED = "failed"  # the probe hit an incident (out of memory, CUDA error): not cached, retry later
 
 
@@ -85,6 +85,9 @@ class WarmupRow:
     # Some probe hit an incident (or raised): the answer is not cached, so it is neither shared nor read
     # back. A refusal beside it still makes the row rejected, as `why` and `matrix` class it.
     probe_failed: bool = False
+    # NONE for want of data (Selection.no_data: a snapshot that did not record it, no engine), not a
+    # refusal: the row is rejected, but nothing said no.
+    no_data: bool = False
 
     def to_dict(self) -> dict:
         return {
@@ -98,6 +101,7 @@ class WarmupRow:
             "also_named": list(self.also_named),
             "plans": {"built": self.plans_built, "stored": self.plans_stored, "note": self.plan_note},
             "probe_failed": self.probe_failed,
+            "no_data": self.no_data,
         }
 
 
@@ -234,7 +238,9 @@ def warmup(configs: Configs, jobs: int | None = None,
         failed_saves=failed_writes(selector.store) - failed_before + failed_in_workers,
         store_path=str(selector.store.path) if selector.store is not None and selector.store.path else "",
     )
-    log.info("fusedattn_select: warmup (%s, %d jobs): %s", probe_depth.value, workers, report.summary())
+    no_data = sum(1 for row in report.rows if row.no_data)
+    log.info("fusedattn_select: warmup (%s, %d jobs): %s%s", probe_depth.value, workers, report.summary(),
+             f"; {no_data} of the rejected have no data (only a live probe can answer them)" if no_data else "")
     return report
 
 
@@ -430,7 +436,7 @@ def _row(name: str, key: str, selection: Selection, seconds: float) -> WarmupRow
     else:
         outcome = WarmupOutcome.REJECTED
     return WarmupRow(name, key, selection.backend, outcome, selection.message, seconds, selection.from_cache,
-                     probe_failed=Outcome.FAILED in outcomes)
+                     probe_failed=Outcome.FAILED in outcomes, no_data=selection.no_data)
 
 
 def _with_aliases(row: WarmupRow, aliases: list[str]) -> WarmupRow:
