@@ -167,14 +167,26 @@ def _device_target(wanted: str | None) -> tuple[str, str]:
     return found[0], engine.fingerprint().describe()
 
 
+def suite_names(text: str) -> tuple[str, ...]:
+    """argparse type of --suites: comma-separated names of SUITES, each known (none is dropped unsaid)."""
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    known = [suite.name for suite in SUITES]
+    unknown = [name for name in names if name not in known]
+    if not names or unknown:
+        named = f"unknown suite {', '.join(map(repr, unknown))}; " if unknown else ""
+        raise argparse.ArgumentTypeError(f"{text!r}: {named}must be a comma-separated list of {', '.join(known)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, required=True, help="where <target>-<suite>.json and the log go")
     parser.add_argument("--target", choices=("h100", "h200"), help="refuse to record unless the device is this one")
-    parser.add_argument("--suites", default=",".join(s.name for s in SUITES), help="comma-separated (default: all)")
+    parser.add_argument("--suites", type=suite_names, default=tuple(s.name for s in SUITES),
+                        help="comma-separated, from " + ", ".join(s.name for s in SUITES) + " (default: all)")
     parser.add_argument("--timeout", type=float, default=540.0, help="seconds before unfinished shards are killed")
     args = parser.parse_args(argv)
-    chosen = [s for s in SUITES if s.name in args.suites.split(",")]
+    chosen = [s for s in SUITES if s.name in args.suites]
     target, device = _device_target(args.target)
     print(f"recording {', '.join(s.name for s in chosen)} on {device} as {target}", flush=True)
     started = time.monotonic()
