@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 MODEL, ENCODER, DECODER = "model", "encoder", "decoder"
 # How layers alternate when config.json has no layer_types (transformers' __post_init__).
 ALL_LAYERS, EVERY_OTHER, PATTERN_KEY, AFTER_MAX_WINDOW_LAYERS = "all", "every_other", "pattern", "after_max"
+ODD_BELOW_MAX_WINDOW_LAYERS = "odd_below_max"  # Qwen2-MoE: layers 1, 3, 5, ... (1-based) below max_window_layers
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Family:
     head_dim_keys: tuple[str, ...] = ("head_dim",)
     head_dim_default: int | None = None
     kv_heads_keys: tuple[str, ...] = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
+    # transformers' num_key_value_heads default where it is GQA (None: the query heads; Qwen2's 32 = its 32 heads)
+    kv_heads_default: int | None = None
     multi_query_default: bool = False
     dropout_keys: tuple[str, ...] = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
     position_keys: tuple[str, ...] = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
@@ -99,26 +102,31 @@ FAMILIES: dict[str, Family] = {
     # read as one of them (model_reading.read_model).
     # (positions_default: transformers' max_position_embeddings default for each, read at 5.24)
     **{name: replace(GENERIC, positions_default=positions) for name, positions in (
-        ("llama", 2048), ("mixtral", 131072), ("phi", 2048), ("phi3", 4096), ("gpt_neox", 2048), ("opt", 2048),
+        ("llama", 2048), ("phi", 2048), ("phi3", 4096), ("gpt_neox", 2048), ("opt", 2048),
         ("clip_text_model", 77))},
+    "mixtral": replace(GENERIC, kv_heads_default=8, positions_default=131072),
     "gpt2": replace(GENERIC, positions_default=1024),
     "gpt_bigcode": replace(GENERIC, multi_query_default=True, positions_default=1024),
     "gptj": replace(GENERIC, positions_default=2048),
     "falcon": replace(GENERIC, multi_query_default=True, positions_default=2048, own_attention=True),
     "bloom": replace(GENERIC, alibi=True, own_attention=True),  # ALiBi: no length in its config
-    "mistral": replace(GENERIC, sliding_window_default=4096, positions_default=131072),
+    "mistral": replace(GENERIC, sliding_window_default=4096, kv_heads_default=8, positions_default=131072),
     "gemma": replace(GENERIC, head_dim_default=256, positions_default=8192),
     "gemma2": replace(GENERIC, sliding_pattern=EVERY_OTHER, sliding_window_default=4096, head_dim_default=256,
-                      query_pre_attn_scalar_default=256, softcap_default=50.0, positions_default=8192),
+                      kv_heads_default=4, query_pre_attn_scalar_default=256, softcap_default=50.0,
+                      positions_default=8192),
     "gemma3_text": replace(GENERIC, sliding_pattern=PATTERN_KEY, pattern_default=6, sliding_window_default=4096,
-                           head_dim_default=256, query_pre_attn_scalar_default=256, positions_default=131072),
+                           head_dim_default=256, kv_heads_default=4, query_pre_attn_scalar_default=256,
+                           positions_default=131072),
     "gpt_oss": replace(GENERIC, sliding_pattern=EVERY_OTHER, sliding_window_default=128, sinks=True,
-                       positions_default=131072),
-    "llama4_text": replace(GENERIC, chunked_every=4, chunk_size_default=8192, positions_default=131072),
+                       head_dim_default=64, kv_heads_default=8, positions_default=131072),
+    "llama4_text": replace(GENERIC, chunked_every=4, chunk_size_default=8192, head_dim_default=128,
+                           kv_heads_default=8, positions_default=131072),
     "qwen2": _QWEN,
-    "qwen2_moe": _QWEN,
-    "qwen3": _QWEN,
-    "qwen3_moe": _QWEN,
+    # Qwen2-MoE builds layer_types its own way; Qwen3-MoE has none: its window applies to every layer.
+    "qwen2_moe": replace(_QWEN, sliding_pattern=ODD_BELOW_MAX_WINDOW_LAYERS),
+    "qwen3": replace(_QWEN, head_dim_default=128),
+    "qwen3_moe": replace(_QWEN, sliding_pattern=ALL_LAYERS, max_window_layers_default=None, kv_heads_default=4),
     "deepseek_v2": replace(GENERIC, yarn_mscale=True, positions_default=2048),
     "deepseek_v3": replace(GENERIC, yarn_mscale=True, positions_default=4096),
     "bert": _ENCODER,

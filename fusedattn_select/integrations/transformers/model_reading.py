@@ -113,10 +113,14 @@ def _kv_heads(fields: Fields, family: families.Family, heads_key: str, heads: in
         # Falcon and GPTBigCode: one K/V head unless Falcon's new decoder architecture counts them.
         if not (family.kv_heads_keys and fields.get("new_decoder_architecture", BOOLEAN, False)):
             return 1
+    defaulted = found is None and family.kv_heads_default is not None
+    if defaulted:  # transformers' config class gives its own default, not the query heads
+        found = (family.kv_heads_keys[0], family.kv_heads_default)
     kv_heads = heads if found is None else found[1]
     if heads % kv_heads:
         key = found[0] if found else heads_key
-        raise ConfigError(fields.path(key), kv_heads, f"must divide {heads_key} ({heads})")
+        raise ConfigError(fields.path(key), kv_heads, f"must divide {heads_key} ({heads})"
+                          + (" (transformers' default for this model_type: the file gives none)" if defaulted else ""))
     return kv_heads
 
 
@@ -143,6 +147,9 @@ def _layer_types(fields: Fields, family: families.Family, layers: int, window: i
     elif pattern == families.AFTER_MAX_WINDOW_LAYERS:
         first = fields.get("max_window_layers", COUNT, family.max_window_layers_default)
         return tuple("sliding_attention" if i >= first else "full_attention" for i in range(layers))
+    elif pattern == families.ODD_BELOW_MAX_WINDOW_LAYERS:
+        below = fields.get("max_window_layers", COUNT, family.max_window_layers_default)
+        return tuple("sliding_attention" if i % 2 == 0 and i < below else "full_attention" for i in range(layers))
     else:
         return ("sliding_attention",) * layers
     # Every `every`-th layer (1-based) is full attention, as transformers' configs build layer_types.
