@@ -218,8 +218,18 @@ def _causal(fields: Fields, family: families.Family, role: str) -> bool:
     if role != families.MODEL:
         return role == families.DECODER
     causal = family.causal or fields.get("is_decoder", BOOLEAN, False)
-    return causal and fields.get("is_causal", BOOLEAN, True) \
-        and not fields.get("use_bidirectional_attention", BOOLEAN, False)
+    return causal and fields.get("is_causal", BOOLEAN, True) and not _bidirectional(fields)
+
+
+def _bidirectional(fields: Fields) -> bool:
+    """Whether use_bidirectional_attention makes the text layers bidirectional: true, or Gemma 4's "all";
+    its "vision" is bidirectional among image tokens only (an overlay on a causal mask)."""
+    value = fields.data.get("use_bidirectional_attention")
+    if isinstance(value, str):
+        if value not in ("all", "vision"):
+            raise ConfigError(fields.path("use_bidirectional_attention"), value, 'must be true, false, "all" or "vision"')
+        return value == "all"
+    return bool(fields.get("use_bidirectional_attention", BOOLEAN, False))
 
 
 def _longest(fields: Fields, family: families.Family, keys: families.Keys) -> int | None:
