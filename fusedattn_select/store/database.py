@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from fusedattn_select._version import __version__
-from fusedattn_select.store.locks import flock_directory, shared_flock
+from fusedattn_select.store.locks import flock_directory, renew_locks_after_fork, shared_flock
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheUnavailableError
 from fusedattn_select.store.schema import (
     DATA_TABLES,
@@ -78,13 +78,21 @@ class _Connection:
     """One SQLite connection of this process and the thread lock its users take turns under."""
 
     def __init__(self) -> None:
-        self.lock = threading.RLock()
         self.conn: sqlite3.Connection | None = None
-        self.pid = 0
         self.identity: tuple[int, int] | None = None  # of the file it was opened on
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        """A free lock (in a forked child too: a thread of the parent may have held it at the fork);
+        a connection inherited from the parent is set aside untouched (_INHERITED_CONNECTIONS)."""
+        self.lock = threading.RLock()
+        if self.conn is not None:
+            _INHERITED_CONNECTIONS.append(self.conn)
+            self.conn = None
 
     def close(self) -> None:
-        if self.conn is not None and self.pid == os.getpid():
+        if self.conn is not None:
             with contextlib.suppress(sqlite3.Error):
                 self.conn.close()
         self.conn = None
@@ -249,9 +257,6 @@ class Database:
     def _connection(self, channel: _Connection, deadline: float) -> sqlite3.Connection:
         """The channel's connection, (re)opened on the file now in place; StoreFailure when a
         salvage holds the directory past `deadline`."""
-        if channel.conn is not None and channel.pid != os.getpid():
-            _INHERITED_CONNECTIONS.append(channel.conn)
-            channel.conn = None
         if channel.conn is not None and _file_identity(self.path) != channel.identity:
             channel.close()  # another process salvaged the file, or someone deleted the cache
         if channel.conn is None:
@@ -262,7 +267,7 @@ class Database:
             with self._shared(deadline):
                 channel.identity = _file_identity(self.path)
                 conn = self._open_read_only(channel) if self.read_only else self._open(channel)
-                channel.conn, channel.pid = conn, os.getpid()
+                channel.conn = conn
         return channel.conn
 
     def _open(self, channel: _Connection) -> sqlite3.Connection:
@@ -435,21 +440,6 @@ def _transaction(conn: sqlite3.Connection, action: Callable[[sqlite3.Connection]
             conn.execute("ROLLBACK")
         raise
     return result
-
-
-def snapshot(action: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
-    """`action` run in one read transaction: every statement it makes reads the same state of the
-    file, whatever writers commit meanwhile (a connection in autocommit mode reads each statement's
-    own state). For bulk reads: totals, an export, a lookup that reads two tables."""
-    def read(conn: sqlite3.Connection) -> T:
-        conn.execute("BEGIN")
-        try:
-            return action(conn)
-        finally:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")  # nothing was written: ending the read is all it does
-    return read
 
 
 def _error_code(err: sqlite3.Error) -> int | None:

@@ -17,8 +17,9 @@ import os
 import re
 import threading
 import time
+import weakref
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 try:
     import fcntl
@@ -91,6 +92,30 @@ def _poll_flock(fd: int, deadline: float, mode: int) -> bool:
             delay = min(delay * 2, 0.02)
 
 
+class RenewsLocks(Protocol):
+    def _renew_locks(self) -> None: ...
+
+
+# Objects whose thread locks a forked child renews: a lock that another thread of the parent held at
+# fork() stays held in the child for ever (the thread that would release it does not exist there),
+# so a child that used the store after a background thread of its parent did would wait for good.
+_RENEWED_AFTER_FORK: "weakref.WeakSet[RenewsLocks]" = weakref.WeakSet()
+
+
+def renew_locks_after_fork(owner: RenewsLocks) -> None:
+    """Have a forked child call owner._renew_locks() (replace its thread locks with fresh ones) first."""
+    _RENEWED_AFTER_FORK.add(owner)
+
+
+def _renew_in_child() -> None:
+    for owner in list(_RENEWED_AFTER_FORK):
+        owner._renew_locks()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_in_child)
+
+
 def lock_name(fingerprint: Fingerprint, key: str) -> str:
     """The lock's name (and file name): the fingerprint key and the key, hashed if it is not a safe name."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", key):
@@ -111,9 +136,15 @@ class KeyLocks:
 
     def __init__(self, process_lock: ProcessLock | None = None) -> None:
         self._process_lock = process_lock
+        self._held = threading.local()  # (a forked child keeps its one thread's: holds it is inside)
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        # Fresh in a forked child too: a hold the child's thread was inside at the fork releases
+        # the lock object it took. The parent's probes still exclude the child by their flocks.
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._held = threading.local()
 
     @contextlib.contextmanager
     def hold(self, fingerprint: Fingerprint, key: str, timeout: float) -> Iterator[bool]:

@@ -30,7 +30,7 @@ from fusedattn_select.store.entry_rows import (
     runner_choice_export_row,
     verdict_export_row,
 )
-from fusedattn_select.store.locks import KeyLocks
+from fusedattn_select.store.locks import KeyLocks, renew_locks_after_fork
 from fusedattn_select.store.protocol import EVICT_TO_FRACTION, KEY_LOCK_TIMEOUT_S, Entry, ImportReport
 from fusedattn_select.store.store_settings import resolve_max_bytes
 from fusedattn_select.store.transfer import export_store, import_store
@@ -50,12 +50,17 @@ class MemoryStore:
         self.degraded = degraded
         self.switched_off = switched_off
         self._key_locks = KeyLocks()
-        self._lock = threading.Lock()
+        self._renew_locks()
+        renew_locks_after_fork(self)
         # (fingerprint key, key) -> (entry, when it was stored)
         self._verdicts: OrderedDict[tuple[str, str], tuple[NewEntry, float]] = OrderedDict()
         self._plans: OrderedDict[tuple[str, str], bytes] = OrderedDict()
         self._runner_choices: OrderedDict[tuple[str, str], tuple[NewRunnerChoice, float]] = OrderedDict()
         self._fingerprints: dict[str, Fingerprint] = {}
+
+    def _renew_locks(self) -> None:
+        """A free lock (at first, and in a forked child: a parent thread may have held it at the fork)."""
+        self._lock = threading.Lock()
 
     # ----- decisions ---------------------------------------------------------------------------
     def get(self, fingerprint: Fingerprint, key: str) -> Entry | None:

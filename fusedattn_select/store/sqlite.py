@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from fusedattn_select.store.database import DATA_TABLES, Database, StoreFailure, integrity_problem, snapshot
+from fusedattn_select.store.database import DATA_TABLES, Database, StoreFailure, integrity_problem
 from fusedattn_select.store.entry_rows import (
     BadEntry,
     NewEntry,
@@ -54,6 +54,7 @@ from fusedattn_select.store.protocol import (
     ImportReport,
 )
 from fusedattn_select.store import sqlite_rows
+from fusedattn_select.store.sqlite_rows import snapshot
 from fusedattn_select.store.schema import LEGACY_RUNNER_PREFIX
 from fusedattn_select.store.store_settings import (
     DATABASE_NAME, database_files, database_not_writable, directory_problem, resolve_max_bytes,

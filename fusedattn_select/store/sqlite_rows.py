@@ -4,7 +4,7 @@ from the live file or, for a damaged one, from what salvage would keep (salvage.
 A schema 1 file opened read-only (no writer upgraded it yet) keeps runner choices as plan rows, and
 a schema 1 writer that was connected when another process upgraded the file keeps writing them
 (schema.upgrade): they are counted, read and exported as runner choices here too, as the next
-writer to open the file moves them. Each bulk read runs in one read transaction (database.snapshot):
+writer to open the file moves them. Each bulk read runs in one read transaction (`snapshot`):
 its statements see one state of the file, whatever a writer commits meanwhile.
 """
 
@@ -14,7 +14,7 @@ import contextlib
 import logging
 import sqlite3
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
 
 from fusedattn_select.store import salvage
 from fusedattn_select.store.entry_rows import (
@@ -37,6 +37,8 @@ from fusedattn_select.store.schema import (
 
 log = logging.getLogger("fusedattn_select")
 
+T = TypeVar("T")
+
 # What an export holds of each table, in this order.
 EXPORTED = {
     "fingerprints": ("fingerprint_key", "fingerprint"),
@@ -48,6 +50,21 @@ EXPORTED = {
 Totals = tuple[int, int, int, int]
 # (fingerprint descriptions by key, decision rows, plan rows, runner choice rows) of an export
 ExportRows = tuple[dict, list[dict], list[dict], list[dict]]
+
+
+def snapshot(action: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+    """`action` run in one read transaction: every statement it makes reads the same state of the
+    file, whatever writers commit meanwhile (a connection in autocommit mode reads each statement's
+    own state). For bulk reads: totals, an export, a lookup that reads two tables."""
+    def read(conn: sqlite3.Connection) -> T:
+        conn.execute("BEGIN")
+        try:
+            return action(conn)
+        finally:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")  # nothing was written: ending the read is all it does
+    return read
 
 
 def totals(conn: sqlite3.Connection) -> Totals:

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Callable
 
+from fusedattn_select.store.locks import renew_locks_after_fork
+
 # Stamps of rows read wait at most this long for a write to carry them.
 FLUSH_INTERVAL_S = 1.0
 
@@ -26,8 +28,12 @@ class PendingUses:
     def __init__(self, try_write: Callable[[Callable[[sqlite3.Connection], object]], bool]) -> None:
         self._try_write = try_write
         self._uses: dict[Use, float] = {}
-        self._lock = threading.Lock()
         self._tried = 0.0  # monotonic time of the last try to write them
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self._lock = threading.Lock()
 
     def note(self, table: str, key_column: str, fp_key: str, key: str) -> None:
         """A row was read now; written with the next write, or now when the last try is old enough."""
