@@ -28,7 +28,8 @@ EPILOG = (
     "written (import too with --memory-ok: the rows would go to that file), clear or repair "
     "failed (one error line says why), import skipped rows (listed on stderr: damaged or edited rows, "
     "rows of another fingerprint, rows evicted by its own later rows to stay within "
-    "FUSEDATTN_SELECT_CACHE_MAX_BYTES), info found the cache degraded or damaged; 2 bad input: a file that "
+    "FUSEDATTN_SELECT_CACHE_MAX_BYTES), export left out the plans the cache holds (plans refused there), "
+    "info found the cache degraded or damaged; 2 bad input: a file that "
     "is not an export, an export that cannot be written there, an import with no live device and no "
     "--fingerprint, an invalid FUSEDATTN_SELECT_CACHE; 130 interrupted; 141 stdout closed by its reader"
 )
@@ -84,13 +85,14 @@ def _repair(store: Store, args: argparse.Namespace) -> int:
 
 
 def _export(store: Store, args: argparse.Namespace) -> int:
-    reason = not_persisted(store.info())  # (export only reads: a file it cannot write is exported)
+    info = store.info()
+    reason = not_persisted(info)  # (export only reads: a file it cannot write is exported)
     if reason:
         print(f"error: cache export: {reason}; nothing was done", file=sys.stderr)
         return EXIT_NOT_DONE
     if args.file != STDOUT:
         print(json.dumps(store.export(args.file), indent=2, default=str))
-        return EXIT_SELECTED
+        return _plans_withheld(info)
     if sys.stdout is None:  # started with stdout closed (`>&-`): nowhere to write it
         print("error: cache export: FILE='-': stdout is closed; name a file", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -98,7 +100,17 @@ def _export(store: Store, args: argparse.Namespace) -> int:
     counts = export_to_stream(store, sys.stdout)  # type: ignore[arg-type]  # both stores are transfer.Transferable
     print(f"cache export: wrote {counts['verdicts']} decisions, {counts['plans']} plans and "
           f"{counts['runner_choices']} runner choices to stdout", file=sys.stderr)
-    return EXIT_SELECTED
+    return _plans_withheld(info)
+
+
+def _plans_withheld(info: dict[str, Any]) -> int:
+    """EXIT_NOT_DONE, saying why, when the store holds plans that an export leaves out because plans
+    are refused there (anyone who can write the directory may have planted them); else EXIT_SELECTED."""
+    if not (info.get("plans_refused") and info.get("plans")):
+        return EXIT_SELECTED
+    print(f"error: cache export: {info['plans']} plans were not exported: {info['plans_refused']} (plans load "
+          "native code); the decisions and runner choices were", file=sys.stderr)
+    return EXIT_NOT_DONE
 
 
 def _fingerprint_key(text: str) -> str:
