@@ -46,14 +46,15 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # attention() and dispatch_info() need torch and warmup() may need cuDNN: import them only when
     # asked for, so importing the package works on a machine with neither.
-    if name in ("attention", "FP8History", "FP8Scales", "FP8Tensor"):
-        from fusedattn_select.runtime import api
-
+    if name in ("attention", "dispatch_info", "FP8History", "FP8Scales", "FP8Tensor"):
+        try:
+            from fusedattn_select.runtime import api
+        except ModuleNotFoundError as err:
+            if err.name != "torch":
+                raise
+            raise ModuleNotFoundError(f"fusedattn_select.{name} needs torch, which is not installed: "
+                                      "pip install 'fusedattn-select[torch]'", name="torch") from err
         return getattr(api, name)
-    if name == "dispatch_info":
-        from fusedattn_select.runtime.api import dispatch_info
-
-        return dispatch_info
     if name == "warmup":
         from fusedattn_select.selection.local_warmup import warmup
 

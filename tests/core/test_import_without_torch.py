@@ -71,3 +71,24 @@ def test_package_answers_and_info_runs_without_torch_or_cudnn(tmp_path):
     assert facts["info_exit"] == 0
     assert "torch                      not installed" in info
     assert "Traceback" not in result.stderr
+
+
+def test_asking_for_the_dispatch_api_without_torch_names_the_missing_extra(tmp_path):
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None
+        import fusedattn_select
+        for name in ("attention", "dispatch_info", "FP8Scales"):
+            try:
+                getattr(fusedattn_select, name)
+            except ModuleNotFoundError as err:
+                print(name, err.name, "|", err)
+    """)
+    env = dict(os.environ, FUSEDATTN_SELECT_CACHE_DIR=str(tmp_path / "cache"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=120)
+    lines = result.stdout.strip().splitlines()
+    assert result.returncode == 0 and len(lines) == 3, result.stderr
+    for name, line in zip(("attention", "dispatch_info", "FP8Scales"), lines):
+        assert line.startswith(f"{name} torch | fusedattn_select.{name} needs torch"), line
+        assert "pip install 'fusedattn-select[torch]'" in line, line
