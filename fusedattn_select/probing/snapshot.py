@@ -380,13 +380,12 @@ class SnapshotEngine:
         return nearest(cfg, self.recorded, limit)
 
     def describe(self) -> str:
-        """Where the answers were recorded: "NVIDIA H100 80GB HBM3, cuDNN 9.19.0 on 2026-11-21"."""
-        first = self.files[0]
-        fp = first.fingerprint
-        return (
-            f"{fp.device_name or fp.platform}, cuDNN {format_cudnn_version(fp.cudnn_backend_version)} "
-            f"on {first.recorded_on}"
-        )
+        """Where the answers were recorded: "NVIDIA H100 80GB HBM3, cuDNN 9.19.0 on 2026-11-21", with
+        every date the merged files were recorded on ("on 2026-11-21 and 2026-11-27"): any may answer."""
+        fp = self.files[0].fingerprint
+        dates = sorted({f.recorded_on for f in self.files})
+        on = dates[0] if len(dates) == 1 else ", ".join(dates[:-1]) + f" and {dates[-1]}"
+        return f"{fp.device_name or fp.platform}, cuDNN {format_cudnn_version(fp.cudnn_backend_version)} on {on}"
 
     def probe(self, cfg: AttnConfig, backend: Backend, phase: Phase, depth: ProbeDepth) -> Verdict:
         """The recorded verdict for this problem and phase, or NO_DATA when none answers `depth`
