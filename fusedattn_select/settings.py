@@ -83,17 +83,18 @@ def parse_max_bytes(text: str) -> int:
 
 
 def parse_dense_after(text: str) -> int:
-    """The call count after which a steady shape gets its own plans."""
-    if not re.fullmatch(r"[0-9]+", text):  # str.isdigit() also takes digits int() refuses ("²")
+    """The call count after which a steady shape gets its own plans (blanks around ignored)."""
+    if not re.fullmatch(r"[0-9]+", text.strip()):  # str.isdigit() also takes digits int() refuses ("²")
         raise ConfigError(DENSE_AFTER, text, DENSE_AFTER_ALLOWED)
     return int(text)
 
 
 def parse_dense_builds(text: str) -> str:
-    """Where a steady shape's own plans are built: "process" or "inline"."""
-    if text not in DENSE_BUILD_MODES:
+    """Where a steady shape's own plans are built: "process" or "inline" (any case, blanks around ignored)."""
+    value = text.strip().lower()
+    if value not in DENSE_BUILD_MODES:
         raise ConfigError(DENSE_BUILDS, text, "must be one of " + ", ".join(repr(m) for m in DENSE_BUILD_MODES))
-    return text
+    return value
 
 
 def parse_first_calls(text: str) -> str:
@@ -105,9 +106,10 @@ def parse_first_calls(text: str) -> str:
 
 
 def parse_direct_launch(text: str) -> bool:
-    if text not in ("0", "1"):
+    """"1" or "0" (blanks around ignored)."""
+    if text.strip() not in ("0", "1"):
         raise ConfigError(DIRECT_LAUNCH, text, SWITCH_ALLOWED)
-    return text == "1"
+    return text.strip() == "1"
 
 
 def parse_native(text: str) -> str:

@@ -110,6 +110,15 @@ def test_valid_values_parse(monkeypatch, name, text, value):
     assert settings.value(name) == value
 
 
+@pytest.mark.parametrize(("name", "text", "value"), [
+    (settings.DENSE_AFTER, " 16 ", 16), (settings.DENSE_BUILDS, " Inline", "inline"),
+    (settings.DIRECT_LAUNCH, "0 ", False), (settings.FIRST_CALLS, "WAIT", "wait"), (settings.CACHE, " Off", False),
+])
+def test_every_variable_ignores_blanks_around_its_value_and_case(monkeypatch, name, text, value):
+    monkeypatch.setenv(name, text)
+    assert settings.value(name) == value
+
+
 def test_unset_or_empty_means_the_default(monkeypatch):
     for setting in settings.SETTINGS:
         monkeypatch.setenv(setting.name, "")
@@ -118,7 +127,7 @@ def test_unset_or_empty_means_the_default(monkeypatch):
         assert settings.value(setting.name) == setting.default
 
 
-@pytest.mark.parametrize("text", ["²", "-1", "1.5", " 16"])
+@pytest.mark.parametrize("text", ["²", "-1", "1.5", "1 6"])
 def test_dense_after_takes_only_ascii_digits(monkeypatch, text):
     monkeypatch.setenv(settings.DENSE_AFTER, text)
     with pytest.raises(ConfigError, match=settings.DENSE_AFTER):
