@@ -124,9 +124,13 @@ def database_not_writable(directory: Path) -> str:
 
 
 def database_files(directory: Path) -> tuple[Path, ...]:
-    """The database file in `directory` and the WAL files SQLite keeps beside it: a writer writes all three."""
+    """The database file in `directory` and the WAL files SQLite keeps beside it: a writer writes all
+    three. Where the file is a symbolic link SQLite keeps them beside the file it leads to: those too."""
     path = directory / DATABASE_NAME
-    return path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+    real = Path(os.path.realpath(path))
+    beside = dict.fromkeys(place.with_name(place.name + suffix)
+                           for place in (path, real) for suffix in ("-wal", "-shm"))
+    return (path, *beside)
 
 
 def _refused_by_file_system(directory: Path) -> str:
