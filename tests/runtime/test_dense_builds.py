@@ -32,7 +32,7 @@ def test_the_mode_reads_the_environment(monkeypatch, value, expected):
     assert run_settings.get().dense_builds == expected
 
 
-@pytest.mark.parametrize("value", ["thread", "Process", "0"])
+@pytest.mark.parametrize("value", ["thread", "processes", "0"])
 def test_another_mode_is_refused_naming_the_variable_and_the_choices(monkeypatch, value):
     monkeypatch.setenv(settings.DENSE_BUILDS, value)
     with pytest.raises(ConfigError, match="'process', 'inline'") as err:

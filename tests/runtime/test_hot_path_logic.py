@@ -92,7 +92,7 @@ def test_dense_after_defaults_to_16_when_unset(monkeypatch):
     assert run_settings.get().dense_after == 16
 
 
-@pytest.mark.parametrize("value", ["x", "-1", "1.5", " 3"])
+@pytest.mark.parametrize("value", ["x", "-1", "1.5", "3 0"])
 def test_dense_after_refuses_what_is_not_a_whole_number(monkeypatch, value):
     monkeypatch.setenv("FUSEDATTN_SELECT_DENSE_AFTER", value)
     with pytest.raises(ConfigError, match="FUSEDATTN_SELECT_DENSE_AFTER") as err:
