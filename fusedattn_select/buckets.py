@@ -23,6 +23,8 @@ from fusedattn_select.layouts import SEPARATE_LAYOUTS
 MIN_SEQLEN = 64
 # The largest size whose bucket (the next power of two) stays within INT32_MAX.
 _LARGEST_HELD = 2**30
+# Bucket plans address the caller's tensors by int32 ragged element offsets (runtime/ragged.py).
+RAGGED_OFFSET_LIMIT = 2**31
 
 # The padding form of each mask: the mask the ragged graph runs, with the caller's lengths.
 PADDED_MASKS = {
@@ -82,7 +84,16 @@ def why_not_bucketed(cfg: AttnConfig) -> str:
     if max(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv) > _LARGEST_HELD:  # its bucket would pass INT32_MAX
         bucket = Bucket.of(cfg.batch_size, cfg.seqlen_q, cfg.seqlen_kv)
         return f"its bucket ({bucket.describe()}) passes the int32 bound a problem's sizes keep to ({INT32_MAX})"
+    largest = largest_tensor(cfg)
+    if largest >= RAGGED_OFFSET_LIMIT:  # a GPU runs it on its own graphs (runtime/entries.py)
+        return f"a tensor of {largest} elements is past the bucket plans' int32 ragged offsets (2**31)"
     return ""
+
+
+def largest_tensor(cfg: AttnConfig) -> int:
+    """The element count of the largest of `cfg`'s Q, K, V and O."""
+    dim = max(cfg.head_dim_qk, cfg.resolved_head_dim_v)
+    return cfg.batch_size * dim * max(cfg.seqlen_q * cfg.num_heads_q, cfg.seqlen_kv * cfg.num_heads_kv)
 
 
 def bucket_form(cfg: AttnConfig, bucket: Bucket | None = None) -> AttnConfig | None:

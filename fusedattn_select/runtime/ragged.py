@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from fusedattn_select.buckets import RAGGED_OFFSET_LIMIT
 from fusedattn_select.runtime.plans import Plan
 
 # Graph tensors on the query axis; every other ragged tensor is on the key/value axis.
@@ -35,8 +36,6 @@ class Shape:
     v_step: int = 0
 
 
-# Ragged offsets are int32 element offsets into the caller's tensors.
-_OFFSET_LIMIT = 2 ** 31
 
 
 def offsets_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_step: int = 0, v_step: int = 0) -> bool:
@@ -44,7 +43,7 @@ def offsets_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_step: int =
     q, k, v and the output (q's shape, v's head dim), or batch x step for K and V read as rows of longer buffers."""
     o_numel = q.numel() // max(q.shape[-1], 1) * v.shape[-1]
     batch = q.shape[0]
-    return max(q.numel(), k.numel(), v.numel(), o_numel, batch * k_step, batch * v_step) < _OFFSET_LIMIT
+    return max(q.numel(), k.numel(), v.numel(), o_numel, batch * k_step, batch * v_step) < RAGGED_OFFSET_LIMIT
 
 
 def _row_step(t_bhsd: torch.Tensor) -> int:

@@ -9,14 +9,17 @@ from fusedattn_select.buckets import LADDER_REACH_LIMIT, bucket_form, heads_as_b
 
 
 def decode(batch_size: int, num_heads_kv: int = 16) -> AttnConfig:
-    return AttnConfig(batch_size=batch_size, num_heads_q=2 * num_heads_kv, num_heads_kv=num_heads_kv, seqlen_q=1,
-                      seqlen_kv=1, head_dim_qk=8, qkv_layout="bhsd_bhsd_bhsd", is_training=False)
+    # One query head per KV head of one element: the fewest elements (the bucket plans' int32 ragged
+    # offsets bound tensors to 2**31 elements) for the most sequences.
+    return AttnConfig(batch_size=batch_size, num_heads_q=num_heads_kv, num_heads_kv=num_heads_kv, seqlen_q=1,
+                      seqlen_kv=1, head_dim_qk=1, qkv_layout="bhsd_bhsd_bhsd", is_training=False)
 
 
 def test_a_decode_step_whose_heads_as_batch_passes_int32_has_none():
-    cfg = decode(2**28)  # 2**28 x 16 KV heads = 2**32 sequences
+    cfg = decode(2**26 + 2**25)  # x 16 KV heads = 1.5 x 2**30 sequences, 1.5 x 2**30 elements
     assert bucket_form(cfg) is not None  # the step itself is bucketed: only its heads as batch are not
     assert heads_as_batch(cfg) is None
+    assert heads_as_batch(decode(2**28)) is None  # 2**32 sequences
 
 
 def test_a_decode_step_whose_heads_as_batch_passes_the_largest_bucket_has_none():

@@ -118,7 +118,9 @@ def test_other_problems_keep_their_heads(changes):
 def test_a_problem_whose_bucket_passes_the_int32_bound_has_no_bucket_form(sizes):
     cfg = AttnConfig(**dict(BASE, **sizes))
     assert "passes the int32 bound" in why_not_bucketed(cfg) and bucket_form(cfg) is None
-    at_bound = AttnConfig(**dict(BASE, seqlen_q=2**30, seqlen_kv=2**30))
+    # One head of 1 element: lengths of 2**30 still fit the bucket plans' int32 ragged offsets.
+    at_bound = AttnConfig(**dict(BASE, batch_size=1, num_heads_q=1, num_heads_kv=1, head_dim_qk=1,
+                                 seqlen_q=2**30, seqlen_kv=2**30))
     assert why_not_bucketed(at_bound) == "" and bucket_form(at_bound).seqlen_kv == 2**30
     assert bucket_form(cfg, Bucket(1, 2**31, 2**31)) is None
 

@@ -61,7 +61,7 @@ def test_other_batch_sizes_and_lengths_answer_from_their_bucket(found, models_sn
         cfg = problem.entry.config
         if selector.bucket_for(cfg.replace(batch_size=7)) is None:
             continue
-        for batch, length in ((7, 1000), (64, 16000), (3, 77)):
+        for batch, length in ((7, 1000), (16, 4000), (3, 77)):  # within the int32 ragged offsets
             # Self-attention walks both lengths; cross-attention (Whisper) the key length: its ladder's kind.
             lengths = {"seqlen_q": length} if cfg.seqlen_q == cfg.seqlen_kv else {}
             shape = cfg.replace(batch_size=batch, seqlen_kv=length, **lengths)
