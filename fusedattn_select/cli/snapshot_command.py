@@ -11,7 +11,7 @@ from typing import Any
 from fusedattn_select.buckets import LADDER_MAX_BATCH, LADDER_MAX_SEQLEN, LADDER_REACH_LIMIT
 from fusedattn_select.cli import engines
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
-from fusedattn_select.cli.exit_codes import EXIT_NOT_DONE, EXIT_SELECTED
+from fusedattn_select.cli.exit_codes import EXIT_NO_DATA, EXIT_NOT_DONE, EXIT_SELECTED
 from fusedattn_select.config_files import load_config_file
 from fusedattn_select.errors import ConfigError, PlatformError, SnapshotError
 from fusedattn_select.selection.recorder import Ladder, check_output, record_snapshot, summarize, write_snapshot
@@ -86,6 +86,10 @@ def _cmd_record(args: argparse.Namespace) -> int:
         f"{counts['failed']} failed) on {engine.fingerprint().describe()}{buckets} at depth {depth.value} "
         f"in {time.perf_counter() - started:.1f} s -> {path}"
     )
+    if counts["failed"]:  # recorded as failed: those entries answer no data from this file
+        print(f"warning: {counts['failed']} of the {counts['entries']} entries' probes failed (out of memory, a CUDA "
+              "error): the snapshot holds no answer for them; record them again", file=sys.stderr)
+        return EXIT_NO_DATA
     return EXIT_SELECTED
 
 

@@ -108,12 +108,12 @@ def test_ladder_options_without_no_ladder_are_recorded(capsys, monkeypatch, suit
     out = tmp_path / "missing" / "folder" / "s.json"  # missing folders pass the check and are created
     code = cli.main(["snapshot", "record", str(suite_file), "-o", str(out), "--ladder-max-batch", "8",
                      "--ladder-max-seqlen", "256", "--ladder-depth", "fast"])
-    assert code == 0, capsys.readouterr().err
+    assert code == 3, capsys.readouterr().err  # the suite's out-of-memory entry: recorded as failed
     assert json.loads(out.read_text())["ladder"] == {"max_batch": 8, "max_seqlen": 256, "depth": "fast"}
     default = tmp_path / "default.json"
-    assert cli.main(["snapshot", "record", str(suite_file), "-o", str(default)]) == 0
+    assert cli.main(["snapshot", "record", str(suite_file), "-o", str(default)]) == 3
     assert json.loads(default.read_text())["ladder"] == {"max_batch": 64, "max_seqlen": 16384}
-    assert cli.main(["snapshot", "record", str(suite_file), "-o", str(default), "--no-ladder"]) == 0
+    assert cli.main(["snapshot", "record", str(suite_file), "-o", str(default), "--no-ladder"]) == 3
     assert "ladder" not in json.loads(default.read_text())
 
 
@@ -186,7 +186,7 @@ def test_a_ladder_reach_of_2_30_is_taken_and_recorded_as_asked(capsys, monkeypat
     monkeypatch.setattr(engines, "live_engine", lambda: (recording_engine, ""))
     out = tmp_path / "s.json"
     assert cli.main(["snapshot", "record", str(suite_file), "-o", str(out), "--ladder-max-batch", "1",
-                     "--ladder-max-seqlen", str(2**30)]) == 0
+                     "--ladder-max-seqlen", str(2**30)]) == 3
     data = json.loads(out.read_text())
     assert data["ladder"]["max_seqlen"] == 2**30
     assert max(rung[2] for group in data["buckets"] for rung in group["rungs"]) == 2**30
@@ -196,7 +196,7 @@ def test_the_summary_counts_ladder_groups_and_rungs(capsys, monkeypatch, suite_f
     monkeypatch.setattr(engines, "live_engine", lambda: (recording_engine, ""))
     out = tmp_path / "s.json"
     assert cli.main(["snapshot", "record", str(suite_file), "-o", str(out), "--ladder-max-batch", "4",
-                     "--ladder-max-seqlen", "512"]) == 0
+                     "--ladder-max-seqlen", "512"]) == 3
     summary = capsys.readouterr().out
     groups = json.loads(out.read_text())["buckets"]
     rungs = sum(len(group["rungs"]) for group in groups)
