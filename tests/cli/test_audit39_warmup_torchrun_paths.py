@@ -80,6 +80,6 @@ def test_a_rank_whose_peer_ends_before_leaving_says_it_could_not_leave_cleanly(t
     assert {row["name"] for row in report["rows"]} >= {"gpt2/train-bf16"}
     assert report["agreement"]["disagreements"] == []
     left = [line for line in err0.splitlines() if "could not leave" in line]
-    assert left and left[0].startswith("error: warmup: rank 0 could not leave the job cleanly: "), err0
+    assert left and left[0].startswith("warning: warmup: rank 0 could not leave the job cleanly: "), err0
     assert "Traceback" not in err0 and "terminate called" not in err0
     assert code0 == 0, err0  # the answers' code: every gpt2 problem is F16 on the H100 recording
