@@ -460,5 +460,17 @@ def cache_info() -> dict[str, object]:
 
 
 def clear_cache(persistent: bool = False) -> None:
-    """Empty the decision cache in memory (and the store with persistent=True; CacheError when it cannot)."""
-    default_selector().clear(persistent=persistent)
+    """Empty the decision cache in memory, and with persistent=True the default store too, whichever engine
+    answers (CacheError when it cannot: a cache directory that cannot be used). Chooses no engine to do so."""
+    if not isinstance(persistent, bool):  # a truthy "no" would wipe the persistent store
+        raise ConfigError("persistent", persistent, "must be True (the persistent store too) or False")
+    selector = _default
+    if selector is not None:
+        selector.clear()
+    if not persistent:
+        return
+    store = selector.store if selector is not None and selector.store is not None else open_default_store()
+    degraded = getattr(store, "degraded", "")
+    if degraded:  # memory stands in for the store: clearing it would leave the store's files as they are
+        raise protocol.CacheError(f"the persistent store cannot be cleared: {degraded}")
+    store.clear()
