@@ -105,7 +105,7 @@ def test_snapshot_record_takes_a_ladder_depth(capsys, monkeypatch, suite_file, t
     out_path = tmp_path / "rec.json"
     code, _, err = _run(capsys, "snapshot", "record", str(suite_file), "-o", str(out_path), "--depth", "full",
                         "--ladder-depth", "fast", "--ladder-max-batch", "2", "--ladder-max-seqlen", "128")
-    assert code == 0, err
+    assert code == 3, err  # written; the suite's out-of-memory entry is recorded as failed
     assert json.loads(out_path.read_text())["ladder"] == {"max_batch": 2, "max_seqlen": 128, "depth": "fast"}
 
 
