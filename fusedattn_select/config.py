@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -92,8 +93,9 @@ class AttnConfig:
             object.__setattr__(self, "window_size", tuple(self.window_size))
         for name in ("attn_scale", "dropout"):
             value = getattr(self, name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                # -0.0 as 0.0: one problem, and a class's key text keeps the first spelling it met
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= sys.float_info.max:
+                # -0.0 as 0.0: one problem, and a class's key text keeps the first spelling it met; an
+                # int beyond any float stays an int, which _validate refuses naming the field
                 object.__setattr__(self, name, float(value) + 0.0)
         problem_class = _classes.of(self)
         if problem_class is not None and problem_class in _classes:
