@@ -108,6 +108,18 @@ def backend_decline(text: str) -> str | None:
     return match.group(1) if match else None
 
 
+def wrapped_failures(text: str) -> list[str]:
+    """The errors a cudnnGraphNotSupportedError wraps: the backend's decline, and each entry of the
+    plan walk's "no plan in the list could be built" list (a python engine reports an ImportError
+    or a failed JIT build there as a decline). Empty when `text` wraps nothing."""
+    declined = backend_decline(text)
+    found = [] if declined is None else [declined]
+    match = _WRAPPER_PLAN_LIST.search(text)
+    if match:
+        found += [line for line in match.group(1).splitlines() if line.strip()]
+    return found
+
+
 def _strip_json(text: str) -> str:
     """Remove balanced {...} and [...] blocks that look like JSON dumps (they contain quotes)."""
     out: list[str] = []
@@ -228,9 +240,9 @@ def classify_exception(stage: str, error: BaseException, timings: Mapping[str, f
     """cuDNN's 'not supported' family -> CudnnUnsupported; incidents and bugs -> ProbeFailure.
 
     A cudnnGraphNotSupportedError is a verdict (its engine listing may name other engines' status
-    codes, e.g. an architecture mismatch) unless it wraps a failed backend lowering that was an
-    incident. A RuntimeError/ValueError/NotImplementedError from the frontend is its validation of
-    the description, unless its text names an incident. Anything else (TypeError, MemoryError,
+    codes, e.g. an architecture mismatch) unless the errors it wraps (a failed backend lowering, the
+    entries of the plan walk) describe an incident. A RuntimeError/ValueError/NotImplementedError
+    from the frontend is its validation of the description, unless its text names an incident. Anything else (TypeError, MemoryError,
     ImportError, ...) is a failure. `cudnn` is the imported cudnn-frontend module.
     """
     text = str(error) or type(error).__name__
@@ -238,8 +250,8 @@ def classify_exception(stage: str, error: BaseException, timings: Mapping[str, f
     message = clean_message(text)
     not_supported = getattr(cudnn, "cudnnGraphNotSupportedError", None)
     if isinstance(not_supported, type) and isinstance(error, not_supported):
-        declined = backend_decline(text)
-        incident = declined is not None and is_incident(declined)
+        wrapped = wrapped_failures(text)
+        incident = bool(wrapped) and is_incident("\n".join(wrapped))
     elif isinstance(error, _VERDICT_EXCEPTIONS) and not isinstance(error, MemoryError):
         incident = is_incident(text)
     else:
