@@ -427,13 +427,16 @@ def _mxfp8_backward_inputs(desc: Description, q: Any, k: Any, d_o: Any) -> dict[
     """The transposed-quantized copies and f16 tensors sdpa_mxfp8_backward reads, with their scales.
 
     q_T / k_T / dO_T hold the same logical tensors quantized along the sequence axis, so they have
-    the dims and strides of Q / K / dO; o_f16 and dO_f16 are O and dO in 16 bits.
+    the dims and strides of Q / K / dO; o_f16 and dO_f16 are O and dO in O's 16-bit type.
     """
     cfg = desc.cfg
     dims, strides = _qkv_dims(cfg), _qkv_strides(cfg, cfg.qkv_layout)
     o_strides = _o_strides(cfg, cfg.resolved_o_format)
     do_strides = _o_strides(cfg, cfg.resolved_do_format)
-    f16 = desc.dtype("bf16")
+    # O as the forward wrote it, and the incoming gradient of O in O's type.
+    if cfg.resolved_o_dtype not in ("fp16", "bf16"):
+        raise desc.unsupported("o_dtype", cfg.resolved_o_dtype, "sdpa_mxfp8_backward reads O in 16 bits (o_f16)")
+    f16 = desc.dtype(cfg.resolved_o_dtype)
     args = {
         "q_T": desc.input("q_T", dims["q"], strides["q"]),
         "k_T": desc.input("k_T", dims["k"], strides["k"]),

@@ -1,0 +1,39 @@
+"""The MXFP8 backward graph reads O (and the 16-bit dO) in the type the forward wrote O in.
+
+sdpa_mxfp8_backward takes O as `o_f16` and the incoming gradient as `dO_f16` besides its
+quantized copies. Both were declared bf16 whatever the config said, so a config with
+`o_dtype: fp16` (the forward writes an fp16 O) was probed, cached and planned with a backward
+that reads a bf16 O: another problem than the one asked ("never substitute a fixed value ...
+o_dtype = q_dtype", design.md section 3).
+
+Needs cudnn-frontend importable (the graph description only: no GPU, no libcudnn call).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fusedattn_select.config import AttnConfig
+from fusedattn_select.types import Backend, Phase
+
+cudnn = pytest.importorskip("cudnn")
+
+from fusedattn_select.probing.cudnn.graphs import describe_graph  # noqa: E402
+
+
+def mxfp8(**changes) -> AttnConfig:
+    base = dict(batch_size=2, num_heads_q=4, num_heads_kv=4, seqlen_q=128, seqlen_kv=128, head_dim_qk=128,
+                qkv_dtype="fp8_e4m3", scaling_mode="mxfp8")
+    return AttnConfig(**{**base, **changes})
+
+
+@pytest.mark.parametrize("o_dtype", ["fp16", "bf16"])
+def test_the_backward_reads_o_in_the_type_the_forward_wrote(o_dtype):
+    cfg = mxfp8(o_dtype=o_dtype)
+    forward = describe_graph(cfg, Backend.FP8, Phase.FORWARD)
+    backward = describe_graph(cfg, Backend.FP8, Phase.BACKWARD)
+    assert backward.operation == "sdpa_mxfp8_backward"
+    written = forward.data_types["o"]
+    assert written == getattr(cudnn.data_type, {"fp16": "HALF", "bf16": "BFLOAT16"}[o_dtype])
+    assert backward.data_types["o_f16"] == written
+    assert backward.data_types["dO_f16"] == written
