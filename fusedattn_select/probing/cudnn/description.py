@@ -415,7 +415,13 @@ def _block_scale(desc: Description, name: str, dims: tuple[int, int, int, int], 
 
 
 def _mxfp8_forward_scales(desc: Description) -> dict[str, Any]:
-    dims = _qkv_dims(desc.cfg)
+    cfg = desc.cfg
+    dims = _qkv_dims(cfg)
+    if cfg.layout.paged:
+        # A paged cache's block scales are page pools matching its K / V containers (num_pages, H,
+        # page_size, D): cudnn-frontend's sdpa_mxfp8 paged_attention_k_table / _v_table.
+        pool = (cfg.num_pages, cfg.num_heads_kv, cfg.page_size)
+        dims = {**dims, "k": (*pool, cfg.head_dim_qk), "v": (*pool, cfg.resolved_head_dim_v)}
     return {
         "descale_q": _block_scale(desc, "descale_q", dims["q"], "d"),
         "descale_k": _block_scale(desc, "descale_k", dims["k"], "d"),
