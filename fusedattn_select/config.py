@@ -443,17 +443,20 @@ def _validate_cross_fields(cfg: AttnConfig) -> None:
 
 
 def _validate_packing(cfg: AttnConfig) -> None:
-    packing = cfg.layout.packing
-    if packing in ("3hd", "h3d") and (
-        cfg.seqlen_q != cfg.seqlen_kv or cfg.num_heads_q != cfg.num_heads_kv
-        or cfg.resolved_head_dim_v != cfg.head_dim_qk
-    ):
-        raise ConfigError(
-            "qkv_layout", cfg.qkv_layout,
-            "interleaved QKV needs seqlen_q == seqlen_kv, num_heads_q == num_heads_kv and head_dim_v == head_dim_qk",
-        )
-    if packing in ("2hd", "h2d") and cfg.resolved_head_dim_v != cfg.head_dim_qk:
-        raise ConfigError("qkv_layout", cfg.qkv_layout, "interleaved KV needs head_dim_v == head_dim_qk")
+    # dQ, dK, dV interleaved in one tensor (dqkv_layout) need the shapes Q, K, V interleaved do.
+    for name in ("qkv_layout", "dqkv_layout"):
+        layout_name = getattr(cfg, name)
+        packing = None if layout_name is None else LAYOUTS[layout_name].packing
+        if packing in ("3hd", "h3d") and (
+            cfg.seqlen_q != cfg.seqlen_kv or cfg.num_heads_q != cfg.num_heads_kv
+            or cfg.resolved_head_dim_v != cfg.head_dim_qk
+        ):
+            raise ConfigError(
+                name, layout_name,
+                "interleaved QKV needs seqlen_q == seqlen_kv, num_heads_q == num_heads_kv and head_dim_v == head_dim_qk",
+            )
+        if packing in ("2hd", "h2d") and cfg.resolved_head_dim_v != cfg.head_dim_qk:
+            raise ConfigError(name, layout_name, "interleaved KV needs head_dim_v == head_dim_qk")
 
 
 def _validate_paging(cfg: AttnConfig) -> None:
