@@ -140,7 +140,8 @@ class ReferenceOptions:
     softcap: if set (> 0), scores become ``softcap * tanh(scores / softcap)``.
     generator: random generator for dropout.
     return_lse: also return the log-sum-exp of each row.
-    compute_dtype: internal precision, ``torch.float32`` or ``torch.float64``.
+    compute_dtype: internal precision, ``torch.float32`` or ``torch.float64``; ``None`` means float64
+        for float64 inputs, else float32 (a float64 caller, gradcheck say, keeps its precision).
     """
 
     mask: str = "no_mask"
@@ -152,7 +153,7 @@ class ReferenceOptions:
     softcap: Optional[float] = None
     generator: Optional[torch.Generator] = None
     return_lse: bool = False
-    compute_dtype: torch.dtype = torch.float32
+    compute_dtype: Optional[torch.dtype] = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,8 +185,8 @@ class _Scalars(NamedTuple):
 
 
 def _check_options(options: ReferenceOptions, head_dim: int) -> _Scalars:
-    if options.compute_dtype not in _FLOAT_COMPUTE_DTYPES:
-        raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {options.compute_dtype}")
+    if options.compute_dtype is not None and options.compute_dtype not in _FLOAT_COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be None, torch.float32 or torch.float64, got {options.compute_dtype}")
     mask, softmax = options.mask, options.softmax
     if not isinstance(mask, str) or mask not in MASK_TYPES:
         raise ValueError(f"mask must be one of {MASK_TYPES}, got {mask!r}")
@@ -256,7 +257,8 @@ def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: ReferenceOptions = ReferenceOptions(),
     tensors: ReferenceTensors = ReferenceTensors(),
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """Scaled-dot-product attention computed in ``options.compute_dtype`` (float32 by default).
+    """Scaled-dot-product attention computed in ``options.compute_dtype`` (by default float64 for
+    float64 inputs, else float32).
 
     q: queries (B, Hq, Sq, Dqk); k: keys (B, Hkv, Skv, Dqk) with ``Hq % Hkv == 0``; v: values
     (B, Hkv, Skv, Dv). Returns the output (B, Hq, Sq, Dv) in ``q.dtype``; with ``return_lse``
@@ -271,6 +273,8 @@ def attend(
     _check_extras(tensors, q, skv, options.softmax)
     lens_q, lens_kv = _lengths(tensors, q, skv, options.mask)
     compute_dtype = options.compute_dtype
+    if compute_dtype is None:
+        compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
 
     kf, vf = k.to(compute_dtype), v.to(compute_dtype)
     group = hq // k.shape[1]
