@@ -135,13 +135,38 @@ def yaml_loader() -> type:
                             key_node.start_mark)
             return super().construct_mapping(node, deep=deep)
 
+        def construct_yaml_int(self, node: Any) -> Any:
+            return self.clear_number(node, super().construct_yaml_int(node))
+
+        def construct_yaml_float(self, node: Any) -> Any:
+            return self.clear_number(node, super().construct_yaml_float(node))
+
+        def clear_number(self, node: Any, value: Any) -> Any:
+            unclear = _unclear_number(self.construct_scalar(node), value)
+            if unclear:
+                raise ConstructorError(None, None, unclear, node.start_mark)
+            return value
+
         def construct_object(self, node: Any, deep: bool = False) -> Any:
             try:
                 return super().construct_object(node, deep=deep)
             except (ValueError, OverflowError) as err:  # yaml.YAMLError is neither
                 raise ConstructorError(None, None, f"cannot build this value ({err})", node.start_mark) from None
 
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    Loader.add_constructor("tag:yaml.org,2002:float", Loader.construct_yaml_float)
     return Loader
+
+
+def _unclear_number(text: str, value: Any) -> str:
+    """Why YAML 1.1 reads `text` as a number (`value`) other than most readers see, else "": 0100 is
+    octal (64) and 1:30 is base 60 (90); a size written so is a slip far more often than meant."""
+    digits = text.replace("_", "").lstrip("+-")
+    if ":" in digits:
+        return f"{text} is a base-60 number in YAML 1.1 ({value}): write the number in decimal, or quote it for text"
+    if isinstance(value, int) and len(digits) > 1 and digits[0] == "0" and digits[1] not in "bx":
+        return f"{text} has a leading 0, which YAML 1.1 reads as octal ({value}): write the number without the leading 0"
+    return ""
 
 
 def _expansion(root: Any) -> tuple[int, int] | None:
