@@ -86,12 +86,12 @@ def parse_config_file(data: Any, path: str = "<memory>") -> ConfigFile:
             raise ConfigError(f"{path}: {name}: {err.field}", err.value, err.allowed) from None
         except TypeError as err:  # pragma: no cover - from_dict checks names first
             raise ConfigError(f"{path}: {name}", merged, str(err)) from None
-        entries.append(NamedConfig(name, cfg, str(data.get("source", ""))))
+        entries.append(NamedConfig(name, cfg, data.get("source") or ""))
     return ConfigFile(
-        name=str(data.get("name") or Path(path).stem),
+        name=data.get("name") or Path(path).stem,
         entries=tuple(entries),
-        description=str(data.get("description", "")),
-        source=str(data.get("source", "")),
+        description=data.get("description") or "",  # an empty `description:` is null: no text, not 'None'
+        source=data.get("source") or "",
         path=path,
     )
 
