@@ -150,8 +150,12 @@ def yaml_loader() -> type:
         def construct_object(self, node: Any, deep: bool = False) -> Any:
             try:
                 return super().construct_object(node, deep=deep)
-            except (ValueError, OverflowError) as err:  # yaml.YAMLError is neither
-                raise ConstructorError(None, None, f"cannot build this value ({err})", node.start_mark) from None
+            # PyYAML's constructors fail on a value their tag cannot mean (`!!int` with no digits,
+            # `!!bool maybe`, `!!timestamp x`) with these; yaml.YAMLError is none of them.
+            except (ValueError, OverflowError, LookupError, AttributeError) as err:
+                tag = str(node.tag).rpartition(":")[2]
+                raise ConstructorError(None, None, f"cannot build this value as !!{tag} ({type(err).__name__}: {err})",
+                                       node.start_mark) from None
 
     Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
     Loader.add_constructor("tag:yaml.org,2002:float", Loader.construct_yaml_float)
