@@ -30,11 +30,11 @@ def declare_backend(name: str) -> Backend:
     """The Backend named `name`, made once: how a backend added through the registry (backends.py)
     gets a value that verdicts, selections and the store carry like F16's. Iterating Backend lists
     the built-in backends only."""
+    if not isinstance(name, str) or not name.isidentifier() or name != name.upper():
+        raise ConfigError("backend", name, "must be an upper-case identifier such as 'TOY'")
     found = Backend._value2member_map_.get(name)
     if found is not None:
         return found
-    if not name or not name.isidentifier() or name != name.upper():
-        raise ConfigError("backend", name, "must be an upper-case identifier such as 'TOY'")
     member = str.__new__(Backend, name)
     member._name_ = member._value_ = name
     Backend._value2member_map_[name] = member  # Backend(name) finds it; the built-in members stay as they are
