@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,14 @@ def parse_config_file(data: Any, path: str = "<memory>") -> ConfigFile:
     if not isinstance(defaults, Mapping):  # 0, [] or null would otherwise be read as no defaults
         raise ConfigError(f"{path}: defaults", defaults,
                           "must be a mapping of AttnConfig fields (leave the key out for no defaults)")
+    fields = [f.name for f in dataclasses.fields(AttnConfig)]
+    unknown = sorted(set(defaults) - set(fields), key=str)
+    if unknown:  # named here: AttnConfig.from_dict would name the first entry, which does not hold it
+        key = unknown[0]
+        where = "an entry's name goes in the entry; " if key == "name" else ""
+        suggestion = did_you_mean(key, fields)
+        rest = f"(AttnConfig has {len(fields)} fields; see README 'Config format')" if suggestion else allowed(fields)
+        raise ConfigError(f"{path}: defaults: {key}", defaults[key], f"unknown field; {where}{suggestion}{rest}")
     raw_entries = data.get("configs")
     if not isinstance(raw_entries, list) or not raw_entries:
         raise ConfigError(f"{path}: configs", raw_entries, "must be a non-empty list of named entries")
