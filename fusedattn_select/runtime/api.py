@@ -84,10 +84,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         window_size: sliding window (left, right), -1 = unbounded.
         attn_scale: score scale; None = 1/sqrt(head_dim).
         dropout: probability of dropping an attention weight (applied whenever > 0).
-        bias: additive post-scale bias broadcastable to (B, Hq, Sq, Skv); trainable if it requires grad.
+        bias: additive post-scale bias broadcastable to (B, Hq, Sq, Skv), taken in q's precision; trainable if it
+            requires grad.
         alibi_slopes: ALiBi slopes (Hq,) or (B, Hq); fused only with cuDNN's standard slopes.
         softmax: "vanilla", "off_by_one" or "learnable" (with `sink`, one logit per q head).
-        seqlens_q, seqlens_kv: actual lengths (B,) for the padding masks.
+        seqlens_q, seqlens_kv: actual lengths (B,) for the padding masks, each from 0 to the sequence length
+            (checked for CPU tensors; not read back from a GPU).
         deterministic: ask cuDNN for a deterministic backward pass.
         fp8: True quantizes fp16/bf16 inputs per tensor (current scaling) and runs cuDNN's FP8
             kernels, returning the input precision; an `FP8History` (one per call site) scales from
@@ -95,7 +97,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             `o_dtype=torch.float8_e4m3fn`, inference returns an `FP8Tensor`); `FP8Scales(...)`
             for float8 inputs (`o_dtype=torch.float8_e4m3fn` returns the kernel's FP8 output as an
             `FP8Tensor(data, descale)`, skipping the pass that converts it).
-        return_lse: also return the softmax log-sum-exp (B, Hq, Sq, 1) float32 (not differentiable).
+        return_lse: also return the softmax log-sum-exp (B, Hq, Sq, 1), float32 (float64 for float64 inputs),
+            not differentiable.
 
     Returns:
         The output in the caller's layout (..., head_dim_v), and the lse if `return_lse`.

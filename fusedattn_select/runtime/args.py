@@ -159,7 +159,7 @@ def check_args(q: Any, k: Any, v: Any, inputs: OptionalInputs, arguments: Argume
     _check_mask_and_window(arguments.mask, arguments.window_size)
     _check_scalars(arguments)
     _check_optional_tensors(inputs, dims, arguments.softmax, q.device)
-    _check_seqlens(inputs, arguments.mask, dims.batch)
+    _check_seqlens(inputs, arguments.mask, dims)
     for name in ("deterministic", "return_lse"):
         if not isinstance(getattr(arguments, name), bool):
             raise ConfigError(name, getattr(arguments, name), "must be True or False")
@@ -202,8 +202,9 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
         raise ConfigError("k", tuple(k.shape), f"head dim must match q's ({dq})")
     if hk == 0 or hq % hk:
         raise ConfigError("k", tuple(k.shape), f"number of heads ({hk}) must divide q's ({hq}) for GQA/MQA")
-    if min(bq, hq, sq, dq, sk, dv) <= 0:
-        raise ConfigError("q", tuple(q.shape), "every dim of q, k and v must be positive")
+    for name, t, dims in (("q", q, (bq, hq, sq, dq)), ("k", k, (sk,)), ("v", v, (dv,))):
+        if min(dims) <= 0:
+            raise ConfigError(name, tuple(t.shape), "every dim of q, k and v must be positive")
     return Dims(bq, hq, sq, sk)
 
 
@@ -255,15 +256,21 @@ def _check_optional_tensors(inputs: OptionalInputs, dims: Dims, softmax: str, de
         raise ConfigError("sink", tuple(sink.shape), f"only allowed with softmax='learnable' (softmax={softmax!r})")
 
 
-def _check_seqlens(inputs: OptionalInputs, mask: str, batch: int) -> None:
+def _check_seqlens(inputs: OptionalInputs, mask: str, dims: Dims) -> None:
     padded = mask.startswith("padding")
-    for name, lens in (("seqlens_q", inputs.seqlens_q), ("seqlens_kv", inputs.seqlens_kv)):
+    for name, lens, longest in (("seqlens_q", inputs.seqlens_q, dims.seqlen_q),
+                                ("seqlens_kv", inputs.seqlens_kv, dims.seqlen_kv)):
         if padded and lens is None:
             raise ConfigError(name, None, f"required with mask={mask!r}")
         if not padded and lens is not None:
             raise ConfigError(name, "tensor", f"only allowed with a padding mask (mask={mask!r})")
-        if lens is not None and (tuple(lens.shape) != (batch,) or lens.is_floating_point() or lens.dtype == torch.bool):
-            raise ConfigError(name, (tuple(lens.shape), lens.dtype), f"must be an integer tensor of shape ({batch},)")
+        if lens is None:
+            continue
+        if tuple(lens.shape) != (dims.batch,) or lens.is_floating_point() or lens.dtype == torch.bool:
+            raise ConfigError(name, (tuple(lens.shape), lens.dtype), f"must be an integer tensor of shape ({dims.batch},)")
+        # Values are read on the CPU only: on a GPU that would wait for the device on every call (meta: none).
+        if lens.device.type == "cpu" and not 0 <= int(lens.min()) <= int(lens.max()) <= longest:
+            raise ConfigError(name, lens.tolist(), f"each length must be from 0 to the sequence length ({longest})")
 
 
 def _check_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: Any, training: bool) -> None:

@@ -68,8 +68,6 @@ def _torch_sdpa(options: CallOptions, qb: torch.Tensor, kb: torch.Tensor, vb: to
         cols = torch.arange(skv, device=qb.device).view(1, skv)
         allowed = cols <= rows + offset
         attn_mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
-    if isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point() and attn_mask.dtype != qb.dtype:
-        attn_mask = attn_mask.to(qb.dtype)
     return torch_sdpa(qb, kb, vb, attn_mask=attn_mask, dropout_p=options.dropout, is_causal=is_causal,
                       scale=options.attn_scale, enable_gqa=qb.shape[1] != kb.shape[1])
 
@@ -85,6 +83,8 @@ def fallback_forward(kind: str, options: CallOptions, q: torch.Tensor, k: torch.
         kb = _dequantized(kb, scales.descale_k, dtype)
         vb = _dequantized(vb, scales.descale_v, dtype)
     lse = None
+    if inputs.bias is not None and inputs.bias.dtype != qb.dtype:  # in q's precision, as SDPA and cuDNN take it
+        inputs = inputs._replace(bias=inputs.bias.to(qb.dtype))
     if kind == FALLBACK_TORCH:
         out = _torch_sdpa(options, qb, kb, vb, inputs.bias)
     else:
@@ -94,6 +94,8 @@ def fallback_forward(kind: str, options: CallOptions, q: torch.Tensor, k: torch.
         tensors = autograd_reference.ReferenceTensors(*inputs)
         result = autograd_reference.attend(qb, kb, vb, reference_options, tensors)
         out, lse = result if options.return_lse else (result, None)
+        # Not differentiable, as the fused runners return it: a loss using it trains alike everywhere.
+        lse = lse.detach() if lse is not None else None
     return from_bhsd(out, options.layout), lse
 
 

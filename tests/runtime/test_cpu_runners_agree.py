@@ -1,0 +1,59 @@
+"""Without a GPU, attention() runs torch SDPA or the float32 reference: the same call answers alike
+whichever runs it, and as the fused runners do (the lse takes no gradient; a bias is taken in q's
+precision), and bad optional tensors are ConfigErrors naming the argument."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from fusedattn_select import attention
+from fusedattn_select.errors import ConfigError
+from fusedattn_select.selection.selector import Selector, set_default_selector
+
+
+@pytest.fixture(autouse=True)
+def no_gpu():
+    set_default_selector(Selector(None, unavailable_reason="no GPU"))
+    logging.getLogger("fusedattn_select").setLevel(logging.ERROR)
+    yield
+    logging.getLogger("fusedattn_select").setLevel(logging.NOTSET)
+
+
+def test_the_lse_takes_no_gradient_on_the_reference_either():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 6, 2, 8, requires_grad=True) for _ in range(3))
+    lens = torch.tensor([6, 4])
+    out, lse = attention(q, k, v, mask="padding", seqlens_q=lens, seqlens_kv=lens, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
+
+
+def test_a_float32_bias_is_taken_in_q_precision_by_both_runners():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 64, 2, 16).to(torch.bfloat16) for _ in range(3))
+    bias = 200.0 + torch.randn(1, 1, 64, 64) * 0.5  # float32, far from 0: bf16 rounds it by up to 0.5
+    on_sdpa = attention(q, k, v, bias=bias).float()
+    on_reference = attention(q, k, v, bias=bias, return_lse=True)[0].float()  # return_lse: the reference runs it
+    assert (on_sdpa - on_reference).abs().max() <= 0.03 * on_sdpa.abs().max()
+
+
+@pytest.mark.parametrize(("lens_q", "lens_kv", "field"), [([6, 5], [7, 7], "seqlens_q"), ([-1, 5], [7, 7], "seqlens_q"),
+                                                          ([5, 5], [7, 9], "seqlens_kv")])
+def test_lengths_outside_the_sequence_are_refused_naming_the_argument(lens_q, lens_kv, field):
+    q = torch.randn(2, 5, 2, 8)
+    k = v = torch.randn(2, 7, 2, 8)
+    with pytest.raises(ConfigError) as err:
+        attention(q, k, v, mask="padding", seqlens_q=torch.tensor(lens_q), seqlens_kv=torch.tensor(lens_kv))
+    assert err.value.field == field and "from 0 to the sequence length" in str(err.value)
+
+
+def test_an_empty_k_or_v_dim_is_named_by_its_own_tensor():
+    q = torch.randn(2, 7, 2, 8)
+    with pytest.raises(ConfigError) as err:
+        attention(q, torch.randn(2, 0, 2, 8), torch.randn(2, 0, 2, 8))
+    assert err.value.field == "k"
+    with pytest.raises(ConfigError) as err:
+        attention(q, torch.randn(2, 7, 2, 8), torch.randn(2, 7, 2, 0))
+    assert err.value.field == "v"
