@@ -7,6 +7,8 @@ import contextlib
 import threading
 from typing import Callable, Generic, Hashable, Iterator, TypeVar
 
+from fusedattn_select.store.locks import renew_locks_after_fork
+
 V = TypeVar("V")
 
 
@@ -19,6 +21,12 @@ class OncePerKey(Generic[V]):
 
     def __init__(self) -> None:
         self._values: dict[Hashable, V] = {}
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        # Fresh in a forked child too: a build another thread of the parent was running at fork()
+        # never ends there, so a child asking for that key builds it itself.
         self._guard = threading.Lock()
         self._building: dict[Hashable, threading.Lock] = {}
 
@@ -59,6 +67,18 @@ class OncePerKey(Generic[V]):
     def clear(self) -> None:
         with self._guard:
             self._values.clear()
+
+
+class MakingLock:
+    """`lock`: held while a process-wide value is made once; fresh in a forked child, where a thread
+    of the parent that was making the value at fork() never finishes."""
+
+    def __init__(self) -> None:
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self.lock = threading.Lock()
 
 
 def read_or_make(read: Callable[[], V | None], make: Callable[[], V],

@@ -9,6 +9,7 @@ from fusedattn_select import offpath
 from fusedattn_select.buckets import Bucket, bucket_form, larger_buckets
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.store import protocol
+from fusedattn_select.store.locks import renew_locks_after_fork
 from fusedattn_select.types import Fingerprint
 
 # Answers and bucket forms remembered before each memo starts over.
@@ -26,12 +27,16 @@ class BucketIndex:
     def __init__(self, store: protocol.Store | None, fingerprint: Fingerprint) -> None:
         self._store = store
         self._fingerprint = fingerprint
-        self._lock = threading.Lock()
+        self._renew_locks()
+        renew_locks_after_fork(self)
         self._selected: dict[str, list[Bucket]] = {}  # buckets answered "yes", by problem class
         self._scanned: set[tuple[str, Bucket]] = set()  # (class, bucket) looked up in the store
         self._changes = 0  # buckets learned or forgotten so far: remembered answers hold until it moves
         self._answers: dict[tuple[str, int, int], AttnConfig | None] = {}
         self._forms: dict[tuple[str, Bucket], AttnConfig | None] = {}
+
+    def _renew_locks(self) -> None:
+        self._lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
 
     def find(self, cfg: AttnConfig) -> AttnConfig | None:
         """The smallest bucket of `cfg`'s class answered "yes" (here, or in the store) that holds its
@@ -46,7 +51,9 @@ class BucketIndex:
         form = self._find(cfg)
         if len(self._answers) >= _MEMO_SIZE:
             self._answers.clear()
-        self._answers[(cfg.cache_key(), len(self._scanned), self._changes)] = form
+        # Filed under the state it was read in: a bucket learned or forgotten meanwhile (by another
+        # thread, or this lookup's own store scan) moves the key, and the next lookup looks again.
+        self._answers[memo_key] = form
         return form
 
     def remember(self, form: AttnConfig) -> None:

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 from fusedattn_select.single_flight import OncePerKey
+from fusedattn_select.store.locks import renew_locks_after_fork
 
 COUNTERS = ("calls", "fused_calls", "fallback_calls", "entries_built", "promotions", "torch_calls", "swaps",
             "measured", "stays_on_torch", "ahead_queued", "ahead_built", "ahead_skipped", "ahead_failed")
@@ -39,8 +40,12 @@ class Preparer:
     def __init__(self, name: str) -> None:
         self._name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None  # (in a forked child: not alive, started again)
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self._lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
 
     def submit(self, job: Callable[[], Any]) -> Job:
         future = Job()
@@ -65,9 +70,10 @@ class Dispatcher:
     """The runtime's state (see the module docstring). One per process: `dispatcher`."""
 
     def __init__(self) -> None:
+        self._renew_locks()  # the locks named below
+        renew_locks_after_fork(self)
         # Decisions. `entries`: one per call signature (entries.key); `by_call`: the same entries by
         # the call as given (entries.fast_key). `lock` guards replacing an entry in both.
-        self.lock = threading.Lock()
         self.entries: OncePerKey[Any] = OncePerKey()
         self.by_call: dict[tuple, Any] = {}
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
@@ -81,26 +87,21 @@ class Dispatcher:
         self.choices: dict[str, Any] = {}
         self.failed_choices: dict[str, str] = {}
         self.timings: OncePerKey[Any] = OncePerKey()
-        self.choices_lock = threading.Lock()
         self.preparer = Preparer("fusedattn-prepare")
         # Plans (plans.py): by (device, plan key) and by (device, problem, backend, phase); their
         # counters; one workspace per (device, stream).
         self.plans: OncePerKey[Any] = OncePerKey()
         self.plans_by_problem: dict[tuple, Any] = {}
         self.plan_stats: Counter[str] = Counter()
-        self.plan_stats_lock = threading.Lock()
         self.workspaces: dict[tuple[int, int], Any] = {}
-        self.workspace_lock = threading.Lock()
         # Why this process can run no cuDNN graph (dense_builds.cudnn_missing): None until checked, "" when it can.
         self.no_cudnn: Optional[str] = None
         # The worker process that builds plans (dense_builds.py), and how many died before answering.
         self.worker: Optional[Any] = None
         self.worker_deaths = 0
-        self.worker_lock = threading.Lock()
         # The worker's build-ahead jobs while they run (dense_builds.queue_ahead; a finished one is counted and
         # forgotten), and the thread that reads the model and queues them (not the preparer: first calls go first).
         self.ahead: set[Future] = set()
-        self.ahead_lock = threading.Lock()
         self.ahead_queuer = Preparer("fusedattn-build-ahead")
         # The FP8 path's triton kernels (fp8_kernels.py): the chosen backend, the kernels, per-device facts.
         self.fp8_backend: Optional[str] = None
@@ -108,7 +109,6 @@ class Dispatcher:
         self.fp8_capable: dict[Any, Any] = {}
         # The compiled module (native/): loaded modules by name (None: did not load), the one whose table
         # attention() asks first (`native_call`), the calls its table ran before last emptied, its background build.
-        self.native_lock = threading.Lock()
         self.native_names: dict[Any, str] = {}  # source file -> its module's name (a hash, worked out once)
         self.native_loaded: dict[str, Any] = {}
         self.native_table: Optional[Any] = None
@@ -118,12 +118,23 @@ class Dispatcher:
         # Held while deciding whether a problem's fallback was logged (`fallbacks_logged`: (problem
         # key, reason) pairs, forgotten by clear(); entries.log_fallback), or a note of `told` (a key
         # per note said once per process; clear() keeps them).
-        self.log_lock = threading.Lock()
         self.fallbacks_logged: set[tuple[str, str]] = set()
         self.told: set[str] = set()
         # Per thread: cuDNN handles by device (`handles`, plans.py) and private streams for loading
         # plans (`loading_streams`, streams.py).
         self.per_thread = threading.local()
+
+    def _renew_locks(self) -> None:
+        # Fresh in a forked child too (DataLoader workers, pre-fork servers): a lock another thread of the
+        # parent held at fork() stays held there for ever, as no thread of the child releases it.
+        self.lock = threading.Lock()
+        self.choices_lock = threading.Lock()
+        self.plan_stats_lock = threading.Lock()
+        self.workspace_lock = threading.Lock()
+        self.worker_lock = threading.Lock()
+        self.ahead_lock = threading.Lock()
+        self.native_lock = threading.Lock()
+        self.log_lock = threading.Lock()
 
     def first_time(self, note: str) -> bool:
         """Whether `note` is said for the first time in this process (it counts as said from now on)."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fusedattn_select.settings import RuntimeSettings, read_runtime, runtime_with
+from fusedattn_select.store.locks import renew_locks_after_fork
 
 
 class RunSettings:
@@ -18,8 +19,12 @@ class RunSettings:
     for the rest of the process, `reread()` after the environment changed (tests)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._value: RuntimeSettings | None = None
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self._lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
 
     def get(self) -> RuntimeSettings:
         value = self._value

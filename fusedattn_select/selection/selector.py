@@ -22,8 +22,9 @@ from fusedattn_select.planning.planner import Planner
 from fusedattn_select.probing.engine_protocol import ProbeEngine
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.rules import apply_rules, asked_problem_rules, no_platform_verdict, refuses_as_asked
-from fusedattn_select.single_flight import read_or_make
+from fusedattn_select.single_flight import MakingLock, read_or_make
 from fusedattn_select.store import open_default_store, protocol
+from fusedattn_select.store.locks import renew_locks_after_fork
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict, rejection_line
 
 log = logging.getLogger("fusedattn_select")
@@ -111,7 +112,8 @@ class Selector:
         self.notice = notice
         self._fingerprint = engine.fingerprint() if engine is not None else NO_PLATFORM
         self._fingerprint_key = self._fingerprint.key()
-        self._lock = threading.Lock()
+        self._renew_locks()
+        renew_locks_after_fork(self)
         self._memory: dict[str, _Entry] = {}
         live = bucket_forms and engine is not None and engine.provenance is Provenance.LIVE_PROBE
         asked_rules = asked_problem_rules(self._fingerprint)
@@ -122,9 +124,14 @@ class Selector:
             _ExactAnswers(self), buckets=BucketIndex(store, self._fingerprint) if live else None,
             recorded_buckets=(bucket_forms and not live and getattr(engine, "bucket_for", None)) or None,
             refuses_as_asked=lambda cfg: refuses_as_asked(asked_rules, cfg, self._fingerprint))
-        self._in_flight: dict[str, Future] = {}
         self._stats: Counter[str] = Counter()
         self._thread = threading.local()  # engine calls per thread: what one search spent (probes_by_this_thread)
+
+    def _renew_locks(self) -> None:
+        # Fresh in a forked child too: a probe another thread of the parent was running at fork()
+        # never answers there, so the child's first asker of that problem probes it itself.
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, Future] = {}
 
     # ----- public ----------------------------------------------------------------------------
     @property
@@ -230,17 +237,17 @@ class Selector:
             return selection
 
     def record_build_failure(self, cfg: AttnConfig, failed: Verdict) -> None:
-        """A graph that passed a fast probe failed to build: flip the cached answer to NONE."""
+        """A graph that passed a fast probe failed to build: flip the cached answer to NONE (also when
+        memory no longer holds it: a clear_cache() while the graph built)."""
         key = cfg.cache_key()
         self.planner.clear_answers()  # answers given through this graph (its bucket, its heads as batch)
+        stored = self.store.get(self._fingerprint, key) if self.store is not None and key not in self._memory else None
         with self._lock:
             entry = self._memory.get(key)
-            if entry is None:
-                return
-            verdicts = tuple(
-                failed if (v.backend, v.phase) == (failed.backend, failed.phase) else v
-                for v in entry.verdicts
-            )
+            known = entry.verdicts if entry is not None else stored[0] if stored is not None else ()
+            verdicts = tuple(failed if (v.backend, v.phase) == (failed.backend, failed.phase) else v for v in known)
+            if failed not in verdicts:  # no answer of that graph held: the failure is its answer
+                verdicts += (failed,)
             self._memory[key] = self._entry(cfg, key, verdicts, ProbeDepth.FULL)
         self.planner.forget_bucket(cfg)
         # A rejection is stored for every process (it replaces a "yes" of any depth); an incident
@@ -380,7 +387,7 @@ class Selector:
 
 # ----- the process-wide selector ---------------------------------------------------------------
 _default: Selector | None = None
-_default_lock = threading.Lock()
+_making = MakingLock()  # held while it is made
 
 
 def selector_for(snapshots: str | Path | Iterable[str | Path] | None = None, target: str | None = None) -> Selector:
@@ -405,7 +412,7 @@ def default_selector() -> Selector:
     selector = _default
     if selector is not None:  # every call after the first: no lock
         return selector
-    with _default_lock:
+    with _making.lock:
         if _default is None:
             _default = selector_for()
         return _default
@@ -429,7 +436,7 @@ def use_snapshots(snapshots: str | Path | Iterable[str | Path] | None = None, *,
 def set_default_selector(selector: Selector | None) -> Selector | None:
     """Replace the process-wide selector (None: rediscover on next use); returns the old one."""
     global _default
-    with _default_lock:
+    with _making.lock:
         old, _default = _default, selector
     return old
 
@@ -438,7 +445,9 @@ def select(cfg: AttnConfig, probe_depth: str = "fast", *, alternatives: bool = F
     """Which fused backend runs `cfg` here, and if none, every reason why (cached; without a GPU the bundled
     snapshots answer, `Selection.no_data` where they hold nothing). `alternatives=True`: a refused NONE also
     lists supported problems nearby (`Selection.alternatives`); on a GPU each such NONE costs extra graph
-    probes, up to the cap (alternatives.DEFAULT_MAX_PROBES)."""
+    probes, up to the cap (alternatives.DEFAULT_MAX_PROBES). A cached answer is returned as it was made:
+    its `config` is the problem as first asked, in that asker's spelling of it (mask="causal" with
+    bottom_right_diagonal=True, or mask="causal_bottom_right": one problem, one `cache_key`)."""
     if not isinstance(alternatives, bool):  # a truthy "no" would cost the probes of alternatives
         raise ConfigError("alternatives", alternatives, "must be True (list supported problems nearby) or False")
     selector = default_selector()
