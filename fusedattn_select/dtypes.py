@@ -61,6 +61,13 @@ def fp8_scale(amax: float, name: str, top: float = 0.0) -> float:
     return 2.0 ** math.floor(math.log2((top or BY_NAME[name].largest) / amax))
 
 
+def dropout_headroom(dropout: float) -> float:
+    """2**floor(log2(1 - dropout)), exactly: the factor an FP8 O's scale takes from V's (dispatch and verify
+    bind it alike). Dropout divides the probabilities it keeps by 1 - dropout, so |O| can reach
+    amax(V) / (1 - dropout)."""
+    return math.ldexp(1.0, math.frexp(1.0 - dropout)[1] - 1)
+
+
 def fp8_gradient_bounds(attn_scale: Any, keep: Any, rows: Any, amax_q: Any, amax_k: Any, amax_do: Any,
                         do_row_norm: Any, v_row_norm: Any) -> dict[str, Any]:
     """Upper bounds on the magnitudes an FP8 backward writes, from its inputs' real values, which its

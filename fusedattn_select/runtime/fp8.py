@@ -25,13 +25,13 @@ at the scales above, dequantized to the input precision before they are returned
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from fusedattn_select import dtypes
+from fusedattn_select.dtypes import dropout_headroom
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8_kernels as fp8k
 from fusedattn_select.runtime.dispatcher import dispatcher
@@ -178,12 +178,6 @@ class FP8History:
 def pow2_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, limit: float = 0.0) -> torch.Tensor:
     """Largest power of two s with amax * s <= limit (default: the dtype's max), as float32."""
     return fp8k.pow2_scale_torch(amax, limit or FP8_MAX[fp8_dtype], MAX_SCALE[torch.float32])
-
-
-def dropout_headroom(dropout: float) -> float:
-    """2**floor(log2(1 - dropout)), exactly: the factor O's scale takes from V's. Dropout divides the
-    probabilities it keeps by 1 - dropout, so |O| can reach amax(V) / (1 - dropout)."""
-    return math.ldexp(1.0, math.frexp(1.0 - dropout)[1] - 1)
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8_dtype: torch.dtype, *,

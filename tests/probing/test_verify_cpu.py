@@ -376,3 +376,24 @@ def test_a_backward_whose_forward_is_refused_is_not_checked_rather_than_refused(
         verify_checks._forward_for_backward(cfg, Backend.F16, None, 0, tolerances.Planted(), SimpleNamespace())
     assert [c.return_max_logit for c in built] == [False]  # built without the output the backward never reads
 
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1, 0.5, 0.6])
+def test_an_fp8_o_scale_under_dropout_is_bound_as_dispatch_binds_it(dropout):
+    torch = pytest.importorskip("torch")
+    from fusedattn_select.probing.cudnn import verify_run
+    from fusedattn_select.runtime import fp8 as runtime_fp8
+    from fusedattn_select.runtime.fp8_kernels import STATE
+
+    cfg = config(qkv_dtype="fp8_e4m3", num_heads_kv=8, is_training=False, dropout=dropout)
+    qkv = ((2, 8, 256, 64), (8 * 256 * 64, 256 * 64, 64, 1))
+    scalar = ((1, 1, 1, 1), (1, 1, 1, 1))
+    build = _Declared(q=qkv, k=qkv, v=qkv, o=qkv, **{n: scalar for n in verify_run._FP8_SCALARS})
+    build.data_types = {**{n: "data_type.FP8_E4M3" for n in "qkvo"}, **{n: "data_type.FLOAT" for n in verify_run._FP8_SCALARS}}
+    bound = verify_run.new_bound(cfg, torch.device("cpu"), 5)
+    verify_scale_o = float(verify_run._input(bound, build, "scale_o"))
+    v8 = bound.tensors["v"]
+    descales = [torch.tensor([1.0]), torch.tensor([1.0]), torch.tensor([1.0 / bound.scales["v"]])]
+    state = runtime_fp8.explicit_state(runtime_fp8.FP8Scales(*descales, o_dtype=torch.float8_e4m3fn), v8,
+                                       torch.float8_e4m3fn, dropout)
+    assert verify_scale_o == float(state[STATE.index("scale_o")])

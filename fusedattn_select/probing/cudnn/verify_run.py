@@ -279,7 +279,8 @@ def _fp8_scalar(bound: Bound, build: GraphBuild, name: str) -> torch.Tensor:
         if dtypes.BY_NAME[o_type].is_fp8:
             v = _input(bound, build, "v")
             largest_v = float(v.float().abs().max()) / bound.scales["v"]
-            value = bound.scales["o"] = dtypes.fp8_scale(largest_v, o_type)
+            # With dropout's headroom, as dispatch binds it (runtime/fp8.explicit_state).
+            value = bound.scales["o"] = dtypes.fp8_scale(largest_v, o_type) * dtypes.dropout_headroom(bound.cfg.dropout)
     else:
         quantized = name[len("descale_"):]
         _input(bound, build, quantized)
