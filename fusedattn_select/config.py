@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from fusedattn_select import backends
 from fusedattn_select.config_messages import allowed, did_you_mean, number_as_text
-from fusedattn_select.dtypes import DTYPES, F16_DTYPES, FP8_DTYPES
+from fusedattn_select.dtypes import DTYPES, F16_DTYPES, FP8_DTYPES, from_torch
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.layouts import FORMATS, LAYOUTS, Layout
 from fusedattn_select.problem_classes import SHAPE_FIELDS, ClassKeys, ProblemClasses, digest
@@ -318,7 +318,9 @@ def _check_choice(cfg: AttnConfig, name: str, choices: tuple[str, ...], optional
     if value is None and optional:
         return
     if value not in choices:
-        raise ConfigError(name, value, did_you_mean(value, choices) + allowed(choices))
+        meant = from_torch(value) if name.endswith("_dtype") else None  # 'float16', 'half', torch.float16
+        hint = f"did you mean {meant!r}? " if meant in choices else did_you_mean(value, choices)
+        raise ConfigError(name, value, hint + allowed(choices))
 
 
 def _check_bool(cfg: AttnConfig, name: str, optional: bool = False) -> None:
