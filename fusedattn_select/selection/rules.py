@@ -36,7 +36,8 @@ CUDNN_FE_FP8_D256_KERNEL = "https://github.com/NVIDIA/cudnn-frontend/pull/860"
 CUDNN_FE_FP8_D256_FIX = "https://github.com/NVIDIA/cudnn-frontend/pull/985"
 # Measured by this project (no upstream report found): the rule's section of the docs, with the recorded runs
 # of tools/fp8_dk_check.py that it cites. Paths in this repository.
-FP8_GQA_BACKWARD_MEASURED = "docs/rules.md"
+MEASURED_HERE = "docs/rules.md"
+DROPOUT_ONE_ROW_RUN = "tools/results/dropout-row-check-h200.json"
 FP8_GQA_BACKWARD_RUNS = ("tools/results/fp8-dk-check-h100.json", "tools/results/fp8-dk-check-fp8-backward-race-h100.json")
 # Platforms as Fingerprint.platform names them. A rule describes the platforms in its `platforms` and no other: the
 # cuDNN rules say nothing about ROCm, whose answers come from its own declared tables (probing/rocm).
@@ -193,6 +194,14 @@ def _masked_fp8_d256(cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
     return cfg.head_dim_qk == 256 and cfg.resolved_head_dim_v == 256 and masked
 
 
+def _dense_dropout_one_row(cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
+    # Where the illegal memory access was measured: one query row, head dim 64, 384-512 keys (not at
+    # 128, 256 or from 513 on; 257-383 not measured: refused with the crashing range). The ragged
+    # graph of the same problem's shape bucket ran; other head dims did not crash.
+    return (cfg.dropout > 0 and cfg.seqlen_q == 1 and cfg.head_dim_qk == 64 and 256 < cfg.seqlen_kv <= 512
+            and not cfg.layout.ragged)
+
+
 def _gqa_fp8_gradients(cfg: AttnConfig, fingerprint: Fingerprint) -> bool:
     # Where the differing dK was measured: query heads sharing a KV head, gradients written in FP8.
     # MHA problems of the same sizes repeated exactly; FP8 backwards with 16-bit gradients are not covered.
@@ -293,13 +302,23 @@ RULES: tuple[Rule, ...] = (
         sm_archs=(100, 103), see_also=(CUDNN_FE_FP8_D256_FIX, CUDNN_FE_FP8_D256_KERNEL),
     ),
     Rule(
+        "cudnn-9.19-hopper-dropout-one-query-row",
+        F16, BOTH,  # the forward crashed: a training problem runs it too
+        _dense_dropout_one_row,
+        "measured cuDNN 9.19 bug on Hopper: the dense SDPA forward with dropout, one query row "
+        "(seqlen_q == 1), head dim 64 and 257-512 keys makes an illegal memory access, which leaves the "
+        "process's CUDA context unusable; its shape bucket's ragged graph runs it",
+        MEASURED_HERE, cudnn_versions=(91900, 91999), known_bug=True, sm_archs=(90,),
+        see_also=(DROPOUT_ONE_ROW_RUN,),
+    ),
+    Rule(
         "cudnn-9.19-hopper-fp8-gqa-backward",
         FP8, BWD,
         _gqa_fp8_gradients,
         "measured cuDNN 9.19 bug on Hopper: the FP8 backward with grouped KV heads (num_heads_q != "
         "num_heads_kv) and FP8 gradients writes a different dK on the same inputs from run to run, "
         "at times far off the reference; run the backward in fp16/bf16",
-        FP8_GQA_BACKWARD_MEASURED, cudnn_versions=(91900, 91999), known_bug=True, sm_archs=(90,),
+        MEASURED_HERE, cudnn_versions=(91900, 91999), known_bug=True, sm_archs=(90,),
         see_also=FP8_GQA_BACKWARD_RUNS,
     ),
 )

@@ -30,6 +30,8 @@ MLA = dict(head_dim_qk=256, head_dim_v=128)
 DECODE = dict(seqlen_q=1, is_training=False)
 FP8_D256 = dict(FP8, head_dim_qk=256, mask="causal", is_training=False)
 DEV_FRONTEND = "1.29.0.dev66375696"
+DROPOUT_ROW = dict(batch_size=2, num_heads_q=8, num_heads_kv=8, seqlen_q=1, seqlen_kv=512, head_dim_qk=64,
+                   dropout=0.1, is_training=False)
 FP8_GQA = dict(FP8, num_heads_q=32, num_heads_kv=8, mask="causal", scaling_mode="delayed", is_training=True)
 
 # (rule, config changes, cuDNN version, compute capability, phase): the rule rejects this problem.
@@ -59,6 +61,10 @@ FIRES = [
     ("cudnn-9.19-9.25.0-blackwell-decode", dict(DECODE, is_training=True), 92400, "10.0", Phase.BACKWARD),
     ("cudnn-9.19-9.25.0-blackwell-decode", DECODE, 91900, "10.1", Phase.FORWARD),
     ("cudnn-frontend-1.29-dev-fp8-d256-masked", FP8_D256, 91900, "10.0", Phase.FORWARD, DEV_FRONTEND),
+    ("cudnn-9.19-hopper-dropout-one-query-row", DROPOUT_ROW, 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-dropout-one-query-row", dict(DROPOUT_ROW, seqlen_kv=257, dropout=0.01), 91999, "9.0",
+     Phase.FORWARD),
+    ("cudnn-9.19-hopper-dropout-one-query-row", dict(DROPOUT_ROW, is_training=True), 91900, "9.0", Phase.BACKWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", FP8_GQA, 91900, "9.0", Phase.BACKWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, num_heads_kv=1, dqkv_dtype="fp8_e5m2"), 91999, "9.0",
      Phase.BACKWARD),
@@ -118,6 +124,15 @@ NEAR_MISSES = [
     ("cudnn-9.19-9.25.0-blackwell-decode", dict(DECODE, **FP8), 91900, "10.0", Phase.FORWARD),
     # FP8 d256: released frontends before and after the development builds, other archs, no mask, d128, F16.
     # The FP8 GQA backward on Hopper: MHA, 16-bit gradients, the forward, cuDNN outside 9.19, not Hopper.
+    ("cudnn-9.19-hopper-dropout-one-query-row", dict(DROPOUT_ROW, seqlen_kv=256), 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-dropout-one-query-row", dict(DROPOUT_ROW, seqlen_kv=513), 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-dropout-one-query-row", dict(DROPOUT_ROW, seqlen_q=2), 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-dropout-one-query-row", dict(DROPOUT_ROW, head_dim_qk=128), 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-dropout-one-query-row", dict(DROPOUT_ROW, dropout=0.0), 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-dropout-one-query-row", dict(DROPOUT_ROW, qkv_layout="thd_thd_thd", mask="padding"), 91900,
+     "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-dropout-one-query-row", DROPOUT_ROW, 92000, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-dropout-one-query-row", DROPOUT_ROW, 91900, "10.0", Phase.FORWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, num_heads_kv=32), 91900, "9.0", Phase.BACKWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, dqkv_dtype="bf16"), 91900, "9.0", Phase.BACKWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, scaling_mode="current"), 91900, "9.0", Phase.BACKWARD),
