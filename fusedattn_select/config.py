@@ -318,9 +318,14 @@ def _check_choice(cfg: AttnConfig, name: str, choices: tuple[str, ...], optional
     if value is None and optional:
         return
     if value not in choices:
-        meant = from_torch(value) if name.endswith("_dtype") else None  # 'float16', 'half', torch.float16
-        hint = f"did you mean {meant!r}? " if meant in choices else did_you_mean(value, choices)
-        raise ConfigError(name, value, hint + allowed(choices))
+        raise ConfigError(name, value, choice_message(name, value, choices))
+
+
+def choice_message(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """What a field `name` given `value` outside `choices` is told: a suggestion, then the choices."""
+    meant = from_torch(value) if name.endswith("_dtype") else None  # 'float16', 'half', torch.float16
+    hint = f"did you mean {meant!r}? " if meant in choices else did_you_mean(value, choices)
+    return hint + allowed(choices)
 
 
 def _check_bool(cfg: AttnConfig, name: str, optional: bool = False) -> None:

@@ -3,12 +3,12 @@ the distinct layer problems of a Hugging Face model config."""
 
 from __future__ import annotations
 
-import contextlib
+import re
 from typing import Any, NamedTuple, Sequence
 
 import yaml
 
-from fusedattn_select.config import AttnConfig, allowed, did_you_mean, is_size
+from fusedattn_select.config import AttnConfig, allowed, choice_message, did_you_mean, is_size
 from fusedattn_select.config_files import NAMES_SHOWN, NamedConfig, load_config_file, load_yaml, yaml_error
 from fusedattn_select.dtypes import DTYPES
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
@@ -37,6 +37,10 @@ class UsageError(FusedAttnSelectError, ValueError):
     """A command was given nothing to work on; the message says what to give."""
 
 
+# A number in decimal or exponent notation, as typed (not "nan", "inf" or "1_0", which float() also reads).
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
     """`key=value` pairs; values are YAML (`[128,0]`, `false`, `null`), numbers also as `1e-3`."""
     values: dict[str, Any] = {}
@@ -45,14 +49,14 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError("--set", pair, "must be key=value, e.g. --set head_dim_qk=128")
+        if key in values:  # the earlier value would be dropped without a word
+            raise ConfigError("--set", pair, f"sets {key} a second time: give each field once")
         try:
             value = load_yaml(text, key, text)
         except yaml.YAMLError as err:
             raise ConfigError(key, text, f"is not a YAML value ({yaml_error(err)})") from None
-        if isinstance(value, str):
-            # YAML 1.1 reads 1e-3 as a string; the user meant a number.
-            with contextlib.suppress(ValueError):
-                value = float(value)
+        if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-3 as a string; the user meant a number
         values[key] = value
     return values
 
@@ -146,7 +150,7 @@ def _hf_problems(source: str, sets: dict[str, Any]) -> Asked:
     asked = "qkv_dtype" in sets
     dtype = sets.pop("qkv_dtype", None)
     if asked and dtype not in DTYPES:  # as a config file's field: names, not aliases
-        raise ConfigError("qkv_dtype", dtype, allowed(DTYPES))
+        raise ConfigError("qkv_dtype", dtype, choice_message("qkv_dtype", dtype, DTYPES))
     reading = hf_config(source)
     layers = model_problems(
         reading, sets.pop("batch_size", 1), _length(sets, "seqlen_q"), sets.pop("is_training", True),

@@ -82,11 +82,12 @@ def test_missing_hf_config_file_is_bad_input(tmp_path, capsys):
     assert err.startswith("error: hf_config=")
 
 
-@pytest.mark.parametrize("value", ["bf17", "float16"])
-def test_a_set_dtype_is_checked_as_a_config_files_field_and_named(tmp_path, capsys, value):
+@pytest.mark.parametrize(("value", "hint"), [("bf17", "did you mean 'bf16'? "), ("float16", "did you mean 'fp16'? "),
+                                           ("int8", "")])
+def test_a_set_dtype_is_checked_as_a_config_files_field_and_named(tmp_path, capsys, value, hint):
     code, out, err = why(capsys, "--hf-config", write(tmp_path, LLAMA_3_8B), "--set", f"qkv_dtype={value}")
     assert code == 2 and out == ""
-    assert err.strip() == f"error: qkv_dtype={value!r}: must be one of 'fp16', 'bf16', 'fp8_e4m3', 'fp8_e5m2'", err
+    assert err.strip() == f"error: qkv_dtype={value!r}: {hint}must be one of 'fp16', 'bf16', 'fp8_e4m3', 'fp8_e5m2'", err
 
 
 def test_a_set_dtype_of_the_config_files_names_is_asked(tmp_path, capsys):
