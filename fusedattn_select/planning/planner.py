@@ -14,6 +14,7 @@ from fusedattn_select.plan_store.calls import dispatch_config, not_dispatched_re
 from fusedattn_select.planning.bucket_index import BucketIndex
 from fusedattn_select.planning.forms import DENSE, PlanForm, PlanKind
 from fusedattn_select.result import Selection
+from fusedattn_select.store.locks import renew_locks_after_fork
 from fusedattn_select.types import Outcome, ProbeDepth
 
 
@@ -50,12 +51,16 @@ class Planner:
         self._buckets = buckets
         self._recorded_buckets = recorded_buckets
         self._refuses_as_asked = refuses_as_asked
-        self._lock = threading.Lock()
+        self._renew_locks()
+        renew_locks_after_fork(self)
         # Final answers of problems answered through their bucket form, by (problem key, depth), and
         # through a decode step's heads as batch, by (problem key, depth, PlanKind.HEADS_AS_BATCH).
         self._by_problem: dict[tuple, Selection] = {}
         # Bumped whenever _by_problem is cleared: an answer computed before a clear is not filed after it.
         self._generation = 0
+
+    def _renew_locks(self) -> None:
+        self._lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
 
     def select(self, cfg: AttnConfig, depth: ProbeDepth) -> Selection:
         """A decode step by its heads-as-batch problem where that problem runs bucket plans; any other

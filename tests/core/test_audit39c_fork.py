@@ -180,3 +180,27 @@ def test_a_child_forked_while_a_thread_learns_a_bucket_can_learn_one():
     release.set()
     thread.join()
     assert status == 0
+
+
+def test_a_child_forked_while_a_thread_pins_an_answer_can_clear_and_answer():
+    selector = Selector(bundled_engine("h100"))
+    expected = selector.select(CFG)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold():
+        with selector.planner._lock:  # a thread pinning or clearing answers at fork() (widened here)
+            entered.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    entered.wait(10)
+
+    def child() -> bool:
+        selector.clear()
+        return selector.select(CFG).backend == expected.backend
+
+    status = in_forked_child(child, limit_s=10)
+    release.set()
+    thread.join()
+    assert status == 0
