@@ -4,6 +4,7 @@ the distinct layer problems of a Hugging Face model config."""
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, NamedTuple, Sequence
 
 import yaml
@@ -49,8 +50,8 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError("--set", pair, "must be key=value, e.g. --set head_dim_qk=128")
-        if key in values:  # the earlier value would be dropped without a word
-            raise ConfigError("--set", pair, f"sets {key} a second time: give each field once")
+        if key in values:  # the later value wins (base pairs, then overrides), said so
+            print(f"warning: --set {pair} replaces {key}={values[key]!r} given before it", file=sys.stderr)
         try:
             value = load_yaml(text, key, text)
         except yaml.YAMLError as err:

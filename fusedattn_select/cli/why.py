@@ -65,7 +65,10 @@ def format_selection(name: str, selection: Selection, recorded: bool = False,
     elif selection.no_data:
         lines.append(f"  -> no data (only a live probe can answer): {selection.message}")
     elif answer_of(selection) == FAILED:  # as matrix counts it: unknown, not a refusal
-        lines.append(f"  -> no answer: the probe failed (not a refusal; probe again): {selection.message}")
+        recorded = any(v.outcome is Outcome.FAILED and v.provenance is Provenance.SNAPSHOT for v in selection.verdicts)
+        again = "record it again on a GPU" if recorded else "probe again"
+        lines.append(f"  -> no answer: the {'recorded ' if recorded else ''}probe failed (not a refusal; {again}): "
+                     f"{selection.message}")
     else:
         lines.append(f"  -> NONE: {selection.message}")
     return lines

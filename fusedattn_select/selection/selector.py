@@ -344,8 +344,9 @@ class Selector:
         probe_ms = (time.perf_counter() - started) * 1e3
         failed = [v for v in verdicts if v.outcome is Outcome.FAILED]
         if failed:
-            for v in failed:
-                log.warning("fusedattn_select: %s (not cached)", v.reason())
+            for v in failed:  # a snapshot's: the recording's probe failed, nothing ran here
+                where = "as recorded in the snapshot" if v.provenance is Provenance.SNAPSHOT else "not cached"
+                log.warning("fusedattn_select: %s (%s)", v.reason(), where)
         elif any(v.outcome is Outcome.NO_DATA for v in verdicts):
             # The engine's own lack of data: kept for this depth in memory, never in the store.
             with self._lock:

@@ -29,6 +29,12 @@ PROBLEM = ["--set", "batch_size=2", "--set", "num_heads_q=16", "--set", "num_hea
 NO_DEVICE = "test: no GPU here"
 
 
+def problem(**changes) -> list[str]:
+    """PROBLEM's --set pairs with some values changed (each field is set once)."""
+    return [f"{key}={changes.pop(key)}" if key in changes else arg
+            for arg, key in ((arg, arg.partition("=")[0]) for arg in PROBLEM)]
+
+
 @pytest.fixture
 def bundled_dir(tmp_path, monkeypatch):
     """An empty directory standing in for the package's bundled snapshots."""
@@ -104,7 +110,8 @@ def test_why_config_file_answers_every_entry_and_exits_1_when_any_is_none(capsys
     for name in ("train-causal", "infer", "head-dim-512", "pre-scale-bias", "out-of-memory", "fp8"):
         assert f"\n{name}: " in out
     assert "-> NONE: F16 forward not supported at check_support: head dim above 256" in out
-    assert "-> no answer: the probe failed (not a refusal; probe again): F16 forward probe failed at build_plans: " \
+    assert "-> no answer: the recorded probe failed (not a refusal; record it again on a GPU): F16 forward probe " \
+        "failed at build_plans: " \
         "CUDA out of memory" in out
     assert "-> FP8" in out
 
@@ -177,7 +184,7 @@ def test_verbose_logs_probes_to_stderr(capsys, recorded_snapshot):
 
 # ----- bad input: exit 2, one line, no traceback -----------------------------------------------
 @pytest.mark.parametrize("argv, message", [
-    (["why", *PROBLEM, "--set", "head_dim_qk=0"], "error: head_dim_qk=0: must be a positive integer"),
+    (["why", *problem(head_dim_qk=0)], "error: head_dim_qk=0: must be a positive integer"),
     (["why", *PROBLEM, "--set", "mask=sliding"], "error: mask='sliding': must be one of"),
     (["why", *PROBLEM, "--set", "head_dim=64"], "error: head_dim=64: unknown field"),
     (["why", *PROBLEM, "--set", "head_dim_qk"], "error: --set='head_dim_qk': must be key=value"),
@@ -306,10 +313,10 @@ def _program(*argv):
 def test_module_runs_as_a_program_with_exit_codes(recorded_snapshot):
     ok = _program("why", "--snapshot", str(recorded_snapshot), *PROBLEM)
     assert ok.returncode == 0 and "-> F16" in ok.stdout
-    none = _program("why", "--snapshot", str(recorded_snapshot), *PROBLEM, "--set", "head_dim_qk=512",
+    none = _program("why", "--snapshot", str(recorded_snapshot), *problem(head_dim_qk=512),
                     "--set", "is_training=false")
     assert none.returncode == 1 and "-> NONE: " in none.stdout
-    no_data = _program("why", "--snapshot", str(recorded_snapshot), *PROBLEM, "--set", "head_dim_qk=512")
+    no_data = _program("why", "--snapshot", str(recorded_snapshot), *problem(head_dim_qk=512))
     assert no_data.returncode == 3 and "-> no data (only a live probe can answer): " in no_data.stdout
     bad = _program("why", "--snapshot", str(recorded_snapshot), *PROBLEM, "--set", "dropout=2")
     assert bad.returncode == 2

@@ -18,7 +18,7 @@ def test_why_answers_a_failed_probe_as_no_answer_with_exit_3(capsys, recorded_sn
     code, out, err = run(capsys, "why", suite_file, "--name", "out-of-memory", "--snapshot", recorded_snapshot)
     assert code == 3, err
     last = out.rstrip().splitlines()[-1]
-    assert last == ("  -> no answer: the probe failed (not a refusal; probe again): "
+    assert last == ("  -> no answer: the recorded probe failed (not a refusal; record it again on a GPU): "
                     "F16 forward probe failed at build_plans: CUDA out of memory")
     assert "-> NONE" not in out and "what would work instead" not in out
 
@@ -46,3 +46,13 @@ def test_matrix_and_why_agree_on_the_failed_probe_exit_code(capsys, recorded_sna
     why, _, _ = run(capsys, "why", suite_file, "--name", "out-of-memory", "--snapshot", recorded_snapshot)
     matrix, out, _ = run(capsys, "matrix", suite_file, "--snapshot", recorded_snapshot)
     assert why == 3 and "!1" in out
+
+
+def test_a_replayed_failed_probe_is_logged_as_the_recording_s_not_as_a_probe_here(caplog, recorded_snapshot,
+                                                                                suite_file, capsys):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
+        run(capsys, "why", suite_file, "--name", "out-of-memory", "--snapshot", recorded_snapshot)
+    said = [r.getMessage() for r in caplog.records if "probe failed" in r.getMessage()]
+    assert said and all(m.endswith("(as recorded in the snapshot)") for m in said), said
