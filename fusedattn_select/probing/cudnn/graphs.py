@@ -159,7 +159,11 @@ def build_graph(cfg: AttnConfig, backend: Backend, phase: Phase, *, handle: Any,
             if dynamic_error.stage == "graph_api":
                 raise
             rejection = dynamic_error.message
+            incident = isinstance(dynamic_error, ProbeFailure)
         build = _build(cfg, backend, phase, handle, depth, None, describe_only=False)
+        if incident:  # out of memory, a CUDA error: says nothing of the class; dynamic shapes next time
+            build.note = f"built without dynamic shapes after the dynamic-shape build failed: {rejection}"
+            return build
         if len(_STATIC_ONLY) >= _STATIC_ONLY_LIMIT:
             _STATIC_ONLY.clear()
         _STATIC_ONLY[key] = rejection
