@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 
 import pytest
 
@@ -23,33 +22,13 @@ from fusedattn_select.selection import selector as selector_module
 from fusedattn_select.selection.selector import Selector, default_selector, set_default_selector
 from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.types import Fingerprint
+from tests.forking import forked_while_held, in_forked_child
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin",
                                 reason="fork() with threads: POSIX (Linux) only")
 
 CFG = AttnConfig(batch_size=4, num_heads_q=16, num_heads_kv=4, seqlen_q=1024, seqlen_kv=1024, head_dim_qk=128,
                  mask="causal")
-
-
-def in_forked_child(action, limit_s: float = 20.0) -> int:
-    """Exit status of a forked child that runs action() (0 when it returns True, 3 when False, 1 when
-    it raises); -1 when it was still running after `limit_s` (killed)."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 1
-        try:
-            code = 0 if action() else 3
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return -1
 
 
 class SlowSnapshotEngine:
@@ -118,19 +97,8 @@ def test_a_child_forked_while_a_thread_counts_a_cache_hit_answers_from_its_cache
     selector.select(CFG)
     expected = selector.select(CFG)  # a cache hit, as the child's
     assert expected.from_cache
-    entered, release = threading.Event(), threading.Event()
-
-    def hold():
-        with selector._lock:  # a thread counting a hit at fork() (a short window, widened here)
-            entered.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    entered.wait(10)
-    status = in_forked_child(lambda: selector.select(CFG) == expected, limit_s=10)
-    release.set()
-    thread.join()
+    # a thread counting a hit at fork() (a short window, widened here)
+    status = forked_while_held(selector._lock, lambda: selector.select(CFG) == expected)
     assert status == 0
 
 
@@ -161,46 +129,22 @@ def test_a_child_forked_while_a_thread_makes_the_process_wide_selector_makes_its
 def test_a_child_forked_while_a_thread_learns_a_bucket_can_learn_one():
     index = BucketIndex(None, Fingerprint(platform="cuda"))
     form = index.find(CFG)
-    entered, release = threading.Event(), threading.Event()
-
-    def hold():
-        with index._lock:  # a thread learning a bucket at fork() (a short window, widened here)
-            entered.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    entered.wait(10)
 
     def child() -> bool:
         index.remember(form)
         return index.find(CFG) is form
 
-    status = in_forked_child(child, limit_s=10)
-    release.set()
-    thread.join()
+    status = forked_while_held(index._lock, child)  # a thread learning a bucket at fork()
     assert status == 0
 
 
 def test_a_child_forked_while_a_thread_pins_an_answer_can_clear_and_answer():
     selector = Selector(bundled_engine("h100"))
     expected = selector.select(CFG)
-    entered, release = threading.Event(), threading.Event()
-
-    def hold():
-        with selector.planner._lock:  # a thread pinning or clearing answers at fork() (widened here)
-            entered.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    entered.wait(10)
 
     def child() -> bool:
         selector.clear()
         return selector.select(CFG).backend == expected.backend
 
-    status = in_forked_child(child, limit_s=10)
-    release.set()
-    thread.join()
+    status = forked_while_held(selector.planner._lock, child)  # a thread pinning or clearing answers at fork()
     assert status == 0

@@ -24,18 +24,6 @@ TOLERANCE = {torch.float32: (4e-5, 1e-4), torch.float16: (8e-3, 1.6e-2), torch.b
 FLOOR = 0.05
 
 
-@pytest.fixture
-def no_platform():
-    from fusedattn_select.runtime import api as dispatch
-    from fusedattn_select.selection.selector import Selector, set_default_selector
-
-    old = set_default_selector(Selector(None, unavailable_reason="no GPU in this test"))
-    dispatch.clear_plans()
-    yield
-    dispatch.clear_plans()
-    set_default_selector(old)
-
-
 def _visible(sq, skv, mask, window, len_q, len_kv):
     """(sq, skv) bool, key by key; and the diagonal's offset."""
     offset = len_kv - len_q if mask.endswith("bottom_right") else 0

@@ -16,19 +16,6 @@ pytestmark = pytest.mark.usefixtures("no_platform")
 F64 = torch.float64
 
 
-@pytest.fixture
-def no_platform():
-    """A selector without a probing engine: CPU calls run torch SDPA or the reference."""
-    from fusedattn_select.runtime import api as dispatch
-    from fusedattn_select.selection.selector import Selector, set_default_selector
-
-    old = set_default_selector(Selector(None, unavailable_reason="no GPU in this test"))
-    dispatch.clear_plans()
-    yield
-    dispatch.clear_plans()
-    set_default_selector(old)
-
-
 def _qkv(seed=0):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(2, 3, 2, 4, generator=gen, dtype=F64, requires_grad=True)   # bshd, Sq 3

@@ -24,7 +24,8 @@ from fusedattn_select.runtime.run_settings import run_settings  # noqa: E402
 from fusedattn_select.selection.selector import Selector, set_default_selector  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core"))
-from test_audit39c_fork import SlowSnapshotEngine, in_forked_child  # noqa: E402
+from test_audit39c_fork import SlowSnapshotEngine  # noqa: E402
+from tests.forking import forked_while_held, in_forked_child  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin",
                                 reason="fork() with threads: POSIX (Linux) only")
@@ -68,41 +69,16 @@ LOCKS = ("lock", "choices_lock", "plan_stats_lock", "workspace_lock", "worker_lo
          "log_lock")
 
 
-def _held_by_a_thread(lock) -> tuple[threading.Thread, threading.Event]:
-    """A thread inside `lock` (a short window at fork(), widened here) until the event is set."""
-    entered, release = threading.Event(), threading.Event()
-
-    def hold():
-        with lock:
-            entered.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    entered.wait(10)
-    return thread, release
-
-
 @pytest.mark.parametrize("name", LOCKS)
 def test_a_child_forked_while_a_thread_holds_a_dispatcher_lock_can_take_it(name):
-    thread, release = _held_by_a_thread(getattr(dispatcher, name))
-    status = in_forked_child(lambda: getattr(dispatcher, name).acquire(timeout=5), limit_s=10)
-    release.set()
-    thread.join()
-    assert status == 0
+    assert forked_while_held(getattr(dispatcher, name), lambda: getattr(dispatcher, name).acquire(timeout=5)) == 0
 
 
 def test_a_child_forked_while_a_thread_submits_a_job_can_submit_one():
-    thread, release = _held_by_a_thread(dispatcher.preparer._lock)
-    status = in_forked_child(lambda: dispatcher.preparer.submit(lambda: 7).result(timeout=5) == 7, limit_s=10)
-    release.set()
-    thread.join()
-    assert status == 0
+    assert forked_while_held(dispatcher.preparer._lock,
+                             lambda: dispatcher.preparer.submit(lambda: 7).result(timeout=5) == 7) == 0
 
 
 def test_a_child_forked_while_a_thread_changes_the_settings_can_change_them():
-    thread, release = _held_by_a_thread(run_settings._lock)
-    status = in_forked_child(lambda: run_settings.replace(first_calls="wait").first_calls == "wait", limit_s=10)
-    release.set()
-    thread.join()
-    assert status == 0
+    assert forked_while_held(run_settings._lock,
+                             lambda: run_settings.replace(first_calls="wait").first_calls == "wait") == 0

@@ -16,30 +16,10 @@ import pytest
 from fusedattn_select.store import MemoryStore, PersistentStore
 from fusedattn_select.types import ProbeDepth
 from store_samples import H100, verdicts
+from tests.forking import in_forked_child
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin",
                                 reason="fork() with threads: POSIX (Linux) only")
-
-
-def _in_forked_child(action, limit_s: float = 20.0) -> int:
-    """Exit status of a forked child that runs action() (exit 0 when it returns True); -1 when it
-    was still running after `limit_s` (killed)."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 1
-        try:
-            code = 0 if action() else 3
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return -1
 
 
 # Holds the database's write lock for a while in another process (argv: the database file).
@@ -63,7 +43,7 @@ def test_a_child_forked_while_a_thread_writes_can_write(cache_dir):
     writer = threading.Thread(target=store.put, args=(H100, "parent", verdicts(), ProbeDepth.FULL))
     writer.start()
     time.sleep(0.3)
-    status = _in_forked_child(lambda: store.put(H100, "child", verdicts(), ProbeDepth.FULL))
+    status = in_forked_child(lambda: store.put(H100, "child", verdicts(), ProbeDepth.FULL))
     writer.join()
     assert blocker.wait(10) == 0
     assert status == 0
@@ -90,7 +70,7 @@ def test_a_child_forked_while_a_thread_holds_a_key_lock_does_not_wait_for_that_t
             return exclusive
 
     threading.Timer(1.0, release.set).start()  # the parent's probe ends: its flock is released
-    status = _in_forked_child(child)
+    status = in_forked_child(child)
     thread.join()
     assert status == 0
 
@@ -108,7 +88,7 @@ def test_a_child_forked_while_a_thread_holds_the_memory_store_lock_can_use_it():
     thread = threading.Thread(target=hold)
     thread.start()
     entered.wait(10)
-    status = _in_forked_child(lambda: store.put(H100, "child", verdicts(), ProbeDepth.FULL)
+    status = in_forked_child(lambda: store.put(H100, "child", verdicts(), ProbeDepth.FULL)
                               and store.get(H100, "before") is not None, limit_s=10)
     release.set()
     thread.join()
