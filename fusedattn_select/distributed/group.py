@@ -88,6 +88,7 @@ def _timedelta(timeout: float | datetime.timedelta) -> datetime.timedelta:
 
 
 _gloo_groups: dict[tuple[tuple[int, ...], float], Any] = {}
+_gloo_world: list[Any] = [None]  # the job's process group that _gloo_groups were made in
 _gloo_lock = threading.Lock()
 
 
@@ -97,10 +98,14 @@ def _gloo_group(ranks: tuple[int, ...], timeout: datetime.timedelta) -> Any:
     Never the caller's group, even a gloo one: monitored_barrier makes every rank but the lowest wait
     for the lowest as long as the group's own timeout, whatever timeout it is given. Only members
     create it (use_local_synchronization), so a subgroup's call does not need the ranks outside it;
-    creation waits at most `timeout` for the members.
+    creation waits at most `timeout` for the members. Groups made in a process group the job has
+    since destroyed (and made anew) are destroyed with it: they are made again in the new one.
     """
     key = (ranks, timeout.total_seconds())
     with _gloo_lock:
+        if _gloo_world[0] is not dist.group.WORLD:
+            _gloo_groups.clear()
+            _gloo_world[0] = dist.group.WORLD
         if key not in _gloo_groups:
             started = time.monotonic()
             try:
@@ -245,4 +250,5 @@ def leave(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> None:
     finally:
         with _gloo_lock:
             _gloo_groups.clear()
+            _gloo_world[0] = None
         dist.destroy_process_group()

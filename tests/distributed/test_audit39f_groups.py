@@ -1,0 +1,99 @@
+"""The package's gloo groups inside a job that destroys its process group and makes a new one in
+the same processes.
+
+Each test starts real processes (this file run as a script, one per rank, a file:// rendezvous) over
+real torch.distributed gloo groups, answering from the bundled H100 recording, and reads what every
+rank found.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+H100 = ROOT / "fusedattn_select" / "snapshots" / "h100-configs.json"
+GPT2 = ROOT / "configs" / "gpt2.yaml"
+LIMIT_S = 90
+
+
+def run_ranks(tmp_path: Path, scenario: str, world: int = 2) -> list[dict]:
+    """Run `scenario` on `world` gloo ranks; every rank's result, in rank order."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, __file__, scenario, str(rank), str(world), str(tmp_path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
+    try:
+        for proc in procs:
+            _, stderr = proc.communicate(timeout=LIMIT_S)
+            assert proc.returncode == 0, f"a rank exited with {proc.returncode}:\n{stderr[-3000:]}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+def test_agreement_works_again_after_the_job_makes_its_process_group_anew(tmp_path):
+    # The package kept the gloo group of the destroyed process group and gave it to the new one:
+    # ValueError "Process group ... is not initialized in the world group map" on every later call.
+    results = run_ranks(tmp_path, "group_made_anew")
+    for r in results:
+        assert r["attempts"] == ["5 agreed", "5 agreed", "5 agreed"], r
+
+
+# ----- one rank (run as a script) ------------------------------------------------------------------
+def _problems():
+    from fusedattn_select.config_files import load_config_file
+
+    return load_config_file(GPT2)
+
+
+def _init(rank: int, world: int, out: Path, name: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{out / name}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+
+
+def _scenario_group_made_anew(rank: int, world: int, out: Path) -> dict:
+    import torch.distributed as dist
+
+    from fusedattn_select import distributed
+
+    attempts = []
+    for attempt in range(3):
+        _init(rank, world, out, f"init{attempt}")
+        try:
+            report = distributed.agree(_problems(), timeout=20)
+            attempts.append(f"{len(report.selections) - len(report.disagreements)} agreed")
+        except Exception as err:  # noqa: BLE001 - the error is the result
+            attempts.append(f"{type(err).__name__}: {err}")
+        dist.barrier()
+        dist.destroy_process_group()
+    return {"attempts": attempts}
+
+
+def _main() -> None:
+    scenario, rank, world, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    from fusedattn_select.probing.snapshot import SnapshotEngine
+    from fusedattn_select.selection.selector import Selector, set_default_selector
+
+    set_default_selector(Selector(SnapshotEngine.load(H100), store=None))
+    result = globals()[f"_scenario_{scenario}"](rank, world, out)
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # gloo's threads can abort interpreter teardown; the result is written, so leave without it.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    _main()
+else:
+    pytest.importorskip("torch.distributed")
