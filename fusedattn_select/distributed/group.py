@@ -3,7 +3,10 @@
 Every collective of this package is one `Communicator.exchange`: each rank runs its local step,
 catching any exception, and contributes either its result or an error marker to one
 `all_gather_object`. When any rank failed, every rank raises the same DistributedError naming the
-failed ranks and their errors, so no rank is left waiting in a later collective. A rank that does
+failed ranks and their errors, so no rank is left waiting in a later collective. Each contribution
+names its step: ranks that meet at different steps (a rank that stopped early and is leaving, ranks
+calling different functions) raise a DistributedError naming each rank's step, never read one
+step's values as another's. A rank that does
 not arrive within `timeout` (it crashed, hangs, or was not asked to take part) makes the others
 raise a DistributedError instead of hanging: exchanges run over a gloo group this package makes with
 that timeout (objects, not GPU tensors; gloo's monitored_barrier names the ranks that did not arrive,
@@ -68,9 +71,10 @@ class DistributedError(FusedAttnSelectError):
 
 @dataclass(frozen=True)
 class _Contribution:
-    """One rank's part of an exchange: its value, or what it raised."""
+    """One rank's part of an exchange at `step`: its value, or what it raised."""
 
     rank: int
+    step: str
     value: Any = None
     failure: RankFailure | None = None
 
@@ -154,18 +158,22 @@ class Communicator:
         """Every rank's `produce()` result, in the order of `ranks`; raises on every rank if one failed."""
         failure: BaseException | None = None
         try:
-            mine = _Contribution(self.rank, value=produce())
+            mine = _Contribution(self.rank, step, value=produce())
         except Exception as err:  # noqa: BLE001 - reported to every rank below, then raised
             failure = err
-            mine = _Contribution(self.rank, failure=RankFailure(self.rank, self.host, f"{type(err).__name__}: {err}"))
+            mine = _Contribution(self.rank, step, failure=RankFailure(self.rank, self.host,
+                                                                      f"{type(err).__name__}: {err}"))
         if self._group is None:
             if failure is not None:
                 raise failure
             return [mine.value]
         gathered = self._gather(step, mine)
         failures = tuple(c.failure for c in gathered if c.failure is not None)
+        text = "; ".join(f.describe() for f in failures)
+        if len({c.step for c in gathered}) > 1:
+            raise DistributedError(step, _steps_differ(gathered) + (f"; failed on {text}" if text else ""),
+                                   failures) from failure
         if failures:
-            text = "; ".join(f.describe() for f in failures)
             raise DistributedError(step, f"failed on {ranks_phrase([f.rank for f in failures])}: {text}",
                                    failures) from failure
         return [c.value for c in gathered]
@@ -199,6 +207,15 @@ class Communicator:
             f"{self.timeout.total_seconds():g} s) for the other ranks (one crashed, hangs, or was not asked to "
             f"take part; raise timeout= if a rank is only slow): {first_line(err)}",
         )
+
+
+def _steps_differ(gathered: list[_Contribution]) -> str:
+    """What every rank says when the ranks of one exchange were at different steps."""
+    at: dict[str, list[int]] = {}
+    for c in gathered:
+        at.setdefault(c.step, []).append(c.rank)
+    return ("ranks reached different steps (a rank stopped early after an error of its own, or the ranks "
+            "called different functions): " + "; ".join(f"{ranks_phrase(r)} at {s}" for s, r in at.items()))
 
 
 def init_from_torchrun(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> bool:
@@ -245,8 +262,9 @@ def leave(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     try:
-        # No rank tears gloo down while another still uses it (its peer would see a closed connection).
-        Communicator(None, timeout).barrier("leave")
+        # No rank tears gloo down while another still uses it (its peer would see a closed connection);
+        # an exchange, not a bare barrier, so a rank still at another step hears that this one left.
+        Communicator(None, timeout).exchange("leave", lambda: None)
     finally:
         with _gloo_lock:
             _gloo_groups.clear()
