@@ -9,6 +9,7 @@ from typing import Any
 
 from fusedattn_select.cli.exit_codes import EXIT_NOT_DONE, EXIT_SELECTED
 from fusedattn_select.cli.table import render_table
+from fusedattn_select.runtime.native import autobuild
 
 EPILOG = ("exit codes: 0 built (build: and tested); 1 not built, or built where others could change it (never "
           "loaded): the reason is on stderr; 2 bad input (an invalid "
@@ -20,7 +21,7 @@ def _cmd_native(args: argparse.Namespace) -> int:
 
     if args.action == "build":
         try:
-            path = native.build(verbose=args.verbose >= 2)
+            path = native.build(verbose=args.verbose >= 2, background=args.background)
         except native.NativeBuildError as err:
             print(f"error: native build: {err}", file=sys.stderr)
             return EXIT_NOT_DONE
@@ -52,8 +53,10 @@ def register_native(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser("native", parents=[common], epilog=EPILOG,
                                    help="build the optional compiled hot path, or show whether it is built")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser("build", parents=[common], epilog=EPILOG,
-                       help="compile and test the module for this torch and cudnn-frontend (about a minute)")
+    build = actions.add_parser("build", parents=[common], epilog=EPILOG,
+                               help="compile and test the module for this torch and cudnn-frontend (about a minute)")
+    # Hidden: the build a background build starts (native.build's `background`).
+    build.add_argument(autobuild.BACKGROUND_FLAG, dest="background", action="store_true", help=argparse.SUPPRESS)
     status = actions.add_parser("status", parents=[common], epilog=EPILOG,
                                 help="whether the module for this torch and frontend is built and used")
     status.add_argument("--json", action="store_true", help="print one JSON object")

@@ -29,6 +29,7 @@ log = logging.getLogger("fusedattn_select")
 ENV_VAR = settings.NATIVE
 DIR_ENV = settings.NATIVE_DIR
 SOURCE = Path(__file__).with_name("lean.cpp")  # it includes the headers beside it
+STAGING = "staging"  # the modules' subdirectory a build compiles and tests in (build())
 
 
 class NativeBuildError(RuntimeError):
@@ -113,18 +114,29 @@ def _module_path(name: str) -> Path:
     return build_dir() / name / f"{name}.so"
 
 
-def build(verbose: bool = False) -> Path:
+def build(verbose: bool = False, background: bool = False) -> Path:
     """Compile lean.cpp for this torch and frontend (a minute or so) and test it; the module's path.
 
-    Builds of one module queue on a file lock; one that finds it built returns at once. Raises
-    NativeBuildError with the reason when it cannot be built here or fails its test (then nothing
-    is kept, the reason is remembered for background builds, and calls keep the Python path)."""
+    Builds of one module queue on a file lock; one that finds it built returns at once. The module
+    is compiled and tested beside the others (in staging/) and renamed into place only once it
+    passed, so no process loads an untested or half-written one. Raises NativeBuildError with the
+    reason when it cannot be built here (a directory others can write included) or fails its test
+    (then nothing is kept, the reason is remembered for background builds, and calls keep the
+    Python path). `background`: started by a background build, which takes a failure it finds once
+    it holds the lock (the failure of the build it queued behind) instead of compiling again."""
     name = module_name()
-    where = build_dir()
-    where.mkdir(mode=0o700, parents=True, exist_ok=True)  # loaded only from a private directory
+    autobuild.private_dirs(build_dir())
+    refusal = autobuild.refusal(_module_path(name))
+    if refusal:  # before compiling: torch loads what it compiled into this process
+        raise NativeBuildError(f"{refusal}: compiled code runs as you, so it is built and loaded only from a "
+                               f"directory owned by you and writable by no one else (chmod 700, or set {DIR_ENV})")
     with flock(autobuild.lock_path(_module_path(name)), math.inf):  # waits as long as another build runs
         if _module_path(name).is_file():
             return _module_path(name)
+        failure = autobuild.earlier_failure(_module_path(name))
+        if failure and background:
+            # The build this one queued behind (another rank's) failed: compiling again would fail alike.
+            raise NativeBuildError(f"the build this one waited for failed: {failure}")
         try:
             path = _build(name, verbose)
         except NativeBuildError as err:
@@ -144,27 +156,35 @@ def _build(name: str, verbose: bool) -> Path:
         raise NativeBuildError("no CUDA toolkit found (set CUDA_HOME)")
     includes = include_dirs()
     torch.backends.cudnn.version()  # the module finds the cuDNN torch loaded when it is imported
-    where = build_dir() / name
-    where.mkdir(mode=0o700, exist_ok=True)
+    staging = build_dir() / STAGING / name
+    autobuild.private_dirs(staging)
     try:
-        cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(where),
+        cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(staging),
                            extra_include_paths=[str(d) for d in includes],
                            extra_cflags=["-O3", "-fvisibility=hidden", "-std=c++17"],
                            extra_cuda_cflags=["-O3", "-std=c++17"], with_cuda=True,
                            verbose=verbose, is_python_module=False)
     except Exception as err:  # noqa: BLE001 - the compiler's or ninja's own error, passed on whole
         raise NativeBuildError(f"compiling {SOURCE.name} failed: {err}") from None
-    _test_in_child(_module_path(name))
+    built = staging / f"{name}.so"
+    try:
+        os.chmod(built, 0o700)  # the linker gives it the umask's mode: group-writable (refused) under umask 002
+    except OSError as err:
+        raise NativeBuildError(f"the compiler left no module at {built} ({err.strerror or err})") from None
+    _test_in_child(built)
+    final = _module_path(name)
+    autobuild.private_dirs(final.parent)
+    os.replace(built, final)  # one rename: a process looking finds the tested module or none
     with dispatcher.native_lock:
         dispatcher.native_loaded.pop(name, None)
-    log.info("fusedattn_select: compiled lean path built and tested: %s", _module_path(name))
-    return _module_path(name)
+    log.info("fusedattn_select: compiled lean path built and tested: %s", final)
+    return final
 
 
 def _test_in_child(path: Path) -> None:
-    """Run self_test() in a child process (a module that crashes must not take this one down);
-    remove the module and raise NativeBuildError when it fails."""
-    env = dict(os.environ, **{DIR_ENV: str(build_dir()), ENV_VAR: "1", settings.CACHE: "off"})
+    """Run self_test() in a child process (a module that crashes must not take this one down) on the
+    module at `path` (<directory>/<name>/<name>.so); remove it and raise NativeBuildError when it fails."""
+    env = dict(os.environ, **{DIR_ENV: str(path.parent.parent), ENV_VAR: "1", settings.CACHE: "off"})
     code = "from fusedattn_select.runtime.native.check import self_test; self_test()"
     try:
         child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
@@ -248,9 +268,7 @@ def _forget_missing(name: str) -> None:
 def untrusted(path: Path) -> str:
     """Why the compiled module at `path` must not be loaded ("" when it may): the rule of serialized
     plans (trust.untrusted_reason), with the modules' directory as the directory the library owns."""
-    from fusedattn_select.trust import untrusted_reason
-
-    return untrusted_reason(path, build_dir())
+    return autobuild.refusal(path)
 
 
 def _import(name: str) -> Optional[ModuleType]:

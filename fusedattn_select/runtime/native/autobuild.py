@@ -24,6 +24,29 @@ from fusedattn_select.store.locks import flock
 log = logging.getLogger("fusedattn_select")
 
 OTHERS_WAIT_S, POLL_S = 900.0, 2.0  # how long a process waits on another's build, and how often it looks
+# The `native build` flag (hidden) of the build a background build starts: it started because no
+# failure was remembered, so one it finds once it holds the lock is the queued-for build's (native.build()).
+BACKGROUND_FLAG = "--background"
+
+
+def private_dirs(directory: Path) -> None:
+    """Make `directory` and every missing directory above it, each of mode 700: Path.mkdir(parents=True)
+    makes those above with the umask's mode (group-writable under umask 002), and a module below a
+    directory others can write is never loaded (trust.py)."""
+    missing = []
+    while not directory.is_dir() and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for each in reversed(missing):
+        each.mkdir(mode=0o700, exist_ok=True)
+
+
+def refusal(module: Path) -> str:
+    """Why a module built at `module` would never be loaded ("" when it would be): trust.untrusted_reason
+    with the modules' directory as the directory the library owns."""
+    from fusedattn_select.trust import untrusted_reason
+
+    return untrusted_reason(module, module.parent.parent)
 
 
 def lock_path(module: Path) -> Path:
@@ -53,7 +76,7 @@ def remember_failure(module: Path, reason: str) -> None:
     """Write why `module` could not be built (best effort: a read-only directory only costs a retry)."""
     try:
         marker = failed_marker(module)
-        marker.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(marker.parent)
         marker.write_text(reason[-2000:], encoding="utf-8")
     except OSError:
         pass
@@ -68,8 +91,12 @@ def earlier_failure(module: Path) -> str:
 
 
 def cannot_start(module: Path, include_dirs: Callable[[], list]) -> str:
-    """Why a build of `module` must not start here ("" when it may): no GPU to use it on, a
-    remembered failure, or something a build needs that is missing (found without compiling)."""
+    """Why a build of `module` must not start here ("" when it may): a directory others can write, no
+    GPU to use it on, a remembered failure, or something a build needs that is missing (found without
+    compiling)."""
+    untrusted = refusal(module)
+    if untrusted:  # checked first: the build writes its log and its failure there
+        return f"{untrusted}: compiled code runs as you, so it is built only where no one else can write (chmod 700)"
     import torch
     from torch.utils import cpp_extension
 
@@ -153,15 +180,17 @@ class BackgroundBuild:
     def _build(self, module: Path, on_built: Callable[[], None], device: str, started: float) -> None:
         log_path = module.parent.parent / f"{module.parent.name}.log"
         log.info("fusedattn_select: building the compiled lean path in the background (log: %s)", log_path)
-        command = [sys.executable, "-m", "fusedattn_select.cli", "native", "build"]
+        command = [sys.executable, "-m", "fusedattn_select.cli", "native", "build", BACKGROUND_FLAG]
         if shutil.which("nice"):
             command = ["nice", "-n", "19", *command]  # the caller's own work comes first
         # The child neither builds in the background itself nor dies with this process (the next
         # process then finds the module built), and tests the module on this process's device.
         env = dict(os.environ, **{settings.NATIVE: "1"}, CUDA_VISIBLE_DEVICES=device)
+        # O_NOFOLLOW: a link planted where the log goes does not make it truncate the file it names.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         try:
-            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+            private_dirs(log_path.parent)
+            with open(os.open(log_path, flags, 0o600), "w") as out:
                 code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       env=env, start_new_session=True, check=False).returncode
         except OSError as err:
