@@ -195,3 +195,21 @@ def test_a_rank_queued_behind_a_failed_build_takes_its_failure_and_compiles_noth
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "the build this one waited for failed: compiling lean.cpp failed: boom" in warned[0]
     assert "CUDA toolkit" not in (native_dir / f"{native.module_name()}.log").read_text()  # it never went on
+
+
+def test_a_module_at_the_load_path_that_does_not_load_is_built_again_not_called_built(compiler, native_dir, capsys,
+                                                                                      caplog):
+    """A module that fails to load (left half-written by a builder of an older version, or damaged) was
+    answered 'built and tested' by `native build` and never built again."""
+    calls, _ = compiler
+    module = _module(native_dir)
+    autobuild.private_dirs(module.parent)
+    module.write_bytes(b"half-linked")
+    os.chmod(module, 0o700)
+    with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
+        assert main(["native", "build"]) == 0
+    assert len(calls) == 1 and f"built and tested {module}" in capsys.readouterr().out
+    assert module.read_bytes() != b"half-linked"
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and f"{module} is removed and built again: the built module failed its test" in warned[0]
+    assert main(["native", "build"]) == 0 and len(calls) == 1  # built and passing: tested, not compiled again

@@ -117,7 +117,8 @@ def _module_path(name: str) -> Path:
 def build(verbose: bool = False, background: bool = False) -> Path:
     """Compile lean.cpp for this torch and frontend (a minute or so) and test it; the module's path.
 
-    Builds of one module queue on a file lock; one that finds it built returns at once. The module
+    Builds of one module queue on a file lock; one that finds it built tests it (a background one
+    returns at once) and builds it again only where it fails (it was removed). The module
     is compiled and tested beside the others (in staging/) and renamed into place only once it
     passed, so no process loads an untested or half-written one. Raises NativeBuildError with the
     reason when it cannot be built here (a directory others can write included) or fails its test
@@ -131,7 +132,7 @@ def build(verbose: bool = False, background: bool = False) -> Path:
         raise NativeBuildError(f"{refusal}: compiled code runs as you, so it is built and loaded only from a "
                                f"directory owned by you and writable by no one else (chmod 700, or set {DIR_ENV})")
     with flock(autobuild.lock_path(_module_path(name)), math.inf):  # waits as long as another build runs
-        if _module_path(name).is_file():
+        if _module_path(name).is_file() and (background or _passes_its_test(_module_path(name))):
             return _module_path(name)
         failure = autobuild.earlier_failure(_module_path(name))
         if failure and background:
@@ -179,6 +180,16 @@ def _build(name: str, verbose: bool) -> Path:
         dispatcher.native_loaded.pop(name, None)
     log.info("fusedattn_select: compiled lean path built and tested: %s", final)
     return final
+
+
+def _passes_its_test(path: Path) -> bool:
+    """Whether the module at `path` passes its test; where it does not, it is removed, with one log line."""
+    try:
+        _test_in_child(path)
+    except NativeBuildError as err:
+        log.warning("fusedattn_select: the compiled lean path at %s is removed and built again: %s", path, err)
+        return False
+    return True
 
 
 def _test_in_child(path: Path) -> None:
