@@ -219,7 +219,8 @@ def _steps_differ(gathered: list[_Contribution]) -> str:
 
 
 def init_from_torchrun(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> bool:
-    """Under torchrun (WORLD_SIZE > 1): join the job's process group (gloo) and use GPU LOCAL_RANK.
+    """Under torchrun (WORLD_SIZE > 1): join the job's process group (gloo) and use GPU LOCAL_RANK
+    (the one GPU this process sees, where CUDA_VISIBLE_DEVICES shows each rank its own).
 
     Returns whether this process is one rank of several. An existing process group is kept.
     torchrun's variables are checked first (ConfigError naming the one missing or wrong); a rank that
@@ -230,13 +231,32 @@ def init_from_torchrun(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) 
     ranks = torchrun_ranks(os.environ, rendezvous=not dist.is_initialized())
     if ranks.size == 1:
         return False
+    device = _local_device(ranks.local_rank)  # before joining: a rank without its GPU joins no group
     if not dist.is_initialized():
         _join(ranks, wait)
+    if device is not None:
+        import torch
+
+        torch.cuda.set_device(device)
+    return dist.get_world_size() > 1
+
+
+def _local_device(local_rank: int) -> int | None:
+    """The CUDA device of the rank LOCAL_RANK on its node (None without CUDA): device LOCAL_RANK,
+    or the one device this process sees (CUDA_VISIBLE_DEVICES set per rank, as srun
+    --gpus-per-task=1 does); ConfigError naming LOCAL_RANK where it sees several, but not that many."""
     import torch
 
-    if torch.cuda.is_available():
-        torch.cuda.set_device(ranks.local_rank)
-    return dist.get_world_size() > 1
+    if not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    if local_rank < count:
+        return local_rank
+    if count == 1:
+        return 0
+    raise ConfigError("LOCAL_RANK", str(local_rank), f"must be below the {count} CUDA devices this process sees "
+                      f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): one GPU per rank of a node, "
+                      "or one visible device per rank")
 
 
 def _join(ranks: Ranks, wait: datetime.timedelta) -> None:
