@@ -62,9 +62,8 @@ def agreed_report(shared: Any) -> tuple[WarmupReport, frozenset[str], dict]:
         if row.cache_key in disagreed else row
         for row in shared.combined.rows
     )
-    no_data = frozenset(row.cache_key for row in rows
-                        if row.outcome is WarmupOutcome.REJECTED and row.name in agreement.selections
-                        and agreement.selections[row.name].no_data)
+    no_data = frozenset(row.cache_key for row in rows if row.outcome is WarmupOutcome.REJECTED
+                        and (found := agreement.selection(row.name, row.cache_key)) is not None and found.no_data)
     return dataclasses.replace(shared.combined, rows=rows), no_data, agreement.to_dict()
 
 

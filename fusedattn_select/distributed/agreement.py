@@ -24,7 +24,6 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.distributed.facts import RankFacts, require_same
 from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError, ranks_phrase
 from fusedattn_select.distributed.work import Configs, named_problems, problem_difference
-from fusedattn_select.errors import ConfigError
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.local_warmup import check_callers
 from fusedattn_select.selection.selector import Selector, default_selector
@@ -107,6 +106,11 @@ class AgreementReport:
     def agreed(self) -> bool:
         return not self.disagreements
 
+    def selection(self, name: str, cache_key: str) -> Selection | None:
+        """The selection of the problem `name` with `cache_key` (its name here may be qualified)."""
+        found = self.selections.get(qualified(name, cache_key))
+        return found if found is not None else self.selections.get(name)
+
     @property
     def mixed_platforms(self) -> bool:
         return len(self.platforms) > 1
@@ -147,7 +151,7 @@ def agree(configs: Configs, group: object = None, *, selector: Selector | None =
     group, or with a group of one rank, it selects locally and communicates nothing.
     """
     probe_depth = ProbeDepth.parse(depth, "depth")
-    problems = _distinct_names(named_problems(configs))
+    problems = distinct_names(named_problems(configs))
     check_callers(selector, None)  # as warmup() checks it: before any rank is waited for
     selector = selector if selector is not None else default_selector()
     comm = Communicator(group, timeout)
@@ -161,14 +165,22 @@ def agree(configs: Configs, group: object = None, *, selector: Selector | None =
     return conclude(comm, comm.exchange("agreement", state), problems, local, selector, strict)
 
 
-def _distinct_names(problems: list[tuple[str, AttnConfig]]) -> list[tuple[str, AttnConfig]]:
-    """Problems by name (a repeated name with the same problem counts once; with another, an error)."""
-    seen: dict[str, AttnConfig] = {}
+def distinct_names(problems: Sequence[tuple[str, AttnConfig]]) -> list[tuple[str, AttnConfig]]:
+    """Problems by name, once each (a name repeated for the same problem counts once). A name given to
+    different problems (unnamed configs that `describe` alike, one name in two config files) is
+    qualified by each one's cache key, whatever their order, so every problem keeps its answer."""
+    keys: dict[str, set[str]] = {}
     for name, cfg in problems:
-        if name in seen and seen[name].cache_key() != cfg.cache_key():
-            raise ConfigError("configs", name, "names two different problems; names must be unique")
-        seen.setdefault(name, cfg)
-    return list(seen.items())
+        keys.setdefault(name, set()).add(cfg.cache_key())
+    named: dict[str, AttnConfig] = {}
+    for name, cfg in problems:
+        named.setdefault(name if len(keys[name]) == 1 else qualified(name, cfg.cache_key()), cfg)
+    return list(named.items())
+
+
+def qualified(name: str, cache_key: str) -> str:
+    """The name of a problem whose name also names another problem."""
+    return f"{name} [{cache_key}]"
 
 
 def local_statement(comm: Communicator, selector: Selector, problems: Sequence[tuple[str, AttnConfig]],

@@ -26,6 +26,7 @@ from fusedattn_select.distributed.agreement import (
     AgreementReport,
     PlatformGroup,
     conclude,
+    distinct_names,
     local_statement,
     platform_groups,
 )
@@ -145,7 +146,7 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
 
     results = comm.exchange("warmup share", warm_share)
     received: list[Received] = []
-    problems = [(item.name, item.config) for item in items]
+    problems = distinct_names([(item.name, item.config) for item in items])
     selections: list = []
 
     def take_and_state() -> _Taken:
