@@ -36,7 +36,7 @@ def _store_plans(selector: Any, cfg: AttnConfig, backend: Any, return_lse: bool,
         try:
             plans.obtain_plan(plan_cfg, plan_backend, phase, torch.device("cuda", device), selector=selector)
         except plans.PlanBuildError as err:
-            selector.record_build_failure(plan_cfg, err.verdict)  # the problem whose graph failed
+            selector.record_build_failure(cfg, err.verdict)
             return err.verdict.reason()
     return ""
 

@@ -394,17 +394,15 @@ def _select(new: Entry, selector: Selector, dense: bool = False) -> bool:
 def _build_plans(new: Entry, selector: Selector, device: torch.device) -> None:
     cfg = new.cfg
     wanted = dense_builds.plan_phases(cfg, new.selection.backend, new.opts.return_lse, new.backward_cfg)
-    built = []
-    for plan_cfg, backend, phase in wanted:
-        try:
-            built.append(plans.obtain_plan(plan_cfg, backend, phase, device, selector=selector))
-        except plans.PlanBuildError as err:  # the answer of the problem whose graph failed, not the call's
-            selector.record_build_failure(plan_cfg, err.verdict)
-            new.reason = err.verdict.reason()
-            return
-        except ImportError as err:  # cudnn-frontend missing while a snapshot engine selected a backend
-            new.reason = f"{new.selection.backend.value} was selected but cuDNN cannot run here: {err}"
-            return
+    try:
+        built = [plans.obtain_plan(c, b, phase, device, selector=selector) for c, b, phase in wanted]
+    except plans.PlanBuildError as err:
+        selector.record_build_failure(cfg, err.verdict)
+        new.reason = err.verdict.reason()
+        return
+    except ImportError as err:  # cudnn-frontend missing while a snapshot engine selected a backend
+        new.reason = f"{new.selection.backend.value} was selected but cuDNN cannot run here: {err}"
+        return
     new.forward = built[0]
     new.backward = built[1] if len(built) > 1 else None
 

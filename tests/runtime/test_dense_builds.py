@@ -251,28 +251,3 @@ def test_a_failed_build_ahead_nobody_waits_for_is_a_warning_for_the_caller_to_lo
     assert set(said) == {"warning"} and said["warning"].startswith("building ahead failed ("), said
     assert capfd.readouterr().err == ""  # nothing on the worker's stderr: the caller logs it
     assert dense_worker._run_ahead(dict(job, id=7))["id"] == 7  # a job asked for is answered, not warned
-
-
-def test_a_failed_plan_is_recorded_against_the_problem_whose_graph_failed(monkeypatch):
-    # An inference call wanting the lse runs the training forward's plan: its failure is that problem's
-    # answer, not the inference problem's (which builds its own plan and may run).
-    from fusedattn_select.runtime import dense_worker, plans
-    from fusedattn_select.types import Outcome, Provenance, ProbeDepth, Verdict
-
-    failed = Verdict(Backend.F16, Phase.FORWARD, Outcome.UNSUPPORTED, "build_plans", "no engine", "",
-                     Provenance.LIVE_PROBE, ProbeDepth.FULL)
-
-    def no_plan(cfg, backend, phase, device, selector):  # TEST DOUBLE for the cuDNN build: it fails
-        raise plans.PlanBuildError(failed)
-
-    recorded = []
-
-    class RecordingSelector:  # TEST DOUBLE: only what a failed build tells the selector
-        def record_build_failure(self, cfg, verdict):
-            recorded.append((cfg, verdict))
-
-    monkeypatch.setattr(plans, "obtain_plan", no_plan)
-    inference = CFG.replace(is_training=False)
-    why = dense_worker._store_plans(RecordingSelector(), inference, Backend.F16, True, 0)
-    assert why == failed.reason()
-    assert recorded == [(inference.replace(is_training=True), failed)]
