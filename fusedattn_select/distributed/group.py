@@ -188,16 +188,6 @@ class Communicator:
             raise self._gave_up(step, started, err) from err
         return gathered
 
-    def barrier(self, step: str) -> None:
-        """Wait (at most `timeout`) until every rank of the group reaches this step; DistributedError if not."""
-        if self._group is None:
-            return
-        started = time.monotonic()
-        try:
-            self._barrier()
-        except RuntimeError as err:
-            raise self._gave_up(step, started, err) from err
-
     def _barrier(self) -> None:
         dist.monitored_barrier(group=self._group, timeout=self.timeout, wait_all_ranks=True)
 
