@@ -7,7 +7,7 @@ import contextlib
 import threading
 from typing import Callable, Generic, Hashable, Iterator, TypeVar
 
-from fusedattn_select.store.locks import renew_locks_after_fork
+from fusedattn_select.forking import renew_locks_after_fork
 
 V = TypeVar("V")
 

@@ -14,7 +14,7 @@ from fusedattn_select.plan_store.calls import dispatch_config, not_dispatched_re
 from fusedattn_select.planning.bucket_index import BucketIndex
 from fusedattn_select.planning.forms import DENSE, PlanForm, PlanKind
 from fusedattn_select.result import Selection
-from fusedattn_select.store.locks import renew_locks_after_fork
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.types import Outcome, ProbeDepth
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 from fusedattn_select.single_flight import OncePerKey
-from fusedattn_select.store.locks import renew_locks_after_fork
+from fusedattn_select.forking import renew_locks_after_fork
 
 COUNTERS = ("calls", "fused_calls", "fallback_calls", "entries_built", "promotions", "torch_calls", "swaps",
             "measured", "stays_on_torch", "ahead_queued", "ahead_built", "ahead_skipped", "ahead_failed")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fusedattn_select.settings import RuntimeSettings, read_runtime, runtime_with
-from fusedattn_select.store.locks import renew_locks_after_fork
+from fusedattn_select.forking import renew_locks_after_fork
 
 
 class RunSettings:

@@ -24,7 +24,7 @@ from fusedattn_select.result import Selection
 from fusedattn_select.selection.rules import apply_rules, asked_problem_rules, no_platform_verdict, refuses_as_asked
 from fusedattn_select.single_flight import MakingLock, read_or_make
 from fusedattn_select.store import open_default_store, protocol
-from fusedattn_select.store.locks import renew_locks_after_fork
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict, rejection_line
 
 log = logging.getLogger("fusedattn_select")

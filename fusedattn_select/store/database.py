@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from fusedattn_select._version import __version__
-from fusedattn_select.store.locks import flock_directory, renew_locks_after_fork, shared_flock
+from fusedattn_select.forking import renew_locks_after_fork
+from fusedattn_select.store.locks import flock_directory, shared_flock
 from fusedattn_select.store.protocol import SCHEMA_VERSION, CacheUnavailableError
 from fusedattn_select.store.schema import (
     DATA_TABLES,

@@ -17,15 +17,15 @@ import os
 import re
 import threading
 import time
-import weakref
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no flock; key locks exclude threads only
     fcntl = None  # type: ignore[assignment]
 
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.store.entry_rows import check_fingerprint, check_key
 from fusedattn_select.types import Fingerprint
 
@@ -90,30 +90,6 @@ def _poll_flock(fd: int, deadline: float, mode: int) -> bool:
             # probe (a few ms fast, hundreds of ms full) and to a transaction wait.
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
-
-
-class RenewsLocks(Protocol):
-    def _renew_locks(self) -> None: ...
-
-
-# Objects whose thread locks a forked child renews: a lock that another thread of the parent held at
-# fork() stays held in the child for ever (the thread that would release it does not exist there),
-# so a child that used the store after a background thread of its parent did would wait for good.
-_RENEWED_AFTER_FORK: "weakref.WeakSet[RenewsLocks]" = weakref.WeakSet()
-
-
-def renew_locks_after_fork(owner: RenewsLocks) -> None:
-    """Have a forked child call owner._renew_locks() (replace its thread locks with fresh ones) first."""
-    _RENEWED_AFTER_FORK.add(owner)
-
-
-def _renew_in_child() -> None:
-    for owner in list(_RENEWED_AFTER_FORK):
-        owner._renew_locks()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_in_child)
 
 
 def lock_name(fingerprint: Fingerprint, key: str) -> str:

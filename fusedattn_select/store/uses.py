@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable
 
-from fusedattn_select.store.locks import renew_locks_after_fork
+from fusedattn_select.forking import renew_locks_after_fork
 
 # Stamps of rows read wait at most this long for a write to carry them.
 FLUSH_INTERVAL_S = 1.0

@@ -131,3 +131,17 @@ def test_the_reference_imports_no_other_package_and_runtime_probing_and_transfor
     importers = {name for name, imported in graph.items() if name not in package and imported & package}
     assert {f"{PACKAGE}.runtime.fallback", f"{PACKAGE}.probing.cudnn.verify_run",
             f"{PACKAGE}.probing.cudnn.verify_checks", f"{PACKAGE}.integrations.transformers.dependencies"} <= importers
+
+
+def test_the_core_modules_do_not_import_the_store():
+    # Core (the package's top-level modules: config, types, single_flight, forking, ...) is the lowest
+    # layer; the store sits above it. The top package's __init__ and fusedattn_select.torch (an alias
+    # of integrations.sdpa) are left out.
+    modules = _modules()
+    graph = {name: set().union(*(_with_parents(m, modules) for m in _imports(path, modules))) - {name}
+             for name, path in modules.items()}
+    core = {name for name, path in modules.items()
+            if path.parent == ROOT and path.name not in ("__init__.py", "torch.py")}
+    assert {f"{PACKAGE}.single_flight", f"{PACKAGE}.forking", f"{PACKAGE}.config"} <= core
+    reaching = sorted(name for name in core if any(m.startswith(f"{PACKAGE}.store") for m in _reached({name}, graph)))
+    assert reaching == []
