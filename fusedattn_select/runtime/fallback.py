@@ -11,6 +11,7 @@ import torch
 
 from fusedattn_select.buckets import Bucket
 from fusedattn_select.config import CAUSAL_MASKS, resolved_window
+from fusedattn_select.errors import ConfigError
 from fusedattn_select.reference import autograd_reference
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
@@ -83,6 +84,11 @@ def fallback_forward(kind: str, options: CallOptions, q: torch.Tensor, k: torch.
         kb = _dequantized(kb, scales.descale_k, dtype)
         vb = _dequantized(vb, scales.descale_v, dtype)
     lse = None
+    for name, lens, longest in (("seqlens_q", inputs.seqlens_q, qb.shape[2]),
+                                ("seqlens_kv", inputs.seqlens_kv, kb.shape[2])):
+        # Every call's values (they change from call to call), where reading them waits for no device.
+        if lens is not None and lens.device.type == "cpu" and not 0 <= int(lens.min()) <= int(lens.max()) <= longest:
+            raise ConfigError(name, lens.tolist(), f"each length must be from 0 to the sequence length ({longest})")
     if inputs.bias is not None and inputs.bias.dtype != qb.dtype:  # in q's precision, as SDPA and cuDNN take it
         inputs = inputs._replace(bias=inputs.bias.to(qb.dtype))
     if kind == FALLBACK_TORCH:

@@ -44,7 +44,8 @@ def test_a_float32_bias_is_taken_in_q_precision_by_both_runners():
 def test_lengths_outside_the_sequence_are_refused_naming_the_argument(lens_q, lens_kv, field):
     q = torch.randn(2, 5, 2, 8)
     k = v = torch.randn(2, 7, 2, 8)
-    with pytest.raises(ConfigError) as err:
+    attention(q, k, v, mask="padding", seqlens_q=torch.tensor([5, 3]), seqlens_kv=torch.tensor([7, 2]))  # decided
+    with pytest.raises(ConfigError) as err:  # the same signature: its values are checked on every call
         attention(q, k, v, mask="padding", seqlens_q=torch.tensor(lens_q), seqlens_kv=torch.tensor(lens_kv))
     assert err.value.field == field and "from 0 to the sequence length" in str(err.value)
 
