@@ -20,7 +20,7 @@ EPILOG = (
     "probe on and no snapshots asked for, a live cache that cannot keep the answers, or a rank that could not "
     "join its torchrun job; nothing was warmed); 2 bad input, or stdout that cannot be written; "
     "3 no problem has NONE but some has no data (not recorded in the snapshot: only a live probe "
-    "can answer it) or (why, matrix, warmup) a failed probe; 4 (warmup) the answers were given but some could not be "
+    "can answer it) or (why, matrix, warmup, snapshot record) a failed probe; 4 (warmup) the answers were given but some could not be "
     "saved to the persistent "
     "cache: wins over 0, 1 and 3 (the report still shows every answer); 130 interrupted; 141 stdout "
     "was closed by its reader"

@@ -128,10 +128,16 @@ def _fingerprint(raw: object) -> Fingerprint:
     return Fingerprint.from_dict(dict(raw))
 
 
+# The ISO 8601 times every supported Python reads alike (3.11's fromisoformat takes more than 3.10's).
+_ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{3}|\.\d{6})?)?)?(Z|[+-]\d{2}:\d{2})?")
+
+
 def _recorded_at(raw: object) -> str:
     """When the file was recorded (ISO 8601, as the recorder writes it); ValueError otherwise."""
     try:
-        datetime.fromisoformat(raw)  # type: ignore[arg-type]
+        if not _ISO_TIME.fullmatch(raw):  # type: ignore[arg-type]
+            raise ValueError(raw)
+        datetime.fromisoformat(raw[:-1] + "+00:00" if raw.endswith("Z") else raw)  # type: ignore[union-attr]
     except (TypeError, ValueError):
         raise ValueError(f"recorded_at={_described(raw, with_type=False)}: must be the ISO 8601 time of the "
                          "recording, such as '2026-11-27T17:08:06+00:00'") from None
