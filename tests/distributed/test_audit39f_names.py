@@ -11,11 +11,12 @@ import dataclasses
 import datetime
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.distributed import rank_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = ROOT / "fusedattn_select" / "snapshots" / "h100-configs.json"
@@ -24,18 +25,8 @@ LIMIT_S = 90
 
 
 def run_ranks(tmp_path: Path, world: int = 2) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, __file__, str(rank), str(world), str(tmp_path)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
-    try:
-        for proc in procs:
-            _, stderr = proc.communicate(timeout=LIMIT_S)
-            assert proc.returncode == 0, f"a rank exited with {proc.returncode}:\n{stderr[-3000:]}"
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world)]
+    return rank_processes.run_ranks(lambda rank: [__file__, str(rank), str(world), str(tmp_path)], tmp_path, world,
+                                    LIMIT_S)
 
 
 def test_unnamed_problems_that_describe_alike_each_keep_their_answer_on_every_rank(tmp_path):

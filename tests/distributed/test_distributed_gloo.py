@@ -10,12 +10,11 @@ a problem the others accept.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.distributed import rank_processes
 
 pytest.importorskip("torch.distributed")
 
@@ -35,22 +34,10 @@ def run_ranks(tmp_path: Path, scenario: str, world: int, **spec) -> list[dict]:
     out.mkdir()
     spec.setdefault("configs", [str(LLAMA), str(LLAMA_FP8)])
     spec = {k: [str(p) for p in v] if k in ("snapshots", "stores") else v for k, v in spec.items()}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     init = tmp_path / f"init-{scenario}-{world}"
-    procs = [subprocess.Popen([sys.executable, str(HERE / "gloo_rank.py"), scenario, str(rank), str(world),
-                               str(init), str(out), json.dumps(spec)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in range(world)]
-    logs = []
-    try:
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
-            logs.append(stderr)
-            assert proc.returncode == 0, f"a rank exited with {proc.returncode}:\n{stderr[-3000:]}"
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+    return rank_processes.run_ranks(
+        lambda rank: [str(HERE / "gloo_rank.py"), scenario, str(rank), str(world), str(init), str(out), json.dumps(spec)],
+        out, world, TIMEOUT_S)
 
 
 def edited_snapshot(tmp_path: Path, name: str = REJECTED) -> Path:
