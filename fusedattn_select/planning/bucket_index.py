@@ -8,8 +8,8 @@ import threading
 from fusedattn_select import offpath
 from fusedattn_select.buckets import Bucket, bucket_form, larger_buckets
 from fusedattn_select.config import AttnConfig
-from fusedattn_select.store import protocol
 from fusedattn_select.forking import renew_locks_after_fork
+from fusedattn_select.store import protocol
 from fusedattn_select.types import Fingerprint
 
 # Answers and bucket forms remembered before each memo starts over.

@@ -10,11 +10,11 @@ from typing import Callable, Protocol
 
 from fusedattn_select.buckets import heads_as_batch
 from fusedattn_select.config import AttnConfig
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.plan_store.calls import dispatch_config, not_dispatched_reason
 from fusedattn_select.planning.bucket_index import BucketIndex
 from fusedattn_select.planning.forms import DENSE, PlanForm, PlanKind
 from fusedattn_select.result import Selection
-from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.types import Outcome, ProbeDepth
 
 

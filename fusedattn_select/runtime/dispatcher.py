@@ -10,8 +10,8 @@ from collections import Counter
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
-from fusedattn_select.single_flight import OncePerKey
 from fusedattn_select.forking import renew_locks_after_fork
+from fusedattn_select.single_flight import OncePerKey
 
 COUNTERS = ("calls", "fused_calls", "fallback_calls", "entries_built", "promotions", "torch_calls", "swaps",
             "measured", "stays_on_torch", "ahead_queued", "ahead_built", "ahead_skipped", "ahead_failed")

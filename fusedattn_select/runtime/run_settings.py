@@ -10,8 +10,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from fusedattn_select.settings import RuntimeSettings, read_runtime, runtime_with
 from fusedattn_select.forking import renew_locks_after_fork
+from fusedattn_select.settings import RuntimeSettings, read_runtime, runtime_with
 
 
 class RunSettings:

@@ -15,6 +15,7 @@ from typing import Iterable
 from fusedattn_select import backends, offpath
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.probing import choose_engine
 from fusedattn_select.probing.choice import snapshot_files
 from fusedattn_select.planning.bucket_index import BucketIndex
@@ -24,7 +25,6 @@ from fusedattn_select.result import Selection
 from fusedattn_select.selection.rules import apply_rules, asked_problem_rules, no_platform_verdict, refuses_as_asked
 from fusedattn_select.single_flight import MakingLock, read_or_make
 from fusedattn_select.store import open_default_store, protocol
-from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.types import Backend, Fingerprint, Outcome, Phase, ProbeDepth, Provenance, Verdict, rejection_line
 
 log = logging.getLogger("fusedattn_select")
@@ -278,9 +278,7 @@ class Selector:
 
     def clear(self, persistent: bool = False) -> None:
         """Forget every answer in memory; `persistent`: the store too (CacheError when it cannot)."""
-        # Bools only: a truthy string such as "no" or "false" would wipe the persistent store.
-        if not isinstance(persistent, bool):
-            raise ConfigError("persistent", persistent, "must be True (the persistent store too) or False")
+        _check_persistent(persistent)
         with self._lock:
             self._memory.clear()
             self._stats.clear()
@@ -472,8 +470,7 @@ def cache_info() -> dict[str, object]:
 def clear_cache(persistent: bool = False) -> None:
     """Empty the decision cache in memory, and with persistent=True the default store too, whichever engine
     answers (CacheError when it cannot: a cache directory that cannot be used). Chooses no engine to do so."""
-    if not isinstance(persistent, bool):  # a truthy "no" would wipe the persistent store
-        raise ConfigError("persistent", persistent, "must be True (the persistent store too) or False")
+    _check_persistent(persistent)
     selector = _default
     if selector is not None:
         selector.clear()
@@ -484,3 +481,9 @@ def clear_cache(persistent: bool = False) -> None:
     if degraded:  # memory stands in for the store: clearing it would leave the store's files as they are
         raise protocol.CacheError(f"the persistent store cannot be cleared: {degraded}")
     store.clear()
+
+
+def _check_persistent(persistent: object) -> None:
+    # Bools only: a truthy string such as "no" or "false" would wipe the persistent store.
+    if not isinstance(persistent, bool):
+        raise ConfigError("persistent", persistent, "must be True (the persistent store too) or False")

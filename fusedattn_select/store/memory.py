@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping
 
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.store.entry_rows import (
     NewEntry,
     NewRunnerChoice,
@@ -30,7 +31,6 @@ from fusedattn_select.store.entry_rows import (
     runner_choice_export_row,
     verdict_export_row,
 )
-from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.store.locks import KeyLocks
 from fusedattn_select.store.protocol import EVICT_TO_FRACTION, KEY_LOCK_TIMEOUT_S, Entry, ImportReport
 from fusedattn_select.store.store_settings import resolve_max_bytes
