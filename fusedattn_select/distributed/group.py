@@ -30,6 +30,7 @@ from typing import Any, Callable, TypeVar
 import torch.distributed as dist
 
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError, first_line
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.torchrun_env import (
     DEFAULT_TIMEOUT_S,
     Ranks,
@@ -91,36 +92,52 @@ def _timedelta(timeout: float | datetime.timedelta) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-_gloo_groups: dict[tuple[tuple[int, ...], float], Any] = {}
-_gloo_world: list[Any] = [None]  # the job's process group that _gloo_groups were made in
-_gloo_lock = threading.Lock()
+class _GlooGroups:
+    """The gloo groups this package made, by (ranks, timeout), in the job's process group of the time."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[tuple[int, ...], float], Any] = {}
+        self._world: Any = None  # the job's process group the groups were made in
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self._lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
+
+    def get(self, ranks: tuple[int, ...], timeout: datetime.timedelta) -> Any:
+        """A gloo group of `ranks` whose timeout is `timeout` (made once per ranks and timeout).
+
+        Never the caller's group, even a gloo one: monitored_barrier makes every rank but the lowest wait
+        for the lowest as long as the group's own timeout, whatever timeout it is given. Only members
+        create it (use_local_synchronization), so a subgroup's call does not need the ranks outside it;
+        creation waits at most `timeout` for the members. Groups made in a process group the job has
+        since destroyed (and made anew) are destroyed with it: they are made again in the new one.
+        """
+        key = (ranks, timeout.total_seconds())
+        with self._lock:
+            if self._world is not dist.group.WORLD:
+                self._groups.clear()
+                self._world = dist.group.WORLD
+            if key not in self._groups:
+                started = time.monotonic()
+                try:
+                    self._groups[key] = dist.new_group(list(ranks), timeout=timeout, backend="gloo",
+                                                       use_local_synchronization=True)
+                except RuntimeError as err:
+                    raise DistributedError(
+                        "setup", f"rank {dist.get_rank()} gave up after waiting {time.monotonic() - started:.1f} s "
+                        f"(timeout {timeout.total_seconds():g} s) for {ranks_phrase(ranks)} to form a gloo group "
+                        f"(one crashed, hangs, or was not asked to take part): {first_line(err)}") from err
+            return self._groups[key]
+
+    def forget(self) -> None:
+        """The job's process group is being destroyed: its groups with it."""
+        with self._lock:
+            self._groups.clear()
+            self._world = None
 
 
-def _gloo_group(ranks: tuple[int, ...], timeout: datetime.timedelta) -> Any:
-    """A gloo group of `ranks` whose timeout is `timeout` (made once per ranks and timeout).
-
-    Never the caller's group, even a gloo one: monitored_barrier makes every rank but the lowest wait
-    for the lowest as long as the group's own timeout, whatever timeout it is given. Only members
-    create it (use_local_synchronization), so a subgroup's call does not need the ranks outside it;
-    creation waits at most `timeout` for the members. Groups made in a process group the job has
-    since destroyed (and made anew) are destroyed with it: they are made again in the new one.
-    """
-    key = (ranks, timeout.total_seconds())
-    with _gloo_lock:
-        if _gloo_world[0] is not dist.group.WORLD:
-            _gloo_groups.clear()
-            _gloo_world[0] = dist.group.WORLD
-        if key not in _gloo_groups:
-            started = time.monotonic()
-            try:
-                _gloo_groups[key] = dist.new_group(list(ranks), timeout=timeout, backend="gloo",
-                                                   use_local_synchronization=True)
-            except RuntimeError as err:
-                raise DistributedError(
-                    "setup", f"rank {dist.get_rank()} gave up after waiting {time.monotonic() - started:.1f} s "
-                    f"(timeout {timeout.total_seconds():g} s) for {ranks_phrase(ranks)} to form a gloo group (one "
-                    f"crashed, hangs, or was not asked to take part): {first_line(err)}") from err
-        return _gloo_groups[key]
+_gloo_groups = _GlooGroups()
 
 
 class Communicator:
@@ -143,7 +160,7 @@ class Communicator:
         if self.rank not in self.ranks:
             raise DistributedError("setup", f"rank {self.rank} is not a member of the group (ranks {list(self.ranks)})")
         if len(self.ranks) > 1:
-            self._group = _gloo_group(self.ranks, self.timeout)
+            self._group = _gloo_groups.get(self.ranks, self.timeout)
 
     @property
     def size(self) -> int:
@@ -276,7 +293,5 @@ def leave(timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> None:
         # an exchange, not a bare barrier, so a rank still at another step hears that this one left.
         Communicator(None, timeout).exchange("leave", lambda: None)
     finally:
-        with _gloo_lock:
-            _gloo_groups.clear()
-            _gloo_world[0] = None
+        _gloo_groups.forget()
         dist.destroy_process_group()
