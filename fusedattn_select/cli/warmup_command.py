@@ -21,12 +21,13 @@ from fusedattn_select.cli.store_status import cannot_write, not_persisted
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.config_files import load_config_file
+from fusedattn_select.errors import FusedAttnSelectError
 from fusedattn_select.probing import SNAPSHOT_ENV
 from fusedattn_select.probing.snapshot import SnapshotEngine
 from fusedattn_select.selection.local_warmup import WORKERS, WarmupOutcome, WarmupReport, warmup
 from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.store.store_settings import check_cache_switch
-from fusedattn_select.torchrun_env import DEFAULT_TIMEOUT_S, torchrun_ranks
+from fusedattn_select.torchrun_env import DEFAULT_TIMEOUT_S, Ranks, torchrun_ranks
 from fusedattn_select.types import Outcome, ProbeDepth, Provenance
 
 REPORT_HEADER = ("name", "backend", "outcome", "seconds", "answer", "reason")
@@ -145,27 +146,24 @@ def _lost_at_exit(selector: Selector) -> str:
             "(pass --memory-ok to warm this process anyway)") if reason else ""
 
 
-def _cmd_warmup(args: argparse.Namespace) -> int:
-    replay = bool(args.snapshot or args.target)
-    # torchrun's variables first: a bad one stops the command before anything is imported or probed.
-    ranks = torchrun_ranks(os.environ, rendezvous=not replay)
+def _inputs(args: argparse.Namespace) -> tuple[ProbeDepth, list[tuple[str, AttnConfig]]]:
+    """The depth and the named problems of the config files; ConfigError naming what is wrong."""
     check_cache_switch()
     depth = ProbeDepth.parse(args.depth, "--depth")
     problems = []
     for path in args.configs:
         config_file = load_config_file(path)
         problems += [(f"{config_file.name}/{entry.name}", entry.config) for entry in config_file.entries]
+    return depth, problems
+
+
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    replay = bool(args.snapshot or args.target)
+    # torchrun's variables first: a bad one stops the command before anything is imported or probed.
+    ranks = torchrun_ranks(os.environ, rendezvous=not replay)
     if ranks.size > 1 and not replay:
-        distributed = warmup_job.join_job(ranks, args.timeout)  # before the selector: a rank uses GPU LOCAL_RANK
-        if distributed is None:
-            return EXIT_NOT_DONE
-        # The job's process groups are destroyed before the command ends, whatever happened.
-        code = _shared_warmup(args, distributed, problems, depth)
-        left = warmup_job.leave_job(distributed.group, args.timeout)
-        if left:
-            # The answers were agreed and saved: their code stands; leaving is what failed.
-            print(f"warning: warmup: rank {ranks.rank} could not leave the job cleanly: {left}", file=sys.stderr)
-        warmup_job.exit_now(code)
+        return _torchrun_warmup(args, ranks)
+    depth, problems = _inputs(args)
     selector = _selector(args)
     refusal = _cannot_warm(args, selector)
     if refusal:
@@ -194,14 +192,47 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
     return _exit_code(report, no_data, selector)
 
 
-def _shared_warmup(args: argparse.Namespace, distributed: Any, problems: list, depth: ProbeDepth) -> int:
+def _torchrun_warmup(args: argparse.Namespace, ranks: Ranks) -> int:
+    """This rank's part of a shared warmup; ends the process once it left the job.
+
+    A rank that cannot warm (bad input, no engine, a store that would not keep the answers) prints its
+    `error:` line, then still joins the job and says its reason at the warmup's first exchange: every
+    other rank's error names it and why, at once, instead of a rank that went missing or never joined.
+    It exits with its own code (2 for bad input, else 1); the others exit 1."""
+    refusal, code = "", EXIT_NOT_DONE
+    try:
+        depth, problems = _inputs(args)
+    except FusedAttnSelectError as err:
+        refusal, code = str(err), EXIT_BAD_INPUT
+        print(f"error: {refusal}", file=sys.stderr)
+    # Before the selector: a rank uses GPU LOCAL_RANK. Quiet when refusing: its own line says why.
+    distributed = warmup_job.join_job(ranks, args.timeout, quiet=bool(refusal))
+    if distributed is None:
+        return code
+    # The job's process groups are destroyed before the command ends, whatever happened.
+    if not refusal:
+        try:
+            selector = _selector(args)
+            refusal = _cannot_warm(args, selector)
+        except FusedAttnSelectError as err:
+            refusal, code = str(err), EXIT_BAD_INPUT
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr)
+    if refusal:
+        warmup_job.refuse(distributed, refusal, args.timeout)
+    else:
+        code = _shared_warmup(args, distributed, selector, problems, depth)
+    left = warmup_job.leave_job(distributed.group, args.timeout)
+    if left:
+        # The answers were agreed and saved: their code stands; leaving is what failed.
+        print(f"warning: warmup: rank {ranks.rank} could not leave the job cleanly: {left}", file=sys.stderr)
+    warmup_job.exit_now(code)
+
+
+def _shared_warmup(args: argparse.Namespace, distributed: Any, selector: Selector, problems: list,
+                   depth: ProbeDepth) -> int:
     """Warm `problems` with the other ranks; the lowest rank prints the report the ranks agreed.
     The exit code is the agreed answers', the same on every rank."""
-    selector = _selector(args)
-    refusal = _cannot_warm(args, selector)
-    if refusal:
-        print(f"error: {refusal}", file=sys.stderr)
-        return EXIT_NOT_DONE
     try:
         shared = distributed.warmup(problems, depth=depth, selector=selector, jobs=args.jobs, timeout=args.timeout)
     except distributed.DistributedError as err:

@@ -21,7 +21,7 @@ from typing import Any, Mapping, NoReturn, Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.selection.local_warmup import WarmupOutcome, WarmupReport
-from fusedattn_select.errors import first_line
+from fusedattn_select.errors import FusedAttnSelectError, first_line
 from fusedattn_select.torchrun_env import Ranks, hosts_store, ranks_phrase, wait_for_address
 from fusedattn_select.types import Backend
 
@@ -29,20 +29,33 @@ DISAGREED = "ranks disagree: every rank answers NONE (the warning above names th
 STORE_PREFIX = "fusedattn_select/warmup-replay"
 
 
-def join_job(ranks: Ranks, timeout_s: float) -> Any:
+def join_job(ranks: Ranks, timeout_s: float, quiet: bool = False) -> Any:
     """The distributed module, with this process joined to its torchrun job's process group; None
-    after one error line when it cannot join (no torch, or the other ranks did not meet it in time)."""
+    after one error line (none when `quiet`: the rank said its own error) when it cannot join (no
+    torch, or the other ranks did not meet it in time)."""
     try:
         from fusedattn_select import distributed  # needs torch: imported only to join a job
     except ImportError as err:
-        _cannot_join(ranks, err)
+        if not quiet:
+            _cannot_join(ranks, err)
         return None
     try:
         distributed.init_from_torchrun(timeout=timeout_s)  # a group of one rank (an existing one) warms locally
     except (distributed.DistributedError, RuntimeError, ValueError) as err:
-        _cannot_join(ranks, err)
+        if not quiet:
+            _cannot_join(ranks, err)
         return None
     return distributed
+
+
+def refuse(distributed: Any, reason: str, timeout_s: float) -> None:
+    """Say `reason` (why this rank does not warm; it printed it already) to the other ranks at the
+    shared warmup's first exchange, so that each of them names this rank and its reason instead of a
+    rank gone missing. That exchange then fails on every rank, by design: the others say so."""
+    try:
+        distributed.shared_warmup.refuse(reason, timeout=timeout_s)
+    except FusedAttnSelectError:
+        pass  # the DistributedError naming this refusal (and any other rank's) is the other ranks' to print
 
 
 def _cannot_join(ranks: Ranks, err: BaseException) -> None:

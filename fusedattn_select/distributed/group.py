@@ -70,6 +70,11 @@ class DistributedError(FusedAttnSelectError):
         super().__init__(f"distributed {step}: {message}")
 
 
+class Refusal(FusedAttnSelectError):
+    """Why a rank does not take part, raised in place of its part of an exchange (shared_warmup.refuse):
+    every rank's DistributedError gives its text as the rank said it, without an exception type."""
+
+
 @dataclass(frozen=True)
 class _Contribution:
     """One rank's part of an exchange at `step`: its value, or what it raised."""
@@ -178,8 +183,8 @@ class Communicator:
             mine = _Contribution(self.rank, step, value=produce())
         except Exception as err:  # noqa: BLE001 - reported to every rank below, then raised
             failure = err
-            mine = _Contribution(self.rank, step, failure=RankFailure(self.rank, self.host,
-                                                                      f"{type(err).__name__}: {err}"))
+            reason = str(err) if isinstance(err, Refusal) else f"{type(err).__name__}: {err}"
+            mine = _Contribution(self.rank, step, failure=RankFailure(self.rank, self.host, reason))
         if self._group is None:
             if failure is not None:
                 raise failure

@@ -31,7 +31,7 @@ from fusedattn_select.distributed.agreement import (
     platform_groups,
 )
 from fusedattn_select.distributed.facts import RankFacts, require_same
-from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError
+from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError, Refusal
 from fusedattn_select.distributed.sharing import ACCEPTED, PRESENT, Share, outgoing, receive_decision, receive_plan
 from fusedattn_select.distributed.work import (
     Configs,
@@ -47,6 +47,8 @@ from fusedattn_select.selection.selector import Selector, default_selector
 from fusedattn_select.types import ProbeDepth
 
 log = logging.getLogger("fusedattn_select")
+
+START = "warmup start"  # a shared warmup's first exchange: where a rank that will not warm says why
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
     started = time.perf_counter()
     failed_before = failed_writes(selector.store)
 
-    starts = comm.exchange("warmup start", lambda: _Start(
+    starts = comm.exchange(START, lambda: _Start(
         RankFacts.of(comm.rank, comm.host, selector), probe_depth, agree,
         {item.key: item.name for item in items}, work_digest(items)))
     _check_start(starts)
@@ -173,6 +175,18 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
     return report
 
 
+def refuse(reason: str, group: object = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """Take part in a shared warmup's first exchange with `reason` (why this rank will not warm: bad
+    input, no engine) in place of its part, so that every other rank's warmup() raises a DistributedError
+    naming this rank and `reason`, not only that it went missing. Raises that DistributedError here too
+    (naming every rank that refused, and why); without other ranks, Refusal(reason)."""
+
+    def refusal() -> _Start:
+        raise Refusal(reason)
+
+    Communicator(group, timeout).exchange(START, refusal)
+
+
 @dataclass(frozen=True)
 class _Start:
     """What a rank says before any work: itself, the arguments the split and the exchanges depend
@@ -212,13 +226,13 @@ def _failed_saves(taken: Sequence[_Taken], me: int) -> dict:
 
 def _check_start(starts: Sequence[_Start]) -> None:
     """Raise DistributedError, before any work, when ranks were called differently."""
-    require_same("warmup start", "depth", [(s.facts.rank, s.depth.value) for s in starts])
-    require_same("warmup start", "agree", [(s.facts.rank, s.agree) for s in starts])
+    require_same(START, "depth", [(s.facts.rank, s.depth.value) for s in starts])
+    require_same(START, "agree", [(s.facts.rank, s.agree) for s in starts])
     difference = problem_difference([(s.facts.rank, s.problems) for s in starts])
     if difference:
-        raise DistributedError("warmup start", f"ranks were given different problems: {difference}")
+        raise DistributedError(START, f"ranks were given different problems: {difference}")
     if len({s.work for s in starts}) > 1:  # the same problems at one depth cost the same, unless the code differs
-        raise DistributedError("warmup start", "ranks split the same problems differently (is fusedattn_select "
+        raise DistributedError(START, "ranks split the same problems differently (is fusedattn_select "
                                "one version on every rank?): " + "; ".join(
                                    f"rank {s.facts.rank} work digest {s.work}" for s in starts))
 
