@@ -7,11 +7,13 @@ ALiBi, the off_by_one and learnable softmax) is `semantics.py`'s, as for the aut
 has no logit soft-capping, so a RefProblem has none.
 
 With `dropout_seed` set, dropout is simulated with torch's generator: the result is one sample of
-what a correct kernel computes (its mask differs from cuDNN's), used to size the dropout noise.
+what a correct kernel computes (its mask differs from cuDNN's), used to size a backward's dropout noise;
+a forward under dropout is checked by `dropout_moments`, what every correct mask's result shares.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +117,46 @@ def forward(ref: RefProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lse[:, heads, start:stop] = chunk.lse
         rows_ok[:, :, start:stop] = chunk.rows_ok
     return out, lse, rows_ok
+
+
+@dataclass
+class DropoutMoments:
+    """What every correct kernel's forward under dropout has in common, whatever its mask (per element
+    or per query row; float32; docs/verify.md, 'Dropout'): with P the dropout-free probabilities, V the
+    values, O the dropout-free output and w_ij = O_i . V_j,
+
+    - spread (b, Hq, Sq, Dv): sum_j P_ij^2 V_jd^2; times p/(1-p), the expected squared distance of O_d
+      from the reference;
+    - weights (b, Hq, Sq): sum_j P_ij^4 |V_j|^4, the kurtosis term of the variance of a row's distance;
+    - reach (b, Hq, Sq): sum_d (sum_j P_ij |V_jd|)^2, the largest squared distance a row can reach;
+    - slope_spread (b, Hq, Sq): sum_j P_ij^2 w_ij^2; times p/(1-p), the variance of (O_got - O) . O;
+    - slope_reach (b, Hq, Sq): sum_j P_ij |w_ij|, the largest |(O_got - O) . O| a row can reach.
+    """
+
+    spread: torch.Tensor
+    weights: torch.Tensor
+    reach: torch.Tensor
+    slope_spread: torch.Tensor
+    slope_reach: torch.Tensor
+
+
+def dropout_moments(ref: RefProblem, out: torch.Tensor) -> DropoutMoments:
+    """The DropoutMoments of `ref` (its dropout not simulated), `out` being forward(ref)'s output."""
+    plain = dataclasses.replace(ref, dropout_seed=None)
+    b, hq, sq, dv = out.shape
+    rows = torch.zeros((b, hq, sq), dtype=torch.float32, device=out.device)
+    moments = DropoutMoments(torch.zeros_like(out), rows.clone(), rows.clone(), rows.clone(), rows.clone())
+    for kv_head, heads, start, stop, chunk in _chunks(plain):
+        p = chunk.p
+        v = ref.v[:, kv_head].float().unsqueeze(1)
+        squared = p * p
+        moments.spread[:, heads, start:stop] = torch.matmul(squared, v * v)
+        moments.weights[:, heads, start:stop] = (squared * (v * v).sum(-1).unsqueeze(-2)).square().sum(-1)
+        moments.reach[:, heads, start:stop] = torch.matmul(p, v.abs()).square().sum(-1)
+        w = torch.matmul(out[:, heads, start:stop], v.transpose(-1, -2))
+        moments.slope_spread[:, heads, start:stop] = (squared * w * w).sum(-1)
+        moments.slope_reach[:, heads, start:stop] = (p * w.abs()).sum(-1)
+    return moments
 
 
 @dataclass

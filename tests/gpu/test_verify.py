@@ -77,11 +77,46 @@ def test_verify_answers_supported_problems_as_verified(selector, name):
         assert selector.select(cfg, depth).from_cache
 
 
-def test_verify_checks_dropout_against_a_simulated_dropout(selector):
+def test_verify_checks_dropout_by_what_every_mask_gives(selector):
+    # The forward by dropout's expected distance and scale; the backward against a simulated dropout.
     answer = selector.select(fresh(dropout=0.1), "verify")
     _skip_unless_built(answer)
     assert answer.selected, answer.message
-    assert all(v.verified and "simulated dropout" in v.detail for v in answer.verdicts)
+    forward, backward = answer.verdicts
+    assert forward.verified and "distance over dropout's expected" in forward.detail, forward.detail
+    assert backward.verified and "simulated dropout" in backward.detail, backward.detail
+
+
+DROPOUT_INFERENCE = {"batch_size": 2, "num_heads_q": 8, "num_heads_kv": 8, "seqlen_q": 512, "seqlen_kv": 512,
+                     "head_dim_qk": 64, "dropout": 0.1, "is_training": False}
+
+
+@pytest.mark.parametrize("wrong", ["probability", "rescale"])
+def test_verify_refuses_a_dropout_kernel_that_computes_something_else(selector, wrong):
+    # A graph built at p=0.25 for a requested 0.1 (unbiased, too spread), or an O whose kept values were
+    # not rescaled by 1/(1-p): the simulated-dropout band (0.5x-2x) verified both on an H200.
+    cfg = fresh(**DROPOUT_INFERENCE)
+    if wrong == "probability":
+        seam = numerics.planted(graph_config=lambda c: dataclasses.replace(c, dropout=0.25))
+    else:
+        seam = numerics.planted(after_execute=lambda phase, out: out["o"].mul_(0.9))
+    with seam:
+        answer = selector.select(cfg, "verify")
+    _skip_unless_built(answer)
+    verdict = answer.verdicts[0]
+    assert verdict.outcome is Outcome.UNSUPPORTED and verdict.stage == numerics.NUMERICS_STAGE, verdict
+    assert selector.select(fresh(**DROPOUT_INFERENCE), "verify").selected  # unplanted, the same problem verifies
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 64), (1, 2, 16, 16), (1, 1, 8, 64), (1, 1, 2, 128)])
+def test_verify_accepts_dropout_where_a_row_has_few_decisions(selector, shape):
+    # Few dropout decisions per row: the band refused right kernels here (errors 0.4-0.5x a simulated one).
+    b, h, sq, skv = shape
+    cfg = AttnConfig(batch_size=b, num_heads_q=h, num_heads_kv=h, seqlen_q=sq, seqlen_kv=skv, head_dim_qk=64,
+                     dropout=0.1, is_training=False)
+    answer = selector.select(cfg, "verify")
+    _skip_unless_built(answer)
+    assert answer.selected, answer.message
 
 
 def test_verify_runs_a_dense_problem_through_its_bucket_form(selector):

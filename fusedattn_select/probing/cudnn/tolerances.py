@@ -31,9 +31,15 @@ UNIT_ROUNDOFF_FP8 = {"fp8_e4m3": 2.0 ** -4, "fp8_e5m2": 2.0 ** -3}
 FP8_FACTOR = 3.0
 # The softmax stats are float32 sums of exact 16-bit products: an absolute bound on log-sum-exp values.
 STATS_TOLERANCE = 2e-3
-# Dropout: the error against the dropout-free reference must be this close to the error of a
+# Dropout, backward: the error against the dropout-free reference must be this close to the error of a
 # simulated dropout of the same probability (a kernel that drops nothing, or too much, falls outside).
 DROPOUT_BAND = (0.5, 2.0)
+# Dropout, forward (compare_dropout_forward): how many standard deviations of dropout's own spread a
+# result may stray from what every correct mask gives (Chebyshev: a right kernel strays that far with
+# probability under 1/64 whatever the distribution, and far less for sums of many decisions), and the
+# multiple of the unit roundoff, of the result's size and of the dropout spread's, its roundings may add.
+DROPOUT_SIGMAS = 8.0
+DROPOUT_ROUNDING = 4.0
 
 
 def tolerance(dtype: str, head_dim: int, kind: str = "output") -> float:
@@ -65,6 +71,15 @@ def fp8_tolerance(qkv_dtype: str, *result_dtypes: str) -> float:
     return FP8_FACTOR * max(UNIT_ROUNDOFF_FP8[qkv_dtype], *(roundoffs[dtype] for dtype in result_dtypes))
 
 
+def roundoff(*names: str) -> float:
+    """The largest unit roundoff of these dtype names (16-bit or FP8)."""
+    table = {**UNIT_ROUNDOFF, **UNIT_ROUNDOFF_FP8}
+    for name in names:
+        if name not in table:
+            raise ConfigError("dtype", name, "must be one of " + ", ".join(repr(n) for n in table))
+    return max(table[name] for name in names)
+
+
 def coarsest(*names: str) -> str:
     """Of 16-bit dtype names, the one with the largest unit roundoff."""
     return max(names, key=lambda name: UNIT_ROUNDOFF.get(name, math.inf))
@@ -76,7 +91,9 @@ class Check:
     """One result compared with the reference: its error, the bound, and whether it passed.
 
     For dropout, `error` and `noise` are relative Frobenius errors against the dropout-free
-    reference, of the device's result and of a simulated dropout; `bounds` are the allowed range.
+    reference, of the device's result and of a simulated dropout; `bounds` are the allowed range. A
+    forward under dropout: `error` is the rows' squared distance over dropout's expected one (1 for a
+    correct kernel), `bounds` its range, `scale` the result's excess along the reference and its bound.
     """
 
     name: str
@@ -85,8 +102,13 @@ class Check:
     passed: bool
     noise: float = -1.0
     bounds: tuple[float, float] = (0.0, 0.0)
+    scale: tuple[float, float] | None = None  # dropout's forward: the result's excess along the reference, and its bound
 
     def describe(self) -> str:
+        if self.scale is not None:
+            return (f"{self.name} distance over dropout's expected {self.error:.3g} (allowed "
+                    f"{max(self.bounds[0], 0.0):.3g}..{self.bounds[1]:.3g}), scale {1.0 + self.scale[0]:.4g} "
+                    f"(allowed 1 +- {self.scale[1]:.3g})")
         if self.noise >= 0.0:
             return (f"{self.name} error {self.error:.3g} (simulated dropout {self.noise:.3g}; "
                     f"allowed {self.bounds[0]:.3g}..{self.bounds[1]:.3g})")
@@ -120,6 +142,53 @@ def compare_dropout(name: str, got: Any, want: Any, sample: Any, tol: float, row
     error, noise = float((got - want).norm()) / norm, float((sample - want).norm()) / norm
     low, high = DROPOUT_BAND[0] * noise, DROPOUT_BAND[1] * noise + tol
     return Check(name, error, tol, low <= error <= high, noise, (low, high))
+
+
+def compare_dropout_forward(name: str, got: Any, want: Any, moments: Any, dropout: float, roundoff: float,
+                            rows: Any = None) -> Check:
+    """O under dropout `dropout` against the dropout-free reference `want`, by what every correct kernel's
+    result has whatever its mask (`moments`: chunked_reference.DropoutMoments; docs/verify.md, 'Dropout'):
+    each query row's squared distance from `want` near its expected p/(1-p) * sum_d spread, and its
+    component along `want` near 0 (kept values rescaled by 1/(1-p)). Rows are weighted by the inverse of
+    their expected spread (a causal mask's first rows, with few keys, spread most), and each statistic
+    may stray DROPOUT_SIGMAS standard deviations (never past what a mask can reach), plus what roundings of
+    DROPOUT_ROUNDING x `roundoff` (of the row's result and of its spread) can move it. `rows`: (b, Hq, Sq)."""
+    parts = (moments.spread, moments.weights, moments.reach, moments.slope_spread, moments.slope_reach)
+    if rows is not None:
+        got, want, parts = got[rows], want[rows], tuple(part[rows] for part in parts)
+    got, want = got.double(), want.double()
+    if not bool(got.isfinite().all()):
+        return Check(name, math.inf, 0.0, False, 0.0)
+    spread, weights, reach, slope_spread, slope_reach = (part.double() for part in parts)
+    if got.numel() == 0:
+        return Check(name, 1.0, 0.0, True, 1.0, (0.0, math.inf), (0.0, math.inf))
+    odds = dropout / (1.0 - dropout)
+    worst = max(1.0, odds)  # the largest |m / (1 - p) - 1| of a kept (m = 1) or dropped (m = 0) value
+    fourth = dropout ** 4 / (1.0 - dropout) ** 3 + dropout  # E[(m / (1 - p) - 1)^4]
+    floor = 1e-30
+    residual = got - want
+    rounding = DROPOUT_ROUNDING * roundoff * (got.norm(dim=-1) + spread.sum(-1).sqrt())
+    # Distance: a row's squared distance s_i has mean E_i and variance at most kurtosis x weights_i +
+    # 2 E_i^2 (a quadratic form of the independent decisions); the statistic is sum_i s_i / E_i.
+    expected = (odds * spread.sum(-1)).clamp_min(floor)
+    squared = residual.square().sum(-1)
+    statistic = float((squared / expected).sum())
+    count = expected.numel()
+    deviation = float(((max(0.0, fourth - 3.0 * odds ** 2) * weights + 2.0 * expected ** 2) / expected ** 2).sum()) ** 0.5
+    moved = float(((2.0 * rounding * squared.sqrt() + 3.0 * rounding ** 2) / expected).sum())
+    high = min(count + DROPOUT_SIGMAS * deviation, float((worst ** 2 * reach / expected).sum())) + moved
+    low = count - DROPOUT_SIGMAS * deviation - moved
+    # Along the reference: t_i = (got_i - want_i) . want_i has mean 0 and variance V_i = odds x slope_spread_i;
+    # the statistic sum_i t_i / V_i, over sum_i |want_i|^2 / V_i: the result's excess along the reference
+    # (-p for a kernel that does not rescale).
+    variance = (odds * slope_spread).clamp_min(floor)
+    size = float((want.square().sum(-1) / variance).sum())
+    along = float(((residual * want).sum(-1) / variance).sum())
+    slack = (min(DROPOUT_SIGMAS * float((1.0 / variance).sum()) ** 0.5, float((worst * slope_reach / variance).sum()))
+             + float((rounding * want.norm(dim=-1) / variance).sum()))
+    size = max(size, floor)
+    passed = low <= statistic <= high and abs(along) <= slack
+    return Check(name, statistic / count, 0.0, passed, 1.0, (low / count, high / count), (along / size, slack / size))
 
 
 @dataclass(frozen=True)

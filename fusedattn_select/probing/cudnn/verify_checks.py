@@ -113,9 +113,7 @@ def forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: t
     started = time.perf_counter()
     problem = run.reference_problem(bound)
     out, lse, rows_ok = chunked_reference.forward(problem)
-    sample = None
-    if cfg.dropout > 0.0:
-        sample = chunked_reference.forward(run.reference_problem(bound, dropout_sample=True))[0]
+    moments = chunked_reference.dropout_moments(problem, out) if cfg.dropout > 0.0 else None
     rows = _rows(rows_ok, cfg.num_heads_q)
     if cfg.is_fp8:
         tol = tolerances.fp8_tolerance(cfg.qkv_dtype, cfg.resolved_o_dtype)
@@ -124,7 +122,11 @@ def forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: t
         tol = tolerances.tolerance(dtype, cfg.resolved_head_dim_v, "output")
 
     def checks_of() -> list[tolerances.Check]:
-        found = [_compare("O", bound.dequantized("o"), out, sample, tol, rows)]
+        if moments is None:
+            found = [tolerances.compare("O", bound.dequantized("o"), out, tol, rows)]
+        else:  # what every correct mask's result has (its own mask differs from any simulated one)
+            found = [tolerances.compare_dropout_forward("O", bound.dequantized("o"), out, moments, cfg.dropout,
+                                                        tolerances.roundoff(cfg.qkv_dtype, cfg.resolved_o_dtype), rows)]
         # FP8 stats are not compared: a kernel may sum the probabilities it rounded to FP8.
         if "stats" in bound.tensors and _stats_comparable(cfg) and not cfg.is_fp8:
             found.append(tolerances.compare("stats", run.stats_rows(bound), lse, tolerances.STATS_TOLERANCE, rows,

@@ -1,0 +1,95 @@
+"""Depth verify's forward check under dropout (tolerances.compare_dropout_forward) on CPU: results of
+correct kernels (torch's simulated dropout, each draw another mask, rounded to the result's dtype) pass
+whatever the shape, down to one query row and one key; a graph run at another probability, a kernel that
+does not rescale the kept values, or one that drops nothing, fails at the shapes verify probes."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusedattn_select.probing.cudnn import tolerances  # noqa: E402
+from fusedattn_select.reference import chunked_reference  # noqa: E402
+from fusedattn_select.reference.chunked_reference import RefProblem  # noqa: E402
+
+P = 0.1
+
+
+def problem(b: int, h: int, sq: int, skv: int, d: int = 64, causal: bool = False, seed: int = 0,
+            dropout: float = P) -> RefProblem:
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, d, generator=generator) for s in (sq, skv, skv))
+    return RefProblem(q, k, v, torch.full((b,), sq), torch.full((b,), skv), d ** -0.5, causal=causal,
+                      dropout=dropout)
+
+
+def check(ref: RefProblem, got: torch.Tensor, dtype: str = "bf16") -> tolerances.Check:
+    want, _, rows_ok = chunked_reference.forward(ref)
+    moments = chunked_reference.dropout_moments(ref, want)
+    rows = rows_ok.expand(want.shape[0], want.shape[1], want.shape[2])
+    return tolerances.compare_dropout_forward("O", got, want, moments, P, tolerances.roundoff(dtype), rows)
+
+
+def kernel(ref: RefProblem, seed: int, dropout: float = P, scale: float = 1.0, dtype=torch.bfloat16) -> torch.Tensor:
+    """What a kernel with its own mask returns: a simulated dropout at `dropout`, times `scale`, rounded."""
+    simulated = RefProblem(**{**ref.__dict__, "dropout": dropout, "dropout_seed": seed})
+    return (chunked_reference.forward(simulated)[0] * scale).to(dtype).float()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 1, 1, 4), (1, 1, 1, 64), (1, 2, 16, 16), (1, 1, 1, 512),
+                                   (1, 1, 8, 64), (1, 1, 2, 3)])
+def test_correct_kernels_pass_at_small_shapes(shape):
+    # Few dropout decisions: a result lands anywhere a mask can take it, and every draw must pass
+    # (the simulated band of a 0.5x-2x ratio refused such right results on the H200).
+    ref = problem(*shape)
+    failed = [seed for seed in range(200) if not check(ref, kernel(ref, seed)).passed]
+    assert not failed, (shape, failed[:5], check(ref, kernel(ref, failed[0])).describe())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_correct_kernels_pass_at_a_probe_shape(causal, dtype):
+    ref = problem(1, 4, 256, 256, causal=causal)
+    name = "bf16" if dtype is torch.bfloat16 else "fp16"
+    checks = [check(ref, kernel(ref, seed, dtype=dtype), name) for seed in range(20)]
+    assert all(c.passed for c in checks), [c.describe() for c in checks if not c.passed][:3]
+    # The statistic is tight: a correct result's rows sit near dropout's expected distance.
+    assert all(abs(c.error - 1.0) < 0.1 and abs(c.scale[0]) < c.scale[1] for c in checks)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_wrong_kernels_fail_at_a_probe_shape(causal):
+    ref = problem(1, 4, 256, 256, causal=causal)
+    wrong = {
+        "run at p=0.25 for 0.1": kernel(ref, 7, dropout=0.25),
+        "kept values not rescaled": kernel(ref, 7, scale=1.0 - P),
+        "nothing dropped": chunked_reference.forward(ref)[0].to(torch.bfloat16).float(),
+    }
+    passed = [name for name, got in wrong.items() if check(ref, got).passed]
+    assert not passed, [(name, check(ref, wrong[name]).describe()) for name in passed]
+
+
+def test_a_graph_at_half_the_probability_fails_with_enough_rows():
+    # b2 h8 512x512 causal (the verify repro's shape, causal so that its first rows see few keys).
+    ref = problem(2, 8, 512, 512, causal=True)
+    assert not check(ref, kernel(ref, 7, dropout=0.05)).passed
+    assert check(ref, kernel(ref, 8)).passed
+
+
+def test_a_not_finite_result_fails_and_the_description_names_both_checks():
+    ref = problem(1, 2, 32, 32)
+    got = kernel(ref, 1)
+    described = check(ref, got).describe()
+    assert "scale" in described and "distance over dropout's expected" in described, described
+    got[0, 0, 0, 0] = float("nan")
+    assert not check(ref, got).passed
+
+
+def test_padded_rows_are_left_out():
+    ref = problem(2, 2, 64, 64)
+    ref.lens_q = torch.tensor([64, 40])
+    want, _, rows_ok = chunked_reference.forward(ref)
+    got = kernel(ref, 3)
+    got[1, :, 40:] = 99.0  # rows a padding mask leaves out
+    assert check(ref, got).passed
