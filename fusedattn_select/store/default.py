@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.store.memory import MemoryStore
 from fusedattn_select.store.protocol import CacheUnavailableError
 from fusedattn_select.store.sqlite import PersistentStore
@@ -18,8 +19,20 @@ from fusedattn_select.store.store_settings import (
 
 log = logging.getLogger("fusedattn_select")
 
-_fallback_warned = False
-_fallback_lock = threading.Lock()
+
+class _FallbackWarning:
+    """Whether this process has warned that its store fell back to memory (once per process)."""
+
+    def __init__(self) -> None:
+        self.given = False
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self.lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
+
+
+_fallback_warning = _FallbackWarning()
 
 
 def open_default_store(max_bytes: int | None = None, *, read_only: bool = False) -> PersistentStore | MemoryStore:
@@ -48,11 +61,10 @@ def open_default_store(max_bytes: int | None = None, *, read_only: bool = False)
 
 
 def _warn_fallback(err: CacheUnavailableError, quiet: bool) -> None:
-    global _fallback_warned
-    with _fallback_lock:
+    with _fallback_warning.lock:
         # A command that only looks reports the reason itself: its lookup is not the warning.
-        first = not _fallback_warned and not quiet
-        _fallback_warned = _fallback_warned or first
+        first = not _fallback_warning.given and not quiet
+        _fallback_warning.given = _fallback_warning.given or first
     (log.warning if first else log.debug)(
         "fusedattn_select: %s; decisions are kept in memory for this process only (set %s to a "
         "writable directory, or %s=off to silence this)", err, CACHE_DIR_ENV, CACHE_SWITCH_ENV,

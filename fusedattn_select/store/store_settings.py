@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fusedattn_select import settings
 from fusedattn_select.errors import ConfigError
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.settings import (  # noqa: F401 - the store's names for them
     CACHE_OFF_VALUES,
     CACHE_ON_VALUES,
@@ -59,7 +60,11 @@ class _InvalidValuesWarned:
 
     def __init__(self) -> None:
         self._seen: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self._lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
 
     def first(self, variable: str, value: str) -> bool:
         """Whether this is the first time (variable, value) is seen (a warning is due)."""

@@ -20,7 +20,7 @@ from fusedattn_select.types import ProbeDepth
 
 # ----- default store ----------------------------------------------------------------------------
 def test_unwritable_directory_degrades_to_memory_with_one_warning(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr("fusedattn_select.store.default._fallback_warned", False)
+    monkeypatch.setattr("fusedattn_select.store.default._fallback_warning.given", False)
     with unusable_cache_dir(tmp_path, monkeypatch) as target:
         with caplog.at_level(logging.WARNING, logger="fusedattn_select"):
             first, second = open_default_store(), open_default_store()
