@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fusedattn_select.dtypes import F16_DTYPES, FP8_DTYPES
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.types import Backend, Phase, ProbeDepth, Verdict
 
 # probe(engine, cfg, backend, phase, depth) -> Verdict; `engine` is the selector's ProbeEngine.
@@ -41,9 +42,13 @@ class Registry:
     """The priority list and its lock: one object owns the registry's state."""
 
     def __init__(self, entries: tuple[BackendEntry, ...]) -> None:
-        self._lock = threading.Lock()
+        self._renew_locks()
+        renew_locks_after_fork(self)
         # Replaced whole on each change: readers take it without the lock.
         self.entries = entries
+
+    def _renew_locks(self) -> None:
+        self._lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
 
     def candidate(self, qkv_dtype: str, phases: tuple[Phase, ...]) -> BackendEntry | None:
         for entry in self.entries:

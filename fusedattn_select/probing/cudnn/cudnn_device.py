@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from fusedattn_select._version import __version__ as LIBRARY_VERSION
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import PlatformError
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.probing.cudnn.features import frontend_features
 from fusedattn_select.probing.cudnn.graphs import operation_for
 from fusedattn_select.probing.frontend import INSTALL_CUDA, import_cudnn
@@ -78,16 +79,26 @@ class _Driver:
 
 
 # ----- devices and their primary contexts -------------------------------------------------------
-_DRIVER: _Driver | None = None
-_CONTEXTS: dict[int, Any] = {}
-_DEVICE_LOCK = threading.Lock()
+class _Devices:
+    """The initialised driver and the retained primary contexts by device, made under `lock`."""
+
+    def __init__(self) -> None:
+        self.driver: _Driver | None = None
+        self.contexts: dict[int, Any] = {}
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self.lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
+
+
+_devices = _Devices()
 
 
 def cuda_driver() -> _Driver:
     """cuda-python's driver API, initialised once (PlatformError when unusable)."""
-    global _DRIVER
-    with _DEVICE_LOCK:
-        if _DRIVER is None:
+    with _devices.lock:
+        if _devices.driver is None:
             driver = _Driver(_import_driver())
             try:
                 driver.call("cuInit", 0)
@@ -97,8 +108,8 @@ def cuda_driver() -> _Driver:
             if count == 0:
                 raise PlatformError("no CUDA device is visible (cuDeviceGetCount returned 0)")
             driver.device_count = count
-            _DRIVER = driver
-        return _DRIVER
+            _devices.driver = driver
+        return _devices.driver
 
 
 def device_ordinal(device: Any = None) -> int:
@@ -126,8 +137,8 @@ def device_ordinal(device: Any = None) -> int:
 def primary_context(device: int) -> Any:
     """The device's primary CUDA context (the one torch and the runtime use), retained once."""
     driver = cuda_driver()
-    with _DEVICE_LOCK:
-        context = _CONTEXTS.get(device)
+    with _devices.lock:
+        context = _devices.contexts.get(device)
         if context is None:
             if not 0 <= device < driver.device_count:
                 raise PlatformError(f"CUDA device {device} does not exist ({driver.device_count} visible)")
@@ -135,7 +146,7 @@ def primary_context(device: int) -> Any:
                 context = driver.call("cuDevicePrimaryCtxRetain", driver.call("cuDeviceGet", device))
             except RuntimeError as err:
                 raise PlatformError(f"cannot use CUDA device {device} ({err})") from None
-            _CONTEXTS[device] = context
+            _devices.contexts[device] = context
         return context
 
 
