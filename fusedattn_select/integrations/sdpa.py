@@ -40,6 +40,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn.functional
 
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.runtime.api import attention
 from fusedattn_select.runtime.fallback import torch_sdpa  # torch's own SDPA, never the patched attribute
 
@@ -106,21 +107,27 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 
 # ----- routing torch.nn.functional.scaled_dot_product_attention ------------------------------------
-@dataclass
+@dataclass(eq=False)  # (hashed by identity: renew_locks_after_fork keeps it in a weak set)
 class _Routing:
-    """Who asks for the attribute to be routed, in every thread (read and changed under _lock)."""
+    """Who asks for the attribute to be routed, in every thread (read and changed under `lock`)."""
 
     original: Any = None      # what was there when routing started (saved once); None while not routing
     blocks: int = 0           # routed() blocks open, in all threads
     installed: bool = False   # install() called, and uninstall() not since
 
+    def __post_init__(self) -> None:
+        self._renew_locks()
+        renew_locks_after_fork(self)
 
-_lock = threading.Lock()
+    def _renew_locks(self) -> None:
+        self.lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
+
+
 _routing = _Routing()
 
 
 def _route() -> None:
-    """Make the attribute this module's function, saving what was there first (call under _lock)."""
+    """Make the attribute this module's function, saving what was there first (call under _routing.lock)."""
     current = torch.nn.functional.scaled_dot_product_attention
     if _routing.original is None:
         # Patched already though nothing here routes (the attribute assigned directly): torch's own.
@@ -130,7 +137,7 @@ def _route() -> None:
 
 def _release() -> None:
     """Put the saved function back once neither install() nor an open routed() block asks for
-    routing (call under _lock); an attribute other code has replaced since is left as it is."""
+    routing (call under _routing.lock); an attribute other code has replaced since is left as it is."""
     if _routing.installed or _routing.blocks:
         return
     if is_installed():  # routed by this module, or by assigning its function directly: torch's own then
@@ -145,7 +152,7 @@ def is_installed() -> bool:
 def install() -> None:
     """Route torch.nn.functional.scaled_dot_product_attention through this module until uninstall()
     (idempotent; a routed() block exiting does not undo it)."""
-    with _lock:
+    with _routing.lock:
         _route()
         _routing.installed = True
 
@@ -153,7 +160,7 @@ def install() -> None:
 def uninstall() -> None:
     """Undo install(): restore the function it replaced, at once, or when the last open routed()
     block exits (a no-op when not installed)."""
-    with _lock:
+    with _routing.lock:
         _routing.installed = False
         _release()
 
@@ -163,12 +170,12 @@ def routed() -> Iterator[None]:
     """Route torch.nn.functional.scaled_dot_product_attention through this module inside the block.
     Blocks may nest and overlap across threads: the attribute is restored when the last open block
     exits, unless install() was called (then it stays routed until uninstall())."""
-    with _lock:
+    with _routing.lock:
         _route()
         _routing.blocks += 1
     try:
         yield
     finally:
-        with _lock:
+        with _routing.lock:
             _routing.blocks -= 1
             _release()

@@ -28,7 +28,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def fresh_log_once():
-    tracing._LOGGED.clear()
+    tracing._logged.keys.clear()
 
 
 @pytest.mark.parametrize("name", ["mistral", "qwen2"])

@@ -47,7 +47,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def fresh_log_once():
-    tracing._LOGGED.clear()
+    tracing._logged.keys.clear()
 
 
 def model_of(name: str, **changes):

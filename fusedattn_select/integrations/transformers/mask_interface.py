@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.integrations.transformers.dependencies import loaded
 from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask, tag
 from fusedattn_select.integrations.transformers.tracing import is_tracing, log_once
@@ -33,8 +34,21 @@ class _Pattern(NamedTuple):
 
 
 _SAMPLES: dict[_Pattern, tuple[list[int], list[int], list[bool]]] = {}
-_CONFIRMED: set[tuple[Callable, _Pattern]] = set()
-_lock = threading.Lock()
+
+
+class _Confirmed:
+    """The (mask function, pattern) pairs `_confirm` has checked eagerly (`pairs`), added under `lock`."""
+
+    def __init__(self) -> None:
+        self.pairs: set[tuple[Callable, _Pattern]] = set()
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self.lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
+
+
+_confirmed = _Confirmed()
 
 
 def _recognise(mask_function: Callable, local_size: int | None, use_vmap: bool, config: Any,
@@ -116,7 +130,7 @@ def _confirm(pattern: _Pattern, mask_function: Callable, device: Any, tracing: b
     """
     import torch
 
-    if not tracing and (mask_function, pattern) in _CONFIRMED:
+    if not tracing and (mask_function, pattern) in _confirmed.pairs:
         return
     queries, keys, expected = _samples(pattern)
     where = device if tracing else "cpu"
@@ -134,8 +148,8 @@ def _confirm(pattern: _Pattern, mask_function: Callable, device: Any, tracing: b
     if not torch.equal(got.to(torch.bool), want):
         raise MaskNotExpressible(f"the model's mask function differs from {pattern} at sampled positions")
     if getattr(mask_function, "__closure__", None) is None:
-        with _lock:
-            _CONFIRMED.add((mask_function, pattern))
+        with _confirmed.lock:
+            _confirmed.pairs.add((mask_function, pattern))
 
 
 def _query_positions(cache_position: "Tensor", tracing: bool) -> tuple[int, int]:

@@ -6,10 +6,24 @@ import logging
 import threading
 from typing import Any
 
+from fusedattn_select.forking import renew_locks_after_fork
+
 log = logging.getLogger("fusedattn_select")
 
-_LOGGED: set[Any] = set()
-_lock = threading.Lock()
+
+class _Logged:
+    """The keys log_once has logged (`keys`), changed under `lock`."""
+
+    def __init__(self) -> None:
+        self.keys: set[Any] = set()
+        self._renew_locks()
+        renew_locks_after_fork(self)
+
+    def _renew_locks(self) -> None:
+        self.lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
+
+
+_logged = _Logged()
 
 
 def is_tracing(tensor: Any = None) -> bool:
@@ -33,8 +47,8 @@ def log_once(key: Any, message: str, *args: Any) -> None:
     """Log `message` as a warning the first time `key` is seen; nothing under tracing."""
     if is_tracing():
         return
-    with _lock:
-        if key in _LOGGED:
+    with _logged.lock:
+        if key in _logged.keys:
             return
-        _LOGGED.add(key)
+        _logged.keys.add(key)
     log.warning(message, *args)
