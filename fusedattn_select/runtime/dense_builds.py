@@ -91,7 +91,7 @@ def fresh_store_target(device: int) -> tuple[str, int] | None:
     directory = default_cache_dir()
     where = (str(directory), device)
     worker = dispatcher.worker
-    if worker is not None and worker.ahead_for == where and worker.process.poll() is None:
+    if worker is not None and worker.ahead_for == where and worker.running_here():
         return where
     return None if (directory / DATABASE_NAME).exists() else where
 
@@ -261,6 +261,9 @@ class _Worker:
         self.answered = 0
         self.closed = False
         self.ahead_for = ahead_for  # (store directory, device) it was started ahead for (prestart)
+        # A forked child has the parent's worker but not its reader thread: jobs it sent would never be answered
+        # (and `lock` may be held there for ever), so a child starts its own (`running_here`).
+        self.started_by = os.getpid()
         self.lock = threading.Lock()
         threading.Thread(target=self._read_answers, name="fusedattn-dense-builds", daemon=True).start()
 
@@ -305,6 +308,10 @@ class _Worker:
             for future in left:
                 future.set_exception(RuntimeError(f"the worker process exited with code {code}"))
 
+    def running_here(self) -> bool:
+        """Whether this is this process's worker (not a forked child's parent's) and it still runs."""
+        return self.started_by == os.getpid() and self.process.poll() is None
+
     def close(self) -> None:
         """End the worker: it finishes the job it is on and exits at the end of its input."""
         self.closed = True
@@ -333,7 +340,7 @@ def prestart(where: tuple[str, int]) -> None:
 def _running(ahead_for: tuple[str, int] | None = None) -> _Worker:
     with dispatcher.worker_lock:  # the Dispatcher owns the worker: one per process
         worker = dispatcher.worker
-        if worker is None or worker.process.poll() is not None:
+        if worker is None or not worker.running_here():
             worker = dispatcher.worker = _Worker(ahead_for)
             atexit.register(worker.close)
     return worker

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from fusedattn_select import settings
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.store.locks import flock
 
 log = logging.getLogger("fusedattn_select")
@@ -122,11 +123,15 @@ class BackgroundBuild:
     loadable (lean entries compare it with the count they were made at)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._renew_locks()
+        renew_locks_after_fork(self)
         self.started = False
         self.generation = 0
         self.thread: Optional[threading.Thread] = None
         self.building = False  # past the check: a build runs, or one of another process is waited on
+
+    def _renew_locks(self) -> None:
+        self._lock = threading.Lock()  # fresh in a forked child: no thread of the parent releases it there
 
     def start(self, module: Path, include_dirs: Callable[[], list], on_built: Callable[[], None],
               device: Optional[int] = None) -> None:
