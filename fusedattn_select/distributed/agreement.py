@@ -22,8 +22,15 @@ from typing import Sequence
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.distributed.facts import RankFacts, require_same
-from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError, ranks_phrase
+from fusedattn_select.distributed.group import (
+    DEFAULT_TIMEOUT_S,
+    Communicator,
+    DistributedError,
+    ranks_phrase,
+    tell_others,
+)
 from fusedattn_select.distributed.work import Configs, named_problems, problem_difference
+from fusedattn_select.errors import FusedAttnSelectError
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.local_warmup import check_callers
 from fusedattn_select.selection.selector import Selector, default_selector
@@ -31,7 +38,8 @@ from fusedattn_select.types import Backend, Fingerprint, Outcome, ProbeDepth, Pr
 
 log = logging.getLogger("fusedattn_select")
 
-STAGE = "agreement"
+STAGE = "agreement"  # the stage of the NONE verdicts an agreement pins
+STEP = "agreement"  # agree()'s one exchange
 
 
 @dataclass(frozen=True)
@@ -143,17 +151,22 @@ def agree(configs: Configs, group: object = None, *, selector: Selector | None =
 
     `configs` and `selector` are what selection.local_warmup.warmup takes (a ConfigFile, its
     entries, AttnConfigs, (name, AttnConfig) pairs) and are checked as it checks them, before any
-    rank is waited for. Every rank must call it with the same problems, `depth` and `strict` (else
+    selection: the ConfigError is this rank's, told first to the other ranks at the exchange (each
+    raises DistributedError naming it). Every rank must call it with the same problems, `depth` and `strict` (else
     every rank raises DistributedError naming them, and nothing is pinned). Selects each problem with
     `selector` (default: the process's) at `depth`, exchanges the answers, and where ranks differ
     pins NONE naming the ranks, their platforms and their answers. Raises DistributedError on every
     rank when one rank raised or `timeout` seconds passed without a rank arriving. Without a process
     group, or with a group of one rank, it selects locally and communicates nothing.
     """
-    probe_depth = ProbeDepth.parse(depth, "depth")
-    problems = distinct_names(named_problems(configs))
-    check_callers(selector, None)  # as warmup() checks it: before any rank is waited for
-    selector = selector if selector is not None else default_selector()
+    try:
+        probe_depth = ProbeDepth.parse(depth, "depth")
+        problems = distinct_names(named_problems(configs))
+        check_callers(selector, None)  # as warmup() checks it: before this rank's part of the exchange
+        selector = selector if selector is not None else default_selector()
+    except FusedAttnSelectError as err:
+        tell_others(STEP, err, group, timeout)  # else the other ranks would only see this rank go missing
+        raise
     comm = Communicator(group, timeout)
     local: list[Selection] = []
 
@@ -162,7 +175,7 @@ def agree(configs: Configs, group: object = None, *, selector: Selector | None =
         local.extend(selections)
         return statement
 
-    return conclude(comm, comm.exchange("agreement", state), problems, local, selector, strict)
+    return conclude(comm, comm.exchange(STEP, state), problems, local, selector, strict)
 
 
 def distinct_names(problems: Sequence[tuple[str, AttnConfig]]) -> list[tuple[str, AttnConfig]]:

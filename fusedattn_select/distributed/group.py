@@ -221,6 +221,33 @@ class Communicator:
         )
 
 
+def refuse(step: str, reason: str, group: Any = None, timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> None:
+    """Take part in the exchange `step` with `reason` (why this rank will not take part) in place of its
+    part, so that every other rank raises a DistributedError naming this rank and `reason`, not only
+    that it went missing. Raises that DistributedError here too (naming every rank that refused, and
+    why); without other ranks, Refusal(reason)."""
+
+    def refusal() -> None:
+        raise Refusal(reason)
+
+    Communicator(group, timeout).exchange(step, refusal)
+
+
+def tell_others(step: str, err: BaseException, group: Any, timeout: Any) -> None:
+    """Before this rank raises `err` (a bad argument or setting found before a call's first exchange
+    `step`): say it to the other ranks of `group` at that exchange, so that each of them raises a
+    DistributedError naming this rank and `err` at once, instead of waiting for it until its timeout.
+    Nothing without an initialised process group. What the exchange raises is only logged (debug):
+    `err` is what this rank raises."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        refuse(step, f"{type(err).__name__}: {err}", group, timeout)
+    except Exception as failed:  # noqa: BLE001 - a bad group or timeout, the others' errors: not this rank's to raise
+        log.debug("fusedattn_select: distributed %s: told the other ranks this rank's error: %s", step,
+                  first_line(failed))
+
+
 def _steps_differ(gathered: list[_Contribution]) -> str:
     """What every rank says when the ranks of one exchange were at different steps."""
     at: dict[str, list[int]] = {}

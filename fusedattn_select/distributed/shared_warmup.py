@@ -31,7 +31,8 @@ from fusedattn_select.distributed.agreement import (
     platform_groups,
 )
 from fusedattn_select.distributed.facts import RankFacts, require_same
-from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError, Refusal
+from fusedattn_select.distributed.group import DEFAULT_TIMEOUT_S, Communicator, DistributedError, tell_others
+from fusedattn_select.distributed.group import refuse as group_refuse
 from fusedattn_select.distributed.sharing import ACCEPTED, PRESENT, Share, outgoing, receive_decision, receive_plan
 from fusedattn_select.distributed.work import (
     Configs,
@@ -41,6 +42,7 @@ from fusedattn_select.distributed.work import (
     work_digest,
     work_items,
 )
+from fusedattn_select.errors import FusedAttnSelectError
 from fusedattn_select.selection import local_warmup
 from fusedattn_select.selection.local_warmup import Progress, WarmupReport, check_callers, failed_writes, job_count
 from fusedattn_select.selection.selector import Selector, default_selector
@@ -113,17 +115,23 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
 
     `configs`, `selector`, `jobs` and `progress` are what selection.local_warmup.warmup takes (a
     ConfigFile, its entries, AttnConfigs, (name, AttnConfig) pairs) and are checked as it checks
-    them, before any rank is waited for. Every rank must call it with the same problems, `depth` and
-    `agree`, else every rank raises DistributedError naming them before any work. `jobs` and
+    them, before any work: the ConfigError is this rank's, told first to the other ranks at the first
+    exchange (each raises DistributedError naming it). Every rank must call it with the same
+    problems, `depth` and `agree`, else every rank raises DistributedError naming them before any
+    work. `jobs` and
     `progress` apply to this rank's share. With `agree`, ends with agree() on every problem.
     Raises DistributedError on every rank when one rank raised or `timeout` seconds passed
     without a rank arriving; without a process group it is a local warmup.
     """
-    probe_depth = ProbeDepth.parse(depth, "depth")
-    job_count(jobs)  # local warmup's checks, in its order: a bad argument fails here, not inside an exchange
-    items, duplicates = work_items(configs, probe_depth)
-    check_callers(selector, progress)
-    selector = selector if selector is not None else default_selector()
+    try:
+        probe_depth = ProbeDepth.parse(depth, "depth")
+        job_count(jobs)  # local warmup's checks, in its order: a bad argument fails here, not inside an exchange
+        items, duplicates = work_items(configs, probe_depth)
+        check_callers(selector, progress)
+        selector = selector if selector is not None else default_selector()
+    except FusedAttnSelectError as err:
+        tell_others(START, err, group, timeout)  # else the other ranks would only see this rank go missing
+        raise
     comm = Communicator(group, timeout)
     started = time.perf_counter()
     failed_before = failed_writes(selector.store)
@@ -177,14 +185,9 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
 
 def refuse(reason: str, group: object = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """Take part in a shared warmup's first exchange with `reason` (why this rank will not warm: bad
-    input, no engine) in place of its part, so that every other rank's warmup() raises a DistributedError
-    naming this rank and `reason`, not only that it went missing. Raises that DistributedError here too
-    (naming every rank that refused, and why); without other ranks, Refusal(reason)."""
-
-    def refusal() -> _Start:
-        raise Refusal(reason)
-
-    Communicator(group, timeout).exchange(START, refusal)
+    input, no engine) in place of its part: every other rank's warmup() raises a DistributedError naming
+    this rank and `reason` (group.refuse), as this call does here."""
+    group_refuse(START, reason, group, timeout)
 
 
 @dataclass(frozen=True)
