@@ -5,8 +5,9 @@ Their schemas take tensors and scalars only: the tensor names below, then the fi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -64,6 +65,30 @@ def _matching(t: Optional[torch.Tensor], spec: torch.Tensor, device: torch.devic
     return out.copy_(t)
 
 
+def _dropout_seed(opts: CallOptions, device: torch.device) -> Optional[torch.Tensor]:
+    """A fallback training call's dropout seed, drawn from the default CPU generator (so torch.manual_seed
+    repeats it): the backward op recomputes the fallback's forward, and must draw the forward's mask."""
+    if not (opts.training and opts.dropout > 0):
+        return None
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    return torch.tensor([seed, 0], dtype=torch.int64, device=device)
+
+
+@contextlib.contextmanager
+def _seeded(rng: Optional[torch.Tensor], device: torch.device) -> Iterator[None]:
+    """The generator of `device` seeded from `rng` (a `_dropout_seed`) inside, restored after; nothing
+    when rng is None or empty."""
+    if rng is None or not rng.numel():
+        yield
+        return
+    seed = int(rng[0])  # (a CUDA fallback reads it back: such a call is already off the fused hot path)
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else [], device_type=device.type):
+        generator = torch.cuda.default_generators[device.index or 0] if cuda else torch.default_generator
+        generator.manual_seed(seed)
+        yield
+
+
 # ----- the forward op ----------------------------------------------------------------------------
 @torch.library.custom_op("fusedattn_select::attention_fwd", mutates_args=(),
                          schema=_schema(FORWARD_TENSORS, _FORWARD_OUTPUTS))
@@ -97,9 +122,9 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
             saved = tuple(t.view(torch.uint8) for t in fp8_saved[:3]) + (fp8_saved[3],)
     else:
         entries.log_fallback(found)
-        with torch.no_grad():
+        rng = _dropout_seed(opts, q.device)  # its backward recomputes this forward, with this mask
+        with torch.no_grad(), _seeded(rng, q.device):
             out, stats = fallback_forward(found.fallback, opts, q, k, v, inputs, scales)
-        rng = None
     if stats is None or not specs[1].numel():
         stats = None
     if rng is None or not specs[2].numel():
@@ -118,7 +143,9 @@ def _attention_fwd_fake(*args: Any) -> tuple[torch.Tensor, ...]:
     out_dtype = dtypes.torch_dtype(opts.o_dtype, torch) if opts.o_dtype else q.dtype
     out = from_bhsd(empty_bhsd(dims, physical_format(qb, layout) or layout, out_dtype, q.device), layout)
     stats_shape = (b, h, s, 1) if opts.training or opts.return_lse else (0,)
-    stats = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+    # (float64 inputs run the float64 reference, whose lse is float64)
+    stats_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    stats = torch.empty(stats_shape, dtype=stats_dtype, device=q.device)
     rng = torch.empty(2 if opts.training and opts.dropout > 0 else 0, dtype=torch.int64, device=q.device)
     if opts.fp8 and opts.training and tensors["descale_q"] is None:
         saved = tuple(torch.empty_like(bhsd(tensors[n], layout), dtype=torch.uint8) for n in ("q", "k", "v"))
@@ -148,7 +175,8 @@ def _attention_bwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
         saved = Saved(tensors["out"], tensors["stats"], rng if rng.numel() else None, fp8_saved)
         grads = fused_backward(found, grad_out, q, k, v, inputs, saved)
     else:
-        grads = fallback_backward(found.fallback, found.opts, grad_out, q, k, v, inputs)
+        with _seeded(tensors["rng"], q.device):  # the forward's dropout mask
+            grads = fallback_backward(found.fallback, found.opts, grad_out, q, k, v, inputs)
     return tuple(_matching(g, spec, q.device) for g, spec in zip(grads, specs))
 
 
@@ -166,6 +194,8 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     tensors, opts = _split(inputs, FORWARD_TENSORS)
     named = dict(zip(("out", "stats", "rng", "q8", "k8", "v8", "fp8_state"), output))
     ctx.save_for_backward(*(named[n] if n in named else tensors[n] for n in BACKWARD_TENSORS[1:]))
+    # Only `out` is differentiable: the lse (return_lse) takes no gradient, as in eager mode.
+    ctx.mark_non_differentiable(*output[1:])
     # The backward op runs the training graphs of the problem.
     ctx.options = dataclasses.replace(opts, training=True)
 
@@ -184,9 +214,30 @@ def _backward(ctx: Any, grad_out: torch.Tensor, *_unused_grads: Any) -> tuple:
 torch.library.register_autograd("fusedattn_select::attention_fwd", _backward, setup_context=_setup_context)
 
 
+def _plain(value: Any) -> Any:
+    """A number as a plain Python number: one dynamo traces as a symbol (a float or int argument of a function
+    compiled with dynamic shapes, which dynamo shows as a float or an int) becomes the number it holds,
+    guarded on, since the checks take plain numbers and another scale, dropout or window is another kernel
+    configuration, compiled anew. A bool or anything else as given (the checks refuse what they refuse)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (float, torch.SymFloat)):
+        return value.__float__()  # (float() keeps a symbol symbolic)
+    if isinstance(value, (int, torch.SymInt)):
+        return value.__int__()
+    return value
+
+
 def compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
                        arguments: Arguments) -> Any:
     """attention() while torch.compile traces: checks, then the forward op."""
+    window = arguments.window_size
+    if isinstance(window, (tuple, list)):
+        plain = tuple(_plain(w) for w in window)
+        window = list(plain) if isinstance(window, list) else plain
+    # Arguments(...), not _replace: torch 2.5's dynamo does not trace namedtuple._make.
+    arguments = Arguments(arguments.layout, arguments.mask, window, _plain(arguments.attn_scale),
+                          _plain(arguments.dropout), *arguments[5:])
     check_args(q, k, v, inputs, arguments)
     if isinstance(arguments.fp8, FP8History):
         raise ConfigError("fp8", arguments.fp8, "delayed scaling (FP8History) runs eagerly only; under "
