@@ -7,10 +7,9 @@ docs/dispatch.md, 'Compiled lean path (built on first use)'.
 
 from __future__ import annotations
 
-import hashlib
-import math
 import importlib.util
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any, Optional
 
 from fusedattn_select import settings
 from fusedattn_select.runtime.dispatcher import dispatcher
-from fusedattn_select.runtime.native import autobuild
+from fusedattn_select.runtime.native import autobuild, identity
 from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.store.locks import flock
 
@@ -58,46 +57,32 @@ def background() -> autobuild.BackgroundBuild:
 
 def include_dirs() -> list[Path]:
     """cudnn-frontend's and cuDNN's header directories (NativeBuildError naming what is missing)."""
-    dirs = []
-    for package, marker in (("cudnn", "cudnn_frontend.h"), ("nvidia.cudnn", "cudnn.h")):
-        try:
-            spec = importlib.util.find_spec(package)
-        except (ImportError, ValueError):
-            spec = None
-        roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-        # The frontend's wheel puts include/ beside its package; nvidia-cudnn puts it inside.
-        found = [d for r in roots for d in (r.parent / "include", r / "include") if (d / marker).is_file()]
-        if not found:
-            raise NativeBuildError(f"no {marker} found beside the {package!r} package: install "
-                                   f"{'nvidia-cudnn-frontend' if package == 'cudnn' else 'nvidia-cudnn-cu12 or -cu13'}")
-        dirs.append(found[0])
-    return dirs
+    try:
+        return identity.include_dirs()
+    except identity.HeadersMissing as err:
+        raise NativeBuildError(str(err)) from None
 
 
 def module_name() -> str:
-    """The build's name: a hash of the sources and of the versions they compile against (worked out
-    once per process and source: every new call signature asks)."""
+    """The build's name: a hash of what the module depends on (identity.ingredients: the sources, the
+    interpreter's ABI, torch's build, the headers' versions, the flags), worked out once per process
+    and source (every new call signature asks)."""
     name = dispatcher.native_names.get(SOURCE)
     if name is None:
-        name = dispatcher.native_names[SOURCE] = _hash_name()
+        name = dispatcher.native_names[SOURCE] = identity.name(identity.ingredients(SOURCE))
     return name
 
 
-def _hash_name() -> str:
+def _cudnn_refusal() -> str:
+    """Why the module must not run with the cuDNN torch loads ("" when it may): what it depends on
+    that is known only at load (identity.cudnn_refusal)."""
     import torch
 
     try:
-        from importlib.metadata import version
-
-        frontend = version("nvidia-cudnn-frontend")
-    except Exception:  # noqa: BLE001 - metadata missing: the headers' directory stands in
-        frontend = "unknown"
-    digest = hashlib.sha256()
-    headers = [h.read_bytes() for h in sorted(SOURCE.parent.glob("*.h"))]
-    for part in (SOURCE.read_bytes(), *headers, torch.__version__.encode(), str(torch.version.cuda).encode(),
-                 frontend.encode(), sys.implementation.cache_tag.encode()):
-        digest.update(part + b"\0")
-    return "fusedattn_select_native_" + digest.hexdigest()[:16]
+        loaded = torch.backends.cudnn.version()  # loads the cuDNN the module binds to
+    except Exception as err:  # noqa: BLE001 - torch's own refusal of the cuDNN it found
+        return f"torch could not load cuDNN ({type(err).__name__}: {err})"
+    return identity.cudnn_refusal(loaded)
 
 
 def build_dir() -> Path:
@@ -162,8 +147,8 @@ def _build(name: str, verbose: bool) -> Path:
     try:
         cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(staging),
                            extra_include_paths=[str(d) for d in includes],
-                           extra_cflags=["-O3", "-fvisibility=hidden", "-std=c++17"],
-                           extra_cuda_cflags=["-O3", "-std=c++17"], with_cuda=True,
+                           extra_cflags=list(identity.CFLAGS), extra_cuda_cflags=list(identity.CUDA_CFLAGS),
+                           with_cuda=True,
                            verbose=verbose, is_python_module=False)
     except Exception as err:  # noqa: BLE001 - the compiler's or ninja's own error, passed on whole
         raise NativeBuildError(f"compiling {SOURCE.name} failed: {err}") from None
@@ -231,8 +216,9 @@ def status() -> dict[str, Any]:
     info["building"] = build is not None and build.building
     refusal = untrusted(path) if info["built"] else ""
     info["refused"] = refusal or None
-    if refusal:
-        info["problem"] = f"built, but not loaded: {refusal}"
+    mismatch = _cudnn_refusal() if info["built"] and not refusal else ""
+    if refusal or mismatch:
+        info["problem"] = f"built, but not loaded: {refusal or mismatch}"
     return info
 
 
@@ -295,10 +281,12 @@ def _import(name: str) -> Optional[ModuleType]:
                     "so its directory must be owned by you and writable by no one else (chmod 700); using "
                     "the Python path", path, refusal)
         return None
+    mismatch = _cudnn_refusal()
+    if mismatch:
+        log.warning("fusedattn_select: not loading the compiled lean path %s: %s; using the Python path",
+                    path, mismatch)
+        return None
     try:
-        import torch
-
-        torch.backends.cudnn.version()  # loads the cuDNN the module binds to
         # The path checked, with its links resolved: a link swapped after the check is not followed.
         spec = importlib.util.spec_from_file_location(name, os.path.realpath(path))
         module = importlib.util.module_from_spec(spec)
