@@ -8,7 +8,8 @@ has no logit soft-capping, so a RefProblem has none.
 
 With `dropout_seed` set, dropout is simulated with torch's generator: the result is one sample of
 what a correct kernel computes (its mask differs from cuDNN's), used to size a backward's dropout noise;
-a forward under dropout is checked by `dropout_moments`, what every correct mask's result shares.
+O, dQ and dV under dropout are checked by `dropout_moments` and `gradient_moments`, what every correct
+mask's result shares.
 """
 
 from __future__ import annotations
@@ -157,6 +158,54 @@ def dropout_moments(ref: RefProblem, out: torch.Tensor) -> DropoutMoments:
         moments.slope_spread[:, heads, start:stop] = (squared * w * w).sum(-1)
         moments.slope_reach[:, heads, start:stop] = (p * w.abs()).sum(-1)
     return moments
+
+
+def _zero_moments(shape: tuple[int, ...], device: torch.device) -> DropoutMoments:
+    def zeros(size: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(size, dtype=torch.float64, device=device)
+
+    return DropoutMoments(zeros(shape), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]))
+
+
+def gradient_moments(ref: RefProblem, grad_out: torch.Tensor, grads: "Gradients"
+                     ) -> tuple[DropoutMoments, DropoutMoments]:
+    """The DropoutMoments of dQ (one unit per query row) and of dV (one per key and KV head) of `ref`
+    (`grads` its dropout-free backward(ref, grad_out)), both linear in the dropout decisions: with
+    a_ij = P_ij dO_i . V_j and K'_j = K_j - sum_l P_il K_l, dQ_i moves by scale sum_j e_ij a_ij K'_j and
+    dV_j by sum_i e_ij P_ij dO_i (e_ij = m_ij / (1-p) - 1). dK is not linear in independent units."""
+    plain = dataclasses.replace(ref, dropout_seed=None)
+    device, scale = grad_out.device, ref.scale
+    dq, dv = _zero_moments(tuple(ref.q.shape), device), _zero_moments(tuple(ref.v.shape), device)
+    reach_v = torch.zeros(ref.v.shape, dtype=torch.float64, device=device)  # squared over d once summed
+    for kv_head, heads, start, stop, chunk in _chunks(plain):
+        # float64: dQ's terms are differences of near values (K_j - K_bar_i, expanded), float32's noise there
+        # would outweigh the spread of rows that see few keys.
+        p = chunk.p.double()
+        k, v = ref.k[:, kv_head].double().unsqueeze(1), ref.v[:, kv_head].double().unsqueeze(1)
+        d_o = grad_out[:, heads, start:stop].double()
+        a = p * torch.matmul(d_o, v.transpose(-1, -2))
+        a2, k_bar = a * a, torch.matmul(p, k)
+        rows = (slice(None), heads, slice(start, stop))
+        dq.spread[rows] = scale ** 2 * (torch.matmul(a2, k * k) - 2 * k_bar * torch.matmul(a2, k)
+                                       + k_bar * k_bar * a2.sum(-1, keepdim=True))
+        apart = ((k * k).sum(-1).unsqueeze(-2) - 2 * torch.matmul(k_bar, k.transpose(-1, -2))
+                 + (k_bar * k_bar).sum(-1, keepdim=True))  # |K_j - K_bar_i|^2
+        dq.weights[rows] = scale ** 4 * (a2 * apart).square().sum(-1)
+        dq.reach[rows] = scale ** 2 * (torch.matmul(a.abs(), k.abs()) + k_bar.abs() * a.abs().sum(-1, keepdim=True)
+                                       ).square().sum(-1)  # (an upper bound of what a mask reaches)
+        dq_want = grads.dq[rows].double()
+        w = scale * (torch.matmul(dq_want, k.transpose(-1, -2)) - (k_bar * dq_want).sum(-1, keepdim=True))
+        dq.slope_spread[rows] = (a2 * w * w).sum(-1)
+        dq.slope_reach[rows] = (a.abs() * w.abs()).sum(-1)
+        squared = p * p
+        dv.spread[:, kv_head] += torch.matmul(squared.transpose(-1, -2), d_o * d_o).sum(1)
+        dv.weights[:, kv_head] += (squared * (d_o * d_o).sum(-1, keepdim=True)).square().sum((1, 2))
+        reach_v[:, kv_head] += torch.matmul(p.transpose(-1, -2), d_o.abs()).sum(1)
+        w = torch.matmul(d_o, grads.dv[:, kv_head].double().unsqueeze(1).transpose(-1, -2))
+        dv.slope_spread[:, kv_head] += (squared * w * w).sum((1, 2))
+        dv.slope_reach[:, kv_head] += (p * w.abs()).sum((1, 2))
+    dv.reach.copy_(reach_v.square().sum(-1))
+    return dq, dv
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Depth verify's forward check under dropout (tolerances.compare_dropout_forward) on CPU: results of
+"""Depth verify's checks of O, dQ and dV under dropout (tolerances.compare_under_dropout) on CPU: results of
 correct kernels (torch's simulated dropout, each draw another mask, rounded to the result's dtype) pass
 whatever the shape, down to one query row and one key; a graph run at another probability, a kernel that
 does not rescale the kept values, or one that drops nothing, fails at the shapes verify probes."""
@@ -28,7 +28,7 @@ def check(ref: RefProblem, got: torch.Tensor, dtype: str = "bf16") -> tolerances
     want, _, rows_ok = chunked_reference.forward(ref)
     moments = chunked_reference.dropout_moments(ref, want)
     rows = rows_ok.expand(want.shape[0], want.shape[1], want.shape[2])
-    return tolerances.compare_dropout_forward("O", got, want, moments, P, tolerances.roundoff(dtype), rows)
+    return tolerances.compare_under_dropout("O", got, want, moments, P, tolerances.roundoff(dtype), rows)
 
 
 def kernel(ref: RefProblem, seed: int, dropout: float = P, scale: float = 1.0, dtype=torch.bfloat16) -> torch.Tensor:
@@ -93,3 +93,52 @@ def test_padded_rows_are_left_out():
     got = kernel(ref, 3)
     got[1, :, 40:] = 99.0  # rows a padding mask leaves out
     assert check(ref, got).passed
+
+
+# ----- the backward: dQ (one unit per query row) and dV (one per key) ---------------------------------
+def gradient_checks(ref: RefProblem, got: chunked_reference.Gradients, grad_out: torch.Tensor,
+                    dropout: float = P) -> dict[str, tolerances.Check]:
+    want = chunked_reference.backward(ref, grad_out)
+    moments = dict(zip(("dq", "dv"), chunked_reference.gradient_moments(ref, grad_out, want)))
+    rows = want.rows_ok.expand(ref.q.shape[0], ref.q.shape[1], ref.q.shape[2])
+    roundoff = tolerances.roundoff("bf16")
+    return {name: tolerances.compare_under_dropout(name, getattr(got, name).to(torch.bfloat16).float(),
+                                                   getattr(want, name), moments[name], dropout, roundoff,
+                                                   rows if name == "dq" else None)
+            for name in ("dq", "dv")}
+
+
+def simulated_backward(ref: RefProblem, grad_out: torch.Tensor, seed: int, dropout: float = P,
+                       scale: float = 1.0) -> chunked_reference.Gradients:
+    simulated = RefProblem(**{**ref.__dict__, "dropout": dropout, "dropout_seed": seed})
+    grads = chunked_reference.backward(simulated, grad_out)
+    grads.dq, grads.dv = grads.dq * scale, grads.dv * scale
+    return grads
+
+
+def grad_out_of(ref: RefProblem, seed: int = 5) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(ref.q.shape[:3] + (ref.v.shape[3],), generator=generator)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 1, 1, 8), (1, 2, 4, 16), (1, 1, 3, 2)])
+def test_correct_gradients_pass_at_small_shapes(shape):
+    ref = problem(*shape, causal=shape[2] == shape[3])
+    grad_out = grad_out_of(ref)
+    for seed in range(100):
+        checks = gradient_checks(ref, simulated_backward(ref, grad_out, seed), grad_out)
+        assert all(c.passed for c in checks.values()), (shape, seed, [c.describe() for c in checks.values()])
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 256, 256, False), (1, 4, 256, 256, True), (2, 4, 384, 384, True)])
+def test_gradients_tell_right_from_wrong_at_a_probe_shape(shape):
+    # (causal: a first row sees one key, where dQ is 0 whatever the mask; float64 moments keep it so)
+    ref = problem(*shape[:4], causal=shape[4])
+    grad_out = grad_out_of(ref)
+    for seed in range(3):
+        checks = gradient_checks(ref, simulated_backward(ref, grad_out, seed), grad_out)
+        assert all(c.passed and abs(c.error - 1.0) < 0.15 for c in checks.values()), [c.describe() for c in checks.values()]
+    for wrong in (simulated_backward(ref, grad_out, 9, dropout=0.25), simulated_backward(ref, grad_out, 9, scale=1 - P),
+                  chunked_reference.backward(ref, grad_out)):
+        checks = gradient_checks(ref, wrong, grad_out)
+        assert not any(c.passed for c in checks.values()), [c.describe() for c in checks.values()]

@@ -34,7 +34,7 @@ STATS_TOLERANCE = 2e-3
 # Dropout, backward: the error against the dropout-free reference must be this close to the error of a
 # simulated dropout of the same probability (a kernel that drops nothing, or too much, falls outside).
 DROPOUT_BAND = (0.5, 2.0)
-# Dropout, forward (compare_dropout_forward): how many standard deviations of dropout's own spread a
+# Dropout, O, dQ and dV (compare_under_dropout): how many standard deviations of dropout's own spread a
 # result may stray from what every correct mask gives (Chebyshev: a right kernel strays that far with
 # probability under 1/64 whatever the distribution, and far less for sums of many decisions), and the
 # multiple of the unit roundoff, of the result's size and of the dropout spread's, its roundings may add.
@@ -144,15 +144,17 @@ def compare_dropout(name: str, got: Any, want: Any, sample: Any, tol: float, row
     return Check(name, error, tol, low <= error <= high, noise, (low, high))
 
 
-def compare_dropout_forward(name: str, got: Any, want: Any, moments: Any, dropout: float, roundoff: float,
+def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout: float, roundoff: float,
                             rows: Any = None) -> Check:
-    """O under dropout `dropout` against the dropout-free reference `want`, by what every correct kernel's
-    result has whatever its mask (`moments`: chunked_reference.DropoutMoments; docs/verify.md, 'Dropout'):
-    each query row's squared distance from `want` near its expected p/(1-p) * sum_d spread, and its
-    component along `want` near 0 (kept values rescaled by 1/(1-p)). Rows are weighted by the inverse of
-    their expected spread (a causal mask's first rows, with few keys, spread most), and each statistic
-    may stray DROPOUT_SIGMAS standard deviations (never past what a mask can reach), plus what roundings of
-    DROPOUT_ROUNDING x `roundoff` (of the row's result and of its spread) can move it. `rows`: (b, Hq, Sq)."""
+    """A result linear in the dropout decisions (O, dQ, dV) under dropout `dropout` against the dropout-free
+    reference `want`, by what every correct kernel's result has whatever its mask (`moments`:
+    chunked_reference.DropoutMoments, one unit per last-dim row: a query row of O or dQ, a key of dV;
+    docs/verify.md, 'Dropout'): each unit's squared distance from `want` near its expected p/(1-p) *
+    sum spread, and its component along `want` near 0 (kept values rescaled by 1/(1-p)). Units are weighted
+    by the inverse of their expected spread (a causal mask's first rows, with few keys, spread most), and
+    each statistic may stray DROPOUT_SIGMAS standard deviations (never past what a mask can reach), plus
+    what roundings of DROPOUT_ROUNDING x `roundoff` (of the unit's result and of its spread) can move it; a
+    unit dropout cannot move (no spread) must equal `want` but for roundings. `rows`: a mask of the units."""
     parts = (moments.spread, moments.weights, moments.reach, moments.slope_spread, moments.slope_reach)
     if rows is not None:
         got, want, parts = got[rows], want[rows], tuple(part[rows] for part in parts)
@@ -170,23 +172,42 @@ def compare_dropout_forward(name: str, got: Any, want: Any, moments: Any, dropou
     rounding = DROPOUT_ROUNDING * roundoff * (got.norm(dim=-1) + spread.sum(-1).sqrt())
     # Distance: a row's squared distance s_i has mean E_i and variance at most kurtosis x weights_i +
     # 2 E_i^2 (a quadratic form of the independent decisions); the statistic is sum_i s_i / E_i.
-    expected = (odds * spread.sum(-1)).clamp_min(floor)
+    expected = odds * spread.sum(-1)
     squared = residual.square().sum(-1)
+    # Units no mask moves (a query row that sees one key has a dQ of 0): only roundings may, of the
+    # result and of the terms that cancel there (bounded by `reach`).
+    still = expected <= 1e-12 * float(expected.max())
+    if bool(still.any()):
+        allowed = DROPOUT_ROUNDING * roundoff * (got[still].norm(dim=-1) + reach[still].sqrt()
+                                                 + float(want.abs().max()))
+        error = residual[still].norm(dim=-1)
+        if bool((error > allowed).any()):
+            worst_unit = int((error - allowed).argmax())
+            return Check(name, float(error[worst_unit]), float(allowed[worst_unit]), False)
+    keep = ~still
+    residual, want, spread, weights, reach = residual[keep], want[keep], spread[keep], weights[keep], reach[keep]
+    slope_spread, slope_reach, rounding, expected, squared = (slope_spread[keep], slope_reach[keep], rounding[keep],
+                                                              expected[keep], squared[keep])
+    if expected.numel() == 0:
+        return Check(name, 1.0, 0.0, True, 1.0, (0.0, math.inf), (0.0, math.inf))
     statistic = float((squared / expected).sum())
     count = expected.numel()
     deviation = float(((max(0.0, fourth - 3.0 * odds ** 2) * weights + 2.0 * expected ** 2) / expected ** 2).sum()) ** 0.5
     moved = float(((2.0 * rounding * squared.sqrt() + 3.0 * rounding ** 2) / expected).sum())
     high = min(count + DROPOUT_SIGMAS * deviation, float((worst ** 2 * reach / expected).sum())) + moved
     low = count - DROPOUT_SIGMAS * deviation - moved
-    # Along the reference: t_i = (got_i - want_i) . want_i has mean 0 and variance V_i = odds x slope_spread_i;
-    # the statistic sum_i t_i / V_i, over sum_i |want_i|^2 / V_i: the result's excess along the reference
-    # (-p for a kernel that does not rescale).
+    # Along the reference: t_i = (got_i - want_i) . want_i has mean 0 and variance V_i = odds x slope_spread_i,
+    # and -p |want_i|^2 where kept values are not rescaled: weighted by lambda_i = |want_i|^2 / V_i (the
+    # weights that tell that apart best), sum_i lambda_i t_i over sum_i lambda_i |want_i|^2 is the result's
+    # excess along the reference (-p for such a kernel).
     variance = (odds * slope_spread).clamp_min(floor)
-    size = float((want.square().sum(-1) / variance).sum())
-    along = float(((residual * want).sum(-1) / variance).sum())
-    slack = (min(DROPOUT_SIGMAS * float((1.0 / variance).sum()) ** 0.5, float((worst * slope_reach / variance).sum()))
-             + float((rounding * want.norm(dim=-1) / variance).sum()))
-    size = max(size, floor)
+    length = want.square().sum(-1)
+    weight = length / variance
+    size = max(float((weight * length).sum()), floor)
+    along = float((weight * (residual * want).sum(-1)).sum())
+    slack = (min(DROPOUT_SIGMAS * float((weight * weight * variance).sum()) ** 0.5,
+                 float((weight * worst * slope_reach).sum()))
+             + float((weight * rounding * length.sqrt()).sum()))
     passed = low <= statistic <= high and abs(along) <= slack
     return Check(name, statistic / count, 0.0, passed, 1.0, (low / count, high / count), (along / size, slack / size))
 

@@ -125,7 +125,7 @@ def forward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: t
         if moments is None:
             found = [tolerances.compare("O", bound.dequantized("o"), out, tol, rows)]
         else:  # what every correct mask's result has (its own mask differs from any simulated one)
-            found = [tolerances.compare_dropout_forward("O", bound.dequantized("o"), out, moments, cfg.dropout,
+            found = [tolerances.compare_under_dropout("O", bound.dequantized("o"), out, moments, cfg.dropout,
                                                         tolerances.roundoff(cfg.qkv_dtype, cfg.resolved_o_dtype), rows)]
         # FP8 stats are not compared: a kernel may sum the probabilities it rounded to FP8.
         if "stats" in bound.tensors and _stats_comparable(cfg) and not cfg.is_fp8:
@@ -168,9 +168,11 @@ def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: 
     run.bind_input(bound, build, "dO")
     grad_out = bound.dequantized("dO")
     bias_grad = "dBias" in build.tensors
-    grads = chunked_reference.backward(run.reference_problem(bound), grad_out, bias_grad=bias_grad)
-    sample = None
-    if cfg.dropout > 0.0:
+    problem = run.reference_problem(bound)
+    grads = chunked_reference.backward(problem, grad_out, bias_grad=bias_grad)
+    sample = moments = None
+    if cfg.dropout > 0.0:  # dQ and dV by what every mask gives; dK (and dBias, dSink) against one simulated mask
+        moments = dict(zip(("dQ", "dV"), chunked_reference.gradient_moments(problem, grad_out, grads)))
         sample = chunked_reference.backward(run.reference_problem(bound, dropout_sample=True), grad_out,
                                             bias_grad=bias_grad)
     if cfg.is_fp8:  # the largest real gradient, with dropout's sample too: its kept values are rescaled
@@ -189,12 +191,19 @@ def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: 
         tol_v = tolerances.tolerance(dtype, cfg.resolved_head_dim_v, "gradient")
     rows = _rows(grads.rows_ok, cfg.num_heads_q)
     pick = (lambda name: getattr(sample, name)) if sample is not None else (lambda name: None)
+    roundoff = tolerances.roundoff(cfg.qkv_dtype, cfg.resolved_do_dtype, cfg.resolved_dqkv_dtype)
+
+    def linear(name: str, want: torch.Tensor, tol: float, units: Any) -> tolerances.Check:
+        if moments is None:
+            return tolerances.compare(name, bound.dequantized(name), want, tol, units)
+        return tolerances.compare_under_dropout(name, bound.dequantized(name), want, moments[name], cfg.dropout,
+                                                roundoff, units)
 
     def checks_of() -> list[tolerances.Check]:
         found = [  # FP8 gradients in real values (divided by their scales); amax_dQ/dK/dV/dP are not compared
-            _compare("dQ", bound.dequantized("dQ"), grads.dq, pick("dq"), tol_qk, rows),
+            linear("dQ", grads.dq, tol_qk, rows),
             _compare("dK", bound.dequantized("dK"), grads.dk, pick("dk"), tol_qk, None),
-            _compare("dV", bound.dequantized("dV"), grads.dv, pick("dv"), tol_v, None),
+            linear("dV", grads.dv, tol_v, None),
         ]
         written = bound.tensors
         if "dBias" in outputs and grads.dbias is not None:
