@@ -201,6 +201,17 @@ def test_a_module_compiled_against_newer_cudnn_headers_is_refused_with_one_line(
     assert info["built"] and info["problem"].startswith("built, but not loaded: it was compiled against cuDNN 9.1.0")
 
 
+def test_native_status_exits_1_naming_the_cudnn_it_was_built_for(planted, monkeypatch, capsys):
+    from fusedattn_select.cli import main
+
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90000)
+    assert main(["native", "status", "--json"]) == 1
+    assert ("native: built, but not loaded: it was compiled against cuDNN 9.1.0's headers and this process "
+            "loaded cuDNN 9.0.0 (older)") in capsys.readouterr().err
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
+    assert main(["native", "status", "--json"]) == 0
+
+
 def test_the_same_module_loads_with_the_cudnn_of_its_headers(planted, monkeypatch, caplog):
     module, mark = planted
     imported, lines = _import_with_loaded_cudnn(monkeypatch, caplog, 90100)
