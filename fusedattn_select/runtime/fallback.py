@@ -126,7 +126,7 @@ def fallback_backward(kind: str, options: CallOptions, grad_out: torch.Tensor, q
                       v: torch.Tensor, inputs: OptionalInputs) -> tuple:
     """(dq, dk, dv, dbias or None, dsink or None) by recomputing the fallback's forward under autograd
     (compiled path only; eager fallbacks differentiate the forward they ran). With dropout > 0 the
-    recomputation draws a new dropout mask, so compiled training with dropout should run fused."""
+    caller seeds the recomputation as its forward was (ops.py `_seeded`), so it draws the same mask."""
     leaves = [t.detach().requires_grad_(needs) if t is not None else None for t, needs in (
         (q, True), (k, True), (v, True), (inputs.bias, options.bias_grad), (inputs.sink, options.sink_grad))]
     recomputed = inputs._replace(bias=leaves[3], sink=leaves[4])
