@@ -29,6 +29,7 @@ from typing import Any
 
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import PlatformError
+from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.probing.cudnn.cudnn_device import (
     backend_version,
     cuda_driver,
@@ -81,7 +82,8 @@ class CudnnEngine:
             ) from None
         self._fingerprint = read_fingerprint(self.device, version)
         self.warm_up_ms = 0.0
-        self._warm = threading.Lock()
+        self._renew_locks()
+        renew_locks_after_fork(self)
         self._warmed = False
         self.init_ms = (time.perf_counter() - started) * 1e3
         if warm_up:
@@ -167,6 +169,11 @@ class CudnnEngine:
         return serialize_build(build, plan_key)
 
     # ----- internals ---------------------------------------------------------------------------
+    def _renew_locks(self) -> None:
+        # Fresh in a forked child: a warm-up another thread of the parent was in stays held there for ever
+        # (the child's first probe then raises CUDA's error about forked processes instead of hanging).
+        self._warm = threading.Lock()
+
     def warm_up(self) -> None:
         """Build one small graph, once per engine: cuDNN loads its engine libraries on the first
         heuristics query, which would otherwise land in the timings of the first real probe."""
