@@ -165,8 +165,9 @@ def _run(argv: Sequence[str] | None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_BAD_INPUT
     with _logging(args.verbose):
         try:
-            # Every setting is checked before any work; info reports an invalid one among its facts instead.
-            if args.command != "info":
+            # Every setting is checked before any work; info reports an invalid one among its facts instead,
+            # and warmup checks them with its inputs (under torchrun a refusing rank tells the others first).
+            if args.command not in ("info", "warmup"):
                 settings.check_all()
             for note in settings.unknown_variables():
                 print(f"warning: {note}", file=sys.stderr)

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any, Callable, TextIO
 
+from fusedattn_select import settings
 from fusedattn_select.cli import engines, warmup_job
 from fusedattn_select.cli.arguments import add_depth_option, positive_int
 from fusedattn_select.cli.exit_codes import (
@@ -147,7 +148,9 @@ def _lost_at_exit(selector: Selector) -> str:
 
 
 def _inputs(args: argparse.Namespace) -> tuple[ProbeDepth, list[tuple[str, AttnConfig]]]:
-    """The depth and the named problems of the config files; ConfigError naming what is wrong."""
+    """The depth and the named problems of the config files; ConfigError naming what is wrong (a setting
+    too: every command checks them before it starts, warmup here)."""
+    settings.check_all()
     check_cache_switch()
     depth = ProbeDepth.parse(args.depth, "--depth")
     problems = []
