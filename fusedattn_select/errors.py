@@ -91,7 +91,14 @@ class ConfigError(FusedAttnSelectError, ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{short_text(str(field))}={short_repr(value)}: {allowed}")
+        # Set, not passed to super().__init__(): dynamo cannot trace that call, so under
+        # torch.compile(fullgraph=True) its own error would hide this one's field and allowed values.
+        self.args = (f"{short_text(str(field))}={short_repr(value)}: {allowed}",)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # args holds the message, not the constructor's arguments: rebuild from the fields
+        # (another process receives the same error, field, value and allowed included).
+        return type(self), (self.field, self.value, self.allowed), self.__dict__
 
 
 class PlatformError(FusedAttnSelectError):
