@@ -86,7 +86,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         dropout: probability of dropping an attention weight (applied whenever > 0).
         bias: additive post-scale bias broadcastable to (B, Hq, Sq, Skv), taken in q's precision; trainable if it
             requires grad.
-        alibi_slopes: ALiBi slopes (Hq,) or (B, Hq); fused only with cuDNN's standard slopes.
+        alibi_slopes: ALiBi slopes (Hq,) or (B, Hq); fused only with cuDNN's standard slopes. They take no
+            gradient: slopes that require grad (with grad mode on) raise ConfigError; detach them.
         softmax: "vanilla", "off_by_one" or "learnable" (with `sink`, one logit per q head).
         seqlens_q, seqlens_kv: actual lengths (B,) for the padding masks, each from 0 to the sequence length
             (checked for CPU tensors; not read back from a GPU).

@@ -103,7 +103,8 @@ def call_options(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: Opti
 # one. Python's numbers equal across types (True == 1 == 1.0 == numpy.float32(1)), and call_options
 # turns None into a layout and dropout into a float; so only values of the types check_args takes are
 # looked up, and what the keys leave out (the devices of the optional tensors and of FP8Scales'
-# descales, the dtype of alibi_slopes) is compared here. Any other call is checked first.
+# descales, the dtype of alibi_slopes and whether they require grad) is compared here. Any other call
+# is checked first.
 _NUMBERS = (int, float)
 _WINDOWS = (tuple, list)
 
@@ -147,7 +148,8 @@ def keyable(q: torch.Tensor, inputs: OptionalInputs, arguments: Arguments) -> bo
         return True
     bias, alibi, sink = inputs.bias, inputs.alibi_slopes, inputs.sink  # the key holds the lengths' devices
     return ((bias is None or bias.device == device) and (sink is None or sink.device == device)
-            and (alibi is None or (alibi.device == device and alibi.is_floating_point())))
+            and (alibi is None or (alibi.device == device and alibi.is_floating_point()
+                                   and not (alibi.requires_grad and torch.is_grad_enabled()))))
 
 
 # ----- checks, in the order of attention()'s arguments -------------------------------------------
@@ -248,6 +250,11 @@ def _check_optional_tensors(inputs: OptionalInputs, dims: Dims, softmax: str, de
         raise ConfigError("alibi_slopes", tuple(alibi_slopes.shape), f"must have shape ({hq},) or ({bq}, {hq})")
     if alibi_slopes is not None and not alibi_slopes.is_floating_point():
         raise ConfigError("alibi_slopes", alibi_slopes.dtype, "must be a floating-point tensor")
+    if alibi_slopes is not None and alibi_slopes.requires_grad and torch.is_grad_enabled():
+        # The fused kernels and torch.compile's op give slopes no gradient: refused on every device and
+        # path alike, rather than trained by the CPU fallback only.
+        raise ConfigError("alibi_slopes", "requires_grad=True", "ALiBi slopes take no gradient: detach them "
+                          "(alibi_slopes.detach()), or pass slopes that must learn as a `bias`")
     if softmax == "learnable":
         if sink is None or tuple(sink.shape) != (hq,) or not sink.is_floating_point():
             raise ConfigError("sink", None if sink is None else tuple(sink.shape),

@@ -206,7 +206,8 @@ def _backward(ctx: Any, grad_out: torch.Tensor, *_unused_grads: Any) -> tuple:
         grad_out.contiguous() if grad_out.stride()[-1] != 1 else grad_out, *ctx.saved_tensors,
         *options.flatten(opts),
     )
-    # Gradients for q, k, v, bias, alibi_slopes, sink; none for the other tensors and the options.
+    # Gradients for q, k, v, bias, alibi_slopes (none: trainable slopes are refused by check_args),
+    # sink; none for the other tensors and the options.
     rest = len(FORWARD_TENSORS) - 6 + len(options.FIELD_NAMES)
     return (dq, dk, dv, dbias if opts.bias_grad else None, None, dsink if opts.sink_grad else None) + (None,) * rest
 
