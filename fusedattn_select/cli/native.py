@@ -46,7 +46,7 @@ def _cmd_native(args: argparse.Namespace) -> int:
         print(f"native: built but never loaded: {info['refused']} (chmod 700 it and the directories up to "
               f"{info['dir']})", file=sys.stderr)
         return EXIT_NOT_DONE
-    if info.get("problem"):  # built for other cuDNN headers than the library this process loads
+    if info.get("cudnn_mismatch"):  # built for newer cuDNN headers than the library this process loads
         print(f"native: {info['problem']} (`fusedattn-select native build` builds it for the cuDNN here)",
               file=sys.stderr)
         return EXIT_NOT_DONE

@@ -217,6 +217,7 @@ def status() -> dict[str, Any]:
     refusal = untrusted(path) if info["built"] else ""
     info["refused"] = refusal or None
     mismatch = _cudnn_refusal() if info["built"] and not refusal else ""
+    info["cudnn_mismatch"] = mismatch or None
     if refusal or mismatch:
         info["problem"] = f"built, but not loaded: {refusal or mismatch}"
     return info
