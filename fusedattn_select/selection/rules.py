@@ -312,6 +312,15 @@ RULES: tuple[Rule, ...] = (
         see_also=(DROPOUT_ONE_ROW_RUN,),
     ),
     Rule(
+        "cudnn-9.19-hopper-fp8-dropout",
+        FP8, BOTH,  # the forward crashed: a training problem runs it too
+        lambda cfg, fp: cfg.dropout > 0,
+        "measured cuDNN 9.19 bug on Hopper: the FP8 SDPA forward with dropout builds execution plans "
+        "(head dim 64) that make an illegal memory access when run, which leaves the process's CUDA "
+        "context unusable; run dropout in fp16/bf16",
+        MEASURED_HERE, cudnn_versions=(91900, 91999), known_bug=True, sm_archs=(90,),
+    ),
+    Rule(
         "cudnn-9.19-hopper-fp8-gqa-backward",
         FP8, BWD,
         _gqa_fp8_gradients,

@@ -33,6 +33,7 @@ DEV_FRONTEND = "1.29.0.dev66375696"
 DROPOUT_ROW = dict(batch_size=2, num_heads_q=8, num_heads_kv=8, seqlen_q=1, seqlen_kv=512, head_dim_qk=64,
                    dropout=0.1, is_training=False)
 FP8_GQA = dict(FP8, num_heads_q=32, num_heads_kv=8, mask="causal", scaling_mode="delayed", is_training=True)
+FP8_DROPOUT = dict(FP8, head_dim_qk=64, dropout=0.1, scaling_mode="current", is_training=False)
 
 # (rule, config changes, cuDNN version, compute capability, phase): the rule rejects this problem.
 FIRES = [
@@ -66,6 +67,9 @@ FIRES = [
      Phase.FORWARD),
     ("cudnn-9.19-hopper-dropout-one-query-row", dict(DROPOUT_ROW, is_training=True), 91900, "9.0", Phase.BACKWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", FP8_GQA, 91900, "9.0", Phase.BACKWARD),
+    ("cudnn-9.19-hopper-fp8-dropout", FP8_DROPOUT, 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-fp8-dropout", dict(FP8_DROPOUT, is_training=True, mask="causal"), 91999, "9.0",
+     Phase.BACKWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, num_heads_kv=1, dqkv_dtype="fp8_e5m2"), 91999, "9.0",
      Phase.BACKWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, scaling_mode="current", o_dtype="fp8_e4m3"), 91900, "9.0",
@@ -134,6 +138,12 @@ NEAR_MISSES = [
     ("cudnn-9.19-hopper-dropout-one-query-row", DROPOUT_ROW, 92000, "9.0", Phase.FORWARD),
     ("cudnn-9.19-hopper-dropout-one-query-row", DROPOUT_ROW, 91900, "10.0", Phase.FORWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, num_heads_kv=32), 91900, "9.0", Phase.BACKWARD),
+    # FP8 with dropout on Hopper 9.19: no dropout, F16 with dropout, other cuDNN versions, not Hopper.
+    ("cudnn-9.19-hopper-fp8-dropout", dict(FP8_DROPOUT, dropout=0.0), 91900, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-fp8-dropout", dict(FP8_DROPOUT, qkv_dtype="bf16", scaling_mode=None), 91900, "9.0",
+     Phase.FORWARD),
+    ("cudnn-9.19-hopper-fp8-dropout", FP8_DROPOUT, 92000, "9.0", Phase.FORWARD),
+    ("cudnn-9.19-hopper-fp8-dropout", FP8_DROPOUT, 91900, "10.0", Phase.FORWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, dqkv_dtype="bf16"), 91900, "9.0", Phase.BACKWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", dict(FP8_GQA, scaling_mode="current"), 91900, "9.0", Phase.BACKWARD),
     ("cudnn-9.19-hopper-fp8-gqa-backward", FP8_GQA, 91900, "9.0", Phase.FORWARD),
