@@ -139,6 +139,9 @@ class DropoutMoments:
     reach: torch.Tensor
     slope_spread: torch.Tensor
     slope_reach: torch.Tensor
+    # (b, Hq, Sq) or None: a size each unit's result moves by, times the roundoff, through a rounding its
+    # kernel makes beyond its own result's (dQ: the row term dO_i . O_i read from a rounded O).
+    rounded: torch.Tensor | None = None
 
 
 def dropout_moments(ref: RefProblem, out: torch.Tensor) -> DropoutMoments:
@@ -167,15 +170,19 @@ def _zero_moments(shape: tuple[int, ...], device: torch.device) -> DropoutMoment
     return DropoutMoments(zeros(shape), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]))
 
 
-def gradient_moments(ref: RefProblem, grad_out: torch.Tensor, grads: "Gradients"
+def gradient_moments(ref: RefProblem, grad_out: torch.Tensor, grads: "Gradients", out: torch.Tensor | None = None
                      ) -> tuple[DropoutMoments, DropoutMoments]:
     """The DropoutMoments of dQ (one unit per query row) and of dV (one per key and KV head) of `ref`
     (`grads` its dropout-free backward(ref, grad_out)), both linear in the dropout decisions: with
     a_ij = P_ij dO_i . V_j and K'_j = K_j - sum_l P_il K_l, dQ_i moves by scale sum_j e_ij a_ij K'_j and
-    dV_j by sum_i e_ij P_ij dO_i (e_ij = m_ij / (1-p) - 1). dK is not linear in independent units."""
+    dV_j by sum_i e_ij P_ij dO_i (e_ij = m_ij / (1-p) - 1). dK is not linear in independent units.
+    `out`: the O the backward reads (the forward's, rounded to its dtype): its rounding moves the row term
+    D_i = dO_i . O_i and so dQ_i by scale |K_bar_i| |dO_i| . |O_i| per roundoff (dQ's `rounded`)."""
     plain = dataclasses.replace(ref, dropout_seed=None)
     device, scale = grad_out.device, ref.scale
     dq, dv = _zero_moments(tuple(ref.q.shape), device), _zero_moments(tuple(ref.v.shape), device)
+    if out is not None:
+        dq.rounded = torch.zeros(ref.q.shape[:3], dtype=torch.float64, device=device)
     reach_v = torch.zeros(ref.v.shape, dtype=torch.float64, device=device)  # squared over d once summed
     for kv_head, heads, start, stop, chunk in _chunks(plain):
         # float64: dQ's terms are differences of near values (K_j - K_bar_i, expanded), float32's noise there
@@ -197,6 +204,8 @@ def gradient_moments(ref: RefProblem, grad_out: torch.Tensor, grads: "Gradients"
         w = scale * (torch.matmul(dq_want, k.transpose(-1, -2)) - (k_bar * dq_want).sum(-1, keepdim=True))
         dq.slope_spread[rows] = (a2 * w * w).sum(-1)
         dq.slope_reach[rows] = (a.abs() * w.abs()).sum(-1)
+        if dq.rounded is not None:
+            dq.rounded[rows] = abs(scale) * k_bar.norm(dim=-1) * (d_o.abs() * out[rows].double().nan_to_num(0.0).abs()).sum(-1)
         squared = p * p
         dv.spread[:, kv_head] += torch.matmul(squared.transpose(-1, -2), d_o * d_o).sum(1)
         dv.weights[:, kv_head] += (squared * (d_o * d_o).sum(-1, keepdim=True)).square().sum((1, 2))

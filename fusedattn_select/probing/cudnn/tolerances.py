@@ -155,13 +155,14 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
     each statistic may stray DROPOUT_SIGMAS standard deviations (never past what a mask can reach), plus
     what roundings of DROPOUT_ROUNDING x `roundoff` (of the unit's result and of its spread) can move it; a
     unit dropout cannot move (no spread) must equal `want` but for roundings. `rows`: a mask of the units."""
-    parts = (moments.spread, moments.weights, moments.reach, moments.slope_spread, moments.slope_reach)
+    rounded = moments.rounded if moments.rounded is not None else moments.reach.new_zeros(moments.reach.shape)
+    parts = (moments.spread, moments.weights, moments.reach, moments.slope_spread, moments.slope_reach, rounded)
     if rows is not None:
         got, want, parts = got[rows], want[rows], tuple(part[rows] for part in parts)
     got, want = got.double(), want.double()
     if not bool(got.isfinite().all()):
         return Check(name, math.inf, 0.0, False, 0.0)
-    spread, weights, reach, slope_spread, slope_reach = (part.double() for part in parts)
+    spread, weights, reach, slope_spread, slope_reach, rounded = (part.double() for part in parts)
     if got.numel() == 0:
         return Check(name, 1.0, 0.0, True, 1.0, (0.0, math.inf), (0.0, math.inf))
     odds = dropout / (1.0 - dropout)
@@ -169,7 +170,9 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
     fourth = dropout ** 4 / (1.0 - dropout) ** 3 + dropout  # E[(m / (1 - p) - 1)^4]
     floor = 1e-30
     residual = got - want
-    rounding = DROPOUT_ROUNDING * roundoff * (got.norm(dim=-1) + spread.sum(-1).sqrt())
+    # (`rounded` bounds its rounding's effect already, at one roundoff per rounding: twice, for the kernel's
+    # own error in what it rounded)
+    rounding = roundoff * (DROPOUT_ROUNDING * (got.norm(dim=-1) + spread.sum(-1).sqrt()) + 2.0 * rounded)
     # Distance: a row's squared distance s_i has mean E_i and variance at most kurtosis x weights_i +
     # 2 E_i^2 (a quadratic form of the independent decisions); the statistic is sum_i s_i / E_i.
     expected = odds * spread.sum(-1)
@@ -178,8 +181,8 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
     # result and of the terms that cancel there (bounded by `reach`).
     still = expected <= 1e-12 * float(expected.max())
     if bool(still.any()):
-        allowed = DROPOUT_ROUNDING * roundoff * (got[still].norm(dim=-1) + reach[still].sqrt()
-                                                 + float(want.abs().max()))
+        allowed = roundoff * (DROPOUT_ROUNDING * (got[still].norm(dim=-1) + reach[still].sqrt()
+                                                  + float(want.abs().max())) + 2.0 * rounded[still])
         error = residual[still].norm(dim=-1)
         if bool((error > allowed).any()):
             worst_unit = int((error - allowed).argmax())

@@ -172,7 +172,8 @@ def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: 
     grads = chunked_reference.backward(problem, grad_out, bias_grad=bias_grad)
     sample = moments = None
     if cfg.dropout > 0.0:  # dQ and dV by what every mask gives; dK (and dBias, dSink) against one simulated mask
-        moments = dict(zip(("dQ", "dV"), chunked_reference.gradient_moments(problem, grad_out, grads)))
+        moments = dict(zip(("dQ", "dV"), chunked_reference.gradient_moments(problem, grad_out, grads,
+                                                                            bound.dequantized("o"))))
         sample = chunked_reference.backward(run.reference_problem(bound, dropout_sample=True), grad_out,
                                             bias_grad=bias_grad)
     if cfg.is_fp8:  # the largest real gradient, with dropout's sample too: its kept values are rescaled
