@@ -122,9 +122,10 @@ def forward(ref: RefProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @dataclass
 class DropoutMoments:
-    """What every correct kernel's forward under dropout has in common, whatever its mask (per element
-    or per query row; float32; docs/verify.md, 'Dropout'): with P the dropout-free probabilities, V the
-    values, O the dropout-free output and w_ij = O_i . V_j,
+    """What every correct kernel's result under dropout has in common, whatever its mask (per element
+    or per unit; docs/verify.md, 'Dropout'). The fields as dropout_moments fills them for O (float32;
+    gradient_moments fills them for dQ and dV, in float64, with their own terms): with P the dropout-free
+    probabilities, V the values, O the dropout-free output and w_ij = O_i . V_j,
 
     - spread (b, Hq, Sq, Dv): sum_j P_ij^2 V_jd^2; times p/(1-p), the expected squared distance of O_d
       from the reference;

@@ -90,10 +90,11 @@ def coarsest(*names: str) -> str:
 class Check:
     """One result compared with the reference: its error, the bound, and whether it passed.
 
-    For dropout, `error` and `noise` are relative Frobenius errors against the dropout-free
-    reference, of the device's result and of a simulated dropout; `bounds` are the allowed range. A
-    forward under dropout: `error` is the rows' squared distance over dropout's expected one (1 for a
-    correct kernel), `bounds` its range, `scale` the result's excess along the reference and its bound.
+    dK, dBias and dSink under dropout (compare_dropout): `error` and `noise` are relative Frobenius
+    errors against the dropout-free reference, of the device's result and of a simulated dropout;
+    `bounds` are the allowed range. O, dQ and dV under dropout (compare_under_dropout): `error` is the
+    units' squared distance over dropout's expected one, averaged (1 for a correct kernel), `bounds` its
+    range, `scale` the result's excess along the reference and its bound.
     """
 
     name: str
