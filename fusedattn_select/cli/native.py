@@ -11,8 +11,9 @@ from fusedattn_select.cli.exit_codes import EXIT_NOT_DONE, EXIT_SELECTED
 from fusedattn_select.cli.table import render_table
 from fusedattn_select.runtime.native import autobuild
 
-EPILOG = ("exit codes: 0 built (build: and tested); 1 not built, or built where others could change it or for "
-          "newer cuDNN headers than the cuDNN loaded (never loaded): the reason is on stderr; 2 bad input (an invalid "
+EPILOG = ("exit codes: 0 built (build: and tested); 1 not built, or built where others could change it or "
+          "against cuDNN headers the cuDNN loaded cannot run (newer, another major, or none loaded) (never "
+          "loaded): the reason is on stderr; 2 bad input (an invalid "
           "FUSEDATTN_SELECT_NATIVE); 130 interrupted; 141 stdout closed by its reader")
 
 
@@ -46,8 +47,9 @@ def _cmd_native(args: argparse.Namespace) -> int:
         print(f"native: built but never loaded: {info['refused']} (chmod 700 it and the directories up to "
               f"{info['dir']})", file=sys.stderr)
         return EXIT_NOT_DONE
-    if info.get("cudnn_mismatch"):  # built for newer cuDNN headers than the library this process loads
-        print(f"native: {info['problem']} (`fusedattn-select native build` builds it for the cuDNN here)",
+    if info.get("cudnn_mismatch"):  # built against cuDNN headers the library this process loads cannot run
+        print(f"native: {info['problem']} (the module is named by the installed headers: load a cuDNN of their "
+              "major version and as new, or install the headers of the cuDNN loaded, then `native build`)",
               file=sys.stderr)
         return EXIT_NOT_DONE
     return EXIT_SELECTED

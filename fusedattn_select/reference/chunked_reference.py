@@ -206,7 +206,8 @@ def gradient_moments(ref: RefProblem, grad_out: torch.Tensor, grads: "Gradients"
         dq.slope_spread[rows] = (a2 * w * w).sum(-1)
         dq.slope_reach[rows] = (a.abs() * w.abs()).sum(-1)
         if dq.rounded is not None:
-            dq.rounded[rows] = abs(scale) * k_bar.norm(dim=-1) * (d_o.abs() * out[rows].double().nan_to_num(0.0).abs()).sum(-1)
+            read = out[rows].double().nan_to_num(0.0).abs()  # (rows that see no key may hold NaN: left out later)
+            dq.rounded[rows] = abs(scale) * k_bar.norm(dim=-1) * (d_o.abs() * read).sum(-1)
         squared = p * p
         dv.spread[:, kv_head] += torch.matmul(squared.transpose(-1, -2), d_o * d_o).sum(1)
         dv.weights[:, kv_head] += (squared * (d_o * d_o).sum(-1, keepdim=True)).square().sum((1, 2))

@@ -66,8 +66,9 @@ def test_a_rank_without_an_engine_is_named_with_its_reason_by_every_rank(tmp_pat
 
 def test_a_rank_with_a_bad_setting_is_named_with_its_reason_by_every_rank(tmp_path):
     # Checked by every command before it starts; under torchrun the rank joins first and says it there.
+    bad = {"FUSEDATTN_SELECT_DENSE_AFTER": "many"}
     results, seconds = run_job(tmp_path, lambda rank: [GPT2], lambda rank: {
-        "FUSEDATTN_SELECT_SNAPSHOT": str(H100), **({"FUSEDATTN_SELECT_DENSE_AFTER": "many"} if rank == REFUSING else {})})
+        "FUSEDATTN_SELECT_SNAPSHOT": str(H100), **(bad if rank == REFUSING else {})})
     reason = results[REFUSING][2].removeprefix("error: ").strip()
     assert "FUSEDATTN_SELECT_DENSE_AFTER" in reason and "many" in reason, results[REFUSING][2]
     assert_every_rank_names_the_refusal(results, 2, reason)

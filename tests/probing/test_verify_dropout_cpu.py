@@ -137,7 +137,8 @@ def test_gradients_tell_right_from_wrong_at_a_probe_shape(shape):
     grad_out = grad_out_of(ref)
     for seed in range(3):
         checks = gradient_checks(ref, simulated_backward(ref, grad_out, seed), grad_out)
-        assert all(c.passed and abs(c.error - 1.0) < 0.15 for c in checks.values()), [c.describe() for c in checks.values()]
+        described = [c.describe() for c in checks.values()]
+        assert all(c.passed and abs(c.error - 1.0) < 0.15 for c in checks.values()), described
     for wrong in (simulated_backward(ref, grad_out, 9, dropout=0.25), simulated_backward(ref, grad_out, 9, scale=1 - P),
                   chunked_reference.backward(ref, grad_out)):
         checks = gradient_checks(ref, wrong, grad_out)
@@ -152,7 +153,8 @@ def backward_reading_a_rounded_o(ref: RefProblem, grad_out: torch.Tensor, seed: 
     grads = chunked_reference.backward(simulated, grad_out)
     for kv_head, heads, start, stop, chunk in chunked_reference._chunks(simulated):
         # dS_ij moves by -P_ij dD_i: dQ_i by -scale dD_i sum_j P_ij K_j
-        exact = (grad_out[:, heads, start:stop] * torch.matmul(chunk.p * chunk.keep, ref.v[:, kv_head].unsqueeze(1))).sum(-1)
+        dropped_o = torch.matmul(chunk.p * chunk.keep, ref.v[:, kv_head].unsqueeze(1))
+        exact = (grad_out[:, heads, start:stop] * dropped_o).sum(-1)
         read = (grad_out[:, heads, start:stop] * out[:, heads, start:stop]).sum(-1)
         k_bar = torch.matmul(chunk.p, ref.k[:, kv_head].unsqueeze(1))
         grads.dq[:, heads, start:stop] -= ref.scale * (read - exact).unsqueeze(-1) * k_bar

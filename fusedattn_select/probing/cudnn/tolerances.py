@@ -31,7 +31,7 @@ UNIT_ROUNDOFF_FP8 = {"fp8_e4m3": 2.0 ** -4, "fp8_e5m2": 2.0 ** -3}
 FP8_FACTOR = 3.0
 # The softmax stats are float32 sums of exact 16-bit products: an absolute bound on log-sum-exp values.
 STATS_TOLERANCE = 2e-3
-# Dropout, backward: the error against the dropout-free reference must be this close to the error of a
+# Dropout, dK, dBias and dSink: the error against the dropout-free reference must be this close to the error of a
 # simulated dropout of the same probability (a kernel that drops nothing, or too much, falls outside).
 DROPOUT_BAND = (0.5, 2.0)
 # Dropout, O, dQ and dV (compare_under_dropout): how many standard deviations of dropout's own spread a
@@ -103,7 +103,7 @@ class Check:
     passed: bool
     noise: float = -1.0
     bounds: tuple[float, float] = (0.0, 0.0)
-    scale: tuple[float, float] | None = None  # dropout's forward: the result's excess along the reference, and its bound
+    scale: tuple[float, float] | None = None  # under dropout: the excess along the reference, and its bound
 
     def describe(self) -> str:
         if self.scale is not None:
@@ -196,7 +196,8 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
         return Check(name, 1.0, 0.0, True, 1.0, (0.0, math.inf), (0.0, math.inf))
     statistic = float((squared / expected).sum())
     count = expected.numel()
-    deviation = float(((max(0.0, fourth - 3.0 * odds ** 2) * weights + 2.0 * expected ** 2) / expected ** 2).sum()) ** 0.5
+    kurtosis = max(0.0, fourth - 3.0 * odds ** 2)
+    deviation = float(((kurtosis * weights + 2.0 * expected ** 2) / expected ** 2).sum()) ** 0.5
     moved = float(((2.0 * rounding * squared.sqrt() + 3.0 * rounding ** 2) / expected).sum())
     high = min(count + DROPOUT_SIGMAS * deviation, float((worst ** 2 * reach / expected).sum())) + moved
     low = count - DROPOUT_SIGMAS * deviation - moved
