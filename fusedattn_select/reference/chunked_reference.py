@@ -145,12 +145,18 @@ class DropoutMoments:
     rounded: torch.Tensor | None = None
 
 
+def _zero_moments(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype = torch.float64) -> DropoutMoments:
+    """DropoutMoments of zeros for results of `shape` (one unit per last-dim row)."""
+    def zeros(size: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(size, dtype=dtype, device=device)
+
+    return DropoutMoments(zeros(shape), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]))
+
+
 def dropout_moments(ref: RefProblem, out: torch.Tensor) -> DropoutMoments:
     """The DropoutMoments of `ref` (its dropout not simulated), `out` being forward(ref)'s output."""
     plain = dataclasses.replace(ref, dropout_seed=None)
-    b, hq, sq, dv = out.shape
-    rows = torch.zeros((b, hq, sq), dtype=torch.float32, device=out.device)
-    moments = DropoutMoments(torch.zeros_like(out), rows.clone(), rows.clone(), rows.clone(), rows.clone())
+    moments = _zero_moments(tuple(out.shape), out.device, torch.float32)
     for kv_head, heads, start, stop, chunk in _chunks(plain):
         p = chunk.p
         v = ref.v[:, kv_head].float().unsqueeze(1)
@@ -162,13 +168,6 @@ def dropout_moments(ref: RefProblem, out: torch.Tensor) -> DropoutMoments:
         moments.slope_spread[:, heads, start:stop] = (squared * w * w).sum(-1)
         moments.slope_reach[:, heads, start:stop] = (p * w.abs()).sum(-1)
     return moments
-
-
-def _zero_moments(shape: tuple[int, ...], device: torch.device) -> DropoutMoments:
-    def zeros(size: tuple[int, ...]) -> torch.Tensor:
-        return torch.zeros(size, dtype=torch.float64, device=device)
-
-    return DropoutMoments(zeros(shape), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]))
 
 
 def gradient_moments(ref: RefProblem, grad_out: torch.Tensor, grads: "Gradients", out: torch.Tensor | None = None
