@@ -30,7 +30,6 @@ from fusedattn_select.distributed.group import (
     tell_others,
 )
 from fusedattn_select.distributed.work import Configs, named_problems, problem_difference
-from fusedattn_select.errors import FusedAttnSelectError
 from fusedattn_select.result import Selection
 from fusedattn_select.selection.local_warmup import check_callers
 from fusedattn_select.selection.selector import Selector, default_selector
@@ -164,7 +163,7 @@ def agree(configs: Configs, group: object = None, *, selector: Selector | None =
         problems = distinct_names(named_problems(configs))
         check_callers(selector, None)  # as warmup() checks it: before this rank's part of the exchange
         selector = selector if selector is not None else default_selector()
-    except FusedAttnSelectError as err:
+    except Exception as err:  # noqa: BLE001 - told to every rank, then raised: not only this library's errors
         tell_others(STEP, err, group, timeout)  # else the other ranks would only see this rank go missing
         raise
     comm = Communicator(group, timeout)

@@ -42,7 +42,6 @@ from fusedattn_select.distributed.work import (
     work_digest,
     work_items,
 )
-from fusedattn_select.errors import FusedAttnSelectError
 from fusedattn_select.selection import local_warmup
 from fusedattn_select.selection.local_warmup import Progress, WarmupReport, check_callers, failed_writes, job_count
 from fusedattn_select.selection.selector import Selector, default_selector
@@ -129,7 +128,7 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
         items, duplicates = work_items(configs, probe_depth)
         check_callers(selector, progress)
         selector = selector if selector is not None else default_selector()
-    except FusedAttnSelectError as err:
+    except Exception as err:  # noqa: BLE001 - told to every rank, then raised: not only this library's errors
         tell_others(START, err, group, timeout)  # else the other ranks would only see this rank go missing
         raise
     comm = Communicator(group, timeout)
@@ -176,7 +175,8 @@ def warmup(configs: Configs, depth: str | ProbeDepth = "full", group: object = N
     combined = _combined(items, duplicates, facts, results, peers, local[0])
     report = SharedWarmupReport(
         rank=comm.rank, ranks=comm.ranks, combined=dataclasses.replace(combined, **_failed_saves(taken, comm.rank)),
-        local=local[0], owners=owners, received=received[0], plan_bytes_sent=results[comm.ranks.index(comm.rank)].plan_bytes,
+        local=local[0], owners=owners, received=received[0],
+        plan_bytes_sent=results[comm.ranks.index(comm.rank)].plan_bytes,
         platforms=platform_groups(facts), wall_seconds=time.perf_counter() - started, agreement=agreement,
     )
     (log.info if comm.lowest else log.debug)("fusedattn_select: shared warmup: %s", report.summary())

@@ -1,6 +1,6 @@
 """distributed.warmup and distributed.agree where one rank refuses before the first exchange (a bad
-argument, or a bad FUSEDATTN_SELECT_* setting its default selector reads): that rank raises its own
-ConfigError, and every other rank raises a DistributedError naming that rank AND the error, at once,
+argument, or a bad FUSEDATTN_SELECT_* setting its default selector reads) or fails there with an error not
+of this library (its default selector cannot be made): that rank raises its own error, and every other rank raises a DistributedError naming that rank AND the error, at once,
 instead of giving up after the timeout on a rank gone missing.
 
 Real ranks on CPU (gloo, a file:// rendezvous), one fresh interpreter each, answering from the bundled
@@ -33,15 +33,23 @@ call, rank, world, init, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 
 dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=world,
                         timeout=datetime.timedelta(seconds=60))
 refusing = rank == {REFUSING}
-if refusing and call == "agree":  # the default selector reads this setting: a bad one on this rank only
+crash = call.endswith("-crash")
+call = call.removesuffix("-crash")
+if refusing and call == "agree" and not crash:  # the default selector reads this setting: a bad one on this rank only
     os.environ["FUSEDATTN_SELECT_SNAPSHOT"] = "/nowhere/h100.json"
-selector = None if refusing and call == "agree" else Selector(
+if refusing and crash:  # making the default selector fails with an error not of this library (as CUDA's init can)
+    import fusedattn_select.selection.selector as selector_module
+    def failing():
+        raise RuntimeError("CUDA error: no CUDA-capable device is detected")
+    selector_module.selector_for = failing
+selector = None if refusing and (call == "agree" or crash) else Selector(
     SnapshotEngine.load({str(ROOT / "fusedattn_select" / "snapshots" / "h100-configs.json")!r}))
 suite = load_config_file({str(ROOT / "configs" / "gpt2.yaml")!r})
 started = time.monotonic()
 try:
     if call == "warmup":
-        distributed.warmup(suite, depth="fast", selector=selector, jobs=0 if refusing else None, timeout={TIMEOUT_S})
+        distributed.warmup(suite, depth="fast", selector=selector, jobs=0 if refusing and not crash else None,
+                           timeout={TIMEOUT_S})
     else:
         distributed.agree(suite, selector=selector, timeout={TIMEOUT_S})
     found = {{"raised": None}}
@@ -58,6 +66,8 @@ os._exit(0)  # gloo's threads may abort the interpreter's teardown
 @pytest.mark.parametrize("call, step, refusal", [
     ("warmup", "warmup start", "ConfigError: jobs=0: must be a positive integer"),
     ("agree", "agreement", "ConfigError: FUSEDATTN_SELECT_SNAPSHOT='/nowhere/h100.json': must name existing"),
+    ("warmup-crash", "warmup start", "RuntimeError: CUDA error: no CUDA-capable device is detected"),
+    ("agree-crash", "agreement", "RuntimeError: CUDA error: no CUDA-capable device is detected"),
 ])
 def test_a_rank_that_refuses_before_the_first_exchange_is_named_with_its_reason_by_every_rank(
         tmp_path, call, step, refusal):
@@ -65,7 +75,7 @@ def test_a_rank_that_refuses_before_the_first_exchange_is_named_with_its_reason_
     results = rank_processes.run_ranks(
         lambda rank: ["-c", RANK, call, str(rank), str(WORLD), str(init), str(tmp_path)], tmp_path, WORLD, 90)
     mine = results[REFUSING]
-    assert mine["raised"] == "ConfigError" and f"ConfigError: {mine['error']}".startswith(refusal), mine
+    assert f"{mine['raised']}: {mine['error']}".startswith(refusal), mine  # this rank raises its own error
     for rank, found in enumerate(results):
         if rank == REFUSING:
             continue
