@@ -18,6 +18,18 @@ MODEL, ENCODER, DECODER = "model", "encoder", "decoder"
 # How layers alternate when config.json has no layer_types (transformers' __post_init__).
 ALL_LAYERS, EVERY_OTHER, PATTERN_KEY, AFTER_MAX_WINDOW_LAYERS = "all", "every_other", "pattern", "after_max"
 ODD_BELOW_MAX_WINDOW_LAYERS = "odd_below_max"  # Qwen2-MoE: layers 1, 3, 5, ... (1-based) below max_window_layers
+# How a hybrid model (softmax attention between Mamba / linear-attention layers) says which layers attend when
+# config.json has no layer_types, as its transformers config class builds them: every n-th layer
+# (full_attention_interval, Qwen3-Next), layer i with i % attn_layer_period == attn_layer_offset (Jamba), the
+# layers attn_layer_indices lists (Bamba), the "*" of hybrid_override_pattern (Nemotron-H), every other layer
+# (MiniMax), or none (GraniteMoeHybrid: its files list layer_types).
+HYBRID_INTERVAL, HYBRID_PERIOD, HYBRID_INDICES = "interval", "period", "indices"
+HYBRID_PATTERN, HYBRID_ALTERNATE, HYBRID_NONE = "pattern", "alternate", "none"
+# Layer type names older files use, as transformers reads them (configuration_utils._LEGACY_LAYER_TYPE_REMAP).
+LEGACY_LAYER_TYPES = {"attention": "full_attention", "mamba": "linear_attention",
+                      "deepseek_sparse_attention": "indexed_attention", "qwen_sparse_attention": "indexed_attention"}
+# Nemotron-H's hybrid_override_pattern letters (NemotronHConfig._pattern_to_list).
+PATTERN_LAYER_TYPES = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 
 
 @dataclass(frozen=True)
@@ -57,8 +69,12 @@ class Family:
     use_sliding_window_default: bool | None = None
     sliding_window_default: int | None = None
     chunked_every: int | None = None  # Llama 4: every n-th layer full, the rest chunked
+    hybrid: str = ""  # HYBRID_*: how the attention layers of a hybrid model are placed without layer_types
     chunk_size_default: int | None = None
     query_pre_attn_scalar_default: float | None = None
+    # Granite: the softmax scale is config.attention_multiplier (default 1.0), not 1/sqrt(head_dim).
+    scale_key: str = ""
+    scale_default: float | None = None
     softcap_default: float | None = None
     unscaled: bool = False  # T5: no 1/sqrt(d) on the scores
     yarn_mscale: bool = False  # DeepSeek: YaRN's mscale_all_dim scales the softmax
@@ -122,6 +138,23 @@ FAMILIES: dict[str, Family] = {
                        head_dim_default=64, kv_heads_default=8, positions_default=131072),
     "llama4_text": replace(GENERIC, chunked_every=4, chunk_size_default=8192, head_dim_default=128,
                            kv_heads_default=8, positions_default=131072),
+    "cohere2": replace(GENERIC, sliding_pattern=PATTERN_KEY, pattern_default=4, sliding_window_default=4096,
+                       positions_default=8192),
+    **{name: replace(GENERIC, scale_key="attention_multiplier", scale_default=1.0, positions_default=2048)
+       for name in ("granite", "granitemoe", "granitemoeshared")},
+    "granitemoehybrid": replace(GENERIC, scale_key="attention_multiplier", scale_default=1.0, positions_default=2048,
+                                hybrid=HYBRID_NONE),
+    "qwen3_next": replace(GENERIC, hybrid=HYBRID_INTERVAL, head_dim_default=256, kv_heads_default=2,
+                          positions_default=32768),
+    "qwen3_5_text": replace(GENERIC, hybrid=HYBRID_INTERVAL, head_dim_default=256, kv_heads_default=4,
+                            positions_default=32768),
+    "qwen3_5_moe_text": replace(GENERIC, hybrid=HYBRID_INTERVAL, head_dim_default=256, kv_heads_default=2,
+                                positions_default=32768),
+    "jamba": replace(GENERIC, hybrid=HYBRID_PERIOD, kv_heads_default=8, positions_default=262144),
+    "bamba": replace(GENERIC, hybrid=HYBRID_INDICES, kv_heads_default=8, positions_default=262144),
+    "nemotron_h": replace(GENERIC, hybrid=HYBRID_PATTERN, head_dim_default=128, kv_heads_default=8,
+                          positions_default=4096),
+    "minimax": replace(GENERIC, hybrid=HYBRID_ALTERNATE, kv_heads_default=8, positions_default=131072),
     "qwen2": _QWEN,
     # Qwen2-MoE builds layer_types its own way; Qwen3-MoE has none: its window applies to every layer.
     "qwen2_moe": replace(_QWEN, sliding_pattern=ODD_BELOW_MAX_WINDOW_LAYERS),
@@ -148,7 +181,8 @@ FAMILIES: dict[str, Family] = {
 ENCODER_DECODER_TYPES = tuple(name for name, family in FAMILIES.items() if family.encoder_decoder)
 # The model_type of a nested config that names none, by the model_type around it.
 _INNER_TYPES = {("clip", "text"): "clip_text_model", ("clip", "vision"): "clip_vision_model",
-                ("gemma3", "text"): "gemma3_text", ("llama4", "text"): "llama4_text"}
+                ("gemma3", "text"): "gemma3_text", ("llama4", "text"): "llama4_text",
+                ("qwen3_5", "text"): "qwen3_5_text", ("qwen3_5_moe", "text"): "qwen3_5_moe_text"}
 
 
 def resolved_type(model_type: str, inside: str = "", vision: bool = False) -> str:

@@ -12,6 +12,7 @@ model_families.py. A field that cannot be read right is a ConfigError naming its
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -124,13 +125,78 @@ def _kv_heads(fields: Fields, family: families.Family, heads_key: str, heads: in
     return kv_heads
 
 
+def _given_layer_types(fields: Fields) -> tuple[str, tuple[str, ...]] | None:
+    """(key, types) of the layer types the file lists, in transformers' current names; None if it lists none.
+    layers_block_type is the name some hybrid config classes save layer_types under (attribute_map)."""
+    found = fields.first(("layer_types", "layers_block_type"), NAMES)
+    if found is None:
+        return None
+    return found[0], tuple(families.LEGACY_LAYER_TYPES.get(name, name) for name in found[1])
+
+
+def _pattern_layer_types(fields: Fields) -> tuple[str, ...] | None:
+    """Nemotron-H's layers from hybrid_override_pattern (one letter a layer), or None when not given."""
+    pattern = fields.get("hybrid_override_pattern", TEXT)
+    if pattern is None:
+        return None
+    unknown = sorted(set(pattern) - set(families.PATTERN_LAYER_TYPES))
+    if unknown or not pattern:
+        raise ConfigError(fields.path("hybrid_override_pattern"), pattern,
+                          f"must be one letter a layer, each of {', '.join(families.PATTERN_LAYER_TYPES)}")
+    return tuple(families.PATTERN_LAYER_TYPES[letter] for letter in pattern)
+
+
+def _layer_count(fields: Fields, family: families.Family, keys: families.Keys) -> int:
+    """The number of layers: the count key, or (a hybrid file that gives none) the length of its layer list."""
+    found = fields.first(keys.layers, POSITIVE_INTEGER)
+    if found is not None:
+        return found[1]
+    listed = _given_layer_types(fields)
+    if listed is None and family.hybrid == families.HYBRID_PATTERN:
+        listed = ("hybrid_override_pattern", _pattern_layer_types(fields))
+    if listed is not None and listed[1]:
+        return len(listed[1])
+    return _count(fields, keys.layers, "layer count")[1]
+
+
+def _hybrid_layer_types(fields: Fields, family: families.Family, layers: int) -> tuple[str, ...] | None:
+    """Which layers of a hybrid model are softmax attention ("full_attention") and which are not
+    ("linear_attention", ...), as its transformers config class places them (families.HYBRID_*)."""
+    full, linear = "full_attention", "linear_attention"
+    if family.hybrid == families.HYBRID_INTERVAL:
+        every = fields.get("full_attention_interval", POSITIVE_INTEGER, 4)
+        return tuple(linear if (i + 1) % every else full for i in range(layers))
+    if family.hybrid == families.HYBRID_PERIOD:
+        period = fields.get("attn_layer_period", POSITIVE_INTEGER, 8)
+        offset = fields.get("attn_layer_offset", COUNT, 4)
+        if offset >= period:
+            raise ConfigError(fields.path("attn_layer_offset"), offset, f"must be below attn_layer_period ({period})")
+        return tuple(full if i % period == offset else linear for i in range(layers))
+    if family.hybrid == families.HYBRID_INDICES:
+        indices = fields.data.get("attn_layer_indices") or []
+        if not isinstance(indices, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+            raise ConfigError(fields.path("attn_layer_indices"), indices, "must be a list of layer indices")
+        return tuple(full if i in indices else linear for i in range(layers))
+    if family.hybrid == families.HYBRID_PATTERN:
+        return _pattern_layer_types(fields) or (linear, "moe", full, "mlp")  # NemotronHConfig's default
+    if family.hybrid == families.HYBRID_ALTERNATE:
+        return tuple(full if (i + 1) % 2 else linear for i in range(layers))
+    if family.hybrid == families.HYBRID_NONE:
+        return (linear,) * layers
+    return None
+
+
 def _layer_types(fields: Fields, family: families.Family, layers: int, window: int | None) -> tuple[str, ...]:
-    given = fields.get("layer_types", NAMES)
+    given = _given_layer_types(fields)
     if given is not None:
-        if len(given) != layers:
-            raise ConfigError(fields.path("layer_types"), f"{len(given)} entries",
+        key, types = given
+        if len(types) != layers:
+            raise ConfigError(fields.path(key), f"{len(types)} entries",
                               f"must give one type per layer (num_hidden_layers={layers})")
-        return tuple(given)
+        return types
+    hybrid = _hybrid_layer_types(fields, family, layers)
+    if hybrid is not None:
+        return hybrid
     if family.chunked_every is not None and _chunk_size(fields, family) is not None:
         # Llama 4: layers without RoPE (no_rope_layers[i] == 0) attend fully, the others in chunks.
         given_no_rope = fields.data.get("no_rope_layers") or [
@@ -175,6 +241,8 @@ def _window(fields: Fields, family: families.Family) -> int | None:
 
 
 def _attn_scale(fields: Fields, family: families.Family, head_dim_qk: int) -> float | None:
+    if family.scale_key:
+        return float(fields.get(family.scale_key, POSITIVE_NUMBER, family.scale_default))
     scalar = fields.get("query_pre_attn_scalar", POSITIVE_NUMBER, family.query_pre_attn_scalar_default)
     if scalar is not None:
         return float(scalar) ** -0.5
@@ -247,7 +315,7 @@ def read_stack(fields: Fields, family: families.Family, prefix: str = "", role: 
     encoder-decoder model (ENCODER / DECODER pick which keys are read)."""
     keys = family.keys_for(role)
     heads_key, heads = _count(fields, keys.heads, "attention head count")
-    _, layers = _count(fields, keys.layers, "layer count")
+    layers = _layer_count(fields, family, keys)
     head_dim_qk, head_dim_v = _head_dims(fields, family, heads_key, heads)
     causal = _causal(fields, family, role)
     window = _window(fields, family) if causal and role == families.MODEL else None
@@ -312,6 +380,20 @@ def _assumed_lengths(stacks: tuple[AttentionStack, ...], family: families.Family
             f"seqlen {DEFAULT_REPORT_SEQLEN} is assumed; --set seqlen_q=... --set seqlen_kv=... to ask another"]
 
 
+def _not_attention(stacks: tuple[AttentionStack, ...]) -> list[str]:
+    """The note for layers that are no softmax attention problem (Mamba, linear attention, ...): not answered."""
+    notes = []
+    for stack in stacks:
+        others = Counter(kind for kind in stack.layer_types if kind not in ATTENTION_LAYER_TYPES)
+        if others:
+            kinds = ", ".join(f"{count} {kind}" for kind, count in others.items())
+            where = stack.prefix or "the model's layers"
+            notes.append(f"{where}: {sum(others.values())} of {len(stack.layer_types)} layers "
+                         f"are no softmax attention ({kinds}) and are not answered; only its "
+                         f"{' / '.join(ATTENTION_LAYER_TYPES)} layers are")
+    return notes
+
+
 def _unknown_type(model_type: str, path: str) -> list[str]:
     """The note for a model_type no family names (read as a causal decoder with the common keys)."""
     if model_type in families.FAMILIES:
@@ -355,5 +437,6 @@ def read_model(data: dict[str, Any]) -> ModelReading:
             stacks += (read_stack(vision, vision_family, "vision"),)
         else:
             notes.append(f"vision_config (model_type {vision_type!r}) is not described: only the text model is read")
+    notes += _not_attention(stacks)
     dtype, dtype_notes = _dtype(text if text is not None else top, top if text is not None else None)
     return ModelReading(model_type, stacks, dtype, tuple(notes) + dtype_notes)
