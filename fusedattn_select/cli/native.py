@@ -30,6 +30,11 @@ def _cmd_native(args: argparse.Namespace) -> int:
             print(f"error: native build: cannot build in {native.build_dir()} ({type(err).__name__}: {err}); "
                   f"set {native.DIR_ENV} to a directory of yours", file=sys.stderr)
             return EXIT_NOT_DONE
+        except ImportError as err:  # the module's name holds torch's build, so naming it imports torch
+            needs = " (the compiled path extends torch: pip install 'fusedattn-select[torch]')" if (
+                (err.name or "").split(".")[0] == "torch") else ""
+            print(f"error: native build: {type(err).__name__}: {err}{needs}", file=sys.stderr)
+            return EXIT_NOT_DONE
         print(f"built and tested {path}")
         if not native.enabled():
             print(f"note: {native.ENV_VAR}=0 keeps calls on the Python path", file=sys.stderr)
