@@ -7,9 +7,9 @@ ALiBi, the off_by_one and learnable softmax) is `semantics.py`'s, as for the aut
 has no logit soft-capping, so a RefProblem has none.
 
 With `dropout_seed` set, dropout is simulated with torch's generator: the result is one sample of
-what a correct kernel computes (its mask differs from cuDNN's), used to size a backward's dropout noise;
-O, dQ and dV under dropout are checked by `dropout_moments` and `gradient_moments`, what every correct
-mask's result shares.
+what a correct kernel computes (its mask differs from cuDNN's), used to size an FP8 backward's gradient
+scales; results under dropout are checked by what every correct mask's result shares: `dropout_moments`
+(O), `gradient_moments` (dQ, dV) and `row_term_moments` (dK, dBias, dSink).
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def gradient_moments(ref: RefProblem, grad_out: torch.Tensor, grads: "Gradients"
     """The DropoutMoments of dQ (one unit per query row) and of dV (one per key and KV head) of `ref`
     (`grads` its dropout-free backward(ref, grad_out)), both linear in the dropout decisions: with
     a_ij = P_ij dO_i . V_j and K'_j = K_j - sum_l P_il K_l, dQ_i moves by scale sum_j e_ij a_ij K'_j and
-    dV_j by sum_i e_ij P_ij dO_i (e_ij = m_ij / (1-p) - 1). dK is not linear in independent units.
+    dV_j by sum_i e_ij P_ij dO_i (e_ij = m_ij / (1-p) - 1). dK: row_term_moments.
     `out`: the O the backward reads (the forward's, rounded to its dtype): its rounding moves the row term
     D_i = dO_i . O_i and so dQ_i by scale |K_bar_i| |dO_i| . |O_i| per roundoff (dQ's `rounded`)."""
     plain = dataclasses.replace(ref, dropout_seed=None)
@@ -270,3 +270,81 @@ def backward(ref: RefProblem, grad_out: torch.Tensor, bias_grad: bool = False) -
             p_sink = torch.exp(ref.sink[heads].float().view(1, -1, 1) - chunk.lse)
             grads.dsink[heads] -= (p_sink * row_term.squeeze(-1)).sum(dim=(0, 2))
     return grads
+
+
+@dataclass
+class RowTermMoments:
+    """What removes the row term from dK, dBias and dSink under dropout, and dK's and dBias's moments
+    (docs/verify.md, 'Dropout'). With e_ij = m_ij / (1-p) - 1, a_ij = P_ij dO_i . V_j and
+    c_i = dO_i . (O_i - O_ref_i), the change of the kernel's row term D_i = dO_i . O_i that its own O shows:
+    dK_j moves by scale sum_i (e_ij a_ij - P_ij c_i) Q_i, dBias_ij by e_ij a_ij - P_ij c_i (summed over the
+    batch), dSink_h by -sum_i p_sink_i c_i. The `*_shift` fields are the c terms (what the O the kernel
+    wrote fixes); what is left is linear in decisions independent across keys (dK, one unit per key and KV
+    head) and across elements (dBias, one unit per query row of a head), as O's across rows.
+    """
+
+    dk: DropoutMoments
+    dk_shift: torch.Tensor                 # (b, Hkv, Skv, D)
+    dbias: DropoutMoments | None = None
+    dbias_shift: torch.Tensor | None = None  # (1, Hq, Sq, Skv)
+    dsink_shift: torch.Tensor | None = None  # (Hq,)
+
+
+def row_term_moments(ref: RefProblem, grad_out: torch.Tensor, grads: Gradients, out: torch.Tensor
+                     ) -> RowTermMoments:
+    """The RowTermMoments of `ref` (`grads` its dropout-free backward(ref, grad_out)), `out` the O the
+    backward reads (the forward's under the same mask, rounded to its dtype: the kernel's row term is
+    dO_i . out_i, so c_i is taken from it). `rounded` (dK's, dBias's) bounds what c_i moves by per roundoff
+    where a kernel rounds O otherwise: |dO_i| . |out_i| per row, twice in compare_under_dropout."""
+    plain = dataclasses.replace(ref, dropout_seed=None)
+    device, scale = grad_out.device, ref.scale
+    found = RowTermMoments(_zero_moments(tuple(ref.k.shape), device),
+                           torch.zeros(ref.k.shape, dtype=torch.float64, device=device))
+    found.dk.rounded = torch.zeros(ref.k.shape[:3], dtype=torch.float64, device=device)
+    reach_k = torch.zeros(ref.k.shape, dtype=torch.float64, device=device)  # squared over d once summed
+    if grads.dbias is not None:  # (float32: two more tensors of the bias's size, as the reference's own dBias)
+        found.dbias = _zero_moments(tuple(grads.dbias.shape), device, torch.float32)
+        found.dbias.rounded = torch.zeros(grads.dbias.shape[:3], dtype=torch.float32, device=device)
+        found.dbias_shift = torch.zeros(grads.dbias.shape, dtype=torch.float32, device=device)
+    if grads.dsink is not None:
+        found.dsink_shift = torch.zeros(grads.dsink.shape, dtype=torch.float64, device=device)
+    for kv_head, heads, start, stop, chunk in _chunks(plain):
+        p = chunk.p.double()
+        q, v = ref.q[:, heads, start:stop].double(), ref.v[:, kv_head].double().unsqueeze(1)
+        d_o = grad_out[:, heads, start:stop].double()
+        read = out[:, heads, start:stop].double().nan_to_num(0.0) * chunk.rows_ok.unsqueeze(-1)  # no-key rows: NaN
+        c = (d_o * (read - torch.matmul(p, v))).sum(-1, keepdim=True)  # (b, G, c, 1)
+        a = p * torch.matmul(d_o, v.transpose(-1, -2))
+        a2, q2 = a * a, q * q
+        found.dk_shift[:, kv_head] -= scale * torch.matmul((p * c).transpose(-1, -2), q).sum(1)
+        found.dk.spread[:, kv_head] += scale ** 2 * torch.matmul(a2.transpose(-1, -2), q2).sum(1)
+        found.dk.weights[:, kv_head] += scale ** 4 * (a2 * q2.sum(-1, keepdim=True)).square().sum((1, 2))
+        reach_k[:, kv_head] += abs(scale) * torch.matmul(a.abs().transpose(-1, -2), q.abs()).sum(1)
+        w = scale * torch.matmul(q, grads.dk[:, kv_head].double().unsqueeze(1).transpose(-1, -2))  # Q_i . dK_j
+        found.dk.slope_spread[:, kv_head] += (a2 * w * w).sum((1, 2))
+        found.dk.slope_reach[:, kv_head] += (a.abs() * w.abs()).sum((1, 2))
+        moved = (d_o.abs() * read.abs()).sum(-1, keepdim=True)  # what c_i moves by per roundoff of O
+        found.dk.rounded[:, kv_head] += abs(scale) * torch.matmul(p.transpose(-1, -2), q.norm(dim=-1, keepdim=True)
+                                                                  * moved).squeeze(-1).sum(1)
+        if found.dbias is not None:
+            _dbias_moments(found, grads, heads, start, stop, p, a, c, moved)
+        if found.dsink_shift is not None:
+            p_sink = torch.exp(ref.sink[heads].double().view(1, -1, 1) - chunk.lse.double())
+            found.dsink_shift[heads] -= (p_sink * c.squeeze(-1)).sum((0, 2))
+    found.dk.reach.copy_(reach_k.square().sum(-1))
+    return found
+
+
+def _dbias_moments(found: RowTermMoments, grads: Gradients, heads: slice, start: int, stop: int, p: torch.Tensor,
+                   a: torch.Tensor, c: torch.Tensor, moved: torch.Tensor) -> None:
+    """dBias's share of a chunk (a (1, Hq, Sq, Skv) bias: each element sums its decisions over the batch)."""
+    rows = (0, heads, slice(start, stop))
+    a2 = a * a
+    want = grads.dbias[rows].double()
+    found.dbias_shift[rows] -= (p * c).sum(0)
+    found.dbias.spread[rows] = a2.sum(0)
+    found.dbias.weights[rows] = a2.square().sum((0, -1))
+    found.dbias.reach[rows] = a.abs().sum(0).square().sum(-1)
+    found.dbias.slope_spread[rows] = (a2 * want * want).sum((0, -1))
+    found.dbias.slope_reach[rows] = (a.abs() * want.abs()).sum((0, -1))
+    found.dbias.rounded[rows] = (p * moved).sum(0).norm(dim=-1)

@@ -78,13 +78,42 @@ def test_verify_answers_supported_problems_as_verified(selector, name):
 
 
 def test_verify_checks_dropout_by_what_every_mask_gives(selector):
-    # The forward by dropout's expected distance and scale; the backward against a simulated dropout.
+    # The forward and the backward (dK too, once the row term its O shows is removed) by dropout's expected
+    # distance and scale.
     answer = selector.select(fresh(dropout=0.1), "verify")
     _skip_unless_built(answer)
     assert answer.selected, answer.message
     forward, backward = answer.verdicts
     assert forward.verified and "distance over dropout's expected" in forward.detail, forward.detail
-    assert backward.verified and "simulated dropout" in backward.detail, backward.detail
+    assert backward.verified and "dK distance over dropout's expected" in backward.detail, backward.detail
+
+
+DROPOUT_TRAINING = {"seqlen_q": 512, "seqlen_kv": 512, "head_dim_qk": 64, "mask": "causal", "dropout": 0.1}
+
+
+@pytest.mark.parametrize("changes", [{}, {"num_heads_q": 16, "num_heads_kv": 4}, {"attn_scale": 1.0}],
+                         ids=["mha", "gqa", "peaked"])
+def test_verify_checks_a_dropout_backward_s_dk_by_moments(selector, changes):
+    # A real bf16 dropout training kernel: dK (rows' terms dO_i . O_i from the O it wrote) verifies by moments.
+    answer = selector.select(fresh(**{**DROPOUT_TRAINING, **changes}), "verify")
+    _skip_unless_built(answer)
+    assert answer.selected, answer.message
+    backward = answer.verdicts[1]
+    assert backward.verified and "dK distance over dropout's expected" in backward.detail, backward.detail
+
+
+def test_verify_refuses_a_dropout_dk_scaled_by_1_minus_p(selector):
+    # A dK as if kept values were not rescaled by 1/(1-p): the simulated-dropout band (0.5x-2x) accepted it.
+    def corrupt(phase, outputs):
+        if phase is Phase.BACKWARD:
+            outputs["dK"].mul_(0.9)
+
+    with numerics.planted(after_execute=corrupt):
+        answer = selector.select(fresh(**DROPOUT_TRAINING), "verify")
+    _skip_unless_built(answer)
+    verdict = answer.verdicts[-1]
+    assert verdict.phase is Phase.BACKWARD and verdict.outcome is Outcome.UNSUPPORTED, verdict
+    assert verdict.stage == numerics.NUMERICS_STAGE and "dK distance" in verdict.message, verdict
 
 
 DROPOUT_INFERENCE = {"batch_size": 2, "num_heads_q": 8, "num_heads_kv": 8, "seqlen_q": 512, "seqlen_kv": 512,

@@ -31,10 +31,10 @@ UNIT_ROUNDOFF_FP8 = {"fp8_e4m3": 2.0 ** -4, "fp8_e5m2": 2.0 ** -3}
 FP8_FACTOR = 3.0
 # The softmax stats are float32 sums of exact 16-bit products: an absolute bound on log-sum-exp values.
 STATS_TOLERANCE = 2e-3
-# Dropout, dK, dBias and dSink: the error against the dropout-free reference must be this close to the error of a
-# simulated dropout of the same probability (a kernel that drops nothing, or too much, falls outside).
+# compare_dropout (verify no longer uses it: it passes a kernel at another probability): the error against the
+# dropout-free reference must be this close to the error of a simulated dropout of the same probability.
 DROPOUT_BAND = (0.5, 2.0)
-# Dropout, O, dQ and dV (compare_under_dropout): how many standard deviations of dropout's own spread a
+# Dropout, O, dQ, dV, dK and dBias (compare_under_dropout): how many standard deviations of dropout's own spread a
 # result may stray from what every correct mask gives (Chebyshev: a right kernel strays that far with
 # probability under 1/64 whatever the distribution, and far less for sums of many decisions), and the
 # multiple of the unit roundoff, of the result's size and of the dropout spread's, its roundings may add.
@@ -90,11 +90,11 @@ def coarsest(*names: str) -> str:
 class Check:
     """One result compared with the reference: its error, the bound, and whether it passed.
 
-    dK, dBias and dSink under dropout (compare_dropout): `error` and `noise` are relative Frobenius
-    errors against the dropout-free reference, of the device's result and of a simulated dropout;
-    `bounds` are the allowed range. O, dQ and dV under dropout (compare_under_dropout): `error` is the
-    units' squared distance over dropout's expected one, averaged (1 for a correct kernel), `bounds` its
-    range, `scale` the result's excess along the reference and its bound.
+    compare_dropout: `error` and `noise` are relative Frobenius errors against the dropout-free reference,
+    of the device's result and of a simulated dropout; `bounds` are the allowed range. O, dQ, dV, dK and dBias
+    under dropout (compare_under_dropout): `error` is the units' squared distance over dropout's expected one,
+    averaged (1 for a correct kernel), `bounds` its range, `scale` the result's excess along the reference and
+    its bound.
     """
 
     name: str
@@ -147,15 +147,15 @@ def compare_dropout(name: str, got: Any, want: Any, sample: Any, tol: float, row
 
 def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout: float, roundoff: float,
                             rows: Any = None) -> Check:
-    """A result linear in the dropout decisions (O, dQ, dV) under dropout `dropout` against the dropout-free
-    reference `want`, by what every correct kernel's result has whatever its mask (`moments`:
-    chunked_reference.DropoutMoments, one unit per last-dim row: a query row of O or dQ, a key of dV;
-    docs/verify.md, 'Dropout'): each unit's squared distance from `want` near its expected p/(1-p) *
-    sum spread, and its component along `want` near 0 (kept values rescaled by 1/(1-p)). Units are weighted
-    by the inverse of their expected spread (a causal mask's first rows, with few keys, spread most), and
-    each statistic may stray DROPOUT_SIGMAS standard deviations (never past what a mask can reach), plus
-    what roundings of DROPOUT_ROUNDING x `roundoff` (of the unit's result and of its spread) can move it; a
-    unit dropout cannot move (no spread) must equal `want` but for roundings. `rows`: a mask of the units."""
+    """A result linear in the dropout decisions (O, dQ, dV; dK and dBias less their row-term shift) under dropout
+    `dropout` against the dropout-free reference `want`, by what every correct kernel's result has whatever its
+    mask (`moments`: chunked_reference.DropoutMoments, one unit per last-dim row: a query row of O, dQ or dBias,
+    a key of dV or dK; docs/verify.md, 'Dropout'): each unit's squared distance from `want` near its expected
+    p/(1-p) * sum spread, and its component along `want` near 0 (kept values rescaled by 1/(1-p)). Units are
+    weighted by the inverse of their expected spread (a causal mask's first rows, with few keys, spread most),
+    and each statistic may stray DROPOUT_SIGMAS standard deviations (never past what a mask can reach), plus
+    what roundings of DROPOUT_ROUNDING x `roundoff` (of the unit's result and of its spread) can move it; a unit
+    dropout cannot move (no spread) must equal `want` but for roundings. `rows`: a mask of the units."""
     rounded = moments.rounded if moments.rounded is not None else moments.reach.new_zeros(moments.reach.shape)
     parts = (moments.spread, moments.weights, moments.reach, moments.slope_spread, moments.slope_reach, rounded)
     if rows is not None:

@@ -55,12 +55,6 @@ def _rows(rows_ok: torch.Tensor, heads: int) -> torch.Tensor:
     return rows_ok.expand(rows_ok.shape[0], heads, rows_ok.shape[2])
 
 
-def _compare(name: str, got: torch.Tensor, want: torch.Tensor, sample: Any, tol: float, rows: Any) -> tolerances.Check:
-    if sample is None:
-        return tolerances.compare(name, got, want, tol, rows)
-    return tolerances.compare_dropout(name, got, want, sample, tol, rows)
-
-
 def _worse(first: tolerances.Check, second: tolerances.Check) -> tolerances.Check:
     """The check to report of one result of two executions: the worse (failed, else the larger
     error), named for the second execution where only that one failed (the graph races)."""
@@ -170,12 +164,15 @@ def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: 
     bias_grad = "dBias" in build.tensors
     problem = run.reference_problem(bound)
     grads = chunked_reference.backward(problem, grad_out, bias_grad=bias_grad)
-    sample = moments = None
-    if cfg.dropout > 0.0:  # dQ and dV by what every mask gives; dK (and dBias, dSink) against one simulated mask
+    sample = moments = row_terms = None
+    if cfg.dropout > 0.0:  # by what every mask gives: dK, dBias and dSink once the row term O shows is removed
         moments = dict(zip(("dQ", "dV"), chunked_reference.gradient_moments(problem, grad_out, grads,
                                                                             bound.dequantized("o"))))
-        sample = chunked_reference.backward(run.reference_problem(bound, dropout_sample=True), grad_out,
-                                            bias_grad=bias_grad)
+        row_terms = chunked_reference.row_term_moments(problem, grad_out, grads, bound.dequantized("o"))
+        moments.update(dK=row_terms.dk, dBias=row_terms.dbias)
+        if cfg.is_fp8:  # a simulated dropout's gradients size the FP8 gradients' scales (below)
+            sample = chunked_reference.backward(run.reference_problem(bound, dropout_sample=True), grad_out,
+                                                bias_grad=bias_grad)
     if cfg.is_fp8:  # the largest real gradient, with dropout's sample too: its kept values are rescaled
         bound.gradient_amax = {name: max(_largest(getattr(g, field)) for g in (grads, sample) if g is not None)
                                for name, field in (("dQ", "dq"), ("dK", "dk"), ("dV", "dv"))}
@@ -191,28 +188,30 @@ def backward(cfg: AttnConfig, backend: Backend, handle: Any, device: int, seam: 
         tol_qk = tolerances.tolerance(dtype, cfg.head_dim_qk, "gradient")
         tol_v = tolerances.tolerance(dtype, cfg.resolved_head_dim_v, "gradient")
     rows = _rows(grads.rows_ok, cfg.num_heads_q)
-    pick = (lambda name: getattr(sample, name)) if sample is not None else (lambda name: None)
     roundoff = tolerances.roundoff(cfg.qkv_dtype, cfg.resolved_do_dtype, cfg.resolved_dqkv_dtype)
+    shifts = {} if row_terms is None else {"dK": row_terms.dk_shift, "dBias": row_terms.dbias_shift}
 
-    def linear(name: str, want: torch.Tensor, tol: float, units: Any) -> tolerances.Check:
+    def linear(name: str, got: torch.Tensor, want: torch.Tensor, tol: float, units: Any) -> tolerances.Check:
         if moments is None:
-            return tolerances.compare(name, bound.dequantized(name), want, tol, units)
-        return tolerances.compare_under_dropout(name, bound.dequantized(name), want, moments[name], cfg.dropout,
-                                                roundoff, units)
+            return tolerances.compare(name, got, want, tol, units)
+        if shifts.get(name) is not None:  # the row term's change, which the kernel's own O fixes
+            got = got.double() - shifts[name]
+        return tolerances.compare_under_dropout(name, got, want, moments[name], cfg.dropout, roundoff, units)
 
     def checks_of() -> list[tolerances.Check]:
         found = [  # FP8 gradients in real values (divided by their scales); amax_dQ/dK/dV/dP are not compared
-            linear("dQ", grads.dq, tol_qk, rows),
-            _compare("dK", bound.dequantized("dK"), grads.dk, pick("dk"), tol_qk, None),
-            linear("dV", grads.dv, tol_v, None),
+            linear("dQ", bound.dequantized("dQ"), grads.dq, tol_qk, rows),
+            linear("dK", bound.dequantized("dK"), grads.dk, tol_qk, None),
+            linear("dV", bound.dequantized("dV"), grads.dv, tol_v, None),
         ]
         written = bound.tensors
         if "dBias" in outputs and grads.dbias is not None:
             d_bias = written["dBias"][..., :bound.extent.seqlen_q, :bound.extent.seqlen_kv]
-            found.append(_compare("dBias", d_bias, grads.dbias, pick("dbias"), tol_qk, None))
+            found.append(linear("dBias", d_bias, grads.dbias, tol_qk, None))
         if "dSink_token" in outputs and grads.dsink is not None:
-            found.append(_compare("dSink", written["dSink_token"].reshape(-1), grads.dsink, pick("dsink"), tol_qk,
-                                  None))
+            # A function of the row terms only: given the kernel's own O, determined but for roundings.
+            want = grads.dsink if row_terms is None else grads.dsink.double() + row_terms.dsink_shift
+            found.append(tolerances.compare("dSink", written["dSink_token"].reshape(-1), want, tol_qk))
         return found
 
     checks = _twice(checks_of, lambda: run.execute(bound, build, Phase.BACKWARD, handle, seam.after_execute))
