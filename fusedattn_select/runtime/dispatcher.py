@@ -88,6 +88,8 @@ class Dispatcher:
         self.failed_choices: dict[str, str] = {}
         self.timings: OncePerKey[Any] = OncePerKey()
         self.preparer = Preparer("fusedattn-prepare")
+        # The thread that allocates the tensors calls keep (streams.persistent): off any CUDA-graph pool.
+        self.allocator = Preparer("fusedattn-allocate")
         # Plans (plans.py): by (device, plan key) and by (device, problem, backend, phase); their
         # counters; one workspace per (device, stream).
         self.plans: OncePerKey[Any] = OncePerKey()

@@ -36,6 +36,7 @@ from fusedattn_select.runtime.plans import is_capturing
 from fusedattn_select.runtime.problem import config, standard_alibi
 from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.runtime.run_settings import run_settings
+from fusedattn_select.runtime.streams import persistent
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import Selector, default_selector
 
@@ -192,7 +193,8 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if new.fused and opts.bias_grad and not new.backward.has("dBias"):
         new.reason = f"cuDNN's backward graph for bias_shape={new.cfg.bias_shape!r} has no dBias output"
     if new.fused and opts.dropout > 0:
-        new.rng = torch.tensor([int(torch.randint(2 ** 62, (1,))), 0], dtype=torch.int64, device=q.device)
+        seed = int(torch.randint(2 ** 62, (1,)))
+        new.rng = persistent(lambda: torch.tensor([seed, 0], dtype=torch.int64, device=q.device), q.device)
         new.rng_step = math.prod(qb.shape[:3]) * kb.shape[2]
     if new.fused:
         mark_lean(new, qb, kb, vb, inputs)

@@ -35,6 +35,7 @@ from fusedattn_select.dtypes import dropout_headroom
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8_kernels as fp8k
 from fusedattn_select.runtime.dispatcher import dispatcher
+from fusedattn_select.runtime.streams import persistent
 from fusedattn_select.runtime.fp8_kernels import FP8_MAX, MAX_SCALE, STATE, Delayed, dequantize  # noqa: F401
 
 log = logging.getLogger("fusedattn_select")
@@ -166,7 +167,8 @@ class FP8History:
             if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("FP8History: run one call outside CUDA-graph capture first "
                                    "(its buffer must be created and zeroed eagerly)")
-            self._buf = torch.zeros((self.length + 2) * 3 + 1, dtype=torch.float32, device=device)
+            size = (self.length + 2) * 3 + 1
+            self._buf = persistent(lambda: torch.zeros(size, dtype=torch.float32, device=device), device)
         elif self._buf.device != device:
             raise ValueError(f"FP8History: created for {self._buf.device}, used with tensors on {device}: "
                              "use one history per call site")

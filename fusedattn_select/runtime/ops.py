@@ -70,6 +70,12 @@ def _dropout_seed(opts: CallOptions, device: torch.device) -> Optional[torch.Ten
     repeats it): the backward op recomputes the fallback's forward, and must draw the forward's mask."""
     if not (opts.training and opts.dropout > 0):
         return None
+    if device.type == "cuda" and entries.is_capturing():
+        # The seed goes to the device and comes back for the backward's recomputation: no graph holds that.
+        raise ConfigError("dropout", opts.dropout, "a compiled training call with dropout whose problem falls back "
+                          "(cuDNN does not run it) cannot be captured in a CUDA graph (torch.compile's "
+                          "mode='reduce-overhead', torch.cuda.graph): use dropout=0.0 there, or capture without "
+                          "compiling (eager calls run torch's own dropout)")
     seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
     return torch.tensor([seed, 0], dtype=torch.int64, device=device)
 

@@ -28,7 +28,7 @@ from fusedattn_select.probing.cudnn.plan_graphs import (
 from fusedattn_select.runtime import native
 from fusedattn_select.runtime.dispatcher import PLAN_COUNTERS, dispatcher
 from fusedattn_select.runtime.run_settings import run_settings
-from fusedattn_select.runtime.streams import loading_stream
+from fusedattn_select.runtime.streams import loading_stream, persistent
 from fusedattn_select.selection.selector import Selector
 from fusedattn_select.store.protocol import Store
 from fusedattn_select.types import Backend, Fingerprint, Phase, ProbeDepth, Verdict
@@ -318,7 +318,7 @@ def workspace_for(device: torch.device, size: int, stream: int) -> torch.Tensor:
         with dispatcher.workspace_lock:
             buffer = dispatcher.workspaces.get(key)
             if buffer is None or buffer.numel() < size:
-                buffer = torch.empty(size, dtype=torch.uint8, device=device)
+                buffer = persistent(lambda: torch.empty(size, dtype=torch.uint8, device=device), device)
                 dispatcher.workspaces[key] = buffer
     return buffer
 

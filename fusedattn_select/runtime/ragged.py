@@ -14,6 +14,7 @@ import torch
 
 from fusedattn_select.buckets import RAGGED_OFFSET_LIMIT
 from fusedattn_select.runtime.plans import Plan
+from fusedattn_select.runtime.streams import persistent
 
 # Graph tensors on the query axis; every other ragged tensor is on the key/value axis.
 _QUERY_AXIS = frozenset({"q", "o", "dO", "dQ"})
@@ -115,7 +116,7 @@ def _upload(new: dict[tuple, list[int]], device: torch.device) -> dict[tuple, to
         flat.extend([0] * (-len(flat) % 4))
     # From pageable memory without waiting: CUDA stages the host values before the call returns and
     # does not wait for queued work, where a blocking copy waits for the whole queue (docs/shape-buckets.md).
-    whole = torch.frombuffer(flat, dtype=torch.int32).to(device, non_blocking=True)
+    whole = persistent(lambda: torch.frombuffer(flat, dtype=torch.int32).to(device, non_blocking=True), device)
     return {key: whole.as_strided((count, 1, 1, 1), (1, 1, 1, 1), start) for key, start, count in spans}
 
 

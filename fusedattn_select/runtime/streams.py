@@ -1,22 +1,35 @@
-"""A private stream for loading serialized cuDNN plans.
+"""Streams, threads and CUDA graphs: what the runtime's own CUDA work does so that the caller's graphs
+(`torch.cuda.graph`, torch.compile's cudagraph trees) neither break nor capture it.
 
-cudnn-frontend's deserialize() ends with a warm-up that captures one run of the plan into a CUDA
-graph. On a handle pointed at the legacy default stream it captures on a new blocking stream, and
-while a blocking stream captures, every launch on the legacy default stream from any other thread
-fails (cudaErrorStreamCaptureImplicit) and ruins the capture: a plan loaded off the caller's path
-would crash the caller's next kernel. Loading under `loading_stream` points the handle at a stream
-of this thread's own, non-blocking (torch's pool streams are), so the capture stays on it and the
-rest of the process never waits on it.
+- A private stream for loading serialized cuDNN plans. cudnn-frontend's deserialize() ends with a
+  warm-up that captures one run of the plan into a CUDA graph. On a handle pointed at the legacy
+  default stream it captures on a new blocking stream, and while a blocking stream captures, every
+  launch on the legacy default stream from any other thread fails (cudaErrorStreamCaptureImplicit)
+  and ruins the capture: a plan loaded off the caller's path would crash the caller's next kernel.
+  Loading under `loading_stream` points the handle at a stream of this thread's own, non-blocking
+  (torch's pool streams are), so the capture stays on it and the rest of the process never waits on it.
+- Our threads ignore other threads' captures (`ignore_other_threads_captures`). A capture in CUDA's
+  default *global* mode forbids every thread in that mode the calls that are unsafe during a capture
+  (cudaMalloc among them), fails them and invalidates the capture: a plan loaded off the caller's path
+  while the caller captured made both fail. In thread-local mode our threads' calls are allowed and
+  leave the caller's capture alone (cudnn-frontend itself switches to relaxed mode for such calls).
+- Tensors kept across calls are allocated off the caller's thread (`persistent`). torch.compile's
+  cudagraph trees route every allocation of the thread that records or warms a graph into the graph's
+  private pool, and refuse a pool left holding a tensor that is not one of the graph's outputs; a
+  workspace or a dropout state made there would be both.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 
 import torch
 
 from fusedattn_select.runtime.dispatcher import dispatcher
+
+log = logging.getLogger("fusedattn_select")
 
 
 def _private(index: int) -> torch.cuda.Stream:
@@ -38,3 +51,37 @@ def loading_stream(index: int) -> Iterator[None]:
         return
     with torch.cuda.stream(_private(index)):
         yield
+
+
+def ignore_other_threads_captures() -> None:
+    """Set this thread's CUDA stream-capture mode to thread-local (once per thread; for the runtime's own
+    threads, never the caller's). Without cuda-python or a CUDA driver nothing changes (logged at debug)."""
+    if getattr(dispatcher.per_thread, "capture_mode", False):
+        return
+    try:
+        from fusedattn_select.probing.cudnn.cudnn_device import import_driver
+
+        driver = import_driver()
+        driver.cuInit(0)  # (a thread may get here before anything initialised CUDA in the process)
+        err, _ = driver.cuThreadExchangeStreamCaptureMode(
+            driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        if int(err) != 0:
+            raise RuntimeError(f"cuThreadExchangeStreamCaptureMode returned {err}")
+    except Exception as err:  # noqa: BLE001 - the thread works as before, only a concurrent capture can trip it
+        log.debug("fusedattn_select: this thread's CUDA capture mode stays global (%s: %s)", type(err).__name__, err)
+    dispatcher.per_thread.capture_mode = True
+
+
+def persistent(make: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
+    """`make()` (a tensor on `device` that calls keep) allocated on the runtime's allocating thread, on this
+    thread's current stream of `device`: never in a CUDA-graph pool this thread allocates into."""
+    if device.type != "cuda":
+        return make()
+    stream = torch.cuda.current_stream(device)
+
+    def allocate() -> torch.Tensor:
+        ignore_other_threads_captures()
+        with torch.cuda.stream(stream):
+            return make()
+
+    return dispatcher.allocator.submit(allocate).result()

@@ -30,6 +30,7 @@ from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, to
 from fusedattn_select.runtime.tensor_layouts import bhsd
 from fusedattn_select.runtime.options import NO_INPUTS, CallOptions, OptionalInputs
 from fusedattn_select.runtime.run_settings import run_settings
+from fusedattn_select.runtime.streams import ignore_other_threads_captures
 from fusedattn_select.selection import runners
 from fusedattn_select.selection import selector as selection
 
@@ -423,6 +424,7 @@ def start_early() -> Future | None:
 
     def make() -> None:
         # The lock inside default_selector() lets one first call that needs it wait for this one.
+        ignore_other_threads_captures()
         try:
             with torch.cuda.device(device):
                 selector = selection.default_selector()
@@ -450,6 +452,7 @@ def prepare(signature: tuple) -> Entry:
     """The decided entry of `signature`: from the store (and its stored runner choice), else after the
     worker process selected and built everything into it; built here when there is no worker."""
     device = signature[1]
+    ignore_other_threads_captures()  # (the preparer's thread: plan loads while the caller captures)
     # A selector made here probes the signature's device (this thread's current one is device 0).
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         return _prepare(signature)

@@ -32,7 +32,8 @@ MAX_KERNEL_CACHES_PER_THREAD = 64
 
 
 # ----- cuda-python -------------------------------------------------------------------------------
-def _import_driver() -> Any:
+def import_driver() -> Any:
+    """cuda-python's CUDA driver module (PlatformError naming the install when it is missing)."""
     try:
         from cuda.bindings import driver  # cuda-python >= 12.6 / cuda-bindings
 
@@ -99,7 +100,7 @@ def cuda_driver() -> _Driver:
     """cuda-python's driver API, initialised once (PlatformError when unusable)."""
     with _devices.lock:
         if _devices.driver is None:
-            driver = _Driver(_import_driver())
+            driver = _Driver(import_driver())
             try:
                 driver.call("cuInit", 0)
                 count = int(driver.call("cuDeviceGetCount"))
