@@ -56,6 +56,10 @@ class Preparer:
                 self._thread.start()
         return future
 
+    def runs_here(self) -> bool:
+        """Whether the calling thread is this Preparer's (a job that submits and waits here would wait for ever)."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
     def _loop(self) -> None:
         while True:
             job, future = self._jobs.get()

@@ -75,7 +75,7 @@ def ignore_other_threads_captures() -> None:
 def persistent(make: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
     """`make()` (a tensor on `device` that calls keep) allocated on the runtime's allocating thread, on this
     thread's current stream of `device`: never in a CUDA-graph pool this thread allocates into."""
-    if device.type != "cuda":
+    if device.type != "cuda" or dispatcher.allocator.runs_here():
         return make()
     stream = torch.cuda.current_stream(device)
 
