@@ -179,14 +179,10 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if not _select(new, selector, dense=not fits):
             refused = fp8_training.forward_only(new, selector, q.dtype, not fits, BACKEND_RUNNERS)
             if not refused:
-                return new
+                return _off_gpu(new, q.device)
         new.reason = fp8_training.route_backward(new, selector, q.dtype)
-        if new.reason:
-            return new
-        if not q.is_cuda:
-            new.reason = (f"{new.selection.backend.value} was selected ({new.selection.engine}) but the tensors "
-                          f"are on {q.device}")
-            return new
+        if new.reason or not q.is_cuda:
+            return _off_gpu(new, q.device)
         _build_plans(new, selector, q.device)
         if refused and new.fused:
             fp8_training.tell_forward_only(new, refused)
@@ -375,6 +371,16 @@ def _bucketed(new: Entry, selector: Selector, shape: Shape, device: torch.device
     trial.class_calls_before = dispatcher.class_calls[trial.shape_class]
     vars(new).update(vars(trial))
     return True
+
+
+def _off_gpu(new: Entry, device: torch.device) -> Entry:
+    """`new`; for tensors not on a GPU, its reason leads with their device (no fused kernel runs them, whatever
+    select() answered, and "no data" is not why it falls back), then states select()'s answer."""
+    if device.type == "cuda":
+        return new
+    answer = new.reason or f"{new.selection.backend.value} ({new.selection.engine})"
+    new.reason = f"the tensors are on {device}, where no fused kernel runs; select() answers: {answer}"
+    return new
 
 
 def _select(new: Entry, selector: Selector, dense: bool = False) -> bool:
