@@ -15,6 +15,7 @@ from fusedattn_select.store.store_settings import (
     cache_switched_off,
     default_cache_dir,
     directory_problem,
+    max_bytes_from_env,
 )
 
 log = logging.getLogger("fusedattn_select")
@@ -43,7 +44,10 @@ def open_default_store(max_bytes: int | None = None, *, read_only: bool = False)
     command that only looks gets: it creates, writes and moves nothing, and is memory (degraded)
     exactly when a writing process would get memory.
     """
-    switch = cache_switched_off()
+    # A command that only looks (info) reports an invalid setting in its own output: a warning would say it twice.
+    switch = cache_switched_off(quiet=read_only)
+    if read_only and max_bytes is None:
+        max_bytes = max_bytes_from_env(quiet=True)
     if switch:
         log.info("fusedattn_select: %s=%s: decisions are kept in memory only", CACHE_SWITCH_ENV, switch)
         return MemoryStore(max_bytes, switched_off=f"{CACHE_SWITCH_ENV}={switch}")

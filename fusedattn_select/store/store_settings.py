@@ -77,15 +77,15 @@ class _InvalidValuesWarned:
 _warned = _InvalidValuesWarned()
 
 
-def cache_switched_off() -> str:
+def cache_switched_off(quiet: bool = False) -> str:
     """The value of $FUSEDATTN_SELECT_CACHE when it turns persistence off, else "".
 
     A value it does not take means on, with one warning per value per process (commands refuse
-    it instead: check_cache_switch).
+    it instead: check_cache_switch); `quiet` (a command that only looks and reports it): no warning.
     """
     switch = os.environ.get(CACHE_SWITCH_ENV, "").strip().lower()
     problem = cache_switch_problem()
-    if problem and _warned.first(CACHE_SWITCH_ENV, switch):
+    if problem and not quiet and _warned.first(CACHE_SWITCH_ENV, switch):
         log.warning("fusedattn_select: %s; using the persistent cache", problem)
     return switch if switch in CACHE_OFF_VALUES else ""
 
@@ -152,16 +152,16 @@ def _refused_by_file_system(directory: Path) -> str:
     return ""
 
 
-def max_bytes_from_env() -> int:
+def max_bytes_from_env(quiet: bool = False) -> int:
     """$FUSEDATTN_SELECT_CACHE_MAX_BYTES (bytes; K, M, G, T suffixes are powers of 1024).
 
     A value it does not take means the default, with one warning per value per process (commands
-    refuse it instead: fusedattn_select.settings.check_all)."""
+    refuse it instead: fusedattn_select.settings.check_all); `quiet`: no warning (as cache_switched_off)."""
     try:
         return int(settings.value(MAX_BYTES_ENV))
     except ConfigError as err:
         text = os.environ.get(MAX_BYTES_ENV, "")
-        if _warned.first(MAX_BYTES_ENV, text):
+        if not quiet and _warned.first(MAX_BYTES_ENV, text):
             log.warning("fusedattn_select: %s; using %d MiB", err, DEFAULT_MAX_BYTES // 1024**2)
         return DEFAULT_MAX_BYTES
 
