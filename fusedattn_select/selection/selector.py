@@ -17,7 +17,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.probing import choose_engine
-from fusedattn_select.probing.choice import snapshot_files
+from fusedattn_select.probing.choice import SNAPSHOTS_ALLOWED, TARGETS, snapshot_files, target_name
 from fusedattn_select.planning.bucket_index import BucketIndex
 from fusedattn_select.planning.planner import Planner
 from fusedattn_select.probing.engine_protocol import ProbeEngine
@@ -417,16 +417,26 @@ def default_selector() -> Selector:
         return _default
 
 
+_TARGET_CHOICE = "target=" + " or ".join(repr(name) for name in TARGETS)
+USE_SNAPSHOTS_ALLOWED = f"must be a snapshot file's path (str or Path) or a list of them; or None with {_TARGET_CHOICE}"
+
+
 def use_snapshots(snapshots: str | Path | Iterable[str | Path] | None = None, *,
                   target: str | None = None) -> Selector:
     """Answer select()/get_backend() in this process from snapshot files (one path or several,
     recorded on one device) or from the snapshots bundled for `target` ("h100", "h200").
 
+    `snapshots` None (or no files) means none: `target` is then required, and with files it must be None.
     Returns the new process-wide selector. Decisions attention() already made are kept.
     """
-    paths = snapshot_files(snapshots)
-    if not paths and not target:
-        raise ConfigError("snapshots", snapshots, "give snapshot files, or target='h100' or 'h200'")
+    try:
+        paths = snapshot_files(snapshots)
+    except ConfigError as err:  # choose_engine takes None alone (the default engine); here None needs a target
+        raise ConfigError(err.field, err.value, err.allowed.replace(SNAPSHOTS_ALLOWED, USE_SNAPSHOTS_ALLOWED)) from None
+    if target is not None:
+        target_name(target)  # an empty target names no snapshots: refused, not read as "no target"
+    elif not paths:
+        raise ConfigError("snapshots", snapshots, f"give snapshot files, or {_TARGET_CHOICE}")
     selector = selector_for(paths, target)
     set_default_selector(selector)
     return selector
