@@ -21,8 +21,9 @@ Use::
   mask, does what attn_implementation="sdpa" does.
 
 What falls back to the dense "sdpa" mask and torch SDPA, logged once with the reason: packed
-sequences, chunked attention, image-token overlays, holes in the 2D mask, a 2D mask under
-torch.compile, a mask the model made or changed.
+sequences, chunked attention over a chunk of keys or more (below that it is plain causal),
+image-token overlays, holes in the 2D mask, a 2D mask under torch.compile, a mask the model made or
+changed.
 
 `report()` / `format_report()` (report.py) and `configs_from_hf()` / `layer_problems()`
 (problems.py) read a model config with one JSON reader (model_reading.py) that needs neither torch

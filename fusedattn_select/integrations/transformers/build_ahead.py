@@ -19,8 +19,8 @@ tensors (layout bhsd), a causal prefill ("causal"), a decode step over a Dynamic
 takes it), the scale transformers' attention modules compute (head_dim ** -0.5 where the config
 names none). Inference builds forward plans; `training=True` builds forward and backward plans of
 the prefill ladder (no decode steps). Layers this integration does not run on cuDNN (soft-capping,
-chunked attention) and calls with no bucket form are left out, counted and named in the log line
-that says how many buckets were queued.
+chunked attention at lengths of a chunk or more) and calls with no bucket form are left out,
+counted and named in the log line that says how many buckets were queued.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from fusedattn_select import dtypes
 from fusedattn_select.buckets import MIN_SEQLEN, bucket_batch, bucket_form, bucket_seqlen, heads_as_batch, powers_of_two
 from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.integrations.transformers.config_json import config_data
+from fusedattn_select.integrations.transformers.config_json import config_data, source_name
 from fusedattn_select.integrations.transformers.masks import cudnn_window
 from fusedattn_select.integrations.transformers.model_reading import read_model
 from fusedattn_select.integrations.transformers.problems import model_problems
@@ -75,7 +75,7 @@ def model_plan(source: Any, *, max_batch: int = 1, max_length: int | None = None
                dtype: Any = None) -> tuple[list[AttnConfig], str]:
     """(model_calls' configs, what was left out and why: "" when nothing was)."""
     check_arguments(max_batch, max_length, training)
-    reading = read_model(config_data(source))
+    reading = read_model(config_data(source), source_name(source))
     found: list[tuple[tuple[int, int, int], AttnConfig]] = []
     left_out: dict[str, str] = {}
     # Each stack up to its own length (Whisper's decoder takes 448 tokens, its encoder 1500).

@@ -47,11 +47,13 @@ def _follows(rule: str, value: Any) -> bool:
 class Fields:
     """The keys of one config dict (the top level, or a nested `text_config` / `vision_config`),
     read by name with a rule; a value that breaks its rule is a ConfigError naming its JSON path
-    (`hf_config.text_config.num_attention_heads`). None and absent both read as "not given"."""
+    (`hf_config.text_config.num_attention_heads`). None and absent both read as "not given". `source` names
+    the whole config for errors about what it lacks (see `source_name`)."""
 
-    def __init__(self, data: Mapping[str, Any], where: str = "hf_config") -> None:
+    def __init__(self, data: Mapping[str, Any], where: str = "hf_config", source: str = "the config given") -> None:
         self.data = data
         self.where = where
+        self.source = source
 
     def path(self, key: str) -> str:
         """The JSON path of `key`, as errors name it."""
@@ -79,7 +81,7 @@ class Fields:
             return None
         if not isinstance(value, Mapping):
             raise ConfigError(self.path(key), value, "must be a JSON object (a nested model config)")
-        return Fields(value, self.path(key))
+        return Fields(value, self.path(key), self.source)
 
 
 def _json_source(text: str, shown: str | None = None) -> dict:
@@ -145,9 +147,24 @@ def _json_text(source: str) -> bool:
     return start == "{"
 
 
+def _is_path(source: Any) -> bool:
+    return isinstance(source, Path) or (isinstance(source, str) and not _json_text(source))
+
+
+def source_name(source: Any) -> str:
+    """How errors name a config as a whole: the file as given, or the kind of value given."""
+    if _is_path(source):
+        return f"config file {short_text(str(source))!r}"
+    if isinstance(source, str):
+        return "the JSON given"
+    if isinstance(source, Mapping):
+        return "the dict given"
+    return f"the {type(source).__name__} given"
+
+
 def config_data(source: Any) -> dict:
     """The config.json dict of any accepted source (see the module docstring)."""
-    if isinstance(source, Path) or (isinstance(source, str) and not _json_text(source)):
+    if _is_path(source):
         return _file_source(source)
     if isinstance(source, str):
         return _json_source(source)

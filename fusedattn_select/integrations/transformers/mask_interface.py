@@ -238,13 +238,17 @@ def fusedattn_mask(
         )
         return tag(_sdpa_mask(masking_utils, received), description) if wants_tensor else description
     except MaskNotExpressible as why:
+        dense = _sdpa_mask(masking_utils, received)
+        if dense is None:
+            # "sdpa" skips this mask as plain causal (or none): e.g. Llama 4's chunked mask while every key is
+            # in one chunk. The attention function runs such a layer fused, so no fallback is logged.
+            return None
         log_once(
             ("mask", str(why)),
             "fusedattn: %s; this mask is materialised densely and its layers run on torch SDPA (a decode "
             "step's single query row runs fused, its mask row as a bias)", why,
         )
-        dense = _sdpa_mask(masking_utils, received)
-        return dense if dense is None or tracing else tag(dense, None)
+        return dense if tracing else tag(dense, None)
 
 
 def _sdpa_mask(masking_utils: Any, received: dict[str, Any]) -> "Tensor | None":

@@ -182,7 +182,12 @@ ENCODER_DECODER_TYPES = tuple(name for name, family in FAMILIES.items() if famil
 # The model_type of a nested config that names none, by the model_type around it.
 _INNER_TYPES = {("clip", "text"): "clip_text_model", ("clip", "vision"): "clip_vision_model",
                 ("gemma3", "text"): "gemma3_text", ("llama4", "text"): "llama4_text",
-                ("qwen3_5", "text"): "qwen3_5_text", ("qwen3_5_moe", "text"): "qwen3_5_moe_text"}
+                ("qwen3_5", "text"): "qwen3_5_text", ("qwen3_5_moe", "text"): "qwen3_5_moe_text",
+                ("kimi_k25", "text"): "deepseek_v3"}
+# model_types read as another's family: a Gemma 3 text config read directly; Kimi-K2 ships DeepSeek-V3's
+# architecture (DeepseekV3ForCausalLM) under its own model_type, which transformers' Kimi-K2.5 config reads as
+# deepseek_v3 (Kimi_K25Config.__post_init__), as Moonshot's deploy guide says to do for other frameworks.
+_SAME_AS = {"gemma3": "gemma3_text", "kimi_k2": "deepseek_v3"}
 
 
 def resolved_type(model_type: str, inside: str = "", vision: bool = False) -> str:
@@ -190,7 +195,7 @@ def resolved_type(model_type: str, inside: str = "", vision: bool = False) -> st
     the one its outer model_type implies."""
     if not model_type and inside:
         model_type = _INNER_TYPES.get((inside, "vision" if vision else "text"), "")
-    return "gemma3_text" if model_type == "gemma3" else model_type  # (a Gemma 3 text config read directly)
+    return _SAME_AS.get(model_type, model_type)
 
 
 def family(model_type: str, inside: str = "", vision: bool = False) -> Family:

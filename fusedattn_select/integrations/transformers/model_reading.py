@@ -80,8 +80,13 @@ class ModelReading:
 def _count(fields: Fields, keys: tuple[str, ...], what: str) -> tuple[str, int]:
     found = fields.first(keys, POSITIVE_INTEGER)
     if found is None:
-        raise ConfigError(fields.where, fields.data.get("model_type"),
-                          f"has no {what} ({' / '.join(keys)}): not a transformer model config this reader knows")
+        model_type = fields.data.get("model_type")
+        typed = f"model_type {model_type!r}" if isinstance(model_type, str) and model_type else "no model_type"
+        detail = typed if fields.where == "hf_config" else f"{fields.where}, {typed}"
+        others = f", nor {' / '.join(keys[1:])}" if len(keys) > 1 else ""
+        raise ConfigError(fields.path(keys[0]), None,
+                          f"is not given{others}: {fields.source} ({detail}) has no {what}; "
+                          "not a transformer model config this reader knows")
     return found
 
 
@@ -394,6 +399,21 @@ def _not_attention(stacks: tuple[AttentionStack, ...]) -> list[str]:
     return notes
 
 
+def _chunked(stacks: tuple[AttentionStack, ...]) -> list[str]:
+    """The note for chunked-attention layers (Llama 4): at which lengths the integration runs them fused."""
+    notes = []
+    for stack in stacks:
+        count = stack.layer_types.count("chunked_attention")
+        if count and stack.chunk_size is not None:
+            size, where = stack.chunk_size, stack.prefix or "the model's layers"
+            notes.append(f"{where}: {count} of {len(stack.layer_types)} "
+                         f"layers are chunked attention (attention_chunk_size={size}): with fewer than {size} keys "
+                         "every key is in its query's chunk, so they are causal attention and the integration runs "
+                         f"them through attention() (a batch with padding: on torch SDPA); from {size} keys on they "
+                         "run on torch SDPA with a dense mask")
+    return notes
+
+
 def _unknown_type(model_type: str, path: str) -> list[str]:
     """The note for a model_type no family names (read as a causal decoder with the common keys)."""
     if model_type in families.FAMILIES:
@@ -404,9 +424,9 @@ def _unknown_type(model_type: str, path: str) -> list[str]:
             "the model's code"]
 
 
-def read_model(data: dict[str, Any]) -> ModelReading:
-    """The attention stacks of a config.json dict (see the module docstring)."""
-    top = Fields(data)
+def read_model(data: dict[str, Any], source: str = "the config given") -> ModelReading:
+    """The attention stacks of a config.json dict (see the module docstring); `source` names it in errors."""
+    top = Fields(data, source=source)
     model_type = top.get("model_type", TEXT, "")
     text = top.nested("text_config")
     vision = top.nested("vision_config")
@@ -437,6 +457,6 @@ def read_model(data: dict[str, Any]) -> ModelReading:
             stacks += (read_stack(vision, vision_family, "vision"),)
         else:
             notes.append(f"vision_config (model_type {vision_type!r}) is not described: only the text model is read")
-    notes += _not_attention(stacks)
+    notes += _not_attention(stacks) + _chunked(stacks)
     dtype, dtype_notes = _dtype(text if text is not None else top, top if text is not None else None)
     return ModelReading(model_type, stacks, dtype, tuple(notes) + dtype_notes)

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from fusedattn_select import dtypes
 from fusedattn_select.config import INT32_MAX, AttnConfig, is_size
 from fusedattn_select.errors import ConfigError
-from fusedattn_select.integrations.transformers.config_json import config_data
+from fusedattn_select.integrations.transformers.config_json import config_data, source_name
 from fusedattn_select.integrations.transformers.masks import cudnn_window
 from fusedattn_select.integrations.transformers.model_families import FAMILIES
 from fusedattn_select.integrations.transformers.model_reading import (
@@ -48,11 +48,11 @@ class LayerProblem(NamedTuple):
 def hf_config(source: Any) -> ModelReading:
     """The attention stacks of a model config from any accepted source; ConfigError naming the
     JSON key of a field that cannot be read right."""
-    return read_model(config_data(source))
+    return read_model(config_data(source), source_name(source))
 
 
-def _integration_reasons(stack: AttentionStack, layer_type: str) -> tuple[str, ...]:
-    """Why this integration runs a layer outside cuDNN whatever cuDNN answers for its problem."""
+def _integration_reasons(stack: AttentionStack, layer_type: str, seqlen_kv: int) -> tuple[str, ...]:
+    """Why this integration runs a layer outside cuDNN whatever cuDNN answers for its problem at `seqlen_kv` keys."""
     reasons: list[str] = []
     if stack.own_attention:
         reasons.append("transformers runs this model's attention in the model's own code, not through its attention "
@@ -61,9 +61,11 @@ def _integration_reasons(stack: AttentionStack, layer_type: str) -> tuple[str, .
         reasons.append(
             f"attn_logit_softcapping={stack.softcap:g}: cuDNN has no logit soft-capping; runs on the float32 reference"
         )
-    if layer_type == "chunked_attention":
+    if layer_type == "chunked_attention" and stack.chunk_size is not None and seqlen_kv >= stack.chunk_size:
+        # Below one chunk of keys transformers' "sdpa" mask function skips the chunked mask (plain causal:
+        # masking_utils._ignore_causal_mask_sdpa), and the attention function runs the layer through attention().
         reasons.append(
-            f"chunked attention (attention_chunk_size={stack.chunk_size}) has no cuDNN "
+            f"chunked attention (attention_chunk_size={stack.chunk_size}) at {seqlen_kv} keys has no cuDNN "
             "mask; runs on torch SDPA with a dense mask"
         )
     return tuple(reasons)
@@ -114,7 +116,7 @@ def model_problems(reading: ModelReading, batch_size: int, seqlen: int | None, i
             key = (name, config, window)
             if key not in groups:
                 groups[key] = LayerProblem(name, layer_type, config, [], window, stack.softcap, stack.sinks,
-                                           _integration_reasons(stack, layer_type))
+                                           _integration_reasons(stack, layer_type, config.seqlen_kv))
             groups[key].layers.append(index)
     return list(groups.values())
 

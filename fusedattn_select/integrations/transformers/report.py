@@ -49,15 +49,26 @@ class LayerReport:
         }
 
 
+class ModelReport(list):
+    """report()'s answer: a list of LayerReport rows, and `notes`, what the config reader says about the
+    model (layers that are no softmax attention, a length assumed, a model_type read as another), the
+    lines `why --hf-config` prints as "note:"."""
+
+    def __init__(self, rows: Sequence[LayerReport] = (), notes: Sequence[str] = ()) -> None:
+        super().__init__(rows)
+        self.notes: tuple[str, ...] = tuple(notes)
+
+
 def report(
     model_or_config: Any, batch_size: int = 1, seqlen: int | None = None, is_training: bool = True,
     dtype: Any = None, *, selector: "Selector | None" = None,
-) -> list[LayerReport]:
+) -> ModelReport:
     """Which backend runs each distinct attention layer of a model, and why, before running it.
 
     Accepts what `configs_from_hf` accepts, with the same defaults. `selector` defaults to the process-wide one
     (`fusedattn_select.select`); pass another to answer from a snapshot. Each row's `runner` says
-    whether torch SDPA or cuDNN was measured faster for that layer's graphs on this device.
+    whether torch SDPA or cuDNN was measured faster for that layer's graphs on this device. The
+    returned list's `notes` are the config reader's (see ModelReport); `format_report` prints them.
     """
     reading = hf_config(model_or_config)
     selector = selector if selector is not None else default_selector()
@@ -76,7 +87,7 @@ def report(
             config=problem.config, backend=backend, reason="; ".join(reasons), reasons=reasons,
             sliding_window=problem.sliding_window, softcap=problem.softcap, sinks=problem.sinks, runner=runner,
         ))
-    return rows
+    return ModelReport(rows, reading.notes)
 
 
 def layer_ranges(layers: Sequence[int]) -> str:
@@ -91,7 +102,8 @@ def layer_ranges(layers: Sequence[int]) -> str:
 
 
 def format_report(rows: Sequence[LayerReport]) -> str:
-    """A table: one line per distinct layer problem, then its reason when no backend runs it."""
+    """The reader's notes (a ModelReport's, one "note:" line each), then a table: one line per distinct
+    layer problem, then its reason when no backend runs it."""
     header = ["layers", "type", "heads q/kv", "head dim", "window", "seqlen", "backend"]
     table = [header]
     for row in rows:
@@ -105,7 +117,7 @@ def format_report(rows: Sequence[LayerReport]) -> str:
             f"{cfg.seqlen_q}", row.backend.value,
         ])
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    lines = []
+    lines = [f"note: {note}" for note in getattr(rows, "notes", ())]
     for position, line in enumerate(table):
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
         if position:
