@@ -7,7 +7,9 @@ returns garbage beside the error.
 
 from __future__ import annotations
 
+import ast
 import logging
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -137,6 +139,20 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+# A bytes repr inside a message: hip-python builds its dlopen error with str() of bytes.
+_BYTES_REPR = re.compile(r"""(?<!\w)b('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
+
+
+def plain_hip_message(text: str) -> str:
+    """`text` with each bytes repr in it (b'libamdhip64.so') replaced by the text it holds."""
+    def plain(match: re.Match) -> str:
+        try:
+            return ast.literal_eval("b" + match.group(1)).decode(errors="replace")
+        except (ValueError, SyntaxError):
+            return match.group(0)
+    return _BYTES_REPR.sub(plain, text)
+
+
 def _checked(hip: Any, call: str, result: Any) -> tuple[Any, ...]:
     """The values a HIP call returned beside its error code; raises HipCallError on an error."""
     values = result if isinstance(result, tuple) else (result,)
@@ -197,7 +213,7 @@ def _read_with_hip_python() -> dict[str, Any]:
     except RuntimeError as err:
         # hip-python loads libamdhip64.so on the first call and raises
         # RuntimeError("failed to dlopen 'b'libamdhip64.so'': ...") where there is none.
-        return {"reason": NO_HIP_RUNTIME, "detail": str(err), "versions": versions}
+        return {"reason": NO_HIP_RUNTIME, "detail": plain_hip_message(str(err)), "versions": versions}
     if not gpus:
         return {"reason": NO_AMD_GPU, "detail": "hipGetDeviceCount returned 0", "versions": versions}
     versions = replace(versions, hip_runtime=int(runtime), hip_driver=int(driver))
