@@ -136,16 +136,6 @@ def test_compare_scales_by_the_reference_and_fails_non_finite():
     assert tolerances.compare("O", torch.tensor([[1.0, -2.0], [9.0, 9.0]]), want, 0.01, rows).passed
 
 
-def test_dropout_compare_wants_noise_like_a_simulated_dropout():
-    torch = pytest.importorskip("torch")
-    generator = torch.Generator().manual_seed(0)
-    want = torch.randn(4096, generator=generator)
-    noisy = [want + 0.3 * torch.randn(4096, generator=generator) for _ in range(2)]
-    assert tolerances.compare_dropout("O", noisy[0], want, noisy[1], 0.03).passed
-    assert not tolerances.compare_dropout("O", want, want, noisy[1], 0.03).passed  # nothing dropped
-    assert not tolerances.compare_dropout("O", 3 * noisy[0], want, noisy[1], 0.03).passed
-
-
 def test_extent_leaves_a_bucket_slot_unused_and_seeds_lengths():
     pytest.importorskip("torch")
     from fusedattn_select.probing.cudnn import verify_run

@@ -31,9 +31,6 @@ UNIT_ROUNDOFF_FP8 = {"fp8_e4m3": 2.0 ** -4, "fp8_e5m2": 2.0 ** -3}
 FP8_FACTOR = 3.0
 # The softmax stats are float32 sums of exact 16-bit products: an absolute bound on log-sum-exp values.
 STATS_TOLERANCE = 2e-3
-# compare_dropout (verify no longer uses it: it passes a kernel at another probability): the error against the
-# dropout-free reference must be this close to the error of a simulated dropout of the same probability.
-DROPOUT_BAND = (0.5, 2.0)
 # Dropout, O, dQ, dV, dK and dBias (compare_under_dropout): how many standard deviations of dropout's own spread a
 # result may stray from what every correct mask gives (Chebyshev: a right kernel strays that far with
 # probability under 1/64 whatever the distribution, and far less for sums of many decisions), and the
@@ -90,9 +87,7 @@ def coarsest(*names: str) -> str:
 class Check:
     """One result compared with the reference: its error, the bound, and whether it passed.
 
-    compare_dropout: `error` and `noise` are relative Frobenius errors against the dropout-free reference,
-    of the device's result and of a simulated dropout; `bounds` are the allowed range. O, dQ, dV, dK and dBias
-    under dropout (compare_under_dropout): `error` is the units' squared distance over dropout's expected one,
+    O, dQ, dV, dK and dBias under dropout (compare_under_dropout): `error` is the units' squared distance over dropout's expected one,
     averaged (1 for a correct kernel), `bounds` its range, `scale` the result's excess along the reference and
     its bound.
     """
@@ -101,7 +96,6 @@ class Check:
     error: float
     tolerance: float
     passed: bool
-    noise: float = -1.0
     bounds: tuple[float, float] = (0.0, 0.0)
     scale: tuple[float, float] | None = None  # under dropout: the excess along the reference, and its bound
 
@@ -110,9 +104,6 @@ class Check:
             return (f"{self.name} distance over dropout's expected {self.error:.3g} (allowed "
                     f"{max(self.bounds[0], 0.0):.3g}..{self.bounds[1]:.3g}), scale {1.0 + self.scale[0]:.4g} "
                     f"(allowed 1 +- {self.scale[1]:.3g})")
-        if self.noise >= 0.0:
-            return (f"{self.name} error {self.error:.3g} (simulated dropout {self.noise:.3g}; "
-                    f"allowed {self.bounds[0]:.3g}..{self.bounds[1]:.3g})")
         return f"{self.name} max error {self.error:.3g} (tolerance {self.tolerance:.3g})"
 
 
@@ -129,20 +120,6 @@ def compare(name: str, got: Any, want: Any, tol: float, rows: Any = None, *, abs
     scale = max(float(want.abs().max()), absolute_floor, 1e-6)
     error = float((got - want).abs().max()) / scale
     return Check(name, error, tol, error <= tol)
-
-
-def compare_dropout(name: str, got: Any, want: Any, sample: Any, tol: float, rows: Any = None) -> Check:
-    """A result under dropout: its distance from the dropout-free reference must be within
-    DROPOUT_BAND of a simulated dropout's (plus `tol` for rounding)."""
-    if rows is not None:
-        got, want, sample = got[rows], want[rows], sample[rows]
-    got, want, sample = got.float(), want.float(), sample.float()
-    if not bool(got.isfinite().all()):
-        return Check(name, math.inf, tol, False, 0.0)
-    norm = max(float(want.norm()), 1e-6)
-    error, noise = float((got - want).norm()) / norm, float((sample - want).norm()) / norm
-    low, high = DROPOUT_BAND[0] * noise, DROPOUT_BAND[1] * noise + tol
-    return Check(name, error, tol, low <= error <= high, noise, (low, high))
 
 
 def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout: float, roundoff: float,
@@ -162,10 +139,10 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
         got, want, parts = got[rows], want[rows], tuple(part[rows] for part in parts)
     got, want = got.double(), want.double()
     if not bool(got.isfinite().all()):
-        return Check(name, math.inf, 0.0, False, 0.0)
+        return Check(name, math.inf, 0.0, False)
     spread, weights, reach, slope_spread, slope_reach, rounded = (part.double() for part in parts)
     if got.numel() == 0:
-        return Check(name, 1.0, 0.0, True, 1.0, (0.0, math.inf), (0.0, math.inf))
+        return Check(name, 1.0, 0.0, True, (0.0, math.inf), (0.0, math.inf))
     odds = dropout / (1.0 - dropout)
     worst = max(1.0, odds)  # the largest |m / (1 - p) - 1| of a kept (m = 1) or dropped (m = 0) value
     fourth = dropout ** 4 / (1.0 - dropout) ** 3 + dropout  # E[(m / (1 - p) - 1)^4]
@@ -193,7 +170,7 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
     slope_spread, slope_reach, rounding, expected, squared = (slope_spread[keep], slope_reach[keep], rounding[keep],
                                                               expected[keep], squared[keep])
     if expected.numel() == 0:
-        return Check(name, 1.0, 0.0, True, 1.0, (0.0, math.inf), (0.0, math.inf))
+        return Check(name, 1.0, 0.0, True, (0.0, math.inf), (0.0, math.inf))
     statistic = float((squared / expected).sum())
     count = expected.numel()
     kurtosis = max(0.0, fourth - 3.0 * odds ** 2)
@@ -214,7 +191,7 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
                  float((weight * worst * slope_reach).sum()))
              + float((weight * rounding * length.sqrt()).sum()))
     passed = low <= statistic <= high and abs(along) <= slack
-    return Check(name, statistic / count, 0.0, passed, 1.0, (low / count, high / count), (along / size, slack / size))
+    return Check(name, statistic / count, 0.0, passed, (low / count, high / count), (along / size, slack / size))
 
 
 @dataclass(frozen=True)
