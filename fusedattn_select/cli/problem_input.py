@@ -13,6 +13,7 @@ from fusedattn_select.config import AttnConfig, allowed, choice_message, did_you
 from fusedattn_select.config_files import NAMES_SHOWN, NamedConfig, load_config_file, load_yaml, yaml_error
 from fusedattn_select.dtypes import DTYPES
 from fusedattn_select.errors import ConfigError, FusedAttnSelectError
+from fusedattn_select.integrations.transformers.config_json import source_name
 from fusedattn_select.integrations.transformers.problems import hf_config, model_problems
 from fusedattn_select.integrations.transformers.report import layer_ranges
 
@@ -158,7 +159,8 @@ def _hf_problems(source: str, sets: dict[str, Any]) -> Asked:
         dtype, seqlen_kv=_length(sets, "seqlen_kv"),
     )
     if not layers:
-        raise ConfigError("hf_config.layer_types", reading.model_type, "has no softmax attention layer to answer")
+        raise ConfigError("hf_config", source_name(source), f"(model_type {reading.model_type!r}) has no softmax "
+                          "attention layer to answer: " + "; ".join(reading.notes or ("no layers",)))
     entries = []
     for layer in layers:
         cfg = AttnConfig.from_dict({**layer.config.to_dict(), **sets}) if sets else layer.config

@@ -188,3 +188,24 @@ def test_llama4_runtime_matches_the_report(seq, fused, caplog):
     # and nothing logs that these layers run on torch SDPA when they do not
     said_sdpa = any("run on torch SDPA" in record.getMessage() for record in caplog.records)
     assert said_sdpa is not fused
+
+
+# ----- review follow-ups: what the notes and errors say ------------------------------------------------------
+def test_a_top_level_kimi_k2_config_says_its_remote_code_runs_its_attention():
+    notes = hf_config(KIMI_K2).notes
+    assert any("'kimi_k2' is read as 'deepseek_v3'" in n and "trust_remote_code" in n for n in notes), notes
+    outer = hf_config({"model_type": "kimi_k25", "text_config": KIMI_K2}).notes  # transformers reads this one
+    assert not any("trust_remote_code" in n for n in outer), outer
+
+
+def test_llama4_note_names_a_prefill_that_continues_a_cache_as_torch_served():
+    (note,) = [n for n in hf_config(LLAMA4).notes if "chunk" in n]
+    assert "continues a cache" in note
+
+
+def test_a_config_with_no_softmax_attention_layer_names_the_config_and_why(capsys):
+    given = json.dumps({"model_type": "nemotron_h", "num_attention_heads": 8, "hybrid_override_pattern": "MMM"})
+    assert cli.main(["why", "--hf-config", given]) == 2
+    err = capsys.readouterr().err
+    assert "the JSON given" in err and "'nemotron_h'" in err and "no softmax attention" in err, err
+    assert "layer_types=" not in err  # the file has no layer_types to blame

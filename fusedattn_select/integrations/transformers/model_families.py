@@ -188,6 +188,8 @@ _INNER_TYPES = {("clip", "text"): "clip_text_model", ("clip", "vision"): "clip_v
 # architecture (DeepseekV3ForCausalLM) under its own model_type, which transformers' Kimi-K2.5 config reads as
 # deepseek_v3 (Kimi_K25Config.__post_init__), as Moonshot's deploy guide says to do for other frameworks.
 _SAME_AS = {"gemma3": "gemma3_text", "kimi_k2": "deepseek_v3"}
+# Of those, the ones transformers has no model class for: they load with trust_remote_code, the model's own code.
+REMOTE_CODE = frozenset({"kimi_k2"})
 
 
 def resolved_type(model_type: str, inside: str = "", vision: bool = False) -> str:

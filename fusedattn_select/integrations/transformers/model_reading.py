@@ -409,13 +409,20 @@ def _chunked(stacks: tuple[AttentionStack, ...]) -> list[str]:
             notes.append(f"{where}: {count} of {len(stack.layer_types)} "
                          f"layers are chunked attention (attention_chunk_size={size}): with fewer than {size} keys "
                          "every key is in its query's chunk, so they are causal attention and the integration runs "
-                         f"them through attention() (a batch with padding: on torch SDPA); from {size} keys on they "
+                         f"them through attention() (a batch with padding, or a prefill that continues a cache: on torch "
+                         f"SDPA); from {size} keys on they "
                          "run on torch SDPA with a dense mask")
     return notes
 
 
 def _unknown_type(model_type: str, path: str) -> list[str]:
-    """The note for a model_type no family names (read as a causal decoder with the common keys)."""
+    """The note for a model_type no family names (read as a causal decoder with the common keys), or one read
+    as another's architecture that transformers has no model of (its remote code runs it)."""
+    if model_type in families.REMOTE_CODE:
+        resolved = families.resolved_type(model_type)
+        return [f"{path}={model_type!r} is read as {resolved!r}, the architecture it ships; transformers has no "
+                f"{model_type} model, so it loads with trust_remote_code and runs the model's own attention code: "
+                "check that attn_implementation='fusedattn' reaches its layers"]
     if model_type in families.FAMILIES:
         return []
     named = f"{path}={model_type!r} is not a model type this reader knows" if model_type else f"{path} is not given"
@@ -448,7 +455,8 @@ def read_model(data: dict[str, Any], source: str = "the config given") -> ModelR
         notes += _unknown_type(text_type, text.path("model_type"))
     else:
         stacks = (read_stack(top, family),)
-        notes += _unknown_type(families.resolved_type(model_type), top.path("model_type"))
+        remote = model_type if model_type in families.REMOTE_CODE else families.resolved_type(model_type)
+        notes += _unknown_type(remote, top.path("model_type"))
     notes += _assumed_lengths(stacks, *read_as)
     if vision is not None and not family.encoder_decoder:
         vision_type = vision.get("model_type", TEXT, "")
