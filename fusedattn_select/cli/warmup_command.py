@@ -219,6 +219,8 @@ def _torchrun_warmup(args: argparse.Namespace, ranks: Ranks) -> int:
             refusal = _cannot_warm(args, selector)
         except FusedAttnSelectError as err:
             refusal, code = str(err), EXIT_BAD_INPUT
+        except Exception as err:  # noqa: BLE001 - an engine that fails to start: told to every rank, exit 1
+            refusal = f"{type(err).__name__}: {' '.join(str(err).split())}"
         if refusal:
             print(f"error: {refusal}", file=sys.stderr)
     if refusal:

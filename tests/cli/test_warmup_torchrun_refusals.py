@@ -6,6 +6,7 @@ port (env://), answering from recorded snapshots (FUSEDATTN_SELECT_SNAPSHOT: glo
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -72,4 +73,23 @@ def test_a_rank_with_a_bad_setting_is_named_with_its_reason_by_every_rank(tmp_pa
     reason = results[REFUSING][2].removeprefix("error: ").strip()
     assert "FUSEDATTN_SELECT_DENSE_AFTER" in reason and "many" in reason, results[REFUSING][2]
     assert_every_rank_names_the_refusal(results, 2, reason)
+    assert seconds < TIMEOUT_S
+
+
+def test_a_rank_whose_engine_fails_to_start_with_another_error_is_named_by_every_rank(tmp_path):
+    # Making the rank's selector raises an error of no library kind (as a CUDA initialisation can); the
+    # rank's interpreter is made to fail there by a sitecustomize module on its path (a stand-in for the failure).
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import fusedattn_select.selection.selector as selector\n"
+        "def _fails():\n"
+        "    raise RuntimeError('CUDA error: initialization error')\n"
+        "selector.selector_for = _fails\n")
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    results, seconds = run_job(tmp_path, lambda rank: [GPT2], lambda rank: {
+        "FUSEDATTN_SELECT_SNAPSHOT": str(H100), **({"PYTHONPATH": path} if rank == REFUSING else {})})
+    reason = results[REFUSING][2].removeprefix("error: ").strip()
+    assert reason == "RuntimeError: CUDA error: initialization error", results[REFUSING][2]
+    assert_every_rank_names_the_refusal(results, 1, reason)
     assert seconds < TIMEOUT_S
