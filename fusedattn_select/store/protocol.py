@@ -103,10 +103,18 @@ class Store(Protocol):
     None for a store without one.
     """
 
-    kind: str
-    path: Path | None
-    persistent: bool
-    plans_enabled: bool
+    # Read-only for callers (properties or plain attributes of an implementation both satisfy them).
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def path(self) -> Path | None: ...
+
+    @property
+    def persistent(self) -> bool: ...
+
+    @property
+    def plans_enabled(self) -> bool: ...
 
     def get(self, fingerprint: Fingerprint, key: str) -> Entry | None: ...
 
