@@ -356,11 +356,10 @@ class Selector:
                 self.store.put(self._fingerprint, key, verdicts, depth)
         selection = self._answer(cfg, verdicts, from_cache=False, probe_ms=probe_ms, key=key)
         verb, source = self._verb()
-        log.info(
-            "fusedattn_select: %s %s%s in %.3f ms -> %s%s", verb, key, source, probe_ms,
-            "no data" if selection.no_data else selection.backend.value,
-            f" ({selection.message})" if selection.message else "",
-        )
+        answered = selection.selected or not failed or any(v.outcome is Outcome.UNSUPPORTED for v in verdicts)
+        answer = "no data" if selection.no_data else selection.backend.value if answered else "no answer (probe failed)"
+        log.info("fusedattn_select: %s %s%s in %.3f ms -> %s%s", verb, key, source, probe_ms, answer,  # as `why` says
+                 f" ({selection.message})" if selection.message else "")
         return selection
 
     def _verb(self) -> tuple[str, str]:
