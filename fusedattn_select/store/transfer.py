@@ -99,8 +99,9 @@ def export_store(store: Transferable, path: str | os.PathLike, fingerprint: Fing
 def export_to_stream(store: Transferable, stream: TextIO, fingerprint: Fingerprint | str | None = None) -> dict:
     """Write what export_store() writes to a file to `stream` (`cache export -`: stdout), then a newline.
 
-    Returns {"path": "-", "verdicts", "plans", "runner_choices"}. Raises CacheError when the stream cannot be
-    written; BrokenPipeError as it is (its reader went away: the command line ends quietly).
+    Returns {"path": "-", "verdicts", "plans", "runner_choices"}, which the caller says (`cache export -`: on
+    stderr; a log line too would say it twice). Raises CacheError when the stream cannot be written;
+    BrokenPipeError as it is (its reader went away: the command line ends quietly).
     """
     document, counts = _export_document(store, fingerprint)
     try:
@@ -111,8 +112,6 @@ def export_to_stream(store: Transferable, stream: TextIO, fingerprint: Fingerpri
         raise
     except OSError as err:
         raise CacheError(f"cache export -: stdout cannot be written ({err.strerror or err})") from None
-    log.info("fusedattn_select: exported %d decisions, %d plans and %d runner choices to stdout",
-             counts["verdicts"], counts["plans"], counts["runner_choices"])
     return {"path": "-", **counts}
 
 
