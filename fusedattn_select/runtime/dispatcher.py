@@ -122,7 +122,7 @@ class Dispatcher:
         self.native_forgotten_calls = 0
         self.native_build: Optional[Any] = None
         # Held while deciding whether a problem's fallback was logged (`fallbacks_logged`: (problem
-        # key, reason) pairs, forgotten by clear(); entries.log_fallback), or a note of `told` (a key
+        # class key, reason) pairs, forgotten by clear(); entries.log_fallback), or a note of `told` (a key
         # per note said once per process; clear() keeps them).
         self.fallbacks_logged: set[tuple[str, str]] = set()
         self.told: set[str] = set()

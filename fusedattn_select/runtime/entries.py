@@ -440,14 +440,17 @@ def problem_key(found: Entry, unknown: str = "unconfigurable problem") -> str:
 
 
 def log_fallback(found: Entry) -> None:
-    """Log that calls of the entry's problem fall back, and why: once per (cache key, reason) (fallback_log)."""
+    """Log that calls of the entry's problem fall back, and why: once per (problem class, reason), named by
+    the first shape's cache key (fallback_log). Per class: generate() asks a new key/value length every
+    token, and each shape of one cause is not news."""
     if found.logged:
         return
-    problem = (problem_key(found), found.reason)
+    cfg = found.call_cfg or found.cfg
+    once = (cfg.shape_class_key() if cfg is not None else problem_key(found), found.reason)
     with dispatcher.log_lock:
-        logged = problem in dispatcher.fallbacks_logged
-        dispatcher.fallbacks_logged.add(problem)
+        logged = once in dispatcher.fallbacks_logged
+        dispatcher.fallbacks_logged.add(once)
         found.logged = True
     if not logged:
         where = "torch SDPA" if found.fallback == FALLBACK_TORCH else "the float32 reference"
-        log.warning("%s", fallback_log.fallback_line(where, *problem))
+        log.warning("%s", fallback_log.fallback_line(where, problem_key(found), found.reason))

@@ -1,6 +1,7 @@
 """The fallback warning: one line per problem, its first reason in full and each cause once. attention(), the SDPA
 drop-in (with call signatures of its own) and the compiled custom op all reach `entries.log_fallback`, which logs a
-problem once however many signatures run it (the Dispatcher keeps the (problem, reason) pairs until clear_plans())."""
+problem once however many signatures run it, and the shapes of one problem class once per reason (the Dispatcher
+keeps the (class, reason) pairs until clear_plans())."""
 
 from __future__ import annotations
 
