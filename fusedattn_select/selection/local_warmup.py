@@ -389,7 +389,8 @@ def _warm_plans(selector: Selector, cfg: AttnConfig, selection: Selection,
             result = persist_plans(form, selection.backend, plans)
         except Exception as err:  # noqa: BLE001 - plans are a head start; the answer stands without them
             log.warning("fusedattn_select: building the plans of %s raised %s: %s", form.cache_key(),
-                        type(err).__name__, err, exc_info=True)
+                        type(err).__name__, " ".join(str(err).split()))
+            log.debug("fusedattn_select: where building the plans of %s raised", form.cache_key(), exc_info=True)
             return selection, dict(fields, plan_note=f"plans not stored: {type(err).__name__}: {err}")
         fields["plans_built"] += result.built
         fields["plans_stored"] += result.stored
@@ -418,7 +419,9 @@ def _warm_one(selector: Selector, name: str, cfg: AttnConfig, key: str, depth: P
                 v.outcome is Outcome.FAILED for v in selection.verdicts):
             selection, plan_fields = _warm_plans(selector, cfg, selection, plans)
     except Exception as err:  # one broken problem must not stop the warmup of the others
-        log.warning("fusedattn_select: warmup of %s raised %s: %s", name, type(err).__name__, err, exc_info=True)
+        log.warning("fusedattn_select: warmup of %s raised %s: %s", name, type(err).__name__,
+                    " ".join(str(err).split()))
+        log.debug("fusedattn_select: where the warmup of %s raised", name, exc_info=True)  # (-vv: the traceback)
         return WarmupRow(name, key, Backend.NONE, WarmupOutcome.FAILED, f"{type(err).__name__}: {err}",
                          time.perf_counter() - started, from_cache=False, probe_failed=True)
     row = _row(name, key, selection, time.perf_counter() - started)
