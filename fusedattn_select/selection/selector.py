@@ -341,12 +341,14 @@ class Selector:
         verdicts = tuple(self._probe_one(cfg, phase, depth) for phase in cfg.phases)
         probe_ms = (time.perf_counter() - started) * 1e3
         failed = [v for v in verdicts if v.outcome is Outcome.FAILED]
-        if failed:
-            for v in failed:  # a snapshot's: the recording's probe failed, nothing ran here
-                where = "as recorded in the snapshot" if v.provenance is Provenance.SNAPSHOT else "not cached"
-                log.warning("fusedattn_select: %s (%s)", v.reason(), where)
-        elif any(v.outcome is Outcome.NO_DATA for v in verdicts):
-            # The engine's own lack of data: kept for this depth in memory, never in the store.
+        for v in failed:  # a snapshot's: the recording's probe failed, nothing ran here
+            where = "as recorded in the snapshot" if v.provenance is Provenance.SNAPSHOT else "not cached"
+            log.warning("fusedattn_select: %s (%s)", v.reason(), where)
+        if any(v.provenance is not Provenance.SNAPSHOT for v in failed):
+            pass  # a probe that failed here is asked again next time
+        elif failed or any(v.outcome is Outcome.NO_DATA for v in verdicts):
+            # The engine's own lack of data, or a recorded failure (the same at every replay): kept for this
+            # depth in memory, never in the store.
             with self._lock:
                 self._memory[key] = dataclasses.replace(self._entry(cfg, key, verdicts, depth), exact_depth=True)
         else:
