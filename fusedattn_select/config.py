@@ -36,6 +36,13 @@ SCALING_MODES = ("delayed", "current", "mxfp8")
 # tensor descriptors and torch address it with.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+WINDOW_RULE = f"must be (left, right) integers in [-1, {INT32_MAX}]; -1 = unbounded"
+
+
+def bad_window(window: object) -> bool:
+    """Whether `window` (a config's tuple or attention()'s tuple or list) breaks WINDOW_RULE."""
+    return (not isinstance(window, (tuple, list)) or len(window) != 2
+            or any(isinstance(w, bool) or not isinstance(w, int) or not -1 <= w <= INT32_MAX for w in window))
 
 
 def resolved_window(window: tuple[int, int], causal: bool) -> tuple[int, int]:
@@ -362,12 +369,8 @@ def _validate(cfg: AttnConfig) -> None:
     _check_bool(cfg, "bottom_right_diagonal", optional=True)
     _check_int(cfg, "page_size", optional=True)
     _check_int(cfg, "num_pages", optional=True)
-    window = cfg.window_size
-    if (
-        not isinstance(window, tuple) or len(window) != 2
-        or any(isinstance(w, bool) or not isinstance(w, int) or not -1 <= w <= INT32_MAX for w in window)
-    ):
-        raise ConfigError("window_size", window, f"must be (left, right) integers in [-1, {INT32_MAX}]; -1 = unbounded")
+    if not isinstance(cfg.window_size, tuple) or bad_window(cfg.window_size):
+        raise ConfigError("window_size", cfg.window_size, WINDOW_RULE)
     if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, float) or not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError("dropout", cfg.dropout, "must be a float in [0, 1)" + number_as_text(cfg.dropout))
     if cfg.attn_scale is not None and (

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fusedattn_select import dtypes
-from fusedattn_select.config import MASKS, SOFTMAXES
+from fusedattn_select.config import MASKS, SOFTMAXES, WINDOW_RULE, bad_window
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
@@ -213,9 +213,8 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
 def _check_mask_and_window(mask: Any, window_size: Any) -> None:
     if not isinstance(mask, str) or mask not in MASKS:
         raise ConfigError("mask", mask, "must be one of " + ", ".join(map(repr, MASKS)))
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or any(isinstance(w, bool) or not isinstance(w, int) or w < -1 for w in window_size)):
-        raise ConfigError("window_size", window_size, "must be (left, right) integers >= -1; -1 = unbounded")
+    if bad_window(window_size):
+        raise ConfigError("window_size", window_size, WINDOW_RULE)
     if "causal" in mask and window_size[1] not in (-1, 0):
         raise ConfigError("window_size", tuple(window_size),
                           f"mask={mask!r} is causal: the right bound must be 0 or -1")

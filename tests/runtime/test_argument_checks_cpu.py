@@ -243,3 +243,13 @@ def test_numbers_of_types_the_checks_refuse_make_no_fast_key(given):
 def test_attention_keeps_its_default_window_object():
     # plain_numbers tells the default apart by identity: attention()'s default must be that object
     assert api.attention.__kwdefaults__["window_size"] is Arguments._field_defaults["window_size"]
+
+
+@pytest.mark.parametrize("window", [(2**31, -1), (4, 2**31)])
+def test_a_window_past_int32_is_refused_by_attention_as_by_a_config(window):
+    # attention() allowed any window >= -1 while a config refuses past 2**31-1: such a call fell back to
+    # the float32 reference with "no fused config" instead of naming its argument.
+    q, k, v = _bshd()
+    for call in (lambda: attention(q, k, v, window_size=window), lambda: config_from_tensors(q, k, v, window_size=window)):
+        with pytest.raises(ConfigError, match=r"window_size.*\[-1, 2147483647\]"):
+            call()
