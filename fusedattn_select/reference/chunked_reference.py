@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fusedattn_select.reference import semantics
+from fusedattn_select.reference import gram_norms, semantics
 
 # Elements of one chunk's (batch, group heads, rows, keys) score block: a few such float32 blocks
 # are alive at once, so a chunk holds well under a gigabyte.
@@ -129,10 +129,12 @@ class DropoutMoments:
 
     - spread (b, Hq, Sq, Dv): sum_j P_ij^2 V_jd^2; times p/(1-p), the expected squared distance of O_d
       from the reference;
-    - weights (b, Hq, Sq): sum_j P_ij^4 |V_j|^4, the kurtosis term of the variance of a row's distance;
+    - weights (b, Hq, Sq): sum_j P_ij^4 |V_j|^4 = sum_j G_jj^2, the kurtosis term of the variance of a row's
+      distance, G_jl = P_ij P_il V_j . V_l being the Gram matrix of the row's terms;
     - reach (b, Hq, Sq): sum_d (sum_j P_ij |V_jd|)^2, the largest squared distance a row can reach;
     - slope_spread (b, Hq, Sq): sum_j P_ij^2 w_ij^2; times p/(1-p), the variance of (O_got - O) . O;
-    - slope_reach (b, Hq, Sq): sum_j P_ij |w_ij|, the largest |(O_got - O) . O| a row can reach.
+    - slope_reach (b, Hq, Sq): sum_j P_ij |w_ij|, the largest |(O_got - O) . O| a row can reach;
+    - gram (b, Hq, Sq): ||G||_F^2 = sum_{j,l} G_jl^2, with weights the exact variance of a row's distance.
     """
 
     spread: torch.Tensor
@@ -140,6 +142,7 @@ class DropoutMoments:
     reach: torch.Tensor
     slope_spread: torch.Tensor
     slope_reach: torch.Tensor
+    gram: torch.Tensor
     # (b, Hq, Sq) or None: a size each unit's result moves by, times the roundoff, through a rounding its
     # kernel makes beyond its own result's (dQ: the row term dO_i . O_i read from a rounded O).
     rounded: torch.Tensor | None = None
@@ -150,7 +153,28 @@ def _zero_moments(shape: tuple[int, ...], device: torch.device, dtype: torch.dty
     def zeros(size: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(size, dtype=dtype, device=device)
 
-    return DropoutMoments(zeros(shape), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]), zeros(shape[:-1]))
+    return DropoutMoments(zeros(shape), *(zeros(shape[:-1]) for _ in range(5)))
+
+
+def _row_gram(w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """gram_norms.cross_gram of a chunk's query rows (w (b, G, c, Skv)) over the keys' vectors y (b, 1, Skv, D)."""
+    b, g, c, skv = w.shape
+    flat, vectors = w.reshape(b, g * c, skv), y.squeeze(1)
+    return gram_norms.cross_gram(flat, vectors, flat, vectors, CHUNK_ELEMENTS).reshape(b, g, c)
+
+
+def _key_gram(plain: RefProblem, kv_head: int, terms) -> torch.Tensor:
+    """(b, Skv): each key's ||G||_F^2 over every query row of the KV group, `terms(chunk, heads, start, stop)`
+    giving a chunk's (w (b, G, c, Skv), y (b, G, c, D)) (a term of key j and row i: sqrt(w_ij) y_i)."""
+    b, skv, rows = plain.q.shape[0], plain.k.shape[2], plain.chunk_rows()
+    heads = slice(kv_head * plain.group, (kv_head + 1) * plain.group)
+    spans = [(start, min(start + rows, plain.q.shape[2])) for start in range(0, plain.q.shape[2], rows)]
+
+    def made(span: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        w, y = terms(_chunk(plain, kv_head, *span), heads, *span)
+        return w.permute(0, 3, 1, 2).reshape(b, skv, -1), y.reshape(b, -1, y.shape[-1])
+
+    return gram_norms.over_chunks(spans, made, CHUNK_ELEMENTS)
 
 
 def dropout_moments(ref: RefProblem, out: torch.Tensor) -> DropoutMoments:
@@ -167,6 +191,7 @@ def dropout_moments(ref: RefProblem, out: torch.Tensor) -> DropoutMoments:
         w = torch.matmul(out[:, heads, start:stop], v.transpose(-1, -2))
         moments.slope_spread[:, heads, start:stop] = (squared * w * w).sum(-1)
         moments.slope_reach[:, heads, start:stop] = (p * w.abs()).sum(-1)
+        moments.gram[:, heads, start:stop] = _row_gram(squared, v)
     return moments
 
 
@@ -204,6 +229,7 @@ def gradient_moments(ref: RefProblem, grad_out: torch.Tensor, grads: "Gradients"
         w = scale * (torch.matmul(dq_want, k.transpose(-1, -2)) - (k_bar * dq_want).sum(-1, keepdim=True))
         dq.slope_spread[rows] = (a2 * w * w).sum(-1)
         dq.slope_reach[rows] = (a.abs() * w.abs()).sum(-1)
+        dq.gram[rows] = scale ** 4 * _centred_gram(a2, k, k_bar)
         if dq.rounded is not None:
             read = out[rows].double().nan_to_num(0.0).abs()  # (rows that see no key may hold NaN: left out later)
             dq.rounded[rows] = abs(scale) * k_bar.norm(dim=-1) * (d_o.abs() * read).sum(-1)
@@ -215,7 +241,23 @@ def gradient_moments(ref: RefProblem, grad_out: torch.Tensor, grads: "Gradients"
         dv.slope_spread[:, kv_head] += (squared * w * w).sum((1, 2))
         dv.slope_reach[:, kv_head] += (p * w.abs()).sum((1, 2))
     dv.reach.copy_(reach_v.square().sum(-1))
+    for kv_head in range(ref.k.shape[1]):
+        dv.gram[:, kv_head] = _key_gram(plain, kv_head, lambda chunk, heads, start, stop: (
+            chunk.p.double().square(), grad_out[:, heads, start:stop].double()))
     return dq, dv
+
+
+def _centred_gram(w: torch.Tensor, k: torch.Tensor, k_bar: torch.Tensor) -> torch.Tensor:
+    """Per query row: ||M||_F^2 of M = sum_j w_j (K_j - K_bar)(K_j - K_bar)^T (w (b, G, c, Skv), k (b, 1, Skv, D),
+    k_bar (b, G, c, D)): with A = sum_j w_j K_j K_j^T and m = sum_j w_j K_j, M = A - K_bar m^T - m K_bar^T
+    + (sum_j w_j) K_bar K_bar^T, whose norm expands into ||A||_F^2 (gram_norms) and sums over keys."""
+    m = torch.matmul(w, k)
+    k_bar_k, m_k = torch.matmul(k_bar, k.transpose(-1, -2)), torch.matmul(m, k.transpose(-1, -2))
+    total, kk, mm, km = w.sum(-1), (k_bar * k_bar).sum(-1), (m * m).sum(-1), (k_bar * m).sum(-1)
+    found = (_row_gram(w, k) + 2.0 * (kk * mm + km * km) + total * total * kk * kk
+             - 4.0 * (w * k_bar_k * m_k).sum(-1) + 2.0 * total * (w * k_bar_k * k_bar_k).sum(-1)
+             - 4.0 * total * km * kk)
+    return found.clamp_min(0.0)
 
 
 @dataclass
@@ -332,6 +374,11 @@ def row_term_moments(ref: RefProblem, grad_out: torch.Tensor, grads: Gradients, 
             p_sink = torch.exp(ref.sink[heads].double().view(1, -1, 1) - chunk.lse.double())
             found.dsink_shift[heads] -= (p_sink * c.squeeze(-1)).sum((0, 2))
     found.dk.reach.copy_(reach_k.square().sum(-1))
+    for kv_head in range(ref.k.shape[1]):
+        found.dk.gram[:, kv_head] = scale ** 4 * _key_gram(plain, kv_head, lambda chunk, heads, start, stop: (
+            (chunk.p.double() * torch.matmul(grad_out[:, heads, start:stop].double(),
+                                             ref.v[:, kv_head].double().unsqueeze(1).transpose(-1, -2))).square(),
+            ref.q[:, heads, start:stop].double()))
     return found
 
 
@@ -344,6 +391,7 @@ def _dbias_moments(found: RowTermMoments, grads: Gradients, heads: slice, start:
     found.dbias_shift[rows] -= (p * c).sum(0)
     found.dbias.spread[rows] = a2.sum(0)
     found.dbias.weights[rows] = a2.square().sum((0, -1))
+    found.dbias.gram[rows] = a2.sum(0).square().sum(-1)  # a term (b, j) lies along the result's element j
     found.dbias.reach[rows] = a.abs().sum(0).square().sum(-1)
     found.dbias.slope_spread[rows] = (a2 * want * want).sum((0, -1))
     found.dbias.slope_reach[rows] = (a.abs() * want.abs()).sum((0, -1))

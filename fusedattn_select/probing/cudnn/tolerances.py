@@ -134,13 +134,14 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
     what roundings of DROPOUT_ROUNDING x `roundoff` (of the unit's result and of its spread) can move it; a unit
     dropout cannot move (no spread) must equal `want` but for roundings. `rows`: a mask of the units."""
     rounded = moments.rounded if moments.rounded is not None else moments.reach.new_zeros(moments.reach.shape)
-    parts = (moments.spread, moments.weights, moments.reach, moments.slope_spread, moments.slope_reach, rounded)
+    parts = (moments.spread, moments.weights, moments.gram, moments.reach, moments.slope_spread, moments.slope_reach,
+             rounded)
     if rows is not None:
         got, want, parts = got[rows], want[rows], tuple(part[rows] for part in parts)
     got, want = got.double(), want.double()
     if not bool(got.isfinite().all()):
         return Check(name, math.inf, 0.0, False)
-    spread, weights, reach, slope_spread, slope_reach, rounded = (part.double() for part in parts)
+    spread, weights, gram, reach, slope_spread, slope_reach, rounded = (part.double() for part in parts)
     if got.numel() == 0:
         return Check(name, 1.0, 0.0, True, (0.0, math.inf), (0.0, math.inf))
     odds = dropout / (1.0 - dropout)
@@ -151,13 +152,16 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
     # (`rounded` bounds its rounding's effect already, at one roundoff per rounding: twice, for the kernel's
     # own error in what it rounded)
     rounding = roundoff * (DROPOUT_ROUNDING * (got.norm(dim=-1) + spread.sum(-1).sqrt()) + 2.0 * rounded)
-    # Distance: a row's squared distance s_i has mean E_i and variance at most kurtosis x weights_i +
-    # 2 E_i^2 (a quadratic form of the independent decisions); the statistic is sum_i s_i / E_i.
+    # Distance: a unit's squared distance s_i = sum_{j,l} e_j e_l G_jl (a quadratic form of the independent
+    # decisions, G the Gram matrix of its terms) has mean E_i = odds tr(G) and variance
+    # (E[e^4] - 3 odds^2) sum_j G_jj^2 + 2 odds^2 ||G||_F^2; the statistic is sum_i s_i / E_i.
     expected = odds * spread.sum(-1)
     squared = residual.square().sum(-1)
     # Units no mask moves (a query row that sees one key has a dQ of 0): only roundings may, of the
-    # result and of the terms that cancel there (bounded by `reach`).
-    still = expected <= 1e-12 * float(expected.max())
+    # result and of the terms that cancel there (bounded by `reach`). Told apart from the others' spread and
+    # from the unit's own reach (its terms' size before they cancel: where every row sees one key, the
+    # largest spread is itself what is left of the cancelling).
+    still = expected <= 1e-12 * (odds * reach).maximum(expected.max())
     if bool(still.any()):
         allowed = roundoff * (DROPOUT_ROUNDING * (got[still].norm(dim=-1) + reach[still].sqrt()
                                                   + float(want.abs().max())) + 2.0 * rounded[still])
@@ -166,15 +170,19 @@ def compare_under_dropout(name: str, got: Any, want: Any, moments: Any, dropout:
             worst_unit = int((error - allowed).argmax())
             return Check(name, float(error[worst_unit]), float(allowed[worst_unit]), False)
     keep = ~still
-    residual, want, spread, weights, reach = residual[keep], want[keep], spread[keep], weights[keep], reach[keep]
+    residual, want, spread, weights, gram, reach = (residual[keep], want[keep], spread[keep], weights[keep],
+                                                    gram[keep], reach[keep])
     slope_spread, slope_reach, rounding, expected, squared = (slope_spread[keep], slope_reach[keep], rounding[keep],
                                                               expected[keep], squared[keep])
     if expected.numel() == 0:
         return Check(name, 1.0, 0.0, True, (0.0, math.inf), (0.0, math.inf))
     statistic = float((squared / expected).sum())
     count = expected.numel()
-    kurtosis = max(0.0, fourth - 3.0 * odds ** 2)
-    deviation = float(((kurtosis * weights + 2.0 * expected ** 2) / expected ** 2).sum()) ** 0.5
+    # (as (E[e^4] - odds^2) sum_j G_jj^2 + 2 odds^2 sum_{j != l} G_jl^2, G positive semidefinite: sum_j G_jj^2 <=
+    # ||G||_F^2 <= tr(G)^2, which holds `gram` where roundings of dQ's centred terms could move it past)
+    gram = gram.maximum(weights).minimum(spread.sum(-1).square())
+    spread_variance = (fourth - odds ** 2) * weights + 2.0 * odds ** 2 * (gram - weights)
+    deviation = float((spread_variance.clamp_min(0.0) / expected ** 2).sum()) ** 0.5
     moved = float(((2.0 * rounding * squared.sqrt() + 3.0 * rounding ** 2) / expected).sum())
     high = min(count + DROPOUT_SIGMAS * deviation, float((worst ** 2 * reach / expected).sum())) + moved
     low = count - DROPOUT_SIGMAS * deviation - moved
