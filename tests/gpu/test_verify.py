@@ -102,6 +102,49 @@ def test_verify_checks_a_dropout_backward_s_dk_by_moments(selector, changes):
     assert backward.verified and "dK distance over dropout's expected" in backward.detail, backward.detail
 
 
+@pytest.mark.parametrize("attn_scale", [1.0, 0.5, None], ids=["peaked", "half", "default"])
+def test_real_dropout_training_kernels_verify_by_moments_with_the_exact_variance(selector, attn_scale):
+    # O, dQ, dK and dV of a real bf16 dropout training kernel, each by its distance's exact variance
+    # (DropoutMoments.gram), at a peaked, a half and the default softmax scale.
+    answer = selector.select(fresh(**{**DROPOUT_TRAINING, "attn_scale": attn_scale}), "verify")
+    _skip_unless_built(answer)
+    assert answer.selected, answer.message
+    forward, backward = answer.verdicts
+    assert forward.verified and "O distance over dropout's expected" in forward.detail, forward.detail
+    for name in ("dQ", "dK", "dV"):
+        assert backward.verified and f"{name} distance over dropout's expected" in backward.detail, backward.detail
+
+
+def test_verify_refuses_a_dk_from_another_mask_than_its_o(cudnn_engine, monkeypatch):
+    # A right kernel's whole backward under another dropout seed gives the dK; O, dQ and dV stay this mask's.
+    # At attn_scale 1.0 the row term's shift (from this O) is far from that dK's own (CPU: statistic 6-9).
+    from fusedattn_select.probing.cudnn import verify_run
+
+    cfg = fresh(**{**DROPOUT_TRAINING, "attn_scale": 1.0})
+    other = {}
+
+    def keep_dk(phase, outputs):
+        if phase is Phase.BACKWARD:
+            other.setdefault("dK", outputs["dK"].clone())
+
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_run, "DROPOUT_SEED", verify_run.DROPOUT_SEED + 17)
+        with numerics.planted(after_execute=keep_dk):
+            first = Selector(cudnn_engine, store=MemoryStore()).select(cfg, "verify")
+    _skip_unless_built(first)
+    assert "dK" in other, first.message
+
+    def swap_dk(phase, outputs):
+        if phase is Phase.BACKWARD:
+            outputs["dK"].copy_(other["dK"])
+
+    with numerics.planted(after_execute=swap_dk):
+        answer = Selector(cudnn_engine, store=MemoryStore()).select(cfg, "verify")
+    verdict = answer.verdicts[-1]
+    assert verdict.phase is Phase.BACKWARD and verdict.outcome is Outcome.UNSUPPORTED, verdict
+    assert verdict.stage == numerics.NUMERICS_STAGE and "dK distance" in verdict.message, verdict
+
+
 def test_verify_refuses_a_dropout_dk_scaled_by_1_minus_p(selector):
     # A dK as if kept values were not rescaled by 1/(1-p): the simulated-dropout band (0.5x-2x) accepted it.
     def corrupt(phase, outputs):
