@@ -16,8 +16,8 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import entries, native, ops, plans, tiers
 from fusedattn_select.runtime import fp8 as fp8q
-from fusedattn_select.runtime.args import (NO_WINDOW, TABLE_ARITY, Arguments, call_options, check_args, keyable,
-                                           plain_numbers, split_keywords)
+from fusedattn_select.runtime.args import (NO_WINDOW, TABLE_ARITY, Arguments, autocast_inputs, call_options, check_args,
+                                           keyable, plain_numbers, split_keywords)
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales, FP8Tensor
@@ -51,6 +51,7 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
     bias together with ALiBi slopes); TypeError for a keyword attention() does not take.
     """
     given, inputs = split_keywords(arguments)
+    q, k, v = autocast_inputs(q, k, v)
     if is_training is not None and not isinstance(is_training, bool):
         raise ConfigError("is_training", is_training, "must be None (detected), True or False")
     check_args(q, k, v, inputs, given)
@@ -76,7 +77,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
 
     Args:
         q, k, v: 4-D tensors in the dim order named by `layout` (default "bshd": (B, S, H, D)).
-            fp16/bf16 run fused; float32 always falls back; float8 needs `fp8=FP8Scales(...)`.
+            fp16/bf16 run fused; float32 falls back, except inside torch.autocast, which casts float32,
+            fp16 and bf16 inputs to its dtype as it does scaled_dot_product_attention's; float8 needs
+            `fp8=FP8Scales(...)`.
             K/V may have fewer heads than Q (GQA/MQA) and another head dim for V.
         layout: "bshd", "sbhd" or "bhsd" (dim order of q, k, v and of the output); None = "bshd".
         mask: "no_mask", "causal", "causal_bottom_right", "padding", "padding_causal",
@@ -105,6 +108,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         The output in the caller's layout (..., head_dim_v), and the lse if `return_lse`.
     """
     given = (layout, mask, window_size, attn_scale, dropout, softmax, deterministic, fp8, return_lse)
+    q, k, v = autocast_inputs(q, k, v)
     if torch.compiler.is_compiling():
         # Arguments(*given), not _make: torch 2.5's dynamo does not trace namedtuple._make.
         return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),

@@ -58,6 +58,27 @@ class Dims(NamedTuple):
     seqlen_kv: int
 
 
+# Whether any autocast region is open, in one call (the hot path asks at every call): private to torch, so
+# its public per-device form where a torch lacks it.
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
+_AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def autocast_inputs(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+    """q, k, v as torch's autocast hands them to scaled_dot_product_attention: inside an autocast region of
+    their device, float32, fp16 and bf16 inputs in its dtype (mixed-precision training of float32 weights
+    gives attention float32 q and k, out of the rotary embedding, and v in the autocast dtype); float8 and
+    float64 as they are."""
+    if not _any_autocast() or not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(q.device.type)
+    if dtype not in _AUTOCAST_CASTS:
+        return q, k, v
+    cast = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t for t in (q, k, v))
+    return cast[0], cast[1], cast[2]
+
+
 def split_keywords(keywords: dict[str, Any]) -> tuple[Arguments, OptionalInputs]:
     """attention()'s keyword arguments sorted into (Arguments, OptionalInputs); TypeError for others."""
     unknown = set(keywords) - set(Arguments._fields) - set(OptionalInputs._fields)
