@@ -52,7 +52,7 @@ def test_a_float32_llama_trained_under_autocast_runs_fused_and_tracks_sdpa():
         with torch.autocast("cuda", dtype=BF16):
             loss = model(ids, labels=ids).loss
         loss.backward()
-        found[implementation] = (float(loss), torch.cat([p.grad.flatten() for p in model.parameters()]),
+        found[implementation] = (float(loss.detach()), torch.cat([p.grad.flatten() for p in model.parameters()]),
                                  dispatch_info()["fused_calls"] - fused)
     (loss_sdpa, grads_sdpa, _), (loss_ours, grads_ours, fused_calls) = found["sdpa"], found["fusedattn"]
     assert fused_calls == 2, "the model's two attention layers did not run fused"
