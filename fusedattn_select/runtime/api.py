@@ -26,6 +26,7 @@ from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.lean import apply_lean, functorch_active, lean_forward, with_new_module
 from fusedattn_select.runtime.options import NO_INPUTS, OptionalInputs
 from fusedattn_select.runtime.problem import config
+from fusedattn_select.runtime.streams import foreign_device
 from fusedattn_select.runtime.tensor_layouts import LAYOUTS, bhsd, formats
 
 __all__ = [
@@ -147,6 +148,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             entries.remember_call(call_key, found)
     if lean_call and found.lean is not None and call_key is not None:
         _table_remember(found, q, k, v, given[:TABLE_ARITY])
+    device = foreign_device(q)
+    if device is not None:
+        with torch.cuda.device(device):
+            return _RUNNERS[found.runner](found, q, k, v, inputs, fp8, return_lse)
     return _RUNNERS[found.runner](found, q, k, v, inputs, fp8, return_lse)
 
 

@@ -23,6 +23,7 @@ from fusedattn_select.runtime.fused import Saved, fused_backward, fused_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.tensor_layouts import bhsd, empty_bhsd, from_bhsd, physical_format
 from fusedattn_select.runtime.options import CallOptions, OptionalInputs
+from fusedattn_select.runtime.streams import on_device
 
 _DESCALES = ("descale_q", "descale_k", "descale_v")
 FORWARD_TENSORS = ("q", "k", "v") + OptionalInputs._fields + _DESCALES
@@ -117,7 +118,8 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
     dispatcher.counters["calls"] += 1
     dispatcher.counters["fused_calls" if found.fused else "fallback_calls"] += 1
     if found.fused:
-        out, stats, rng, fp8_saved = fused_forward(found, q, k, v, inputs, scales)
+        with on_device(q):
+            out, stats, rng, fp8_saved = fused_forward(found, q, k, v, inputs, scales)
         if heads is not None:
             out = back(heads, out)
         qb = bhsd(q, found.opts.layout)
@@ -179,7 +181,8 @@ def _attention_bwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
             fp8_saved = tuple(tensors[n].view(fp8_dtype) for n in ("q8", "k8", "v8")) + (tensors["fp8_state"],)
         rng = tensors["rng"]
         saved = Saved(tensors["out"], tensors["stats"], rng if rng.numel() else None, fp8_saved)
-        grads = fused_backward(found, grad_out, q, k, v, inputs, saved)
+        with on_device(q):
+            grads = fused_backward(found, grad_out, q, k, v, inputs, saved)
     else:
         with _seeded(tensors["rng"], q.device):  # the forward's dropout mask
             grads = fallback_backward(found.fallback, found.opts, grad_out, q, k, v, inputs)

@@ -13,6 +13,9 @@
   (cudaMalloc among them), fails them and invalidates the capture: a plan loaded off the caller's path
   while the caller captured made both fail. In thread-local mode our threads' calls are allowed and
   leave the caller's capture alone (cudnn-frontend itself switches to relaxed mode for such calls).
+- Calls on tensors of a GPU other than the thread's current one (a model split over GPUs in one process,
+  as transformers' device_map="auto" makes it) run with that GPU made current (`on_device`): cuDNN and
+  Triton launch on the current device, torch's own ops on their tensors'.
 - Tensors kept across calls are allocated off the caller's thread (`persistent`). torch.compile's
   cudagraph trees route every allocation of the thread that records or warms a graph into the graph's
   private pool, and refuse a pool left holding a tensor that is not one of the graph's outputs; a
@@ -85,3 +88,21 @@ def persistent(make: Callable[[], torch.Tensor], device: torch.device) -> torch.
             return make()
 
     return dispatcher.allocator.submit(allocate).result()
+
+
+# The thread's current CUDA device, without torch.cuda's Python checks (asked at every call).
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def foreign_device(t: torch.Tensor) -> int | None:
+    """The index of the GPU `t` is on where it is not this thread's current device, else None."""
+    index = t.get_device()
+    if index < 0 or _current_device is None or _current_device() == index:
+        return None
+    return index
+
+
+def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """`t`'s GPU made current for the block where it is not (see the module docstring), else nothing."""
+    index = foreign_device(t)
+    return contextlib.nullcontext() if index is None else torch.cuda.device(index)
