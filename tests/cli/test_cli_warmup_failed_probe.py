@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import RecordingTestEngine
+from recording_engine import RecordingTestEngine
 from fusedattn_select.cli.main import main
 from fusedattn_select.probing import choice
 
