@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from fusedattn_select.config import AttnConfig
@@ -143,6 +143,11 @@ class Selection:
         """Which graphs run, as users read it ("bucket B=4 S_q=1024 S_kv=1024 (ragged thd_thd_thd,
         padding)", "dense"; "" for the problem as asked)."""
         return self.plan.describe()
+
+    def as_asked(self, cfg: AttnConfig) -> Selection:
+        """This answer with `cfg` as its config: another spelling of a cached problem (the same cache key,
+        say a causal window (-1, 0) for (-1, -1)) gets the config it asked with, not the first asker's."""
+        return self if self.config is cfg or self.config == cfg else replace(self, config=cfg)
 
     def to_dict(self) -> dict:
         return {

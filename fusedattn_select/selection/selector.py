@@ -156,20 +156,20 @@ class Selector:
         a decode step by its heads as batch where that runs bucket plans (Planner.select)."""
         if not isinstance(cfg, AttnConfig):
             raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
-        return self.planner.select(cfg, _depth(probe_depth))
+        return self.planner.select(cfg, _depth(probe_depth)).as_asked(cfg)
 
     def select_own(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
         """The answer for `cfg` by its own forms (its shape bucket where cuDNN runs it, else its dense
         graphs), never by its heads-as-batch problem: what attention() runs a decode step with when
         its tensors cannot be viewed that way or it asks for the log-sum-exp."""
-        return self.planner.select_own(cfg, _depth(probe_depth))
+        return self.planner.select_own(cfg, _depth(probe_depth)).as_asked(cfg)
 
     def select_dense(self, cfg: AttnConfig, probe_depth: str | ProbeDepth = ProbeDepth.FAST) -> Selection:
         """The answer of `cfg`'s own (dense) graphs, whether or not a shape bucket answers `cfg`: what
         attention() asks before it runs a shape it keeps seeing with that shape's own plans."""
         if not isinstance(cfg, AttnConfig):
             raise ConfigError("cfg", type(cfg).__name__, "must be an AttnConfig")
-        return self.planner.select_dense(cfg, _depth(probe_depth))
+        return self.planner.select_dense(cfg, _depth(probe_depth)).as_asked(cfg)
 
     def bucket_for(self, cfg: AttnConfig) -> AttnConfig | None:
         """The bucket form whose graphs answer (and run) `cfg` (Planner.bucket_for)."""
