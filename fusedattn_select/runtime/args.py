@@ -189,10 +189,20 @@ def check_args(q: Any, k: Any, v: Any, inputs: OptionalInputs, arguments: Argume
     _check_fp8(q, k, v, arguments.fp8, is_training(q, k, v, inputs))
 
 
+_DENSE_ONLY = ("must be a dense (strided) tensor: pad sequences of different lengths and pass mask='padding' "
+               "with seqlens_q and seqlens_kv, or call integrations.sdpa.scaled_dot_product_attention, which "
+               "gives nested tensors to torch's SDPA")
+
+
 def _check_qkv(q: Any, k: Any, v: Any) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ConfigError(name, type(t).__name__, "must be a torch.Tensor")
+        # Before anything reads a size: a nested tensor's ragged length is a new symbol every batch (a new
+        # call signature each time), and a strided nested tensor has no sizes at all.
+        if t.is_nested or t.layout != torch.strided:
+            raise ConfigError(name, f"{'nested ' if t.is_nested else ''}{t.layout}",
+                              _DENSE_ONLY if t.is_nested else "must be a dense (strided) tensor")
         if t.dim() != 4:
             raise ConfigError(name, tuple(t.shape), "must be 4-D, in the order named by `layout`")
         if not t.is_floating_point():
