@@ -201,7 +201,7 @@ def _check_qkv(q: Any, k: Any, v: Any) -> None:
         # Before anything reads a size: a nested tensor's ragged length is a new symbol every batch (a new
         # call signature each time), and a strided nested tensor has no sizes at all.
         if t.is_nested or t.layout != torch.strided:
-            raise ConfigError(name, f"{'nested ' if t.is_nested else ''}{t.layout}",
+            raise ConfigError(name, f"nested tensor ({t.layout})" if t.is_nested else str(t.layout),
                               _DENSE_ONLY if t.is_nested else "must be a dense (strided) tensor")
         if t.dim() != 4:
             raise ConfigError(name, tuple(t.shape), "must be 4-D, in the order named by `layout`")
