@@ -70,7 +70,12 @@ def autocast_inputs(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     their device, float32, fp16 and bf16 inputs in its dtype (mixed-precision training of float32 weights
     gives attention float32 q and k, out of the rotary embedding, and v in the autocast dtype); float8 and
     float64 as they are."""
-    if not _any_autocast() or not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
+    if not _any_autocast() or not isinstance(q, torch.Tensor):
+        return q, k, v
+    try:
+        if not torch.is_autocast_enabled(q.device.type):
+            return q, k, v
+    except RuntimeError:  # a device type autocast has no region for (meta): torch's SDPA casts nothing there
         return q, k, v
     dtype = torch.get_autocast_dtype(q.device.type)
     if dtype not in _AUTOCAST_CASTS:
