@@ -77,6 +77,19 @@ class FP8Scales:
 
     def __post_init__(self) -> None:
         # Checked when made, not per signature: the descales are not part of a call's key.
+        self._check()
+
+    def __setstate__(self, state: dict) -> None:
+        """Restore saved scales (pickle, copy, torch.load), checked as new ones are."""
+        fields = set(DESCALES) | {"o_dtype"}
+        if not isinstance(state, dict) or set(state) != fields:
+            raise ConfigError("FP8Scales", sorted(state) if isinstance(state, dict) else type(state).__name__,
+                              "saved scales must hold " + ", ".join(sorted(fields)))
+        for name, value in state.items():
+            object.__setattr__(self, name, value)  # (frozen)
+        self._check()
+
+    def _check(self) -> None:
         for name in DESCALES:
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor):
@@ -145,6 +158,24 @@ class FP8History:
         self.calls = 0  # calls recorded (host side)
         self._buf: torch.Tensor | None = None
 
+    def __setstate__(self, state: dict) -> None:
+        """Restore a saved history (pickle, copy.deepcopy, torch.save and torch.load): its settings checked
+        as __init__ checks them, and its amax buffer as take() makes it, so that no kernel reads or writes
+        past it."""
+        if not isinstance(state, dict):
+            raise ConfigError("FP8History", type(state).__name__, "a saved history's state must be a dict")
+        self.__init__(state.get("length"), state.get("algo"), state.get("margin"), state.get("o_dtype"))
+        calls, buf = state.get("calls"), state.get("_buf")
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0 or (calls and buf is None):
+            raise ConfigError("FP8History.calls", calls, "must be an int >= 0, and 0 without an amax buffer")
+        size = (self.length + 2) * 3 + 1
+        if buf is not None and not (isinstance(buf, torch.Tensor) and buf.dtype == torch.float32
+                                    and tuple(buf.shape) == (size,) and buf.is_contiguous()):
+            shown = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise ConfigError("FP8History._buf", shown, f"must be None or a contiguous float32 tensor of shape "
+                                                        f"({size},) for length={self.length}")
+        self.calls, self._buf = calls, buf
+
     def __repr__(self) -> str:
         out = "" if self.o_dtype is None else f", o_dtype={self.o_dtype}"
         return f"FP8History(length={self.length}, algo={self.algo!r}, margin={self.margin}{out}, calls={self.calls})"
@@ -175,6 +206,11 @@ class FP8History:
         fresh = self.calls == 0
         self.calls += 1
         return Delayed(self._buf, self.length, self.margin, self.algo == "most_recent", fresh)
+
+
+# Training checkpoints hold histories (and scales): torch.load's default (weights_only, since torch 2.6) reads
+# only allowed classes. Both check what they restore (__setstate__).
+torch.serialization.add_safe_globals([FP8History, FP8Scales])
 
 
 def pow2_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, limit: float = 0.0) -> torch.Tensor:
