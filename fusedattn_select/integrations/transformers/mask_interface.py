@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from fusedattn_select.forking import renew_locks_after_fork
 from fusedattn_select.integrations.transformers.dependencies import loaded
-from fusedattn_select.integrations.transformers.masks import CudnnMask, MaskNotExpressible, cudnn_mask, tag
+from fusedattn_select.integrations.transformers.masks import (
+    CudnnMask,
+    MaskNotExpressible,
+    cudnn_mask,
+    tag,
+    trackable,
+)
 from fusedattn_select.integrations.transformers.tracing import is_tracing, log_once
 
 if TYPE_CHECKING:
@@ -222,8 +228,9 @@ def fusedattn_mask(
             q_length, q_offset = _query_positions(cache_position, tracing)
         if wants_tensor and q_length == 1:
             # A decode step (a static cache's): the attention function runs the tensor's one row as
-            # a bias, with no read back; describing it would read the 2D mask back every step.
-            return _sdpa_mask(masking_utils, received)
+            # a bias, with no read back; describing it would read the 2D mask back every step. (Made
+            # trackable, the bias is made once for the step's layers under torch.inference_mode too.)
+            return trackable(_sdpa_mask(masking_utils, received))
         q_offset, kv_offset = _host_offsets(q_offset, kv_offset, tracing)
         if attention_mask is not None and tracing:
             raise MaskNotExpressible(

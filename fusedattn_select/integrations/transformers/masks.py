@@ -263,8 +263,21 @@ def _padded(padding_mask: "Tensor", q_length: int, kv_length: int, q_offset: int
 _TAG = "_fusedattn_description"
 
 
+def trackable(dense: "Tensor | None") -> "Tensor | None":
+    """`dense`, or a copy of it made outside inference mode where it is an inference tensor (one made under
+    torch.inference_mode), which has no version counter to show an edit by."""
+    import torch
+
+    if dense is None or not dense.is_inference():
+        return dense
+    with torch.inference_mode(False), torch.no_grad():
+        return dense.clone()
+
+
 def tag(dense: "Tensor", description: CudnnMask | None) -> "Tensor":
-    """`dense` (the mask transformers' "sdpa" function made), marked as standing for `description`."""
+    """`dense` (the mask transformers' "sdpa" function made), or its `trackable` copy, marked as standing
+    for `description`."""
+    dense = trackable(dense)
     setattr(dense, _TAG, (description, dense._version))
     return dense
 
@@ -290,13 +303,15 @@ def one_row_bias(mask: "Tensor", batch_size: int, kv_length: int, dtype: Any) ->
     """A decode step's dense mask (one query row: (B or 1, 1, 1, Skv)) as the additive bias it
     stands for, in `dtype`: 0 where a key is seen and -inf where not for a bool mask; a float mask
     is one already (eager's 0 and lowest, or a model's own). None for any other mask. Nothing is
-    read back, and it is made once per mask tensor."""
+    read back, and it is made once per mask tensor (each time for an inference tensor, whose edits
+    could not be seen)."""
     import torch
 
     if mask.dim() != 4 or mask.shape[1:] != (1, 1, kv_length) or mask.shape[0] not in (1, batch_size):
         return None
+    keep = not mask.is_inference()
     cached = getattr(_last, "entry", None)
-    if cached is not None and cached[0]() is mask and cached[1] == mask._version and cached[2] == dtype:
+    if keep and cached is not None and cached[0]() is mask and cached[1] == mask._version and cached[2] == dtype:
         return cached[3]
     if mask.dtype == torch.bool:
         bias = torch.full(mask.shape, float("-inf"), dtype=dtype, device=mask.device).masked_fill_(mask, 0.0)
@@ -304,5 +319,6 @@ def one_row_bias(mask: "Tensor", batch_size: int, kv_length: int, dtype: Any) ->
         bias = mask.to(dtype)
     else:
         return None
-    _last.entry = (weakref.ref(mask), mask._version, dtype, bias)
+    if keep:
+        _last.entry = (weakref.ref(mask), mask._version, dtype, bias)
     return bias
