@@ -64,6 +64,8 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
     return config(qb, kb, vb, formats(qb, kb, vb, opts.layout), opts, inputs, scales)
 
 
+# Whether torch.jit.trace is recording (None: not), asked at every call.
+_tracing = torch._C._get_tracing_state
 # Where `fp8` sits among attention()'s arguments: an FP8History is keyed by its output precision.
 _FP8_FIELD = Arguments._fields.index("fp8")
 
@@ -109,6 +111,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         The output in the caller's layout (..., head_dim_v), and the lse if `return_lse`.
     """
     given = (layout, mask, window_size, attn_scale, dropout, softmax, deterministic, fp8, return_lse)
+    if _tracing() is not None:  # (a trace records torch ops: cuDNN's kernels would replay as empty outputs)
+        raise ConfigError("q", "traced by torch.jit.trace", "attention() cannot be traced: its kernels are not "
+                          "torch ops; use torch.compile or torch.export")
     q, k, v = autocast_inputs(q, k, v)
     if torch.compiler.is_compiling():
         # Arguments(*given), not _make: torch 2.5's dynamo does not trace namedtuple._make.
@@ -136,8 +141,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
             call_key = entries.fast_key(q, k, v, arguments, training, seqlens_q, seqlens_kv)
             found = dispatcher.by_call.get(call_key)
-        except (TypeError, AttributeError):  # an unhashable argument (a list window_size), or not tensors
-            call_key = None
+        except (TypeError, AttributeError, RuntimeError):  # an unhashable argument (a list window_size), not
+            call_key = None  # tensors, or tensors without strides (nested): the checks name them
     if no_tensors and no_lengths:
         inputs = NO_INPUTS
     else:
@@ -243,7 +248,7 @@ def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalI
         if keyable(q, inputs, arguments):  # else a checked call's key could find it (args.keyable)
             signature = entries.key(q, k, v, call_options(q, k, v, inputs, arguments), inputs)
             found = dispatcher.entries.get(signature)
-    except (TypeError, AttributeError, ValueError):  # not tensors, or an unhashable value
+    except (TypeError, AttributeError, ValueError, RuntimeError):  # not tensors, an unhashable value, no strides
         signature = found = None
     if found is not None:
         return found

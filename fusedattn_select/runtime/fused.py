@@ -11,6 +11,7 @@ from fusedattn_select.runtime import fp8 as fp8q
 from fusedattn_select.runtime import ragged
 from fusedattn_select.runtime.entries import Entry
 from fusedattn_select.runtime.fp8 import FP8History, FP8Scales
+from fusedattn_select.runtime.lean import differentiable_once
 from fusedattn_select.runtime.options import OptionalInputs
 from fusedattn_select.runtime.plans import Plan
 from fusedattn_select.runtime.tensor_layouts import bhsd, from_bhsd
@@ -216,6 +217,7 @@ class FusedAttention(torch.autograd.Function):
         return saved.out, lse
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, stats, rng, *optional = ctx.saved_tensors
         if grad_out is None:  # (no gradient reached the output: grads are not materialized)

@@ -8,6 +8,7 @@ dicts per call (which memory each plan form takes: docs/dispatch.md, 'Hot path')
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, Callable, Optional, Protocol
@@ -229,6 +230,26 @@ def lean_backward(entry: Entry, grad_out: torch.Tensor, q: torch.Tensor, k: torc
     return dq, dk, dv
 
 
+def differentiable_once(backward: Callable) -> Callable:
+    """An autograd Function's `backward` run without a graph: under create_graph=True, gradients of inputs
+    that require grad carry a node that raises if differentiated again. cuDNN's backward is no torch op,
+    so a second derivative would otherwise lose its terms without an error (torch's
+    `once_differentiable` marks them only where the incoming gradient requires grad)."""
+    @functools.wraps(backward)
+    def wrapper(ctx: Any, *grads: Any) -> Any:
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        if not torch.is_grad_enabled() or not any(ctx.needs_input_grad):
+            return outputs
+        error = torch._C._functions.DelayedError(b"attention(): a double backward is not supported (cuDNN's "
+                                                 b"backward is not differentiable)", len(outputs))
+
+        def marked(t: Any) -> Any:
+            return t.detach().requires_grad_() if isinstance(t, torch.Tensor) else t
+        return error(*(marked(t) for t in outputs))
+    return wrapper
+
+
 class LeanAttention(torch.autograd.Function):
     """Eager autograd for lean entries: q, k, v only, no options to carry. Call it by `apply_lean`."""
 
@@ -240,6 +261,7 @@ class LeanAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, grad_out):
         q, k, v, out, stats = ctx.saved_tensors
         return (None,) + lean_backward(ctx.entry, grad_out, q, k, v, out, stats)

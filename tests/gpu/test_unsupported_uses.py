@@ -1,0 +1,35 @@
+"""What the fused path cannot do raises, on a real GPU: a double backward through cuDNN's backward (a
+gradient penalty) and torch.jit.trace of a module calling attention()."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_setup import CUDA, GPU_MARKS, torch
+
+from fusedattn_select.errors import ConfigError  # noqa: E402
+from fusedattn_select.runtime.api import attention, dispatch_info  # noqa: E402
+
+pytestmark = GPU_MARKS
+
+
+def test_a_gradient_penalty_through_the_fused_backward_raises_when_differentiated():
+    q, k, v = (torch.randn(2, 128, h, 64, device=CUDA, dtype=torch.bfloat16, requires_grad=True) for h in (8, 2, 2))
+    fused = dispatch_info()["fused_calls"]
+    out = attention(q, k, v, mask="causal")
+    assert dispatch_info()["fused_calls"] == fused + 1
+    loss = out.float().square().mean()  # its gradient requires grad, as a real loss's does
+    (dq,) = torch.autograd.grad(loss, (q,), create_graph=True)
+    penalty = dq.float().square().sum()
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        (loss + penalty).backward()
+
+
+def test_tracing_a_fused_call_is_refused():
+    q = torch.randn(1, 64, 2, 64, device=CUDA, dtype=torch.bfloat16)
+
+    class Attend(torch.nn.Module):
+        def forward(self, q):
+            return attention(q, q, q)
+
+    with pytest.raises(ConfigError, match="cannot be traced"):
+        torch.jit.trace(Attend(), (q,))
