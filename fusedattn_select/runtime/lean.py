@@ -237,9 +237,11 @@ def differentiable_once(backward: Callable) -> Callable:
     `once_differentiable` marks them only where the incoming gradient requires grad)."""
     @functools.wraps(backward)
     def wrapper(ctx: Any, *grads: Any) -> Any:
+        if not torch.is_grad_enabled():  # (autograd runs a backward so, unless create_graph=True)
+            return backward(ctx, *grads)
         with torch.no_grad():
             outputs = backward(ctx, *grads)
-        if not torch.is_grad_enabled() or not any(ctx.needs_input_grad):
+        if not any(ctx.needs_input_grad):
             return outputs
         error = torch._C._functions.DelayedError(b"attention(): a double backward is not supported (cuDNN's "
                                                  b"backward is not differentiable)", len(outputs))
