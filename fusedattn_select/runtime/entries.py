@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -36,7 +35,6 @@ from fusedattn_select.runtime.plans import is_capturing
 from fusedattn_select.runtime.problem import config, standard_alibi
 from fusedattn_select.runtime.ragged import Shape
 from fusedattn_select.runtime.run_settings import run_settings
-from fusedattn_select.runtime.streams import persistent
 from fusedattn_select.selection.rules import apply_rules
 from fusedattn_select.selection.selector import Selector, default_selector
 
@@ -61,8 +59,7 @@ class Entry:
     selection: Optional[Selection] = None
     forward: Optional[plans.Plan] = None
     backward: Optional[plans.Plan] = None
-    rng: Optional[torch.Tensor] = None   # per-entry [seed, offset] counter for dropout
-    rng_step: int = 0
+    dropout_device: Optional[torch.device] = None  # fused with dropout: where each call draws its [seed, offset]
     logged: bool = False
     # Bucket plans only: the call's config, and the offsets and lengths of its shape per plan.
     call_cfg: Optional[AttnConfig] = None
@@ -189,9 +186,7 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if new.fused and opts.bias_grad and not new.backward.has("dBias"):
         new.reason = f"cuDNN's backward graph for bias_shape={new.cfg.bias_shape!r} has no dBias output"
     if new.fused and opts.dropout > 0:
-        seed = int(torch.randint(2 ** 62, (1,)))
-        new.rng = persistent(lambda: torch.tensor([seed, 0], dtype=torch.int64, device=q.device), q.device)
-        new.rng_step = math.prod(qb.shape[:3]) * kb.shape[2]
+        new.dropout_device = q.device
     if new.fused:
         mark_lean(new, qb, kb, vb, inputs)
     return new

@@ -73,11 +73,13 @@ def _common_feeds(plan: Plan, feeds: dict, inputs: OptionalInputs, rng: Optional
 
 
 def _next_rng(entry: Entry) -> Optional[torch.Tensor]:
-    if entry.rng is None:
+    """A call's dropout [seed, offset], drawn from torch's generator of the device, as torch SDPA's dropout
+    draws its own: torch.manual_seed repeats the masks, and activation checkpointing, which restores torch's
+    generators before it recomputes a forward, recomputes the forward's mask. On the device: under CUDA-graph
+    capture each replay draws afresh."""
+    if entry.dropout_device is None:
         return None
-    rng = entry.rng.clone()
-    entry.rng[1:].add_(entry.rng_step)  # on the device: capture-safe, a fresh mask per replay
-    return rng
+    return torch.randint(0, 2 ** 62, (2,), dtype=torch.int64, device=entry.dropout_device)
 
 
 def _lengths(plan: Plan, feeds: dict, inputs: OptionalInputs) -> bool:

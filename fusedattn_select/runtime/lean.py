@@ -141,7 +141,7 @@ def _plan_facts(forward: plans.Plan, backward: Optional[plans.Plan], ragged_fwd:
 def mark_lean(new: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, inputs: OptionalInputs) -> None:
     """Give a fused entry its Lean where its plans take the call's q, k, v and nothing else."""
     forward, backward, layout = new.forward, new.backward, new.opts.layout
-    if new.opts.fp8 or new.rng is not None or any(t is not None for t in inputs):
+    if new.opts.fp8 or new.dropout_device is not None or any(t is not None for t in inputs):
         return
     bucketed = new.bucketed
     ragged_fwd = tuple(new.ragged_forward) if bucketed else ()

@@ -19,7 +19,7 @@
 - Tensors kept across calls are allocated off the caller's thread (`persistent`). torch.compile's
   cudagraph trees route every allocation of the thread that records or warms a graph into the graph's
   private pool, and refuse a pool left holding a tensor that is not one of the graph's outputs; a
-  workspace or a dropout state made there would be both.
+  workspace made there would be both.
 """
 
 from __future__ import annotations
