@@ -92,14 +92,13 @@ def _lengths(plan: Plan, feeds: dict, inputs: OptionalInputs) -> bool:
 
 
 def _bucket_forward(entry: Entry, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
-                    inputs: OptionalInputs) -> Saved:
+                    inputs: OptionalInputs, rng: Optional[torch.Tensor]) -> Saved:
     """The forward of a call run by its bucket plan; stats cover the whole bucket."""
     plan = entry.forward
     k_step, v_step = entry.kv_steps
     q, k, v = ragged.bshd_memory(qb), ragged.bshd_memory(kb, k_step), ragged.bshd_memory(vb, v_step)
     feeds = {"q": q, "k": k, "v": v, **entry.ragged_forward}
     padded = _lengths(plan, feeds, inputs)
-    rng = _next_rng(entry)
     _common_feeds(plan, feeds, inputs._replace(seqlens_q=None, seqlens_kv=None), rng)
     o = ragged.empty_like_bshd(q, vb.shape[3], qb.shape[1], zeroed=padded)
     outs = plan.execute(feeds, {"o": o})
@@ -127,12 +126,15 @@ def _bucket_backward(entry: Entry, gb: torch.Tensor, qb: torch.Tensor, kb: torch
 
 
 def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
-                  scales: Union[FP8Scales, FP8History, None]) -> Saved:
+                  scales: Union[FP8Scales, FP8History, None], rng: Optional[torch.Tensor] = None) -> Saved:
     """Saved(out in the caller's layout, stats, rng, FP8 (q8, k8, v8, state)), None where absent.
-    `scales`: the descales of float8 inputs, or the caller's FP8History (delayed scaling)."""
+    `scales`: the descales of float8 inputs, or the caller's FP8History (delayed scaling). `rng`: dropout's
+    [seed, offset] where the caller drew it (the compiled op), else drawn here (_next_rng)."""
     opts, plan = entry.opts, entry.forward
+    if rng is None:
+        rng = _next_rng(entry)
     if entry.bucketed:
-        return _bucket_forward(entry, bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout), inputs)
+        return _bucket_forward(entry, bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout), inputs, rng)
     # No detach: this runs without grad mode (inference, or inside the autograd Function / op).
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     saved_fp8 = None
@@ -150,7 +152,6 @@ def fused_forward(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         saved_fp8 = (q8, k8, v8, state)
     else:
         feeds = {"q": plan.conform("q", qb), "k": plan.conform("k", kb), "v": plan.conform("v", vb)}
-    rng = _next_rng(entry)
     _common_feeds(plan, feeds, inputs, rng)
     outs = plan.execute(feeds, outputs)
     o = outs["o"]

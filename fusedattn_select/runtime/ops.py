@@ -26,10 +26,12 @@ from fusedattn_select.runtime.options import CallOptions, OptionalInputs
 from fusedattn_select.runtime.streams import on_device
 
 _DESCALES = ("descale_q", "descale_k", "descale_v")
-FORWARD_TENSORS = ("q", "k", "v") + OptionalInputs._fields + _DESCALES
+# dropout_rng: a call's dropout [seed, offset], drawn in the traced code (compiled_attention), so that a
+# recomputation of the op (activation checkpointing in a compiled region) gets the forward's mask.
+FORWARD_TENSORS = ("q", "k", "v") + OptionalInputs._fields + _DESCALES + ("dropout_rng",)
 BACKWARD_TENSORS = ("grad_out", "q", "k", "v", "out", "stats") + OptionalInputs._fields + (
     "rng", "q8", "k8", "v8", "fp8_state")
-_MAY_BE_NONE = frozenset(OptionalInputs._fields + _DESCALES)
+_MAY_BE_NONE = frozenset(OptionalInputs._fields + _DESCALES + ("dropout_rng",))
 # Forward: out, stats, rng, q8, k8, v8, fp8 state. Backward: dq, dk, dv, dbias, dsink.
 _FORWARD_OUTPUTS, _BACKWARD_OUTPUTS = 7, 5
 
@@ -66,10 +68,10 @@ def _matching(t: Optional[torch.Tensor], spec: torch.Tensor, device: torch.devic
     return out.copy_(t)
 
 
-def _dropout_seed(opts: CallOptions, device: torch.device) -> Optional[torch.Tensor]:
-    """A fallback training call's dropout seed, drawn from the default CPU generator (so torch.manual_seed
-    repeats it): the backward op recomputes the fallback's forward, and must draw the forward's mask."""
-    if not (opts.training and opts.dropout > 0):
+def _dropout_seed(opts: CallOptions, drawn: Optional[torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+    """A fallback training call's dropout seed, `drawn` by the traced code: the backward op recomputes the
+    fallback's forward, and must draw the forward's mask."""
+    if not (opts.training and opts.dropout > 0) or drawn is None:
         return None
     if device.type == "cuda" and entries.is_capturing():
         # The seed goes to the device and comes back for the backward's recomputation: no graph holds that.
@@ -77,8 +79,7 @@ def _dropout_seed(opts: CallOptions, device: torch.device) -> Optional[torch.Ten
                           "(cuDNN does not run it) cannot be captured in a CUDA graph (torch.compile's "
                           "mode='reduce-overhead', torch.cuda.graph): use dropout=0.0 there, or capture without "
                           "compiling (eager calls run torch's own dropout)")
-    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-    return torch.tensor([seed, 0], dtype=torch.int64, device=device)
+    return drawn
 
 
 @contextlib.contextmanager
@@ -119,7 +120,7 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
     dispatcher.counters["fused_calls" if found.fused else "fallback_calls"] += 1
     if found.fused:
         with on_device(q):
-            out, stats, rng, fp8_saved = fused_forward(found, q, k, v, inputs, scales)
+            out, stats, rng, fp8_saved = fused_forward(found, q, k, v, inputs, scales, tensors["dropout_rng"])
         if heads is not None:
             out = back(heads, out)
         qb = bhsd(q, found.opts.layout)
@@ -130,13 +131,15 @@ def _attention_fwd_op(*args: Any) -> tuple[torch.Tensor, ...]:
             saved = tuple(t.view(torch.uint8) for t in fp8_saved[:3]) + (fp8_saved[3],)
     else:
         entries.log_fallback(found)
-        rng = _dropout_seed(opts, q.device)  # its backward recomputes this forward, with this mask
+        rng = _dropout_seed(opts, tensors["dropout_rng"], q.device)  # its backward recomputes this forward
         with torch.no_grad(), _seeded(rng, q.device):
             out, stats = fallback_forward(found.fallback, opts, q, k, v, inputs, scales)
     if stats is None or not specs[1].numel():
         stats = None
     if rng is None or not specs[2].numel():
         rng = None
+    elif rng is tensors["dropout_rng"]:
+        rng = rng.clone()  # (an op's output may not be one of its inputs)
     values = (out, stats, rng) + tuple(saved)
     return tuple(_matching(t, spec, q.device) for t, spec in zip(values, specs))
 
@@ -258,5 +261,9 @@ def compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs
     scales = arguments.fp8 if isinstance(arguments.fp8, FP8Scales) else None
     opts = call_options(q, k, v, inputs, arguments)
     descales = (None, None, None) if scales is None else (scales.descale_q, scales.descale_k, scales.descale_v)
-    outputs = torch.ops.fusedattn_select.attention_fwd(q, k, v, *inputs, *descales, *options.flatten(opts))
+    # Drawn here, in the traced code: a compiled region's checkpointing saves it (random ops are not recomputed).
+    dropout_rng = (torch.randint(0, 2 ** 62, (2,), dtype=torch.int64, device=q.device) if opts.dropout > 0
+                   else None)
+    outputs = torch.ops.fusedattn_select.attention_fwd(q, k, v, *inputs, *descales, dropout_rng,
+                                                       *options.flatten(opts))
     return (outputs[0], outputs[1]) if arguments.return_lse else outputs[0]

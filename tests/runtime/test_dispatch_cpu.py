@@ -461,13 +461,16 @@ def test_custom_ops_are_registered():
     assert hasattr(torch.ops.fusedattn_select, "attention_bwd")
 
 
-@pytest.mark.parametrize("training", [True, False])
-def test_forward_op_passes_opcheck(training):
+@pytest.mark.parametrize("training, dropout", [(True, 0.0), (False, 0.0), (True, 0.3)])
+def test_forward_op_passes_opcheck(training, dropout):
+    # With dropout a training call's op is given its seed (dropout_rng): the same inputs give the same
+    # outputs and gradients, as opcheck's runs compare.
     q, k, v = _bshd(grad=True)
     bias = torch.randn(1, 4, 5, 7, dtype=BF16, requires_grad=True)
-    opts = options.CallOptions("bshd", "causal", (-1, -1), None, 0.0, "vanilla", False, False, "", training,
+    opts = options.CallOptions("bshd", "causal", (-1, -1), None, dropout, "vanilla", False, False, "", training,
                                training, False, False)
-    args = (q, k, v, bias, None, None, None, None, None, None, None) + options.flatten(opts)
+    rng = torch.tensor([1234, 0], dtype=torch.int64) if dropout else None
+    args = (q, k, v, bias, None, None, None, None, None, None, None, rng) + options.flatten(opts)
     torch.library.opcheck(torch.ops.fusedattn_select.attention_fwd.default, args)
 
 
