@@ -16,7 +16,7 @@ from fusedattn_select.config import AttnConfig
 from fusedattn_select.errors import ConfigError
 from fusedattn_select.runtime import entries, native, ops, plans, tiers
 from fusedattn_select.runtime import fp8 as fp8q
-from fusedattn_select.runtime.args import (NO_WINDOW, TABLE_ARITY, Arguments, autocast_inputs, call_options, check_args,
+from fusedattn_select.runtime.args import (NO_WINDOW, TABLE_ARITY, Arguments, call_inputs, call_options, check_args,
                                            keyable, plain_numbers, split_keywords)
 from fusedattn_select.runtime.dispatcher import dispatcher
 from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH, fallback_forward
@@ -52,7 +52,7 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
     bias together with ALiBi slopes); TypeError for a keyword attention() does not take.
     """
     given, inputs = split_keywords(arguments)
-    q, k, v = autocast_inputs(q, k, v)
+    q, k, v = call_inputs(q, k, v)
     if is_training is not None and not isinstance(is_training, bool):
         raise ConfigError("is_training", is_training, "must be None (detected), True or False")
     check_args(q, k, v, inputs, given)
@@ -64,8 +64,6 @@ def config_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is
     return config(qb, kb, vb, formats(qb, kb, vb, opts.layout), opts, inputs, scales)
 
 
-# Whether torch.jit.trace is recording (None: not), asked at every call.
-_tracing = torch._C._get_tracing_state
 # Where `fp8` sits among attention()'s arguments: an FP8History is keyed by its output precision.
 _FP8_FIELD = Arguments._fields.index("fp8")
 
@@ -111,10 +109,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         The output in the caller's layout (..., head_dim_v), and the lse if `return_lse`.
     """
     given = (layout, mask, window_size, attn_scale, dropout, softmax, deterministic, fp8, return_lse)
-    if _tracing() is not None:  # (a trace records torch ops: cuDNN's kernels would replay as empty outputs)
-        raise ConfigError("q", "traced by torch.jit.trace", "attention() cannot be traced: its kernels are not "
-                          "torch ops; use torch.compile or torch.export")
-    q, k, v = autocast_inputs(q, k, v)
+    q, k, v = call_inputs(q, k, v)
     if torch.compiler.is_compiling():
         # Arguments(*given), not _make: torch 2.5's dynamo does not trace namedtuple._make.
         return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),
@@ -143,21 +138,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
             found = dispatcher.by_call.get(call_key)
         except (TypeError, AttributeError, RuntimeError):  # an unhashable argument (a list window_size), not
             call_key = None  # tensors, or tensors without strides (nested): the checks name them
-    if no_tensors and no_lengths:
-        inputs = NO_INPUTS
-    else:
-        inputs = OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv)
+    inputs = NO_INPUTS if no_tensors and no_lengths else OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv)
     if found is None:
         found = _decide(q, k, v, inputs, Arguments._make(given))
         if call_key is not None:
             entries.remember_call(call_key, found)
     if lean_call and found.lean is not None and call_key is not None:
         _table_remember(found, q, k, v, given[:TABLE_ARITY])
-    device = foreign_device(q)
-    if device is not None:
-        with torch.cuda.device(device):
-            return _RUNNERS[found.runner](found, q, k, v, inputs, fp8, return_lse)
-    return _RUNNERS[found.runner](found, q, k, v, inputs, fp8, return_lse)
+    return _run(found, q, k, v, inputs, fp8, return_lse)
 
 
 def _table_remember(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple) -> None:
@@ -172,8 +160,13 @@ def _table_remember(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: t
 
 def _run(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,
          fp8: Any, return_lse: bool) -> Any:
-    """Run a decided call on the runner its entry was given when it was decided (Entry.runner)."""
-    return _RUNNERS[found.runner](found, q, k, v, inputs, fp8, return_lse)
+    """Run a decided call on the runner its entry was given when it was decided (Entry.runner), with q's GPU
+    current where it is not (streams.on_device)."""
+    device = foreign_device(q)
+    if device is None:
+        return _RUNNERS[found.runner](found, q, k, v, inputs, fp8, return_lse)
+    with torch.cuda.device(device):
+        return _RUNNERS[found.runner](found, q, k, v, inputs, fp8, return_lse)
 
 
 def _run_torch(found: entries.Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: OptionalInputs,

@@ -65,6 +65,19 @@ _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
 _AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# Whether torch.jit.trace is recording (None: not), asked at every call.
+_tracing = torch._C._get_tracing_state
+
+
+def call_inputs(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+    """q, k, v as a call takes them (autocast_inputs); refused under torch.jit.trace, which records torch ops:
+    cuDNN's kernels would replay as empty outputs."""
+    if _tracing() is not None:
+        raise ConfigError("q", "traced by torch.jit.trace", "attention() cannot be traced: its kernels are not "
+                          "torch ops; use torch.compile or torch.export")
+    return autocast_inputs(q, k, v)
+
+
 def autocast_inputs(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     """q, k, v as torch's autocast hands them to scaled_dot_product_attention: inside an autocast region of
     their device, float32, fp16 and bf16 inputs in its dtype (mixed-precision training of float32 weights
@@ -80,7 +93,9 @@ def autocast_inputs(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     dtype = torch.get_autocast_dtype(q.device.type)
     if dtype not in _AUTOCAST_CASTS:
         return q, k, v
-    cast = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t for t in (q, k, v))
+    # (dense tensors only: the checks name a nested, sparse or MKL-DNN one, which .to() may not take)
+    cast = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.layout == torch.strided
+                 and t.dtype in _AUTOCAST_CASTS else t for t in (q, k, v))
     return cast[0], cast[1], cast[2]
 
 

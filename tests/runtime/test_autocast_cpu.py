@@ -78,3 +78,9 @@ def test_a_compiled_call_under_autocast_traces_the_cast_in_one_graph():
     finally:
         torch._dynamo.reset()
     assert out.dtype == BF16 and q.grad.dtype == torch.float32
+
+
+def test_an_mkldnn_q_inside_autocast_is_refused_by_the_checks_not_by_the_cast():
+    q = torch.randn(2, 12, 4, 16).to_mkldnn()
+    with torch.autocast("cpu", dtype=BF16), pytest.raises(Exception, match=r"^q=.*must be a dense \(strided\) tensor"):
+        attention(q, q, q)
