@@ -201,8 +201,13 @@ class FP8History:
             size = (self.length + 2) * 3 + 1
             self._buf = persistent(lambda: torch.zeros(size, dtype=torch.float32, device=device), device)
         elif self._buf.device != device:
-            raise ValueError(f"FP8History: created for {self._buf.device}, used with tensors on {device}: "
-                             "use one history per call site")
+            if self._buf.device.type != "cpu":
+                raise ConfigError("fp8", f"an FP8History of {self._buf.device}", f"used with tensors on {device}: "
+                                  "use one history per call site")
+            # Loaded from a checkpoint with map_location="cpu" (no call runs FP8 on a CPU): moved to its call's
+            # device once, as a module's buffers are.
+            restored = self._buf
+            self._buf = persistent(lambda: restored.to(device), device)
         fresh = self.calls == 0
         self.calls += 1
         return Delayed(self._buf, self.length, self.margin, self.algo == "most_recent", fresh)

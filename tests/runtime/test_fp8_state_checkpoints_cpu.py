@@ -97,3 +97,19 @@ def test_saved_fp8_scales_are_checked_as_new_ones_are():
     restored = FP8Scales.__new__(FP8Scales)
     with pytest.raises(ConfigError, match="^FP8Scales.descale_k="):
         restored.__setstate__(state)
+
+
+def test_a_history_loaded_onto_the_cpu_moves_to_its_call_s_device_once():
+    # torch.load(..., map_location="cpu") is how runs resume; FP8 runs on a GPU ("meta" stands in for it here).
+    history = _recorded_history()
+    restored = _saved_and_loaded(history, map_location="cpu")
+    taken = restored.take(torch.device("meta"))
+    assert taken.buf.device.type == "meta" and restored.amax_history.device.type == "meta"
+    assert restored.calls == history.calls + 1
+
+
+def test_a_history_used_on_two_devices_is_refused_naming_fp8():
+    history = _recorded_history()
+    history.take(torch.device("meta"))  # moved from the CPU, where it recorded
+    with pytest.raises(ConfigError, match=r"^fp8=.*FP8History of meta.*one history per call site"):
+        history.take(torch.device("cpu"))
