@@ -7,7 +7,6 @@ the simulated band (0.5x-2x, the check verify ran before) accepted fail at the s
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import pytest
 
@@ -16,65 +15,10 @@ torch = pytest.importorskip("torch")
 from fusedattn_select.probing.cudnn import tolerances  # noqa: E402
 from fusedattn_select.reference import chunked_reference  # noqa: E402
 from fusedattn_select.reference.chunked_reference import RefProblem  # noqa: E402
+from dropout_kernels import Written, grad_out_of, kernel, problem  # noqa: E402
 
 P = 0.1
 ROUNDOFF = tolerances.roundoff("bf16")
-
-
-def problem(b: int, hq: int, hkv: int, sq: int, skv: int, d: int = 64, causal: bool = False, scale: float | None = None,
-            bias: bool = False, sink: bool = False, seed: int = 0) -> RefProblem:
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, hq, sq, d, generator=generator)
-    k, v = (torch.randn(b, hkv, skv, d, generator=generator) for _ in range(2))
-    ref = RefProblem(q, k, v, torch.full((b,), sq), torch.full((b,), skv), d ** -0.5 if scale is None else scale,
-                     causal=causal, dropout=P)
-    if bias:
-        ref.bias = torch.randn(1, hq, sq, skv, generator=generator)
-    if sink:
-        ref.softmax, ref.sink = "learnable", torch.randn(hq, generator=generator)
-    return ref
-
-
-def grad_out_of(ref: RefProblem) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(5)
-    return torch.randn(ref.q.shape[:3] + (ref.v.shape[3],), generator=generator).to(torch.bfloat16).float()
-
-
-@dataclass
-class Written:
-    """What a dropout kernel writes: O (its forward's), and its backward's dK, dBias, dSink (bf16 values)."""
-
-    out: torch.Tensor
-    dk: torch.Tensor
-    dbias: torch.Tensor
-    dsink: torch.Tensor
-
-
-def kernel(ref: RefProblem, grad_out: torch.Tensor, seed: int, *, dropout: float = P, rescale: bool = True,
-           row_term: str = "read", backward_seed: int | None = None) -> Written:
-    """A kernel with its own mask (`seed`): O rounded to bf16, then the backward (under `backward_seed`'s mask where
-    given), kept dP rescaled by 1/(1-p) (`rescale`), the row term from the O it reads ("read", as cuDNN) or from
-    the dropout-free O ("plain": no dropout correction of the row term)."""
-    forward = dataclasses.replace(ref, dropout=dropout, dropout_seed=seed)
-    out = chunked_reference.forward(forward)[0].to(torch.bfloat16).float()
-    backward = forward if backward_seed is None else dataclasses.replace(forward, dropout_seed=backward_seed)
-    dk = torch.zeros(ref.k.shape)
-    dbias = torch.zeros((1,) + ref.q.shape[1:3] + (ref.k.shape[2],))
-    dsink = torch.zeros(ref.q.shape[1])
-    for kv_head, heads, start, stop, chunk in chunked_reference._chunks(backward):
-        q, v = ref.q[:, heads, start:stop], ref.v[:, kv_head].unsqueeze(1)
-        d_o = grad_out[:, heads, start:stop]
-        o = out[:, heads, start:stop].nan_to_num(0.0) if row_term == "read" else torch.matmul(chunk.p, v)
-        row = (d_o * o).sum(-1, keepdim=True)
-        keep = chunk.keep if rescale else chunk.keep * (1.0 - dropout)
-        d_s = chunk.p * (torch.matmul(d_o, v.transpose(-1, -2)) * keep - row)
-        dk[:, kv_head] += ref.scale * torch.matmul(d_s.transpose(-1, -2), q).sum(1)
-        dbias[0, heads, start:stop] += d_s.sum(0)
-        if ref.sink is not None:
-            p_sink = torch.exp(ref.sink[heads].view(1, -1, 1) - chunk.lse)
-            dsink[heads] -= (p_sink * row.squeeze(-1)).sum((0, 2))
-    rounded = (t.to(torch.bfloat16).float() for t in (dk, dbias, dsink))
-    return Written(out, *rounded)
 
 
 class Verify:

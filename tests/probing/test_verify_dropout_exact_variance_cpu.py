@@ -7,8 +7,6 @@ probability that the bound 2 E_i^2 accepted fail."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 
 import pytest
 
@@ -17,54 +15,12 @@ torch = pytest.importorskip("torch")
 from fusedattn_select.probing.cudnn import tolerances  # noqa: E402
 from fusedattn_select.reference import chunked_reference as cr  # noqa: E402
 from fusedattn_select.reference import gram_norms  # noqa: E402
+from dropout_kernels import grad_out_of, kernel, problem  # noqa: E402
 from fusedattn_select.reference.chunked_reference import RefProblem  # noqa: E402
 
 ROUNDOFF = tolerances.roundoff("bf16")
 
 
-
-def problem(b, hq, hkv, sq, skv, d=64, causal=False, scale=None, bias=False, p=0.1, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, hq, sq, d, generator=g)
-    k, v = (torch.randn(b, hkv, skv, d, generator=g) for _ in range(2))
-    ref = RefProblem(q, k, v, torch.full((b,), sq), torch.full((b,), skv), d ** -0.5 if scale is None else scale,
-                     causal=causal, dropout=p)
-    if bias:
-        ref.bias = torch.randn(1, hq, sq, skv, generator=g)
-    return ref
-
-def grad_out_of(ref):
-    g = torch.Generator().manual_seed(5)
-    return torch.randn(ref.q.shape[:3] + (ref.v.shape[3],), generator=g).to(torch.bfloat16).float()
-
-@dataclass
-class Written:
-    out: torch.Tensor
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
-    dbias: torch.Tensor
-
-def kernel(ref, grad_out, seed, *, dropout=None, rescale=True, row_term="read", backward_seed=None):
-    dropout = ref.dropout if dropout is None else dropout
-    fwd = dataclasses.replace(ref, dropout=dropout, dropout_seed=seed)
-    out = cr.forward(fwd)[0].to(torch.bfloat16).float()
-    bwd = fwd if backward_seed is None else dataclasses.replace(fwd, dropout_seed=backward_seed)
-    dq, dk, dv = torch.zeros(ref.q.shape), torch.zeros(ref.k.shape), torch.zeros(ref.v.shape)
-    dbias = torch.zeros((1,) + ref.q.shape[1:3] + (ref.k.shape[2],))
-    for kv_head, heads, start, stop, chunk in cr._chunks(bwd):
-        q, k, v = ref.q[:, heads, start:stop], ref.k[:, kv_head].unsqueeze(1), ref.v[:, kv_head].unsqueeze(1)
-        d_o = grad_out[:, heads, start:stop]
-        o = out[:, heads, start:stop].nan_to_num(0.0) if row_term == "read" else torch.matmul(chunk.p, v)
-        row = (d_o * o).sum(-1, keepdim=True)
-        keep = chunk.keep if rescale else chunk.keep * (1.0 - dropout)
-        d_s = chunk.p * (torch.matmul(d_o, v.transpose(-1, -2)) * keep - row)
-        dq[:, heads, start:stop] = ref.scale * torch.matmul(d_s, k)
-        dk[:, kv_head] += ref.scale * torch.matmul(d_s.transpose(-1, -2), q).sum(1)
-        dv[:, kv_head] += torch.matmul((chunk.p * keep).transpose(-1, -2), d_o).sum(1)
-        dbias[0, heads, start:stop] += d_s.sum(0)
-    r = lambda t: t.to(torch.bfloat16).float()
-    return Written(out, r(dq), r(dk), r(dv), r(dbias))
 
 class Verify:
     def __init__(self, ref):
