@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import transformers  # noqa: E402
-from hf_test_models import COMPARISONS, TinyModels  # noqa: E402
+from hf_test_models import COMPARISONS  # noqa: E402
+from hf_test_models import CPU_TINY as TINY  # noqa: E402
 from torch_abilities import need_torch  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -30,9 +31,6 @@ from fusedattn_select.integrations.transformers import mask_interface, masks, tr
 from fusedattn_select.reference.autograd_reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import Selector  # noqa: E402
 
-# A small soft-cap, so soft-capping changes the scores of this tiny model.
-TINY = TinyModels(vocab=61, seq=10, window=4, hidden=32, intermediate=48, head_dim=8, init_range=0.2,
-                  softcap=0.5, experts_per_tok=1, pad=3)
 SEQ, WINDOW = TINY.seq, TINY.window
 NO_CUDA = "no CUDA device with cuDNN (test)"
 # The mask-function tests call it with transformers 5's arguments (4.x passes cache_position).

@@ -13,14 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_test_models import TinyModels  # noqa: E402
+from hf_test_models import CPU_TINY as TINY  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
 from fusedattn_select.integrations.transformers import masks, tracing  # noqa: E402
 
-TINY = TinyModels(vocab=61, seq=10, window=4, hidden=32, intermediate=48, head_dim=8, init_range=0.2,
-                  softcap=0.5, experts_per_tok=1, pad=3)
 
 
 @pytest.fixture(scope="module", autouse=True)
