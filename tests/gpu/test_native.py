@@ -132,6 +132,23 @@ def test_a_compiled_training_call_keeps_autograds_rules(fresh):
         attention(fwAD.make_dual(q.detach(), torch.randn_like(q)), k, v)
 
 
+def test_a_double_backward_through_the_compiled_node_raises(fresh):
+    """create_graph=True gives the same gradients, and differentiating them again raises, not returns
+    gradients without attention's terms."""
+    q, k, v = _tensors("bshd", s=64)
+    attention(q, k, v, mask="causal")  # promoted to its own plans
+    out = attention(q, k, v, mask="causal")
+    assert out.grad_fn.name() == "LeanAttentionBackward"
+    loss = out.float().square().mean()
+    plain = torch.autograd.grad(loss, (q, k, v), retain_graph=True)
+    grads = torch.autograd.grad(loss, (q, k, v), create_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, grads))
+    assert all(g.requires_grad for g in grads)
+    penalty = sum(g.float().square().sum() for g in grads)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        (loss + penalty).backward()
+
+
 def test_bucket_plans_run_compiled_at_new_shapes(fresh, use_settings):
     use_settings(dense_after=10**9)  # stay on the bucket plans
     for b, s in ((2, 96), (3, 77), (1, 129)):

@@ -13,7 +13,7 @@ pytestmark = GPU_MARKS
 
 
 def test_a_gradient_penalty_through_the_fused_backward_raises_when_differentiated(use_settings):
-    # The Python autograd Functions; the compiled module's C++ node does not detect it (docs/dispatch.md).
+    # The Python autograd Functions (test_native.py tests the compiled module's C++ node).
     use_settings(native="0")
     q, k, v = (torch.randn(2, 128, h, 64, device=CUDA, dtype=torch.bfloat16, requires_grad=True) for h in (8, 2, 2))
     fused = dispatch_info()["fused_calls"]

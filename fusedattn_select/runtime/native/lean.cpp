@@ -18,6 +18,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/custom_class.h>
@@ -111,6 +112,20 @@ namespace {
 
 namespace ta = torch::autograd;
 
+// Torch releases hold autograd nodes in std::shared_ptr (deleted by torch's deleteNode, which frees
+// long graphs without deep recursion) or, later ones, in c10::intrusive_ptr.
+using NodePtr = decltype(ta::Edge().function);
+
+template <typename T, typename... Args>
+NodePtr make_node(Args &&...args) {
+    if constexpr (std::is_same_v<NodePtr, std::shared_ptr<ta::Node>>) {
+        return std::shared_ptr<T>(new T(std::forward<Args>(args)...),
+                                  [](T *node) { deleteNode(node); });  // found by ADL in ta
+    } else {
+        return c10::make_intrusive<T>(std::forward<Args>(args)...);
+    }
+}
+
 // The backward of a training call: the plan's backward graph on the saved q, k, v, o and stats.
 struct LeanBackward : public ta::Node {
     c10::intrusive_ptr<LeanPlan> plan;
@@ -126,22 +141,27 @@ struct LeanBackward : public ta::Node {
     }
 
     ta::variable_list apply(ta::variable_list &&grads) override {
-        return plan->backward(grads[0], q.unpack(), k.unpack(), v.unpack(), o.unpack(), stats.unpack());
+        if (!ta::GradMode::is_enabled()) {  // (autograd runs a backward so, unless create_graph=True)
+            return plan->backward(grads[0], q.unpack(), k.unpack(), v.unpack(), o.unpack(), stats.unpack());
+        }
+        ta::variable_list out;
+        {
+            at::NoGradGuard no_grad;
+            out = plan->backward(grads[0], q.unpack(), k.unpack(), v.unpack(), o.unpack(), stats.unpack());
+        }
+        // cuDNN's backward is no torch op: gradients that autograd may differentiate again carry a
+        // node that raises, as runtime/lean.py's differentiable_once does, rather than losing terms.
+        auto error = make_node<ta::Error>(
+            "attention(): a double backward is not supported (cuDNN's backward is not differentiable)");
+        for (size_t i = 0; i < out.size(); ++i) {
+            if (should_compute_output(i)) {
+                out[i] = out[i].detach();
+                ta::set_history(out[i], error);
+            }
+        }
+        return out;
     }
 };
-
-// Torch releases hold autograd nodes in std::shared_ptr (deleted by torch's deleteNode, which frees
-// long graphs without deep recursion) or, later ones, in c10::intrusive_ptr.
-using NodePtr = decltype(ta::Edge().function);
-
-template <typename T>
-NodePtr make_node() {
-    if constexpr (std::is_same_v<NodePtr, std::shared_ptr<ta::Node>>) {
-        return std::shared_ptr<T>(new T(), [](T *node) { deleteNode(node); });  // found by ADL in ta
-    } else {
-        return c10::make_intrusive<T>();
-    }
-}
 
 at::Tensor call(c10::intrusive_ptr<LeanPlan> const &plan, at::Tensor const &q, at::Tensor const &k,
                 at::Tensor const &v) {
