@@ -66,8 +66,6 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(
             f"q heads ({hq}) must be a multiple of k/v heads ({hk}) for GQA/MQA"
         )
-    if sq == 0:
-        raise ValueError("q must have a non-zero sequence length (dim 2)")
     if dq == 0 or dv == 0:
         raise ValueError("q, k and v must have non-zero head dims (dim 3)")
 

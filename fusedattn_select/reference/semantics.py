@@ -146,7 +146,10 @@ def softmax(masked: torch.Tensor, softmax_type: str, sink: Optional[torch.Tensor
     """The probabilities of `masked` logits (..., H, R, Skv) under `softmax_type` (one of
     SOFTMAX_TYPES; `sink`: (H,) for learnable). NaN-free for rows with every key masked."""
     # The max is a shift only: detached, so autograd differentiates the plain softmax.
-    row_max = masked.amax(dim=-1, keepdim=True).detach()
+    if masked.shape[-1]:
+        row_max = masked.amax(dim=-1, keepdim=True).detach()
+    else:  # no keys at all (seqlen_kv 0): every row is one without a visible logit
+        row_max = masked.new_full((*masked.shape[:-1], 1), float("-inf"))
     extra = extra_logit(softmax_type, sink, row_max)
     if extra is not None:
         row_max = torch.maximum(row_max, extra.detach())

@@ -255,9 +255,9 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
         raise ConfigError("k", tuple(k.shape), f"head dim must match q's ({dq})")
     if hk == 0 or hq % hk:
         raise ConfigError("k", tuple(k.shape), f"number of heads ({hk}) must divide q's ({hq}) for GQA/MQA")
-    for name, t, dims in (("q", q, (bq, hq, sq, dq)), ("k", k, (sk,)), ("v", v, (dv,))):
+    for name, t, dims in (("q", q, (hq, dq)), ("v", v, (dv,))):
         if min(dims) <= 0:
-            raise ConfigError(name, tuple(t.shape), "every dim of q, k and v must be positive")
+            raise ConfigError(name, tuple(t.shape), "the heads and head dims of q, k and v must be positive")
     return Dims(bq, hq, sq, sk)
 
 

@@ -28,7 +28,7 @@ from fusedattn_select.runtime.fallback import FALLBACK_REFERENCE, FALLBACK_TORCH
 from fusedattn_select.runtime import fp8_training
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
-from fusedattn_select.runtime.tensor_layouts import bhsd, formats, from_bhsd
+from fusedattn_select.runtime.tensor_layouts import bhsd, formats, from_bhsd, tensor_subclass
 from fusedattn_select.runtime.lean import Lean, mark_lean, relean
 from fusedattn_select.runtime.options import NO_INPUTS, CallOptions, OptionalInputs
 from fusedattn_select.runtime.plans import is_capturing
@@ -115,7 +115,7 @@ def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions,
     return (
         options, q.device, q.dtype, tuple(q.shape), q.stride(), k.device, k.dtype, tuple(k.shape), k.stride(),
         v.device, v.dtype, tuple(v.shape), v.stride(), _signature(bias), None if alibi is None else tuple(alibi.shape), _signature(sink),
-        _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv),
+        _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv), tensor_subclass(q, k, v),
         capturing,
     )
 
@@ -154,6 +154,10 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     qb, kb, vb = bhsd(q, opts.layout), bhsd(k, opts.layout), bhsd(v, opts.layout)
     blocked = torch_sdpa_blocker(opts, qb, kb, inputs.alibi_slopes is not None)
     new = Entry(opts, fallback=FALLBACK_REFERENCE if blocked else FALLBACK_TORCH)
+    subclass = tensor_subclass(q, k, v)
+    if subclass:
+        new.reason = f"{subclass} inputs: torch runs a tensor subclass by its own dispatch; cuDNN takes plain tensors"
+        return new
     try:
         new.cfg = config(qb, kb, vb, formats(qb, kb, vb, opts.layout), opts, inputs, scales)
     except ConfigError as err:

@@ -18,6 +18,15 @@ TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
 FROM_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": (0, 1, 2, 3)}
 
 
+def tensor_subclass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """The type name of the first of q, k and v that is a tensor subclass (a DTensor, whose shape is the global
+    one and whose data pointer is 0); "" where all three are plain tensors, the only kind cuDNN's kernels take."""
+    for t in (q, k, v):
+        if type(t) is not torch.Tensor:
+            return type(t).__name__
+    return ""
+
+
 # transpose(1, 2) is bshd's permutation in both directions, and "bhsd" needs none: cheaper than
 # permute() on every call (docs/dispatch.md).
 def bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:

@@ -27,7 +27,7 @@ from fusedattn_select.runtime.fused import (current_graph_task as _current_graph
 from fusedattn_select.runtime.lean import lean_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, torch_call, torch_sdpa_blocker
-from fusedattn_select.runtime.tensor_layouts import bhsd
+from fusedattn_select.runtime.tensor_layouts import bhsd, tensor_subclass
 from fusedattn_select.runtime.options import NO_INPUTS, CallOptions, OptionalInputs
 from fusedattn_select.runtime.run_settings import run_settings
 from fusedattn_select.runtime.streams import ignore_other_threads_captures
@@ -94,6 +94,9 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if opts.training and _saved_tensor_hooks() is not None:
         # Activation checkpointing: the backward recomputes this forward, and must run the kernel it ran.
         return "saved-tensor hooks (activation checkpointing)"
+    subclass = tensor_subclass(q, k, v)
+    if subclass or not (q.numel() and k.numel()):  # decided at once: no cuDNN plan to prepare
+        return f"{subclass} inputs" if subclass else "an empty problem"
     if not q.is_cuda or offpath.limit() is not None:
         return "not a CUDA call" if not q.is_cuda else "a limited decision"
     if opts.training and _top_hooks is None and not dense_builds.cudnn_missing():

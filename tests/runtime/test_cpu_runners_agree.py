@@ -50,11 +50,36 @@ def test_lengths_outside_the_sequence_are_refused_naming_the_argument(lens_q, le
     assert err.value.field == field and "from 0 to the sequence length" in str(err.value)
 
 
-def test_an_empty_k_or_v_dim_is_named_by_its_own_tensor():
+def test_an_empty_head_or_head_dim_is_named_by_its_own_tensor():
     q = torch.randn(2, 7, 2, 8)
     with pytest.raises(ConfigError) as err:
-        attention(q, torch.randn(2, 0, 2, 8), torch.randn(2, 0, 2, 8))
+        attention(q, torch.randn(2, 7, 0, 8), torch.randn(2, 7, 0, 8))
     assert err.value.field == "k"
     with pytest.raises(ConfigError) as err:
         attention(q, torch.randn(2, 7, 2, 8), torch.randn(2, 7, 2, 0))
     assert err.value.field == "v"
+
+
+EMPTY = [((0, 6, 4, 8), (0, 6, 2, 8)), ((2, 0, 4, 8), (2, 6, 2, 8)), ((2, 6, 4, 8), (2, 0, 2, 8))]
+
+
+@pytest.mark.parametrize(("q_shape", "kv_shape"), EMPTY, ids=["batch 0", "seqlen_q 0", "seqlen_kv 0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask", ["no_mask", "causal", "causal_bottom_right"])
+def test_an_empty_problem_answers_as_torch_sdpa(q_shape, kv_shape, dtype, mask):
+    """Batch 0, no queries or no keys: the output, its gradients and the lse of torch's SDPA (rows that see
+    no key give 0, as reference/semantics.py says), from torch SDPA and from the reference alike."""
+    q = torch.randn(*q_shape, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(*kv_shape, dtype=dtype, requires_grad=True) for _ in range(2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), is_causal=mask == "causal", enable_gqa=True).transpose(1, 2)
+    want = torch.autograd.grad(sdpa.sum(), (q, k, v))
+    for return_lse in (False, True):  # return_lse: the reference runs it
+        got = attention(q, k, v, mask=mask, return_lse=return_lse)
+        out = got[0] if return_lse else got
+        assert out.shape == sdpa.shape and out.dtype == dtype and torch.equal(out, sdpa)
+        grads = torch.autograd.grad(out.sum(), (q, k, v), allow_unused=True)
+        for name, g, expected in zip("qkv", grads, want):
+            assert g is not None and g.shape == expected.shape and torch.equal(g, expected), name
+        if return_lse:
+            assert got[1].shape == (q_shape[0], 4, q_shape[1], 1) and not got[1].any()

@@ -61,6 +61,15 @@ class ClaimsCuda(torch.Tensor):
         return True
 
 
+@pytest.fixture(autouse=True)
+def claims_cuda_is_plain(monkeypatch):
+    """ClaimsCuda stands in for a plain CUDA tensor here: wait_reason's subclass check lets it through
+    (test_tensor_subclasses_cpu.py tests that check)."""
+    real = tiers.tensor_subclass
+    monkeypatch.setattr(tiers, "tensor_subclass",
+                        lambda *qkv: real(*(t.as_subclass(torch.Tensor) if type(t) is ClaimsCuda else t for t in qkv)))
+
+
 # ----- wait_reason -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("arguments", [{}, {"mask": "causal"}, {"return_lse": True}, {"mask": "padding"},
                                        {"window_size": (8, 0)}, {"fp8": True}])

@@ -1,0 +1,83 @@
+"""Tensor subclasses (a DTensor, a wrapper subclass) are run by torch through their own dispatch, never by
+cuDNN's kernels (which read a plain tensor's memory: a DTensor's shape is the global one and its data pointer
+is 0). Their calls are decided apart from plain calls of the same shape, and the reason names the subclass."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils._pytree import tree_map  # noqa: E402
+
+from fusedattn_select.runtime import entries, tiers  # noqa: E402
+from fusedattn_select.runtime.api import attention, clear_plans  # noqa: E402
+from fusedattn_select.runtime.args import Arguments, call_options  # noqa: E402
+from fusedattn_select.runtime.dispatcher import dispatcher  # noqa: E402
+from fusedattn_select.runtime.options import NO_INPUTS  # noqa: E402
+from fusedattn_select.runtime.tensor_layouts import tensor_subclass  # noqa: E402
+
+
+class Wrapped(torch.Tensor):
+    """A wrapper subclass without storage of its own, as DTensor is: every op runs on the tensor it wraps."""
+    ops: list[str] = []
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> "Wrapped":
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, strides=elem.stride(), dtype=elem.dtype,
+                                                   device=elem.device, requires_grad=elem.requires_grad)
+
+    def __init__(self, elem: torch.Tensor) -> None:
+        self.elem = elem
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        cls.ops.append(str(func))
+        unwrap = lambda t: t.elem if isinstance(t, Wrapped) else t  # noqa: E731
+        wrap = lambda t: Wrapped(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        return tree_map(wrap, func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {})))
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    clear_plans()
+    Wrapped.ops.clear()
+    yield
+    clear_plans()
+
+
+def _inputs():
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(2, 9, h, 16, generator=gen, dtype=torch.bfloat16) for h in (4, 2, 2)]
+
+
+def test_the_subclass_is_named_and_plain_tensors_are_not():
+    q, k, v = _inputs()
+    assert tensor_subclass(q, k, v) == ""
+    assert tensor_subclass(q, Wrapped(k), v) == "Wrapped"
+    assert tensor_subclass(torch.nn.Parameter(q), k, v) == "Parameter"
+
+
+def test_a_subclass_call_runs_through_its_dispatch_decided_apart_from_plain_calls(caplog):
+    caplog.set_level(logging.WARNING, logger="fusedattn_select")
+    q, k, v = _inputs()
+    plain = attention(q, k, v, mask="causal")
+    wrapped = attention(Wrapped(q), Wrapped(k), Wrapped(v), mask="causal")
+    assert type(wrapped) is Wrapped and any("attention" in op for op in Wrapped.ops)
+    assert torch.equal(wrapped.elem, plain)
+    reasons = {e.reason.split(":")[0] for e in dispatcher.entries.values()}
+    assert "Wrapped inputs" in reasons and len(dispatcher.entries) == 2  # one signature each
+    assert any("Wrapped inputs: torch runs a tensor subclass" in r.getMessage() for r in caplog.records)
+    assert type(attention(q, k, v, mask="causal")) is torch.Tensor  # the plain signature keeps its own entry
+
+
+def test_a_subclass_is_decided_at_once_not_prepared_for_cudnn():
+    def reason(q, k, v):
+        signature = entries.key(q, k, v, call_options(q, k, v, NO_INPUTS, Arguments()), NO_INPUTS)
+        return tiers.wait_reason(signature, q, k, v, NO_INPUTS, None)
+
+    q, k, v = _inputs()
+    assert reason(q, k, v) == "not a CUDA call"  # what the CPU's plain calls are decided for
+    assert reason(Wrapped(q), k, v) == "Wrapped inputs"
+    assert reason(q[:0], k[:0], v[:0]) == "an empty problem"
