@@ -114,9 +114,9 @@ def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions,
     bias, alibi, sink, seqlens_q, seqlens_kv = inputs
     return (
         options, q.device, q.dtype, tuple(q.shape), q.stride(), k.device, k.dtype, tuple(k.shape), k.stride(),
-        v.device, v.dtype, tuple(v.shape), v.stride(), _signature(bias), None if alibi is None else tuple(alibi.shape), _signature(sink),
-        _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv), tensor_subclass(q, k, v),
-        capturing,
+        v.device, v.dtype, tuple(v.shape), v.stride(), _signature(bias),
+        None if alibi is None else tuple(alibi.shape), _signature(sink),
+        _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv), tensor_subclass(q, k, v), capturing,
     )
 
 
