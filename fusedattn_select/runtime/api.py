@@ -27,7 +27,7 @@ from fusedattn_select.runtime.lean import apply_lean, functorch_active, lean_for
 from fusedattn_select.runtime.options import NO_INPUTS, OptionalInputs
 from fusedattn_select.runtime.problem import config
 from fusedattn_select.runtime.streams import foreign_device
-from fusedattn_select.runtime.tensor_layouts import LAYOUTS, bhsd, formats
+from fusedattn_select.runtime.tensor_layouts import LAYOUTS, bhsd, formats, tensor_subclass
 
 __all__ = [
     "FALLBACK_REFERENCE",
@@ -129,9 +129,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     # validation runs once per call signature; arguments of types the checks refuse never make a key
     # (their values may equal accepted ones: 1.0 == 1 == True; args.plain_numbers).
     # An FP8History is keyed by its output precision: the history itself is per call, not per signature.
-    # Tensor subclasses (tensor_layouts.tensor_subclass, inline here) are decided by the full key.
+    # Tensor subclasses with a dispatch of their own are decided by the full key (plain tensors skip the check).
     if (no_tensors and (type(fp8) is bool or type(fp8) is FP8History) and type(deterministic) is bool
-            and type(return_lse) is bool and plain_numbers(given) and type(q) is type(k) is type(v) is torch.Tensor):
+            and type(return_lse) is bool and plain_numbers(given)
+            and (type(q) is type(k) is type(v) is torch.Tensor or not tensor_subclass(q, k, v))):
         arguments = given if type(fp8) is bool else given[:_FP8_FIELD] + ((FP8History, fp8.o_dtype), return_lse)
         try:
             training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)

@@ -155,6 +155,8 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     blocked = torch_sdpa_blocker(opts, qb, kb, inputs.alibi_slopes is not None)
     new = Entry(opts, fallback=FALLBACK_REFERENCE if blocked else FALLBACK_TORCH)
     subclass = tensor_subclass(q, k, v)
+    if subclass and blocked:  # the reference builds plain masks, which a subclass's ops refuse to mix with it
+        raise ConfigError("q", subclass, f"a tensor subclass runs on torch SDPA only, which cannot run {blocked}")
     if subclass:
         new.reason = f"{subclass} inputs: torch runs a tensor subclass by its own dispatch; cuDNN takes plain tensors"
         return new

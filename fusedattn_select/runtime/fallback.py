@@ -89,7 +89,8 @@ def fallback_forward(kind: str, options: CallOptions, q: torch.Tensor, k: torch.
     for name, lens, longest in (("seqlens_q", inputs.seqlens_q, qb.shape[2]),
                                 ("seqlens_kv", inputs.seqlens_kv, kb.shape[2])):
         # Every call's values (they change from call to call), where reading them waits for no device.
-        if lens is not None and lens.device.type == "cpu" and not 0 <= int(lens.min()) <= int(lens.max()) <= longest:
+        if (lens is not None and lens.device.type == "cpu" and lens.numel()
+                and not 0 <= int(lens.min()) <= int(lens.max()) <= longest):
             raise ConfigError(name, lens.tolist(), f"each length must be from 0 to the sequence length ({longest})")
     if inputs.bias is not None and inputs.bias.dtype != qb.dtype:  # in q's precision, as SDPA and cuDNN take it
         inputs = inputs._replace(bias=inputs.bias.to(qb.dtype))

@@ -113,7 +113,9 @@ class FP8Tensor(NamedTuple):
 
 
 def quantize_output(out: torch.Tensor, fp8_dtype: torch.dtype) -> FP8Tensor:
-    """`out` as an FP8Tensor with a power-of-two scale from its amax (current scaling)."""
+    """`out` as an FP8Tensor with a power-of-two scale from its amax (current scaling; 1 for an empty `out`)."""
+    if not out.numel():
+        return FP8Tensor(out.detach().to(fp8_dtype), torch.ones(1, dtype=torch.float32, device=out.device))
     scale = pow2_scale(fp8k.amax([out.detach()]), fp8_dtype)
     return FP8Tensor(fp8k.scaled_cast(out.detach(), scale, fp8_dtype), scale.reciprocal())
 

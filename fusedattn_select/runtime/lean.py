@@ -243,12 +243,15 @@ def differentiable_once(backward: Callable) -> Callable:
             outputs = backward(ctx, *grads)
         if not any(ctx.needs_input_grad):
             return outputs
+        # The node's edges lead to what the gradients came from (the incoming gradients, the saved inputs):
+        # autograd.grad(..., inputs=...) runs only nodes on a path to its inputs, so it must be on one.
+        sources = tuple(t for t in grads + tuple(ctx.saved_tensors) if isinstance(t, torch.Tensor) and t.requires_grad)
         error = torch._C._functions.DelayedError(b"attention(): a double backward is not supported (cuDNN's "
-                                                 b"backward is not differentiable)", len(outputs))
+                                                 b"backward is not differentiable)", len(outputs) + len(sources))
 
         def marked(t: Any) -> Any:
             return t.detach().requires_grad_() if isinstance(t, torch.Tensor) else t
-        return error(*(marked(t) for t in outputs))
+        return error(*(marked(t) for t in outputs), *sources)[:len(outputs)]
     return wrapper
 
 

@@ -19,12 +19,17 @@ FROM_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3), "bhsd": (0, 1, 2, 3)}
 
 
 def tensor_subclass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
-    """The type name of the first of q, k and v that is a tensor subclass (a DTensor, whose shape is the global
-    one and whose data pointer is 0); "" where all three are plain tensors, the only kind cuDNN's kernels take."""
+    """The type name of the first of q, k and v that is a tensor subclass with a dispatch of its own (a DTensor,
+    whose shape is the global one and whose data pointer is 0); "" where their memory is what they show, the only
+    kind cuDNN's kernels take (plain tensors, and subclasses without a dispatch of their own: nn.Parameter)."""
     for t in (q, k, v):
-        if type(t) is not torch.Tensor:
+        # (not tensors at all: the argument checks name them)
+        if type(t) is not torch.Tensor and isinstance(t, torch.Tensor) and torch._C._dispatch_keys(t).has(_PYTHON_KEY):
             return type(t).__name__
     return ""
+
+
+_PYTHON_KEY = torch._C.DispatchKey.Python  # what __torch_dispatch__ subclasses carry
 
 
 # transpose(1, 2) is bshd's permutation in both directions, and "bhsd" needs none: cheaper than

@@ -171,8 +171,10 @@ def test_dense_after_zero_keeps_bucket_plans(dense_after):
     assert entry.bucketed and entry.promotion == ""
 
 
-def test_the_direct_launch_gives_the_public_executes_result(dense_after, monkeypatch):
-    monkeypatch.setenv("FUSEDATTN_SELECT_NATIVE", "0")  # the Python path's launches (not the compiled path's)
+def test_the_direct_launch_gives_the_public_executes_result(dense_after, use_settings):
+    # The Python path's launches (not the compiled path's): a setting, as the environment is read once (an
+    # environment variable set here did nothing where FUSEDATTN_SELECT_NATIVE_DIR held a built module).
+    use_settings(native="0")
     dense_after(1)
     q, k, v = _tensors("bshd", grad=False)
     with torch.no_grad():

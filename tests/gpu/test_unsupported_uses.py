@@ -22,8 +22,11 @@ def test_a_gradient_penalty_through_the_fused_backward_raises_when_differentiate
     loss = out.float().square().mean()  # its gradient requires grad, as a real loss's does
     (dq,) = torch.autograd.grad(loss, (q,), create_graph=True)
     penalty = dq.float().square().sum()
-    with pytest.raises(RuntimeError, match="double backward is not supported"):
-        (loss + penalty).backward()
+    for again in (lambda: (loss + penalty).backward(retain_graph=True),  # and the forms that run only the
+                  lambda: torch.autograd.grad(loss + penalty, (q,), retain_graph=True),  # nodes on a path to
+                  lambda: torch.autograd.grad(penalty, (q,), retain_graph=True)):  # their inputs
+        with pytest.raises(RuntimeError, match="double backward is not supported"):
+            again()
 
 
 def test_tracing_a_fused_call_is_refused():

@@ -83,3 +83,20 @@ def test_an_empty_problem_answers_as_torch_sdpa(q_shape, kv_shape, dtype, mask):
             assert g is not None and g.shape == expected.shape and torch.equal(g, expected), name
         if return_lse:
             assert got[1].shape == (q_shape[0], 4, q_shape[1], 1) and not got[1].any()
+
+
+def test_an_empty_batch_with_padding_lengths_runs():
+    q = torch.randn(0, 6, 4, 8, requires_grad=True)
+    lens = torch.zeros(0, dtype=torch.int32)
+    out = attention(q, q, q, mask="padding", seqlens_q=lens, seqlens_kv=lens)
+    assert out.shape == q.shape
+
+
+def test_an_empty_fp8_output_keeps_its_precision_with_a_descale_of_one():
+    from fusedattn_select.runtime.fp8 import FP8Scales, FP8Tensor
+
+    one = torch.ones(1)
+    q = torch.randn(0, 6, 4, 8).to(torch.float8_e4m3fn)
+    got = attention(q, q, q, fp8=FP8Scales(one, one, one, o_dtype=torch.float8_e4m3fn))
+    assert isinstance(got, FP8Tensor) and got.data.shape == q.shape and got.data.dtype == torch.float8_e4m3fn
+    assert torch.equal(got.descale, one)

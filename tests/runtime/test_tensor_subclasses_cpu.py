@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils._pytree import tree_map  # noqa: E402
 
+from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import entries, tiers  # noqa: E402
 from fusedattn_select.runtime.api import attention, clear_plans  # noqa: E402
 from fusedattn_select.runtime.args import Arguments, call_options  # noqa: E402
@@ -56,7 +57,15 @@ def test_the_subclass_is_named_and_plain_tensors_are_not():
     q, k, v = _inputs()
     assert tensor_subclass(q, k, v) == ""
     assert tensor_subclass(q, Wrapped(k), v) == "Wrapped"
-    assert tensor_subclass(torch.nn.Parameter(q), k, v) == "Parameter"
+    assert tensor_subclass(torch.nn.Parameter(q), k, v) == ""  # a Parameter's memory is its own: it runs fused
+
+
+def test_a_parameter_call_takes_the_hot_path_as_a_plain_call_does():
+    q, k, v = _inputs()
+    attention(torch.nn.Parameter(q), k, v, mask="causal")
+    attention(torch.nn.Parameter(q), k, v, mask="causal")
+    assert len(dispatcher.by_call) == 1  # filed under its fast key (it was decided apart every call)
+    assert not any(e.reason.startswith("Parameter") for e in dispatcher.entries.values())
 
 
 def test_a_subclass_call_runs_through_its_dispatch_decided_apart_from_plain_calls(caplog):
@@ -81,3 +90,12 @@ def test_a_subclass_is_decided_at_once_not_prepared_for_cudnn():
     assert reason(q, k, v) == "not a CUDA call"  # what the CPU's plain calls are decided for
     assert reason(Wrapped(q), k, v) == "Wrapped inputs"
     assert reason(q[:0], k[:0], v[:0]) == "an empty problem"
+
+
+@pytest.mark.parametrize("arguments", [{"return_lse": True}, {"window_size": (4, 0)}, {"softmax": "off_by_one"}])
+def test_a_subclass_call_torch_sdpa_cannot_run_is_refused_naming_what_it_needs(arguments):
+    q, k, v = _inputs()
+    with pytest.raises(ConfigError, match="runs on torch SDPA only, which cannot run") as err:
+        attention(Wrapped(q), Wrapped(k), Wrapped(v), **arguments)
+    assert err.value.field == "q"
+    attention(q, k, v, **arguments)  # plain tensors run it (the float32 reference here, on the CPU)

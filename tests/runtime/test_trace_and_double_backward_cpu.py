@@ -66,7 +66,16 @@ def test_a_double_backward_through_the_fused_functions_raises_instead_of_droppin
         out = fused.FusedAttention.apply(entry, None, q, k, v)[0]
     else:
         out = lean.LeanAttention.apply(entry, q, k, v)
-    dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v), create_graph=True)
-    assert torch.equal(dq, torch.full_like(q, 2.0))  # the first backward is as it was
-    with pytest.raises(RuntimeError, match="double backward is not supported"):
-        dq.sum().backward()
+    loss = out.square().sum()  # its gradient requires grad, as a real loss's does
+    dq, dk, dv = torch.autograd.grad(loss, (q, k, v), create_graph=True)
+    assert torch.equal(dq, 4 * out.detach())  # the first backward is as it was (2 * dL/dO)
+    penalty = dq.square().sum() + dv.sum()
+    # Every way to differentiate again: autograd.grad and backward(inputs=...) run only the nodes on a path to
+    # their inputs, so the raising node must lead back to q, k and v (it once had no edges: those forms
+    # returned the first-order terms alone, silently).
+    for again in (lambda: (loss + penalty).backward(retain_graph=True),
+                  lambda: torch.autograd.grad(loss + penalty, (q,), retain_graph=True),
+                  lambda: torch.autograd.grad(penalty, (k,), retain_graph=True),
+                  lambda: (loss + penalty).backward(inputs=[v], retain_graph=True)):
+        with pytest.raises(RuntimeError, match="double backward is not supported"):
+            again()

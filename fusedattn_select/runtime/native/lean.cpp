@@ -144,15 +144,18 @@ struct LeanBackward : public ta::Node {
         if (!ta::GradMode::is_enabled()) {  // (autograd runs a backward so, unless create_graph=True)
             return plan->backward(grads[0], q.unpack(), k.unpack(), v.unpack(), o.unpack(), stats.unpack());
         }
+        at::Tensor const q_ = q.unpack(), k_ = k.unpack(), v_ = v.unpack();
         ta::variable_list out;
         {
             at::NoGradGuard no_grad;
-            out = plan->backward(grads[0], q.unpack(), k.unpack(), v.unpack(), o.unpack(), stats.unpack());
+            out = plan->backward(grads[0], q_, k_, v_, o.unpack(), stats.unpack());
         }
         // cuDNN's backward is no torch op: gradients that autograd may differentiate again carry a
-        // node that raises, as runtime/lean.py's differentiable_once does, rather than losing terms.
+        // node that raises, as runtime/lean.py's differentiable_once does, rather than losing terms. Its
+        // edges lead to what they came from: autograd.grad(..., inputs=...) runs only nodes on such paths.
         auto error = make_node<ta::Error>(
-            "attention(): a double backward is not supported (cuDNN's backward is not differentiable)");
+            "attention(): a double backward is not supported (cuDNN's backward is not differentiable)",
+            ta::collect_next_edges(grads[0], q_, k_, v_));
         for (size_t i = 0; i < out.size(); ++i) {
             if (should_compute_output(i)) {
                 out[i] = out[i].detach();
