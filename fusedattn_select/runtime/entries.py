@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -155,8 +156,9 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     blocked = torch_sdpa_blocker(opts, qb, kb, inputs.alibi_slopes is not None)
     new = Entry(opts, fallback=FALLBACK_REFERENCE if blocked else FALLBACK_TORCH)
     subclass = tensor_subclass(q, k, v)
-    if subclass and blocked:  # the reference builds plain masks, which a subclass's ops refuse to mix with it
-        raise ConfigError("q", subclass, f"a tensor subclass runs on torch SDPA only, which cannot run {blocked}")
+    dtensor = _dtensor_argument(q, k, v) if subclass and blocked else ""
+    if dtensor:  # the reference builds plain masks, which a DTensor's ops refuse to mix with it
+        raise ConfigError(dtensor, "DTensor", f"a DTensor runs on torch SDPA only, which cannot run {blocked}")
     if subclass:
         new.reason = f"{subclass} inputs: torch runs a tensor subclass by its own dispatch; cuDNN takes plain tensors"
         return new
@@ -196,6 +198,15 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if new.fused:
         mark_lean(new, qb, kb, vb, inputs)
     return new
+
+
+def _dtensor_argument(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """The name of the first of q, k and v that is a DTensor ("" for none; none exists before its module loads)."""
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if dtensor is not None and isinstance(t, dtensor):
+            return name
+    return ""
 
 
 def fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple, training: bool,

@@ -221,8 +221,8 @@ class FusedAttention(torch.autograd.Function):
 
     @staticmethod
     @differentiable_once
-    def backward(ctx, grad_out, _grad_lse):
-        q, k, v, out, stats, rng, *optional = ctx.saved_tensors
+    def backward(ctx, saved, grad_out, _grad_lse):
+        q, k, v, out, stats, rng, *optional = saved
         if grad_out is None:  # (no gradient reached the output: grads are not materialized)
             grad_out = torch.zeros_like(out)
         inputs = OptionalInputs(*optional)

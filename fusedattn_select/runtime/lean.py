@@ -234,18 +234,20 @@ def differentiable_once(backward: Callable) -> Callable:
     """An autograd Function's `backward` run without a graph: under create_graph=True, gradients of inputs
     that require grad carry a node that raises if differentiated again. cuDNN's backward is no torch op,
     so a second derivative would otherwise lose its terms without an error (torch's
-    `once_differentiable` marks them only where the incoming gradient requires grad)."""
+    `once_differentiable` marks them only where the incoming gradient requires grad). `backward` takes
+    (ctx, saved tensors, *grads): they are unpacked once, here (non-reentrant checkpointing refuses a second)."""
     @functools.wraps(backward)
     def wrapper(ctx: Any, *grads: Any) -> Any:
+        saved = ctx.saved_tensors
         if not torch.is_grad_enabled():  # (autograd runs a backward so, unless create_graph=True)
-            return backward(ctx, *grads)
+            return backward(ctx, saved, *grads)
         with torch.no_grad():
-            outputs = backward(ctx, *grads)
+            outputs = backward(ctx, saved, *grads)
         if not any(ctx.needs_input_grad):
             return outputs
         # The node's edges lead to what the gradients came from (the incoming gradients, the saved inputs):
         # autograd.grad(..., inputs=...) runs only nodes on a path to its inputs, so it must be on one.
-        sources = tuple(t for t in grads + tuple(ctx.saved_tensors) if isinstance(t, torch.Tensor) and t.requires_grad)
+        sources = tuple(t for t in grads + tuple(saved) if isinstance(t, torch.Tensor) and t.requires_grad)
         error = torch._C._functions.DelayedError(b"attention(): a double backward is not supported (cuDNN's "
                                                  b"backward is not differentiable)", len(outputs) + len(sources))
 
@@ -267,8 +269,8 @@ class LeanAttention(torch.autograd.Function):
 
     @staticmethod
     @differentiable_once
-    def backward(ctx, grad_out):
-        q, k, v, out, stats = ctx.saved_tensors
+    def backward(ctx, saved, grad_out):
+        q, k, v, out, stats = saved
         return (None,) + lean_backward(ctx.entry, grad_out, q, k, v, out, stats)
 
 

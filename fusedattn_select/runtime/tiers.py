@@ -94,6 +94,10 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if opts.training and _saved_tensor_hooks() is not None:
         # Activation checkpointing: the backward recomputes this forward, and must run the kernel it ran.
         return "saved-tensor hooks (activation checkpointing)"
+    if opts.dropout:
+        # The mask is the kernel's: a forward and its recomputation must run one kernel, and reentrant
+        # checkpointing runs the forward under no_grad (an inference call, not seen as checkpointed).
+        return "dropout (its mask is the kernel's)"
     subclass = tensor_subclass(q, k, v)
     if subclass or not (q.numel() and k.numel()):  # decided at once: no cuDNN plan to prepare
         return f"{subclass} inputs" if subclass else "an empty problem"

@@ -92,10 +92,37 @@ def test_a_subclass_is_decided_at_once_not_prepared_for_cudnn():
     assert reason(q[:0], k[:0], v[:0]) == "an empty problem"
 
 
-@pytest.mark.parametrize("arguments", [{"return_lse": True}, {"window_size": (4, 0)}, {"softmax": "off_by_one"}])
-def test_a_subclass_call_torch_sdpa_cannot_run_is_refused_naming_what_it_needs(arguments):
+ONLY_THE_REFERENCE = [{"return_lse": True}, {"window_size": (4, 0)}, {"softmax": "off_by_one"}]
+
+
+@pytest.mark.parametrize("arguments", ONLY_THE_REFERENCE)
+def test_a_subclass_call_only_the_reference_runs_runs_there_through_its_dispatch(arguments):
     q, k, v = _inputs()
-    with pytest.raises(ConfigError, match="runs on torch SDPA only, which cannot run") as err:
-        attention(Wrapped(q), Wrapped(k), Wrapped(v), **arguments)
-    assert err.value.field == "q"
-    attention(q, k, v, **arguments)  # plain tensors run it (the float32 reference here, on the CPU)
+    got = attention(Wrapped(q), Wrapped(k), Wrapped(v), **arguments)
+    want = attention(q, k, v, **arguments)
+    for a, b in zip(*((got, want) if isinstance(got, tuple) else ((got,), (want,)))):
+        assert type(a) is Wrapped and torch.equal(a.elem, b)
+
+
+@pytest.fixture
+def mesh(tmp_path):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch without torch.distributed")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("arguments", ONLY_THE_REFERENCE)
+def test_a_dtensor_call_only_the_reference_runs_is_refused_naming_the_argument(mesh, arguments):
+    """The reference builds plain masks, which a DTensor's ops refuse to mix with it (a traceback from inside)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    q, k, v = _inputs()
+    k = distribute_tensor(k, mesh, [Shard(2)])
+    with pytest.raises(ConfigError, match="a DTensor runs on torch SDPA only, which cannot run") as err:
+        attention(q, k, v, **arguments)
+    assert err.value.field == "k"

@@ -12,6 +12,7 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch")
+from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 from fusedattn_select.errors import ConfigError  # noqa: E402
 from fusedattn_select.runtime import fused, lean  # noqa: E402
@@ -79,3 +80,22 @@ def test_a_double_backward_through_the_fused_functions_raises_instead_of_droppin
                   lambda: (loss + penalty).backward(inputs=[v], retain_graph=True)):
         with pytest.raises(RuntimeError, match="double backward is not supported"):
             again()
+
+
+@pytest.mark.parametrize("function", ["fused", "lean"])
+def test_create_graph_through_a_checkpointed_call_gives_gradients_and_then_raises(monkeypatch, function):
+    # Non-reentrant checkpointing refuses a second unpack of the saved tensors: the Functions unpack them once.
+    _stand_in_kernels(monkeypatch)
+    entry = types.SimpleNamespace(opts=types.SimpleNamespace(layout="bhsd"), lse=lambda stats, b, s: None)
+    q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
+    if function == "fused":
+        def run(a, b, c):
+            return fused.FusedAttention.apply(entry, None, a * 1, b, c)[0]
+    else:
+        def run(a, b, c):
+            return lean.LeanAttention.apply(entry, a * 1, b, c)
+    out = checkpoint(run, q, k, v, use_reentrant=False)
+    (dq,) = torch.autograd.grad(out.square().sum(), (q,), create_graph=True)
+    assert torch.equal(dq, 4 * out.detach())
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        torch.autograd.grad(dq.sum(), (k,))
