@@ -95,8 +95,9 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         # Activation checkpointing: the backward recomputes this forward, and must run the kernel it ran.
         return "saved-tensor hooks (activation checkpointing)"
     if opts.dropout:
-        # The mask is the kernel's: a forward and its recomputation must run one kernel, and reentrant
-        # checkpointing runs the forward under no_grad (an inference call, not seen as checkpointed).
+        # The mask is the kernel's and is drawn from torch's generator: a forward and its recomputation must
+        # run one kernel, reentrant checkpointing runs the forward under no_grad (an inference call, not seen
+        # as checkpointed), and timing the runners would draw from the generator the recomputation restores.
         return "dropout (its mask is the kernel's)"
     subclass = tensor_subclass(q, k, v)
     if subclass or not (q.numel() and k.numel()):  # decided at once: no cuDNN plan to prepare
