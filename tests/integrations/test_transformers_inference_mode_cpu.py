@@ -83,3 +83,30 @@ def test_one_row_bias_of_an_inference_tensor_is_the_bias_it_stands_for():
         assert torch.equal(bias, torch.tensor([0.0, float("-inf"), 0.0]).reshape(1, 1, 1, 3))
         row[0, 0, 0, 1] = True  # changed in place: the bias follows it
         assert torch.equal(masks.one_row_bias(row, 2, 3, torch.float32), torch.zeros(1, 1, 1, 3))
+
+
+def test_a_dense_mask_made_under_inference_mode_is_not_copied(monkeypatch):
+    """A dense mask (packed sequences' B x Sq x Skv; a static cache's decode row) is made outside inference mode,
+    so the tag watches its version counter without a copy (a copy held it twice while the forward ran)."""
+    from transformers import masking_utils
+
+    made = []
+    real = masking_utils.sdpa_mask
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(masking_utils, "sdpa_mask", recording)
+    model = model_of("llama")
+    model.set_attn_implementation("fusedattn")
+    ids, mask = TINY.inputs("left")
+    packed = dict(position_ids=torch.tensor([list(range(6)) + list(range(4))] * 2), use_cache=False)
+    with torch.inference_mode():
+        model(ids, **packed)
+        model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0,
+                       cache_implementation="static")
+    dense = [m for m in made if m is not None]
+    assert {m.shape[-2] for m in dense} == {1, ids.shape[1]}  # the steps' rows and the packed forward's mask
+    assert not any(m.is_inference() for m in dense)
+    assert any(hasattr(m, masks._TAG) for m in dense)  # the packed mask is tagged as made, not a copy of it

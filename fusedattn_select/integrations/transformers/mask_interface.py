@@ -260,5 +260,14 @@ def fusedattn_mask(
 
 def _sdpa_mask(masking_utils: Any, received: dict[str, Any]) -> "Tensor | None":
     """What transformers' "sdpa" mask function returns for the arguments the caller passed (the two
-    transformers generations take different ones)."""
-    return masking_utils.sdpa_mask(**{k: v for k, v in received.items() if v is not None})
+    transformers generations take different ones). Under torch.inference_mode it is made outside it, so that
+    it has a version counter to show an edit by (masks.trackable would copy a dense mask of B x Sq x Skv)."""
+    given = {k: v for k, v in received.items() if v is not None}
+    import torch
+
+    # (tracing first: dynamo refuses is_inference_mode_enabled)
+    tracing = is_tracing(received.get("attention_mask")) or torch.compiler.is_compiling()
+    if tracing or not torch.is_inference_mode_enabled():
+        return masking_utils.sdpa_mask(**given)
+    with torch.inference_mode(False), torch.no_grad():
+        return masking_utils.sdpa_mask(**given)
