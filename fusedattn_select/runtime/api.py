@@ -114,8 +114,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
         # Arguments(*given), not _make: torch 2.5's dynamo does not trace namedtuple._make.
         return ops.compiled_attention(q, k, v, OptionalInputs(bias, alibi_slopes, sink, seqlens_q, seqlens_kv),
                                       Arguments(*given))
-    # Each condition is read once: this is the host time of every call.
-    no_tensors = bias is None and alibi_slopes is None and sink is None
+    # Each condition is read once: this is the host time of every call. torch.func's wrapped tensors and
+    # subclasses with a dispatch of their own are decided by the full key (entries._decided).
+    no_tensors = bias is None and alibi_slopes is None and sink is None and not functorch_active()
     no_lengths = seqlens_q is None and seqlens_kv is None
     lean_call = no_tensors and no_lengths and fp8 is False and return_lse is False  # what the compiled table runs
     if lean_call:
@@ -129,7 +130,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: Opti
     # validation runs once per call signature; arguments of types the checks refuse never make a key
     # (their values may equal accepted ones: 1.0 == 1 == True; args.plain_numbers).
     # An FP8History is keyed by its output precision: the history itself is per call, not per signature.
-    # Tensor subclasses with a dispatch of their own are decided by the full key (plain tensors skip the check).
     if (no_tensors and (type(fp8) is bool or type(fp8) is FP8History) and type(deterministic) is bool
             and type(return_lse) is bool and plain_numbers(given)
             and (type(q) is type(k) is type(v) is torch.Tensor or not tensor_subclass(q, k, v))):

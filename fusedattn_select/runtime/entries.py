@@ -30,7 +30,7 @@ from fusedattn_select.runtime import fp8_training
 from fusedattn_select.runtime.fp8 import FP8Scales
 from fusedattn_select.runtime.heads import HeadsAsBatch, caller_out, views
 from fusedattn_select.runtime.tensor_layouts import bhsd, formats, from_bhsd, tensor_subclass
-from fusedattn_select.runtime.lean import Lean, mark_lean, relean
+from fusedattn_select.runtime.lean import Lean, functorch_active, mark_lean, relean
 from fusedattn_select.runtime.options import NO_INPUTS, CallOptions, OptionalInputs
 from fusedattn_select.runtime.plans import is_capturing
 from fusedattn_select.runtime.problem import config, standard_alibi
@@ -117,7 +117,8 @@ def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: CallOptions,
         options, q.device, q.dtype, tuple(q.shape), q.stride(), k.device, k.dtype, tuple(k.shape), k.stride(),
         v.device, v.dtype, tuple(v.shape), v.stride(), _signature(bias),
         None if alibi is None else tuple(alibi.shape), _signature(sink),
-        _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv), tensor_subclass(q, k, v), capturing,
+        _lengths_signature(seqlens_q), _lengths_signature(seqlens_kv), tensor_subclass(q, k, v), functorch_active(),
+        capturing,
     )
 
 
@@ -161,6 +162,10 @@ def _decided(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ConfigError(dtensor, "DTensor", f"a DTensor runs on torch SDPA only, which cannot run {blocked}")
     if subclass:
         new.reason = f"{subclass} inputs: torch runs a tensor subclass by its own dispatch; cuDNN takes plain tensors"
+        return new
+    if functorch_active():  # vmap's and grad's wrappers have no memory of their own, and the Functions no rules
+        new.reason = ("under a torch.func transform (vmap, grad, ...): torch runs it; cuDNN's kernels have no "
+                      "functorch rules")
         return new
     try:
         new.cfg = config(qb, kb, vb, formats(qb, kb, vb, opts.layout), opts, inputs, scales)
