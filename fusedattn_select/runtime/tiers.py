@@ -24,7 +24,7 @@ from fusedattn_select.runtime.entries import Entry
 # The autograd-state helpers live in fused.py, which decides with them too (an FP8History under checkpointing).
 from fusedattn_select.runtime.fused import (current_graph_task as _current_graph_task, fused_forward,
                                             saved_tensor_hooks as _saved_tensor_hooks, top_hooks as _top_hooks)
-from fusedattn_select.runtime.lean import lean_forward
+from fusedattn_select.runtime.lean import functorch_active, lean_forward
 from fusedattn_select.runtime.heads import as_heads, back
 from fusedattn_select.runtime.fallback import FALLBACK_TORCH, sdpa_mask_form, torch_call, torch_sdpa_blocker
 from fusedattn_select.runtime.tensor_layouts import bhsd, tensor_subclass
@@ -95,13 +95,12 @@ def wait_reason(signature: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         # Activation checkpointing: the backward recomputes this forward, and must run the kernel it ran.
         return "saved-tensor hooks (activation checkpointing)"
     if opts.dropout:
-        # The mask is the kernel's and is drawn from torch's generator: a forward and its recomputation must
-        # run one kernel, reentrant checkpointing runs the forward under no_grad (an inference call, not seen
-        # as checkpointed), and timing the runners would draw from the generator the recomputation restores.
+        # The mask is the kernel's, from torch's generator: a forward and its recomputation (reentrant checkpointing's
+        # is an inference call) run one kernel, and no timing draws from the generator checkpointing restores.
         return "dropout (its mask is the kernel's)"
-    subclass = tensor_subclass(q, k, v)
-    if subclass or not (q.numel() and k.numel()):  # decided at once: no cuDNN plan to prepare
-        return f"{subclass} inputs" if subclass else "an empty problem"
+    subclass, transformed = tensor_subclass(q, k, v), functorch_active()  # (the preparer's thread has no transform)
+    if subclass or transformed or not (q.numel() and k.numel()):  # decided at once: no cuDNN plan to prepare
+        return f"{subclass} inputs" if subclass else "a torch.func transform" if transformed else "an empty problem"
     if not q.is_cuda or offpath.limit() is not None:
         return "not a CUDA call" if not q.is_cuda else "a limited decision"
     if opts.training and _top_hooks is None and not dense_builds.cudnn_missing():

@@ -5,6 +5,8 @@ staticmethod" under grad, and cuDNN was handed vmap's wrapped tensors."""
 
 from __future__ import annotations
 
+import time
+
 from gpu_setup import CUDA, GPU_MARKS, assert_close, torch
 
 from fusedattn_select.runtime.api import attention, dispatch_info  # noqa: E402
@@ -18,19 +20,22 @@ def _sdpa(q, k, v):
 
 
 def test_per_sample_gradients_and_a_vmapped_call_are_torch_sdpa_s(use_settings):
-    use_settings(first_calls="wait")  # the plain call below runs cuDNN at once
     gen = torch.Generator(device=CUDA).manual_seed(0)
     q, k, v = (torch.randn(3, 1, 128, 4, 64, generator=gen, device=CUDA, dtype=torch.bfloat16) for _ in range(3))
-    attention(q[0], k[0], v[0], mask="causal")  # a plain call of the shape first: decided fused
 
     def grads(attend):
         return torch.func.vmap(torch.func.grad(lambda *t: attend(*t).float().square().sum(), argnums=(0, 1, 2)))
 
-    ours = grads(lambda *a: attention(*a, mask="causal"))(q, k, v)
-    for name, got, want in zip("qkv", ours, grads(_sdpa)(q, k, v)):
-        assert_close(got, want, 2e-2, "d" + name)
-    assert_close(torch.func.vmap(lambda *a: attention(*a, mask="causal"))(q, k, v), torch.func.vmap(_sdpa)(q, k, v),
-                 2e-2, "vmapped out")
     fused = dispatch_info()["fused_calls"]
+    want = grads(_sdpa)(q, k, v)
+    for _ in range(20):  # first contact's defaults: nothing prepared off the caller's thread is swapped in
+        ours = grads(lambda *a: attention(*a, mask="causal"))(q, k, v)
+        for name, got, expected in zip("qkv", ours, want):
+            assert_close(got, expected, 2e-2, "d" + name)
+        assert_close(torch.func.vmap(lambda *a: attention(*a, mask="causal"))(q, k, v),
+                     torch.func.vmap(_sdpa)(q, k, v), 2e-2, "vmapped out")
+        time.sleep(0.05)
+    assert dispatch_info()["fused_calls"] == fused, "a transformed call ran cuDNN"
+    use_settings(first_calls="wait")  # the plain call runs cuDNN at once
     assert_close(attention(q[0], k[0], v[0], mask="causal"), _sdpa(q[0], k[0], v[0]), 2e-2, "plain out")
     assert dispatch_info()["fused_calls"] == fused + 1, "the plain call of the shape fell back"

@@ -49,3 +49,21 @@ def test_a_vmapped_inference_call_is_torch_sdpa_s():
     q, k, v = (torch.randn(4, 2, 6, 2, 8, generator=gen, dtype=torch.bfloat16) for _ in range(3))
     got = torch.func.vmap(lambda *a: attention(*a, mask="causal"))(q, k, v)
     torch.testing.assert_close(got, torch.func.vmap(_sdpa)(q, k, v))
+
+
+def test_a_transformed_call_is_decided_on_the_caller_s_thread():
+    """The preparer's thread is under no transform: a call prepared there would be decided fused and swapped in
+    (on a GPU, a torch-first call). wait_reason keeps it on the caller's thread, where the transform is seen."""
+    from fusedattn_select.runtime import entries, tiers
+    from fusedattn_select.runtime.args import Arguments, call_options
+    from fusedattn_select.runtime.options import NO_INPUTS
+
+    def reason(q, k, v):
+        signature = entries.key(q, k, v, call_options(q, k, v, NO_INPUTS, Arguments()), NO_INPUTS)
+        return tiers.wait_reason(signature, q, k, v, NO_INPUTS, None)
+
+    q = torch.randn(3, 1, 5, 2, 8)
+    seen = []
+    torch.func.vmap(lambda t: seen.append(reason(t, t, t)) or t)(q)
+    assert seen == ["a torch.func transform"]
+    assert reason(q[0], q[0], q[0]) == "not a CUDA call"  # what a plain CPU call is decided for
