@@ -2,7 +2,7 @@
 (b3 s200; the bucket pads it): the same torch seed must give the same output from a call's inference graph and
 its training graph (reentrant checkpointing runs a forward as the one and recomputes it as the other), and from
 bucket plans and the shape's own (dense) plans (a promotion can land between a forward and its recomputation).
-Where these differ, checkpointed dropout back-propagates another mask. Written 2026-11-28, not yet run."""
+Where these differ, checkpointed dropout back-propagates another mask."""
 
 from __future__ import annotations
 
