@@ -58,15 +58,22 @@ def _stand_in_kernels(monkeypatch):
     monkeypatch.setattr(lean, "lean_backward", lambda entry, g, q, k, v, out, stats: backward(entry, g, q, k, v, 0, 0)[:3])
 
 
-@pytest.mark.parametrize("function", ["fused", "lean"])
-def test_a_double_backward_through_the_fused_functions_raises_instead_of_dropping_terms(monkeypatch, function):
+def _function_and_leaves(monkeypatch, function):
+    """attention's (the stand-in kernels') output of q, k, v by the fused or the lean Function, and q, k, v."""
     _stand_in_kernels(monkeypatch)
     entry = types.SimpleNamespace(opts=types.SimpleNamespace(layout="bhsd"), lse=lambda stats, b, s: None)
-    q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
-    if function == "fused":
-        out = fused.FusedAttention.apply(entry, None, q, k, v)[0]
-    else:
-        out = lean.LeanAttention.apply(entry, q, k, v)
+
+    def run(q, k, v):
+        if function == "fused":
+            return fused.FusedAttention.apply(entry, None, q, k, v)[0]
+        return lean.LeanAttention.apply(entry, q, k, v)
+    return run, [torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3)]
+
+
+@pytest.mark.parametrize("function", ["fused", "lean"])
+def test_a_double_backward_through_the_fused_functions_raises_instead_of_dropping_terms(monkeypatch, function):
+    run, (q, k, v) = _function_and_leaves(monkeypatch, function)
+    out = run(q, k, v)
     loss = out.square().sum()  # its gradient requires grad, as a real loss's does
     dq, dk, dv = torch.autograd.grad(loss, (q, k, v), create_graph=True)
     assert torch.equal(dq, 4 * out.detach())  # the first backward is as it was (2 * dL/dO)
@@ -85,16 +92,8 @@ def test_a_double_backward_through_the_fused_functions_raises_instead_of_droppin
 @pytest.mark.parametrize("function", ["fused", "lean"])
 def test_create_graph_through_a_checkpointed_call_gives_gradients_and_then_raises(monkeypatch, function):
     # Non-reentrant checkpointing refuses a second unpack of the saved tensors: the Functions unpack them once.
-    _stand_in_kernels(monkeypatch)
-    entry = types.SimpleNamespace(opts=types.SimpleNamespace(layout="bhsd"), lse=lambda stats, b, s: None)
-    q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
-    if function == "fused":
-        def run(a, b, c):
-            return fused.FusedAttention.apply(entry, None, a * 1, b, c)[0]
-    else:
-        def run(a, b, c):
-            return lean.LeanAttention.apply(entry, a * 1, b, c)
-    out = checkpoint(run, q, k, v, use_reentrant=False)
+    run, (q, k, v) = _function_and_leaves(monkeypatch, function)
+    out = checkpoint(lambda a, b, c: run(a * 1, b, c), q, k, v, use_reentrant=False)
     (dq,) = torch.autograd.grad(out.square().sum(), (q,), create_graph=True)
     assert torch.equal(dq, 4 * out.detach())
     with pytest.raises(RuntimeError, match="double backward is not supported"):
