@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 from transformers import AutoConfig
+
+from fusedattn_select.integrations import transformers as fa_hf
+from fusedattn_select.integrations.transformers import tracing
 
 LAYERS = 2
 # "sdpa" cannot run attention sinks (gpt-oss) and has no soft-capping (Gemma 2; transformers
@@ -77,3 +81,16 @@ class TinyModels:
 # The CPU tests' size: a small soft-cap, so soft-capping changes the scores of this tiny model.
 CPU_TINY = TinyModels(vocab=61, seq=10, window=4, hidden=32, intermediate=48, head_dim=8, init_range=0.2,
                       softcap=0.5, experts_per_tok=1, pad=3)
+
+
+# Fixtures for a CPU test module of the integration: import them by name (pytest uses a module's fixtures).
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    """attn_implementation="fusedattn" registered for the module's tests."""
+    assert fa_hf.register() == "fusedattn"
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_once():
+    """The integration's log-once memory emptied for each test (tests read what it logs)."""
+    tracing._logged.keys.clear()

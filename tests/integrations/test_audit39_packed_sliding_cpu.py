@@ -11,24 +11,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_test_models import TinyModels  # noqa: E402
+from hf_test_models import TinyModels, fresh_log_once, registered  # noqa: E402, F401 (fixtures)
 from transformers import AutoModelForCausalLM, masking_utils  # noqa: E402
 
-from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
-from fusedattn_select.integrations.transformers import CudnnMask, fusedattn_mask, tracing  # noqa: E402
+from fusedattn_select.integrations.transformers import CudnnMask, fusedattn_mask  # noqa: E402
 
 TINY = TinyModels(vocab=61, seq=10, window=3, hidden=32, intermediate=48, head_dim=8, init_range=0.2,
                   softcap=0.5, experts_per_tok=1, pad=3)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def registered():
-    fa_hf.register()
-
-
-@pytest.fixture(autouse=True)
-def fresh_log_once():
-    tracing._logged.keys.clear()
 
 
 @pytest.mark.parametrize("name", ["mistral", "qwen2"])

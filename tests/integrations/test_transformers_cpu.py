@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 import transformers  # noqa: E402
 from hf_test_models import COMPARISONS  # noqa: E402
 from hf_test_models import CPU_TINY as TINY  # noqa: E402
+from hf_test_models import fresh_log_once, registered  # noqa: E402, F401 (the module's fixtures)
 from torch_abilities import need_torch  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -27,7 +28,7 @@ from transformers import (  # noqa: E402
 
 from fusedattn_select import Backend, ConfigError  # noqa: E402
 from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
-from fusedattn_select.integrations.transformers import mask_interface, masks, tracing  # noqa: E402
+from fusedattn_select.integrations.transformers import mask_interface, masks  # noqa: E402
 from fusedattn_select.reference.autograd_reference import reference_attention  # noqa: E402
 from fusedattn_select.selection.selector import Selector  # noqa: E402
 
@@ -37,15 +38,6 @@ NO_CUDA = "no CUDA device with cuDNN (test)"
 mask_protocol_5 = pytest.mark.skipif(
     int(transformers.__version__.split(".")[0]) < 5, reason="transformers 5 mask-function arguments")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def registered():
-    assert fa_hf.register() == "fusedattn"
-
-
-@pytest.fixture(autouse=True)
-def fresh_log_once():
-    tracing._logged.keys.clear()
 
 
 def model_of(name: str, **changes):

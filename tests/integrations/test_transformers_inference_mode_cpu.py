@@ -14,21 +14,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hf_test_models import CPU_TINY as TINY  # noqa: E402
+from hf_test_models import fresh_log_once, registered  # noqa: E402, F401 (the module's fixtures)
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from fusedattn_select.integrations import transformers as fa_hf  # noqa: E402
-from fusedattn_select.integrations.transformers import masks, tracing  # noqa: E402
+from fusedattn_select.integrations.transformers import masks  # noqa: E402
 
 
-
-@pytest.fixture(scope="module", autouse=True)
-def registered():
-    assert fa_hf.register() == "fusedattn"
-
-
-@pytest.fixture(autouse=True)
-def fresh_log_once():
-    tracing._logged.keys.clear()
 
 
 def model_of(name: str):
